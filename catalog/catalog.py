@@ -1,0 +1,667 @@
+"""The DuckDB catalog: the only owner of a duckdb connection.
+
+A catalog is a directory::
+
+    catalog.duckdb                 a real DuckDB database: one table per dataset (``_id`` plus
+                                   every cheap-to-query column) and the ``_tabloader`` schema
+                                   (datasets, parts, jobs)
+    data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``catalog.storage``)
+
+Imports are atomic: rows go to a hidden ``.tmp-*`` file and into the DuckDB table inside one
+transaction; the file is renamed into place just before the commit. Anything an interrupted
+import leaves behind (a temp file, or a renamed file whose transaction never committed) is not
+referenced by ``_tabloader.parts`` and is deleted the next time the catalog is opened.
+
+DuckDB allows one read-write process per database file. A second process gets
+``CatalogLockedError``; loader workers and training processes receive bitmaps and file paths,
+never a connection. User SQL runs on this connection, opened with ``enable_external_access =
+false``, so no statement can read or write files, attach databases or install extensions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from pyroaring import BitMap
+
+from catalog._progress import progress_bar
+from catalog.bitmaps import bitmap_from_array
+from catalog.errors import (
+    AlreadyExistsError,
+    CatalogError,
+    CatalogLockedError,
+    DatasetInUseError,
+    DatasetNotFoundError,
+    ImportFailedError,
+    JobNotFoundError,
+    StatementError,
+    did_you_mean,
+)
+from catalog.importers import Source, open_source
+from catalog.storage import DatasetReader, PartInfo, PartWriter, choose_rows_per_batch
+
+if TYPE_CHECKING:
+    from sqlglot import exp
+
+__all__ = ["DEFAULT_PATH", "ENV_VAR", "Catalog", "Dataset", "Job", "connect"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PATH = "catalog"
+ENV_VAR = "TABLOADER_CATALOG"
+DB_FILE = "catalog.duckdb"
+META = "_tabloader"
+ID = "_id"
+INSERT_ROWS = 64 * 1024  # rows per INSERT into DuckDB during an import
+NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+
+_META_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {META};
+CREATE TABLE IF NOT EXISTS {META}.datasets (
+    name VARCHAR PRIMARY KEY, version INTEGER NOT NULL, num_rows BIGINT NOT NULL,
+    schema BLOB NOT NULL, class_names VARCHAR NOT NULL, description VARCHAR,
+    created TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS {META}.parts (
+    dataset VARCHAR NOT NULL, version INTEGER NOT NULL, path VARCHAR NOT NULL,
+    first_id BIGINT NOT NULL, num_rows BIGINT NOT NULL, rows_per_batch INTEGER NOT NULL,
+    file_size BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {META}.jobs (
+    name VARCHAR PRIMARY KEY, dataset VARCHAR NOT NULL, version INTEGER NOT NULL,
+    columns VARCHAR NOT NULL, predicate VARCHAR, options VARCHAR NOT NULL, ids BLOB NOT NULL,
+    num_ids BIGINT NOT NULL, created TIMESTAMP DEFAULT current_timestamp);
+"""
+
+
+def connect(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """Open or create the catalog directory ``path``.
+
+    Args:
+        path: the directory; default ``$TABLOADER_CATALOG`` or ``./catalog``.
+
+    Raises:
+        CatalogLockedError: another process has the catalog open.
+    """
+    return Catalog(path)
+
+
+def is_payload(t: pa.DataType) -> bool:
+    """True for types that stay out of DuckDB: binary payloads, also inside nested types."""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return True
+    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
+        return True
+    return any(is_payload(t.field(i).type) for i in range(t.num_fields))
+
+
+def quote(name: str) -> str:
+    """Quote an identifier for DuckDB."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One version of a dataset.
+
+    Attributes:
+        name: the dataset (and DuckDB table) name.
+        version: 1 at import, +1 per append.
+        num_rows: rows in this version (``_id`` is ``0..num_rows-1``).
+        schema: ``_id`` followed by the stored columns.
+        class_names: for label columns, the class names by value.
+        queryable: the columns the DuckDB table holds (usable in WHERE).
+    """
+
+    name: str
+    version: int
+    num_rows: int
+    schema: pa.Schema
+    class_names: dict[str, list[str]]
+    queryable: tuple[str, ...]
+    description: str
+    _reader: DatasetReader = field(repr=False, compare=False)
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names, ``_id`` first."""
+        return list(self.schema.names)
+
+    @property
+    def files(self) -> list[Path]:
+        """The Arrow IPC files of this version, in ``_id`` order."""
+        return [self._reader.root / p.path for p in self._reader.parts]
+
+    @property
+    def reader(self) -> DatasetReader:
+        """The random-access reader over this version's files."""
+        return self._reader
+
+    def take(self, ids: Sequence[int] | np.ndarray | BitMap,
+             columns: Sequence[str] | None = None) -> pa.Table:
+        """Return rows ``ids`` in that order, with ``_id`` first and ``columns`` (default all)."""
+        if isinstance(ids, BitMap):
+            ids = np.frombuffer(ids.to_array(), dtype=np.uint32)
+        return self._reader.take(ids, columns)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+
+@dataclass(frozen=True)
+class Job:
+    """A registered training job: a dataset version, columns and the bitmap of its rows.
+
+    Attributes:
+        name: job name.
+        dataset: dataset name.
+        dataset_version: the version the job is pinned to.
+        columns: the columns the job reads (``_id`` is always delivered too).
+        predicate: the normalized WHERE text, or None for all rows.
+        options: the ``WITH (...)`` options.
+        ids: the ``_id`` of every row of the job.
+    """
+
+    name: str
+    dataset: str
+    dataset_version: int
+    columns: tuple[str, ...]
+    predicate: str | None
+    options: dict[str, Any]
+    ids: BitMap = field(compare=False, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the job's set."""
+        return len(self.ids)
+
+
+class Catalog:
+    """A catalog directory opened by this process. Use as a context manager or ``close()``."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+        if self.root.exists() and not self.root.is_dir():
+            raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        self.path = self.root / DB_FILE
+        try:
+            self._con = duckdb.connect(str(self.path), config={"enable_external_access": False})
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                pid = re.search(r"PID (\d+)", str(exc))
+                owner = f" (PID {pid.group(1)})" if pid else ""
+                raise CatalogLockedError(
+                    f"Catalog '{self.root}' is in use by another process{owner}. Stop that "
+                    "process, or send statements to it (for example through its service)."
+                ) from exc
+            raise CatalogError(f"Cannot open catalog '{self.path}': {exc}") from exc
+        except duckdb.Error as exc:
+            raise CatalogError(
+                f"Cannot open catalog '{self.path}': {exc}. Is it a DuckDB database?"
+            ) from exc
+        self._con.execute(_META_DDL)
+        self._readers: dict[tuple[str, int], DatasetReader] = {}
+        self._collect_garbage()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the DuckDB connection; the catalog can then be opened by another process."""
+        self._con.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Catalog('{self.root}')"
+
+    def _collect_garbage(self) -> None:
+        """Delete data files no committed part references (leftovers of interrupted imports)."""
+        known = {row[0] for row in self._con.execute(f"SELECT path FROM {META}.parts").fetchall()}
+        data = self.root / "data"
+        for child in data.iterdir():
+            if not child.is_dir():
+                continue
+            for f in child.iterdir():
+                rel = f.relative_to(self.root).as_posix()
+                if f.is_file() and f.suffix == ".arrow" and rel not in known:
+                    logger.info("removing leftover file %s of an interrupted import", f)
+                    f.unlink()
+            if not any(child.iterdir()):
+                child.rmdir()
+
+    # -- DuckDB boundary -----------------------------------------------------------------------
+    @contextmanager
+    def _duckdb_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except duckdb.Error as exc:
+            raise CatalogError(f"{what} failed: {exc}") from exc
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._duckdb_errors("Catalog query"):
+            return self._con.execute(sql, list(params)).fetchall()
+
+    def query(self, sql: str) -> pa.Table:
+        """Run a read-only query (already validated by ``catalog.sql``) and return a table.
+
+        It runs in a transaction that is always rolled back, so even a query that slipped past
+        validation cannot change the catalog.
+        """
+        self._con.begin()
+        try:
+            return self._con.sql(sql).to_arrow_table()
+        except duckdb.Error as exc:
+            raise StatementError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._con.rollback()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._con.begin()
+        try:
+            yield
+        except BaseException:
+            self._con.rollback()
+            raise
+        self._con.commit()
+
+    # -- datasets ------------------------------------------------------------------------------
+    def dataset_names(self) -> list[str]:
+        """Names of all datasets, sorted."""
+        return [r[0] for r in self._rows(f"SELECT name FROM {META}.datasets ORDER BY name")]
+
+    def datasets(self) -> list[Dataset]:
+        """All datasets (their latest versions), sorted by name."""
+        return [self.dataset(n) for n in self.dataset_names()]
+
+    def dataset(self, name: str, *, version: int | None = None) -> Dataset:
+        """Return dataset ``name`` at its latest version or at ``version``.
+
+        Raises:
+            DatasetNotFoundError: no such dataset or version.
+        """
+        rows = self._rows(
+            f"SELECT version, schema, class_names, description FROM {META}.datasets WHERE name = ?",
+            [name],
+        )
+        if not rows:
+            raise DatasetNotFoundError(
+                f"Unknown dataset '{name}'.{did_you_mean(name, self.dataset_names())} "
+                "SHOW DATASETS lists them; CREATE DATASET imports one."
+            )
+        latest, schema_bytes, class_names, description = rows[0]
+        version = latest if version is None else version
+        if not 1 <= version <= latest:
+            raise DatasetNotFoundError(
+                f"Dataset '{name}' has versions 1..{latest}; version {version} does not exist."
+            )
+        stored = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        reader = self._reader(name, version, stored)
+        schema = pa.schema([pa.field(ID, pa.int64(), nullable=False), *stored])
+        queryable = tuple(f.name for f in schema if not is_payload(f.type))
+        return Dataset(name, version, reader.num_rows, schema, json.loads(class_names),
+                       queryable, description or "", reader)
+
+    def _reader(self, name: str, version: int, schema: pa.Schema) -> DatasetReader:
+        reader = self._readers.get((name, version))
+        if reader is None:
+            rows = self._rows(
+                f"SELECT path, first_id, num_rows, rows_per_batch, file_size, version "
+                f"FROM {META}.parts WHERE dataset = ? AND version <= ? ORDER BY first_id",
+                [name, version],
+            )
+            reader = DatasetReader(self.root, [PartInfo(*r) for r in rows], schema)
+            self._readers[(name, version)] = reader
+        return reader
+
+    def _check_new_name(self, name: str, kind: str) -> None:
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise CatalogError(
+                f"Invalid {kind} name {name!r}: use a letter followed by letters, digits or "
+                "underscores (at most 63 characters)."
+            )
+
+    def import_arrow(self, name: str, data: Any, *, append: bool = False) -> Dataset:
+        """Import a ``pyarrow.Table``, ``RecordBatch`` or ``RecordBatchReader``."""
+        from catalog.importers.arrow import open_arrow
+
+        return self.import_source(name, open_arrow(data), append=append)
+
+    def import_parquet(self, name: str, path_or_glob: str | os.PathLike[str], *,
+                       append: bool = False) -> Dataset:
+        """Import a Parquet file, a directory of Parquet files or a glob."""
+        return self.import_source(name, open_source("parquet", path_or_glob), append=append)
+
+    def import_ipc(self, name: str, path: str | os.PathLike[str], *,
+                   append: bool = False) -> Dataset:
+        """Import Arrow IPC / Feather files (file or stream format; a path or a glob)."""
+        return self.import_source(name, open_source("arrow", path), append=append)
+
+    def import_hf(self, name: str, dataset_or_path: Any, *, split: str | None = None,
+                  append: bool = False) -> Dataset:
+        """Import a HuggingFace ``Dataset``, ``DatasetDict`` or ``save_to_disk`` folder.
+
+        Args:
+            name: the new dataset.
+            dataset_or_path: the source.
+            split: for a ``DatasetDict``, the split to import; None imports every split with a
+                ``split`` column.
+            append: add the rows to an existing dataset with the same schema.
+        """
+        return self.import_source(name, open_source("hf", dataset_or_path, split=split),
+                                  append=append)
+
+    def import_imagefolder(self, name: str, root: str | os.PathLike[str], *,
+                           append: bool = False) -> Dataset:
+        """Import ``root/<class>/<file>`` images as ``image``, ``label``, ``label_name``, ``path``."""
+        return self.import_source(name, open_source("imagefolder", root), append=append)
+
+    def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
+        """Import a streaming ``Source`` atomically; see the module docstring."""
+        self._check_new_name(name, "dataset")
+        exists = name in self.dataset_names()
+        if append and not exists:
+            raise DatasetNotFoundError(
+                f"Cannot append to unknown dataset '{name}'.{did_you_mean(name, self.dataset_names())}"
+                " Import it first without append."
+            )
+        if not append and exists:
+            raise AlreadyExistsError(
+                f"Dataset '{name}' exists already; DROP DATASET {name} first, or append to it."
+            )
+        if not append and self._rows(
+            "SELECT 1 FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = ?", [name]
+        ):
+            raise AlreadyExistsError(f"A DuckDB table '{name}' exists already; pick another name.")
+        if ID in source.schema.names:
+            raise ImportFailedError(
+                f"The source has a column named '{ID}', which tabloader assigns itself; rename or "
+                "drop it before importing."
+            )
+        if append:
+            current = self.dataset(name)
+            stored = pa.schema(list(current.schema)[1:])
+            if not source.schema.equals(stored):
+                raise ImportFailedError(
+                    f"Cannot append to '{name}': the source schema\n{source.schema}\ndiffers from "
+                    f"the dataset's\n{stored}"
+                )
+            first_id, version = current.num_rows, current.version + 1
+        else:
+            first_id, version = 0, 1
+        ingest = _Ingest(self, name, source, first_id=first_id, version=version, append=append)
+        ingest.run()
+        logger.info("imported %d rows into %s (version %d)", ingest.num_rows, name, version)
+        return self.dataset(name)
+
+    def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
+        """Drop a dataset, its table and its files.
+
+        Raises:
+            DatasetInUseError: jobs use it and ``cascade`` is false.
+        """
+        if name not in self.dataset_names():
+            if if_exists:
+                return
+            self.dataset(name)  # raises DatasetNotFoundError with a suggestion
+        users = [r[0] for r in self._rows(
+            f"SELECT name FROM {META}.jobs WHERE dataset = ? ORDER BY name", [name])]
+        if users and not cascade:
+            raise DatasetInUseError(
+                f"Dataset '{name}' is used by job(s) {', '.join(users)}; UNREGISTER JOB them "
+                f"first, or DROP DATASET {name} CASCADE."
+            )
+        paths = [r[0] for r in self._rows(f"SELECT path FROM {META}.parts WHERE dataset = ?", [name])]
+        with self._duckdb_errors(f"DROP DATASET {name}"), self._transaction():
+            self._con.execute(f"DELETE FROM {META}.jobs WHERE dataset = ?", [name])
+            self._con.execute(f"DELETE FROM {META}.parts WHERE dataset = ?", [name])
+            self._con.execute(f"DELETE FROM {META}.datasets WHERE name = ?", [name])
+            self._con.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+        self._readers = {k: v for k, v in self._readers.items() if k[0] != name}
+        for p in paths:
+            (self.root / p).unlink(missing_ok=True)
+        shutil.rmtree(self.root / "data" / name, ignore_errors=True)
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def job_names(self) -> list[str]:
+        """Names of all jobs, sorted."""
+        return [r[0] for r in self._rows(f"SELECT name FROM {META}.jobs ORDER BY name")]
+
+    def jobs(self) -> list[Job]:
+        """All registered jobs, sorted by name."""
+        return [self.job(n) for n in self.job_names()]
+
+    def job(self, name: str) -> Job:
+        """Return job ``name``.
+
+        Raises:
+            JobNotFoundError: no such job.
+        """
+        rows = self._rows(
+            f"SELECT dataset, version, columns, predicate, options, ids FROM {META}.jobs "
+            "WHERE name = ?", [name])
+        if not rows:
+            raise JobNotFoundError(
+                f"Unknown job '{name}'.{did_you_mean(name, self.job_names())} SHOW JOBS lists "
+                "them; REGISTER JOB adds one."
+            )
+        dataset, version, columns, predicate, options, ids = rows[0]
+        return Job(name, dataset, version, tuple(json.loads(columns)), predicate,
+                   json.loads(options), BitMap.deserialize(ids))
+
+    def register_job(self, name: str, dataset: str, *, columns: Sequence[str] | None = None,
+                     where: str | exp.Expression | None = None,
+                     options: dict[str, Any] | None = None, replace: bool = False) -> Job:
+        """Register a job on the rows of ``dataset`` that satisfy ``where``.
+
+        Args:
+            name: the job name.
+            dataset: the dataset; the job is pinned to its current version.
+            columns: the columns the job reads (default: all).
+            where: a predicate in SQL (checked against an allow-list), or None for all rows.
+            options: job options (batch_size, seed, image_size, ...).
+            replace: replace a job of the same name (re-registering re-pins the version).
+
+        Raises:
+            AlreadyExistsError: the job exists and ``replace`` is false.
+            UnknownColumnError, ForbiddenExpressionError: bad columns or predicate.
+        """
+        from catalog.sql.validate import check_columns, check_predicate
+
+        self._check_new_name(name, "job")
+        if not replace and name in self.job_names():
+            raise AlreadyExistsError(
+                f"Job '{name}' exists already; UNREGISTER JOB {name} first, or use "
+                f"REGISTER OR REPLACE JOB {name}."
+            )
+        ds = self.dataset(dataset)
+        cols = check_columns(columns, ds)
+        predicate = check_predicate(where, ds) if where is not None else None
+        sql = (f"SELECT CAST({ID} AS UINTEGER) AS {ID} FROM {quote(ds.name)} "
+               f"WHERE {ID} < {ds.num_rows}" + (f" AND ({predicate})" if predicate else ""))
+        try:
+            ids = self._con.execute(sql).fetchnumpy()[ID]
+        except duckdb.Error as exc:
+            raise StatementError(
+                f"The predicate of job '{name}' failed in DuckDB: {exc}".rstrip()
+            ) from exc
+        bitmap = bitmap_from_array(np.asarray(ids))
+        if not bitmap:
+            raise StatementError(
+                f"Job '{name}' would have no rows: no row of '{dataset}' satisfies {predicate}. "
+                "Loosen the WHERE clause."
+            )
+        bitmap.run_optimize()
+        opts = dict(options or {})
+        with self._duckdb_errors(f"REGISTER JOB {name}"), self._transaction():
+            self._con.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
+            self._con.execute(
+                f"INSERT INTO {META}.jobs (name, dataset, version, columns, predicate, options, "
+                "ids, num_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [name, ds.name, ds.version, json.dumps(cols), predicate, json.dumps(opts),
+                 bitmap.serialize(), len(bitmap)],
+            )
+        return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap)
+
+    def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
+        """Remove job ``name``."""
+        if name not in self.job_names():
+            if if_exists:
+                return
+            self.job(name)  # raises JobNotFoundError with a suggestion
+        with self._duckdb_errors(f"UNREGISTER JOB {name}"):
+            self._con.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
+
+    # -- statements ------------------------------------------------------------------------------
+    def sql(self, text: str) -> Any:
+        """Run one statement (see ``catalog.sql``).
+
+        Returns:
+            a ``pyarrow.Table`` for SELECT, SHOW and DESCRIBE; the ``Dataset`` for CREATE
+            DATASET; the ``Job`` for REGISTER JOB; None for DROP and UNREGISTER.
+        """
+        from catalog.sql.execute import execute
+
+        return execute(self, text)
+
+
+class _Ingest:
+    """One atomic import: IPC part file + DuckDB rows + metadata, or nothing at all."""
+
+    def __init__(self, catalog: Catalog, name: str, source: Source, *, first_id: int,
+                 version: int, append: bool) -> None:
+        self.catalog, self.name, self.source = catalog, name, source
+        self.first_id, self.version, self.append = first_id, version, append
+        self.num_rows = 0
+        self.directory = catalog.root / "data" / name
+        token = uuid.uuid4().hex[:12]
+        self.tmp = self.directory / f".tmp-{token}.arrow"
+        self.final = self.directory / f"part-v{version:05d}-{token}.arrow"
+        self.queryable = [f.name for f in source.schema if not is_payload(f.type)]
+        self.writer: PartWriter | None = None
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+
+    def run(self) -> None:
+        con = self.catalog._con
+        self.directory.mkdir(parents=True, exist_ok=True)
+        bar = progress_bar(total=self.source.num_rows, desc=f"import {self.name}")
+        renamed = False
+        try:
+            con.begin()
+            if not self.append:
+                self._create_table()
+            for batch in self.source.batches:
+                self._write(batch)
+                bar.update(batch.num_rows)
+            if self.writer is None:
+                raise ImportFailedError(
+                    f"The source of '{self.name}' has no rows; nothing was imported."
+                )
+            self._flush()
+            size = self.writer.close()
+            self._record(size)
+            os.replace(self.tmp, self.final)
+            renamed = True
+            con.commit()
+        except BaseException as exc:
+            con.rollback()
+            if self.writer is not None:
+                self.writer.abort()
+            if renamed:
+                self.final.unlink(missing_ok=True)
+            if self.directory.exists() and not any(self.directory.iterdir()):
+                self.directory.rmdir()
+            if isinstance(exc, duckdb.Error):
+                raise ImportFailedError(f"Import of '{self.name}' failed in DuckDB: {exc}") from exc
+            if isinstance(exc, (pa.ArrowException, OSError)):
+                raise ImportFailedError(
+                    f"Import of '{self.name}' failed: {exc}. Nothing was stored."
+                ) from exc
+            raise
+        finally:
+            bar.close()
+
+    def _create_table(self) -> None:
+        empty = pa.schema([pa.field(ID, pa.int64()), *(self.source.schema.field(n)
+                                                      for n in self.queryable)]).empty_table()
+        con = self.catalog._con
+        con.register("_tl_chunk", empty)
+        try:
+            con.execute(f"CREATE TABLE {quote(self.name)} AS SELECT * FROM _tl_chunk")
+        finally:
+            con.unregister("_tl_chunk")
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        schema = self.source.schema
+        if not batch.schema.equals(schema):
+            try:
+                batch = batch.cast(schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+                raise ImportFailedError(
+                    f"A batch of the source has schema {batch.schema}, not {schema}: {exc}"
+                ) from exc
+        if batch.num_rows == 0:
+            return
+        if self.writer is None:
+            avg = batch.nbytes / batch.num_rows
+            self.writer = PartWriter(self.tmp, schema, choose_rows_per_batch(avg))
+        self.writer.write(batch)
+        self._pending.append(batch.select(self.queryable))
+        self._pending_rows += batch.num_rows
+        if self._pending_rows >= INSERT_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending_rows:
+            return
+        table = pa.Table.from_batches(self._pending)
+        start = self.first_id + self.num_rows
+        ids = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
+        table = table.add_column(0, ID, ids)
+        con = self.catalog._con
+        con.register("_tl_chunk", table)
+        try:
+            con.execute(f"INSERT INTO {quote(self.name)} SELECT * FROM _tl_chunk")
+        finally:
+            con.unregister("_tl_chunk")
+        self.num_rows += table.num_rows
+        self._pending, self._pending_rows = [], 0
+
+    def _record(self, size: int) -> None:
+        assert self.writer is not None
+        con = self.catalog._con
+        rel = self.final.relative_to(self.catalog.root).as_posix()
+        con.execute(
+            f"INSERT INTO {META}.parts VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [self.name, self.version, rel, self.first_id, self.num_rows,
+             self.writer.rows_per_batch, size],
+        )
+        total = self.first_id + self.num_rows
+        if self.append:
+            con.execute(f"UPDATE {META}.datasets SET version = ?, num_rows = ? WHERE name = ?",
+                        [self.version, total, self.name])
+        else:
+            # Building the index once after the bulk insert is ~3x faster than maintaining it.
+            con.execute(f"ALTER TABLE {quote(self.name)} ADD PRIMARY KEY ({ID})")
+            con.execute(
+                f"INSERT INTO {META}.datasets (name, version, num_rows, schema, class_names, "
+                "description) VALUES (?, ?, ?, ?, ?, ?)",
+                [self.name, self.version, total, self.source.schema.serialize().to_pybytes(),
+                 json.dumps(self.source.class_names), self.source.description],
+            )

@@ -1,0 +1,157 @@
+"""The whole tabloader exception hierarchy (``tabloader`` re-exports it).
+
+::
+
+    TabloaderError
+      CatalogError
+        CatalogLockedError        the catalog is owned by another process
+        NotFoundError(LookupError)
+          DatasetNotFoundError
+          JobNotFoundError
+        AlreadyExistsError
+        DatasetInUseError         DROP DATASET while jobs use it
+      ImportFailedError           a source could not be imported; nothing stored
+      StatementError(ValueError)  .line .col - bad SQL-ish input
+        UnknownColumnError
+        ForbiddenExpressionError
+      StorageError                .path - missing or corrupt IPC file
+      SamplingError
+      CacheError
+      LoaderError                 a job's batch could not be produced
+        RowReadError              .row_id - one row failed to read or decode
+
+Every message names the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "AlreadyExistsError",
+    "CacheError",
+    "CatalogError",
+    "CatalogLockedError",
+    "DatasetInUseError",
+    "DatasetNotFoundError",
+    "ForbiddenExpressionError",
+    "ImportFailedError",
+    "JobNotFoundError",
+    "LoaderError",
+    "NotFoundError",
+    "RowReadError",
+    "SamplingError",
+    "StatementError",
+    "StorageError",
+    "TabloaderError",
+    "UnknownColumnError",
+    "did_you_mean",
+]
+
+
+class TabloaderError(Exception):
+    """Base class of every error tabloader raises on purpose."""
+
+
+class CatalogError(TabloaderError):
+    """The catalog cannot do what was asked."""
+
+
+class CatalogLockedError(CatalogError):
+    """Another process owns the catalog (DuckDB allows one writer per file)."""
+
+
+class NotFoundError(CatalogError, LookupError):
+    """A named object does not exist."""
+
+    def __str__(self) -> str:  # LookupError would otherwise be fine; keep plain text
+        return str(self.args[0]) if self.args else ""
+
+
+class DatasetNotFoundError(NotFoundError):
+    """No dataset by that name."""
+
+
+class JobNotFoundError(NotFoundError):
+    """No job by that name."""
+
+
+class AlreadyExistsError(CatalogError):
+    """A dataset or job by that name exists already."""
+
+
+class DatasetInUseError(CatalogError):
+    """The dataset is used by registered jobs."""
+
+
+class ImportFailedError(TabloaderError):
+    """A source could not be imported; nothing was stored."""
+
+
+class StatementError(TabloaderError, ValueError):
+    """A statement could not be parsed or is not allowed.
+
+    Attributes:
+        line: 1-based line of the problem, or None.
+        col: 1-based column of the problem, or None.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, col: int | None = None) -> None:
+        if line is not None and col is not None:
+            message = f"{message} (line {line}, col {col})"
+        super().__init__(message)
+        self.line = line
+        self.col = col
+
+
+class UnknownColumnError(StatementError):
+    """A statement names a column the dataset does not have."""
+
+
+class ForbiddenExpressionError(StatementError):
+    """A statement uses an expression outside the allow-list."""
+
+
+class StorageError(TabloaderError):
+    """An Arrow IPC file is missing or corrupt.
+
+    Attributes:
+        path: the file at fault.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class SamplingError(TabloaderError):
+    """The sampler was asked something it cannot do (unknown job, empty set...)."""
+
+
+class CacheError(TabloaderError):
+    """The cache cannot hold what it must (capacity too small for the pinned rows...)."""
+
+
+class LoaderError(TabloaderError):
+    """A job's batch could not be produced."""
+
+
+class RowReadError(LoaderError):
+    """One row failed to read or decode.
+
+    Attributes:
+        row_id: the ``_id`` of the row.
+        column: the column at fault, or None.
+    """
+
+    def __init__(self, message: str, *, row_id: int, column: str | None = None) -> None:
+        super().__init__(message)
+        self.row_id = row_id
+        self.column = column
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """Return `` Did you mean 'x'?`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""

@@ -1,0 +1,212 @@
+"""The tabloader SQL dialect: DuckDB's, plus catalog statements.
+
+::
+
+    CREATE DATASET name FROM 'path' [FORMAT imagefolder|parquet|arrow|hf]
+    APPEND TO DATASET name FROM 'path' [FORMAT ...]
+    REGISTER [OR REPLACE] JOB name SELECT cols FROM dataset [WHERE predicate]
+        [WITH (key = value, ...)]
+    UNREGISTER JOB [IF EXISTS] name
+    SHOW DATASETS | SHOW JOBS | DESCRIBE name | DROP DATASET [IF EXISTS] name [CASCADE]
+    SELECT ...    -- read-only, passed to DuckDB
+
+The catalog statements are parsed by extending sqlglot's ``Parser._parse_statement``; every
+other statement goes to the DuckDB parser unchanged, so SELECT, expressions and error positions
+are sqlglot's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.duckdb import DuckDB
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.parsers.duckdb import DuckDBParser
+
+from catalog.errors import StatementError
+
+__all__ = [
+    "AppendDataset",
+    "CreateDataset",
+    "DescribeDataset",
+    "DropDataset",
+    "RegisterJob",
+    "ShowDatasets",
+    "ShowJobs",
+    "Tabloader",
+    "UnregisterJob",
+    "parse",
+    "parse_predicate",
+]
+
+FORMATS = ("imagefolder", "parquet", "arrow", "hf")
+
+
+class CreateDataset(exp.Expression):
+    """``CREATE DATASET this FROM path [FORMAT format]``."""
+
+    arg_types = {"this": True, "path": True, "format": False}
+
+
+class AppendDataset(exp.Expression):
+    """``APPEND TO DATASET this FROM path [FORMAT format]``."""
+
+    arg_types = {"this": True, "path": True, "format": False}
+
+
+class RegisterJob(exp.Expression):
+    """``REGISTER [OR REPLACE] JOB this <select> [WITH (options)]``."""
+
+    arg_types = {"this": True, "query": True, "options": False, "replace": False}
+
+
+class UnregisterJob(exp.Expression):
+    """``UNREGISTER JOB [IF EXISTS] this``."""
+
+    arg_types = {"this": True, "exists": False}
+
+
+class ShowDatasets(exp.Expression):
+    """``SHOW DATASETS``."""
+
+    arg_types: dict[str, bool] = {}
+
+
+class ShowJobs(exp.Expression):
+    """``SHOW JOBS``."""
+
+    arg_types: dict[str, bool] = {}
+
+
+class DescribeDataset(exp.Expression):
+    """``DESCRIBE this``."""
+
+    arg_types = {"this": True}
+
+
+class DropDataset(exp.Expression):
+    """``DROP DATASET [IF EXISTS] this [CASCADE]``."""
+
+    arg_types = {"this": True, "exists": False, "cascade": False}
+
+
+class TabloaderParser(DuckDBParser):
+    """DuckDB's parser with the catalog statements in front."""
+
+    def _parse_statement(self) -> exp.Expression | None:
+        if self._curr is None:
+            return None
+        if self._match_text_seq("CREATE", "DATASET"):
+            return self._parse_dataset_source(CreateDataset)
+        if self._match_text_seq("APPEND", "TO", "DATASET"):
+            return self._parse_dataset_source(AppendDataset)
+        if self._match_text_seq("REGISTER"):
+            replace = self._match_text_seq("OR", "REPLACE")
+            self._expect_words("JOB")
+            name = self._parse_name("job")
+            if not self._match(sqlglot.TokenType.SELECT, advance=False):
+                self.raise_error("Expected SELECT <columns> FROM <dataset> after the job name")
+            query = self._parse_select()
+            options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
+            return self.expression(RegisterJob(this=name, query=query, options=options,
+                                               replace=replace or None))
+        if self._match_text_seq("UNREGISTER", "JOB"):
+            exists = self._match_text_seq("IF", "EXISTS")
+            return self.expression(UnregisterJob(this=self._parse_name("job"),
+                                                 exists=exists or None))
+        if self._match_text_seq("SHOW", "DATASETS"):
+            return self.expression(ShowDatasets())
+        if self._match_text_seq("SHOW", "JOBS"):
+            return self.expression(ShowJobs())
+        if self._match_text_seq("DESCRIBE") or self._match_text_seq("DESC"):
+            return self.expression(DescribeDataset(this=self._parse_name("dataset")))
+        if self._match_text_seq("DROP", "DATASET"):
+            exists = self._match_text_seq("IF", "EXISTS")
+            name = self._parse_name("dataset")
+            cascade = self._match_text_seq("CASCADE")
+            return self.expression(DropDataset(this=name, exists=exists or None,
+                                               cascade=cascade or None))
+        return super()._parse_statement()  # type: ignore[no-any-return]
+
+    def _expect_words(self, *words: str) -> None:
+        if not self._match_text_seq(*words):
+            self.raise_error(f"Expected {' '.join(words)}")
+
+    def _parse_name(self, kind: str) -> exp.Identifier:
+        name = self._parse_id_var(any_token=False)
+        if not isinstance(name, exp.Identifier):
+            self.raise_error(f"Expected a {kind} name")
+        return name  # type: ignore[return-value]
+
+    def _parse_dataset_source(self, cls: type[exp.Expression]) -> exp.Expression:
+        name = self._parse_name("dataset")
+        self._expect_words("FROM")
+        path = self._parse_string()
+        if path is None:
+            self.raise_error("Expected a quoted path after FROM, e.g. FROM 'data/imagenet'")
+        fmt = None
+        if self._match_text_seq("FORMAT"):
+            fmt = self._parse_var(any_token=True)
+            if fmt is None or fmt.name.lower() not in FORMATS:
+                self.raise_error(f"Expected a FORMAT among {', '.join(FORMATS)}")
+        return self.expression(cls(this=name, path=path, format=fmt))
+
+    def _parse_options(self) -> exp.Tuple:
+        def option() -> exp.Expression | None:
+            key = self._parse_id_var(any_token=True)
+            if key is None or not self._match(sqlglot.TokenType.EQ):
+                self.raise_error("Expected key = value in WITH (...)")
+            value = self._parse_primary() or self._parse_unary()
+            if value is None:
+                self.raise_error("Expected a value (number, 'string', TRUE or FALSE)")
+            return exp.EQ(this=key, expression=value)
+
+        return exp.Tuple(expressions=self._parse_wrapped_csv(option))
+
+
+class Tabloader(DuckDB):
+    """The sqlglot dialect of tabloader statements."""
+
+    class Parser(TabloaderParser):
+        """Parser with the catalog statements."""
+
+
+def _statement_error(exc: ParseError | TokenError) -> StatementError:
+    errors: list[dict[str, Any]] = getattr(exc, "errors", []) or []
+    if errors:
+        first = errors[0]
+        return StatementError(
+            f"Cannot parse statement: {first.get('description', exc)}, near "
+            f"'{first.get('highlight', '')}'",
+            line=first.get("line"), col=first.get("col"),
+        )
+    return StatementError(f"Cannot parse statement: {exc}")
+
+
+def parse(text: str) -> exp.Expression:
+    """Parse exactly one statement.
+
+    Raises:
+        StatementError: it does not parse, or there is not exactly one statement.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise StatementError("Empty statement; write e.g. SHOW DATASETS.")
+    try:
+        statements = [s for s in sqlglot.parse(text, dialect=Tabloader) if s is not None]
+    except (ParseError, TokenError) as exc:
+        raise _statement_error(exc) from exc
+    if len(statements) != 1:
+        raise StatementError(
+            f"Expected exactly one statement, found {len(statements)}; send them one at a time."
+        )
+    return statements[0]
+
+
+def parse_predicate(text: str) -> exp.Expression:
+    """Parse a WHERE predicate on its own (for ``Catalog.register_job(where=...)``)."""
+    try:
+        return sqlglot.parse_one(text, dialect=Tabloader, into=exp.Condition)
+    except (ParseError, TokenError) as exc:
+        raise _statement_error(exc) from exc

@@ -1,0 +1,166 @@
+"""Run one parsed statement against a ``Catalog``: one handler per statement type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from sqlglot import exp
+
+from catalog.errors import ForbiddenExpressionError, StatementError
+from catalog.importers import detect_format, open_source
+from catalog.sql.dialect import (
+    AppendDataset,
+    CreateDataset,
+    DescribeDataset,
+    DropDataset,
+    RegisterJob,
+    ShowDatasets,
+    ShowJobs,
+    UnregisterJob,
+    parse,
+)
+from catalog.sql.validate import check_query, position
+
+if TYPE_CHECKING:
+    from catalog.catalog import Catalog
+
+__all__ = ["HANDLERS", "execute"]
+
+
+def execute(catalog: Catalog, text: str) -> Any:
+    """Parse ``text`` (exactly one statement) and run it; see ``Catalog.sql``."""
+    stmt = parse(text)
+    handler = HANDLERS.get(type(stmt))
+    if handler is None:
+        return _select(catalog, stmt)
+    return handler(catalog, stmt)
+
+
+def _import(catalog: Catalog, stmt: exp.Expression, *, append: bool) -> Any:
+    path = stmt.args["path"].name
+    fmt = stmt.args.get("format")
+    source = open_source(fmt.name.lower() if fmt else detect_format(path), path)
+    return catalog.import_source(stmt.this.name, source, append=append)
+
+
+def _register(catalog: Catalog, stmt: RegisterJob) -> Any:
+    query = stmt.args["query"]
+    if not isinstance(query, exp.Select):
+        raise StatementError("REGISTER JOB takes one SELECT columns FROM dataset [WHERE ...].")
+    extra = [k.upper() for k, v in query.args.items()
+             if v and k not in ("expressions", "from_", "where", "kind")]
+    if extra or query.args.get("joins"):
+        line, col = position(query)
+        raise ForbiddenExpressionError(
+            f"REGISTER JOB takes SELECT columns FROM dataset [WHERE ...]; remove "
+            f"{', '.join(extra) or 'JOIN'}.", line=line, col=col)
+    source = query.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) or not isinstance(
+            source.this.this, exp.Identifier):
+        raise StatementError("REGISTER JOB needs FROM <dataset>.")
+    table = source.this
+    dataset = table.name
+    columns: list[str] = []
+    for proj in query.expressions:
+        if isinstance(proj, exp.Star):
+            columns.append("*")
+        elif isinstance(proj, exp.Column) and isinstance(proj.this, exp.Identifier):
+            if proj.table and proj.table not in (dataset, table.alias):
+                raise StatementError(f"Column '{proj.sql()}' does not belong to '{dataset}'.")
+            columns.append(proj.name)
+        else:
+            line, col = position(proj)
+            raise ForbiddenExpressionError(
+                f"Projections must be plain columns or *; '{proj.sql(dialect='duckdb')}' is an "
+                "expression. Select the column and compute in your training code.",
+                line=line, col=col)
+    if "*" in columns and len(columns) > 1:
+        raise StatementError("Use either * or a list of columns, not both.")
+    where = query.args.get("where")
+    predicate = where.this if where is not None else None
+    if predicate is not None and table.alias:
+        for col_node in predicate.find_all(exp.Column):
+            if col_node.table == table.alias:
+                col_node.set("table", None)
+    options = _options(stmt.args.get("options"))
+    return catalog.register_job(stmt.this.name, dataset, columns=columns, where=predicate,
+                                options=options, replace=bool(stmt.args.get("replace")))
+
+
+def _options(node: exp.Tuple | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for eq in node.expressions if node is not None else []:
+        key, value = eq.this.name.lower(), eq.expression
+        if key in options:
+            raise StatementError(f"Option '{key}' is given twice in WITH (...).")
+        if isinstance(value, exp.Boolean):
+            options[key] = value.this
+        elif isinstance(value, exp.Literal) and value.is_string:
+            options[key] = value.this
+        elif isinstance(value, exp.Literal):
+            options[key] = float(value.this) if any(c in value.this for c in ".eE") else int(
+                value.this)
+        elif isinstance(value, exp.Neg) and isinstance(value.this, exp.Literal):
+            options[key] = -float(value.this.this) if "." in value.this.this else -int(
+                value.this.this)
+        else:
+            raise StatementError(
+                f"Option '{key}' must be a number, a 'string', TRUE or FALSE, not "
+                f"{value.sql(dialect='duckdb')}.")
+    return options
+
+
+def _show_datasets(catalog: Catalog, _: exp.Expression) -> pa.Table:
+    rows = [
+        {"name": ds.name, "version": ds.version, "rows": ds.num_rows,
+         "columns": ", ".join(ds.columns[1:]),
+         "jobs": sum(j.dataset == ds.name for j in catalog.jobs()), "source": ds.description}
+        for ds in catalog.datasets()
+    ]
+    schema = pa.schema([("name", pa.string()), ("version", pa.int64()), ("rows", pa.int64()),
+                        ("columns", pa.string()), ("jobs", pa.int64()), ("source", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _show_jobs(catalog: Catalog, _: exp.Expression) -> pa.Table:
+    rows = [
+        {"name": j.name, "dataset": j.dataset, "version": j.dataset_version, "rows": j.num_rows,
+         "columns": ", ".join(j.columns), "predicate": j.predicate,
+         "options": ", ".join(f"{k}={v}" for k, v in j.options.items())}
+        for j in catalog.jobs()
+    ]
+    schema = pa.schema([("name", pa.string()), ("dataset", pa.string()), ("version", pa.int64()),
+                        ("rows", pa.int64()), ("columns", pa.string()),
+                        ("predicate", pa.string()), ("options", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _describe(catalog: Catalog, stmt: DescribeDataset) -> pa.Table:
+    ds = catalog.dataset(stmt.this.name)
+    rows = [
+        {"column": f.name, "type": str(f.type), "queryable": f.name in ds.queryable,
+         "classes": len(ds.class_names.get(f.name, [])) or None}
+        for f in ds.schema
+    ]
+    schema = pa.schema([("column", pa.string()), ("type", pa.string()),
+                        ("queryable", pa.bool_()), ("classes", pa.int64())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _select(catalog: Catalog, stmt: exp.Expression) -> pa.Table:
+    return catalog.query(check_query(stmt))
+
+
+HANDLERS: dict[type[exp.Expression], Callable[[Catalog, Any], Any]] = {
+    CreateDataset: lambda c, s: _import(c, s, append=False),
+    AppendDataset: lambda c, s: _import(c, s, append=True),
+    RegisterJob: _register,
+    UnregisterJob: lambda c, s: c.unregister_job(s.this.name, if_exists=bool(s.args.get("exists"))),
+    ShowDatasets: _show_datasets,
+    ShowJobs: _show_jobs,
+    DescribeDataset: _describe,
+    DropDataset: lambda c, s: c.drop_dataset(s.this.name, cascade=bool(s.args.get("cascade")),
+                                             if_exists=bool(s.args.get("exists"))),
+}

@@ -1,0 +1,153 @@
+"""Random-access reads of a dataset's rows from its Arrow IPC files.
+
+Opening a part memory-maps the file and reads only its footer (``pa.ipc.open_file``); the file
+size and batch count are checked against the catalog, so a truncated or replaced file is
+reported at open, not as garbage later. Rows are located by arithmetic (see
+``catalog.storage``); a batched ``take`` groups ids by record batch so each batch is touched
+once, then restores the caller's order with one ``take`` on a single-chunk table (never on a
+chunked binary column, which would concatenate every chunk).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.errors import StorageError, UnknownColumnError, did_you_mean
+from catalog.storage.writer import PartInfo
+
+__all__ = ["DatasetReader"]
+
+ID_COLUMN = "_id"
+
+
+class DatasetReader:
+    """Read rows by ``_id`` from the parts of one dataset version.
+
+    Args:
+        root: the catalog directory (part paths are relative to it).
+        parts: the parts, in ``_id`` order.
+        schema: the stored schema (without ``_id``).
+    """
+
+    def __init__(self, root: Path, parts: Sequence[PartInfo], schema: pa.Schema) -> None:
+        self.root = root
+        self.parts = list(parts)
+        self.schema = schema
+        self.num_rows = sum(p.num_rows for p in self.parts)
+        self._first_ids = np.array([p.first_id for p in self.parts], dtype=np.int64)
+        self._rows_per_batch = np.array([p.rows_per_batch for p in self.parts], dtype=np.int64)
+        self._files: list[pa.ipc.RecordBatchFileReader | None] = [None] * len(self.parts)
+        self._lock = threading.Lock()
+
+    # -- opening ---------------------------------------------------------------------------
+    def _file(self, index: int) -> pa.ipc.RecordBatchFileReader:
+        reader = self._files[index]
+        if reader is None:
+            with self._lock:
+                reader = self._files[index]
+                if reader is None:
+                    reader = self._open(self.parts[index])
+                    self._files[index] = reader
+        return reader
+
+    def _open(self, part: PartInfo) -> pa.ipc.RecordBatchFileReader:
+        path = self.root / part.path
+        fix = "Restore the file or re-import the dataset (DROP DATASET, then CREATE DATASET)."
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise StorageError(f"Missing data file '{path}'. {fix}", path=str(path)) from None
+        if size != part.file_size:
+            raise StorageError(
+                f"Data file '{path}' has {size} bytes, expected {part.file_size} (truncated or "
+                f"replaced). {fix}",
+                path=str(path),
+            )
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            raise StorageError(f"Corrupt data file '{path}': {exc}. {fix}", path=str(path)) from exc
+        if reader.num_record_batches != part.num_batches:
+            raise StorageError(
+                f"Data file '{path}' has {reader.num_record_batches} record batches, expected "
+                f"{part.num_batches}. {fix}",
+                path=str(path),
+            )
+        return reader
+
+    def open_all(self) -> None:
+        """Open every part now (footers only), raising ``StorageError`` on a bad file."""
+        for i in range(len(self.parts)):
+            self._file(i)
+
+    # -- locating --------------------------------------------------------------------------
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Map ids to (part index, record batch index, row in batch) arrays."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows):
+            bad = int(ids[(ids < 0) | (ids >= self.num_rows)][0])
+            raise IndexError(
+                f"Row id {bad} is out of range; this dataset version has ids 0..{self.num_rows - 1}."
+            )
+        part = np.searchsorted(self._first_ids, ids, side="right") - 1
+        local = ids - self._first_ids[part]
+        rpb = self._rows_per_batch[part]
+        return part, local // rpb, local % rpb
+
+    def record_batch(self, part: int, batch: int) -> pa.RecordBatch:
+        """Return record batch ``batch`` of part ``part`` (zero-copy from the memory map)."""
+        try:
+            return self._file(part).get_batch(batch)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            path = self.root / self.parts[part].path
+            raise StorageError(
+                f"Corrupt record batch {batch} in '{path}': {exc}. Re-import the dataset.",
+                path=str(path),
+            ) from exc
+
+    # -- reading ---------------------------------------------------------------------------
+    def take(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """Return the rows ``ids`` (in that order) as a table whose first column is ``_id``."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        names = self._columns(columns)
+        fields = [self.schema.field(n) for n in names]
+        out_schema = pa.schema([pa.field(ID_COLUMN, pa.int64(), nullable=False), *fields])
+        if ids.size == 0:
+            return out_schema.empty_table()
+        part, batch, row = self.locate(ids)
+        if ids.size == 1:
+            rb = self.record_batch(int(part[0]), int(batch[0])).select(names)
+            piece = rb.slice(int(row[0]), 1)
+            return pa.Table.from_arrays([pa.array(ids), *piece.columns], schema=out_schema)
+        key = (part << 40) | batch
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+        ends = np.r_[starts[1:], sorted_key.size]
+        pieces = []
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            first = order[s]
+            rb = self.record_batch(int(part[first]), int(batch[first])).select(names)
+            pieces.append(rb.take(pa.array(row[order[s:e]])))
+        gathered = pa.Table.from_batches(pieces, schema=pa.schema(fields)).combine_chunks()
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        result = gathered.take(pa.array(inverse))
+        return result.add_column(0, out_schema.field(0), pa.array(ids))
+
+    def _columns(self, columns: Sequence[str] | None) -> list[str]:
+        if columns is None:
+            return list(self.schema.names)
+        names = [c for c in columns if c != ID_COLUMN]
+        for name in names:
+            if name not in self.schema.names:
+                raise UnknownColumnError(
+                    f"Unknown column '{name}'.{did_you_mean(name, self.schema.names)} "
+                    f"Columns: {', '.join(self.schema.names)}."
+                )
+        return names
