@@ -39,6 +39,7 @@ __all__ = [
     "UnregisterJob",
     "parse",
     "parse_predicate",
+    "split_statements",
 ]
 
 FORMATS = ("imagefolder", "parquet", "arrow", "hf")
@@ -210,3 +211,18 @@ def parse_predicate(text: str) -> exp.Expression:
         return sqlglot.parse_one(text, dialect=Tabloader, into=exp.Condition)
     except (ParseError, TokenError) as exc:
         raise _statement_error(exc) from exc
+
+
+def split_statements(text: str) -> list[str]:
+    """Split a script into statement texts at top-level semicolons (sqlglot's tokenizer)."""
+    try:
+        tokens = Tabloader().tokenize(text)
+    except TokenError as exc:
+        raise _statement_error(exc) from exc
+    out, start = [], 0
+    for tok in tokens:
+        if tok.token_type == sqlglot.TokenType.SEMICOLON:
+            out.append(text[start:tok.start])
+            start = tok.end + 1
+    out.append(text[start:])
+    return [s.strip() for s in out if s.strip()]

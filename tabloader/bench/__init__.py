@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tabloader._format import format_table
+
 __all__ = ["BENCHMARKS", "format_table", "load", "write_json"]
 
 BENCHMARKS: dict[str, str] = {
@@ -26,25 +28,6 @@ BENCHMARKS: dict[str, str] = {
 def load(name: str) -> ModuleType:
     """Import the module of benchmark ``name``."""
     return importlib.import_module(BENCHMARKS[name])
-
-
-def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """Format dict rows as an aligned plain-text table."""
-    if not rows:
-        return "(no rows)"
-    columns = columns or list(rows[0])
-
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
-
-    cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
 
 
 def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:

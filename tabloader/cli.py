@@ -1,0 +1,173 @@
+"""The ``tabloader`` command line: a thin layer over the public API.
+
+Data goes to stdout; logs, progress bars and errors go to stderr. A ``TabloaderError`` prints
+one line ``ErrorName: message`` and exits 1 (the traceback only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["COMMANDS", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+def _open_catalog(args: argparse.Namespace) -> Any:
+    import catalog
+
+    return catalog.connect(args.catalog)
+
+
+def print_result(result: Any) -> None:
+    """Print a statement's result: a table, a dataset or job summary, or nothing."""
+    import pyarrow as pa
+
+    from catalog import Dataset, Job
+    from tabloader._format import format_table
+
+    if isinstance(result, pa.Table):
+        print(format_table(result.to_pylist(), result.column_names))
+    elif isinstance(result, Dataset):
+        print(f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
+              f"columns {', '.join(result.columns)}")
+    elif isinstance(result, Job):
+        print(f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
+              f"{result.num_rows:,} rows, columns {', '.join(result.columns)}")
+    elif result is None:
+        print("OK")
+    else:
+        print(result)
+
+
+# -- sql ---------------------------------------------------------------------------------------
+def _register_sql(sub: Any) -> None:
+    p = sub.add_parser("sql", help="run one statement ('-' reads statements from stdin)")
+    p.add_argument("statement", help="the statement, or '-' for statements from stdin")
+
+
+def _run_sql(args: argparse.Namespace) -> int:
+    from catalog.sql.dialect import split_statements
+
+    text = sys.stdin.read() if args.statement == "-" else args.statement
+    statements = split_statements(text) if args.statement == "-" else [text]
+    with _open_catalog(args) as cat:
+        for statement in statements:
+            print_result(cat.sql(statement))
+    return 0
+
+
+# -- import ------------------------------------------------------------------------------------
+def _register_import(sub: Any) -> None:
+    p = sub.add_parser("import", help="import a dataset from a path")
+    p.add_argument("name", help="the dataset name")
+    p.add_argument("path", help="image folder, Parquet/Arrow file or glob, or HF save_to_disk dir")
+    p.add_argument("--format", choices=["imagefolder", "parquet", "arrow", "hf"],
+                   help="source format (default: guessed from the path)")
+    p.add_argument("--split", help="for a HuggingFace DatasetDict: the split to import")
+    p.add_argument("--append", action="store_true", help="append rows to an existing dataset")
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from catalog.importers import detect_format, open_source
+
+    fmt = args.format or detect_format(args.path)
+    options = {"split": args.split} if fmt == "hf" else {}
+    with _open_catalog(args) as cat:
+        print_result(cat.import_source(args.name, open_source(fmt, args.path, **options),
+                                       append=args.append))
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------------------
+def _register_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="generate an image dataset, import it and register jobs")
+    p.add_argument("--images", type=int, default=3000, help="images to generate (default 3000)")
+    p.add_argument("--data", default="demo-data", help="where to generate the image folder")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from tabloader.demo import run_demo
+
+    with _open_catalog(args) as cat:
+        run_demo(cat, data_dir=args.data, num_images=args.images)
+    return 0
+
+
+# -- bench -------------------------------------------------------------------------------------
+def _register_bench(sub: Any) -> None:
+    from tabloader.bench import BENCHMARKS
+
+    p = sub.add_parser("bench", help="run a benchmark (competitors side by side, ratios)")
+    p.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    p.add_argument("bench_args", nargs=argparse.REMAINDER,
+                   help="arguments of the benchmark (see tabloader bench NAME --help)")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from tabloader.bench import load
+
+    module = load(args.benchmark)
+    parser = argparse.ArgumentParser(prog=f"tabloader bench {args.benchmark}",
+                                     description=(module.__doc__ or "").split("\n")[0])
+    module.add_arguments(parser)
+    bench_args = parser.parse_args(args.bench_args)
+    bench_args.catalog = args.catalog
+    return int(module.run(bench_args))
+
+
+COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
+    "bench": (_register_bench, _run_bench),
+    "demo": (_register_demo, _run_demo),
+    "import": (_register_import, _run_import),
+    "sql": (_register_sql, _run_sql),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tabloader``."""
+    from tabloader import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="tabloader",
+        description="Dataset tables that several training jobs load from together.")
+    parser.add_argument("--version", action="version", version=f"tabloader {__version__}")
+    parser.add_argument("--catalog", metavar="DIR",
+                        help="catalog directory (default: $TABLOADER_CATALOG or ./catalog)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="errors only")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register, _ in COMMANDS.values():
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code."""
+    from catalog.errors import TabloaderError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.ERROR if args.quiet else (logging.INFO if args.verbose == 1 else
+                                              logging.DEBUG if args.verbose > 1 else logging.WARNING)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    if args.quiet:
+        from catalog._progress import disable_progress_bars
+
+        disable_progress_bars()
+    try:
+        return COMMANDS[args.command][1](args)
+    except TabloaderError as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split())
+        print(f"{type(exc).__name__}: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return 130

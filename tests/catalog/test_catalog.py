@@ -1,0 +1,298 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import catalog
+from catalog import (
+    AlreadyExistsError,
+    CatalogError,
+    CatalogLockedError,
+    DatasetNotFoundError,
+    ImportFailedError,
+    StorageError,
+    UnknownColumnError,
+)
+
+
+def make_table(n: int = 1000, payload: int = 200, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "label": rng.integers(0, 10, n),
+        "split": np.where(rng.random(n) < 0.8, "train", "val"),
+        "score": rng.random(n),
+        "image": [rng.bytes(payload) for _ in range(n)],
+    })
+
+
+def data_files(cat: catalog.Catalog) -> list[str]:
+    return sorted(str(p.relative_to(cat.root)) for p in (cat.root / "data").rglob("*") if p.is_file())
+
+
+def duckdb_tables(cat: catalog.Catalog) -> list[str]:
+    return [r[0] for r in cat._con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()]
+
+
+def test_connect_default_path_uses_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with catalog.connect() as c:
+        assert c.root == tmp_path / "catalog"
+    monkeypatch.setenv("TABLOADER_CATALOG", str(tmp_path / "elsewhere"))
+    with catalog.connect() as c:
+        assert c.root == tmp_path / "elsewhere"
+        assert (tmp_path / "elsewhere" / "catalog.duckdb").exists()
+
+
+def test_connect_refuses_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(CatalogError, match="is a file; give a directory"):
+        catalog.connect(f)
+
+
+def test_connect_refuses_a_non_duckdb_file(tmp_path):
+    (tmp_path / "catalog.duckdb").write_bytes(b"not a database" * 100)
+    with pytest.raises(CatalogError, match="Cannot open catalog"):
+        catalog.connect(tmp_path)
+
+
+@pytest.mark.parametrize("ids", [[0], [999, 0, 500, 3, 3], list(range(1000))[::-7]])
+def test_import_arrow_take_round_trip(cat, ids):
+    table = make_table()
+    ds = cat.import_arrow("t", table)
+    assert (ds.name, ds.version, ds.num_rows) == ("t", 1, 1000)
+    assert ds.columns == ["_id", "label", "split", "score", "image"]
+    got = ds.take(ids)
+    assert got.column("_id").to_pylist() == ids
+    assert got.drop_columns(["_id"]).equals(table.take(ids))
+
+
+def test_take_selected_columns_and_bitmap(cat):
+    from pyroaring import BitMap
+
+    ds = cat.import_arrow("t", make_table())
+    got = ds.take(BitMap([5, 1, 9]), columns=["image"])
+    assert got.column_names == ["_id", "image"]
+    assert got.column("_id").to_pylist() == [1, 5, 9]
+    with pytest.raises(UnknownColumnError, match="Unknown column 'imag'. Did you mean 'image'"):
+        ds.take([1], columns=["imag"])
+    with pytest.raises(IndexError, match="Row id 1000 is out of range"):
+        ds.take([1000])
+
+
+def test_small_batches_for_large_rows(cat):
+    small = cat.import_arrow("small", make_table(payload=10))
+    large = cat.import_arrow("large", make_table(payload=100_000, n=40))
+    assert small.reader.parts[0].rows_per_batch > large.reader.parts[0].rows_per_batch
+    assert large.reader.parts[0].rows_per_batch <= 4
+
+
+def test_payload_stays_out_of_duckdb(cat):
+    cat.import_arrow("t", make_table())
+    cols = [r[0] for r in cat._con.execute("DESCRIBE t").fetchall()]
+    assert cols == ["_id", "label", "split", "score"]
+    pk = cat._con.execute(
+        "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 't'").fetchall()
+    assert ("PRIMARY KEY",) in pk
+
+
+def test_import_parquet_glob_and_ipc(cat, tmp_path):
+    table = make_table(300)
+    for i in range(3):
+        pq.write_table(table.slice(i * 100, 100), tmp_path / f"p{i}.parquet")
+    ds = cat.import_parquet("pq", tmp_path / "p*.parquet")
+    assert ds.take(list(range(300))).drop_columns(["_id"]).equals(table)
+    with pa.OSFile(str(tmp_path / "x.arrow"), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
+    with pa.OSFile(str(tmp_path / "s.arrows"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    assert cat.import_ipc("ipc", tmp_path / "x.arrow").take([7]).drop_columns(["_id"]).equals(
+        table.slice(7, 1))
+    assert cat.import_ipc("ipcs", tmp_path / "s.arrows").num_rows == 300
+
+
+def test_import_reader_streams(cat):
+    table = make_table(5000)
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=333))
+    ds = cat.import_arrow("r", reader)
+    assert ds.take([4999, 0]).drop_columns(["_id"]).equals(table.take([4999, 0]))
+
+
+@pytest.mark.parametrize(
+    ("make_source", "error", "message"),
+    [
+        (lambda p: p / "missing.parquet", ImportFailedError, "No such Parquet file"),
+        (lambda p: p / "nothing*.parquet", ImportFailedError, "No Parquet files match"),
+        (lambda p: (p / "bad.parquet").write_bytes(b"garbage") and p / "bad.parquet",
+         ImportFailedError, "not a readable Parquet file"),
+    ],
+)
+def test_import_parquet_errors(cat, tmp_path, make_source, error, message):
+    with pytest.raises(error, match=message):
+        cat.import_parquet("x", make_source(tmp_path))
+    assert cat.dataset_names() == []
+
+
+def test_import_errors(cat, tmp_path):
+    cat.import_arrow("t", make_table(10))
+    with pytest.raises(AlreadyExistsError, match="Dataset 't' exists already; DROP DATASET t"):
+        cat.import_arrow("t", make_table(10))
+    with pytest.raises(CatalogError, match="Invalid dataset name '1bad'"):
+        cat.import_arrow("1bad", make_table(10))
+    with pytest.raises(ImportFailedError, match="has a column named '_id'"):
+        cat.import_arrow("u", pa.table({"_id": [1]}))
+    with pytest.raises(ImportFailedError, match="has no rows"):
+        cat.import_arrow("u", make_table(0))
+    with pytest.raises(ImportFailedError, match="Cannot import a dict as Arrow"):
+        cat.import_arrow("u", {"a": [1]})
+    with pytest.raises(DatasetNotFoundError, match="Cannot append to unknown dataset 'tt'"):
+        cat.import_arrow("tt", make_table(10), append=True)
+    with pytest.raises(ImportFailedError, match="differs from the dataset's"):
+        cat.import_arrow("t", pa.table({"x": [1]}), append=True)
+    (tmp_path / "bad.arrow").write_bytes(b"nope")
+    with pytest.raises(ImportFailedError, match="is not an Arrow IPC file or stream"):
+        cat.import_ipc("u", tmp_path / "bad.arrow")
+    assert cat.dataset_names() == ["t"]
+
+
+def test_dataset_not_found_suggests(cat):
+    cat.import_arrow("imagenet", make_table(10))
+    with pytest.raises(DatasetNotFoundError, match="Unknown dataset 'imagnet'. Did you mean 'imagenet'"):
+        cat.dataset("imagnet")
+    with pytest.raises(LookupError):
+        cat.dataset("imagnet")
+    with pytest.raises(DatasetNotFoundError, match="has versions 1..1; version 2 does not exist"):
+        cat.dataset("imagenet", version=2)
+
+
+def failing_reader(table: pa.Table, fail_after: int) -> pa.RecordBatchReader:
+    def batches():
+        for i, b in enumerate(table.to_batches(max_chunksize=100)):
+            if i == fail_after:
+                raise RuntimeError("injected failure")
+            yield b
+
+    return pa.RecordBatchReader.from_batches(table.schema, batches())
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_failed_import_leaves_nothing(cat, append):
+    table = make_table(1000)
+    if append:
+        cat.import_arrow("t", table)
+    before_files, before_tables = data_files(cat), duckdb_tables(cat)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        cat.import_arrow("t", failing_reader(table, fail_after=5), append=append)
+    assert data_files(cat) == before_files
+    assert duckdb_tables(cat) == before_tables
+    if append:
+        ds = cat.dataset("t")
+        assert (ds.version, ds.num_rows) == (1, 1000)
+        assert cat._con.execute("SELECT count(*) FROM t").fetchone() == (1000,)
+    else:
+        assert cat.dataset_names() == []
+
+
+def test_killed_import_is_cleaned_up_at_next_open(tmp_path):
+    root = tmp_path / "cat"
+    script = textwrap.dedent(f"""
+        import time, numpy as np, pyarrow as pa, catalog
+        schema = pa.schema([("x", pa.int64()), ("b", pa.binary())])
+        def batches():
+            for i in range(10**6):
+                if i == 20:
+                    print("writing", flush=True)
+                    time.sleep(60)
+                yield pa.record_batch([pa.array(np.arange(100)), pa.array([b"y" * 1000] * 100)],
+                                      schema=schema)
+        cat = catalog.connect({str(root)!r})
+        cat.import_arrow("t", pa.RecordBatchReader.from_batches(schema, batches()))
+    """)
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout.readline().strip() == "writing"
+        leftovers = list((root / "data").rglob("*.arrow"))
+        assert leftovers, "the import should have a temp file open"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with catalog.connect(root) as cat:
+        assert cat.dataset_names() == []
+        assert list((root / "data").rglob("*")) == []
+        assert cat.import_arrow("t", make_table(10)).num_rows == 10
+
+
+def test_append_bumps_version_and_old_version_stays(cat):
+    a, b = make_table(100, seed=1), make_table(50, seed=2)
+    cat.import_arrow("t", a)
+    ds2 = cat.import_arrow("t", b, append=True)
+    assert (ds2.version, ds2.num_rows) == (2, 150)
+    assert ds2.take([100, 149]).drop_columns(["_id"]).equals(b.take([0, 49]))
+    v1 = cat.dataset("t", version=1)
+    assert v1.num_rows == 100
+    with pytest.raises(IndexError, match="out of range"):
+        v1.take([120])
+    assert cat._con.execute("SELECT min(_id), max(_id), count(*) FROM t").fetchone() == (0, 149, 150)
+
+
+def test_second_process_gets_a_clear_error(cat):
+    code = f"import catalog; catalog.connect({str(cat.root)!r})"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "CatalogLockedError" in proc.stderr
+    assert "is in use by another process (PID" in proc.stderr
+
+
+def test_corrupt_and_truncated_files(tmp_path):
+    root = tmp_path / "cat"
+    with catalog.connect(root) as cat:
+        cat.import_arrow("t", make_table(1000))
+        cat.import_arrow("u", make_table(1000))
+        [t_file] = cat.dataset("t").files
+        [u_file] = cat.dataset("u").files
+    with open(t_file, "r+b") as f:
+        f.truncate(os.path.getsize(t_file) - 100)
+    size = os.path.getsize(u_file)
+    u_file.write_bytes(b"\0" * size)
+    with catalog.connect(root) as cat:
+        with pytest.raises(StorageError, match=r"truncated or replaced\)\. Restore the file or re-import"):
+            cat.dataset("t").take([1])
+        with pytest.raises(StorageError, match="Corrupt data file") as info:
+            cat.dataset("u").take([1])
+        assert info.value.path == str(u_file)
+        u_file.unlink()
+        with pytest.raises(StorageError, match="Missing data file"):
+            cat.dataset("u").reader.open_all()
+        assert cat.dataset_names() == ["t", "u"]
+
+
+def test_stock_duckdb_reads_the_catalog(tmp_path):
+    root = tmp_path / "cat"
+    with catalog.connect(root) as cat:
+        cat.import_arrow("imagenet", make_table(100))
+        cat.sql("REGISTER JOB j SELECT label FROM imagenet WHERE label < 3")
+    code = textwrap.dedent(f"""
+        import duckdb
+        con = duckdb.connect({str(root / "catalog.duckdb")!r}, read_only=True)
+        print(con.execute("SELECT count(*), max(_id) FROM imagenet").fetchone())
+        print(con.execute("SELECT name, num_ids FROM _tabloader.jobs").fetchall())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    n = int((make_table(100).column("label").to_numpy() < 3).sum())
+    assert out.stdout.splitlines() == ["(100, 99)", f"[('j', {n})]"]
+
+
+def test_open_reads_footers_only(cat):
+    ds = cat.import_arrow("t", make_table(2000, payload=5000))
+    assert all(f is None for f in ds.reader._files)
+    ds.reader.open_all()
+    assert all(f is not None for f in ds.reader._files)
+    part = ds.reader.parts[0]
+    assert part.num_batches == -(-2000 // part.rows_per_batch)

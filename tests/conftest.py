@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import pytest
+
+import catalog
+from catalog import _progress
+
+
+@pytest.fixture(autouse=True)
+def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No progress bars and no catalog from the environment in tests."""
+    monkeypatch.delenv("TABLOADER_CATALOG", raising=False)
+    monkeypatch.setenv("TABLOADER_DISABLE_PROGRESS_BARS", "1")
+    _progress.disable_progress_bars()
+
+
+@pytest.fixture
+def cat(tmp_path):
+    """A fresh catalog in a temporary directory."""
+    with catalog.connect(tmp_path / "cat") as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory):
+    """A small generated ImageNet-like image folder (real JPEGs)."""
+    from tabloader.datagen import make_imagefolder
+
+    root = tmp_path_factory.mktemp("images") / "folder"
+    return make_imagefolder(root, num_images=60, num_classes=4, size=(120, 90), seed=1)
