@@ -131,6 +131,10 @@ class TabloaderParser(DuckDBParser):
                                                cascade=cascade or None))
         return super()._parse_statement()  # type: ignore[no-any-return]
 
+    def _parse_table_hints(self) -> list[exp.Expression] | None:
+        # T-SQL's "FROM t WITH (NOLOCK)" would swallow REGISTER JOB's "WITH (options)".
+        return None
+
     def _expect_words(self, *words: str) -> None:
         if not self._match_text_seq(*words):
             self.raise_error(f"Expected {' '.join(words)}")

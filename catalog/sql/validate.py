@@ -38,7 +38,7 @@ PREDICATE_NODES: tuple[type[exp.Expression], ...] = (
     # pure scalar functions
     exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce,
     exp.Lower, exp.Upper, exp.Length, exp.Substring, exp.StartsWith, exp.RegexpLike,
-    exp.Trim, exp.Concat, exp.StrPosition, exp.Year, exp.Month, exp.Day,
+    exp.Trim, exp.Concat, exp.StrPosition, exp.Year, exp.Month, exp.Day, exp.IsNan, exp.IsInf,
 )
 # Functions sqlglot has no node for (parsed as Anonymous), by upper-case name.
 PREDICATE_FUNCTIONS = frozenset({"HASH", "ENDS_WITH", "CONTAINS", "ARRAY_LENGTH", "LEN"})
@@ -46,15 +46,16 @@ ID = "_id"
 
 
 def position(node: exp.Expression) -> tuple[int | None, int | None]:
-    """Line and column of ``node`` (or of its first descendant that has one)."""
+    """Line and 1-based start column of ``node`` (or of its first descendant that has one).
+
+    sqlglot records the column of a token's last character; we report where it starts.
+    """
     for n in node.walk():
-        meta = getattr(n, "_meta", None) or {}
-        if "line" in meta:
-            return meta["line"], meta["col"]
-        if isinstance(n, exp.Expression) and isinstance(n.this, exp.Identifier):
-            meta = n.this._meta or {}
+        for candidate in (n, n.args.get("this")):
+            meta = getattr(candidate, "_meta", None) or {}
             if "line" in meta:
-                return meta["line"], meta["col"]
+                width = meta.get("end", 0) - meta.get("start", 0)
+                return meta["line"], max(1, meta["col"] - width)
     return None, None
 
 

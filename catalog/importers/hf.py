@@ -1,0 +1,319 @@
+"""HuggingFace ``datasets`` source: a ``Dataset``, a ``DatasetDict`` or a ``save_to_disk`` folder.
+
+A ``datasets.Dataset`` is already an Arrow table (memory-mapped from its cache files), so the
+import streams its record batches as they are, ``batch_size`` rows at a time, and never builds
+Python objects for rows. Two feature types are rewritten on the way:
+
+- ``ClassLabel`` columns stay ``int64`` and their names go to ``Source.class_names``.
+- ``Image`` columns (stored by HF as ``struct<bytes, path>``) become a ``binary`` column of the
+  encoded image bytes. When only a path is stored, the file's bytes are read; nothing is decoded,
+  so a corrupt image is found when it is decoded for training, not here.
+
+Both rewrites also apply inside ``List``/``Sequence`` and dict features. A shuffled or selected
+dataset (one with an indices mapping) is read in its visible order, one batch of indices at a
+time, instead of ``flatten_indices()`` which would write (or hold) a full copy.
+
+A ``DatasetDict`` imports one split (``split="train"``) or, with ``split=None``, every split one
+after the other with an extra string column ``split``; this needs every split to have the same
+features. ``datasets`` is imported lazily: it is an optional dependency (``tabloader[hf]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog.errors import ImportFailedError, did_you_mean
+from catalog.importers import Source
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = ["SPLIT_COLUMN", "open_hf"]
+
+logger = logging.getLogger(__name__)
+
+SPLIT_COLUMN = "split"
+
+
+def open_hf(source: Any, *, split: str | None = None, batch_size: int = 256) -> Source:
+    """Open a HuggingFace dataset as a streaming ``Source``.
+
+    Args:
+        source: a ``datasets.Dataset``, a ``datasets.DatasetDict``, or the path of a folder
+            written by ``save_to_disk`` (holding either).
+        split: for a ``DatasetDict``, the split to import. None imports every split, in the
+            dict's order, with an extra string column ``split`` naming the split of each row.
+            For a ``Dataset`` it must match the dataset's own split, if the dataset knows it.
+        batch_size: rows per record batch.
+
+    Returns:
+        The source. ``class_names`` holds the names of every ``ClassLabel`` column.
+
+    Raises:
+        ImportFailedError: ``datasets`` is not installed, the path is not a ``save_to_disk``
+            folder, the object is not a dataset, the split is unknown, the splits of a
+            ``DatasetDict`` differ in features, or an image file referenced by path is missing.
+
+    Example:
+        >>> import datasets
+        >>> ds = datasets.Dataset.from_dict(
+        ...     {"label": [0, 1, 1]},
+        ...     features=datasets.Features({"label": datasets.ClassLabel(names=["cat", "dog"])}),
+        ... )
+        >>> src = open_hf(ds)
+        >>> src.class_names, [b.num_rows for b in src.batches]
+        ({'label': ['cat', 'dog']}, [3])
+    """
+    hf = _import_datasets()
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ImportFailedError(f"batch_size must be a positive integer, not {batch_size!r}.")
+    description = ""
+    if isinstance(source, (str, Path)):
+        description = str(source)
+        source = _load_from_disk(hf, Path(source))
+    if isinstance(source, hf.Dataset):
+        return _open_dataset(source, split, batch_size, description)
+    if isinstance(source, hf.DatasetDict):
+        return _open_dataset_dict(source, split, batch_size, description)
+    if isinstance(source, (hf.IterableDataset, hf.IterableDatasetDict)):
+        raise ImportFailedError(
+            f"Cannot import a streaming datasets.{type(source).__name__}: its rows are not known "
+            "before they are read. Load it without streaming=True, or write it to disk first "
+            "(datasets.Dataset.from_generator or save_to_disk) and import that."
+        )
+    raise ImportFailedError(
+        f"Cannot import a {type(source).__module__}.{type(source).__name__} as a HuggingFace "
+        "dataset; pass a datasets.Dataset, a datasets.DatasetDict or the path of a save_to_disk "
+        "folder (for pyarrow tables use FORMAT arrow)."
+    )
+
+
+def _import_datasets() -> ModuleType:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportFailedError(
+            "Importing HuggingFace datasets needs the 'datasets' package, which is not "
+            f"installed ({exc}); pip install 'tabloader[hf]'."
+        ) from exc
+    return datasets
+
+
+def _load_from_disk(hf: ModuleType, path: Path) -> Any:
+    if not path.exists():
+        raise ImportFailedError(f"No such directory: '{path}'. Check the path.")
+    if not path.is_dir():
+        raise ImportFailedError(
+            f"'{path}' is a file, not a folder written by datasets' save_to_disk; pass that "
+            "folder (or use FORMAT parquet/arrow for a single file)."
+        )
+    try:
+        return hf.load_from_disk(str(path), keep_in_memory=False)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise ImportFailedError(
+            f"'{path}' is not a HuggingFace dataset folder ({exc}). Pass a folder written by "
+            "Dataset.save_to_disk or DatasetDict.save_to_disk."
+        ) from exc
+
+
+def _open_dataset(ds: Any, split: str | None, batch_size: int, description: str) -> Source:
+    own = None if ds.split is None else str(ds.split)
+    if split is not None and own is not None and split != own:
+        raise ImportFailedError(
+            f"split={split!r} was asked, but this Dataset is the '{own}' split; pass "
+            f"split='{own}' or split=None (or pass the DatasetDict that holds '{split}')."
+        )
+    schema = _convert_batch(_empty_batch(ds), ds.features).schema
+    description = description or f"datasets.Dataset ({ds.num_rows} rows)"
+    if own is not None and not description.endswith(f"[{own}]"):
+        description = f"{description} [{own}]"
+    return Source(
+        schema,
+        _guarded(_converted(ds, batch_size, None), description),
+        num_rows=ds.num_rows,
+        class_names=_class_names(ds.features),
+        description=description,
+    )
+
+
+def _open_dataset_dict(dd: Any, split: str | None, batch_size: int, description: str) -> Source:
+    names = [str(name) for name in dd]
+    where = description or "datasets.DatasetDict"
+    if not names:
+        raise ImportFailedError(f"The DatasetDict {where} has no splits; there is nothing to import.")
+    if split is not None:
+        if split not in names:
+            raise ImportFailedError(
+                f"Unknown split '{split}' in {where}.{did_you_mean(split, names)} Its splits are: "
+                f"{', '.join(names)}."
+            )
+        return _open_dataset(dd[split], None, batch_size, f"{where} [{split}]")
+    first = dd[names[0]]
+    for name in names[1:]:
+        if dd[name].features != first.features:
+            raise ImportFailedError(
+                f"The splits '{names[0]}' and '{name}' of {where} have different features "
+                f"({dict(first.features)} vs {dict(dd[name].features)}), so they cannot be "
+                f"imported together; pass split= one of {', '.join(names)}, or cast the splits "
+                "to the same features first (DatasetDict.cast)."
+            )
+    if SPLIT_COLUMN in first.column_names:
+        raise ImportFailedError(
+            f"{where} already has a column '{SPLIT_COLUMN}', which the import of every split "
+            f"adds; rename that column, or pass split= one of {', '.join(names)}."
+        )
+    base = _convert_batch(_empty_batch(first), first.features).schema
+    schema = base.append(pa.field(SPLIT_COLUMN, pa.string()))
+    description = f"{where} [{', '.join(names)}]"
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for name in names:
+            yield from _converted(dd[name], batch_size, name)
+
+    return Source(
+        schema,
+        _guarded(batches(), description),
+        num_rows=sum(dd[name].num_rows for name in names),
+        class_names=_class_names(first.features),
+        description=description,
+    )
+
+
+def _empty_batch(ds: Any) -> pa.RecordBatch:
+    schema = ds.data.table.schema.remove_metadata()
+    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+
+
+def _raw_batches(ds: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """The record batches of ``ds`` in its visible order, at most ``batch_size`` rows each."""
+    if ds._indices is None:
+        # No indices mapping: the table's own batches, sliced without a copy.
+        yield from ds.data.table.to_batches(max_chunksize=batch_size)
+        return
+    # Shuffled/selected: gather one batch of indices at a time (a bounded copy).
+    for table in ds.with_format("arrow").iter(batch_size):
+        yield from table.combine_chunks().to_batches(max_chunksize=batch_size)
+
+
+def _converted(ds: Any, batch_size: int, split: str | None) -> Iterator[pa.RecordBatch]:
+    features = ds.features
+    for raw in _raw_batches(ds, batch_size):
+        if raw.num_rows == 0:
+            continue
+        batch = _convert_batch(raw.replace_schema_metadata(None), features)
+        if split is not None:
+            batch = batch.append_column(
+                SPLIT_COLUMN, pa.repeat(pa.scalar(split, pa.string()), batch.num_rows)
+            )
+        yield batch
+
+
+def _guarded(batches: Iterator[pa.RecordBatch], where: str) -> Iterator[pa.RecordBatch]:
+    """Turn read errors in the middle of the stream into ``ImportFailedError``."""
+    try:
+        yield from batches
+    except (pa.ArrowException, OSError) as exc:
+        raise ImportFailedError(f"Cannot read {where}: {exc}. Check the dataset files.") from exc
+
+
+def _class_names(features: Any) -> dict[str, list[str]]:
+    """Names of top-level ``ClassLabel`` columns and of lists of them."""
+    import datasets
+
+    names: dict[str, list[str]] = {}
+    for column, feature in features.items():
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, datasets.ClassLabel):
+            names[column] = list(feature.names)
+        elif isinstance(inner, datasets.ClassLabel):
+            names[column] = list(inner.names)
+    return names
+
+
+def _convert_batch(batch: pa.RecordBatch, features: Any) -> pa.RecordBatch:
+    columns = [
+        _convert(batch.column(i), features.get(name), name) for i, name in enumerate(batch.schema.names)
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+def _convert(array: pa.Array, feature: Any, column: str) -> pa.Array:
+    """Rewrite ``Image`` to binary and ``ClassLabel`` to int64, recursively in lists and dicts."""
+    import datasets
+
+    if feature is None:
+        return array
+    if isinstance(feature, datasets.Image):
+        return _image_bytes(array, column)
+    if isinstance(feature, datasets.ClassLabel):
+        return array.cast(pa.int64())
+    if isinstance(feature, dict) and pa.types.is_struct(array.type):
+        children = array.flatten()
+        names = [array.type.field(i).name for i in range(array.type.num_fields)]
+        converted = [
+            _convert(child, feature.get(name), f"{column}.{name}")
+            for child, name in zip(children, names)
+        ]
+        return pa.StructArray.from_arrays(converted, names=names, mask=array.is_null())
+    inner = getattr(feature, "feature", None)
+    if inner is not None and (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        if not _needs_conversion(inner):
+            return array
+        values = _convert(array.flatten(), inner, column)
+        offsets = pc.subtract(array.offsets, array.offsets[0])
+        cls = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
+        return cls.from_arrays(offsets, values, mask=array.is_null())
+    return array
+
+
+def _needs_conversion(feature: Any) -> bool:
+    import datasets
+
+    if isinstance(feature, (datasets.Image, datasets.ClassLabel)):
+        return True
+    if isinstance(feature, dict):
+        return any(_needs_conversion(f) for f in feature.values())
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _needs_conversion(inner)
+
+
+def _image_bytes(array: pa.Array, column: str) -> pa.Array:
+    """HF image storage ``struct<bytes, path>`` -> ``binary`` of the encoded image bytes."""
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        return array.cast(pa.binary())
+    if not pa.types.is_struct(array.type) or array.type.get_field_index("bytes") < 0:
+        raise ImportFailedError(
+            f"Image column '{column}' is stored as {array.type}, not struct<bytes, path>; "
+            "cast it to datasets.Image() or to binary before importing."
+        )
+    children = dict(zip([array.type.field(i).name for i in range(array.type.num_fields)],
+                        array.flatten()))
+    data = children["bytes"]
+    paths = children.get("path")
+    if paths is None:
+        return data.cast(pa.binary())
+    need = pc.and_(data.is_null(), paths.is_valid())
+    if not pc.any(need).as_py():
+        return data.cast(pa.binary())
+    values = data.to_pylist()
+    for i, path in enumerate(paths.to_pylist()):
+        if values[i] is None and path is not None:
+            values[i] = _read_image_file(path, column)
+    return pa.array(values, pa.binary())
+
+
+def _read_image_file(path: str, column: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ImportFailedError(
+            f"Image column '{column}' stores only the path '{path}', which cannot be read "
+            f"({exc.strerror or exc}). Restore the file, or embed the image bytes in the dataset "
+            "before importing."
+        ) from exc
