@@ -22,8 +22,20 @@ def _open(path: Path) -> pq.ParquetFile:
         raise ImportFailedError(f"'{path}' is not a readable Parquet file ({exc}).") from exc
 
 
-def open_parquet(path_or_glob: str | Path, *, batch_size: int = 16 * 1024) -> Source:
-    """Open Parquet file(s); files must share one schema."""
+BATCH_BYTES = 32 * 1024 * 1024
+
+
+def _batch_rows(f: pq.ParquetFile) -> int:
+    """Rows per read batch so a batch holds about ``BATCH_BYTES`` (bounded import memory)."""
+    md = f.metadata
+    if md.num_row_groups == 0 or md.row_group(0).num_rows == 0:
+        return 1024
+    row_bytes = md.row_group(0).total_byte_size / md.row_group(0).num_rows
+    return int(min(64 * 1024, max(1, BATCH_BYTES // max(row_bytes, 1))))
+
+
+def open_parquet(path_or_glob: str | Path) -> Source:
+    """Open Parquet file(s), read in batches of about 32 MiB; files must share one schema."""
     paths = expand_paths(path_or_glob, "Parquet")
     files = [_open(p) for p in paths]
     schema = files[0].schema_arrow
@@ -38,7 +50,7 @@ def open_parquet(path_or_glob: str | Path, *, batch_size: int = 16 * 1024) -> So
     def batches() -> Iterator[pa.RecordBatch]:
         for p, f in zip(paths, files):
             try:
-                yield from f.iter_batches(batch_size=batch_size)
+                yield from f.iter_batches(batch_size=_batch_rows(f))
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
                 raise ImportFailedError(f"Cannot read Parquet file '{p}': {exc}.") from exc
 

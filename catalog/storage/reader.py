@@ -11,6 +11,7 @@ chunked binary column, which would concatenate every chunk).
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from catalog.storage.writer import PartInfo
 __all__ = ["DatasetReader"]
 
 ID_COLUMN = "_id"
+ID_FIELD = pa.field(ID_COLUMN, pa.int64(), nullable=False)
 
 
 class DatasetReader:
@@ -39,8 +41,10 @@ class DatasetReader:
         self.parts = list(parts)
         self.schema = schema
         self.num_rows = sum(p.num_rows for p in self.parts)
-        self._first_ids = np.array([p.first_id for p in self.parts], dtype=np.int64)
-        self._rows_per_batch = np.array([p.rows_per_batch for p in self.parts], dtype=np.int64)
+        self._first_list = [p.first_id for p in self.parts]
+        self._rpb_list = [p.rows_per_batch for p in self.parts]
+        self._first_ids = np.array(self._first_list, dtype=np.int64)
+        self._rows_per_batch = np.array(self._rpb_list, dtype=np.int64)
         self._files: list[pa.ipc.RecordBatchFileReader | None] = [None] * len(self.parts)
         self._lock = threading.Lock()
 
@@ -111,19 +115,44 @@ class DatasetReader:
             ) from exc
 
     # -- reading ---------------------------------------------------------------------------
+    SMALL_TAKE = 1024  # up to this many ids, slice row by row (no numpy, no sort, no gather)
+
     def take(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
         """Return the rows ``ids`` (in that order) as a table whose first column is ``_id``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         names = self._columns(columns)
-        fields = [self.schema.field(n) for n in names]
-        out_schema = pa.schema([pa.field(ID_COLUMN, pa.int64(), nullable=False), *fields])
         if ids.size == 0:
-            return out_schema.empty_table()
+            fields = [self.schema.field(n) for n in names]
+            return pa.schema([ID_FIELD, *fields]).empty_table()
+        if ids.size <= self.SMALL_TAKE:
+            table = self._take_small(ids.tolist())
+        else:
+            table = self._take_large(ids)
+        if len(names) != len(self.schema):
+            table = table.select(names)
+        return table.add_column(0, ID_FIELD, pa.array(ids))
+
+    def _take_small(self, ids: list[int]) -> pa.Table:
+        """One zero-copy slice per id from its record batch, then one copy into one chunk."""
+        n = self.num_rows
+        first, rpb = self._first_list, self._rpb_list
+        batches: dict[tuple[int, int], pa.RecordBatch] = {}
+        pieces = []
+        for i in ids:
+            if not 0 <= i < n:
+                self.locate(np.array([i]))  # raises the out-of-range error
+            p = bisect_right(first, i) - 1
+            b, row = divmod(i - first[p], rpb[p])
+            rb = batches.get((p, b))
+            if rb is None:
+                rb = batches[(p, b)] = self.record_batch(p, b)
+            pieces.append(rb.slice(row, 1))
+        table = pa.Table.from_batches(pieces, schema=self.schema)
+        return table if len(pieces) == 1 else table.combine_chunks()
+
+    def _take_large(self, ids: np.ndarray) -> pa.Table:
+        """Group ids by record batch (each batch touched once), gather, restore the order."""
         part, batch, row = self.locate(ids)
-        if ids.size == 1:
-            rb = self.record_batch(int(part[0]), int(batch[0])).select(names)
-            piece = rb.slice(int(row[0]), 1)
-            return pa.Table.from_arrays([pa.array(ids), *piece.columns], schema=out_schema)
         key = (part << 40) | batch
         order = np.argsort(key, kind="stable")
         sorted_key = key[order]
@@ -132,13 +161,12 @@ class DatasetReader:
         pieces = []
         for s, e in zip(starts.tolist(), ends.tolist()):
             first = order[s]
-            rb = self.record_batch(int(part[first]), int(batch[first])).select(names)
+            rb = self.record_batch(int(part[first]), int(batch[first]))
             pieces.append(rb.take(pa.array(row[order[s:e]])))
-        gathered = pa.Table.from_batches(pieces, schema=pa.schema(fields)).combine_chunks()
+        gathered = pa.Table.from_batches(pieces, schema=self.schema).combine_chunks()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        result = gathered.take(pa.array(inverse))
-        return result.add_column(0, out_schema.field(0), pa.array(ids))
+        return gathered.take(pa.array(inverse))
 
     def _columns(self, columns: Sequence[str] | None) -> list[str]:
         if columns is None:

@@ -1,0 +1,9 @@
+.PHONY: test lint demo bench
+test:
+	bash .ci/run
+lint:
+	ruff check catalog tabloader tests examples
+demo:
+	tabloader demo
+bench:
+	tabloader bench catalog && tabloader bench sampling && tabloader bench e2e

@@ -1,0 +1,271 @@
+"""Catalog benchmark: registration, open, random take and import, side by side with others.
+
+Every part runs the competitors in one process, on the same data, one after the other, and
+reports ratios (the machines are shared and noisy; absolute times are for context only).
+
+1. REGISTER JOB on a 1.28M-row metadata table vs DuckDB's ``SELECT count(*) ... WHERE`` on the
+   same table and connection (target: tabloader <= 4x DuckDB).
+2. Opening a catalog and reading one row: a dataset 100x larger vs a small one (target <= 2x).
+3. Random single-row take of ~100 KB rows, page cache warm: tabloader ``Dataset.take`` vs
+   HuggingFace ``datasets`` ``ds[i]`` (load_from_disk, memory-mapped) vs Lance ``take``
+   (targets: >= 2x HF, >= 1x Lance); also a batched random take of 256 rows.
+4. Import of a Parquet file vs pyarrow reading it and writing plain IPC (target >= 0.5x), and
+   peak RSS of a separate process importing a ~4 GiB Parquet file (target <= 1 GiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tabloader.bench import format_table, write_json
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``tabloader bench catalog``."""
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--rows", type=int, default=1_280_000, help="metadata rows (1.28M)")
+    parser.add_argument("--image-rows", type=int, default=4000, help="~100 KB rows for take")
+    parser.add_argument("--big-gib", type=float, default=4.0, help="GiB for the RSS import run")
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--out", default="bench-results/catalog.json", help="JSON output")
+
+
+def _median_time(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _payload_table(n: int, row_bytes: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    blob = rng.bytes(row_bytes * n)
+    offsets = pa.array(np.arange(0, (n + 1) * row_bytes, row_bytes, dtype=np.int32))
+    image = pa.BinaryArray.from_buffers(pa.binary(), n, [None, offsets.buffers()[1],
+                                                         pa.py_buffer(blob)])
+    return pa.table({"label": rng.integers(0, 1000, n), "image": image})
+
+
+def bench_register(work: Path, rows: int) -> list[dict[str, Any]]:
+    import catalog
+    from tabloader.datagen import make_metadata_table
+
+    cat = catalog.connect(work / "register")
+    if "meta" not in cat.dataset_names():
+        cat.import_arrow("meta", make_metadata_table(rows))
+    con = cat._con
+    out = []
+    for where in ["label < 500", "label < 500 AND split = 'train'",
+                  "width > 400 AND height BETWEEN 300 AND 400", "hash(_id) % 10 < 8"]:
+        t_duck = _median_time(lambda: con.execute(f"SELECT count(*) FROM meta WHERE {where}")
+                              .fetchone(), 7)
+        t_tab = _median_time(lambda: cat.register_job("bench", "meta", where=where, replace=True), 7)
+        n = cat.job("bench").num_rows
+        out.append({"part": "register", "case": where, "rows": n, "tabloader_ms": t_tab * 1e3,
+                    "duckdb_count_ms": t_duck * 1e3, "ratio": t_tab / t_duck, "target": "<= 4",
+                    "ok": t_tab / t_duck <= 4})
+    cat.close()
+    return out
+
+
+def _open_and_read(path: Path) -> None:
+    import catalog
+
+    with catalog.connect(path) as cat:
+        ds = cat.dataset("d")
+        ds.take([ds.num_rows // 2])
+
+
+def bench_open(work: Path, rows: int) -> list[dict[str, Any]]:
+    import catalog
+    from tabloader.datagen import make_metadata_table
+
+    small, large = work / "open-small", work / "open-large"
+    for path, n in ((small, rows // 100), (large, rows)):
+        with catalog.connect(path) as cat:
+            if "d" not in cat.dataset_names():
+                cat.import_arrow("d", make_metadata_table(n, payload_bytes=256))
+    t_small = _median_time(lambda: _open_and_read(small), 15)
+    t_large = _median_time(lambda: _open_and_read(large), 15)
+    ratio = t_large / t_small
+    return [{"part": "open", "case": f"{rows} vs {rows // 100} rows", "tabloader_ms": t_large * 1e3,
+             "small_ms": t_small * 1e3, "ratio": ratio, "target": "<= 2", "ok": ratio <= 2}]
+
+
+def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
+    import catalog
+
+    table = _payload_table(n, 100_000)
+    cat = catalog.connect(work / "take")
+    if "img" not in cat.dataset_names():
+        cat.import_arrow("img", table)
+    ds = cat.dataset("img")
+    competitors: dict[str, tuple[Callable[[int], Any], Callable[[np.ndarray], Any]]] = {
+        "tabloader": (lambda i: ds.take([i]), lambda ids: ds.take(ids)),
+    }
+    try:
+        import datasets
+
+        hf_path = work / "take-hf"
+        if not hf_path.exists():
+            datasets.Dataset(table).save_to_disk(str(hf_path))
+        hf = datasets.load_from_disk(str(hf_path))
+        competitors["huggingface"] = (lambda i: hf[i], lambda ids: hf[ids.tolist()])
+    except ImportError:
+        print("datasets not installed: HuggingFace column skipped", file=sys.stderr)
+    try:
+        import lance
+
+        lance_path = work / "take.lance"
+        if not lance_path.exists():
+            lance.write_dataset(table, str(lance_path))
+        lds = lance.dataset(str(lance_path))
+        competitors["lance"] = (lambda i: lds.take([i]), lambda ids: lds.take(ids))
+    except ImportError:
+        print("pylance not installed: Lance column skipped", file=sys.stderr)
+    rng = np.random.default_rng(1)
+    singles = rng.integers(0, n, 2000)
+    batches = [rng.choice(n, 256, replace=False) for _ in range(20)]
+    times: dict[str, dict[str, float]] = {}
+    for name, (one, many) in competitors.items():
+        for i in singles[:100]:  # warm the page cache and the code paths
+            one(int(i))
+        t0 = time.perf_counter()
+        for i in singles:
+            one(int(i))
+        single = (time.perf_counter() - t0) / singles.size
+        many(batches[0])
+        t0 = time.perf_counter()
+        for ids in batches:
+            many(ids)
+        times[name] = {"single_us": single * 1e6,
+                       "batch256_ms": (time.perf_counter() - t0) / len(batches) * 1e3}
+    cat.close()
+    out = []
+    mine = times["tabloader"]
+    for name, target in (("huggingface", 2.0), ("lance", 1.0)):
+        if name not in times:
+            continue
+        ratio = times[name]["single_us"] / mine["single_us"]
+        out.append({"part": "take", "case": f"single row vs {name}",
+                    "tabloader_us": mine["single_us"], f"{name}_us": times[name]["single_us"],
+                    "ratio": ratio, "target": f">= {target}", "ok": ratio >= target})
+        ratio_b = times[name]["batch256_ms"] / mine["batch256_ms"]
+        out.append({"part": "take", "case": f"256 rows vs {name}",
+                    "tabloader_ms": mine["batch256_ms"], f"{name}_ms": times[name]["batch256_ms"],
+                    "ratio": ratio_b, "target": "report", "ok": True})
+    return out
+
+
+_IMPORT_CHILD = """
+import json, resource, sys, time
+import catalog
+from catalog import _progress
+_progress.disable_progress_bars()
+t0 = time.perf_counter()
+with catalog.connect(sys.argv[1]) as cat:
+    cat.import_parquet("big", sys.argv[2])
+print(json.dumps({"seconds": time.perf_counter() - t0,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _write_parquet(path: Path, gib: float, row_bytes: int = 110_000) -> int:
+    rows_per_group = 256
+    groups = max(1, int(gib * 2**30 / (row_bytes * rows_per_group)))
+    table = _payload_table(rows_per_group, row_bytes)
+    with pq.ParquetWriter(str(path), table.schema, compression="none") as w:
+        for g in range(groups):
+            w.write_table(table.set_column(0, "label", pa.array(
+                np.full(rows_per_group, g % 1000, dtype=np.int64))), row_group_size=rows_per_group)
+    return groups * rows_per_group
+
+
+def bench_import(work: Path, gib: float, big_gib: float) -> list[dict[str, Any]]:
+    import catalog
+
+    src = work / "import.parquet"
+    if not src.exists():
+        _write_parquet(src, gib)
+    pq.read_metadata(str(src))
+
+    def plain() -> None:
+        f = pq.ParquetFile(str(src))
+        with pa.OSFile(str(work / "plain.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, f.schema_arrow) as w:
+            for b in f.iter_batches(batch_size=256):
+                w.write_batch(b)
+
+    def mine() -> None:
+        shutil.rmtree(work / "import-cat", ignore_errors=True)
+        with catalog.connect(work / "import-cat") as cat:
+            cat.import_parquet("d", src)
+
+    t_plain = _median_time(plain, 3)
+    t_mine = _median_time(mine, 3)
+    size_gib = src.stat().st_size / 2**30
+    out = [{"part": "import", "case": f"Parquet {size_gib:.2f} GiB", "tabloader_s": t_mine,
+            "pyarrow_ipc_s": t_plain, "ratio": t_plain / t_mine, "target": ">= 0.5",
+            "ok": t_plain / t_mine >= 0.5}]
+    big = work / "big.parquet"
+    if not big.exists():
+        _write_parquet(big, big_gib)
+    shutil.rmtree(work / "big-cat", ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_CHILD, str(work / "big-cat"), str(big)],
+                          capture_output=True, text=True, check=True)
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    out.append({"part": "import", "case": f"peak RSS, Parquet {big.stat().st_size / 2**30:.2f} GiB",
+                "tabloader_s": child["seconds"], "peak_rss_mib": child["peak_rss_mib"],
+                "ratio": child["peak_rss_mib"] / 1024, "target": "<= 1 GiB",
+                "ok": child["peak_rss_mib"] <= 1024})
+    shutil.rmtree(work / "big-cat", ignore_errors=True)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every part, print the table and write JSON."""
+    from catalog import _progress
+
+    _progress.disable_progress_bars()
+    if args.quick:
+        args.rows, args.image_rows, args.big_gib = 128_000, 500, 0.1
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tl-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = []
+        rows += bench_register(work, args.rows)
+        rows += bench_open(work, args.rows)
+        rows += bench_take(work, args.image_rows)
+        rows += bench_import(work, 0.05 if args.quick else 1.0, args.big_gib)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    columns = ["part", "case", "ratio", "target", "ok"]
+    print(format_table(rows, columns))
+    print()
+    for r in rows:
+        detail = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in r.items() if k not in columns)
+        print(f"{r['part']:8} {r['case']}: {detail}")
+    write_json(args.out, {"benchmark": "catalog", "quick": args.quick, "rows": rows,
+                          "cpu_count": os.cpu_count()})
+    return 0
