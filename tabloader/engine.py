@@ -1,0 +1,586 @@
+"""The shared loading engine: jobs on threads, one sampler and one cache for all of them.
+
+Data flow, per dataset::
+
+    scheduler --sample_many(every job below its horizon)--> slots (row, epoch) queued per job
+    the first ``prefetch`` batches of a job's queue are loaded by the worker pool:
+        RowCache.get_or_load((row, "dataset/column@params")) -> read from IPC, decode once
+    job's consumer (next(stream)) waits for its next batch_size slots, collates, unpins.
+
+* **Rounds with many jobs.** A job that needs rows (its queue is shorter than ``prefetch``
+  batches) triggers a round, and every job whose queue is shorter than its *horizon*
+  (``lookahead`` rows, several batches) takes part. So jobs consuming at about the same pace
+  take part in the same rounds and get the same rows, even though their consumers wake up at
+  different moments; ids are cheap, so sampling ahead costs nothing but a queue.
+* **Loading lazily.** Only the first ``prefetch`` batches of a queue are loaded (and pinned);
+  a row further back counts as a reference for the cache (its next use is known), so a row
+  that one job has loaded stays cached for the job that will ask for it later.
+* **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds;
+  the fast jobs go on alone. Nobody waits for anybody.
+* **Pins.** A loaded row is pinned for its job until the job consumes it, so rows handed out
+  but not yet consumed are never evicted.
+* **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
+* **Errors.** A row that fails to read or decode raises ``RowReadError`` (with its ``_id``)
+  in every job that reaches it, in the consumer's thread with the worker's traceback; the
+  batch is dropped and the stream stays usable. With ``on_error="skip"`` the row is left out
+  of the batch and counted in ``stats()``. Other jobs never see another job's failures.
+
+The engine does not know how jobs are attached: the in-process ``JobStream`` here, and
+``tabloader.torch.JobDataset`` on top of it, use the same ``Loader``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pyroaring import BitMap
+
+from catalog import Catalog, connect
+from catalog.errors import LoaderError
+from tabloader.cache import CacheKey, RowCache
+from tabloader.prep import Decoder, collate, decoder_for
+from tabloader.sampling import SAMPLERS
+
+if TYPE_CHECKING:
+    from catalog import Dataset, Job
+
+__all__ = ["JobStream", "Loader", "OnError", "default_loader"]
+
+logger = logging.getLogger(__name__)
+
+ID = "_id"
+ROUNDS_PER_CALL = 32  # rounds the scheduler samples at once (bounded by the jobs' room)
+LOOKAHEAD_BATCHES = 8  # default horizon, in batches
+
+
+class OnError(enum.Enum):
+    """What a job does with a row that fails to read or decode."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+
+class _Slot:
+    """One sampled row of one job: filled by a worker, consumed by the job."""
+
+    __slots__ = ("done", "epoch", "error", "keys", "row", "submitted", "values")
+
+    def __init__(self, row: int, epoch: int) -> None:
+        self.row = row
+        self.epoch = epoch
+        self.submitted = False
+        self.values: dict[str, Any] | None = None
+        self.keys: list[CacheKey] = []
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+@dataclass
+class _JobState:
+    name: str
+    ids: BitMap
+    decoders: list[Decoder]
+    batch_size: int
+    window: int  # rows loaded ahead (prefetch batches)
+    horizon: int  # rows sampled ahead
+    on_error: OnError
+    epochs: int | None = None  # stop sampling after this many epochs (None: never)
+    epoch: int = 0  # epoch of the rows the sampler hands out next
+    left: int = 0  # rows of that epoch the sampler still has to hand out
+    pending: deque[_Slot] = field(default_factory=deque)
+    closed: bool = False
+    # statistics
+    batches: int = 0
+    rows: int = 0
+    skipped: int = 0
+    wait_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def room(self) -> int:
+        """Rows the scheduler may sample for this job now (up to its horizon)."""
+        if self.left == 0 and self.epochs is not None and self.epoch + 1 >= self.epochs:
+            return 0
+        return self.horizon - len(self.pending)
+
+    def hungry(self) -> bool:
+        """True if the job has fewer rows queued than it loads ahead (it triggers a round)."""
+        return self.room() > 0 and len(self.pending) < self.window
+
+
+class _Group:
+    """One dataset: its reader, sampler, jobs and scheduler thread."""
+
+    def __init__(self, loader: Loader, dataset: Dataset, sampler: Any) -> None:
+        self.loader = loader
+        self.name = dataset.name
+        self.dataset = dataset
+        self.sampler = sampler
+        self.jobs: dict[str, _JobState] = {}
+        self.cond = threading.Condition()
+        self.closed = False
+        self.error: BaseException | None = None
+        self.reads = 0
+        self.decodes = 0
+        self.bytes_read = 0
+        self.queued: dict[int, int] = {}  # row -> queued slots not loaded yet (future uses)
+        self.thread = threading.Thread(target=self._schedule, name=f"tabloader-sched-{self.name}",
+                                       daemon=True)
+        self.thread.start()
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self.closed and not any(j.hungry() for j in self.jobs.values()):
+                        self.cond.wait()
+                    if self.closed:
+                        return
+                    self._sample_locked()
+                    for job in self.jobs.values():
+                        self.activate_locked(job)
+        except BaseException as exc:  # surfaces in every consumer of this dataset
+            logger.exception("scheduler of %s failed", self.name)
+            with self.cond:
+                self.error = exc
+                self.cond.notify_all()
+
+    def _sample_locked(self) -> None:
+        """One call of ``sample_many`` for every job below its horizon."""
+        want = [j for j in self.jobs.values() if j.room() > 0]
+        for j in want:
+            if j.left == 0:  # the sampler starts the job's next epoch on this call
+                j.epoch += 1
+                j.left = len(j.ids)
+        k = min(ROUNDS_PER_CALL, *(j.room() for j in want), *(j.left for j in want))
+        ids = self.sampler.sample_many([j.name for j in want], k)
+        for j in want:
+            j.left -= k
+            for row in ids[j.name].tolist():
+                j.pending.append(_Slot(row, j.epoch))
+                self.queued[row] = self.queued.get(row, 0) + 1
+
+    def activate_locked(self, job: _JobState) -> None:
+        """Submit loads for the slots in the job's first ``window`` rows (under the lock)."""
+        for i, slot in enumerate(job.pending):
+            if i == job.window:
+                break
+            if not slot.submitted:
+                slot.submitted = True
+                left = self.queued[slot.row] - 1
+                if left:
+                    self.queued[slot.row] = left
+                else:
+                    del self.queued[slot.row]
+                self.loader._pool.submit(self._fetch, job, slot)
+
+    # -- loading (worker threads) ----------------------------------------------------------------
+    def _fetch(self, job: _JobState, slot: _Slot) -> None:
+        cache, row = self.loader._cache, slot.row
+        try:
+            values: dict[str, Any] = {}
+            for dec in job.decoders:
+                key = (row, f"{self.name}/{dec.key}")
+                values[dec.column] = cache.get_or_load(key, lambda d=dec: self._load(row, d))
+                slot.keys.append(key)
+            slot.values = values
+        except BaseException as exc:
+            slot.error = exc
+        with self.cond:
+            closed = job.closed
+            slot.done.set()
+            self.cond.notify_all()
+        if closed:
+            cache.release(slot.keys)
+
+    def _load(self, row: int, dec: Decoder) -> tuple[Any, int]:
+        value = self.dataset.take([row], [dec.column]).column(1)[0]
+        raw = value.as_buffer().size if hasattr(value, "as_buffer") and value.is_valid else 0
+        prepared = dec(value, row_id=row)
+        with self.cond:
+            self.reads += 1
+            self.bytes_read += raw
+            self.decodes += dec.kind.name == "IMAGE"
+        return prepared
+
+    # -- reference counts (called by the cache, never under the cache lock) -----------------------
+    def refcounts(self, rows: np.ndarray, key: str) -> np.ndarray:
+        """Uses of each row still to come: jobs that need it this epoch plus queued slots."""
+        rows = np.asarray(rows, dtype=np.int64)
+        with self.cond:
+            readers = [j for j in self.jobs.values() if any(d.key == key for d in j.decoders)]
+            if len(readers) == len(self.jobs):
+                counts = np.asarray(self.sampler.refcounts(rows), dtype=np.int64)
+            else:
+                counts = np.zeros(len(rows), dtype=np.int64)
+                for j in readers:
+                    remaining = self.sampler.remaining(j.name)
+                    counts += np.fromiter((int(r) in remaining for r in rows), bool, len(rows))
+            queued = self.queued
+            return counts + np.fromiter((queued.get(int(r), 0) for r in rows), np.int64,
+                                        len(rows))
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join()
+
+
+class JobStream:
+    """The batches of one job; iterate it, or call ``next_batch()``.
+
+    Iterating yields batches until ``epochs`` epochs are done (forever if None); ``iter_epoch``
+    yields the batches of the current epoch only. Close it (or use ``with``) to leave: its pins
+    are released and the other jobs are not disturbed.
+    """
+
+    def __init__(self, loader: Loader, group: _Group, job: _JobState, epochs: int | None) -> None:
+        self._loader = loader
+        self._group = group
+        self._job = job
+        self._epochs = epochs
+
+    @property
+    def name(self) -> str:
+        """The job name."""
+        return self._job.name
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch (0-based)."""
+        with self._group.cond:
+            return self._job.pending[0].epoch if self._job.pending else self._next_epoch()
+
+    def _next_epoch(self) -> int:
+        j = self._job
+        return j.epoch + 1 if j.left == 0 else j.epoch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while self._epochs is None or self.epoch < self._epochs:
+            yield self.next_batch()
+
+    def iter_epoch(self) -> Iterator[dict[str, Any]]:
+        """Yield the remaining batches of the current epoch."""
+        epoch = self.epoch
+        while not self._job.closed and self.epoch == epoch:
+            yield self.next_batch()
+
+    def next_batch(self) -> dict[str, Any]:
+        """Return the next batch: a dict of column -> array (``_id`` included)."""
+        job, group = self._job, self._group
+        if job.closed:
+            raise LoaderError(f"Job stream {job.name!r} is closed; open the job again.")
+        t0 = time.perf_counter()
+        with group.cond:
+            while True:
+                if group.error is not None:
+                    raise LoaderError(
+                        f"The scheduler of dataset {group.name!r} failed: {group.error!r}"
+                    ) from group.error
+                slots = self._ready_batch()
+                if slots is not None:
+                    break
+                group.cond.wait()
+            for _ in slots:
+                job.pending.popleft()
+            group.activate_locked(job)
+            group.cond.notify_all()  # room for the scheduler
+        job.wait_s += time.perf_counter() - t0
+        rows, keys, errors = [], [], []
+        for slot in slots:
+            keys += slot.keys
+            if slot.error is not None:
+                errors.append(slot.error)
+            elif slot.values is not None:
+                rows.append({ID: slot.row, **slot.values})
+        try:
+            batch = collate(rows) if rows else None
+        finally:
+            self._loader._cache.release(keys)
+        if errors:
+            if job.on_error is OnError.RAISE:
+                raise errors[0]
+            job.skipped += len(errors)
+            for e in errors:
+                logger.warning("job %s skipped a row: %s", job.name, e)
+        job.batches += 1
+        job.rows += len(rows)
+        if batch is None:  # every row of the batch failed and was skipped
+            return self.next_batch()
+        return batch
+
+    def _ready_batch(self) -> list[_Slot] | None:
+        """The next batch's slots if they are all loaded, else None (call under the lock).
+
+        A batch is the first ``batch_size`` queued rows of one epoch, or fewer when they are
+        the last rows of their epoch (the sampler has handed out the whole epoch).
+        """
+        job = self._job
+        if not job.pending:
+            return None
+        epoch = job.pending[0].epoch
+        slots = []
+        for slot in job.pending:
+            if slot.epoch != epoch or len(slots) == job.batch_size:
+                break
+            slots.append(slot)
+        last = epoch < job.epoch or job.left == 0
+        if len(slots) < job.batch_size and not last:
+            return None
+        if not all(s.done.is_set() for s in slots):
+            return None
+        return slots
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the job is: its epoch and the rows of that epoch it has not received yet."""
+        job, group = self._job, self._group
+        with group.cond:
+            epoch = job.pending[0].epoch if job.pending else self._next_epoch()
+            rows = BitMap(s.row for s in job.pending if s.epoch == epoch)
+            if epoch == job.epoch and job.left > 0:
+                rows |= group.sampler.remaining(job.name)
+            elif epoch > job.epoch:  # nothing of the next epoch handed out yet
+                rows = BitMap(job.ids)
+        return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
+
+    def stats(self) -> dict[str, Any]:
+        """Batches, rows, epoch, skipped rows, seconds waited and rows per second so far."""
+        job = self._job
+        elapsed = time.perf_counter() - job.started
+        return {"job": job.name, "batches": job.batches, "rows": job.rows, "epoch": self.epoch,
+                "skipped": job.skipped, "wait_s": job.wait_s,
+                "rows_per_s": job.rows / elapsed if elapsed > 0 else 0.0}
+
+    def close(self) -> None:
+        """Leave: unregister from sampling and release this job's pins."""
+        self._loader._close_job(self._group, self._job)
+
+    def __enter__(self) -> JobStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Loader:
+    """One engine for every job of this process: a sampler per dataset, one cache, one pool.
+
+    Args:
+        catalog: a ``Catalog`` or its directory (default: ``$TABLOADER_CATALOG`` or
+            ``./catalog``).
+        cache_bytes: the cache capacity in bytes.
+        workers: reader/decoder threads (default: the number of CPUs, at least 2).
+        sampler: ``"dependent"`` (shared order) or ``"independent"`` (the baseline).
+        seed: seed of the samplers (same seed, same calls: same order).
+        sample_size: eviction candidates per eviction (None: exact, O(n)).
+
+    Example:
+        >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
+        >>> for batch in loader.open("resnet18", batch_size=64):   # doctest: +SKIP
+        ...     train_step(batch["image"], batch["label"])
+    """
+
+    def __init__(self, catalog: Catalog | str | os.PathLike[str] | None = None, *,
+                 cache_bytes: int = 1 << 30, workers: int | None = None,
+                 sampler: str = "dependent", seed: int | None = 0,
+                 sample_size: int | None = 32) -> None:
+        if sampler not in SAMPLERS:
+            raise LoaderError(
+                f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
+            )
+        self._owns_catalog = not isinstance(catalog, Catalog)
+        self.catalog = catalog if isinstance(catalog, Catalog) else connect(
+            Path(catalog) if catalog is not None else None)
+        self._sampler_cls = SAMPLERS[sampler]
+        self._seed = seed
+        self._cache = RowCache(cache_bytes, refcount=self._refcounts, sample_size=sample_size)
+        self._pool = ThreadPoolExecutor(max_workers=workers or max(2, os.cpu_count() or 2),
+                                        thread_name_prefix="tabloader-io")
+        self._groups: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _refcounts(self, rows: np.ndarray, column: str) -> np.ndarray:
+        dataset = column.split("/", 1)[0]
+        group = self._groups.get(dataset)
+        if group is None:
+            return np.zeros(len(rows), dtype=np.int64)
+        return group.refcounts(rows, column.split("/", 1)[1])
+
+    def open(self, job: str | Job, *, batch_size: int | None = None, prefetch: int = 2,
+             lookahead: int | None = None,
+             image_size: int | tuple[int, int] | None = None,
+             on_error: str | OnError = OnError.RAISE, epochs: int | None = None,
+             state: dict[str, Any] | None = None) -> JobStream:
+        """Start consuming a registered job.
+
+        Args:
+            job: the job name (or ``Job``).
+            batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
+            prefetch: batches loaded ahead of consumption (pinned in the cache).
+            lookahead: rows sampled ahead (default 8 batches); more lets jobs at different
+                moments share rounds, at the cost of a longer queue of ids.
+            image_size: shared deterministic resize of image columns (default: the job's
+                ``image_size`` option, else full size).
+            on_error: ``"raise"`` (default) or ``"skip"`` rows that fail to read or decode.
+            epochs: stop iterating after this many epochs (None: never).
+            state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
+
+        Raises:
+            JobNotFoundError: no such job. LoaderError: bad options, or the job is open already.
+        """
+        if self._closed:
+            raise LoaderError("The loader is closed; create a new Loader.")
+        with self._lock:
+            info = job if not isinstance(job, str) else self.catalog.job(job)
+            options = info.options
+            batch_size = int(options.get("batch_size", 32) if batch_size is None else batch_size)
+            if batch_size < 1 or prefetch < 1:
+                raise LoaderError(
+                    f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
+                )
+            size = image_size if image_size is not None else options.get("image_size")
+            mode = OnError(on_error)
+            group = self._groups.get(info.dataset)
+            if group is None or group.dataset.version < info.dataset_version:
+                dataset = self.catalog.dataset(info.dataset)
+                if group is None:
+                    group = _Group(self, dataset, self._sampler_cls(seed=self._seed))
+                    self._groups[info.dataset] = group
+                else:
+                    group.dataset = dataset
+            schema = group.dataset.schema
+            decoders = [decoder_for(schema.field(c),
+                                    image_size=size if _is_image(schema.field(c)) else None)
+                        for c in info.columns]
+        state_obj = _JobState(info.name, info.ids, decoders, batch_size,
+                              window=batch_size * prefetch,
+                              horizon=max(lookahead or LOOKAHEAD_BATCHES * batch_size,
+                                          batch_size * prefetch),
+                              on_error=mode, epochs=epochs)
+        with group.cond:
+            if info.name in group.jobs:
+                raise LoaderError(
+                    f"Job {info.name!r} is open already in this loader; close its stream first."
+                )
+            if state is None:
+                group.sampler.add_job(info.name, info.ids)
+                state_obj.left = len(info.ids)
+            else:
+                remaining, epoch = _check_state(state, info)
+                group.sampler.add_job(info.name, info.ids, remaining=remaining, epoch=epoch)
+                state_obj.epoch, state_obj.left = epoch, len(remaining)
+            group.jobs[info.name] = state_obj
+            group.cond.notify_all()
+        logger.info("job %s opened on %s (%d rows)", info.name, info.dataset, len(info.ids))
+        return JobStream(self, group, state_obj, epochs)
+
+    def _close_job(self, group: _Group, job: _JobState) -> None:
+        with group.cond:
+            if job.closed:
+                return
+            job.closed = True
+            group.jobs.pop(job.name, None)
+            group.sampler.remove_job(job.name)
+            done = [s for s in job.pending if s.done.is_set()]
+            for slot in job.pending:
+                if not slot.submitted:
+                    left = group.queued[slot.row] - 1
+                    if left:
+                        group.queued[slot.row] = left
+                    else:
+                        del group.queued[slot.row]
+            job.pending.clear()
+            group.cond.notify_all()
+        self._cache.release([k for s in done for k in s.keys])
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: cache (requests, hits, reads, evictions...), reads, decodes, bytes read."""
+        cache = self._cache.stats()
+        groups = list(self._groups.values())
+        return {
+            "cache": cache,
+            "reads": sum(g.reads for g in groups),
+            "decodes": sum(g.decodes for g in groups),
+            "bytes_read": sum(g.bytes_read for g in groups),
+            "jobs": {name: {"dataset": g.name} for g in groups for name in g.jobs},
+        }
+
+    def close(self) -> None:
+        """Stop every scheduler and worker thread; open streams become unusable."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._groups.values():
+            for job in list(group.jobs.values()):
+                self._close_job(group, job)
+            group.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._owns_catalog:
+            self.catalog.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
+    try:
+        remaining = BitMap.deserialize(state["remaining"])
+        epoch = int(state["epoch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LoaderError(
+            f"Not a job state: {exc!r}; pass what JobStream.state_dict() returned."
+        ) from exc
+    if state.get("job") != job.name:
+        raise LoaderError(f"The state is of job {state.get('job')!r}, not {job.name!r}.")
+    if not remaining or not remaining.issubset(job.ids):
+        raise LoaderError(
+            f"The state's rows are not a non-empty subset of job {job.name!r}'s rows; was the "
+            "job re-registered since? Start it without a state."
+        )
+    return remaining, epoch
+
+
+def _is_image(f: Any) -> bool:
+    from tabloader.prep import DecodeKind
+
+    return decoder_for(f).kind is DecodeKind.IMAGE
+
+
+_DEFAULT_LOADERS: dict[Path, Loader] = {}
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> Loader:
+    """The process-wide ``Loader`` of a catalog, created on first use.
+
+    Every ``JobDataset`` of a process that names the same catalog shares it, so their jobs
+    share one sampler and one cache. Its cache size is ``$TABLOADER_CACHE_BYTES`` (default
+    1 GiB); build a ``Loader`` yourself for other settings.
+    """
+    if isinstance(catalog, Catalog):
+        root = catalog.root
+    else:
+        root = Path(catalog or os.environ.get("TABLOADER_CATALOG") or "catalog").absolute()
+    with _DEFAULT_LOCK:
+        loader = _DEFAULT_LOADERS.get(root)
+        if loader is None or loader._closed:
+            cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
+            loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
+            _DEFAULT_LOADERS[root] = loader
+        return loader

@@ -1,0 +1,124 @@
+"""PyTorch: a registered job as an ``IterableDataset`` of batches (the only module importing torch).
+
+Example:
+    >>> from torch.utils.data import DataLoader                      # doctest: +SKIP
+    >>> ds = JobDataset("resnet18", catalog="catalog", batch_size=64)  # doctest: +SKIP
+    >>> for epoch in range(3):                                         # doctest: +SKIP
+    ...     for batch in DataLoader(ds, batch_size=None):
+    ...         loss = model(batch["image"], batch["label"])
+
+Each iteration over the dataset is one epoch of the job. Use ``DataLoader(ds,
+batch_size=None)`` with the default ``num_workers=0``: tabloader reads and decodes with its own
+threads, shared by every job of the process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from catalog import Catalog
+from catalog.errors import LoaderError
+from tabloader.engine import JobStream, Loader, default_loader
+
+__all__ = ["JobDataset", "Transform", "to_tensors"]
+
+Transform = Callable[[dict[str, Any], torch.Generator], dict[str, Any]]
+"""``transform(batch, generator) -> batch``; draw randomness only from ``generator``."""
+
+
+def to_tensors(batch: dict[str, Any]) -> dict[str, Any]:
+    """Numpy arrays become tensors (zero-copy); lists of strings stay lists."""
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            out[key] = torch.from_numpy(value)
+        elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+            out[key] = [torch.from_numpy(v) for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+class JobDataset(IterableDataset):  # type: ignore[type-arg]
+    """The batches of a registered job, as dicts of tensors with the ``_id`` column.
+
+    Args:
+        job: the registered job's name.
+        catalog: a ``Catalog`` or its directory (used when ``loader`` is None; jobs of the same
+            catalog in one process share the default loader).
+        loader: the ``Loader`` to use instead of the default one.
+        batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
+        transform: per-job augmentation ``transform(batch, generator)``, run in this job.
+        seed: seed of this job's generator (its augmentations); default the job's ``seed``
+            option, else 0.
+        image_size: shared deterministic resize (default: the job's ``image_size`` option).
+        prefetch: batches loaded ahead.
+        on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
+    """
+
+    def __init__(self, job: str, *, catalog: Catalog | str | os.PathLike[str] | None = None,
+                 loader: Loader | None = None, batch_size: int | None = None,
+                 transform: Transform | None = None, seed: int | None = None,
+                 image_size: int | tuple[int, int] | None = None, prefetch: int = 2,
+                 on_error: str = "raise") -> None:
+        super().__init__()
+        self.job = job
+        self.loader = loader or default_loader(catalog)
+        info = self.loader.catalog.job(job)
+        self.transform = transform
+        self.generator = torch.Generator().manual_seed(
+            int(seed if seed is not None else info.options.get("seed", 0)))
+        self._open_args = {"batch_size": batch_size, "image_size": image_size,
+                           "prefetch": prefetch, "on_error": on_error}
+        self._stream: JobStream | None = None
+        self._state: dict[str, Any] | None = None
+
+    def _open(self) -> JobStream:
+        if self._stream is None:
+            self._stream = self.loader.open(self.job, state=self._state, **self._open_args)
+            self._state = None
+        return self._stream
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if get_worker_info() is not None:
+            raise LoaderError(
+                "JobDataset runs in the main process: use DataLoader(ds, batch_size=None) with "
+                "num_workers=0; tabloader decodes with its own threads."
+            )
+        for batch in self._open().iter_epoch():
+            tensors = to_tensors(batch)
+            yield self.transform(tensors, self.generator) if self.transform else tensors
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._open().epoch
+
+    def stats(self) -> dict[str, Any]:
+        """The job's counters (batches, rows, epoch, rows per second...)."""
+        return self._open().stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the job is (epoch, rows not yet delivered) and its generator's state."""
+        stream = self._open()
+        return {"stream": stream.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next batches continue that epoch exactly."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        self._state = state["stream"]
+        self.generator.set_state(state["generator"])
+
+    def close(self) -> None:
+        """Leave the loader (release this job's pins); iterating again reopens the job."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

@@ -1,0 +1,248 @@
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import catalog
+from catalog import JobNotFoundError, LoaderError, RowReadError
+from tabloader.datagen import corrupt_image
+from tabloader.engine import Loader
+from tabloader.prep import decode_image
+
+
+@pytest.fixture
+def images(tmp_path, image_folder):
+    cat = catalog.connect(tmp_path / "cat")
+    cat.import_imagefolder("imgs", image_folder)
+    yield cat
+    cat.close()
+
+
+def tabloader_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("tabloader")]
+
+
+def consume(stream, out: list[int], delay: float = 0.0) -> None:
+    for batch in stream:
+        out.extend(batch["_id"].tolist())
+        time.sleep(delay)
+
+
+def run_jobs(loader, specs):
+    """specs: {job: (batch_size, epochs, delay)} -> {job: delivered ids}, consumed on threads."""
+    seen = {name: [] for name in specs}
+    streams = {n: loader.open(n, batch_size=b, epochs=e) for n, (b, e, _) in specs.items()}
+    threads = [threading.Thread(target=consume, args=(streams[n], seen[n], specs[n][2]))
+               for n in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for s in streams.values():
+        s.close()
+    return seen
+
+
+@pytest.mark.parametrize("sampler", ["dependent", "independent"])
+def test_exactly_once_per_epoch_end_to_end(images, sampler):
+    images.sql("REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label > 0 WITH (image_size = 16)")
+    images.sql("REGISTER JOB c SELECT label FROM imgs WHERE label IN (1, 3)")
+    with Loader(images, cache_bytes=1 << 20, workers=3, sampler=sampler) as loader:
+        seen = run_jobs(loader, {"a": (7, 2, 0.0), "b": (5, 3, 0.002), "c": (4, 2, 0.0)})
+    for name, ids in seen.items():
+        expected = sorted(images.job(name).ids)
+        epochs = {"a": 2, "b": 3, "c": 2}[name]
+        assert len(ids) == epochs * len(expected)
+        for e in range(epochs):
+            chunk = ids[e * len(expected):(e + 1) * len(expected)]
+            assert sorted(chunk) == expected, f"job {name} epoch {e}"
+    assert tabloader_threads() == []
+
+
+def test_pixels_and_bytes_match_the_source(images, image_folder):
+    images.sql("REGISTER JOB full SELECT image, label, path FROM imgs")
+    images.sql("REGISTER JOB small SELECT image FROM imgs WITH (image_size = 24)")
+    ds = images.dataset("imgs")
+    with Loader(images, cache_bytes=8 << 20) as loader:
+        full = loader.open("full", batch_size=8, epochs=1)
+        batch = full.next_batch()
+        for i, row in enumerate(batch["_id"].tolist()):
+            path = image_folder / batch["path"][i]
+            expected = np.asarray(Image.open(path).convert("RGB"))
+            got = batch["image"][i]
+            assert got.shape == expected.shape and np.array_equal(got, expected)
+            assert int(batch["label"][i]) == ds.take([row], ["label"]).column(1)[0].as_py()
+        small = loader.open("small", batch_size=8, epochs=1)
+        b2 = small.next_batch()
+        assert b2["image"].shape == (8, 24, 24, 3) and b2["image"].dtype == np.uint8
+        raw = ds.take([int(b2["_id"][0])], ["image"]).column(1)[0].as_py()
+        assert np.array_equal(b2["image"][0], decode_image(raw, size=24))
+
+
+def test_same_set_same_pace_reads_each_row_once(images):
+    for name in ("x", "y", "z"):
+        images.sql(f"REGISTER JOB {name} SELECT image FROM imgs WITH (image_size = 16)")
+    n = images.job("x").num_rows
+    with Loader(images, cache_bytes=64 << 20, workers=2) as loader:
+        seen = run_jobs(loader, {j: (6, 1, 0.0) for j in ("x", "y", "z")})
+        stats = loader.stats()
+    assert all(sorted(ids) == list(range(n)) for ids in seen.values())
+    assert stats["decodes"] == n
+    assert stats["cache"].reads == n
+    assert stats["cache"].requests == 3 * n
+
+
+def test_independent_sampler_decodes_more_with_a_small_cache(images):
+    images.sql("REGISTER JOB x SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB y SELECT image FROM imgs WITH (image_size = 16)")
+    one_row = 16 * 16 * 3
+    decodes = {}
+    for sampler in ("dependent", "independent"):
+        with Loader(images, cache_bytes=15 * one_row, workers=2, sampler=sampler) as loader:
+            streams = [loader.open(j, batch_size=4, prefetch=1, lookahead=8, epochs=1)
+                       for j in ("x", "y")]
+            threads = [threading.Thread(target=consume, args=(s, [])) for s in streams]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            decodes[sampler] = loader.stats()["decodes"]
+    n = images.job("x").num_rows
+    assert decodes["dependent"] <= 1.3 * n
+    assert decodes["independent"] >= 1.5 * n
+
+
+def test_capacity_and_pins(images):
+    images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label < 2 WITH (image_size = 16)")
+    capacity = 20 * 16 * 16 * 3
+    with Loader(images, cache_bytes=capacity, workers=2) as loader:
+        a = loader.open("a", batch_size=4, prefetch=2)
+        b = loader.open("b", batch_size=4, prefetch=2)
+        for _ in range(5):
+            a.next_batch()
+            b.next_batch()
+            s = loader.stats()["cache"]
+            assert s.size_bytes <= capacity + s.overshoot_bytes
+            assert s.pinned <= 2 * 2 * 4 * 2
+        a.close()
+        time.sleep(0.2)
+        assert loader.stats()["cache"].pinned <= 2 * 4
+        b.close()
+        time.sleep(0.2)
+        assert loader.stats()["cache"].pinned == 0
+
+
+def test_closing_a_job_mid_epoch_does_not_disturb_others(images):
+    images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label < 3 WITH (image_size = 16)")
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        a = loader.open("a", batch_size=5)
+        b = loader.open("b", batch_size=5, epochs=1)
+        a.next_batch()
+        got = b.next_batch()["_id"].tolist()
+        a.close()
+        with pytest.raises(LoaderError, match="Job stream 'a' is closed; open the job again"):
+            a.next_batch()
+        for batch in b:
+            got += batch["_id"].tolist()
+        assert sorted(got) == sorted(images.job("b").ids)
+        again = loader.open("a", batch_size=5, epochs=1)
+        ids = [i for batch in again for i in batch["_id"].tolist()]
+        assert sorted(ids) == sorted(images.job("a").ids)
+
+
+def test_corrupt_row_raises_with_its_id_or_is_skipped(tmp_path, image_folder):
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(image_folder, folder)
+    victim = sorted(folder.rglob("*.jpg"))[0]
+    corrupt_image(victim)
+    with catalog.connect(tmp_path / "cat") as cat:
+        ds = cat.import_imagefolder("imgs", folder)
+        bad = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist().index(
+            victim.relative_to(folder).as_posix())
+        cat.sql("REGISTER JOB strict SELECT image FROM imgs")
+        cat.sql("REGISTER JOB lenient SELECT image FROM imgs")
+        cat.sql(f"REGISTER JOB other SELECT image FROM imgs WHERE _id <> {bad}")
+        with Loader(cat, cache_bytes=32 << 20) as loader:
+            strict = loader.open("strict", batch_size=ds.num_rows, epochs=1)
+            with pytest.raises(RowReadError, match=f"row {bad}") as info:
+                strict.next_batch()
+            assert info.value.row_id == bad
+            assert info.value.__traceback__ is not None
+            lenient = loader.open("lenient", batch_size=ds.num_rows, epochs=1, on_error="skip")
+            ids = lenient.next_batch()["_id"].tolist()
+            assert sorted(ids) == [i for i in range(ds.num_rows) if i != bad]
+            assert lenient.stats()["skipped"] == 1
+            other = loader.open("other", batch_size=7, epochs=1)
+            assert sum(len(b["_id"]) for b in other) == ds.num_rows - 1
+
+
+def test_resume_mid_epoch_from_state(images):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    n = images.job("a").num_rows
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        s = loader.open("a", batch_size=7)
+        first = s.next_batch()["_id"].tolist() + s.next_batch()["_id"].tolist()
+        state = s.state_dict()
+        s.close()
+        resumed = loader.open("a", batch_size=7, state=state, epochs=1)
+        rest = [i for batch in resumed for i in batch["_id"].tolist()]
+    assert sorted(first + rest) == list(range(n))
+    assert len(first + rest) == n
+
+
+def test_open_errors(images):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    images.sql("REGISTER JOB b SELECT label FROM imgs WHERE label = 0")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        with pytest.raises(JobNotFoundError, match="Unknown job 'aa'. Did you mean 'a'"):
+            loader.open("aa")
+        with pytest.raises(LoaderError, match="batch_size .* must be at least 1"):
+            loader.open("a", batch_size=0)
+        loader.open("a")
+        with pytest.raises(LoaderError, match="Job 'a' is open already in this loader"):
+            loader.open("a")
+        with pytest.raises(LoaderError, match="not a non-empty subset of job 'b'"):
+            state = {"job": "b", "epoch": 0, "remaining": images.job("a").ids.serialize()}
+            loader.open("b", state=state)
+        with pytest.raises(LoaderError, match="Not a job state"):
+            loader.open("b", state={"job": "b"})
+    with pytest.raises(LoaderError, match="Unknown sampler 'fancy'"):
+        Loader(images, sampler="fancy")
+    with pytest.raises(LoaderError, match="The loader is closed"):
+        loader.open("a")
+
+
+def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+
+    def broken(self, ids, columns=None):
+        raise OSError("disk on fire")
+
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        monkeypatch.setattr(type(images.dataset("imgs").reader), "take", broken)
+        stream = loader.open("a", batch_size=4)
+        with pytest.raises(OSError, match="disk on fire"):
+            stream.next_batch()
+    assert tabloader_threads() == []
+
+
+def test_deterministic_for_a_seed(images):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    orders = []
+    for _ in range(2):
+        with Loader(images, cache_bytes=1 << 20, seed=5) as loader:
+            orders.append([i for b in loader.open("a", batch_size=8, epochs=1)
+                           for i in b["_id"].tolist()])
+    assert orders[0] == orders[1]
+    assert Counter(orders[0]) == Counter(range(images.job("a").num_rows))
