@@ -20,6 +20,7 @@ features. ``datasets`` is imported lazily: it is an optional dependency (``tablo
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,7 +97,7 @@ def open_hf(source: Any, *, split: str | None = None, batch_size: int = 256) -> 
 
 def _import_datasets() -> ModuleType:
     try:
-        import datasets
+        datasets = importlib.import_module("datasets")
     except ImportError as exc:
         raise ImportFailedError(
             "Importing HuggingFace datasets needs the 'datasets' package, which is not "
@@ -146,7 +147,9 @@ def _open_dataset_dict(dd: Any, split: str | None, batch_size: int, description:
     names = [str(name) for name in dd]
     where = description or "datasets.DatasetDict"
     if not names:
-        raise ImportFailedError(f"The DatasetDict {where} has no splits; there is nothing to import.")
+        raise ImportFailedError(
+            f"The DatasetDict {where} has no splits; there is nothing to import."
+        )
     if split is not None:
         if split not in names:
             raise ImportFailedError(
@@ -237,10 +240,9 @@ def _class_names(features: Any) -> dict[str, list[str]]:
 
 
 def _convert_batch(batch: pa.RecordBatch, features: Any) -> pa.RecordBatch:
-    columns = [
-        _convert(batch.column(i), features.get(name), name) for i, name in enumerate(batch.schema.names)
-    ]
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+    names = batch.schema.names
+    columns = [_convert(batch.column(i), features.get(name), name) for i, name in enumerate(names)]
+    return pa.RecordBatch.from_arrays(columns, names=names)
 
 
 def _convert(array: pa.Array, feature: Any, column: str) -> pa.Array:
@@ -258,7 +260,7 @@ def _convert(array: pa.Array, feature: Any, column: str) -> pa.Array:
         names = [array.type.field(i).name for i in range(array.type.num_fields)]
         converted = [
             _convert(child, feature.get(name), f"{column}.{name}")
-            for child, name in zip(children, names)
+            for child, name in zip(children, names, strict=True)
         ]
         return pa.StructArray.from_arrays(converted, names=names, mask=array.is_null())
     inner = getattr(feature, "feature", None)
@@ -292,8 +294,8 @@ def _image_bytes(array: pa.Array, column: str) -> pa.Array:
             f"Image column '{column}' is stored as {array.type}, not struct<bytes, path>; "
             "cast it to datasets.Image() or to binary before importing."
         )
-    children = dict(zip([array.type.field(i).name for i in range(array.type.num_fields)],
-                        array.flatten()))
+    names = [array.type.field(i).name for i in range(array.type.num_fields)]
+    children = dict(zip(names, array.flatten(), strict=True))
     data = children["bytes"]
     paths = children.get("path")
     if paths is None:

@@ -86,7 +86,8 @@ def open_imagefolder(
         raise ImportFailedError(f"No such directory: '{root}'. Check the path.")
     if not base.is_dir():
         raise ImportFailedError(
-            f"'{root}' is a file; FORMAT imagefolder needs a folder laid out as root/<class>/<file>."
+            f"'{root}' is a file; FORMAT imagefolder needs a folder laid out as "
+            "root/<class>/<file>."
         )
     entries = sorted(p for p in base.iterdir() if not p.name.startswith("."))
     if not entries:
@@ -138,7 +139,9 @@ def _normalize_extensions(extensions: Iterable[str]) -> frozenset[str]:
     if isinstance(extensions, str):
         extensions = [extensions]
     exts = frozenset(
-        (e if e.startswith(".") else f".{e}").lower() for e in extensions if isinstance(e, str) and e
+        (e if e.startswith(".") else f".{e}").lower()
+        for e in extensions
+        if isinstance(e, str) and e
     )
     if not exts:
         raise ImportFailedError(

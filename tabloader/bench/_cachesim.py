@@ -1,0 +1,325 @@
+"""Cache simulation: replay the id streams of a scenario through cache policies.
+
+What a scenario runs
+--------------------
+A :class:`Scenario` is a list of :class:`JobSpec`. Time advances in *ticks*; at every tick
+the jobs that are registered and due take part in one sampler round. A job joins at its
+``start`` tick, takes part in a tick with rate ``speed`` (a job of speed ``1/2`` is due on
+every second tick of its own clock: ``floor((t + 1) * speed) > floor(t * speed)``), and
+leaves after one full epoch (``len(ids)`` rows) or after ``leave_after`` rows if that is
+set (leaving mid-epoch). The scenario ends when every job has left.
+
+Reads
+-----
+The engine merges identical in-flight requests, so a round reads each of its *distinct*
+rows at most once, in first-requested order: a read happens when the row is not cached.
+Rows of the current round that are not yet served are pinned (RefCnt never evicts them).
+The reference points are the union of the jobs' sets (no system reads less, one epoch per
+job) and the sum of the set sizes (no sharing at all).
+
+Policies
+--------
+``LRU``, ``FIFO``, ``Random``, ``MinIO`` (fill once, never evict), ``RefCnt`` (evict the
+lowest number of jobs still needing the row this epoch, zero first, oldest first among
+equals; a row whose count is zero and that does not fit is not kept) and ``Belady`` (MIN,
+offline on the same stream, allowed to bypass: optimal, a lower bound of every other policy).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+from pyroaring import BitMap
+
+from tabloader.sampling import Sampler
+
+__all__ = [
+    "POLICIES",
+    "JobSpec",
+    "Policy",
+    "Scenario",
+    "Stream",
+    "generate_stream",
+    "simulate",
+]
+
+
+class Policy(str, Enum):
+    """Cache eviction policies."""
+
+    LRU = "LRU"
+    FIFO = "FIFO"
+    RANDOM = "Random"
+    MINIO = "MinIO"
+    REFCNT = "RefCnt"
+    BELADY = "Belady"
+
+
+POLICIES: tuple[Policy, ...] = tuple(Policy)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job of a scenario (see the module docstring for the timing rules)."""
+
+    name: str
+    ids: BitMap
+    speed: float = 1.0
+    start: int = 0
+    leave_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named list of jobs."""
+
+    name: str
+    jobs: tuple[JobSpec, ...]
+
+    @property
+    def union(self) -> int:
+        """Size of the union of the jobs' sets."""
+        return len(BitMap.union(*(j.ids for j in self.jobs)))
+
+    @property
+    def total(self) -> int:
+        """Sum of the set sizes (rows actually requested, leaves aside)."""
+        return sum(j.leave_after or len(j.ids) for j in self.jobs)
+
+
+@dataclass
+class Stream:
+    """A replayable request stream with the refcount events of the sampler.
+
+    ``rows``/``counts`` hold each round's distinct rows and how many jobs asked for each;
+    ``rounds[i]`` is where round ``i`` starts in them. ``ref_events`` lists
+    ``(position, rows, delta)``: before serving ``rows[position:]`` the refcount of
+    ``rows`` changes by ``delta`` (a join or a mid-epoch leave).
+    """
+
+    rows: np.ndarray
+    counts: np.ndarray
+    rounds: np.ndarray
+    ref_events: list[tuple[int, np.ndarray, int]] = field(default_factory=list)
+    universe: int = 0
+
+
+def generate_stream(scenario: Scenario, sampler: Sampler) -> Stream:
+    """Run ``scenario`` on ``sampler`` and record its stream."""
+    specs = list(scenario.jobs)
+    universe = max(int(j.ids.max()) for j in specs) + 1
+    got = dict.fromkeys((j.name for j in specs), 0)
+    quota = {j.name: j.leave_after or len(j.ids) for j in specs}
+    clock = dict.fromkeys(got, 0)
+    active: list[JobSpec] = []
+    pending = sorted(specs, key=lambda j: j.start)
+    rows: list[int] = []
+    counts: list[int] = []
+    rounds: list[int] = []
+    events: list[tuple[int, np.ndarray, int]] = []
+    tick = 0
+    while pending or active:
+        while pending and pending[0].start <= tick:
+            spec = pending.pop(0)
+            sampler.add_job(spec.name, spec.ids)
+            events.append((len(rows), np.asarray(spec.ids.to_array(), dtype=np.int64), 1))
+            active.append(spec)
+        if not active:
+            tick = pending[0].start
+            continue
+        if all(j.speed == 1.0 for j in active):
+            n = min(quota[j.name] - got[j.name] for j in active)
+            if pending:
+                n = min(n, pending[0].start - tick)
+            names = [j.name for j in active]
+            batch = sampler.sample_many(names, n)
+            mat = np.stack([batch[name] for name in names], axis=1).tolist()
+            for name in names:
+                got[name] += n
+                clock[name] += n
+            tick += n
+        else:
+            names = []
+            for j in active:
+                c = clock[j.name]
+                clock[j.name] = c + 1
+                if int((c + 1) * j.speed) > int(c * j.speed):
+                    names.append(j.name)
+            one = sampler.sample(names) if names else {}
+            mat = [[one[name] for name in names]] if names else []
+            for name in names:
+                got[name] += 1
+            tick += 1
+        for rnd in mat:
+            rounds.append(len(rows))
+            seen: dict[int, int] = {}
+            for row in rnd:
+                seen[row] = seen.get(row, 0) + 1
+            rows.extend(seen)
+            counts.extend(seen.values())
+        for j in list(active):
+            if got[j.name] >= quota[j.name]:
+                left = sampler.remaining(j.name)
+                if len(left):
+                    events.append((len(rows), np.asarray(left.to_array(), dtype=np.int64), -1))
+                sampler.remove_job(j.name)
+                active.remove(j)
+    return Stream(
+        rows=np.asarray(rows, dtype=np.int64),
+        counts=np.asarray(counts, dtype=np.int64),
+        rounds=np.asarray([*rounds, len(rows)], dtype=np.int64),
+        ref_events=events,
+        universe=universe,
+    )
+
+
+def _next_use(rows: np.ndarray) -> np.ndarray:
+    """For each access, the index of the next access of the same row (len if none)."""
+    n = len(rows)
+    order = np.lexsort((np.arange(n), rows))
+    nxt = np.full(n, n, dtype=np.int64)
+    same = rows[order[1:]] == rows[order[:-1]]
+    nxt[order[:-1][same]] = order[1:][same]
+    return nxt
+
+
+def simulate(stream: Stream, policy: Policy, capacity: int, *, seed: int = 0) -> int:
+    """Replay ``stream`` through a cache of ``capacity`` rows; return the number of reads."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    rows = stream.rows.tolist()
+    if policy is Policy.BELADY:
+        return _belady(rows, _next_use(stream.rows).tolist(), capacity)
+    if policy is Policy.REFCNT:
+        return _refcnt(stream, rows, capacity)
+    return _simple(rows, policy, capacity, seed)
+
+
+def _simple(rows: Sequence[int], policy: Policy, capacity: int, seed: int) -> int:
+    reads = 0
+    if policy is Policy.RANDOM:
+        rng = random.Random(seed)
+        slots: list[int] = []
+        where: dict[int, int] = {}
+        for row in rows:
+            if row in where:
+                continue
+            reads += 1
+            if len(slots) < capacity:
+                where[row] = len(slots)
+                slots.append(row)
+            else:
+                i = rng.randrange(capacity)
+                del where[slots[i]]
+                slots[i] = row
+                where[row] = i
+        return reads
+    if policy is Policy.MINIO:
+        kept: set[int] = set()
+        for row in rows:
+            if row not in kept:
+                reads += 1
+                if len(kept) < capacity:
+                    kept.add(row)
+        return reads
+    cache: OrderedDict[int, None] = OrderedDict()
+    lru = policy is Policy.LRU
+    for row in rows:
+        if row in cache:
+            if lru:
+                cache.move_to_end(row)
+            continue
+        reads += 1
+        cache[row] = None
+        if len(cache) > capacity:
+            cache.popitem(last=False)
+    return reads
+
+
+def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
+    reads = 0
+    cached: dict[int, int] = {}  # row -> its next use
+    heap: list[tuple[int, int]] = []  # (-next use, row), lazily invalidated
+    for i, row in enumerate(rows):
+        nu = nxt[i]
+        if row in cached:
+            cached[row] = nu
+            heapq.heappush(heap, (-nu, row))
+            continue
+        reads += 1
+        if len(cached) < capacity:
+            cached[row] = nu
+            heapq.heappush(heap, (-nu, row))
+            continue
+        while True:  # the cached row used farthest in the future
+            neg, victim = heap[0]
+            if cached.get(victim) == -neg:
+                break
+            heapq.heappop(heap)
+        if -neg > nu:
+            heapq.heappop(heap)
+            del cached[victim]
+            cached[row] = nu
+            heapq.heappush(heap, (-nu, row))
+    return reads
+
+
+def _refcnt(stream: Stream, rows: Sequence[int], capacity: int) -> int:
+    ref = np.zeros(stream.universe, dtype=np.int64)
+    counts = stream.counts.tolist()
+    bounds = stream.rounds.tolist()
+    events = list(stream.ref_events)
+    buckets: dict[int, OrderedDict[int, None]] = {}
+    level: dict[int, int] = {}  # cached row -> its bucket
+    reads = 0
+    ev = 0
+
+    def settle(row: int, new: int) -> None:
+        old = level.get(row)
+        if old is None or old == new:
+            return
+        del buckets[old][row]
+        buckets.setdefault(new, OrderedDict())[row] = None
+        level[row] = new
+
+    refs: Callable[[int], int] = lambda row: int(ref[row])  # noqa: E731
+    for rnd in range(len(bounds) - 1):
+        a, b = bounds[rnd], bounds[rnd + 1]
+        while ev < len(events) and events[ev][0] <= a:
+            _, ids, delta = events[ev]
+            ref[ids] += delta
+            for row in ids[np.isin(ids, np.fromiter(level, np.int64, len(level)))].tolist():
+                settle(row, refs(row))
+            ev += 1
+        pinned = set(rows[a:b])
+        for i in range(a, b):
+            row = rows[i]
+            pinned.discard(row)
+            new = refs(row) - counts[i]
+            ref[row] = new
+            if row in level:
+                settle(row, new)
+                continue
+            reads += 1
+            level[row] = new
+            buckets.setdefault(new, OrderedDict())[row] = None
+            if len(level) > capacity:
+                _evict_lowest(buckets, level, pinned)
+    return reads
+
+
+def _evict_lowest(
+    buckets: dict[int, OrderedDict[int, None]], level: dict[int, int], pinned: set[int]
+) -> None:
+    for key in sorted(buckets):
+        for row in buckets[key]:
+            if row not in pinned:
+                del buckets[key][row]
+                del level[row]
+                return

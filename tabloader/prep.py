@@ -1,0 +1,447 @@
+"""Shared preparation: turn stored Arrow values into prepared values, once for every job.
+
+Decoding (Pillow → ``uint8`` HWC) is the expensive, deterministic part of loading an image,
+so it is done once per row and served to every job through :class:`tabloader.cache.RowCache`.
+Random augmentation (crop, flip) is per job and does not belong here: jobs never share a
+random draw.
+
+A :class:`Decoder` turns one column's Arrow value into ``(prepared, nbytes)``.
+:func:`decoder_for` picks one from the field type:
+
+=====================================  ==============================================
+column                                 prepared value
+=====================================  ==============================================
+binary named like an image, or listed  ``uint8`` array (H, W, 3), via :func:`decode_image`
+in ``image_columns``; or a Hugging
+Face image struct ``{bytes, path}``
+other binary                           ``bytes`` as stored
+list / fixed-size list                 numpy array (owned copy)
+int / float / bool                     numpy scalar of the column's dtype
+anything else (string, date...)        the Python value (``as_py()``)
+=====================================  ==============================================
+
+**Cache keys.** ``Decoder.key`` is the column part of a cache key ``(row_id, key)``: the
+column name for raw values (``"label"``, ``"image"`` for raw bytes), and
+``f"{column}@{params}"`` for decoded images: ``"image@rgb"`` (full size), ``"image@224"``
+(shorter side 224, center crop), ``"image@224x160"`` (exactly 224 high, 160 wide). Jobs that
+decode a column the same way share entries; different parameters never do. (A column whose
+own name contains ``@`` could collide with this grammar; don't name columns that way.)
+
+**Sharing is read-only.** Prepared arrays are marked read-only, because one array is handed
+to every job that reads the row: a job that augmented it in place would change another
+job's data. :func:`collate` stacks them into fresh, writable batch arrays.
+
+**Errors.** :func:`decode_image` raises :class:`~catalog.errors.LoaderError` for bytes it
+cannot decode (it does not know the row). A :class:`Decoder` called with ``row_id=`` turns
+that into :class:`~catalog.errors.RowReadError` with the row id and column, which is what
+the engine should do; without ``row_id`` the ``LoaderError`` passes through.
+
+Example:
+    >>> import pyarrow as pa
+    >>> dec = decoder_for(pa.field("image", pa.binary()), image_size=224)
+    >>> dec.key
+    'image@224'
+    >>> decoder_for(pa.field("label", pa.int16()))(pa.scalar(3, pa.int16()))
+    (np.int16(3), 2)
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import math
+import sys
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from PIL import Image, UnidentifiedImageError
+
+from catalog.errors import LoaderError, RowReadError
+
+__all__ = [
+    "IMAGE_COLUMN_NAMES",
+    "DecodeKind",
+    "Decoder",
+    "ImageSize",
+    "collate",
+    "decode_image",
+    "decoder_for",
+]
+
+ImageSize = int | tuple[int, int]
+"""``224``: shorter side to 224, then center crop 224x224; ``(h, w)``: exactly hxw."""
+
+IMAGE_COLUMN_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp", "picture", "photo"})
+"""Binary columns decoded as images by default (case-insensitive)."""
+
+_RESAMPLE = Image.Resampling.BILINEAR  # antialiased when downscaling, like torchvision's
+
+
+class DecodeKind(enum.Enum):
+    """How a :class:`Decoder` prepares its column."""
+
+    IMAGE = "image"
+    BYTES = "bytes"
+    ARRAY = "array"
+    SCALAR = "scalar"
+
+
+def decode_image(
+    data: bytes | bytearray | memoryview | pa.Buffer, *, size: ImageSize | None = None
+) -> npt.NDArray[np.uint8]:
+    """Decode encoded image bytes (JPEG, PNG, WebP...) to a read-only ``uint8`` (H, W, 3) array.
+
+    Grayscale, palette, CMYK and RGBA images become RGB (alpha is dropped, not composited);
+    16-bit grayscale keeps its high byte. EXIF orientation is not applied (as in
+    torchvision's ``ImageFolder``).
+
+    With ``size``, the result is resized deterministically with bilinear (antialiased)
+    filtering: ``size=s`` scales the shorter side to ``s`` and center-crops ``s``x``s`` (the
+    usual evaluation transform; done as one resize of the central square, which is the same
+    mapping), ``size=(h, w)`` resizes to exactly hxw. For JPEG the decoder first asks libjpeg
+    for a 1/2, 1/4 or 1/8 scale decode that is still at least the target size
+    (``Image.draft``); this is much faster when the source is at least twice the target, and
+    deterministic (the same bytes and size always give the same pixels), but not bit-equal to
+    decoding at full size and then resizing.
+
+    Args:
+        data: the encoded image.
+        size: optional target size, see above.
+
+    Returns:
+        The decoded pixels, read-only (they may be shared between jobs).
+
+    Raises:
+        LoaderError: the bytes are not a decodable image, or ``size`` is invalid.
+    """
+    target = _check_size(size)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if target is not None and img.format == "JPEG":
+                img.draft("RGB", _draft_request(img.size, target))
+            arr = _to_rgb_array(img, target)
+    except Exception as exc:
+        view = memoryview(data)
+        reason = "not a known image format" if isinstance(exc, UnidentifiedImageError) else exc
+        raise LoaderError(
+            f"Cannot decode image ({len(view)} bytes starting {bytes(view[:8])!r}): {reason}. "
+            "The stored bytes are not a valid image; re-import the row or exclude it."
+        ) from exc
+    arr.flags.writeable = False
+    return arr
+
+
+def _check_size(size: object) -> tuple[int, int] | int | None:
+    if size is None:
+        return None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if (
+        isinstance(size, (tuple, list))
+        and len(size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+    ):
+        return (size[0], size[1])
+    raise LoaderError(
+        f"image size must be a positive int (shorter side + center crop) or a (height, "
+        f"width) pair of positive ints, got {size!r}."
+    )
+
+
+def _draft_request(src: tuple[int, int], target: tuple[int, int] | int) -> tuple[int, int]:
+    """The (w, h) the image must keep at least, for ``Image.draft``."""
+    w, h = src
+    if isinstance(target, int):
+        m = min(w, h)
+        return (math.ceil(w * target / m), math.ceil(h * target / m))
+    return (target[1], target[0])
+
+
+def _to_rgb_array(img: Image.Image, target: tuple[int, int] | int | None) -> npt.NDArray[Any]:
+    mode = img.mode
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        # Pillow's convert("RGB") clips 16-bit values at 255: keep the high byte instead.
+        values = np.asarray(img)
+        if mode.startswith("I;16"):
+            gray = (values.astype(np.uint16) >> 8).astype(np.uint8)
+        else:
+            gray = np.clip(values, 0, 255).astype(np.uint8)
+        img = Image.fromarray(gray)
+    elif mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # the direct P → RGB path warns for byte transparency
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    if target is not None:
+        w, h = img.size
+        if isinstance(target, int):
+            m = min(w, h)
+            box = ((w - m) / 2, (h - m) / 2, (w + m) / 2, (h + m) / 2)
+            out_size = (target, target)
+        else:
+            box = (0.0, 0.0, float(w), float(h))
+            out_size = (target[1], target[0])
+        if out_size != (w, h) or box != (0.0, 0.0, float(w), float(h)):
+            img = img.resize(out_size, _RESAMPLE, box=box)
+    arr = np.asarray(img)
+    if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:  # pragma: no cover
+        raise LoaderError(f"decoded image has shape {arr.shape} {arr.dtype}, not (H, W, 3) uint8")
+    return arr
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """Prepares the values of one column; callable as ``decoder(value, row_id=...)``.
+
+    Attributes:
+        column: the column name.
+        kind: how values are prepared.
+        image_size: target size for ``DecodeKind.IMAGE`` (see :func:`decode_image`).
+        dtype: numpy dtype of scalars / array items, or None to infer.
+        key: the cache key column, ``column`` or ``f"{column}@{params}"``.
+    """
+
+    column: str
+    kind: DecodeKind
+    image_size: ImageSize | None = None
+    dtype: str | None = None
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.image_size is not None:
+            if self.kind is not DecodeKind.IMAGE:
+                raise LoaderError(
+                    f"image_size={self.image_size!r} given for column {self.column!r}, which "
+                    f"is decoded as {self.kind.value}; only image columns take a size."
+                )
+            object.__setattr__(self, "image_size", _check_size(self.image_size))
+        size = self.image_size
+        if self.kind is not DecodeKind.IMAGE:
+            key = self.column
+        elif size is None:
+            key = f"{self.column}@rgb"
+        elif isinstance(size, int):
+            key = f"{self.column}@{size}"
+        else:
+            key = f"{self.column}@{size[0]}x{size[1]}"
+        object.__setattr__(self, "key", key)
+
+    def __call__(self, value: Any, *, row_id: int | None = None) -> tuple[Any, int]:
+        """Prepare one value.
+
+        Args:
+            value: an Arrow scalar or the equivalent Python value.
+            row_id: the row's ``_id``; when given, failures raise ``RowReadError``.
+
+        Returns:
+            ``(prepared, nbytes)``, ready for :meth:`RowCache.get_or_load`.
+
+        Raises:
+            LoaderError: the value cannot be prepared (``RowReadError`` with ``row_id``).
+        """
+        try:
+            return _PREPARE[self.kind](self, value)
+        except LoaderError as exc:
+            if row_id is None or isinstance(exc, RowReadError):
+                raise
+            raise RowReadError(
+                f"row {row_id}, column {self.column!r}: {exc}", row_id=row_id, column=self.column
+            ) from exc
+
+
+def _prepare_image(dec: Decoder, value: Any) -> tuple[Any, int]:
+    if isinstance(value, (pa.StructScalar, Mapping)):
+        value = value["bytes"]  # Hugging Face image struct {bytes, path}
+    if isinstance(value, pa.Scalar):
+        value = value.as_buffer() if value.is_valid else None
+    if value is None:
+        raise LoaderError(
+            f"column {dec.column!r} is null in this row; exclude such rows in the job "
+            f"(WHERE {dec.column} IS NOT NULL)."
+        )
+    arr = decode_image(value, size=dec.image_size)
+    return arr, arr.nbytes
+
+
+def _prepare_bytes(dec: Decoder, value: Any) -> tuple[Any, int]:
+    if isinstance(value, pa.Scalar):
+        value = value.as_py()
+    elif isinstance(value, (memoryview, bytearray, pa.Buffer)):
+        value = bytes(value)
+    return value, 0 if value is None else sys.getsizeof(value)
+
+
+def _prepare_array(dec: Decoder, value: Any) -> tuple[Any, int]:
+    if isinstance(value, pa.Scalar):
+        if not value.is_valid:
+            return None, 0
+        flat = getattr(value, "values", None)
+        if isinstance(flat, pa.Array) and flat.null_count == 0 and _is_primitive(flat.type):
+            arr = np.array(flat.to_numpy(zero_copy_only=False))  # own the memory
+        else:
+            arr = np.array(value.as_py(), dtype=dec.dtype)
+    elif value is None:
+        return None, 0
+    else:
+        arr = np.array(value, dtype=dec.dtype)
+    arr.flags.writeable = False
+    return arr, arr.nbytes
+
+
+def _prepare_scalar(dec: Decoder, value: Any) -> tuple[Any, int]:
+    if isinstance(value, pa.Scalar):
+        value = value.as_py()
+    if value is None:
+        return None, 0
+    if dec.dtype is not None:
+        item = np.dtype(dec.dtype).type(value)
+        return item, item.nbytes
+    return value, sys.getsizeof(value)
+
+
+_PREPARE: dict[DecodeKind, Callable[[Decoder, Any], tuple[Any, int]]] = {
+    DecodeKind.IMAGE: _prepare_image,
+    DecodeKind.BYTES: _prepare_bytes,
+    DecodeKind.ARRAY: _prepare_array,
+    DecodeKind.SCALAR: _prepare_scalar,
+}
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_binary_view(t)
+    )
+
+
+def _is_hf_image(t: pa.DataType) -> bool:
+    if not pa.types.is_struct(t):
+        return False
+    idx = t.get_field_index("bytes")
+    return idx >= 0 and _is_binary(t.field(idx).type)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
+
+
+def _is_primitive(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
+def _numpy_dtype(t: pa.DataType) -> str | None:
+    while _is_list(t):
+        t = t.value_type
+    return np.dtype(t.to_pandas_dtype()).name if _is_primitive(t) else None
+
+
+def decoder_for(
+    field: pa.Field,
+    *,
+    image_size: ImageSize | None = None,
+    image_columns: Collection[str] | None = None,
+) -> Decoder:
+    """Pick the decoder for a column from its Arrow field.
+
+    Args:
+        field: the column's field.
+        image_size: target size for image columns (ignored for other columns).
+        image_columns: the columns to decode as images. None (default) means binary
+            columns named like an image (``IMAGE_COLUMN_NAMES``) and Hugging Face image
+            structs; a collection means exactly those columns (``()`` decodes none).
+
+    Returns:
+        The decoder; its ``key`` is the cache key column.
+
+    Raises:
+        LoaderError: a column listed in ``image_columns`` does not hold bytes, or
+            ``image_size`` is invalid.
+    """
+    t = field.type
+    holds_bytes = _is_binary(t) or _is_hf_image(t)
+    if image_columns is not None:
+        image = field.name in image_columns
+        if image and not holds_bytes:
+            raise LoaderError(
+                f"column {field.name!r} is {t}, not binary; only binary columns (or "
+                "{bytes, path} image structs) can be decoded as images. Remove it from "
+                "image_columns."
+            )
+    else:
+        image = _is_hf_image(t) or (_is_binary(t) and field.name.lower() in IMAGE_COLUMN_NAMES)
+    if image:
+        return Decoder(field.name, DecodeKind.IMAGE, image_size=image_size)
+    if _is_binary(t):
+        return Decoder(field.name, DecodeKind.BYTES)
+    if _is_list(t):
+        return Decoder(field.name, DecodeKind.ARRAY, dtype=_numpy_dtype(t))
+    return Decoder(field.name, DecodeKind.SCALAR, dtype=_numpy_dtype(t))
+
+
+def collate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Stack prepared rows into a batch: a dict of column → array (or list).
+
+    * ``_id`` (required) → ``int64`` array (B,), always first;
+    * numpy arrays of one shape and dtype (decoded images) → one array (B, ...), e.g.
+      ``uint8`` (B, H, W, C); of differing shapes → a list of arrays;
+    * numbers and bools → numpy array (B,), keeping the dtype of numpy scalars;
+    * anything else (strings, bytes, nulls, mixed) → a list.
+
+    Args:
+        rows: one dict per row, all with the same columns.
+
+    Returns:
+        The batch; arrays are new and writable.
+
+    Raises:
+        LoaderError: no rows, a row without ``_id``, or rows with different columns.
+    """
+    if not rows:
+        raise LoaderError("collate() got no rows; a batch needs at least one row.")
+    first = rows[0]
+    if "_id" not in first:
+        raise LoaderError(
+            f"collate() needs an '_id' in every row; the first row has {sorted(first)}."
+        )
+    columns = first.keys()
+    for row in rows:
+        if row.keys() != columns:
+            raise LoaderError(
+                f"row {row.get('_id')!r} has columns {sorted(row)} but row "
+                f"{first['_id']!r} has {sorted(columns)}; every row of a batch needs the same."
+            )
+    batch: dict[str, Any] = {"_id": np.fromiter((r["_id"] for r in rows), np.int64, len(rows))}
+    for column in columns:
+        if column != "_id":
+            batch[column] = _stack([r[column] for r in rows])
+    return batch
+
+
+_NUMBER = (bool, int, float, np.bool_, np.number)
+
+
+def _stack(values: list[Any]) -> Any:
+    head = values[0]
+    if isinstance(head, np.ndarray):
+        if all(
+            isinstance(v, np.ndarray) and v.shape == head.shape and v.dtype == head.dtype
+            for v in values
+        ):
+            return np.stack(values)
+        return values
+    if all(isinstance(v, _NUMBER) for v in values):
+        arr = np.asarray(values)
+        if arr.dtype != object:
+            return arr
+    return values

@@ -1,0 +1,368 @@
+"""Dependent sampling (DSA, JOADER Algorithm 1) with epochs, join/leave and speeds.
+
+A round serves any subset ``A`` of the registered jobs, sorted by ``|R_j|`` ascending
+(ties: earlier registration first), with ``S = ∅``:
+
+1. ``I = ∩_{j ∈ JOB} R_j - S``; one uniform ``u`` decides how many of the jobs, in order,
+   select ``I``: job ``t`` selects iff ``u · (|R_t| - |S|) < |I|`` (the chain of the
+   paper's probabilities ``|I| / (|R_1| - |S|)`` then ``(|R_prev| - |S|) / (|R_t| - |S|)``;
+   note the ``- |S|`` correction, which the paper's pseudocode drops).
+2. The selecting jobs share one row drawn uniformly from ``I``.
+3. If none selected, the first job draws uniformly from ``R_1 - S - I``.
+4. The served jobs leave, ``S ← S | I``, and the walk repeats on the jobs left.
+
+All draws of a round see the round-start sets; the rows move to their new regions at
+the end of the round. The structure is described (and mapped onto JOADER's dependent
+sampling tree) in :mod:`tabloader.sampling.regions`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pyroaring import BitMap
+
+from catalog.bitmaps import bitmap_from_array, bitmap_to_array
+from catalog.errors import SamplingError
+from tabloader.sampling.base import (
+    Uniforms,
+    check_ids,
+    check_remaining,
+    check_round,
+    unknown_job,
+)
+from tabloader.sampling.regions import Regions
+
+__all__ = ["DependentSampler"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    slot: int
+    seq: int
+    ids: BitMap
+    epoch: int = 0
+
+
+class DependentSampler:
+    """Jobs on overlapping sets ask for the same rows at about the same time.
+
+    Each job's id stream, cut every ``len(ids)`` rows, is a sequence of uniformly random
+    permutations of its set, whatever the other jobs do.
+
+    Args:
+        seed: Seed of the numpy generator; same seed and same calls give the same output.
+
+    Example:
+        >>> from pyroaring import BitMap
+        >>> s = DependentSampler(seed=0)
+        >>> s.add_job("a", BitMap(range(10)))
+        >>> s.add_job("b", BitMap(range(10)))
+        >>> r = s.sample(["a", "b"])
+        >>> r["a"] == r["b"]
+        True
+    """
+
+    VERSION = 1
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._regions = Regions()
+        self._jobs: dict[str, _Job] = {}
+        self._uniforms = Uniforms(seed)
+        self._count: list[int] = []  # slot -> |R_j|
+        self._seqs: list[int] = []  # slot -> registration sequence (tie break)
+        self._next_seq = 0
+
+    # ------------------------------------------------------------------ jobs
+    def add_job(self, name: str, ids: BitMap, *, remaining: BitMap | None = None,
+                epoch: int = 0) -> None:
+        """Register ``name`` now; its first epoch is all of ``ids``.
+
+        Args:
+            name: the job.
+            ids: the job's rows (every epoch is a permutation of them).
+            remaining: resume mid-epoch: the rows of the current epoch still to read (a
+                non-empty subset of ``ids``); default all of ``ids``.
+            epoch: the number of the current epoch (when resuming).
+
+        Raises:
+            SamplingError: ``name`` is already registered, ``ids`` is empty, or ``remaining``
+                is not a non-empty subset of ``ids``.
+        """
+        if name in self._jobs:
+            raise SamplingError(
+                f"Job {name!r} is already registered; remove_job({name!r}) first or use "
+                "another name."
+            )
+        bm = check_ids(name, ids)
+        start = check_remaining(name, bm, remaining)
+        used = {j.slot for j in self._jobs.values()}
+        slot = next(s for s in range(len(used) + 1) if s not in used)
+        while len(self._count) <= slot:
+            self._count.append(0)
+            self._seqs.append(0)
+        job = _Job(slot=slot, seq=self._next_seq, ids=bm, epoch=epoch)
+        self._next_seq += 1
+        self._jobs[name] = job
+        self._seqs[slot] = job.seq
+        self._regions.add_bit(bitmap_to_array(start), 1 << slot)
+        self._count[slot] = len(start)
+        logger.debug("job %s joined with %d rows (slot %d)", name, len(bm), slot)
+
+    def remove_job(self, name: str) -> None:
+        """Unregister ``name``; the other jobs keep exactly their remaining rows.
+
+        Raises:
+            SamplingError: ``name`` is not registered.
+        """
+        job = self._job(name)
+        self._regions.drop_bit(1 << job.slot)
+        self._count[job.slot] = 0
+        del self._jobs[name]
+
+    def jobs(self) -> list[str]:
+        """The registered job names, in registration order."""
+        return list(self._jobs)
+
+    def _job(self, name: str) -> _Job:
+        job = self._jobs.get(name)
+        if job is None:
+            raise unknown_job(self._jobs, name)
+        return job
+
+    # ------------------------------------------------------------------ queries
+    def remaining(self, name: str) -> BitMap:
+        """The rows ``name`` still has to read in its current epoch."""
+        return bitmap_from_array(self._regions.members(1 << self._job(name).slot))
+
+    def epoch(self, name: str) -> int:
+        """The current epoch of ``name`` (0 for the first)."""
+        return self._job(name).epoch
+
+    def refcount(self, row_id: int) -> int:
+        """How many jobs still need ``row_id`` this epoch."""
+        return int(self._regions.refcounts(np.array([row_id]))[0])
+
+    def refcounts(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`refcount` of every row of ``ids`` (int64 array)."""
+        return self._regions.refcounts(np.asarray(ids))
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, jobs: Sequence[str]) -> dict[str, int]:
+        """One round for ``jobs`` (any subset of the registered jobs).
+
+        Returns:
+            One row id per listed job.
+
+        Raises:
+            SamplingError: a job is unknown or listed twice.
+        """
+        out = self._run(jobs, 1)
+        return {name: int(col[0]) for name, col in zip(jobs, out, strict=True)}
+
+    def sample_many(self, jobs: Sequence[str], n: int) -> dict[str, np.ndarray]:
+        """``n`` rounds for the same ``jobs``; identical to ``n`` calls of :meth:`sample`.
+
+        Returns:
+            Per job, its ``n`` row ids (int64), in round order.
+        """
+        if n < 0:
+            raise SamplingError(f"n must be >= 0, got {n}.")
+        out = self._run(jobs, n)
+        return {name: np.asarray(col, dtype=np.int64) for name, col in zip(jobs, out, strict=True)}
+
+    def _restart(self, job: _Job) -> None:
+        job.epoch += 1
+        self._regions.add_bit(bitmap_to_array(job.ids), 1 << job.slot)
+        self._count[job.slot] = len(job.ids)
+        regions = self._regions
+        if len(regions.keys) > 64 and 2 * sum(1 for a in regions.rows if len(a)) < len(
+            regions.keys
+        ):
+            regions.compact()
+
+    def _run(self, names: Sequence[str], n: int) -> list[list[int]]:
+        check_round(self._jobs, names)
+        jobs = [self._jobs[name] for name in names]
+        m = len(jobs)
+        cols: list[list[int]] = [[] for _ in range(m)]
+        if m == 0 or n == 0:
+            return cols
+        cnt, seqs = self._count, self._seqs
+        col_of = {job.slot: c for c, job in enumerate(jobs)}
+        done = 0
+        while done < n:
+            for job in jobs:
+                if cnt[job.slot] == 0:
+                    self._restart(job)
+            order = tuple(sorted(col_of, key=lambda s: (cnt[s], seqs[s])))
+            # Every job of a round loses one row, so the order holds until the first job
+            # (the smallest) runs out: run that many rounds in one go.
+            steps = min(n - done, cnt[order[0]])
+            self._rounds(order, [cols[col_of[slot]] for slot in order], steps)
+            done += steps
+        return cols
+
+    def _rounds(self, order: tuple[int, ...], out_cols: list[list[int]], n: int) -> None:
+        """Run ``n`` rounds for ``order`` (sorted by ``|R_j|``; nobody runs out)."""
+        regions = self._regions
+        cnt = self._count
+        uni = self._uniforms
+        m = len(order)
+        levels, dec = regions.groups(order)
+        prefix = [0]
+        for slot in order:
+            prefix.append(prefix[-1] | 1 << slot)
+        bits = [1 << slot for slot in order]
+        c0 = [cnt[slot] for slot in order]
+        rows, keys, index, pos, reg = (
+            regions.rows,
+            regions.keys,
+            regions.index,
+            regions.pos,
+            regions.reg,
+        )
+        index_get = index.get
+        new_region = regions.region
+        one_level = [len(lv) == 1 for lv in levels]
+        uni.ensure(2 * m)
+        buf, bi = uni.buf, uni.i
+        limit = len(buf) - 2 * m
+        for rnd in range(n):
+            if bi > limit:
+                uni.i = bi
+                uni.ensure(2 * m)
+                buf, bi = uni.buf, uni.i
+                limit = len(buf) - 2 * m
+            pick_rows: list[int] = []
+            pick_masks: list[int] = []
+            size_s = 0  # |S|
+            covered = 0  # levels < covered are in S
+            s = 0
+            while s < m:
+                if covered == s and one_level[s]:
+                    size_i = len(rows[levels[s][0]])
+                else:
+                    size_i = 0
+                    for lv in range(covered, s + 1):
+                        for r in levels[lv]:
+                            size_i += len(rows[r])
+                u = buf[bi]
+                k = s
+                while k < m and u * (c0[k] - rnd - size_s) < size_i:
+                    k += 1
+                if k > s:
+                    idx = int(buf[bi + 1] * size_i)
+                    row = -1
+                    for lv in range(covered, s + 1):
+                        for r in levels[lv]:
+                            arr = rows[r]
+                            if idx < len(arr):
+                                row = arr[idx]
+                                break
+                            idx -= len(arr)
+                        if row >= 0:
+                            break
+                    pick_rows.append(row)
+                    pick_masks.append(prefix[k] ^ prefix[s])
+                    for t in range(s, k):
+                        out_cols[t].append(row)
+                else:
+                    k = s + 1
+                    idx = int(buf[bi + 1] * (c0[s] - rnd - size_s - size_i))
+                    row = -1
+                    for r in dec[s]:
+                        arr = rows[r]
+                        if idx < len(arr):
+                            row = arr[idx]
+                            break
+                        idx -= len(arr)
+                    pick_rows.append(row)
+                    pick_masks.append(bits[s])
+                    out_cols[s].append(row)
+                bi += 2
+                size_s += size_i
+                covered = s + 1
+                s = k
+            # Move the picked rows to their new regions (a row picked twice moves twice).
+            for row, mask in zip(pick_rows, pick_masks, strict=True):
+                r = reg[row]
+                arr = rows[r]
+                p = pos[row]
+                last = arr.pop()
+                if last != row:
+                    arr[p] = last
+                    pos[last] = p
+                new_key = keys[r] & ~mask
+                if new_key:
+                    found = index_get(new_key)
+                    if found is None:
+                        found = new_region(new_key)
+                        one_level = [len(lv) == 1 for lv in levels]
+                    arr = rows[found]
+                    pos[row] = len(arr)
+                    arr.append(row)
+                    reg[row] = found
+                else:
+                    reg[row] = -1
+        uni.i = bi
+        for t, slot in enumerate(order):
+            cnt[slot] = c0[t] - n
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly, as a plain dict."""
+        return {
+            "kind": "dependent",
+            "version": self.VERSION,
+            "next_seq": self._next_seq,
+            "jobs": [
+                {
+                    "name": name,
+                    "slot": job.slot,
+                    "seq": job.seq,
+                    "epoch": job.epoch,
+                    "count": self._count[job.slot],
+                    "ids": job.ids.serialize(),
+                }
+                for name, job in self._jobs.items()
+            ],
+            "regions": self._regions.state_dict(),
+            "rng": self._uniforms.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (replaces every job).
+
+        Raises:
+            SamplingError: ``state`` is not a dependent sampler state.
+        """
+        if state.get("kind") != "dependent" or state.get("version") != self.VERSION:
+            raise SamplingError(
+                f"Not a DependentSampler state (kind={state.get('kind')!r}, "
+                f"version={state.get('version')!r}); use the sampler that saved it."
+            )
+        self._jobs = {}
+        slots = [int(j["slot"]) for j in state["jobs"]]
+        size = max(slots, default=-1) + 1
+        self._count = [0] * size
+        self._seqs = [0] * size
+        for j in state["jobs"]:
+            job = _Job(
+                slot=int(j["slot"]),
+                seq=int(j["seq"]),
+                ids=BitMap.deserialize(j["ids"]),
+                epoch=int(j["epoch"]),
+            )
+            self._jobs[j["name"]] = job
+            self._count[job.slot] = int(j["count"])
+            self._seqs[job.slot] = job.seq
+        self._next_seq = int(state["next_seq"])
+        self._regions.load_state_dict(state["regions"])
+        self._uniforms.load_state_dict(state["rng"])

@@ -1,0 +1,222 @@
+"""Independent sampling: each job shuffles on its own (the PyTorch ``DataLoader`` baseline).
+
+Each job draws a fresh permutation of its set at every epoch from its own generator
+(spawned from the sampler's seed and the job's registration number), so a job's stream
+does not depend on when the other jobs start epochs, and :meth:`sample_many` is exactly
+``n`` calls of :meth:`sample`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pyroaring import BitMap
+
+from catalog.bitmaps import bitmap_from_array, bitmap_to_array
+from catalog.errors import SamplingError
+from tabloader.sampling.base import (
+    check_ids,
+    check_remaining,
+    check_round,
+    unknown_job,
+)
+
+__all__ = ["IndependentSampler"]
+
+
+@dataclass
+class _Job:
+    seq: int
+    ids: BitMap
+    rng: np.random.Generator
+    perm: np.ndarray
+    ptr: int = 0
+    epoch: int = 0
+
+
+class IndependentSampler:
+    """Every job reads its own uniformly random permutation per epoch; nothing is shared.
+
+    Args:
+        seed: Seed of the jobs' generators; same seed and same calls give the same output.
+    """
+
+    VERSION = 1
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._root = np.random.SeedSequence(seed)
+        self._jobs: dict[str, _Job] = {}
+        self._next_seq = 0
+        self._refs = np.zeros(0, dtype=np.int32)
+
+    def _grow(self, size: int) -> None:
+        if size > len(self._refs):
+            refs = np.zeros(max(size, 2 * len(self._refs)), dtype=np.int32)
+            refs[: len(self._refs)] = self._refs
+            self._refs = refs
+
+    def _rng(self, seq: int) -> np.random.Generator:
+        ss = np.random.SeedSequence(self._root.entropy, spawn_key=(seq,))
+        return np.random.default_rng(ss)
+
+    def add_job(self, name: str, ids: BitMap, *, remaining: BitMap | None = None,
+                epoch: int = 0) -> None:
+        """Register ``name`` now; its first epoch is all of ``ids``.
+
+        Args:
+            name: the job.
+            ids: the job's rows.
+            remaining: resume mid-epoch with these rows of ``ids`` still to read.
+            epoch: the number of the current epoch (when resuming).
+
+        Raises:
+            SamplingError: ``name`` is already registered, ``ids`` is empty, or ``remaining``
+                is not a non-empty subset of ``ids``.
+        """
+        if name in self._jobs:
+            raise SamplingError(
+                f"Job {name!r} is already registered; remove_job({name!r}) first or use "
+                "another name."
+            )
+        bm = check_ids(name, ids)
+        start = check_remaining(name, bm, remaining)
+        job = _Job(self._next_seq, bm, self._rng(self._next_seq), np.empty(0, np.uint32))
+        self._next_seq += 1
+        self._jobs[name] = job
+        self._start_epoch(job, start)
+        job.epoch = epoch
+
+    def _start_epoch(self, job: _Job, rows_of: BitMap | None = None) -> None:
+        rows = bitmap_to_array(job.ids if rows_of is None else rows_of)
+        job.perm = job.rng.permutation(rows)
+        job.ptr = 0
+        job.epoch += 1
+        self._grow(int(rows[-1]) + 1)
+        self._refs[rows] += 1
+
+    def remove_job(self, name: str) -> None:
+        """Unregister ``name``.
+
+        Raises:
+            SamplingError: ``name`` is not registered.
+        """
+        job = self._job(name)
+        self._refs[job.perm[job.ptr :]] -= 1
+        del self._jobs[name]
+
+    def jobs(self) -> list[str]:
+        """The registered job names, in registration order."""
+        return list(self._jobs)
+
+    def _job(self, name: str) -> _Job:
+        job = self._jobs.get(name)
+        if job is None:
+            raise unknown_job(self._jobs, name)
+        return job
+
+    def remaining(self, name: str) -> BitMap:
+        """The rows ``name`` still has to read this epoch."""
+        job = self._job(name)
+        return bitmap_from_array(np.sort(job.perm[job.ptr :]))
+
+    def epoch(self, name: str) -> int:
+        """The current epoch of ``name`` (0 for the first)."""
+        return self._job(name).epoch
+
+    def refcount(self, row_id: int) -> int:
+        """How many jobs still need ``row_id`` this epoch."""
+        return int(self.refcounts(np.array([row_id]))[0])
+
+    def refcounts(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`refcount` of every row of ``ids`` (int64 array)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(len(ids), dtype=np.int64)
+        ok = (ids >= 0) & (ids < len(self._refs))
+        out[ok] = self._refs[ids[ok]]
+        return out
+
+    def sample(self, jobs: Sequence[str]) -> dict[str, int]:
+        """One round: the next row of each listed job.
+
+        Raises:
+            SamplingError: a job is unknown or listed twice.
+        """
+        return {name: int(col[0]) for name, col in self.sample_many(jobs, 1).items()}
+
+    def sample_many(self, jobs: Sequence[str], n: int) -> dict[str, np.ndarray]:
+        """``n`` rounds for the same ``jobs``; identical to ``n`` calls of :meth:`sample`."""
+        check_round(self._jobs, jobs)
+        if n < 0:
+            raise SamplingError(f"n must be >= 0, got {n}.")
+        out: dict[str, np.ndarray] = {}
+        for name in jobs:
+            job = self._jobs[name]
+            parts = []
+            need = n
+            while need:
+                if job.ptr == len(job.perm):
+                    self._start_epoch(job)
+                take = min(need, len(job.perm) - job.ptr)
+                part = job.perm[job.ptr : job.ptr + take]
+                job.ptr += take
+                self._refs[part] -= 1  # rows of one epoch slice are distinct
+                parts.append(part)
+                need -= take
+            out[name] = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly, as a plain dict."""
+        return {
+            "kind": "independent",
+            "version": self.VERSION,
+            "entropy": self._root.entropy,
+            "next_seq": self._next_seq,
+            "jobs": [
+                {
+                    "name": name,
+                    "seq": job.seq,
+                    "epoch": job.epoch,
+                    "ptr": job.ptr,
+                    "perm": job.perm.astype(np.uint32).tobytes(),
+                    "ids": job.ids.serialize(),
+                    "rng": job.rng.bit_generator.state,
+                }
+                for name, job in self._jobs.items()
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (replaces every job).
+
+        Raises:
+            SamplingError: ``state`` is not an independent sampler state.
+        """
+        if state.get("kind") != "independent" or state.get("version") != self.VERSION:
+            raise SamplingError(
+                f"Not an IndependentSampler state (kind={state.get('kind')!r}, "
+                f"version={state.get('version')!r}); use the sampler that saved it."
+            )
+        self._root = np.random.SeedSequence(state["entropy"])
+        self._next_seq = int(state["next_seq"])
+        self._jobs = {}
+        self._refs = np.zeros(0, dtype=np.int32)
+        for j in state["jobs"]:
+            rng = np.random.default_rng()
+            rng.bit_generator.state = j["rng"]
+            job = _Job(
+                seq=int(j["seq"]),
+                ids=BitMap.deserialize(j["ids"]),
+                rng=rng,
+                perm=np.frombuffer(j["perm"], dtype=np.uint32).copy(),
+                ptr=int(j["ptr"]),
+                epoch=int(j["epoch"]),
+            )
+            self._jobs[j["name"]] = job
+            rest = job.perm[job.ptr :]
+            if len(rest):
+                self._grow(int(rest.max()) + 1)
+                self._refs[rest] += 1

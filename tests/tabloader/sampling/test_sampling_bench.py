@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+from pyroaring import BitMap
+
+from tabloader.bench import sampling as bench
+from tabloader.bench._cachesim import (
+    POLICIES,
+    JobSpec,
+    Policy,
+    Scenario,
+    Stream,
+    generate_stream,
+    simulate,
+)
+from tabloader.sampling import DependentSampler, IndependentSampler
+
+
+def stream_of(rows: list[int], per_round: int = 1) -> Stream:
+    arr = np.asarray(rows, dtype=np.int64)
+    return Stream(
+        rows=arr,
+        counts=np.ones(len(arr), dtype=np.int64),
+        rounds=np.arange(0, len(arr) + 1, per_round, dtype=np.int64),
+        ref_events=[(0, np.unique(arr), 1)],
+        universe=int(arr.max()) + 1,
+    )
+
+
+def test_policies_on_a_hand_stream():
+    s = stream_of([1, 2, 3, 1, 2, 4, 1, 2, 3, 4])
+    assert simulate(s, Policy.LRU, 3) == 6
+    assert simulate(s, Policy.FIFO, 3) == 8
+    assert simulate(s, Policy.MINIO, 3) == 5
+    assert simulate(s, Policy.BELADY, 3) == 5
+    assert simulate(s, Policy.BELADY, 4) == 4
+    for policy in POLICIES:
+        assert simulate(s, policy, 10) == 4
+    with pytest.raises(ValueError, match="capacity"):
+        simulate(s, Policy.LRU, 0)
+
+
+@pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
+def test_generate_stream_reads_every_row(cls):
+    sc = Scenario(
+        "t",
+        (
+            JobSpec("a", BitMap(range(50))),
+            JobSpec("b", BitMap(range(20, 80)), speed=0.5),
+            JobSpec("c", BitMap(range(0, 80, 2)), start=10, leave_after=15),
+        ),
+    )
+    st = generate_stream(sc, cls(seed=0))
+    assert int(st.counts.sum()) == sc.total == 50 + 60 + 15
+    for policy in POLICIES:
+        reads = simulate(st, policy, 1000)
+        assert reads == len(np.unique(st.rows)) == sc.union
+
+
+def test_quick_bench_end_to_end(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "sampling.json"
+    args = parser.parse_args(["--quick", "--no-speed", "--out", str(out)])
+    assert bench.run(args) == 0
+    text = capsys.readouterr().out
+    assert "PASS" in text
+    data = json.loads(out.read_text())
+    assert {"pair-shift-0", "nested-n-2n", "identical-x4", "leave-mid-epoch"} <= set(
+        data["scenarios"]
+    )
+    assert len(data["plots"]) == len(data["scenarios"])
+    assert all((tmp_path / p.split("/")[-1]).exists() for p in data["plots"])
+    sizes = ["1 row", "1%", "10%", "30%"]
+    for row in data["results"]:
+        belady = next(
+            r
+            for r in data["results"]
+            if r["scenario"] == row["scenario"]
+            and r["sampler"] == row["sampler"]
+            and r["policy"] == "Belady"
+        )
+        for size in sizes:
+            assert row[size] >= row["union"]
+            assert belady[size] <= row[size]
+        assert row["1 row"] <= row["sum"]

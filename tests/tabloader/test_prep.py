@@ -1,0 +1,325 @@
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from catalog.errors import LoaderError, RowReadError
+from tabloader.prep import DecodeKind, Decoder, collate, decode_image, decoder_for
+
+
+def gradient(w: int = 500, h: int = 375) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 255 // w, y * 255 // h, (x + y) % 256], axis=-1).astype(np.uint8)
+
+
+def encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def pil_rgb(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def jpeg() -> bytes:
+    return encode(Image.fromarray(gradient()), "JPEG", quality=90)
+
+
+@pytest.fixture(scope="module")
+def png() -> bytes:
+    return encode(Image.fromarray(gradient()), "PNG")
+
+
+# ---------------------------------------------------------------- decode_image
+
+
+def test_png_decodes_exactly(png):
+    arr = decode_image(png)
+    assert arr.dtype == np.uint8
+    assert arr.shape == (375, 500, 3)
+    np.testing.assert_array_equal(arr, gradient())
+
+
+def test_jpeg_full_size_equals_pillow(jpeg):
+    np.testing.assert_array_equal(decode_image(jpeg), pil_rgb(jpeg))
+
+
+@pytest.mark.parametrize("wrap", [bytes, memoryview, bytearray, pa.py_buffer])
+def test_accepts_buffer_types(png, wrap):
+    np.testing.assert_array_equal(decode_image(wrap(png)), gradient())
+
+
+def test_result_is_read_only(png):
+    arr = decode_image(png)
+    with pytest.raises(ValueError, match="read-only"):
+        arr[0, 0, 0] = 1
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_size_int_resizes_shorter_side_and_center_crops(fmt):
+    data = encode(Image.fromarray(gradient()), fmt)
+    arr = decode_image(data, size=224)
+    assert arr.shape == (224, 224, 3)
+    # center crop: the red channel (x gradient) is symmetric around the middle column
+    full = gradient()
+    assert arr[:, 112, 0].mean() == pytest.approx(full[:, 250, 0].mean(), abs=3)
+
+
+def test_size_tuple_resizes_exactly(png):
+    arr = decode_image(png, size=(100, 60))
+    assert arr.shape == (100, 60, 3)
+
+
+def test_size_equal_to_image_is_identity(png):
+    np.testing.assert_array_equal(decode_image(png, size=(375, 500)), gradient())
+
+
+def test_center_crop_matches_resize_then_crop(png):
+    # the documented transform: shorter side to 224, then center crop 224 x 224
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    resized = np.asarray(img.resize((299, 224), Image.Resampling.BILINEAR), dtype=np.int16)
+    left = (299 - 224) // 2
+    expected = resized[:, left : left + 224]
+    got = decode_image(png, size=224).astype(np.int16)
+    assert np.abs(got - expected).mean() < 2.0
+
+
+def test_jpeg_draft_is_deterministic_and_close():
+    big = Image.fromarray(gradient()).resize((2000, 1500), Image.Resampling.BILINEAR)
+    data = encode(big, "JPEG", quality=90)
+    a = decode_image(data, size=224)
+    b = decode_image(data, size=224)
+    np.testing.assert_array_equal(a, b)
+    reference = np.asarray(
+        pil_image_center_square(data).resize((224, 224), Image.Resampling.BILINEAR),
+        dtype=np.int16,
+    )
+    assert np.abs(a.astype(np.int16) - reference).mean() < 3.0
+
+
+def pil_image_center_square(data: bytes) -> Image.Image:
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = img.size
+    m = min(w, h)
+    return img.crop(((w - m) // 2, (h - m) // 2, (w + m) // 2, (h + m) // 2))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "LA", "1"])
+def test_other_modes_become_rgb(mode):
+    img = Image.fromarray(gradient(40, 30)).convert(mode)
+    data = encode(img, "PNG")
+    arr = decode_image(data)
+    assert arr.shape == (30, 40, 3)
+    np.testing.assert_array_equal(arr, pil_rgb(data))
+
+
+def test_palette_with_byte_transparency_becomes_rgb():
+    img = Image.fromarray(gradient(40, 30)).convert("P")
+    data = encode(img, "PNG", transparency=bytes([0, 128] + [255] * 254))
+    assert Image.open(io.BytesIO(data)).info["transparency"]
+    arr = decode_image(data)  # would warn (an error under filterwarnings) via P -> RGB
+    assert arr.shape == (30, 40, 3)
+
+
+def test_sixteen_bit_grayscale_keeps_high_byte():
+    values = np.full((10, 12), 0xAB12, dtype=np.uint16)
+    data = encode(Image.fromarray(values), "PNG")
+    arr = decode_image(data)
+    assert arr.shape == (10, 12, 3)
+    assert (arr == 0xAB).all()
+
+
+def test_grayscale_jpeg_with_size():
+    data = encode(Image.fromarray(gradient()).convert("L"), "JPEG")
+    assert decode_image(data, size=64).shape == (64, 64, 3)
+
+
+def test_corrupt_bytes_raise_clear_error():
+    with pytest.raises(
+        LoaderError, match=r"\(12 bytes starting b'not an i'\): not a known image format\. The"
+    ):
+        decode_image(b"not an image")
+
+
+def test_truncated_jpeg_raises(jpeg):
+    with pytest.raises(LoaderError, match=r"Cannot decode image.*not a valid image"):
+        decode_image(jpeg[: len(jpeg) // 2])
+
+
+@pytest.mark.parametrize("size", [0, -3, (224,), (0, 10), 2.5, True, "224"])
+def test_invalid_size_raises(png, size):
+    with pytest.raises(LoaderError, match="image size must be a positive int"):
+        decode_image(png, size=size)
+
+
+# ---------------------------------------------------------------- decoders
+
+
+@pytest.mark.parametrize(
+    ("image_size", "key"),
+    [(None, "image@rgb"), (224, "image@224"), ((224, 160), "image@224x160")],
+)
+def test_decoder_keys_include_parameters(image_size, key):
+    dec = decoder_for(pa.field("image", pa.binary()), image_size=image_size)
+    assert dec.kind is DecodeKind.IMAGE
+    assert dec.key == key
+
+
+def test_decoder_keys_differ_by_parameters_and_match_when_equal():
+    field = pa.field("img", pa.large_binary())
+    a = decoder_for(field, image_size=224)
+    b = decoder_for(field, image_size=224)
+    c = decoder_for(field, image_size=128)
+    d = decoder_for(field, image_columns=())
+    assert a == b
+    assert a.key == b.key
+    assert len({a.key, c.key, d.key, decoder_for(field).key}) == 4
+    assert d.kind is DecodeKind.BYTES
+    assert d.key == "img"
+    assert hash(a) == hash(b)
+
+
+def test_decoder_for_picks_kinds():
+    assert decoder_for(pa.field("image", pa.binary())).kind is DecodeKind.IMAGE
+    assert decoder_for(pa.field("IMG", pa.binary())).kind is DecodeKind.IMAGE
+    assert decoder_for(pa.field("payload", pa.binary())).kind is DecodeKind.BYTES
+    assert decoder_for(pa.field("image", pa.string())).kind is DecodeKind.SCALAR  # a path
+    assert decoder_for(pa.field("label", pa.int64())).dtype == "int64"
+    assert decoder_for(pa.field("emb", pa.list_(pa.float32(), 4))).kind is DecodeKind.ARRAY
+    hf = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    assert decoder_for(pa.field("pixels", hf)).kind is DecodeKind.IMAGE
+    custom = decoder_for(pa.field("scan", pa.binary()), image_columns={"scan"}, image_size=32)
+    assert custom.kind is DecodeKind.IMAGE
+    assert custom.key == "scan@32"
+    assert decoder_for(pa.field("label", pa.int8()), image_size=224).key == "label"
+
+
+def test_image_columns_must_hold_bytes():
+    with pytest.raises(LoaderError, match="column 'label' is int64, not binary"):
+        decoder_for(pa.field("label", pa.int64()), image_columns=["label"])
+
+
+def test_decoder_rejects_size_for_non_images():
+    with pytest.raises(LoaderError, match="only image columns take a size"):
+        Decoder("label", DecodeKind.SCALAR, image_size=224)
+
+
+def test_image_decoder_on_arrow_values(png):
+    arr = pa.array([png], pa.binary())
+    dec = decoder_for(pa.field("image", pa.binary()), image_size=(20, 30))
+    value, nbytes = dec(arr[0], row_id=4)
+    assert value.shape == (20, 30, 3)
+    assert nbytes == 20 * 30 * 3
+    hf = pa.array([{"bytes": png, "path": "a.png"}])
+    value, _ = decoder_for(pa.field("image", hf.type))(hf[0])
+    np.testing.assert_array_equal(value, gradient())
+
+
+def test_decoder_wraps_errors_with_row_id():
+    dec = decoder_for(pa.field("image", pa.binary()))
+    with pytest.raises(RowReadError, match="row 17, column 'image': Cannot decode image") as info:
+        dec(pa.scalar(b"garbage", pa.binary()), row_id=17)
+    assert info.value.row_id == 17
+    assert info.value.column == "image"
+    assert isinstance(info.value.__cause__, LoaderError)
+    with pytest.raises(LoaderError, match="Cannot decode image") as plain:
+        dec(b"garbage")
+    assert not isinstance(plain.value, RowReadError)
+
+
+def test_null_image_raises():
+    dec = decoder_for(pa.field("image", pa.binary()))
+    with pytest.raises(RowReadError, match=r"is null in this row.*image IS NOT NULL"):
+        dec(pa.scalar(None, pa.binary()), row_id=2)
+
+
+def test_scalar_and_array_decoders():
+    label = decoder_for(pa.field("label", pa.int16()))
+    value, nbytes = label(pa.scalar(7, pa.int16()))
+    assert value == 7
+    assert value.dtype == np.int16
+    assert nbytes == 2
+    assert label(5)[0].dtype == np.int16
+    flag, _ = decoder_for(pa.field("ok", pa.bool_()))(pa.scalar(True))
+    assert flag.dtype == np.bool_
+    text, nbytes = decoder_for(pa.field("caption", pa.string()))(pa.scalar("a cat"))
+    assert text == "a cat"
+    assert nbytes > 0
+    raw, _ = decoder_for(pa.field("blob", pa.binary()))(pa.scalar(b"\x00\x01"))
+    assert raw == b"\x00\x01"
+    emb_type = pa.list_(pa.float32(), 3)
+    emb, nbytes = decoder_for(pa.field("emb", emb_type))(pa.array([[1, 2, 3]], emb_type)[0])
+    assert emb.dtype == np.float32
+    assert emb.shape == (3,)
+    assert nbytes == 12
+    assert not emb.flags.writeable
+    nested_type = pa.list_(pa.list_(pa.int32()))
+    nested, _ = decoder_for(pa.field("m", nested_type))(
+        pa.array([[[1, 2], [3, 4]]], nested_type)[0]
+    )
+    assert nested.shape == (2, 2)
+    assert nested.dtype == np.int32
+    assert decoder_for(pa.field("label", pa.int64()))(pa.scalar(None, pa.int64())) == (None, 0)
+
+
+# ---------------------------------------------------------------- collate
+
+
+def test_collate_images_numbers_strings():
+    rows = [
+        {
+            "_id": i,
+            "image": np.full((4, 5, 3), i, np.uint8),
+            "label": np.int16(i),
+            "y": 0.5 * i,
+            "caption": f"row {i}",
+        }
+        for i in range(3)
+    ]
+    batch = collate(rows)
+    assert list(batch) == ["_id", "image", "label", "y", "caption"]
+    assert batch["_id"].dtype == np.int64
+    np.testing.assert_array_equal(batch["_id"], [0, 1, 2])
+    assert batch["image"].shape == (3, 4, 5, 3)
+    assert batch["image"].dtype == np.uint8
+    assert batch["image"].flags.writeable
+    assert batch["label"].dtype == np.int16
+    assert batch["y"].dtype == np.float64
+    assert batch["caption"] == ["row 0", "row 1", "row 2"]
+
+
+def test_collate_differing_shapes_gives_list():
+    a, b = np.zeros((4, 5, 3), np.uint8), np.zeros((6, 5, 3), np.uint8)
+    batch = collate([{"_id": 1, "image": a}, {"_id": 2, "image": b}])
+    assert isinstance(batch["image"], list)
+    assert batch["image"][0] is a
+    assert batch["image"][1] is b
+
+
+def test_collate_nulls_and_big_ints_give_lists():
+    batch = collate([{"_id": 1, "x": 3, "big": 2**70}, {"_id": 2, "x": None, "big": 1}])
+    assert batch["x"] == [3, None]
+    assert batch["big"] == [2**70, 1]
+
+
+def test_collate_id_only_numpy_ids():
+    batch = collate([{"_id": np.int32(5)}])
+    assert batch["_id"].dtype == np.int64
+    assert batch["_id"].tolist() == [5]
+
+
+def test_collate_errors():
+    with pytest.raises(LoaderError, match="got no rows"):
+        collate([])
+    with pytest.raises(LoaderError, match="needs an '_id' in every row"):
+        collate([{"x": 1}])
+    with pytest.raises(
+        LoaderError, match=r"row 2 has columns \['_id'\] but row 1 has \['_id', 'x'\]"
+    ):
+        collate([{"_id": 1, "x": 1}, {"_id": 2}])
