@@ -25,8 +25,10 @@ import logging
 import os
 import re
 import shutil
+import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +85,17 @@ CREATE TABLE IF NOT EXISTS {META}.jobs (
     columns VARCHAR NOT NULL, predicate VARCHAR, options VARCHAR NOT NULL, ids BLOB NOT NULL,
     num_ids BIGINT NOT NULL, created TIMESTAMP DEFAULT current_timestamp);
 """
+
+
+def _synchronized(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a ``Catalog`` method under the catalog's lock (a DuckDB connection is not shared)."""
+
+    @functools.wraps(method)
+    def locked(self: Catalog, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 def connect(path: str | os.PathLike[str] | None = None) -> Catalog:
@@ -188,9 +201,13 @@ class Job:
 
 
 class Catalog:
-    """A catalog directory opened by this process. Use as a context manager or ``close()``."""
+    """A catalog directory opened by this process. Use as a context manager or ``close()``.
+
+    Its methods are thread-safe: they take one lock around the DuckDB connection.
+    """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._lock = threading.RLock()
         self.root = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
         if self.root.exists() and not self.root.is_dir():
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
@@ -216,6 +233,7 @@ class Catalog:
         self._collect_garbage()
 
     # -- lifecycle ---------------------------------------------------------------------------
+    @_synchronized
     def close(self) -> None:
         """Close the DuckDB connection; the catalog can then be opened by another process."""
         self._con.close()
@@ -256,6 +274,7 @@ class Catalog:
         with self._duckdb_errors("Catalog query"):
             return self._con.execute(sql, list(params)).fetchall()
 
+    @_synchronized
     def query(self, sql: str) -> pa.Table:
         """Run a read-only query (already validated by ``catalog.sql``) and return a table.
 
@@ -281,6 +300,7 @@ class Catalog:
         self._con.commit()
 
     # -- datasets ------------------------------------------------------------------------------
+    @_synchronized
     def dataset_names(self) -> list[str]:
         """Names of all datasets, sorted."""
         return [r[0] for r in self._rows(f"SELECT name FROM {META}.datasets ORDER BY name")]
@@ -289,6 +309,7 @@ class Catalog:
         """All datasets (their latest versions), sorted by name."""
         return [self.dataset(n) for n in self.dataset_names()]
 
+    @_synchronized
     def dataset(self, name: str, *, version: int | None = None) -> Dataset:
         """Return dataset ``name`` at its latest version or at ``version``.
 
@@ -371,6 +392,7 @@ class Catalog:
         """Import ``root/<class>/<file>`` images as ``image``, ``label``, ``label_name``, ``path``."""
         return self.import_source(name, open_source("imagefolder", root), append=append)
 
+    @_synchronized
     def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
         """Import a streaming ``Source`` atomically; see the module docstring."""
         self._check_new_name(name, "dataset")
@@ -409,6 +431,7 @@ class Catalog:
         logger.info("imported %d rows into %s (version %d)", ingest.num_rows, name, version)
         return self.dataset(name)
 
+    @_synchronized
     def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
         """Drop a dataset, its table and its files.
 
@@ -438,6 +461,7 @@ class Catalog:
         shutil.rmtree(self.root / "data" / name, ignore_errors=True)
 
     # -- jobs ------------------------------------------------------------------------------------
+    @_synchronized
     def job_names(self) -> list[str]:
         """Names of all jobs, sorted."""
         return [r[0] for r in self._rows(f"SELECT name FROM {META}.jobs ORDER BY name")]
@@ -446,6 +470,7 @@ class Catalog:
         """All registered jobs, sorted by name."""
         return [self.job(n) for n in self.job_names()]
 
+    @_synchronized
     def job(self, name: str) -> Job:
         """Return job ``name``.
 
@@ -464,6 +489,7 @@ class Catalog:
         return Job(name, dataset, version, tuple(json.loads(columns)), predicate,
                    json.loads(options), BitMap.deserialize(ids))
 
+    @_synchronized
     def register_job(self, name: str, dataset: str, *, columns: Sequence[str] | None = None,
                      where: str | exp.Expression | None = None,
                      options: dict[str, Any] | None = None, replace: bool = False) -> Job:
@@ -518,6 +544,7 @@ class Catalog:
             )
         return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap)
 
+    @_synchronized
     def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
         """Remove job ``name``."""
         if name not in self.job_names():
@@ -528,6 +555,7 @@ class Catalog:
             self._con.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
 
     # -- statements ------------------------------------------------------------------------------
+    @_synchronized
     def sql(self, text: str) -> Any:
         """Run one statement (see ``catalog.sql``).
 

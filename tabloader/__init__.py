@@ -34,6 +34,7 @@ from catalog import (
     UnknownColumnError,
     connect,
 )
+from tabloader.engine import JobStream, Loader, OnError, default_loader
 
 __version__ = "0.1.0"
 
@@ -50,8 +51,11 @@ __all__ = [
     "ImportFailedError",
     "Job",
     "JobNotFoundError",
+    "JobStream",
+    "Loader",
     "LoaderError",
     "NotFoundError",
+    "OnError",
     "RowReadError",
     "SamplingError",
     "StatementError",
@@ -60,4 +64,5 @@ __all__ = [
     "UnknownColumnError",
     "__version__",
     "connect",
+    "default_loader",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tabloader._format import format_table
 
@@ -58,5 +58,34 @@ def run_demo(cat: Catalog, *, data_dir: str | Path = "demo-data", num_images: in
     total = sum(j.num_rows for j in jobs.values())
     print(f"One epoch of every job reads {total} rows; the union is {union} rows, so sharing "
           f"can save {total - union} reads and decodes ({1 - union / total:.0%}).")
-    print("Next: SHOW JOBS, or train from a job (see examples/).")
+    _load_together(cat, list(jobs))
+    print("Next: tabloader sql 'SHOW JOBS', or train from a job: python examples/hparam_search.py")
     return {n: j.num_rows for n, j in jobs.items()}
+
+
+def _load_together(cat: Catalog, names: list[str]) -> None:
+    """Step 4: one epoch of every job at once through one Loader; count the decodes."""
+    import threading
+    import time
+
+    from tabloader.engine import Loader
+
+    print("4. Loading one epoch of every job at once (one thread per job, images at 64x64):")
+    served = dict.fromkeys(names, 0)
+
+    def consume(stream: Any) -> None:
+        for batch in stream:
+            served[stream.name] += len(batch["_id"])
+
+    start = time.perf_counter()
+    with Loader(cat, cache_bytes=256 << 20) as loader:
+        streams = [loader.open(n, batch_size=32, image_size=64, epochs=1) for n in names]
+        threads = [threading.Thread(target=consume, args=(s,)) for s in streams]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        decodes = loader.stats()["decodes"]
+    total = sum(served.values())
+    print(f"   {total} images served to {len(names)} jobs in {time.perf_counter() - start:.1f} s;"
+          f" decoded {decodes} ({total / max(decodes, 1):.2f} jobs per decode)")

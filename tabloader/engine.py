@@ -44,12 +44,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 from pyroaring import BitMap
 
 from catalog import Catalog, connect
 from catalog.errors import LoaderError
 from tabloader.cache import CacheKey, RowCache
-from tabloader.prep import Decoder, collate, decoder_for
+from tabloader.prep import DecodeKind, Decoder, collate, decoder_for
 from tabloader.sampling import SAMPLERS
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 ID = "_id"
 ROUNDS_PER_CALL = 32  # rounds the scheduler samples at once (bounded by the jobs' room)
-LOOKAHEAD_BATCHES = 8  # default horizon, in batches
+LOOKAHEAD_BATCHES = 4  # default horizon, in batches
 
 
 class OnError(enum.Enum):
@@ -206,12 +207,12 @@ class _Group:
 
     def _load(self, row: int, dec: Decoder) -> tuple[Any, int]:
         value = self.dataset.take([row], [dec.column]).column(1)[0]
-        raw = value.as_buffer().size if hasattr(value, "as_buffer") and value.is_valid else 0
+        payload = isinstance(value, pa.BinaryScalar | pa.LargeBinaryScalar) and value.is_valid
         prepared = dec(value, row_id=row)
-        with self.cond:
-            self.reads += 1
-            self.bytes_read += raw
-            self.decodes += dec.kind.name == "IMAGE"
+        with self.cond:  # reads count payload (binary) values: the I/O that matters
+            self.reads += payload
+            self.bytes_read += value.as_buffer().size if payload else 0
+            self.decodes += dec.kind is DecodeKind.IMAGE
         return prepared
 
     # -- reference counts (called by the cache, never under the cache lock) -----------------------
@@ -430,7 +431,7 @@ class Loader:
             job: the job name (or ``Job``).
             batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
             prefetch: batches loaded ahead of consumption (pinned in the cache).
-            lookahead: rows sampled ahead (default 8 batches); more lets jobs at different
+            lookahead: rows sampled ahead (default 4 batches); more lets jobs at different
                 moments share rounds, at the cost of a longer queue of ids.
             image_size: shared deterministic resize of image columns (default: the job's
                 ``image_size`` option, else full size).
@@ -512,7 +513,7 @@ class Loader:
         groups = list(self._groups.values())
         return {
             "cache": cache,
-            "reads": sum(g.reads for g in groups),
+            "reads": sum(g.reads for g in groups),  # payload (binary) values read
             "decodes": sum(g.decodes for g in groups),
             "bytes_read": sum(g.bytes_read for g in groups),
             "jobs": {name: {"dataset": g.name} for g in groups for name in g.jobs},
@@ -557,8 +558,6 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
 
 
 def _is_image(f: Any) -> bool:
-    from tabloader.prep import DecodeKind
-
     return decoder_for(f).kind is DecodeKind.IMAGE
 
 

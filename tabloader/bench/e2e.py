@@ -14,7 +14,8 @@ Scenarios (each job runs one epoch of its subset):
 
 * ``same``: four jobs, same subset, same speed;
 * ``overlap``: two pairs on subsets that overlap by 50%;
-* ``speeds``: step times 1x, 2x, 4x, 4x;
+* ``speeds``: step times 1x, 2x, 4x, 4x, on the first ``--speeds-rows`` rows, with a step
+  long enough that the fastest job is bound by its step, not by decoding;
 * ``late``: same subset and speed, the fourth job arrives when the first is half-way.
 
 Reported per scenario and competitor: decodes and reads (absolute and / union of the jobs'
@@ -50,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=96, help="shared resize (pixels)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--step", type=float, default=0.02, help="seconds per batch at 1x")
+    parser.add_argument("--speeds-rows", type=int, default=2500,
+                        help="rows of the 'speeds' jobs (the 4x jobs take long)")
+    parser.add_argument("--speeds-step", type=float, default=0.12,
+                        help="seconds per batch of the fastest 'speeds' job (step-bound, so "
+                             "its throughput alone is not limited by decoding)")
     parser.add_argument("--workers", type=int, default=4, help="total reader/decoder workers")
     parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument("--scenarios", default="same,overlap,speeds,late")
@@ -58,14 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
 
 
-def _scenarios(n: int, step: float) -> dict[str, list[dict[str, Any]]]:
+def _scenarios(n: int, step: float, speeds_rows: int,
+               speeds_step: float) -> dict[str, list[dict[str, Any]]]:
     every = "_id >= 0"
     first, second = f"_id < {2 * n // 3}", f"_id >= {n // 3}"
+    subset = f"_id < {min(n, speeds_rows)}"
     return {
         "same": [{"name": f"j{i}", "where": every, "step": step, "late": False} for i in range(4)],
         "overlap": [{"name": f"j{i}", "where": w, "step": step, "late": False}
                     for i, w in enumerate([first, first, second, second])],
-        "speeds": [{"name": f"j{i}", "where": every, "step": step * m, "late": False}
+        "speeds": [{"name": f"j{i}", "where": subset, "step": speeds_step * m, "late": False}
                    for i, m in enumerate([1, 2, 4, 4])],
         "late": [{"name": f"j{i}", "where": every, "step": step, "late": i == 3}
                  for i in range(4)],
@@ -143,8 +151,11 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                     halfway.wait()
                 started = time.perf_counter()
                 data = _MapDataset(root, "imgs", sorted(ids[job["name"]]), size)
+                # spawn: forking a process that runs threads (DuckDB's, the other jobs') can
+                # deadlock in the child
                 loader = DataLoader(data, batch_size=spec["batch_size"], shuffle=True,
-                                    num_workers=per_job, generator=torch.Generator().manual_seed(0))
+                                    num_workers=per_job, multiprocessing_context="spawn",
+                                    generator=torch.Generator().manual_seed(0))
                 for images, rows in loader:
                     time.sleep(job["step"])
                     account(job["name"], len(rows), started)
@@ -184,7 +195,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         decodes = reads = sum(r["rows"] for r in results.values())
     else:
         stats = eng.stats()
-        decodes, reads = stats["decodes"], stats["cache"].reads
+        decodes, reads = stats["decodes"], stats["reads"]
         eng.close()
     cat.close()
     cpu, rss = _rusage()
@@ -234,14 +245,14 @@ def run(args: argparse.Namespace) -> int:
 
     _progress.disable_progress_bars()
     if args.quick:
-        args.images, args.step = min(args.images, 400), min(args.step, 0.005)
+        args.images, args.speeds_rows, args.speeds_step = min(args.images, 600), 300, 0.05
     root, n, _ = _prepare(args)
     decoded_row = args.image_size * args.image_size * 3
     cache_bytes = max(1, int(args.cache * n)) * decoded_row
     rows: list[dict[str, Any]] = []
     runs: dict[str, Any] = {}
     for scenario in args.scenarios.split(","):
-        jobs = _scenarios(n, args.step)[scenario]
+        jobs = _scenarios(n, args.step, args.speeds_rows, args.speeds_step)[scenario]
         with catalog.connect(root) as cat:
             for j in jobs:
                 cat.sql(f"REGISTER OR REPLACE JOB {j['name']} SELECT image, label FROM imgs "

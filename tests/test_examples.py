@@ -1,0 +1,40 @@
+"""The demo and the examples run end to end (small sizes)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tabloader.demo import DEMO_JOBS, run_demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo(cat, tmp_path, capsys):
+    sizes = run_demo(cat, data_dir=tmp_path / "data", num_images=80, num_classes=10)
+    out = capsys.readouterr().out
+    assert set(sizes) == set(DEMO_JOBS)
+    for name, n in sizes.items():
+        assert cat.job(name).num_rows == n
+    assert "shared rows" in out
+    served, decoded = map(int, re.search(r"(\d+) images served .* decoded (\d+)", out).groups())
+    assert served == sum(sizes.values())
+    union = cat.job("resnet18").ids | cat.job("vit_small").ids | cat.job("finetune").ids
+    assert decoded == len(union)
+    again = run_demo(cat, data_dir=tmp_path / "data", num_images=80, num_classes=10)
+    assert again == sizes
+
+
+def test_hparam_search_example(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "hparam_search.py"), "--catalog",
+         str(tmp_path / "cat"), "--data", str(tmp_path / "data"), "--images", "120",
+         "--epochs", "2", "--image-size", "32"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("epoch 1:") == 3
+    served, decoded = map(int, re.search(r"served to jobs: (\d+); decoded: (\d+)",
+                                         proc.stdout).groups())
+    assert decoded < served
