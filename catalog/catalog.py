@@ -68,6 +68,9 @@ DB_FILE = "catalog.duckdb"
 META = "_tabloader"
 ID = "_id"
 INSERT_ROWS = 64 * 1024  # rows per INSERT into DuckDB during an import
+# External access off: user SQL cannot read or write files. The oldest storage format keeps
+# catalog.duckdb readable by every stock duckdb client from 1.0 on, not only the newest.
+DUCKDB_CONFIG = {"enable_external_access": False, "storage_compatibility_version": "v1.0.0"}
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 
 _META_DDL = f"""
@@ -214,7 +217,7 @@ class Catalog:
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         self.path = self.root / DB_FILE
         try:
-            self._con = duckdb.connect(str(self.path), config={"enable_external_access": False})
+            self._con = duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 pid = re.search(r"PID (\d+)", str(exc))

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import catalog
+from catalog import LoaderError
+from tabloader.engine import Loader
+from tabloader.torch import JobDataset
+
+
+@pytest.fixture
+def loader(tmp_path, image_folder):
+    cat = catalog.connect(tmp_path / "cat")
+    cat.import_imagefolder("imgs", image_folder)
+    cat.sql("REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
+            "WITH (batch_size = 8, image_size = 16, seed = 3)")
+    with Loader(cat, cache_bytes=8 << 20, workers=2) as engine:
+        yield engine
+    cat.close()
+
+
+def epoch_ids(data) -> list[int]:
+    return [i for batch in DataLoader(data, batch_size=None) for i in batch["_id"].tolist()]
+
+
+def test_batches_are_dicts_of_tensors_one_epoch_per_iteration(loader):
+    data = JobDataset("j", loader=loader)
+    rows = sorted(loader.catalog.job("j").ids)
+    batches = list(DataLoader(data, batch_size=None))
+    first = batches[0]
+    assert first["image"].dtype == torch.uint8 and first["image"].shape == (8, 16, 16, 3)
+    assert first["label"].dtype == torch.int64 and first["_id"].dtype == torch.int64
+    assert all(len(b["_id"]) <= 8 for b in batches)
+    assert sorted(i for b in batches for i in b["_id"].tolist()) == rows
+    second = epoch_ids(data)
+    assert sorted(second) == rows
+    assert second != [i for b in batches for i in b["_id"].tolist()]  # a new permutation
+    data.close()
+
+
+def test_resume_mid_epoch(loader):
+    data = JobDataset("j", loader=loader)
+    rows = sorted(loader.catalog.job("j").ids)
+    it = iter(DataLoader(data, batch_size=None))
+    seen = [i for _ in range(2) for i in next(it)["_id"].tolist()]
+    state = data.state_dict()
+    data.close()
+    again = JobDataset("j", loader=loader)
+    again.load_state_dict(state)
+    rest = epoch_ids(again)
+    assert sorted(seen + rest) == rows and len(seen + rest) == len(rows)
+    assert sorted(epoch_ids(again)) == rows  # the next epoch is whole
+    again.close()
+
+
+def test_transform_uses_the_jobs_own_generator(loader):
+    def draws(seed):
+        record = []
+
+        def transform(batch, generator):
+            record.append(torch.rand(1, generator=generator).item())
+            batch["image"] = batch["image"].flip(2)
+            return batch
+
+        data = JobDataset("j", loader=loader, transform=transform, seed=seed)
+        batch = next(iter(DataLoader(data, batch_size=None)))
+        data.close()
+        return record, batch
+
+    a, batch = draws(1)
+    b, _ = draws(1)
+    c, _ = draws(2)
+    assert a == b and a != c
+    assert batch["image"].shape[1:] == (16, 16, 3)
+
+
+def test_worker_processes_are_refused(loader):
+    data = JobDataset("j", loader=loader)
+    with pytest.raises(LoaderError, match="num_workers=0"):
+        next(iter(DataLoader(data, batch_size=None, num_workers=1,
+                             multiprocessing_context="fork")))
+    data.close()
