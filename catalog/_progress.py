@@ -35,5 +35,12 @@ def progress_bar(*, total: int | None, desc: str, unit: str = "rows") -> Any:
     """Return a tqdm bar (or a silent stand-in with the same ``update``/``close``)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=_off(),
-                file=sys.stderr, leave=False)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        disable=_off(),
+        file=sys.stderr,
+        leave=False,
+    )

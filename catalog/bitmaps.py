@@ -40,7 +40,7 @@ def bitmap_from_array(ids: np.ndarray) -> BitMap:
     counts = ends - starts
     low = (a & 0xFFFF).astype(np.uint16)
     bodies = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=False):
         if e - s <= _ARRAY_MAX:
             bodies.append(low[s:e].tobytes())
         else:

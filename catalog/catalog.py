@@ -20,6 +20,7 @@ false``, so no statement can read or write files, attach databases or install ex
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -28,11 +29,10 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import duckdb
 import numpy as np
@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_PATH", "ENV_VAR", "Catalog", "Dataset", "Job", "connect"]
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DEFAULT_PATH = "catalog"
 ENV_VAR = "TABLOADER_CATALOG"
@@ -70,7 +72,10 @@ ID = "_id"
 INSERT_ROWS = 64 * 1024  # rows per INSERT into DuckDB during an import
 # External access off: user SQL cannot read or write files. The oldest storage format keeps
 # catalog.duckdb readable by every stock duckdb client from 1.0 on, not only the newest.
-DUCKDB_CONFIG = {"enable_external_access": False, "storage_compatibility_version": "v1.0.0"}
+DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False,
+    "storage_compatibility_version": "v1.0.0",
+}
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 
 _META_DDL = f"""
@@ -90,11 +95,13 @@ CREATE TABLE IF NOT EXISTS {META}.jobs (
 """
 
 
-def _synchronized(method: Callable[..., Any]) -> Callable[..., Any]:
+def _synchronized(
+    method: Callable[Concatenate[Catalog, P], R],
+) -> Callable[Concatenate[Catalog, P], R]:
     """Run a ``Catalog`` method under the catalog's lock (a DuckDB connection is not shared)."""
 
     @functools.wraps(method)
-    def locked(self: Catalog, *args: Any, **kwargs: Any) -> Any:
+    def locked(self: Catalog, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
             return method(self, *args, **kwargs)
 
@@ -164,8 +171,9 @@ class Dataset:
         """The random-access reader over this version's files."""
         return self._reader
 
-    def take(self, ids: Sequence[int] | np.ndarray | BitMap,
-             columns: Sequence[str] | None = None) -> pa.Table:
+    def take(
+        self, ids: Sequence[int] | np.ndarray | BitMap, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """Return rows ``ids`` in that order, with ``_id`` first and ``columns`` (default all)."""
         if isinstance(ids, BitMap):
             ids = np.frombuffer(ids.to_array(), dtype=np.uint32)
@@ -338,8 +346,16 @@ class Catalog:
         reader = self._reader(name, version, stored)
         schema = pa.schema([pa.field(ID, pa.int64(), nullable=False), *stored])
         queryable = tuple(f.name for f in schema if not is_payload(f.type))
-        return Dataset(name, version, reader.num_rows, schema, json.loads(class_names),
-                       queryable, description or "", reader)
+        return Dataset(
+            name,
+            version,
+            reader.num_rows,
+            schema,
+            json.loads(class_names),
+            queryable,
+            description or "",
+            reader,
+        )
 
     def _reader(self, name: str, version: int, schema: pa.Schema) -> DatasetReader:
         reader = self._readers.get((name, version))
@@ -366,18 +382,21 @@ class Catalog:
 
         return self.import_source(name, open_arrow(data), append=append)
 
-    def import_parquet(self, name: str, path_or_glob: str | os.PathLike[str], *,
-                       append: bool = False) -> Dataset:
+    def import_parquet(
+        self, name: str, path_or_glob: str | os.PathLike[str], *, append: bool = False
+    ) -> Dataset:
         """Import a Parquet file, a directory of Parquet files or a glob."""
         return self.import_source(name, open_source("parquet", path_or_glob), append=append)
 
-    def import_ipc(self, name: str, path: str | os.PathLike[str], *,
-                   append: bool = False) -> Dataset:
+    def import_ipc(
+        self, name: str, path: str | os.PathLike[str], *, append: bool = False
+    ) -> Dataset:
         """Import Arrow IPC / Feather files (file or stream format; a path or a glob)."""
         return self.import_source(name, open_source("arrow", path), append=append)
 
-    def import_hf(self, name: str, dataset_or_path: Any, *, split: str | None = None,
-                  append: bool = False) -> Dataset:
+    def import_hf(
+        self, name: str, dataset_or_path: Any, *, split: str | None = None, append: bool = False
+    ) -> Dataset:
         """Import a HuggingFace ``Dataset``, ``DatasetDict`` or ``save_to_disk`` folder.
 
         Args:
@@ -387,12 +406,14 @@ class Catalog:
                 ``split`` column.
             append: add the rows to an existing dataset with the same schema.
         """
-        return self.import_source(name, open_source("hf", dataset_or_path, split=split),
-                                  append=append)
+        return self.import_source(
+            name, open_source("hf", dataset_or_path, split=split), append=append
+        )
 
-    def import_imagefolder(self, name: str, root: str | os.PathLike[str], *,
-                           append: bool = False) -> Dataset:
-        """Import ``root/<class>/<file>`` images as ``image``, ``label``, ``label_name``, ``path``."""
+    def import_imagefolder(
+        self, name: str, root: str | os.PathLike[str], *, append: bool = False
+    ) -> Dataset:
+        """Import ``root/<class>/<file>`` images: image, label, label_name, path."""
         return self.import_source(name, open_source("imagefolder", root), append=append)
 
     @_synchronized
@@ -402,7 +423,8 @@ class Catalog:
         exists = name in self.dataset_names()
         if append and not exists:
             raise DatasetNotFoundError(
-                f"Cannot append to unknown dataset '{name}'.{did_you_mean(name, self.dataset_names())}"
+                f"Cannot append to unknown dataset '{name}'."
+                f"{did_you_mean(name, self.dataset_names())}"
                 " Import it first without append."
             )
         if not append and exists:
@@ -445,14 +467,20 @@ class Catalog:
             if if_exists:
                 return
             self.dataset(name)  # raises DatasetNotFoundError with a suggestion
-        users = [r[0] for r in self._rows(
-            f"SELECT name FROM {META}.jobs WHERE dataset = ? ORDER BY name", [name])]
+        users = [
+            r[0]
+            for r in self._rows(
+                f"SELECT name FROM {META}.jobs WHERE dataset = ? ORDER BY name", [name]
+            )
+        ]
         if users and not cascade:
             raise DatasetInUseError(
                 f"Dataset '{name}' is used by job(s) {', '.join(users)}; UNREGISTER JOB them "
                 f"first, or DROP DATASET {name} CASCADE."
             )
-        paths = [r[0] for r in self._rows(f"SELECT path FROM {META}.parts WHERE dataset = ?", [name])]
+        paths = [
+            r[0] for r in self._rows(f"SELECT path FROM {META}.parts WHERE dataset = ?", [name])
+        ]
         with self._duckdb_errors(f"DROP DATASET {name}"), self._transaction():
             self._con.execute(f"DELETE FROM {META}.jobs WHERE dataset = ?", [name])
             self._con.execute(f"DELETE FROM {META}.parts WHERE dataset = ?", [name])
@@ -482,20 +510,36 @@ class Catalog:
         """
         rows = self._rows(
             f"SELECT dataset, version, columns, predicate, options, ids FROM {META}.jobs "
-            "WHERE name = ?", [name])
+            "WHERE name = ?",
+            [name],
+        )
         if not rows:
             raise JobNotFoundError(
                 f"Unknown job '{name}'.{did_you_mean(name, self.job_names())} SHOW JOBS lists "
                 "them; REGISTER JOB adds one."
             )
         dataset, version, columns, predicate, options, ids = rows[0]
-        return Job(name, dataset, version, tuple(json.loads(columns)), predicate,
-                   json.loads(options), BitMap.deserialize(ids))
+        return Job(
+            name,
+            dataset,
+            version,
+            tuple(json.loads(columns)),
+            predicate,
+            json.loads(options),
+            BitMap.deserialize(ids),
+        )
 
     @_synchronized
-    def register_job(self, name: str, dataset: str, *, columns: Sequence[str] | None = None,
-                     where: str | exp.Expression | None = None,
-                     options: dict[str, Any] | None = None, replace: bool = False) -> Job:
+    def register_job(
+        self,
+        name: str,
+        dataset: str,
+        *,
+        columns: Sequence[str] | None = None,
+        where: str | exp.Expression | None = None,
+        options: dict[str, Any] | None = None,
+        replace: bool = False,
+    ) -> Job:
         """Register a job on the rows of ``dataset`` that satisfy ``where``.
 
         Args:
@@ -521,8 +565,10 @@ class Catalog:
         ds = self.dataset(dataset)
         cols = check_columns(columns, ds)
         predicate = check_predicate(where, ds) if where is not None else None
-        sql = (f"SELECT CAST({ID} AS UINTEGER) AS {ID} FROM {quote(ds.name)} "
-               f"WHERE {ID} < {ds.num_rows}" + (f" AND ({predicate})" if predicate else ""))
+        sql = (
+            f"SELECT CAST({ID} AS UINTEGER) AS {ID} FROM {quote(ds.name)} "
+            f"WHERE {ID} < {ds.num_rows}" + (f" AND ({predicate})" if predicate else "")
+        )
         try:
             ids = self._con.execute(sql).fetchnumpy()[ID]
         except duckdb.Error as exc:
@@ -542,8 +588,16 @@ class Catalog:
             self._con.execute(
                 f"INSERT INTO {META}.jobs (name, dataset, version, columns, predicate, options, "
                 "ids, num_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [name, ds.name, ds.version, json.dumps(cols), predicate, json.dumps(opts),
-                 bitmap.serialize(), len(bitmap)],
+                [
+                    name,
+                    ds.name,
+                    ds.version,
+                    json.dumps(cols),
+                    predicate,
+                    json.dumps(opts),
+                    bitmap.serialize(),
+                    len(bitmap),
+                ],
             )
         return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap)
 
@@ -574,8 +628,16 @@ class Catalog:
 class _Ingest:
     """One atomic import: IPC part file + DuckDB rows + metadata, or nothing at all."""
 
-    def __init__(self, catalog: Catalog, name: str, source: Source, *, first_id: int,
-                 version: int, append: bool) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        name: str,
+        source: Source,
+        *,
+        first_id: int,
+        version: int,
+        append: bool,
+    ) -> None:
         self.catalog, self.name, self.source = catalog, name, source
         self.first_id, self.version, self.append = first_id, version, append
         self.num_rows = 0
@@ -629,8 +691,9 @@ class _Ingest:
             bar.close()
 
     def _create_table(self) -> None:
-        empty = pa.schema([pa.field(ID, pa.int64()), *(self.source.schema.field(n)
-                                                      for n in self.queryable)]).empty_table()
+        empty = pa.schema(
+            [pa.field(ID, pa.int64()), *(self.source.schema.field(n) for n in self.queryable)]
+        ).empty_table()
         con = self.catalog._con
         con.register("_tl_chunk", empty)
         try:
@@ -680,19 +743,34 @@ class _Ingest:
         rel = self.final.relative_to(self.catalog.root).as_posix()
         con.execute(
             f"INSERT INTO {META}.parts VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [self.name, self.version, rel, self.first_id, self.num_rows,
-             self.writer.rows_per_batch, size],
+            [
+                self.name,
+                self.version,
+                rel,
+                self.first_id,
+                self.num_rows,
+                self.writer.rows_per_batch,
+                size,
+            ],
         )
         total = self.first_id + self.num_rows
         if self.append:
-            con.execute(f"UPDATE {META}.datasets SET version = ?, num_rows = ? WHERE name = ?",
-                        [self.version, total, self.name])
+            con.execute(
+                f"UPDATE {META}.datasets SET version = ?, num_rows = ? WHERE name = ?",
+                [self.version, total, self.name],
+            )
         else:
             # Building the index once after the bulk insert is ~3x faster than maintaining it.
             con.execute(f"ALTER TABLE {quote(self.name)} ADD PRIMARY KEY ({ID})")
             con.execute(
                 f"INSERT INTO {META}.datasets (name, version, num_rows, schema, class_names, "
                 "description) VALUES (?, ?, ?, ?, ?, ?)",
-                [self.name, self.version, total, self.source.schema.serialize().to_pybytes(),
-                 json.dumps(self.source.class_names), self.source.description],
+                [
+                    self.name,
+                    self.version,
+                    total,
+                    self.source.schema.serialize().to_pybytes(),
+                    json.dumps(self.source.class_names),
+                    self.source.description,
+                ],
             )

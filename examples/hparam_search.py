@@ -40,8 +40,14 @@ def random_flip(batch: dict, generator: torch.Generator) -> dict:
 
 def make_model(classes: int) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, classes))
+        nn.Conv2d(3, 8, 3, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, classes),
+    )
 
 
 def train(name: str, lr: float, loader: Loader, epochs: int, served: dict) -> None:
@@ -63,8 +69,11 @@ def train(name: str, lr: float, loader: Loader, epochs: int, served: dict) -> No
             correct += int((out.argmax(1) == y).sum())
             total_loss += loss.item() * len(y)
         served[name] = served.get(name, 0) + seen
-        print(f"{name:11} epoch {epoch}: {seen} rows, loss {total_loss / seen:.3f}, "
-              f"train acc {correct / seen:.2f}", flush=True)
+        print(
+            f"{name:11} epoch {epoch}: {seen} rows, loss {total_loss / seen:.3f}, "
+            f"train acc {correct / seen:.2f}",
+            flush=True,
+        )
     data.close()
 
 
@@ -77,14 +86,17 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=64)
     args = parser.parse_args()
 
-    folder = make_imagefolder(Path(args.data) / f"imagenet-{args.images}",
-                              num_images=args.images, num_classes=10)
+    folder = make_imagefolder(
+        Path(args.data) / f"imagenet-{args.images}", num_images=args.images, num_classes=10
+    )
     cat = tabloader.connect(args.catalog)
     if "hparam_images" not in cat.dataset_names():
         cat.sql(f"CREATE DATASET hparam_images FROM '{folder}' FORMAT imagefolder")
     for name, (where, _) in JOBS.items():
-        stmt = (f"REGISTER OR REPLACE JOB {name} SELECT image, label FROM hparam_images "
-                f"WHERE {where} WITH (batch_size = 32, image_size = {args.image_size})")
+        stmt = (
+            f"REGISTER OR REPLACE JOB {name} SELECT image, label FROM hparam_images "
+            f"WHERE {where} WITH (batch_size = 32, image_size = {args.image_size})"
+        )
         job = cat.sql(stmt)
         print(f"{stmt}\n  -> {job.num_rows} rows")
 
@@ -92,8 +104,10 @@ def main() -> None:
     loader = Loader(cat, cache_bytes=args.images * decoded, workers=2)  # room for every image
     served: dict[str, int] = {}
     start = time.perf_counter()
-    threads = [threading.Thread(target=train, args=(n, lr, loader, args.epochs, served))
-               for n, (_, lr) in JOBS.items()]
+    threads = [
+        threading.Thread(target=train, args=(n, lr, loader, args.epochs, served))
+        for n, (_, lr) in JOBS.items()
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -103,9 +117,11 @@ def main() -> None:
     jobs = [cat.job(n) for n in JOBS]
     union = len(jobs[0].ids.union(*(j.ids for j in jobs[1:])))
     print(f"\n{len(JOBS)} jobs, {args.epochs} epochs, {time.perf_counter() - start:.1f} s")
-    print(f"images served to jobs: {total}; decoded: {stats['decodes']} "
-          f"(the union of the jobs' sets has {union} rows; the cache keeps them across epochs); "
-          f"each decode served {total / max(stats['decodes'], 1):.2f} jobs on average")
+    print(
+        f"images served to jobs: {total}; decoded: {stats['decodes']} "
+        f"(the union of the jobs' sets has {union} rows; the cache keeps them across epochs); "
+        f"each decode served {total / max(stats['decodes'], 1):.2f} jobs on average"
+    )
     loader.close()
     cat.close()
 

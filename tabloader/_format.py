@@ -23,7 +23,9 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
     columns = columns or list(rows[0])
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in cells
+    ]
     return "\n".join(lines)

@@ -33,11 +33,15 @@ def print_result(result: Any) -> None:
     if isinstance(result, pa.Table):
         print(format_table(result.to_pylist(), result.column_names))
     elif isinstance(result, Dataset):
-        print(f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
-              f"columns {', '.join(result.columns)}")
+        print(
+            f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
+            f"columns {', '.join(result.columns)}"
+        )
     elif isinstance(result, Job):
-        print(f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
-              f"{result.num_rows:,} rows, columns {', '.join(result.columns)}")
+        print(
+            f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
+            f"{result.num_rows:,} rows, columns {', '.join(result.columns)}"
+        )
     elif result is None:
         print("OK")
     else:
@@ -66,8 +70,11 @@ def _register_import(sub: Any) -> None:
     p = sub.add_parser("import", help="import a dataset from a path")
     p.add_argument("name", help="the dataset name")
     p.add_argument("path", help="image folder, Parquet/Arrow file or glob, or HF save_to_disk dir")
-    p.add_argument("--format", choices=["imagefolder", "parquet", "arrow", "hf"],
-                   help="source format (default: guessed from the path)")
+    p.add_argument(
+        "--format",
+        choices=["imagefolder", "parquet", "arrow", "hf"],
+        help="source format (default: guessed from the path)",
+    )
     p.add_argument("--split", help="for a HuggingFace DatasetDict: the split to import")
     p.add_argument("--append", action="store_true", help="append rows to an existing dataset")
 
@@ -78,8 +85,9 @@ def _run_import(args: argparse.Namespace) -> int:
     fmt = args.format or detect_format(args.path)
     options = {"split": args.split} if fmt == "hf" else {}
     with _open_catalog(args) as cat:
-        print_result(cat.import_source(args.name, open_source(fmt, args.path, **options),
-                                       append=args.append))
+        print_result(
+            cat.import_source(args.name, open_source(fmt, args.path, **options), append=args.append)
+        )
     return 0
 
 
@@ -104,16 +112,20 @@ def _register_bench(sub: Any) -> None:
 
     p = sub.add_parser("bench", help="run a benchmark (competitors side by side, ratios)")
     p.add_argument("benchmark", choices=sorted(BENCHMARKS))
-    p.add_argument("bench_args", nargs=argparse.REMAINDER,
-                   help="arguments of the benchmark (see tabloader bench NAME --help)")
+    p.add_argument(
+        "bench_args",
+        nargs=argparse.REMAINDER,
+        help="arguments of the benchmark (see tabloader bench NAME --help)",
+    )
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     from tabloader.bench import load
 
     module = load(args.benchmark)
-    parser = argparse.ArgumentParser(prog=f"tabloader bench {args.benchmark}",
-                                     description=(module.__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=f"tabloader bench {args.benchmark}", description=(module.__doc__ or "").split("\n")[0]
+    )
     module.add_arguments(parser)
     bench_args = parser.parse_args(args.bench_args)
     bench_args.catalog = args.catalog
@@ -134,10 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="tabloader",
-        description="Dataset tables that several training jobs load from together.")
+        description="Dataset tables that several training jobs load from together.",
+    )
     parser.add_argument("--version", action="version", version=f"tabloader {__version__}")
-    parser.add_argument("--catalog", metavar="DIR",
-                        help="catalog directory (default: $TABLOADER_CATALOG or ./catalog)")
+    parser.add_argument(
+        "--catalog",
+        metavar="DIR",
+        help="catalog directory (default: $TABLOADER_CATALOG or ./catalog)",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="errors only")
@@ -153,9 +169,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.ERROR if args.quiet else (logging.INFO if args.verbose == 1 else
-                                              logging.DEBUG if args.verbose > 1 else logging.WARNING)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    level = (
+        logging.ERROR
+        if args.quiet
+        else (
+            logging.INFO
+            if args.verbose == 1
+            else logging.DEBUG
+            if args.verbose > 1
+            else logging.WARNING
+        )
+    )
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     if args.quiet:
         from catalog._progress import disable_progress_bars
 

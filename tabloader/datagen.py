@@ -184,9 +184,7 @@ def make_metadata_table(num_rows: int, *, payload_bytes: int = 16, seed: int = 0
         ['label', 'split', 'width', 'height', 'payload']
     """
     if num_rows < 0 or payload_bytes < 0:
-        raise ValueError(
-            f"num_rows ({num_rows}) and payload_bytes ({payload_bytes}) must be >= 0."
-        )
+        raise ValueError(f"num_rows ({num_rows}) and payload_bytes ({payload_bytes}) must be >= 0.")
     rng = np.random.default_rng(seed)
     label = rng.integers(0, 1000, num_rows, dtype=np.int64)
     is_val = rng.random(num_rows) < _VAL_FRACTION
@@ -198,13 +196,15 @@ def make_metadata_table(num_rows: int, *, payload_bytes: int = 16, seed: int = 0
     width = np.where(landscape, np.int32(500), short).astype(np.int32)
     height = np.where(landscape, short, np.int32(500)).astype(np.int32)
     payload = _fixed_binary(rng.bytes(num_rows * payload_bytes), num_rows, payload_bytes)
-    return pa.table({
-        "label": label,
-        "split": split,
-        "width": width,
-        "height": height,
-        "payload": payload,
-    })
+    return pa.table(
+        {
+            "label": label,
+            "split": split,
+            "width": width,
+            "height": height,
+            "payload": payload,
+        }
+    )
 
 
 def _fixed_binary(data: bytes, num_rows: int, width: int) -> pa.ChunkedArray:
@@ -215,9 +215,11 @@ def _fixed_binary(data: bytes, num_rows: int, width: int) -> pa.ChunkedArray:
     for start in range(0, num_rows, rows_per_chunk):
         n = min(rows_per_chunk, num_rows - start)
         offsets = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * width).tobytes())
-        chunks.append(pa.Array.from_buffers(
-            pa.binary(), n, [None, offsets, buf.slice(start * width, n * width)]
-        ))
+        chunks.append(
+            pa.Array.from_buffers(
+                pa.binary(), n, [None, offsets, buf.slice(start * width, n * width)]
+            )
+        )
     return pa.chunked_array(chunks, pa.binary())
 
 
@@ -235,8 +237,15 @@ class _Params:
     seed: int
 
 
-def _check_params(num_images: int, num_classes: int, size: Sequence[int], size_jitter: float,
-                  quality: int, seed: int, workers: int | None) -> _Params:
+def _check_params(
+    num_images: int,
+    num_classes: int,
+    size: Sequence[int],
+    size_jitter: float,
+    quality: int,
+    seed: int,
+    workers: int | None,
+) -> _Params:
     if num_images < 1:
         raise ValueError(f"num_images must be >= 1, not {num_images}.")
     if num_classes < 1:
@@ -249,12 +258,21 @@ def _check_params(num_images: int, num_classes: int, size: Sequence[int], size_j
         raise ValueError(f"quality must be in [1, 95], not {quality}.")
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 or None, not {workers}.")
-    return _Params(_GENERATOR_VERSION, int(num_images), int(num_classes), int(size[0]),
-                   int(size[1]), float(size_jitter), int(quality), int(seed))
+    return _Params(
+        _GENERATOR_VERSION,
+        int(num_images),
+        int(num_classes),
+        int(size[0]),
+        int(size[1]),
+        float(size_jitter),
+        int(quality),
+        int(seed),
+    )
 
 
-def _generate(tmp: Path, params: _Params, workers: int | None,
-              progress: Callable[[int], object] | None) -> None:
+def _generate(
+    tmp: Path, params: _Params, workers: int | None, progress: Callable[[int], object] | None
+) -> None:
     num_images = params.num_images
     classes = _class_names(params.num_classes)
     for name in classes:
@@ -330,8 +348,9 @@ def _make_jpeg(params: _Params, i: int, cls: int) -> bytes:
     bank = _noise_bank(seed, amplitude, max_w + 128, max_h + 128)
     ox = int(rng.integers(0, bank.width - w + 1))
     oy = int(rng.integers(0, bank.height - h + 1))
-    image = ImageChops.add(image, bank.crop((ox, oy, ox + w, oy + h)), scale=1.0,
-                           offset=-(amplitude // 2))
+    image = ImageChops.add(
+        image, bank.crop((ox, oy, ox + w, oy + h)), scale=1.0, offset=-(amplitude // 2)
+    )
     out = io.BytesIO()
     image.save(out, "JPEG", quality=params.quality)
     return out.getvalue()
@@ -342,6 +361,9 @@ def _noise_bank(seed: int, amplitude: int, width: int, height: int) -> Image.Ima
     """A noise image (fine RGB noise + 2x2 luminance noise), made once per process."""
     rng = np.random.default_rng([seed, 2**31 + amplitude])
     fine = rng.integers(0, amplitude + 1, (height, width, 3), dtype=np.uint16)
-    coarse = rng.integers(0, amplitude + 1, ((height + 1) // 2, (width + 1) // 2, 1),
-                          dtype=np.uint16).repeat(2, 0).repeat(2, 1)[:height, :width]
+    coarse = (
+        rng.integers(0, amplitude + 1, ((height + 1) // 2, (width + 1) // 2, 1), dtype=np.uint16)
+        .repeat(2, 0)
+        .repeat(2, 1)[:height, :width]
+    )
     return Image.fromarray(((fine + coarse) // 2).astype(np.uint8))

@@ -32,6 +32,7 @@ The engine does not know how jobs are attached: the in-process ``JobStream`` her
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import threading
@@ -135,8 +136,9 @@ class _Group:
         self.decodes = 0
         self.bytes_read = 0
         self.queued: dict[int, int] = {}  # row -> queued slots not loaded yet (future uses)
-        self.thread = threading.Thread(target=self._schedule, name=f"tabloader-sched-{self.name}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._schedule, name=f"tabloader-sched-{self.name}", daemon=True
+        )
         self.thread.start()
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -193,7 +195,7 @@ class _Group:
             values: dict[str, Any] = {}
             for dec in job.decoders:
                 key = (row, f"{self.name}/{dec.key}")
-                values[dec.column] = cache.get_or_load(key, lambda d=dec: self._load(row, d))
+                values[dec.column] = cache.get_or_load(key, functools.partial(self._load, row, dec))
                 slot.keys.append(key)
             slot.values = values
         except BaseException as exc:
@@ -229,8 +231,7 @@ class _Group:
                     remaining = self.sampler.remaining(j.name)
                     counts += np.fromiter((int(r) in remaining for r in rows), bool, len(rows))
             queued = self.queued
-            return counts + np.fromiter((queued.get(int(r), 0) for r in rows), np.int64,
-                                        len(rows))
+            return counts + np.fromiter((queued.get(int(r), 0) for r in rows), np.int64, len(rows))
 
     def close(self) -> None:
         with self.cond:
@@ -332,7 +333,7 @@ class JobStream:
         if not job.pending:
             return None
         epoch = job.pending[0].epoch
-        slots = []
+        slots: list[_Slot] = []
         for slot in job.pending:
             if slot.epoch != epoch or len(slots) == job.batch_size:
                 break
@@ -360,9 +361,15 @@ class JobStream:
         """Batches, rows, epoch, skipped rows, seconds waited and rows per second so far."""
         job = self._job
         elapsed = time.perf_counter() - job.started
-        return {"job": job.name, "batches": job.batches, "rows": job.rows, "epoch": self.epoch,
-                "skipped": job.skipped, "wait_s": job.wait_s,
-                "rows_per_s": job.rows / elapsed if elapsed > 0 else 0.0}
+        return {
+            "job": job.name,
+            "batches": job.batches,
+            "rows": job.rows,
+            "epoch": self.epoch,
+            "skipped": job.skipped,
+            "wait_s": job.wait_s,
+            "rows_per_s": job.rows / elapsed if elapsed > 0 else 0.0,
+        }
 
     def close(self) -> None:
         """Leave: unregister from sampling and release this job's pins."""
@@ -393,22 +400,32 @@ class Loader:
         ...     train_step(batch["image"], batch["label"])
     """
 
-    def __init__(self, catalog: Catalog | str | os.PathLike[str] | None = None, *,
-                 cache_bytes: int = 1 << 30, workers: int | None = None,
-                 sampler: str = "dependent", seed: int | None = 0,
-                 sample_size: int | None = 32) -> None:
+    def __init__(
+        self,
+        catalog: Catalog | str | os.PathLike[str] | None = None,
+        *,
+        cache_bytes: int = 1 << 30,
+        workers: int | None = None,
+        sampler: str = "dependent",
+        seed: int | None = 0,
+        sample_size: int | None = 32,
+    ) -> None:
         if sampler not in SAMPLERS:
             raise LoaderError(
                 f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
             )
         self._owns_catalog = not isinstance(catalog, Catalog)
-        self.catalog = catalog if isinstance(catalog, Catalog) else connect(
-            Path(catalog) if catalog is not None else None)
+        self.catalog = (
+            catalog
+            if isinstance(catalog, Catalog)
+            else connect(Path(catalog) if catalog is not None else None)
+        )
         self._sampler_cls = SAMPLERS[sampler]
         self._seed = seed
         self._cache = RowCache(cache_bytes, refcount=self._refcounts, sample_size=sample_size)
-        self._pool = ThreadPoolExecutor(max_workers=workers or max(2, os.cpu_count() or 2),
-                                        thread_name_prefix="tabloader-io")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers or max(2, os.cpu_count() or 2), thread_name_prefix="tabloader-io"
+        )
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -420,11 +437,18 @@ class Loader:
             return np.zeros(len(rows), dtype=np.int64)
         return group.refcounts(rows, column.split("/", 1)[1])
 
-    def open(self, job: str | Job, *, batch_size: int | None = None, prefetch: int = 2,
-             lookahead: int | None = None,
-             image_size: int | tuple[int, int] | None = None,
-             on_error: str | OnError = OnError.RAISE, epochs: int | None = None,
-             state: dict[str, Any] | None = None) -> JobStream:
+    def open(
+        self,
+        job: str | Job,
+        *,
+        batch_size: int | None = None,
+        prefetch: int = 2,
+        lookahead: int | None = None,
+        image_size: int | tuple[int, int] | None = None,
+        on_error: str | OnError = OnError.RAISE,
+        epochs: int | None = None,
+        state: dict[str, Any] | None = None,
+    ) -> JobStream:
         """Start consuming a registered job.
 
         Args:
@@ -463,14 +487,22 @@ class Loader:
                 else:
                     group.dataset = dataset
             schema = group.dataset.schema
-            decoders = [decoder_for(schema.field(c),
-                                    image_size=size if _is_image(schema.field(c)) else None)
-                        for c in info.columns]
-        state_obj = _JobState(info.name, info.ids, decoders, batch_size,
-                              window=batch_size * prefetch,
-                              horizon=max(lookahead or LOOKAHEAD_BATCHES * batch_size,
-                                          batch_size * prefetch),
-                              on_error=mode, epochs=epochs)
+            decoders = [
+                decoder_for(
+                    schema.field(c), image_size=size if _is_image(schema.field(c)) else None
+                )
+                for c in info.columns
+            ]
+        state_obj = _JobState(
+            info.name,
+            info.ids,
+            decoders,
+            batch_size,
+            window=batch_size * prefetch,
+            horizon=max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
+            on_error=mode,
+            epochs=epochs,
+        )
         with group.cond:
             if info.name in group.jobs:
                 raise LoaderError(

@@ -62,26 +62,42 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
     """
 
-    def __init__(self, job: str, *, catalog: Catalog | str | os.PathLike[str] | None = None,
-                 loader: Loader | None = None, batch_size: int | None = None,
-                 transform: Transform | None = None, seed: int | None = None,
-                 image_size: int | tuple[int, int] | None = None, prefetch: int = 2,
-                 on_error: str = "raise") -> None:
+    def __init__(
+        self,
+        job: str,
+        *,
+        catalog: Catalog | str | os.PathLike[str] | None = None,
+        loader: Loader | None = None,
+        batch_size: int | None = None,
+        transform: Transform | None = None,
+        seed: int | None = None,
+        image_size: int | tuple[int, int] | None = None,
+        prefetch: int = 2,
+        on_error: str = "raise",
+    ) -> None:
         super().__init__()
         self.job = job
         self.loader = loader or default_loader(catalog)
         info = self.loader.catalog.job(job)
         self.transform = transform
         self.generator = torch.Generator().manual_seed(
-            int(seed if seed is not None else info.options.get("seed", 0)))
-        self._open_args = {"batch_size": batch_size, "image_size": image_size,
-                           "prefetch": prefetch, "on_error": on_error}
+            int(seed if seed is not None else info.options.get("seed", 0))
+        )
+        self._batch_size, self._image_size = batch_size, image_size
+        self._prefetch, self._on_error = prefetch, on_error
         self._stream: JobStream | None = None
         self._state: dict[str, Any] | None = None
 
     def _open(self) -> JobStream:
         if self._stream is None:
-            self._stream = self.loader.open(self.job, state=self._state, **self._open_args)
+            self._stream = self.loader.open(
+                self.job,
+                state=self._state,
+                batch_size=self._batch_size,
+                image_size=self._image_size,
+                prefetch=self._prefetch,
+                on_error=self._on_error,
+            )
             self._state = None
         return self._stream
 

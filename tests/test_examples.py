@@ -29,12 +29,27 @@ def test_demo(cat, tmp_path, capsys):
 
 def test_hparam_search_example(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "hparam_search.py"), "--catalog",
-         str(tmp_path / "cat"), "--data", str(tmp_path / "data"), "--images", "120",
-         "--epochs", "2", "--image-size", "32"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(ROOT / "examples" / "hparam_search.py"),
+            "--catalog",
+            str(tmp_path / "cat"),
+            "--data",
+            str(tmp_path / "data"),
+            "--images",
+            "120",
+            "--epochs",
+            "2",
+            "--image-size",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("epoch 1:") == 3
-    served, decoded = map(int, re.search(r"served to jobs: (\d+); decoded: (\d+)",
-                                         proc.stdout).groups())
+    served, decoded = map(
+        int, re.search(r"served to jobs: (\d+); decoded: (\d+)", proc.stdout).groups()
+    )
     assert decoded < served

@@ -22,8 +22,12 @@ def open_arrow(data: Any) -> Source:
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
-        return Source(data.schema, iter(data.to_batches(max_chunksize=BATCH_ROWS)),
-                      num_rows=data.num_rows, description="pyarrow.Table")
+        return Source(
+            data.schema,
+            iter(data.to_batches(max_chunksize=BATCH_ROWS)),
+            num_rows=data.num_rows,
+            description="pyarrow.Table",
+        )
     if isinstance(data, pa.RecordBatchReader):
         return Source(data.schema, iter(data), description="pyarrow.RecordBatchReader")
     if hasattr(data, "__arrow_c_stream__"):
@@ -41,7 +45,9 @@ def expand_paths(path_or_glob: str | Path, kind: str) -> list[Path]:
     if any(ch in text for ch in "*?["):
         paths = sorted(Path(p) for p in glob.glob(text, recursive=True))
     elif Path(text).is_dir():
-        paths = sorted(p for p in Path(text).iterdir() if p.is_file() and not p.name.startswith("."))
+        paths = sorted(
+            p for p in Path(text).iterdir() if p.is_file() and not p.name.startswith(".")
+        )
     else:
         paths = [Path(text)]
     if not paths:
@@ -93,4 +99,3 @@ def _checked(batches: Iterator[pa.RecordBatch], where: Any) -> Iterator[pa.Recor
         yield from batches
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise ImportFailedError(f"Cannot read '{where}': {exc}. Check the file.") from exc
-

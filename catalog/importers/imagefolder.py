@@ -39,12 +39,14 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 
-SCHEMA = pa.schema([
-    pa.field("image", pa.binary()),
-    pa.field("label", pa.int64()),
-    pa.field("label_name", pa.string()),
-    pa.field("path", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("image", pa.binary()),
+        pa.field("label", pa.int64()),
+        pa.field("label_name", pa.string()),
+        pa.field("path", pa.string()),
+    ]
+)
 
 
 def open_imagefolder(
@@ -99,8 +101,7 @@ def open_imagefolder(
     if loose:
         shown = ", ".join(loose[:3]) + (", ..." if len(loose) > 3 else "")
         where = (
-            f"besides the class folders {_shown(classes)}" if classes
-            else "and no class folders"
+            f"besides the class folders {_shown(classes)}" if classes else "and no class folders"
         )
         raise ImportFailedError(
             f"'{root}' has {len(loose)} image file(s) directly in it ({shown}) {where}; an image "
@@ -117,8 +118,9 @@ def open_imagefolder(
     for label, name in enumerate(classes):
         found = _list_class(base, name, exts)
         if not found:
-            logger.info("class folder %s/%s has no images; its label %d stays unused",
-                        base, name, label)
+            logger.info(
+                "class folder %s/%s has no images; its label %d stays unused", base, name, label
+            )
         files.extend((label, rel) for rel in found)
     if not files:
         raise ImportFailedError(
@@ -170,10 +172,11 @@ def _list_class(base: Path, name: str, exts: frozenset[str]) -> list[str]:
     return [rel for _, rel in found]
 
 
-def _batches(base: Path, classes: list[str], files: list[tuple[int, str]],
-             batch_size: int) -> Iterator[pa.RecordBatch]:
+def _batches(
+    base: Path, classes: list[str], files: list[tuple[int, str]], batch_size: int
+) -> Iterator[pa.RecordBatch]:
     for start in range(0, len(files), batch_size):
-        chunk = files[start:start + batch_size]
+        chunk = files[start : start + batch_size]
         images = []
         for _, rel in chunk:
             try:

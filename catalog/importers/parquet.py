@@ -39,7 +39,7 @@ def open_parquet(path_or_glob: str | Path) -> Source:
     paths = expand_paths(path_or_glob, "Parquet")
     files = [_open(p) for p in paths]
     schema = files[0].schema_arrow
-    for p, f in zip(paths[1:], files[1:]):
+    for p, f in zip(paths[1:], files[1:], strict=False):
         if not f.schema_arrow.equals(schema):
             raise ImportFailedError(
                 f"'{p}' has schema {f.schema_arrow} but '{paths[0]}' has {schema}; import files "
@@ -48,7 +48,7 @@ def open_parquet(path_or_glob: str | Path) -> Source:
     num_rows = sum(f.metadata.num_rows for f in files)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for p, f in zip(paths, files):
+        for p, f in zip(paths, files, strict=False):
             try:
                 yield from f.iter_batches(batch_size=_batch_rows(f))
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:

@@ -17,7 +17,7 @@ are sqlglot's own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlglot
 from sqlglot import exp
@@ -72,13 +72,13 @@ class UnregisterJob(exp.Expression):
 class ShowDatasets(exp.Expression):
     """``SHOW DATASETS``."""
 
-    arg_types: dict[str, bool] = {}
+    arg_types: ClassVar[dict[str, bool]] = {}
 
 
 class ShowJobs(exp.Expression):
     """``SHOW JOBS``."""
 
-    arg_types: dict[str, bool] = {}
+    arg_types: ClassVar[dict[str, bool]] = {}
 
 
 class DescribeDataset(exp.Expression):
@@ -96,7 +96,7 @@ class DropDataset(exp.Expression):
 class TabloaderParser(DuckDBParser):
     """DuckDB's parser with the catalog statements in front."""
 
-    def _parse_statement(self) -> exp.Expression | None:
+    def _parse_statement(self) -> exp.Expr | None:
         if self._curr is None:
             return None
         if self._match_text_seq("CREATE", "DATASET"):
@@ -111,12 +111,14 @@ class TabloaderParser(DuckDBParser):
                 self.raise_error("Expected SELECT <columns> FROM <dataset> after the job name")
             query = self._parse_select()
             options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
-            return self.expression(RegisterJob(this=name, query=query, options=options,
-                                               replace=replace or None))
+            return self.expression(
+                RegisterJob(this=name, query=query, options=options, replace=replace or None)
+            )
         if self._match_text_seq("UNREGISTER", "JOB"):
             exists = self._match_text_seq("IF", "EXISTS")
-            return self.expression(UnregisterJob(this=self._parse_name("job"),
-                                                 exists=exists or None))
+            return self.expression(
+                UnregisterJob(this=self._parse_name("job"), exists=exists or None)
+            )
         if self._match_text_seq("SHOW", "DATASETS"):
             return self.expression(ShowDatasets())
         if self._match_text_seq("SHOW", "JOBS"):
@@ -127,11 +129,12 @@ class TabloaderParser(DuckDBParser):
             exists = self._match_text_seq("IF", "EXISTS")
             name = self._parse_name("dataset")
             cascade = self._match_text_seq("CASCADE")
-            return self.expression(DropDataset(this=name, exists=exists or None,
-                                               cascade=cascade or None))
-        return super()._parse_statement()  # type: ignore[no-any-return]
+            return self.expression(
+                DropDataset(this=name, exists=exists or None, cascade=cascade or None)
+            )
+        return super()._parse_statement()
 
-    def _parse_table_hints(self) -> list[exp.Expression] | None:
+    def _parse_table_hints(self) -> list[exp.Expr] | None:
         # T-SQL's "FROM t WITH (NOLOCK)" would swallow REGISTER JOB's "WITH (options)".
         return None
 
@@ -185,12 +188,13 @@ def _statement_error(exc: ParseError | TokenError) -> StatementError:
         return StatementError(
             f"Cannot parse statement: {first.get('description', exc)}, near "
             f"'{first.get('highlight', '')}'",
-            line=first.get("line"), col=first.get("col"),
+            line=first.get("line"),
+            col=first.get("col"),
         )
     return StatementError(f"Cannot parse statement: {exc}")
 
 
-def parse(text: str) -> exp.Expression:
+def parse(text: str) -> exp.Expr:
     """Parse exactly one statement.
 
     Raises:
@@ -209,7 +213,7 @@ def parse(text: str) -> exp.Expression:
     return statements[0]
 
 
-def parse_predicate(text: str) -> exp.Expression:
+def parse_predicate(text: str) -> exp.Expr:
     """Parse a WHERE predicate on its own (for ``Catalog.register_job(where=...)``)."""
     try:
         return sqlglot.parse_one(text, dialect=Tabloader, into=exp.Condition)
@@ -226,7 +230,7 @@ def split_statements(text: str) -> list[str]:
     out, start = [], 0
     for tok in tokens:
         if tok.token_type == sqlglot.TokenType.SEMICOLON:
-            out.append(text[start:tok.start])
+            out.append(text[start : tok.start])
             start = tok.end + 1
     out.append(text[start:])
     return [s.strip() for s in out if s.strip()]

@@ -49,16 +49,25 @@ def _register(catalog: Catalog, stmt: RegisterJob) -> Any:
     query = stmt.args["query"]
     if not isinstance(query, exp.Select):
         raise StatementError("REGISTER JOB takes one SELECT columns FROM dataset [WHERE ...].")
-    extra = [k.upper() for k, v in query.args.items()
-             if v and k not in ("expressions", "from_", "where", "kind")]
+    extra = [
+        k.upper()
+        for k, v in query.args.items()
+        if v and k not in ("expressions", "from_", "where", "kind")
+    ]
     if extra or query.args.get("joins"):
         line, col = position(query)
         raise ForbiddenExpressionError(
             f"REGISTER JOB takes SELECT columns FROM dataset [WHERE ...]; remove "
-            f"{', '.join(extra) or 'JOIN'}.", line=line, col=col)
+            f"{', '.join(extra) or 'JOIN'}.",
+            line=line,
+            col=col,
+        )
     source = query.args.get("from_")
-    if source is None or not isinstance(source.this, exp.Table) or not isinstance(
-            source.this.this, exp.Identifier):
+    if (
+        source is None
+        or not isinstance(source.this, exp.Table)
+        or not isinstance(source.this.this, exp.Identifier)
+    ):
         raise StatementError("REGISTER JOB needs FROM <dataset>.")
     table = source.this
     dataset = table.name
@@ -75,7 +84,9 @@ def _register(catalog: Catalog, stmt: RegisterJob) -> Any:
             raise ForbiddenExpressionError(
                 f"Projections must be plain columns or *; '{proj.sql(dialect='duckdb')}' is an "
                 "expression. Select the column and compute in your training code.",
-                line=line, col=col)
+                line=line,
+                col=col,
+            )
     if "*" in columns and len(columns) > 1:
         raise StatementError("Use either * or a list of columns, not both.")
     where = query.args.get("where")
@@ -85,8 +96,14 @@ def _register(catalog: Catalog, stmt: RegisterJob) -> Any:
             if col_node.table == table.alias:
                 col_node.set("table", None)
     options = _options(stmt.args.get("options"))
-    return catalog.register_job(stmt.this.name, dataset, columns=columns, where=predicate,
-                                options=options, replace=bool(stmt.args.get("replace")))
+    return catalog.register_job(
+        stmt.this.name,
+        dataset,
+        columns=columns,
+        where=predicate,
+        options=options,
+        replace=bool(stmt.args.get("replace")),
+    )
 
 
 def _options(node: exp.Tuple | None) -> dict[str, Any]:
@@ -95,72 +112,121 @@ def _options(node: exp.Tuple | None) -> dict[str, Any]:
         key, value = eq.this.name.lower(), eq.expression
         if key in options:
             raise StatementError(f"Option '{key}' is given twice in WITH (...).")
-        if isinstance(value, exp.Boolean):
-            options[key] = value.this
-        elif isinstance(value, exp.Literal) and value.is_string:
+        if isinstance(value, exp.Boolean) or (isinstance(value, exp.Literal) and value.is_string):
             options[key] = value.this
         elif isinstance(value, exp.Literal):
-            options[key] = float(value.this) if any(c in value.this for c in ".eE") else int(
-                value.this)
+            options[key] = (
+                float(value.this) if any(c in value.this for c in ".eE") else int(value.this)
+            )
         elif isinstance(value, exp.Neg) and isinstance(value.this, exp.Literal):
-            options[key] = -float(value.this.this) if "." in value.this.this else -int(
-                value.this.this)
+            options[key] = (
+                -float(value.this.this) if "." in value.this.this else -int(value.this.this)
+            )
         else:
             raise StatementError(
                 f"Option '{key}' must be a number, a 'string', TRUE or FALSE, not "
-                f"{value.sql(dialect='duckdb')}.")
+                f"{value.sql(dialect='duckdb')}."
+            )
     return options
 
 
 def _show_datasets(catalog: Catalog, _: exp.Expression) -> pa.Table:
     rows = [
-        {"name": ds.name, "version": ds.version, "rows": ds.num_rows,
-         "columns": ", ".join(ds.columns[1:]),
-         "jobs": sum(j.dataset == ds.name for j in catalog.jobs()), "source": ds.description}
+        {
+            "name": ds.name,
+            "version": ds.version,
+            "rows": ds.num_rows,
+            "columns": ", ".join(ds.columns[1:]),
+            "jobs": sum(j.dataset == ds.name for j in catalog.jobs()),
+            "source": ds.description,
+        }
         for ds in catalog.datasets()
     ]
-    schema = pa.schema([("name", pa.string()), ("version", pa.int64()), ("rows", pa.int64()),
-                        ("columns", pa.string()), ("jobs", pa.int64()), ("source", pa.string())])
+    schema = pa.schema(
+        [
+            ("name", pa.string()),
+            ("version", pa.int64()),
+            ("rows", pa.int64()),
+            ("columns", pa.string()),
+            ("jobs", pa.int64()),
+            ("source", pa.string()),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _show_jobs(catalog: Catalog, _: exp.Expression) -> pa.Table:
     rows = [
-        {"name": j.name, "dataset": j.dataset, "version": j.dataset_version, "rows": j.num_rows,
-         "columns": ", ".join(j.columns), "predicate": j.predicate,
-         "options": ", ".join(f"{k}={v}" for k, v in j.options.items())}
+        {
+            "name": j.name,
+            "dataset": j.dataset,
+            "version": j.dataset_version,
+            "rows": j.num_rows,
+            "columns": ", ".join(j.columns),
+            "predicate": j.predicate,
+            "options": ", ".join(f"{k}={v}" for k, v in j.options.items()),
+        }
         for j in catalog.jobs()
     ]
-    schema = pa.schema([("name", pa.string()), ("dataset", pa.string()), ("version", pa.int64()),
-                        ("rows", pa.int64()), ("columns", pa.string()),
-                        ("predicate", pa.string()), ("options", pa.string())])
+    schema = pa.schema(
+        [
+            ("name", pa.string()),
+            ("dataset", pa.string()),
+            ("version", pa.int64()),
+            ("rows", pa.int64()),
+            ("columns", pa.string()),
+            ("predicate", pa.string()),
+            ("options", pa.string()),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _describe(catalog: Catalog, stmt: DescribeDataset) -> pa.Table:
     ds = catalog.dataset(stmt.this.name)
     rows = [
-        {"column": f.name, "type": str(f.type), "queryable": f.name in ds.queryable,
-         "classes": len(ds.class_names.get(f.name, [])) or None}
+        {
+            "column": f.name,
+            "type": str(f.type),
+            "queryable": f.name in ds.queryable,
+            "classes": len(ds.class_names.get(f.name, [])) or None,
+        }
         for f in ds.schema
     ]
-    schema = pa.schema([("column", pa.string()), ("type", pa.string()),
-                        ("queryable", pa.bool_()), ("classes", pa.int64())])
+    schema = pa.schema(
+        [
+            ("column", pa.string()),
+            ("type", pa.string()),
+            ("queryable", pa.bool_()),
+            ("classes", pa.int64()),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _select(catalog: Catalog, stmt: exp.Expression) -> pa.Table:
+def _select(catalog: Catalog, stmt: exp.Expr) -> pa.Table:
     return catalog.query(check_query(stmt))
 
 
-HANDLERS: dict[type[exp.Expression], Callable[[Catalog, Any], Any]] = {
+def _unregister(catalog: Catalog, stmt: UnregisterJob) -> None:
+    catalog.unregister_job(stmt.this.name, if_exists=bool(stmt.args.get("exists")))
+
+
+def _drop(catalog: Catalog, stmt: DropDataset) -> None:
+    catalog.drop_dataset(
+        stmt.this.name,
+        cascade=bool(stmt.args.get("cascade")),
+        if_exists=bool(stmt.args.get("exists")),
+    )
+
+
+HANDLERS: dict[type[exp.Expr], Callable[[Catalog, Any], Any]] = {
     CreateDataset: lambda c, s: _import(c, s, append=False),
     AppendDataset: lambda c, s: _import(c, s, append=True),
     RegisterJob: _register,
-    UnregisterJob: lambda c, s: c.unregister_job(s.this.name, if_exists=bool(s.args.get("exists"))),
+    UnregisterJob: lambda c, s: _unregister(c, s),
     ShowDatasets: _show_datasets,
     ShowJobs: _show_jobs,
     DescribeDataset: _describe,
-    DropDataset: lambda c, s: c.drop_dataset(s.this.name, cascade=bool(s.args.get("cascade")),
-                                             if_exists=bool(s.args.get("exists"))),
+    DropDataset: lambda c, s: _drop(c, s),
 }

@@ -15,37 +15,100 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from catalog.errors import ForbiddenExpressionError, StatementError, UnknownColumnError, did_you_mean
+from catalog.errors import (
+    ForbiddenExpressionError,
+    StatementError,
+    UnknownColumnError,
+    did_you_mean,
+)
 from catalog.sql.dialect import parse_predicate
 
 if TYPE_CHECKING:
     from catalog.catalog import Dataset
 
-__all__ = ["PREDICATE_FUNCTIONS", "PREDICATE_NODES", "check_columns", "check_predicate",
-           "check_query", "position"]
+__all__ = [
+    "PREDICATE_FUNCTIONS",
+    "PREDICATE_NODES",
+    "check_columns",
+    "check_predicate",
+    "check_query",
+    "position",
+]
 
 PREDICATE_NODES: tuple[type[exp.Expression], ...] = (
     # leaves
-    exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.Tuple,
+    exp.Column,
+    exp.Identifier,
+    exp.Literal,
+    exp.Boolean,
+    exp.Null,
+    exp.DataType,
+    exp.Tuple,
     exp.Paren,
     # boolean logic and comparisons
-    exp.And, exp.Or, exp.Not, exp.Xor, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
-    exp.NullSafeEQ, exp.NullSafeNEQ, exp.Is, exp.In, exp.Between, exp.Like, exp.ILike,
+    exp.And,
+    exp.Or,
+    exp.Not,
+    exp.Xor,
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+    exp.Is,
+    exp.In,
+    exp.Between,
+    exp.Like,
+    exp.ILike,
     # arithmetic and casts
-    exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Pow,
-    exp.BitwiseAnd, exp.BitwiseOr, exp.BitwiseXor, exp.Cast, exp.TryCast, exp.Case, exp.If,
+    exp.Add,
+    exp.Sub,
+    exp.Mul,
+    exp.Div,
+    exp.IntDiv,
+    exp.Mod,
+    exp.Neg,
+    exp.Pow,
+    exp.BitwiseAnd,
+    exp.BitwiseOr,
+    exp.BitwiseXor,
+    exp.Cast,
+    exp.TryCast,
+    exp.Case,
+    exp.If,
     exp.DPipe,
     # pure scalar functions
-    exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce,
-    exp.Lower, exp.Upper, exp.Length, exp.Substring, exp.StartsWith, exp.RegexpLike,
-    exp.Trim, exp.Concat, exp.StrPosition, exp.Year, exp.Month, exp.Day, exp.IsNan, exp.IsInf,
+    exp.Abs,
+    exp.Round,
+    exp.Floor,
+    exp.Ceil,
+    exp.Greatest,
+    exp.Least,
+    exp.Coalesce,
+    exp.Lower,
+    exp.Upper,
+    exp.Length,
+    exp.Substring,
+    exp.StartsWith,
+    exp.RegexpLike,
+    exp.Trim,
+    exp.Concat,
+    exp.StrPosition,
+    exp.Year,
+    exp.Month,
+    exp.Day,
+    exp.IsNan,
+    exp.IsInf,
 )
 # Functions sqlglot has no node for (parsed as Anonymous), by upper-case name.
 PREDICATE_FUNCTIONS = frozenset({"HASH", "ENDS_WITH", "CONTAINS", "ARRAY_LENGTH", "LEN"})
 ID = "_id"
 
 
-def position(node: exp.Expression) -> tuple[int | None, int | None]:
+def position(node: exp.Expr) -> tuple[int | None, int | None]:
     """Line and 1-based start column of ``node`` (or of its first descendant that has one).
 
     sqlglot records the column of a token's last character; we report where it starts.
@@ -78,7 +141,7 @@ def check_columns(columns: Sequence[str] | None, ds: Dataset) -> list[str]:
     return out
 
 
-def _forbid(node: exp.Expression, what: str, fix: str) -> ForbiddenExpressionError:
+def _forbid(node: exp.Expr, what: str, fix: str) -> ForbiddenExpressionError:
     line, col = position(node)
     return ForbiddenExpressionError(f"{what} {fix}", line=line, col=col)
 
@@ -96,19 +159,28 @@ def check_predicate(where: str | exp.Expression, ds: Dataset) -> str:
     expr = parse_predicate(where) if isinstance(where, str) else where.copy()
     for node in expr.walk():
         if isinstance(node, exp.Subquery | exp.Select | exp.Query):
-            raise _forbid(node, "Subqueries are not allowed in a job predicate.",
-                          "Filter with comparisons on the dataset's own columns.")
+            raise _forbid(
+                node,
+                "Subqueries are not allowed in a job predicate.",
+                "Filter with comparisons on the dataset's own columns.",
+            )
         if isinstance(node, exp.Anonymous):
             if node.name.upper() in PREDICATE_FUNCTIONS:
                 continue
-            raise _forbid(node, f"Function {node.name}() is not allowed in a job predicate.",
-                          "Use comparisons, IN, BETWEEN, LIKE, arithmetic, casts or one of "
-                          f"{', '.join(sorted(PREDICATE_FUNCTIONS))}, ABS, LOWER, ...")
+            raise _forbid(
+                node,
+                f"Function {node.name}() is not allowed in a job predicate.",
+                "Use comparisons, IN, BETWEEN, LIKE, arithmetic, casts or one of "
+                f"{', '.join(sorted(PREDICATE_FUNCTIONS))}, ABS, LOWER, ...",
+            )
         if not isinstance(node, PREDICATE_NODES):
             name = node.sql(dialect="duckdb") if isinstance(node, exp.Func) else node.key.upper()
-            raise _forbid(node, f"'{name[:40]}' is not allowed in a job predicate.",
-                          "Use comparisons, boolean logic, IN, BETWEEN, LIKE, IS NULL, arithmetic,"
-                          " casts and simple scalar functions on the dataset's columns.")
+            raise _forbid(
+                node,
+                f"'{name[:40]}' is not allowed in a job predicate.",
+                "Use comparisons, boolean logic, IN, BETWEEN, LIKE, IS NULL, arithmetic,"
+                " casts and simple scalar functions on the dataset's columns.",
+            )
         if isinstance(node, exp.Column):
             _check_column(node, ds)
     return expr.sql(dialect="duckdb")
@@ -119,21 +191,28 @@ def _check_column(node: exp.Column, ds: Dataset) -> None:
     if node.table and node.table != ds.name:
         raise UnknownColumnError(
             f"Column '{node.sql()}' refers to '{node.table}', but the job reads '{ds.name}'; "
-            "drop the qualifier.", line=line, col=col)
+            "drop the qualifier.",
+            line=line,
+            col=col,
+        )
     node.set("table", None)
     name = node.name
     if name not in ds.columns:
         raise UnknownColumnError(
             f"Unknown column '{name}' in dataset '{ds.name}'.{did_you_mean(name, ds.columns)}",
-            line=line, col=col)
+            line=line,
+            col=col,
+        )
     if name not in ds.queryable:
         raise ForbiddenExpressionError(
             f"Column '{name}' holds binary payload, which is not stored in DuckDB and cannot be "
             f"filtered on. Filter on {', '.join(c for c in ds.queryable if c != ID)} instead.",
-            line=line, col=col)
+            line=line,
+            col=col,
+        )
 
 
-def check_query(query: exp.Expression) -> str:
+def check_query(query: exp.Expr) -> str:
     """Check a read-only SELECT for pass-through to DuckDB; return its DuckDB SQL."""
     if not isinstance(query, exp.Query):
         raise ForbiddenExpressionError(
@@ -143,14 +222,23 @@ def check_query(query: exp.Expression) -> str:
         )
     for node in query.walk():
         if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
-            raise _forbid(node, "Table functions are not allowed.",
-                          "Query the dataset tables by name (SHOW DATASETS lists them).")
+            raise _forbid(
+                node,
+                "Table functions are not allowed.",
+                "Query the dataset tables by name (SHOW DATASETS lists them).",
+            )
         if isinstance(node, exp.Func) and node.sql_name().upper().startswith(("READ_", "GETENV")):
-            raise _forbid(node, f"Function {node.sql_name()}() is not allowed.",
-                          "tabloader SQL cannot read files or the environment.")
+            raise _forbid(
+                node,
+                f"Function {node.sql_name()}() is not allowed.",
+                "tabloader SQL cannot read files or the environment.",
+            )
         if isinstance(node, exp.Anonymous) and node.name.upper().startswith(("READ_", "GETENV")):
-            raise _forbid(node, f"Function {node.name}() is not allowed.",
-                          "tabloader SQL cannot read files or the environment.")
+            raise _forbid(
+                node,
+                f"Function {node.name}() is not allowed.",
+                "tabloader SQL cannot read files or the environment.",
+            )
     if isinstance(query, exp.Select) and query.args.get("into"):
         raise StatementError("SELECT ... INTO is not allowed; SELECT is read-only.")
     return query.sql(dialect="duckdb")

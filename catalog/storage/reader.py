@@ -96,7 +96,8 @@ class DatasetReader:
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows):
             bad = int(ids[(ids < 0) | (ids >= self.num_rows)][0])
             raise IndexError(
-                f"Row id {bad} is out of range; this dataset version has ids 0..{self.num_rows - 1}."
+                f"Row id {bad} is out of range; this dataset version has ids "
+                f"0..{self.num_rows - 1}."
             )
         part = np.searchsorted(self._first_ids, ids, side="right") - 1
         local = ids - self._first_ids[part]
@@ -117,7 +118,9 @@ class DatasetReader:
     # -- reading ---------------------------------------------------------------------------
     SMALL_TAKE = 1024  # up to this many ids, slice row by row (no numpy, no sort, no gather)
 
-    def take(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+    def take(
+        self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """Return the rows ``ids`` (in that order) as a table whose first column is ``_id``."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         names = self._columns(columns)
@@ -159,7 +162,7 @@ class DatasetReader:
         starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
         ends = np.r_[starts[1:], sorted_key.size]
         pieces = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=False):
             first = order[s]
             rb = self.record_batch(int(part[first]), int(batch[first]))
             pieces.append(rb.take(pa.array(row[order[s:e]])))

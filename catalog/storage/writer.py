@@ -9,14 +9,20 @@ for 10-100 KB rows gave the best random reads (``tabloader bench catalog``). We 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["MAX_ROWS_PER_BATCH", "TARGET_BATCH_BYTES", "PartInfo", "PartWriter",
-           "choose_rows_per_batch"]
+__all__ = [
+    "MAX_ROWS_PER_BATCH",
+    "TARGET_BATCH_BYTES",
+    "PartInfo",
+    "PartWriter",
+    "choose_rows_per_batch",
+]
 
 TARGET_BATCH_BYTES = 256 * 1024
 MAX_ROWS_PER_BATCH = 64 * 1024
@@ -94,9 +100,7 @@ class PartWriter:
 
     def abort(self) -> None:
         """Close and delete the file after a failure."""
-        try:
+        with contextlib.suppress(Exception):  # the writer may be in a broken state already
             self._writer.close()
-        except Exception:  # the writer may be in a broken state already
-            pass
         self._sink.close()
         self.path.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ reports ratios (the machines are shared and noisy; absolute times are for contex
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -56,12 +57,17 @@ def _median_time(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
+def _fetch_one(con: Any, sql: str) -> Any:
+    return con.execute(sql).fetchone()
+
+
 def _payload_table(n: int, row_bytes: int, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     blob = rng.bytes(row_bytes * n)
     offsets = pa.array(np.arange(0, (n + 1) * row_bytes, row_bytes, dtype=np.int32))
-    image = pa.BinaryArray.from_buffers(pa.binary(), n, [None, offsets.buffers()[1],
-                                                         pa.py_buffer(blob)])
+    image = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, offsets.buffers()[1], pa.py_buffer(blob)]
+    )
     return pa.table({"label": rng.integers(0, 1000, n), "image": image})
 
 
@@ -74,15 +80,30 @@ def bench_register(work: Path, rows: int) -> list[dict[str, Any]]:
         cat.import_arrow("meta", make_metadata_table(rows))
     con = cat._con
     out = []
-    for where in ["label < 500", "label < 500 AND split = 'train'",
-                  "width > 400 AND height BETWEEN 300 AND 400", "hash(_id) % 10 < 8"]:
-        t_duck = _median_time(lambda: con.execute(f"SELECT count(*) FROM meta WHERE {where}")
-                              .fetchone(), 7)
-        t_tab = _median_time(lambda: cat.register_job("bench", "meta", where=where, replace=True), 7)
+    for where in [
+        "label < 500",
+        "label < 500 AND split = 'train'",
+        "width > 400 AND height BETWEEN 300 AND 400",
+        "hash(_id) % 10 < 8",
+    ]:
+        count_sql = f"SELECT count(*) FROM meta WHERE {where}"
+        t_duck = _median_time(functools.partial(_fetch_one, con, count_sql), 7)
+        t_tab = _median_time(
+            functools.partial(cat.register_job, "bench", "meta", where=where, replace=True), 7
+        )
         n = cat.job("bench").num_rows
-        out.append({"part": "register", "case": where, "rows": n, "tabloader_ms": t_tab * 1e3,
-                    "duckdb_count_ms": t_duck * 1e3, "ratio": t_tab / t_duck, "target": "<= 4",
-                    "ok": t_tab / t_duck <= 4})
+        out.append(
+            {
+                "part": "register",
+                "case": where,
+                "rows": n,
+                "tabloader_ms": t_tab * 1e3,
+                "duckdb_count_ms": t_duck * 1e3,
+                "ratio": t_tab / t_duck,
+                "target": "<= 4",
+                "ok": t_tab / t_duck <= 4,
+            }
+        )
     cat.close()
     return out
 
@@ -107,8 +128,17 @@ def bench_open(work: Path, rows: int) -> list[dict[str, Any]]:
     t_small = _median_time(lambda: _open_and_read(small), 15)
     t_large = _median_time(lambda: _open_and_read(large), 15)
     ratio = t_large / t_small
-    return [{"part": "open", "case": f"{rows} vs {rows // 100} rows", "tabloader_ms": t_large * 1e3,
-             "small_ms": t_small * 1e3, "ratio": ratio, "target": "<= 2", "ok": ratio <= 2}]
+    return [
+        {
+            "part": "open",
+            "case": f"{rows} vs {rows // 100} rows",
+            "tabloader_ms": t_large * 1e3,
+            "small_ms": t_small * 1e3,
+            "ratio": ratio,
+            "target": "<= 2",
+            "ok": ratio <= 2,
+        }
+    ]
 
 
 def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
@@ -157,8 +187,10 @@ def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         for ids in batches:
             many(ids)
-        times[name] = {"single_us": single * 1e6,
-                       "batch256_ms": (time.perf_counter() - t0) / len(batches) * 1e3}
+        times[name] = {
+            "single_us": single * 1e6,
+            "batch256_ms": (time.perf_counter() - t0) / len(batches) * 1e3,
+        }
     cat.close()
     out = []
     mine = times["tabloader"]
@@ -166,13 +198,29 @@ def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
         if name not in times:
             continue
         ratio = times[name]["single_us"] / mine["single_us"]
-        out.append({"part": "take", "case": f"single row vs {name}",
-                    "tabloader_us": mine["single_us"], f"{name}_us": times[name]["single_us"],
-                    "ratio": ratio, "target": f">= {target}", "ok": ratio >= target})
+        out.append(
+            {
+                "part": "take",
+                "case": f"single row vs {name}",
+                "tabloader_us": mine["single_us"],
+                f"{name}_us": times[name]["single_us"],
+                "ratio": ratio,
+                "target": f">= {target}",
+                "ok": ratio >= target,
+            }
+        )
         ratio_b = times[name]["batch256_ms"] / mine["batch256_ms"]
-        out.append({"part": "take", "case": f"256 rows vs {name}",
-                    "tabloader_ms": mine["batch256_ms"], f"{name}_ms": times[name]["batch256_ms"],
-                    "ratio": ratio_b, "target": "report", "ok": True})
+        out.append(
+            {
+                "part": "take",
+                "case": f"256 rows vs {name}",
+                "tabloader_ms": mine["batch256_ms"],
+                f"{name}_ms": times[name]["batch256_ms"],
+                "ratio": ratio_b,
+                "target": "report",
+                "ok": True,
+            }
+        )
     return out
 
 
@@ -195,8 +243,12 @@ def _write_parquet(path: Path, gib: float, row_bytes: int = 110_000) -> int:
     table = _payload_table(rows_per_group, row_bytes)
     with pq.ParquetWriter(str(path), table.schema, compression="none") as w:
         for g in range(groups):
-            w.write_table(table.set_column(0, "label", pa.array(
-                np.full(rows_per_group, g % 1000, dtype=np.int64))), row_group_size=rows_per_group)
+            w.write_table(
+                table.set_column(
+                    0, "label", pa.array(np.full(rows_per_group, g % 1000, dtype=np.int64))
+                ),
+                row_group_size=rows_per_group,
+            )
     return groups * rows_per_group
 
 
@@ -210,8 +262,10 @@ def bench_import(work: Path, gib: float, big_gib: float) -> list[dict[str, Any]]
 
     def plain() -> None:
         f = pq.ParquetFile(str(src))
-        with pa.OSFile(str(work / "plain.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, f.schema_arrow) as w:
+        with (
+            pa.OSFile(str(work / "plain.arrow"), "wb") as sink,
+            pa.ipc.new_file(sink, f.schema_arrow) as w,
+        ):
             for b in f.iter_batches(batch_size=256):
                 w.write_batch(b)
 
@@ -223,20 +277,39 @@ def bench_import(work: Path, gib: float, big_gib: float) -> list[dict[str, Any]]
     t_plain = _median_time(plain, 3)
     t_mine = _median_time(mine, 3)
     size_gib = src.stat().st_size / 2**30
-    out = [{"part": "import", "case": f"Parquet {size_gib:.2f} GiB", "tabloader_s": t_mine,
-            "pyarrow_ipc_s": t_plain, "ratio": t_plain / t_mine, "target": ">= 0.5",
-            "ok": t_plain / t_mine >= 0.5}]
+    out = [
+        {
+            "part": "import",
+            "case": f"Parquet {size_gib:.2f} GiB",
+            "tabloader_s": t_mine,
+            "pyarrow_ipc_s": t_plain,
+            "ratio": t_plain / t_mine,
+            "target": ">= 0.5",
+            "ok": t_plain / t_mine >= 0.5,
+        }
+    ]
     big = work / "big.parquet"
     if not big.exists():
         _write_parquet(big, big_gib)
     shutil.rmtree(work / "big-cat", ignore_errors=True)
-    proc = subprocess.run([sys.executable, "-c", _IMPORT_CHILD, str(work / "big-cat"), str(big)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CHILD, str(work / "big-cat"), str(big)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     child = json.loads(proc.stdout.strip().splitlines()[-1])
-    out.append({"part": "import", "case": f"peak RSS, Parquet {big.stat().st_size / 2**30:.2f} GiB",
-                "tabloader_s": child["seconds"], "peak_rss_mib": child["peak_rss_mib"],
-                "ratio": child["peak_rss_mib"] / 1024, "target": "<= 1 GiB",
-                "ok": child["peak_rss_mib"] <= 1024})
+    out.append(
+        {
+            "part": "import",
+            "case": f"peak RSS, Parquet {big.stat().st_size / 2**30:.2f} GiB",
+            "tabloader_s": child["seconds"],
+            "peak_rss_mib": child["peak_rss_mib"],
+            "ratio": child["peak_rss_mib"] / 1024,
+            "target": "<= 1 GiB",
+            "ok": child["peak_rss_mib"] <= 1024,
+        }
+    )
     shutil.rmtree(work / "big-cat", ignore_errors=True)
     return out
 
@@ -263,9 +336,14 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows, columns))
     print()
     for r in rows:
-        detail = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in r.items() if k not in columns)
+        detail = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in r.items()
+            if k not in columns
+        )
         print(f"{r['part']:8} {r['case']}: {detail}")
-    write_json(args.out, {"benchmark": "catalog", "quick": args.quick, "rows": rows,
-                          "cpu_count": os.cpu_count()})
+    write_json(
+        args.out,
+        {"benchmark": "catalog", "quick": args.quick, "rows": rows, "cpu_count": os.cpu_count()},
+    )
     return 0

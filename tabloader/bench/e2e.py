@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -51,11 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=96, help="shared resize (pixels)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--step", type=float, default=0.02, help="seconds per batch at 1x")
-    parser.add_argument("--speeds-rows", type=int, default=2500,
-                        help="rows of the 'speeds' jobs (the 4x jobs take long)")
-    parser.add_argument("--speeds-step", type=float, default=0.12,
-                        help="seconds per batch of the fastest 'speeds' job (step-bound, so "
-                             "its throughput alone is not limited by decoding)")
+    parser.add_argument(
+        "--speeds-rows",
+        type=int,
+        default=2500,
+        help="rows of the 'speeds' jobs (the 4x jobs take long)",
+    )
+    parser.add_argument(
+        "--speeds-step",
+        type=float,
+        default=0.12,
+        help="seconds per batch of the fastest 'speeds' job (step-bound, so "
+        "its throughput alone is not limited by decoding)",
+    )
     parser.add_argument("--workers", type=int, default=4, help="total reader/decoder workers")
     parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument("--scenarios", default="same,overlap,speeds,late")
@@ -64,25 +70,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
 
 
-def _scenarios(n: int, step: float, speeds_rows: int,
-               speeds_step: float) -> dict[str, list[dict[str, Any]]]:
+def _scenarios(
+    n: int, step: float, speeds_rows: int, speeds_step: float
+) -> dict[str, list[dict[str, Any]]]:
     every = "_id >= 0"
     first, second = f"_id < {2 * n // 3}", f"_id >= {n // 3}"
     subset = f"_id < {min(n, speeds_rows)}"
     return {
         "same": [{"name": f"j{i}", "where": every, "step": step, "late": False} for i in range(4)],
-        "overlap": [{"name": f"j{i}", "where": w, "step": step, "late": False}
-                    for i, w in enumerate([first, first, second, second])],
-        "speeds": [{"name": f"j{i}", "where": subset, "step": speeds_step * m, "late": False}
-                   for i, m in enumerate([1, 2, 4, 4])],
-        "late": [{"name": f"j{i}", "where": every, "step": step, "late": i == 3}
-                 for i in range(4)],
+        "overlap": [
+            {"name": f"j{i}", "where": w, "step": step, "late": False}
+            for i, w in enumerate([first, first, second, second])
+        ],
+        "speeds": [
+            {"name": f"j{i}", "where": subset, "step": speeds_step * m, "late": False}
+            for i, m in enumerate([1, 2, 4, 4])
+        ],
+        "late": [{"name": f"j{i}", "where": every, "step": step, "late": i == 3} for i in range(4)],
     }
 
 
 # -- child processes -------------------------------------------------------------------------
 def _rusage() -> tuple[float, float]:
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
     return cpu, max(me.ru_maxrss, kids.ru_maxrss) / 1024
 
@@ -153,10 +166,15 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                 data = _MapDataset(root, "imgs", sorted(ids[job["name"]]), size)
                 # spawn: forking a process that runs threads (DuckDB's, the other jobs') can
                 # deadlock in the child
-                loader = DataLoader(data, batch_size=spec["batch_size"], shuffle=True,
-                                    num_workers=per_job, multiprocessing_context="spawn",
-                                    generator=torch.Generator().manual_seed(0))
-                for images, rows in loader:
+                loader: DataLoader[Any] = DataLoader(
+                    data,  # type: ignore[arg-type]
+                    batch_size=spec["batch_size"],
+                    shuffle=True,
+                    num_workers=per_job,
+                    multiprocessing_context="spawn",
+                    generator=torch.Generator().manual_seed(0),
+                )
+                for _images, rows in loader:
                     time.sleep(job["step"])
                     account(job["name"], len(rows), started)
             except BaseException as exc:
@@ -166,16 +184,24 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         from tabloader.engine import Loader
 
-        eng = Loader(cat, cache_bytes=spec["cache_bytes"], workers=spec["workers"],
-                     sampler="dependent" if spec["competitor"] == "tabloader" else "independent")
+        eng = Loader(
+            cat,
+            cache_bytes=spec["cache_bytes"],
+            workers=spec["workers"],
+            sampler="dependent" if spec["competitor"] == "tabloader" else "independent",
+        )
 
         def run_job(job: dict[str, Any]) -> None:
             try:
                 if job["late"]:
                     halfway.wait()
                 started = time.perf_counter()
-                stream = eng.open(job["name"], batch_size=spec["batch_size"], epochs=1,
-                                  image_size=spec["image_size"])
+                stream = eng.open(
+                    job["name"],
+                    batch_size=spec["batch_size"],
+                    epochs=1,
+                    image_size=spec["image_size"],
+                )
                 for batch in stream:
                     time.sleep(job["step"])
                     account(job["name"], len(batch["_id"]), started)
@@ -199,13 +225,22 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         eng.close()
     cat.close()
     cpu, rss = _rusage()
-    return {"wall_s": wall, "cpu_s": cpu - cpu0, "peak_rss_mib": rss, "decodes": decodes,
-            "reads": reads, "jobs": results}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu - cpu0,
+        "peak_rss_mib": rss,
+        "decodes": decodes,
+        "reads": reads,
+        "jobs": results,
+    }
 
 
 def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "tabloader.bench.e2e", "--child", json.dumps(spec)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tabloader.bench.e2e", "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -216,8 +251,9 @@ def _prepare(args: argparse.Namespace) -> tuple[Path, int, int]:
     import catalog
     from tabloader.datagen import make_imagefolder
 
-    folder = make_imagefolder(Path(args.data) / f"images-{args.images}", num_images=args.images,
-                              num_classes=10)
+    folder = make_imagefolder(
+        Path(args.data) / f"images-{args.images}", num_images=args.images, num_classes=10
+    )
     root = Path(args.data) / f"catalog-{args.images}"
     with catalog.connect(root) as cat:
         if "imgs" not in cat.dataset_names():
@@ -255,37 +291,67 @@ def run(args: argparse.Namespace) -> int:
         jobs = _scenarios(n, args.step, args.speeds_rows, args.speeds_step)[scenario]
         with catalog.connect(root) as cat:
             for j in jobs:
-                cat.sql(f"REGISTER OR REPLACE JOB {j['name']} SELECT image, label FROM imgs "
-                        f"WHERE {j['where']}")
+                cat.sql(
+                    f"REGISTER OR REPLACE JOB {j['name']} SELECT image, label FROM imgs "
+                    f"WHERE {j['where']}"
+                )
             sets = [cat.job(j["name"]).ids for j in jobs]
         union = len(sets[0].union(*sets[1:]))
-        base = {"catalog": str(root), "jobs": jobs, "batch_size": args.batch_size,
-                "image_size": args.image_size, "workers": args.workers, "cache_bytes": cache_bytes}
+        base = {
+            "catalog": str(root),
+            "jobs": jobs,
+            "batch_size": args.batch_size,
+            "image_size": args.image_size,
+            "workers": args.workers,
+            "cache_bytes": cache_bytes,
+        }
         results = {c: _run_child({**base, "competitor": c}) for c in COMPETITORS}
         alone: dict[float, float] = {}
         for step in sorted({j["step"] for j in jobs}):
             job = next(j for j in jobs if j["step"] == step)
             solo = _run_child({**base, "competitor": "tabloader", "jobs": [{**job, "late": False}]})
             alone[step] = solo["jobs"][job["name"]]["rows"] / solo["jobs"][job["name"]]["seconds"]
-        runs[scenario] = {"union": union, "sets": [len(s) for s in sets], "results": results,
-                          "alone_rows_per_s": alone}
+        runs[scenario] = {
+            "union": union,
+            "sets": [len(s) for s in sets],
+            "results": results,
+            "alone_rows_per_s": alone,
+        }
         for c, r in results.items():
-            ratios = [(r["jobs"][j["name"]]["rows"] / r["jobs"][j["name"]]["seconds"])
-                      / alone[j["step"]] for j in jobs]
-            rows.append({"scenario": scenario, "competitor": c, "decodes": r["decodes"],
-                         "decodes/union": r["decodes"] / union, "reads/union": r["reads"] / union,
-                         "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
-                         "rss_mib": r["peak_rss_mib"],
-                         "vs_alone": " ".join(f"{x:.2f}" for x in ratios)})
-    print(f"{n} images, batch {args.batch_size}, image_size {args.image_size}, step {args.step}s,"
-          f" {args.workers} workers, cache {cache_bytes / 2**20:.1f} MiB ({args.cache:.0%})")
+            ratios = [
+                (r["jobs"][j["name"]]["rows"] / r["jobs"][j["name"]]["seconds"]) / alone[j["step"]]
+                for j in jobs
+            ]
+            rows.append(
+                {
+                    "scenario": scenario,
+                    "competitor": c,
+                    "decodes": r["decodes"],
+                    "decodes/union": r["decodes"] / union,
+                    "reads/union": r["reads"] / union,
+                    "wall_s": r["wall_s"],
+                    "cpu_s": r["cpu_s"],
+                    "rss_mib": r["peak_rss_mib"],
+                    "vs_alone": " ".join(f"{x:.2f}" for x in ratios),
+                }
+            )
+    print(
+        f"{n} images, batch {args.batch_size}, image_size {args.image_size}, step {args.step}s,"
+        f" {args.workers} workers, cache {cache_bytes / 2**20:.1f} MiB ({args.cache:.0%})"
+    )
     print(format_table(rows))
     print()
     for line in _targets(runs, cache_bytes):
         print(line)
-    write_json(args.out, {"benchmark": "e2e", "args": {k: v for k, v in vars(args).items()
-                                                        if k != "child"},
-                          "rows": rows, "runs": runs})
+    write_json(
+        args.out,
+        {
+            "benchmark": "e2e",
+            "args": {k: v for k, v in vars(args).items() if k != "child"},
+            "rows": rows,
+            "runs": runs,
+        },
+    )
     return 0
 
 
@@ -314,8 +380,10 @@ def _targets(runs: dict[str, Any], cache_bytes: int) -> list[str]:
     for name, r in runs.items():
         rss = r["results"]["tabloader"]["peak_rss_mib"]
         limit = cache_bytes / 2**20 + 600
-        check(rss <= limit, f"{name}: tabloader peak RSS {rss:.0f} MiB (<= cache + 600 = "
-                            f"{limit:.0f} MiB)")
+        check(
+            rss <= limit,
+            f"{name}: tabloader peak RSS {rss:.0f} MiB (<= cache + 600 = {limit:.0f} MiB)",
+        )
     return out
 
 

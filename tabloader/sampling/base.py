@@ -14,7 +14,6 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from pyroaring import BitMap
 
-from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
 
 __all__ = [

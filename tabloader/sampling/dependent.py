@@ -80,8 +80,9 @@ class DependentSampler:
         self._next_seq = 0
 
     # ------------------------------------------------------------------ jobs
-    def add_job(self, name: str, ids: BitMap, *, remaining: BitMap | None = None,
-                epoch: int = 0) -> None:
+    def add_job(
+        self, name: str, ids: BitMap, *, remaining: BitMap | None = None, epoch: int = 0
+    ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
         Args:

@@ -62,8 +62,9 @@ class IndependentSampler:
         ss = np.random.SeedSequence(self._root.entropy, spawn_key=(seq,))
         return np.random.default_rng(ss)
 
-    def add_job(self, name: str, ids: BitMap, *, remaining: BitMap | None = None,
-                epoch: int = 0) -> None:
+    def add_job(
+        self, name: str, ids: BitMap, *, remaining: BitMap | None = None, epoch: int = 0
+    ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
         Args:

@@ -15,7 +15,6 @@ import catalog
 from catalog import (
     AlreadyExistsError,
     CatalogError,
-    CatalogLockedError,
     DatasetNotFoundError,
     ImportFailedError,
     StorageError,
@@ -25,21 +24,29 @@ from catalog import (
 
 def make_table(n: int = 1000, payload: int = 200, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
-    return pa.table({
-        "label": rng.integers(0, 10, n),
-        "split": np.where(rng.random(n) < 0.8, "train", "val"),
-        "score": rng.random(n),
-        "image": [rng.bytes(payload) for _ in range(n)],
-    })
+    return pa.table(
+        {
+            "label": rng.integers(0, 10, n),
+            "split": np.where(rng.random(n) < 0.8, "train", "val"),
+            "score": rng.random(n),
+            "image": [rng.bytes(payload) for _ in range(n)],
+        }
+    )
 
 
 def data_files(cat: catalog.Catalog) -> list[str]:
-    return sorted(str(p.relative_to(cat.root)) for p in (cat.root / "data").rglob("*") if p.is_file())
+    return sorted(
+        str(p.relative_to(cat.root)) for p in (cat.root / "data").rglob("*") if p.is_file()
+    )
 
 
 def duckdb_tables(cat: catalog.Catalog) -> list[str]:
-    return [r[0] for r in cat._con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()]
+    return [
+        r[0]
+        for r in cat._con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
+        ).fetchall()
+    ]
 
 
 def test_connect_default_path_uses_env(tmp_path, monkeypatch):
@@ -101,7 +108,8 @@ def test_payload_stays_out_of_duckdb(cat):
     cols = [r[0] for r in cat._con.execute("DESCRIBE t").fetchall()]
     assert cols == ["_id", "label", "split", "score"]
     pk = cat._con.execute(
-        "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 't'").fetchall()
+        "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 't'"
+    ).fetchall()
     assert ("PRIMARY KEY",) in pk
 
 
@@ -115,8 +123,12 @@ def test_import_parquet_glob_and_ipc(cat, tmp_path):
         w.write_table(table)
     with pa.OSFile(str(tmp_path / "s.arrows"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
         w.write_table(table)
-    assert cat.import_ipc("ipc", tmp_path / "x.arrow").take([7]).drop_columns(["_id"]).equals(
-        table.slice(7, 1))
+    assert (
+        cat.import_ipc("ipc", tmp_path / "x.arrow")
+        .take([7])
+        .drop_columns(["_id"])
+        .equals(table.slice(7, 1))
+    )
     assert cat.import_ipc("ipcs", tmp_path / "s.arrows").num_rows == 300
 
 
@@ -132,8 +144,11 @@ def test_import_reader_streams(cat):
     [
         (lambda p: p / "missing.parquet", ImportFailedError, "No such Parquet file"),
         (lambda p: p / "nothing*.parquet", ImportFailedError, "No Parquet files match"),
-        (lambda p: (p / "bad.parquet").write_bytes(b"garbage") and p / "bad.parquet",
-         ImportFailedError, "not a readable Parquet file"),
+        (
+            lambda p: (p / "bad.parquet").write_bytes(b"garbage") and p / "bad.parquet",
+            ImportFailedError,
+            "not a readable Parquet file",
+        ),
     ],
 )
 def test_import_parquet_errors(cat, tmp_path, make_source, error, message):
@@ -166,7 +181,9 @@ def test_import_errors(cat, tmp_path):
 
 def test_dataset_not_found_suggests(cat):
     cat.import_arrow("imagenet", make_table(10))
-    with pytest.raises(DatasetNotFoundError, match="Unknown dataset 'imagnet'. Did you mean 'imagenet'"):
+    with pytest.raises(
+        DatasetNotFoundError, match="Unknown dataset 'imagnet'. Did you mean 'imagenet'"
+    ):
         cat.dataset("imagnet")
     with pytest.raises(LookupError):
         cat.dataset("imagnet")
@@ -217,7 +234,9 @@ def test_killed_import_is_cleaned_up_at_next_open(tmp_path):
         cat = catalog.connect({str(root)!r})
         cat.import_arrow("t", pa.RecordBatchReader.from_batches(schema, batches()))
     """)
-    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as proc:
         assert proc.stdout.readline().strip() == "writing"
         leftovers = list((root / "data").rglob("*.arrow"))
         assert leftovers, "the import should have a temp file open"
@@ -239,7 +258,11 @@ def test_append_bumps_version_and_old_version_stays(cat):
     assert v1.num_rows == 100
     with pytest.raises(IndexError, match="out of range"):
         v1.take([120])
-    assert cat._con.execute("SELECT min(_id), max(_id), count(*) FROM t").fetchone() == (0, 149, 150)
+    assert cat._con.execute("SELECT min(_id), max(_id), count(*) FROM t").fetchone() == (
+        0,
+        149,
+        150,
+    )
 
 
 def test_second_process_gets_a_clear_error(cat):
@@ -262,7 +285,9 @@ def test_corrupt_and_truncated_files(tmp_path):
     size = os.path.getsize(u_file)
     u_file.write_bytes(b"\0" * size)
     with catalog.connect(root) as cat:
-        with pytest.raises(StorageError, match=r"truncated or replaced\)\. Restore the file or re-import"):
+        with pytest.raises(
+            StorageError, match=r"truncated or replaced\)\. Restore the file or re-import"
+        ):
             cat.dataset("t").take([1])
         with pytest.raises(StorageError, match="Corrupt data file") as info:
             cat.dataset("u").take([1])
@@ -279,9 +304,22 @@ def test_stock_duckdb_cli_reads_the_catalog(tmp_path):
         cat.import_arrow("imagenet", make_table(100))
         cat.sql("REGISTER JOB j SELECT label FROM imagenet WHERE label < 3")
     query = "SELECT count(*), max(_id) FROM imagenet; SELECT name, num_ids FROM _tabloader.jobs"
-    out = subprocess.run([sys.executable, "-m", "duckdb_cli", "-readonly", "-csv", "-noheader",
-                          str(root / "catalog.duckdb"), "-c", query],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "duckdb_cli",
+            "-readonly",
+            "-csv",
+            "-noheader",
+            str(root / "catalog.duckdb"),
+            "-c",
+            query,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     n = int((make_table(100).column("label").to_numpy() < 3).sum())
     assert out.stdout.split() == ["100,99", f"j,{n}"]
 

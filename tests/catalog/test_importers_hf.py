@@ -18,14 +18,19 @@ NAMES = ["cat", "dog", "fish"]
 
 
 def _labelled(n: int = 10) -> datasets.Dataset:
-    features = datasets.Features({
-        "x": datasets.Value("int32"),
-        "label": datasets.ClassLabel(names=NAMES),
-        "tags": datasets.List(datasets.Value("string")),
-    })
+    features = datasets.Features(
+        {
+            "x": datasets.Value("int32"),
+            "label": datasets.ClassLabel(names=NAMES),
+            "tags": datasets.List(datasets.Value("string")),
+        }
+    )
     return datasets.Dataset.from_dict(
-        {"x": list(range(n)), "label": [i % 3 for i in range(n)],
-         "tags": [[f"t{i}"] * (i % 2) for i in range(n)]},
+        {
+            "x": list(range(n)),
+            "label": [i % 3 for i in range(n)],
+            "tags": [[f"t{i}"] * (i % 2) for i in range(n)],
+        },
         features=features,
     )
 
@@ -68,8 +73,9 @@ def test_image_from_pil_becomes_encoded_bytes():
     images = [_png((255, 0, 0)), _png((0, 255, 0), (3, 5)), None]
     ds = datasets.Dataset.from_dict(
         {"image": images, "label": [0, 1, 2]},
-        features=datasets.Features({"image": datasets.Image(),
-                                    "label": datasets.ClassLabel(names=NAMES)}),
+        features=datasets.Features(
+            {"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)}
+        ),
     )
     src = open_hf(ds)
     assert src.schema.field("image").type == pa.binary()
@@ -94,10 +100,12 @@ def test_image_stored_by_path_reads_the_file_bytes(tmp_path):
 
 def test_image_inside_list_and_dict_becomes_bytes():
     red, blue = _png((255, 0, 0)), _png((0, 0, 255))
-    features = datasets.Features({
-        "frames": datasets.List(datasets.Image()),
-        "meta": {"thumb": datasets.Image(), "n": datasets.Value("int8")},
-    })
+    features = datasets.Features(
+        {
+            "frames": datasets.List(datasets.Image()),
+            "meta": {"thumb": datasets.Image(), "n": datasets.Value("int8")},
+        }
+    )
     ds = datasets.Dataset.from_dict(
         {"frames": [[red, blue], []], "meta": [{"thumb": red, "n": 1}, {"thumb": None, "n": 2}]},
         features=features,
@@ -129,12 +137,16 @@ def test_batches_stream_within_batch_size():
     assert [b.num_rows for b in src.batches] == [3, 3, 3, 1]
 
 
-@pytest.mark.parametrize("make", [
-    lambda ds: ds.shuffle(seed=3),
-    lambda ds: ds.select([7, 2, 2, 9, 0]),
-    lambda ds: ds.shuffle(seed=1).select(range(6)),
-    lambda ds: ds.filter(lambda row: row["x"] % 2 == 1),
-], ids=["shuffle", "select", "shuffle-select", "filter"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ds: ds.shuffle(seed=3),
+        lambda ds: ds.select([7, 2, 2, 9, 0]),
+        lambda ds: ds.shuffle(seed=1).select(range(6)),
+        lambda ds: ds.filter(lambda row: row["x"] % 2 == 1),
+    ],
+    ids=["shuffle", "select", "shuffle-select", "filter"],
+)
 def test_indices_mapping_keeps_the_visible_order(make):
     ds = make(_labelled(12))
     src = open_hf(ds, batch_size=4)
@@ -177,10 +189,12 @@ def test_unknown_split_suggests_the_closest():
 
 
 def test_splits_with_different_features_need_a_split():
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"a": [1]}),
-        "test": datasets.Dataset.from_dict({"a": ["x"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"a": [1]}),
+            "test": datasets.Dataset.from_dict({"a": ["x"]}),
+        }
+    )
     with pytest.raises(ImportFailedError, match=r"different features.*pass split="):
         open_hf(dd)
     assert _rows(open_hf(dd, split="test"))["a"] == ["x"]
@@ -261,8 +275,11 @@ def test_unsupported_object(obj):
 
 def test_iterable_dataset_is_refused():
     # An empty IterableDatasetDict: building an IterableDataset imports torch (seconds).
-    with pytest.raises(ImportFailedError, match=r"streaming datasets.IterableDatasetDict.*"
-                                                r"without streaming=True"):
+    with pytest.raises(
+        ImportFailedError,
+        match=r"streaming datasets.IterableDatasetDict.*"
+        r"without streaming=True",
+    ):
         open_hf(datasets.IterableDatasetDict())
 
 

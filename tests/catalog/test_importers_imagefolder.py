@@ -31,8 +31,15 @@ def _table(src) -> pa.Table:
 @pytest.fixture
 def folder(tmp_path) -> Path:
     root = tmp_path / "root"
-    for rel in ["dog/b.jpg", "dog/a.png", "cat/z.jpeg", "cat/sub/y.JPG", "cat/sub/deeper/x.webp",
-                "bird/1.bmp", "bird/2.gif"]:
+    for rel in [
+        "dog/b.jpg",
+        "dog/a.png",
+        "cat/z.jpeg",
+        "cat/sub/y.JPG",
+        "cat/sub/deeper/x.webp",
+        "bird/1.bmp",
+        "bird/2.gif",
+    ]:
         _write(root, rel)
     return root
 
@@ -44,8 +51,15 @@ def test_columns_labels_and_sorted_order(folder):
     assert src.num_rows == 7
     assert src.description == str(folder)
     rows = _table(src).to_pydict()
-    assert rows["path"] == ["bird/1.bmp", "bird/2.gif", "cat/sub/deeper/x.webp", "cat/sub/y.JPG",
-                            "cat/z.jpeg", "dog/a.png", "dog/b.jpg"]
+    assert rows["path"] == [
+        "bird/1.bmp",
+        "bird/2.gif",
+        "cat/sub/deeper/x.webp",
+        "cat/sub/y.JPG",
+        "cat/z.jpeg",
+        "dog/a.png",
+        "dog/b.jpg",
+    ]
     assert rows["label"] == [0, 0, 1, 1, 1, 2, 2]
     assert rows["label_name"] == ["bird", "bird", "cat", "cat", "cat", "dog", "dog"]
     assert rows["image"] == [(folder / p).read_bytes() for p in rows["path"]]
@@ -57,8 +71,9 @@ def test_generated_jpegs_round_trip_unchanged(image_folder):
     assert table.num_rows == src.num_rows == 60
     assert src.class_names["label"] == ["class_000", "class_001", "class_002", "class_003"]
     rows = table.to_pydict()
-    for data, rel, label, name in zip(rows["image"], rows["path"], rows["label"],
-                                      rows["label_name"], strict=True):
+    for data, rel, label, name in zip(
+        rows["image"], rows["path"], rows["label"], rows["label_name"], strict=True
+    ):
         assert data == (image_folder / rel).read_bytes()
         assert rel.split("/")[0] == name == src.class_names["label"][label]
     assert Image.open(io.BytesIO(rows["image"][0])).format == "JPEG"
@@ -133,15 +148,18 @@ def test_empty_root(tmp_path):
 def test_images_in_root_without_class_folders(tmp_path):
     _write(tmp_path, "1.jpg")
     _write(tmp_path, "2.png")
-    with pytest.raises(ImportFailedError,
-                       match=r"2 image file\(s\) directly in it .* and no class folders.*root/all"):
+    with pytest.raises(
+        ImportFailedError,
+        match=r"2 image file\(s\) directly in it .* and no class folders.*root/all",
+    ):
         open_imagefolder(tmp_path)
 
 
 def test_images_in_root_besides_class_folders(folder):
     _write(folder, "stray.jpg")
-    with pytest.raises(ImportFailedError,
-                       match=r"directly in it \(stray\.jpg\) besides the class folders 'bird'"):
+    with pytest.raises(
+        ImportFailedError, match=r"directly in it \(stray\.jpg\) besides the class folders 'bird'"
+    ):
         open_imagefolder(folder)
 
 
@@ -154,8 +172,9 @@ def test_no_class_folders(tmp_path):
 def test_class_folders_without_images(tmp_path):
     _write(tmp_path, "a/notes.txt")
     (tmp_path / "b").mkdir()
-    with pytest.raises(ImportFailedError,
-                       match=r"No image files with extension .*'a', 'b'.*pass extensions="):
+    with pytest.raises(
+        ImportFailedError, match=r"No image files with extension .*'a', 'b'.*pass extensions="
+    ):
         open_imagefolder(tmp_path)
 
 

@@ -19,13 +19,15 @@ N = 3000
 def table() -> pa.Table:
     rng = np.random.default_rng(11)
     label = rng.integers(0, 50, N)
-    return pa.table({
-        "label": label,
-        "split": rng.choice(["train", "val", "test"], N),
-        "width": rng.integers(100, 900, N).astype(np.int32),
-        "score": np.where(rng.random(N) < 0.1, np.nan, rng.random(N)),
-        "name": pa.array([f"img_{i:05d}.jpg" if i % 7 else None for i in range(N)]),
-    })
+    return pa.table(
+        {
+            "label": label,
+            "split": rng.choice(["train", "val", "test"], N),
+            "width": rng.integers(100, 900, N).astype(np.int32),
+            "score": np.where(rng.random(N) < 0.1, np.nan, rng.random(N)),
+            "name": pa.array([f"img_{i:05d}.jpg" if i % 7 else None for i in range(N)]),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +47,33 @@ def env(table, tmp_path_factory):
 ints = st.integers(-5, 60).map(str)
 comparisons = st.sampled_from(["<", "<=", ">", ">=", "=", "<>"])
 atoms = st.one_of(
-    st.builds(lambda c, op, v: f"{c} {op} {v}", st.sampled_from(["label", "width / 20", "_id % 50"]),
-              comparisons, ints),
-    st.builds(lambda vs: f"split IN ({', '.join(repr(v) for v in vs)})",
-              st.lists(st.sampled_from(["train", "val", "test", "x"]), min_size=1, max_size=3)),
+    st.builds(
+        lambda c, op, v: f"{c} {op} {v}",
+        st.sampled_from(["label", "width / 20", "_id % 50"]),
+        comparisons,
+        ints,
+    ),
+    st.builds(
+        lambda vs: f"split IN ({', '.join(repr(v) for v in vs)})",
+        st.lists(st.sampled_from(["train", "val", "test", "x"]), min_size=1, max_size=3),
+    ),
     st.builds(lambda a, b: f"label BETWEEN {a} AND {b}", ints, ints),
     st.builds(lambda p: f"name LIKE '{p}'", st.sampled_from(["img_0%", "%5.jpg", "%", "_mg%"])),
-    st.sampled_from(["name IS NULL", "name IS NOT NULL", "isnan(score)", "score < 0.5",
-                     "hash(_id) % 10 < 3", "CAST(width AS DOUBLE) > 500.5", "upper(split) = 'VAL'",
-                     "label % 3 = 0 OR width > 800", "NOT (split = 'train')",
-                     "coalesce(name, 'none') = 'none'", "abs(label - 25) < 5"]),
+    st.sampled_from(
+        [
+            "name IS NULL",
+            "name IS NOT NULL",
+            "isnan(score)",
+            "score < 0.5",
+            "hash(_id) % 10 < 3",
+            "CAST(width AS DOUBLE) > 500.5",
+            "upper(split) = 'VAL'",
+            "label % 3 = 0 OR width > 800",
+            "NOT (split = 'train')",
+            "coalesce(name, 'none') = 'none'",
+            "abs(label - 25) < 5",
+        ]
+    ),
 )
 predicates = st.recursive(
     atoms,
@@ -67,8 +86,12 @@ predicates = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(predicate=predicates)
 def test_job_bitmap_matches_duckdb(env, predicate):
     cat, con = env

@@ -20,12 +20,14 @@ from catalog import (
 def imagenet(cat):
     n = 2000
     rng = np.random.default_rng(3)
-    table = pa.table({
-        "label": rng.integers(0, 1000, n),
-        "split": np.where(rng.random(n) < 0.9, "train", "val"),
-        "width": rng.integers(200, 800, n).astype(np.int32),
-        "image": [rng.bytes(64) for _ in range(n)],
-    })
+    table = pa.table(
+        {
+            "label": rng.integers(0, 1000, n),
+            "split": np.where(rng.random(n) < 0.9, "train", "val"),
+            "width": rng.integers(200, 800, n).astype(np.int32),
+            "image": [rng.bytes(64) for _ in range(n)],
+        }
+    )
     cat.import_arrow("imagenet", table)
     return table
 
@@ -36,8 +38,10 @@ def expected_ids(cat, where: str) -> BitMap:
 
 
 def test_register_job_builds_the_bitmap(cat, imagenet):
-    job = cat.sql("REGISTER JOB resnet18 SELECT image, label FROM imagenet "
-                  "WHERE label < 500 AND split = 'train' WITH (batch_size = 256, seed = 7)")
+    job = cat.sql(
+        "REGISTER JOB resnet18 SELECT image, label FROM imagenet "
+        "WHERE label < 500 AND split = 'train' WITH (batch_size = 256, seed = 7)"
+    )
     assert job.ids == expected_ids(cat, "label < 500 AND split = 'train'")
     assert job.columns == ("image", "label")
     assert job.predicate == "label < 500 AND split = 'train'"
@@ -55,8 +59,10 @@ def test_register_star_and_no_where(cat, imagenet):
 
 
 def test_options_types(cat, imagenet):
-    job = cat.sql("REGISTER JOB j SELECT label FROM imagenet WITH (lr = 0.1, name = 'x', "
-                  "shuffle = TRUE, offset = -3)")
+    job = cat.sql(
+        "REGISTER JOB j SELECT label FROM imagenet WITH (lr = 0.1, name = 'x', "
+        "shuffle = TRUE, offset = -3)"
+    )
     assert job.options == {"lr": 0.1, "name": "x", "shuffle": True, "offset": -3}
 
 
@@ -83,21 +89,31 @@ def test_show_describe_unregister_drop(cat, imagenet):
     assert [(d["name"], d["rows"], d["jobs"]) for d in datasets] == [("imagenet", 2000, 2)]
     jobs = cat.sql("SHOW JOBS").to_pylist()
     assert [(j["name"], j["rows"]) for j in jobs] == [
-        ("a", len(expected_ids(cat, "label < 10"))), ("b", len(expected_ids(cat, "split = 'val'")))]
+        ("a", len(expected_ids(cat, "label < 10"))),
+        ("b", len(expected_ids(cat, "split = 'val'"))),
+    ]
     desc = cat.sql("DESCRIBE imagenet").to_pylist()
     assert [(d["column"], d["queryable"]) for d in desc] == [
-        ("_id", True), ("label", True), ("split", True), ("width", True), ("image", False)]
+        ("_id", True),
+        ("label", True),
+        ("split", True),
+        ("width", True),
+        ("image", False),
+    ]
     assert cat.sql("UNREGISTER JOB a") is None
     assert cat.job_names() == ["b"]
     assert cat.sql("UNREGISTER JOB IF EXISTS a") is None
     with pytest.raises(JobNotFoundError, match="Unknown job 'a'"):
         cat.sql("UNREGISTER JOB a")
-    with pytest.raises(DatasetInUseError, match="used by job.* b; UNREGISTER JOB them first, or "
-                                                "DROP DATASET imagenet CASCADE"):
+    with pytest.raises(
+        DatasetInUseError,
+        match="used by job.* b; UNREGISTER JOB them first, or DROP DATASET imagenet CASCADE",
+    ):
         cat.sql("DROP DATASET imagenet")
     assert cat.dataset_names() == ["imagenet"]
     cat.sql("DROP DATASET imagenet CASCADE")
-    assert cat.dataset_names() == [] and cat.job_names() == []
+    assert cat.dataset_names() == []
+    assert cat.job_names() == []
     assert list((cat.root / "data").iterdir()) == []
     assert cat.sql("DROP DATASET IF EXISTS imagenet") is None
 
@@ -130,35 +146,78 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
         ("REGISTER JOB x", StatementError, r"Expected SELECT .* \(line 1, col 14\)"),
         ("REGISTER JOB x SELECT FROM", StatementError, "Cannot parse statement"),
         ("SELECT a FROM imagenet WHERE (", StatementError, r"\(line 1, col 30\)"),
-        ("REGISTER JOB x SELECT labl FROM imagenet", UnknownColumnError,
-         "Unknown column 'labl' in dataset 'imagenet'. Did you mean 'label'?"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE labl < 3", UnknownColumnError,
-         r"Unknown column 'labl' in dataset 'imagenet'. Did you mean 'label'\? \(line 1, col 49\)"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE label IN (SELECT 1)",
-         ForbiddenExpressionError, "Subqueries are not allowed"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE getenv('HOME') = 'x'",
-         ForbiddenExpressionError, r"Function getenv\(\) is not allowed"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE length(read_text('/etc/passwd')) > 0",
-         ForbiddenExpressionError, "not allowed in a job predicate"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE image = 'a'",
-         ForbiddenExpressionError, "holds binary payload"),
-        ("REGISTER JOB x SELECT label + 1 FROM imagenet", ForbiddenExpressionError,
-         "Projections must be plain columns or"),
-        ("REGISTER JOB x SELECT label FROM imagenet ORDER BY label", ForbiddenExpressionError,
-         "remove ORDER"),
-        ("REGISTER JOB x SELECT label FROM imagenet LIMIT 3", ForbiddenExpressionError,
-         "remove LIMIT"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE label > 5000", StatementError,
-         "would have no rows"),
-        ("REGISTER JOB x SELECT label FROM imagenet WHERE label = 'abc'", StatementError,
-         "failed in DuckDB"),
-        ("REGISTER JOB x SELECT label FROM imagenet WITH (a = label)", StatementError,
-         "Option 'a' must be a number"),
-        ("REGISTER JOB x SELECT label FROM imagenet WITH (a = 1, a = 2)", StatementError,
-         "given twice"),
+        (
+            "REGISTER JOB x SELECT labl FROM imagenet",
+            UnknownColumnError,
+            "Unknown column 'labl' in dataset 'imagenet'. Did you mean 'label'?",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE labl < 3",
+            UnknownColumnError,
+            r"Unknown column 'labl' in dataset 'imagenet'. Did you mean 'label'\? "
+            r"\(line 1, col 49\)",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE label IN (SELECT 1)",
+            ForbiddenExpressionError,
+            "Subqueries are not allowed",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE getenv('HOME') = 'x'",
+            ForbiddenExpressionError,
+            r"Function getenv\(\) is not allowed",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE length(read_text('/etc/passwd')) > 0",
+            ForbiddenExpressionError,
+            "not allowed in a job predicate",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE image = 'a'",
+            ForbiddenExpressionError,
+            "holds binary payload",
+        ),
+        (
+            "REGISTER JOB x SELECT label + 1 FROM imagenet",
+            ForbiddenExpressionError,
+            "Projections must be plain columns or",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet ORDER BY label",
+            ForbiddenExpressionError,
+            "remove ORDER",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet LIMIT 3",
+            ForbiddenExpressionError,
+            "remove LIMIT",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE label > 5000",
+            StatementError,
+            "would have no rows",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE label = 'abc'",
+            StatementError,
+            "failed in DuckDB",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WITH (a = label)",
+            StatementError,
+            "Option 'a' must be a number",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WITH (a = 1, a = 2)",
+            StatementError,
+            "given twice",
+        ),
         ("REGISTER JOB x SELECT label FROM imagnet", LookupError, "Did you mean 'imagenet'"),
-        ("SELECT * FROM read_csv('/etc/passwd')", ForbiddenExpressionError,
-         "Table functions are not allowed"),
+        (
+            "SELECT * FROM read_csv('/etc/passwd')",
+            ForbiddenExpressionError,
+            "Table functions are not allowed",
+        ),
         ("SELECT getenv('HOME')", ForbiddenExpressionError, "not allowed"),
         ("COPY imagenet TO '/tmp/x.csv'", ForbiddenExpressionError, "COPY statements are not"),
         ("ATTACH '/tmp/x.db' AS x", ForbiddenExpressionError, "ATTACH statements are not"),
@@ -174,18 +233,25 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
     ],
 )
 def test_statement_errors_leave_catalog_unchanged(cat, imagenet, statement, error, message):
-    before = (cat.dataset_names(), cat.job_names(),
-              cat._con.execute("SELECT count(*) FROM imagenet").fetchone())
+    before = (
+        cat.dataset_names(),
+        cat.job_names(),
+        cat._con.execute("SELECT count(*) FROM imagenet").fetchone(),
+    )
     with pytest.raises(error, match=message):
         cat.sql(statement)
-    after = (cat.dataset_names(), cat.job_names(),
-             cat._con.execute("SELECT count(*) FROM imagenet").fetchone())
+    after = (
+        cat.dataset_names(),
+        cat.job_names(),
+        cat._con.execute("SELECT count(*) FROM imagenet").fetchone(),
+    )
     assert after == before
 
 
 def test_register_job_python_api(cat, imagenet):
-    job = cat.register_job("api", "imagenet", columns=["label"], where="width BETWEEN 300 AND 400",
-                           options={"seed": 1})
+    job = cat.register_job(
+        "api", "imagenet", columns=["label"], where="width BETWEEN 300 AND 400", options={"seed": 1}
+    )
     assert job.ids == expected_ids(cat, "width BETWEEN 300 AND 400")
     with pytest.raises(StatementError, match="Cannot parse"):
         cat.register_job("bad", "imagenet", where="width >")

@@ -31,19 +31,33 @@ def test_import_sql_and_errors(capsys, tmp_path):
     code, out, _ = run(capsys, "--catalog", root, "import", "d", str(tmp_path / "d.parquet"))
     assert code == 0
     assert "Dataset d version 1: 20 rows" in out
-    code, out, _ = run(capsys, "--catalog", root, "sql", "REGISTER JOB j SELECT b FROM d WHERE label < 5")
+    code, out, _ = run(
+        capsys, "--catalog", root, "sql", "REGISTER JOB j SELECT b FROM d WHERE label < 5"
+    )
     assert (code, out.strip()) == (0, "Job j on d (version 1): 5 rows, columns b")
     code, out, _ = run(capsys, "--catalog", root, "sql", "SHOW JOBS")
     lines = out.splitlines()
-    assert lines[0].split() == ["name", "dataset", "version", "rows", "columns", "predicate", "options"]
+    assert lines[0].split() == [
+        "name",
+        "dataset",
+        "version",
+        "rows",
+        "columns",
+        "predicate",
+        "options",
+    ]
     assert lines[2].split()[:5] == ["j", "d", "1", "5", "b"]
     code, out, err = run(capsys, "--catalog", root, "sql", "SELECT labl FROM d")
-    assert code == 1 and out == ""
-    assert err.startswith("StatementError: ") and len(err.strip().splitlines()) == 1
+    assert code == 1
+    assert out == ""
+    assert err.startswith("StatementError: ")
+    assert len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "--catalog", root, "sql", "DESCRIBE dd")
     assert code == 1
-    assert err.strip() == ("DatasetNotFoundError: Unknown dataset 'dd'. Did you mean 'd'? SHOW "
-                           "DATASETS lists them; CREATE DATASET imports one.")
+    assert err.strip() == (
+        "DatasetNotFoundError: Unknown dataset 'dd'. Did you mean 'd'? SHOW "
+        "DATASETS lists them; CREATE DATASET imports one."
+    )
     with pytest.raises(tabloader.DatasetNotFoundError):
         main(["--catalog", root, "--debug", "sql", "DESCRIBE dd"])
 
@@ -57,8 +71,25 @@ def test_statements_from_stdin(capsys, monkeypatch, tmp_path):
 
 
 def test_console_script_entry_point(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tabloader", "--catalog", str(tmp_path / "c"),
-                           "sql", "SHOW DATASETS"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tabloader",
+            "--catalog",
+            str(tmp_path / "c"),
+            "sql",
+            "SHOW DATASETS",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].split() == ["name", "version", "rows", "columns", "jobs",
-                                                   "source"]
+    assert proc.stdout.splitlines()[0].split() == [
+        "name",
+        "version",
+        "rows",
+        "columns",
+        "jobs",
+        "source",
+    ]

@@ -26,14 +26,16 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_layout(tmp_path):
     root = make_imagefolder(tmp_path / "imgs", **SMALL)
     assert root == tmp_path / "imgs"
-    assert sorted(p.name for p in root.iterdir()) == [MARKER, "class_000", "class_001",
-                                                      "class_002"]
+    assert sorted(p.name for p in root.iterdir()) == [MARKER, "class_000", "class_001", "class_002"]
     files = _files(root)
     assert len(files) == 20
     assert "class_000/img_000000.jpg" in files
     assert "class_002/img_000017.jpg" in files
     assert [len(list((root / c).iterdir())) for c in ["class_000", "class_001", "class_002"]] == [
-        7, 7, 6]
+        7,
+        7,
+        6,
+    ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
@@ -83,8 +85,9 @@ def test_default_size_is_imagenet_like(tmp_path):
 
 
 def test_no_jitter_gives_the_exact_size(tmp_path):
-    root = make_imagefolder(tmp_path / "imgs", num_images=3, num_classes=1, size=(64, 48),
-                            size_jitter=0)
+    root = make_imagefolder(
+        tmp_path / "imgs", num_images=3, num_classes=1, size=(64, 48), size_jitter=0
+    )
     for path in root.rglob("*.jpg"):
         with Image.open(path) as im:
             assert im.size == (64, 48)
@@ -123,8 +126,9 @@ def test_foreign_folder_is_not_overwritten(tmp_path):
 
 def test_progress_reports_every_image(tmp_path):
     seen = []
-    make_imagefolder(tmp_path / "imgs", num_images=150, num_classes=2, size=(32, 32),
-                     progress=seen.append)
+    make_imagefolder(
+        tmp_path / "imgs", num_images=150, num_classes=2, size=(32, 32), progress=seen.append
+    )
     assert seen == [64, 128, 150]
 
 
@@ -137,14 +141,17 @@ def test_interrupted_run_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"num_images": 0}, "num_images"),
-    ({"num_classes": 0}, "num_classes"),
-    ({"size": (4, 100)}, "size"),
-    ({"size_jitter": 1.0}, "size_jitter"),
-    ({"quality": 0}, "quality"),
-    ({"workers": -1}, "workers"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_images": 0}, "num_images"),
+        ({"num_classes": 0}, "num_classes"),
+        ({"size": (4, 100)}, "size"),
+        ({"size_jitter": 1.0}, "size_jitter"),
+        ({"quality": 0}, "quality"),
+        ({"workers": -1}, "workers"),
+    ],
+)
 def test_bad_parameters(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_imagefolder(tmp_path / "imgs", **{**SMALL, **kwargs})
@@ -170,10 +177,15 @@ def test_corrupt_image_header_fails_at_open(tmp_path):
 
 def test_metadata_table():
     table = make_metadata_table(20_000, payload_bytes=8, seed=1)
-    assert table.schema == pa.schema([
-        ("label", pa.int64()), ("split", pa.string()), ("width", pa.int32()),
-        ("height", pa.int32()), ("payload", pa.binary()),
-    ])
+    assert table.schema == pa.schema(
+        [
+            ("label", pa.int64()),
+            ("split", pa.string()),
+            ("width", pa.int32()),
+            ("height", pa.int32()),
+            ("payload", pa.binary()),
+        ]
+    )
     assert table.num_rows == 20_000
     label = table.column("label").to_numpy()
     assert label.min() >= 0

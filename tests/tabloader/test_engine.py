@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections import Counter
@@ -38,8 +37,9 @@ def run_jobs(loader, specs):
     """specs: {job: (batch_size, epochs, delay)} -> {job: delivered ids}, consumed on threads."""
     seen = {name: [] for name in specs}
     streams = {n: loader.open(n, batch_size=b, epochs=e) for n, (b, e, _) in specs.items()}
-    threads = [threading.Thread(target=consume, args=(streams[n], seen[n], specs[n][2]))
-               for n in specs]
+    threads = [
+        threading.Thread(target=consume, args=(streams[n], seen[n], specs[n][2])) for n in specs
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -51,7 +51,9 @@ def run_jobs(loader, specs):
 
 @pytest.mark.parametrize("sampler", ["dependent", "independent"])
 def test_exactly_once_per_epoch_end_to_end(images, sampler):
-    images.sql("REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)")
+    images.sql(
+        "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
+    )
     images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label > 0 WITH (image_size = 16)")
     images.sql("REGISTER JOB c SELECT label FROM imgs WHERE label IN (1, 3)")
     with Loader(images, cache_bytes=1 << 20, workers=3, sampler=sampler) as loader:
@@ -61,7 +63,7 @@ def test_exactly_once_per_epoch_end_to_end(images, sampler):
         epochs = {"a": 2, "b": 3, "c": 2}[name]
         assert len(ids) == epochs * len(expected)
         for e in range(epochs):
-            chunk = ids[e * len(expected):(e + 1) * len(expected)]
+            chunk = ids[e * len(expected) : (e + 1) * len(expected)]
             assert sorted(chunk) == expected, f"job {name} epoch {e}"
     assert tabloader_threads() == []
 
@@ -77,11 +79,13 @@ def test_pixels_and_bytes_match_the_source(images, image_folder):
             path = image_folder / batch["path"][i]
             expected = np.asarray(Image.open(path).convert("RGB"))
             got = batch["image"][i]
-            assert got.shape == expected.shape and np.array_equal(got, expected)
+            assert got.shape == expected.shape
+            assert np.array_equal(got, expected)
             assert int(batch["label"][i]) == ds.take([row], ["label"]).column(1)[0].as_py()
         small = loader.open("small", batch_size=8, epochs=1)
         b2 = small.next_batch()
-        assert b2["image"].shape == (8, 24, 24, 3) and b2["image"].dtype == np.uint8
+        assert b2["image"].shape == (8, 24, 24, 3)
+        assert b2["image"].dtype == np.uint8
         raw = ds.take([int(b2["_id"][0])], ["image"]).column(1)[0].as_py()
         assert np.array_equal(b2["image"][0], decode_image(raw, size=24))
 
@@ -91,7 +95,7 @@ def test_same_set_same_pace_reads_each_row_once(images):
         images.sql(f"REGISTER JOB {name} SELECT image FROM imgs WITH (image_size = 16)")
     n = images.job("x").num_rows
     with Loader(images, cache_bytes=64 << 20, workers=2) as loader:
-        seen = run_jobs(loader, {j: (6, 1, 0.0) for j in ("x", "y", "z")})
+        seen = run_jobs(loader, dict.fromkeys(("x", "y", "z"), (6, 1, 0.0)))
         stats = loader.stats()
     assert all(sorted(ids) == list(range(n)) for ids in seen.values())
     assert stats["decodes"] == n
@@ -106,8 +110,9 @@ def test_independent_sampler_decodes_more_with_a_small_cache(images):
     decodes = {}
     for sampler in ("dependent", "independent"):
         with Loader(images, cache_bytes=15 * one_row, workers=2, sampler=sampler) as loader:
-            streams = [loader.open(j, batch_size=4, prefetch=1, lookahead=8, epochs=1)
-                       for j in ("x", "y")]
+            streams = [
+                loader.open(j, batch_size=4, prefetch=1, lookahead=8, epochs=1) for j in ("x", "y")
+            ]
             threads = [threading.Thread(target=consume, args=(s, [])) for s in streams]
             for t in threads:
                 t.start()
@@ -168,8 +173,12 @@ def test_corrupt_row_raises_with_its_id_or_is_skipped(tmp_path, image_folder):
     corrupt_image(victim)
     with catalog.connect(tmp_path / "cat") as cat:
         ds = cat.import_imagefolder("imgs", folder)
-        bad = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist().index(
-            victim.relative_to(folder).as_posix())
+        bad = (
+            ds.take(list(range(ds.num_rows)), ["path"])
+            .column("path")
+            .to_pylist()
+            .index(victim.relative_to(folder).as_posix())
+        )
         cat.sql("REGISTER JOB strict SELECT image FROM imgs")
         cat.sql("REGISTER JOB lenient SELECT image FROM imgs")
         cat.sql(f"REGISTER JOB other SELECT image FROM imgs WHERE _id <> {bad}")
@@ -212,8 +221,8 @@ def test_open_errors(images):
         loader.open("a")
         with pytest.raises(LoaderError, match="Job 'a' is open already in this loader"):
             loader.open("a")
+        state = {"job": "b", "epoch": 0, "remaining": images.job("a").ids.serialize()}
         with pytest.raises(LoaderError, match="not a non-empty subset of job 'b'"):
-            state = {"job": "b", "epoch": 0, "remaining": images.job("a").ids.serialize()}
             loader.open("b", state=state)
         with pytest.raises(LoaderError, match="Not a job state"):
             loader.open("b", state={"job": "b"})
@@ -242,7 +251,8 @@ def test_deterministic_for_a_seed(images):
     orders = []
     for _ in range(2):
         with Loader(images, cache_bytes=1 << 20, seed=5) as loader:
-            orders.append([i for b in loader.open("a", batch_size=8, epochs=1)
-                           for i in b["_id"].tolist()])
+            orders.append(
+                [i for b in loader.open("a", batch_size=8, epochs=1) for i in b["_id"].tolist()]
+            )
     assert orders[0] == orders[1]
     assert Counter(orders[0]) == Counter(range(images.job("a").num_rows))

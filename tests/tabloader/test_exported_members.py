@@ -9,7 +9,8 @@ import catalog
 import tabloader
 
 PUBLIC_MODULES = [
-    m.name for pkg in (catalog, tabloader)
+    m.name
+    for pkg in (catalog, tabloader)
     for m in pkgutil.walk_packages(pkg.__path__, prefix=pkg.__name__ + ".")
     if not any(part.startswith("_") for part in m.name.split("."))
 ]
@@ -38,7 +39,9 @@ def test_catalog_never_imports_tabloader_or_torch():
     import subprocess
     import sys
 
-    code = ("import sys, catalog, catalog.sql, catalog.importers.hf, catalog.importers.imagefolder;"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tabloader', 'torch')))")
+    code = (
+        "import sys, catalog, catalog.sql, catalog.importers.hf, catalog.importers.imagefolder;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tabloader', 'torch')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

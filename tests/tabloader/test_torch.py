@@ -14,8 +14,10 @@ from tabloader.torch import JobDataset
 def loader(tmp_path, image_folder):
     cat = catalog.connect(tmp_path / "cat")
     cat.import_imagefolder("imgs", image_folder)
-    cat.sql("REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
-            "WITH (batch_size = 8, image_size = 16, seed = 3)")
+    cat.sql(
+        "REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
+        "WITH (batch_size = 8, image_size = 16, seed = 3)"
+    )
     with Loader(cat, cache_bytes=8 << 20, workers=2) as engine:
         yield engine
     cat.close()
@@ -30,8 +32,10 @@ def test_batches_are_dicts_of_tensors_one_epoch_per_iteration(loader):
     rows = sorted(loader.catalog.job("j").ids)
     batches = list(DataLoader(data, batch_size=None))
     first = batches[0]
-    assert first["image"].dtype == torch.uint8 and first["image"].shape == (8, 16, 16, 3)
-    assert first["label"].dtype == torch.int64 and first["_id"].dtype == torch.int64
+    assert first["image"].dtype == torch.uint8
+    assert first["image"].shape == (8, 16, 16, 3)
+    assert first["label"].dtype == torch.int64
+    assert first["_id"].dtype == torch.int64
     assert all(len(b["_id"]) <= 8 for b in batches)
     assert sorted(i for b in batches for i in b["_id"].tolist()) == rows
     second = epoch_ids(data)
@@ -50,7 +54,8 @@ def test_resume_mid_epoch(loader):
     again = JobDataset("j", loader=loader)
     again.load_state_dict(state)
     rest = epoch_ids(again)
-    assert sorted(seen + rest) == rows and len(seen + rest) == len(rows)
+    assert sorted(seen + rest) == rows
+    assert len(seen + rest) == len(rows)
     assert sorted(epoch_ids(again)) == rows  # the next epoch is whole
     again.close()
 
@@ -72,13 +77,13 @@ def test_transform_uses_the_jobs_own_generator(loader):
     a, batch = draws(1)
     b, _ = draws(1)
     c, _ = draws(2)
-    assert a == b and a != c
+    assert a == b
+    assert a != c
     assert batch["image"].shape[1:] == (16, 16, 3)
 
 
 def test_worker_processes_are_refused(loader):
     data = JobDataset("j", loader=loader)
     with pytest.raises(LoaderError, match="num_workers=0"):
-        next(iter(DataLoader(data, batch_size=None, num_workers=1,
-                             multiprocessing_context="fork")))
+        next(iter(DataLoader(data, batch_size=None, num_workers=1, multiprocessing_context="fork")))
     data.close()

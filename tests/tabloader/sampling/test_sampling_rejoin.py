@@ -21,11 +21,13 @@ def test_rejoin_with_remaining_rows(kind):
     s.remove_job("a")
     s.sample_many(["b"], 5)
     s.add_job("a", ids, remaining=left, epoch=4)
-    assert s.epoch("a") == 4 and s.remaining("a") == left
+    assert s.epoch("a") == 4
+    assert s.remaining("a") == left
     rest = s.sample_many(["a", "b"], len(left))["a"].tolist()
     assert sorted(first + rest) == list(range(50))
     nxt = s.sample_many(["a"], 50)["a"].tolist()
-    assert s.epoch("a") == 5 and sorted(nxt) == list(range(50))
+    assert s.epoch("a") == 5
+    assert sorted(nxt) == list(range(50))
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLERS))
