@@ -1,11 +1,17 @@
 """Random-access reads of a dataset's rows from its Arrow IPC files.
 
-Opening a part memory-maps the file and reads only its footer (``pa.ipc.open_file``); the file
+Opening a part reads only its footer (``pa.ipc.open_file``); the file
 size and batch count are checked against the catalog, so a truncated or replaced file is
 reported at open, not as garbage later. Rows are located by arithmetic (see
 ``catalog.storage``); a batched ``take`` groups ids by record batch so each batch is touched
 once, then restores the caller's order with one ``take`` on a single-chunk table (never on a
 chunked binary column, which would concatenate every chunk).
+
+Why ``pread`` (``pa.OSFile``) and not a memory map: with a map, every page an epoch touches
+stays in the process's resident set (an 800 MB dataset read once made a 1 GB RSS), and a page
+fault on a cold page blocks while holding the GIL, so reader threads stall each other.
+``get_batch`` on a file reads the batch with the GIL released and copies only that batch
+(measured: 33 us vs 27 us per warm single-row batch of ~80 KB images).
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class DatasetReader:
                 path=str(path),
             )
         try:
-            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            reader = pa.ipc.open_file(pa.OSFile(str(path), "r"))
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             raise StorageError(f"Corrupt data file '{path}': {exc}. {fix}", path=str(path)) from exc
         if reader.num_record_batches != part.num_batches:
@@ -105,7 +111,7 @@ class DatasetReader:
         return part, local // rpb, local % rpb
 
     def record_batch(self, part: int, batch: int) -> pa.RecordBatch:
-        """Return record batch ``batch`` of part ``part`` (zero-copy from the memory map)."""
+        """Return record batch ``batch`` of part ``part`` (one read of that batch only)."""
         try:
             return self._file(part).get_batch(batch)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:

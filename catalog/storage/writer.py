@@ -1,9 +1,9 @@
 """Write one Arrow IPC *file* (footer-indexed, random access) with fixed rows per batch.
 
 Why fixed rows per batch: a reader maps ``_id`` to a record batch by division, so opening a
-dataset never scans. Why small batches for large rows: ``get_batch`` on a memory map touches
-the metadata of the whole batch and later slicing keeps the batch alive; 1-64 rows per batch
-for 10-100 KB rows gave the best random reads (``tabloader bench catalog``). We aim for about
+dataset never scans. Why small batches for large rows: ``get_batch`` reads the whole batch
+(every column, every row) to return one row, and a slice keeps the batch alive; 1-64 rows per
+batch for 10-100 KB rows gave the best random reads (``tabloader bench catalog``). We aim for about
 ``TARGET_BATCH_BYTES`` per batch, rounded down to a power of two.
 """
 
