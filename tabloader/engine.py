@@ -136,6 +136,7 @@ class _Group:
         self.decodes = 0
         self.bytes_read = 0
         self.queued: dict[int, int] = {}  # row -> queued slots not loaded yet (future uses)
+        self.counters_lock = threading.Lock()  # reads/decodes, off the hot condition
         self.thread = threading.Thread(
             target=self._schedule, name=f"tabloader-sched-{self.name}", daemon=True
         )
@@ -211,7 +212,7 @@ class _Group:
         value = self.dataset.take([row], [dec.column]).column(1)[0]
         payload = isinstance(value, pa.BinaryScalar | pa.LargeBinaryScalar) and value.is_valid
         prepared = dec(value, row_id=row)
-        with self.cond:  # reads count payload (binary) values: the I/O that matters
+        with self.counters_lock:  # reads count payload (binary) values: the I/O that matters
             self.reads += payload
             self.bytes_read += value.as_buffer().size if payload else 0
             self.decodes += dec.kind is DecodeKind.IMAGE
