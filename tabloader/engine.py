@@ -50,6 +50,7 @@ from pyroaring import BitMap
 
 from catalog import Catalog, connect
 from catalog.errors import LoaderError
+from catalog.storage import DatasetReader
 from tabloader.cache import CacheKey, RowCache
 from tabloader.prep import DecodeKind, Decoder, collate, decoder_for
 from tabloader.sampling import SAMPLERS
@@ -126,7 +127,7 @@ class _Group:
     def __init__(self, loader: Loader, dataset: Dataset, sampler: Any) -> None:
         self.loader = loader
         self.name = dataset.name
-        self.dataset = dataset
+        self.set_dataset(dataset)
         self.sampler = sampler
         self.jobs: dict[str, _JobState] = {}
         self.cond = threading.Condition()
@@ -141,6 +142,13 @@ class _Group:
             target=self._schedule, name=f"tabloader-sched-{self.name}", daemon=True
         )
         self.thread.start()
+
+    def set_dataset(self, dataset: Dataset) -> None:
+        """Read ``dataset`` (a version at least as new as every open job's) with ``pread``."""
+        self.dataset = dataset
+        self.reader = DatasetReader(
+            dataset.reader.root, dataset.reader.parts, dataset.reader.schema, memory_map=False
+        )
 
     # -- scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -209,7 +217,7 @@ class _Group:
             cache.release(slot.keys)
 
     def _load(self, row: int, dec: Decoder) -> tuple[Any, int]:
-        value = self.dataset.take([row], [dec.column]).column(1)[0]
+        value = self.reader.take([row], [dec.column]).column(1)[0]
         payload = isinstance(value, pa.BinaryScalar | pa.LargeBinaryScalar) and value.is_valid
         prepared = dec(value, row_id=row)
         with self.counters_lock:  # reads count payload (binary) values: the I/O that matters
@@ -486,7 +494,7 @@ class Loader:
                     group = _Group(self, dataset, self._sampler_cls(seed=self._seed))
                     self._groups[info.dataset] = group
                 else:
-                    group.dataset = dataset
+                    group.set_dataset(dataset)
             schema = group.dataset.schema
             decoders = [
                 decoder_for(

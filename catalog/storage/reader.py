@@ -7,11 +7,14 @@ reported at open, not as garbage later. Rows are located by arithmetic (see
 once, then restores the caller's order with one ``take`` on a single-chunk table (never on a
 chunked binary column, which would concatenate every chunk).
 
-Why ``pread`` (``pa.OSFile``) and not a memory map: with a map, every page an epoch touches
-stays in the process's resident set (an 800 MB dataset read once made a 1 GB RSS), and a page
-fault on a cold page blocks while holding the GIL, so reader threads stall each other.
-``get_batch`` on a file reads the batch with the GIL released and copies only that batch
-(measured: 33 us vs 27 us per warm single-row batch of ~80 KB images).
+Two ways to read, chosen per reader (``memory_map``):
+
+* memory map (default, for ``Dataset.take``): zero-copy, the fastest single-row reads;
+* ``pread`` (``pa.OSFile``, for the loading engine's threads): with a map, every page an epoch
+  touches stays in the process's resident set (an 800 MB dataset read once made a 1 GB RSS in
+  ``bench e2e``), and a fault on a cold page blocks while holding the GIL, so reader threads
+  stall each other; ``get_batch`` on a file reads with the GIL released and copies one batch
+  (33 us vs 27 us per warm single-row batch of ~80 KB images).
 """
 
 from __future__ import annotations
@@ -40,10 +43,14 @@ class DatasetReader:
         root: the catalog directory (part paths are relative to it).
         parts: the parts, in ``_id`` order.
         schema: the stored schema (without ``_id``).
+        memory_map: read through memory maps (True) or with ``pread`` (False); see above.
     """
 
-    def __init__(self, root: Path, parts: Sequence[PartInfo], schema: pa.Schema) -> None:
+    def __init__(
+        self, root: Path, parts: Sequence[PartInfo], schema: pa.Schema, *, memory_map: bool = True
+    ) -> None:
         self.root = root
+        self.memory_map = memory_map
         self.parts = list(parts)
         self.schema = schema
         self.num_rows = sum(p.num_rows for p in self.parts)
@@ -79,7 +86,8 @@ class DatasetReader:
                 path=str(path),
             )
         try:
-            reader = pa.ipc.open_file(pa.OSFile(str(path), "r"))
+            source = pa.memory_map(str(path), "r") if self.memory_map else pa.OSFile(str(path))
+            reader = pa.ipc.open_file(source)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             raise StorageError(f"Corrupt data file '{path}': {exc}. {fix}", path=str(path)) from exc
         if reader.num_record_batches != part.num_batches:
@@ -128,6 +136,8 @@ class DatasetReader:
         self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None
     ) -> pa.Table:
         """Return the rows ``ids`` (in that order) as a table whose first column is ``_id``."""
+        if len(ids) == 1 and columns is None:
+            return self._take_one(int(ids[0]))
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         names = self._columns(columns)
         if ids.size == 0:
@@ -140,6 +150,15 @@ class DatasetReader:
         if len(names) != len(self.schema):
             table = table.select(names)
         return table.add_column(0, ID_FIELD, pa.array(ids))
+
+    def _take_one(self, i: int) -> pa.Table:
+        """The hot path of random single-row reads: no numpy, one slice, no copy."""
+        if not 0 <= i < self.num_rows:
+            self.locate(np.array([i]))  # raises the out-of-range error
+        p = bisect_right(self._first_list, i) - 1
+        b, row = divmod(i - self._first_list[p], self._rpb_list[p])
+        piece = self.record_batch(p, b).slice(row, 1)
+        return pa.Table.from_batches([piece]).add_column(0, ID_FIELD, pa.array([i], pa.int64()))
 
     def _take_small(self, ids: list[int]) -> pa.Table:
         """One zero-copy slice per id from its record batch, then one copy into one chunk."""
