@@ -16,13 +16,30 @@ from typing import Any
 
 from tabloader._format import format_table
 
-__all__ = ["BENCHMARKS", "format_table", "load", "write_json"]
+__all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "write_json"]
 
 BENCHMARKS: dict[str, str] = {
     "catalog": "tabloader.bench.catalog",
     "sampling": "tabloader.bench.sampling",
     "e2e": "tabloader.bench.e2e",
 }
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set of this process in MiB (``VmHWM``).
+
+    Not ``ru_maxrss``: it survives ``exec``, so a child started by a big parent reports the
+    parent's size (measured: 1.5 GB reported for an import that peaked at 0.45 GB).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def load(name: str) -> ModuleType:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, peak_rss_mib, write_json
 
 __all__ = ["add_arguments", "run"]
 
@@ -97,7 +97,8 @@ def _rusage() -> tuple[float, float]:
         resource.getrusage(resource.RUSAGE_CHILDREN),
     )
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    return cpu, max(me.ru_maxrss, kids.ru_maxrss) / 1024
+    # a child's ru_maxrss can include our size when it forked (it survives exec): an upper bound
+    return cpu, max(peak_rss_mib(), kids.ru_maxrss / 1024)
 
 
 class _MapDataset:
