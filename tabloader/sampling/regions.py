@@ -132,7 +132,9 @@ class Regions:
                 for r, parts in sorted(runs.items())
             ]
         else:
-            order = np.argsort(cur, kind="stable")
+            # numpy's stable sort is a radix sort for 16-bit keys: ~5x faster than on int32
+            keys16 = (cur + 1).astype(np.uint16) if len(self.keys) < 0xFFFF else cur
+            order = np.argsort(keys16, kind="stable")
             cur_sorted = cur[order]
             bounds = np.flatnonzero(cur_sorted[1:] != cur_sorted[:-1]) + 1
             starts_a = np.concatenate(([0], bounds))
