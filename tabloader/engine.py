@@ -31,6 +31,7 @@ The engine does not know how jobs are attached: the in-process ``JobStream`` her
 
 from __future__ import annotations
 
+import atexit
 import enum
 import functools
 import logging
@@ -603,6 +604,14 @@ def _is_image(f: Any) -> bool:
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}
+
+
+def _close_default_loaders() -> None:
+    """At exit: stop the default loaders' threads and close their catalogs cleanly."""
+    with _DEFAULT_LOCK:
+        for loader in _DEFAULT_LOADERS.values():
+            loader.close()
+        _DEFAULT_LOADERS.clear()
 _DEFAULT_LOCK = threading.Lock()
 
 
@@ -618,6 +627,8 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     else:
         root = Path(catalog or os.environ.get("TABLOADER_CATALOG") or "catalog").absolute()
     with _DEFAULT_LOCK:
+        if not _DEFAULT_LOADERS:
+            atexit.register(_close_default_loaders)
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader._closed:
             cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
