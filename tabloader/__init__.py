@@ -1,68 +1,30 @@
 """tabloader: several training jobs on one machine share reading and decoding of their data.
 
+The catalog's public names (``connect``, ``Catalog``, the errors...) are tabloader's too; the
+loading engine adds ``Loader`` and ``JobStream`` (``tabloader.torch`` adds ``JobDataset``).
+
 Example:
     >>> import tabloader, pyarrow as pa, tempfile
     >>> cat = tabloader.connect(tempfile.mkdtemp())
     >>> _ = cat.import_arrow("numbers", pa.table({"x": list(range(10))}))
-    >>> cat.sql("REGISTER JOB odd SELECT x FROM numbers WHERE x % 2 = 1").num_rows
-    5
+    >>> _ = cat.sql("REGISTER JOB odd SELECT x FROM numbers WHERE x % 2 = 1")
+    >>> with tabloader.Loader(cat, cache_bytes=1 << 20) as loader:
+    ...     sorted(int(i) for b in loader.open("odd", batch_size=2, epochs=1) for i in b["_id"])
+    [1, 3, 5, 7, 9]
     >>> cat.close()
 """
 
 from __future__ import annotations
 
-from catalog import (
-    AlreadyExistsError,
-    CacheError,
-    Catalog,
-    CatalogError,
-    CatalogLockedError,
-    Dataset,
-    DatasetInUseError,
-    DatasetNotFoundError,
-    ForbiddenExpressionError,
-    ImportFailedError,
-    Job,
-    JobNotFoundError,
-    LoaderError,
-    NotFoundError,
-    RowReadError,
-    SamplingError,
-    StatementError,
-    StorageError,
-    TabloaderError,
-    UnknownColumnError,
-    connect,
-)
-from tabloader.engine import JobStream, Loader, OnError, default_loader
+from catalog import *  # noqa: F403  (re-exported: the catalog's public names)
+from catalog import __all__ as _catalog_all
+from tabloader.engine import JobStream as JobStream
+from tabloader.engine import Loader as Loader
+from tabloader.engine import OnError as OnError
+from tabloader.engine import default_loader as default_loader
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AlreadyExistsError",
-    "CacheError",
-    "Catalog",
-    "CatalogError",
-    "CatalogLockedError",
-    "Dataset",
-    "DatasetInUseError",
-    "DatasetNotFoundError",
-    "ForbiddenExpressionError",
-    "ImportFailedError",
-    "Job",
-    "JobNotFoundError",
-    "JobStream",
-    "Loader",
-    "LoaderError",
-    "NotFoundError",
-    "OnError",
-    "RowReadError",
-    "SamplingError",
-    "StatementError",
-    "StorageError",
-    "TabloaderError",
-    "UnknownColumnError",
-    "__version__",
-    "connect",
-    "default_loader",
-]
+__all__ = sorted(
+    [*_catalog_all, "JobStream", "Loader", "OnError", "__version__", "default_loader"]
+)
