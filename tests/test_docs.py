@@ -1,0 +1,25 @@
+"""The examples in docstrings run (as sqlglot's tests/test_docs.py does)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "catalog",
+    "tabloader",
+    "tabloader.cache",
+    "tabloader.prep",
+    "tabloader.sampling",
+    "tabloader.sampling.dependent",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no examples"
+    assert result.failed == 0
