@@ -122,6 +122,21 @@ class _JobState:
         return self.room() > 0 and len(self.pending) < self.window
 
 
+class _RowRead:
+    """The columns of one row, read on first use (once for all of them)."""
+
+    __slots__ = ("columns", "reader", "row", "table")
+
+    def __init__(self, reader: DatasetReader, row: int, columns: list[str]) -> None:
+        self.reader, self.row, self.columns = reader, row, columns
+        self.table: pa.Table | None = None
+
+    def value(self, column: str) -> Any:
+        if self.table is None:
+            self.table = self.reader.take([self.row], self.columns)
+        return self.table.column(column)[0]
+
+
 class _Group:
     """One dataset: its reader, sampler, jobs and scheduler thread."""
 
@@ -201,11 +216,15 @@ class _Group:
     # -- loading (worker threads) ----------------------------------------------------------------
     def _fetch(self, job: _JobState, slot: _Slot) -> None:
         cache, row = self.loader._cache, slot.row
+        # A record batch is read whole, so the row's missing columns come from one read.
+        read = _RowRead(self.reader, row, [d.column for d in job.decoders])
         try:
             values: dict[str, Any] = {}
             for dec in job.decoders:
                 key = (row, f"{self.name}/{dec.key}")
-                values[dec.column] = cache.get_or_load(key, functools.partial(self._load, row, dec))
+                values[dec.column] = cache.get_or_load(
+                    key, functools.partial(self._load, read, dec)
+                )
                 slot.keys.append(key)
             slot.values = values
         except BaseException as exc:
@@ -217,10 +236,10 @@ class _Group:
         if closed:
             cache.release(slot.keys)
 
-    def _load(self, row: int, dec: Decoder) -> tuple[Any, int]:
-        value = self.reader.take([row], [dec.column]).column(1)[0]
+    def _load(self, read: _RowRead, dec: Decoder) -> tuple[Any, int]:
+        value = read.value(dec.column)
         payload = isinstance(value, pa.BinaryScalar | pa.LargeBinaryScalar) and value.is_valid
-        prepared = dec(value, row_id=row)
+        prepared = dec(value, row_id=read.row)
         with self.counters_lock:  # reads count payload (binary) values: the I/O that matters
             self.reads += payload
             self.bytes_read += value.as_buffer().size if payload else 0
@@ -612,6 +631,8 @@ def _close_default_loaders() -> None:
         for loader in _DEFAULT_LOADERS.values():
             loader.close()
         _DEFAULT_LOADERS.clear()
+
+
 _DEFAULT_LOCK = threading.Lock()
 
 
