@@ -206,12 +206,16 @@ class _Group:
                 break
             if not slot.submitted:
                 slot.submitted = True
-                left = self.queued[slot.row] - 1
-                if left:
-                    self.queued[slot.row] = left
-                else:
-                    del self.queued[slot.row]
+                self.unqueue_locked(slot.row)
                 self.loader._pool.submit(self._fetch, job, slot)
+
+    def unqueue_locked(self, row: int) -> None:
+        """One queued future use of ``row`` is gone (it is loading now, or its job left)."""
+        left = self.queued[row] - 1
+        if left:
+            self.queued[row] = left
+        else:
+            del self.queued[row]
 
     # -- loading (worker threads) ----------------------------------------------------------------
     def _fetch(self, job: _JobState, slot: _Slot) -> None:
@@ -460,11 +464,11 @@ class Loader:
         self._closed = False
 
     def _refcounts(self, rows: np.ndarray, column: str) -> np.ndarray:
-        dataset = column.split("/", 1)[0]
+        dataset, _, key = column.partition("/")
         group = self._groups.get(dataset)
         if group is None:
             return np.zeros(len(rows), dtype=np.int64)
-        return group.refcounts(rows, column.split("/", 1)[1])
+        return group.refcounts(rows, key)
 
     def open(
         self,
@@ -559,11 +563,7 @@ class Loader:
             done = [s for s in job.pending if s.done.is_set()]
             for slot in job.pending:
                 if not slot.submitted:
-                    left = group.queued[slot.row] - 1
-                    if left:
-                        group.queued[slot.row] = left
-                    else:
-                        del group.queued[slot.row]
+                    group.unqueue_locked(slot.row)
             job.pending.clear()
             group.cond.notify_all()
         self._cache.release([k for s in done for k in s.keys])
