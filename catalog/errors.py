@@ -114,7 +114,7 @@ class ForbiddenExpressionError(StatementError):
 
 
 class StorageError(TabloaderError):
-    """An Arrow IPC file is missing or corrupt.
+    """A data file (Arrow IPC, or a job's row ids) is missing or corrupt.
 
     Attributes:
         path: the file at fault.

@@ -6,12 +6,14 @@ import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap
 
+import catalog
 from catalog import (
     AlreadyExistsError,
     DatasetInUseError,
     ForbiddenExpressionError,
     JobNotFoundError,
     StatementError,
+    StorageError,
     UnknownColumnError,
 )
 
@@ -255,3 +257,74 @@ def test_register_job_python_api(cat, imagenet):
     assert job.ids == expected_ids(cat, "width BETWEEN 300 AND 400")
     with pytest.raises(StatementError, match="Cannot parse"):
         cat.register_job("bad", "imagenet", where="width >")
+
+
+def job_files(cat) -> list[str]:
+    return sorted(p.name for p in (cat.root / "jobs").iterdir())
+
+
+def test_job_files_follow_the_jobs(cat, imagenet):
+    cat.sql("REGISTER JOB a SELECT label FROM imagenet WHERE label < 100")
+    cat.sql("REGISTER JOB b SELECT label FROM imagenet")
+    first = job_files(cat)
+    assert [f.split("-")[0] for f in first] == ["a", "b"]
+    cat.sql("REGISTER OR REPLACE JOB a SELECT label FROM imagenet WHERE label < 200")
+    replaced = job_files(cat)
+    assert len(replaced) == 2 and first[0] not in replaced and first[1] in replaced
+    assert cat.job("a").ids == expected_ids(cat, "label < 200")
+    with pytest.raises(AlreadyExistsError, match="REGISTER OR REPLACE JOB a"):
+        cat.sql("REGISTER JOB a SELECT label FROM imagenet WHERE label < 300")
+    assert job_files(cat) == replaced  # the refused job's file is gone
+    assert cat.job("a").ids == expected_ids(cat, "label < 200")
+    cat.sql("UNREGISTER JOB a")
+    assert [f.split("-")[0] for f in job_files(cat)] == ["b"]
+    cat.sql("DROP DATASET imagenet CASCADE")
+    assert job_files(cat) == []
+
+
+def test_lost_job_bitmap_is_rebuilt_from_its_row(cat, imagenet):
+    cat.sql("REGISTER JOB a SELECT label FROM imagenet WHERE label < 100")
+    expected = expected_ids(cat, "label < 100")
+    (path,) = (cat.root / "jobs").iterdir()
+    cat.import_arrow("imagenet", imagenet, append=True)  # the rebuild must keep version 1
+    for damage in (lambda: path.write_bytes(path.read_bytes()[:10]), path.unlink):
+        damage()
+        assert cat.job("a").ids == expected
+        assert cat.job("a").dataset_version == 1
+        assert BitMap.deserialize(path.read_bytes()) == expected  # the file is back
+    # A rebuild that does not match the stored CRC is refused, not served.
+    cat._con.execute("UPDATE _tabloader.jobs SET crc32 = crc32 + 1")
+    path.unlink()
+    with pytest.raises(StorageError, match=r"row ids of job 'a' .* are lost.*REGISTER OR REPLACE"):
+        cat.job("a")
+
+
+def test_leftover_job_files_are_removed_at_open(cat, imagenet):
+    cat.sql("REGISTER JOB a SELECT label FROM imagenet WHERE label < 100")
+    kept = job_files(cat)
+    (cat.root / "jobs" / "x-0123456789ab.roaring").write_bytes(b"left by a crash")
+    (cat.root / "jobs" / ".tmp-y-0123456789ab.roaring").write_bytes(b"")
+    root = cat.root
+    cat.close()
+    with catalog.connect(root) as again:
+        assert job_files(again) == kept
+        assert again.job("a").ids == expected_ids(again, "label < 100")
+
+
+def test_catalog_with_bitmaps_in_duckdb_is_upgraded(tmp_path):
+    """A catalog of tabloader 0.1.0 stored each job's bitmap in a BLOB column."""
+    root = tmp_path / "old"
+    with catalog.connect(root) as cat:
+        cat.import_arrow("t", pa.table({"x": np.arange(100)}))
+        cat.register_job("j", "t", where="x % 3 = 0")
+        ids = cat.job("j").ids
+        con = cat._con
+        con.execute("ALTER TABLE _tabloader.jobs ADD COLUMN ids BLOB")
+        con.execute("UPDATE _tabloader.jobs SET ids = ?", [ids.serialize()])
+        con.execute("ALTER TABLE _tabloader.jobs DROP COLUMN bitmap")
+        con.execute("ALTER TABLE _tabloader.jobs DROP COLUMN crc32")
+    for f in (root / "jobs").iterdir():
+        f.unlink()
+    with catalog.connect(root) as cat:
+        assert cat.job("j").ids == ids == BitMap(range(0, 100, 3))
+        assert len(job_files(cat)) == 1
