@@ -20,12 +20,11 @@ import functools
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results/catalog.json", help="JSON output")
 
 
-def _median_time(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
+def _race(competitors: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Best time of each competitor over ``repeat`` rounds that run them in turn.
+
+    Interleaving gives each competitor the same share of the shared machine's quiet and busy
+    moments, and the minimum is the run least disturbed by other processes (as ``timeit``).
+    """
+    best = dict.fromkeys(competitors, float("inf"))
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in competitors.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def _warm(root: Path) -> None:
@@ -64,6 +69,11 @@ def _warm(root: Path) -> None:
             with open(f, "rb") as fh:
                 while fh.read(1 << 24):
                     pass
+
+
+def _each(fn: Callable[[Any], Any], args: Sequence[Any]) -> None:
+    for a in args:
+        fn(a)
 
 
 def _fetch_one(con: Any, sql: str) -> Any:
@@ -96,10 +106,16 @@ def bench_register(work: Path, rows: int) -> list[dict[str, Any]]:
         "hash(_id) % 10 < 8",
     ]:
         count_sql = f"SELECT count(*) FROM meta WHERE {where}"
-        t_duck = _median_time(functools.partial(_fetch_one, con, count_sql), 7)
-        t_tab = _median_time(
-            functools.partial(cat.register_job, "bench", "meta", where=where, replace=True), 7
+        best = _race(
+            {
+                "duckdb": functools.partial(_fetch_one, con, count_sql),
+                "tabloader": functools.partial(
+                    cat.register_job, "bench", "meta", where=where, replace=True
+                ),
+            },
+            9,
         )
+        t_duck, t_tab = best["duckdb"], best["tabloader"]
         n = cat.job("bench").num_rows
         out.append(
             {
@@ -134,8 +150,14 @@ def bench_open(work: Path, rows: int) -> list[dict[str, Any]]:
         with catalog.connect(path) as cat:
             if "d" not in cat.dataset_names():
                 cat.import_arrow("d", make_metadata_table(n, payload_bytes=256))
-    t_small = _median_time(lambda: _open_and_read(small), 15)
-    t_large = _median_time(lambda: _open_and_read(large), 15)
+    best = _race(
+        {
+            "small": functools.partial(_open_and_read, small),
+            "large": functools.partial(_open_and_read, large),
+        },
+        15,
+    )
+    t_small, t_large = best["small"], best["large"]
     ratio = t_large / t_small
     return [
         {
@@ -186,22 +208,33 @@ def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(1)
     singles = rng.integers(0, n, 2000)
     batches = [rng.choice(n, 256, replace=False) for _ in range(20)]
-    times: dict[str, dict[str, float]] = {}
-    for name, (one, many) in competitors.items():
-        for i in singles[:100]:  # warm the page cache and the code paths
+    for one, many in competitors.values():  # warm the page cache and the code paths
+        for i in singles[:100]:
             one(int(i))
-        t0 = time.perf_counter()
-        for i in singles:
-            one(int(i))
-        single = (time.perf_counter() - t0) / singles.size
         many(batches[0])
-        t0 = time.perf_counter()
-        for ids in batches:
-            many(ids)
-        times[name] = {
-            "single_us": single * 1e6,
-            "batch256_ms": (time.perf_counter() - t0) / len(batches) * 1e3,
+    rounds = 5  # each round: 400 single takes and 4 batches per competitor
+    single = _race(
+        {
+            name: functools.partial(_each, one, [int(i) for i in chunk])
+            for name, (one, _) in competitors.items()
+            for chunk in [singles[: singles.size // rounds]]
+        },
+        rounds,
+    )
+    batched = _race(
+        {
+            name: functools.partial(_each, many, batches[:4])
+            for name, (_, many) in competitors.items()
+        },
+        rounds,
+    )
+    times = {
+        name: {
+            "single_us": single[name] / (singles.size // rounds) * 1e6,
+            "batch256_ms": batched[name] / 4 * 1e3,
         }
+        for name in competitors
+    }
     cat.close()
     out = []
     mine = times["tabloader"]
@@ -286,8 +319,8 @@ def bench_import(work: Path, gib: float, big_gib: float) -> list[dict[str, Any]]
         with catalog.connect(work / "import-cat") as cat:
             cat.import_parquet("d", src)
 
-    t_plain = _median_time(plain, 3)
-    t_mine = _median_time(mine, 3)
+    best = _race({"pyarrow": plain, "tabloader": mine}, 3)
+    t_plain, t_mine = best["pyarrow"], best["tabloader"]
     size_gib = src.stat().st_size / 2**30
     out = [
         {
