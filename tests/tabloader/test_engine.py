@@ -255,3 +255,47 @@ def test_deterministic_for_a_seed(images):
             )
     assert orders[0] == orders[1]
     assert Counter(orders[0]) == Counter(range(images.job("a").num_rows))
+
+
+def expected_uses(group) -> dict[str, np.ndarray]:
+    """Future uses recomputed from scratch: remaining sets plus queued, unsubmitted slots."""
+    out = {key: np.zeros_like(counts) for key, counts in group.uses.items()}
+    for job in group.jobs.values():
+        rows = [s.row for s in job.pending if not s.submitted]
+        if job.left:
+            rows += list(group.sampler.remaining(job.name))
+        for dec in job.decoders:
+            np.add.at(out[dec.key], np.array(rows, dtype=np.intp), 1)
+    return out
+
+
+@pytest.mark.parametrize("sampler", ["dependent", "independent"])
+def test_future_uses_match_the_sampler_and_queues(images, sampler):
+    """The cache's eviction counts (kept incrementally) equal a recount at every step."""
+    images.sql("REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 8)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label > 0 WITH (image_size = 8)")
+    images.sql("REGISTER JOB c SELECT label FROM imgs WHERE label IN (1, 3)")
+    with Loader(images, cache_bytes=1 << 20, workers=2, sampler=sampler) as loader:
+        a = loader.open("a", batch_size=3, epochs=3)
+        b = loader.open("b", batch_size=5)
+        group = loader._groups["imgs"]
+        checked = 0
+        for step in range(40):
+            stream = (a, b)[step % 2] if step < 30 else a
+            if step == 25:
+                c = loader.open("c", batch_size=2)
+            if step == 30:
+                b.close()
+            if step > 25 and step % 3 == 0:
+                next(iter(c))
+            if a.epoch < 3:
+                next(iter(stream))
+            with group.cond:
+                want = expected_uses(group)
+                for key, counts in group.uses.items():
+                    assert counts.tolist() == want[key].tolist(), (step, key)
+                    checked += int(counts.sum())
+        assert checked > 0
+        a.close()
+        c.close()
+        assert all(not counts.any() for counts in group.uses.values())
