@@ -125,18 +125,19 @@ class _JobState:
 
 
 class _RowRead:
-    """The columns of one row, read on first use (once for all of them)."""
+    """The columns of one row, read on first use (one record batch read for all of them)."""
 
-    __slots__ = ("columns", "reader", "row", "table")
+    __slots__ = ("batch", "index", "reader", "row")
 
-    def __init__(self, reader: DatasetReader, row: int, columns: list[str]) -> None:
-        self.reader, self.row, self.columns = reader, row, columns
-        self.table: pa.Table | None = None
+    def __init__(self, reader: DatasetReader, row: int) -> None:
+        self.reader, self.row = reader, row
+        self.batch: pa.RecordBatch | None = None
+        self.index = 0
 
     def value(self, column: str) -> Any:
-        if self.table is None:
-            self.table = self.reader.take([self.row], self.columns)
-        return self.table.column(column)[0]
+        if self.batch is None:
+            self.batch, self.index = self.reader.row(self.row)
+        return self.batch.column(column)[self.index]
 
 
 class _Group:
@@ -234,7 +235,7 @@ class _Group:
     def _fetch(self, job: _JobState, slot: _Slot) -> None:
         cache, row = self.loader._cache, slot.row
         # A record batch is read whole, so the row's missing columns come from one read.
-        read = _RowRead(self.reader, row, [d.column for d in job.decoders])
+        read = _RowRead(self.reader, row)
         try:
             values: dict[str, Any] = {}
             for dec in job.decoders:

@@ -234,11 +234,11 @@ def test_open_errors(images):
 def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
 
-    def broken(self, ids, columns=None):
+    def broken(self, i):
         raise OSError("disk on fire")
 
     with Loader(images, cache_bytes=1 << 20) as loader:
-        monkeypatch.setattr(type(images.dataset("imgs").reader), "take", broken)
+        monkeypatch.setattr(type(images.dataset("imgs").reader), "row", broken)
         stream = loader.open("a", batch_size=4)
         with pytest.raises(OSError, match="disk on fire"):
             stream.next_batch()
