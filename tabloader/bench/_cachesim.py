@@ -21,12 +21,17 @@ Policies
 --------
 ``LRU``, ``FIFO``, ``Random``, ``MinIO`` (fill once, never evict), ``RefCnt`` (evict the
 lowest number of jobs still needing the row this epoch, zero first, oldest first among
-equals; a row whose count is zero and that does not fit is not kept) and ``Belady`` (MIN,
-offline on the same stream, allowed to bypass: optimal, a lower bound of every other policy).
+equals; a row whose count is zero and that does not fit is not kept), ``Lookahead`` (the
+sampler runs ``window`` requests ahead - by default as many rounds as the cache holds rows -
+so the next use of a cached row is known when it falls inside that window: evict the
+farthest known next use, or, when some cached rows have no next use inside the window, the
+one of those that RefCnt would evict) and ``Belady`` (MIN, offline on the same stream, allowed
+to bypass: optimal, a lower bound of every other policy).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from collections import OrderedDict
@@ -58,6 +63,7 @@ class Policy(str, Enum):
     RANDOM = "Random"
     MINIO = "MinIO"
     REFCNT = "RefCnt"
+    LOOKAHEAD = "Lookahead"
     BELADY = "Belady"
 
 
@@ -198,6 +204,9 @@ def simulate(stream: Stream, policy: Policy, capacity: int, *, seed: int = 0) ->
         return _belady(rows, _next_use(stream.rows).tolist(), capacity)
     if policy is Policy.REFCNT:
         return _refcnt(stream, rows, capacity)
+    if policy is Policy.LOOKAHEAD:
+        window = capacity * int(np.diff(stream.rounds).mean()) if len(stream.rounds) > 1 else 0
+        return _refcnt(stream, rows, capacity, _next_use(stream.rows).tolist(), window)
     return _simple(rows, policy, capacity, seed)
 
 
@@ -270,7 +279,14 @@ def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
     return reads
 
 
-def _refcnt(stream: Stream, rows: Sequence[int], capacity: int) -> int:
+def _refcnt(
+    stream: Stream,
+    rows: Sequence[int],
+    capacity: int,
+    nxt: Sequence[int] | None = None,
+    window: int = 0,
+) -> int:
+    """RefCnt; with ``nxt`` (next use of each request), lookahead over ``window`` requests."""
     ref = np.zeros(stream.universe, dtype=np.int64)
     counts = stream.counts.tolist()
     bounds = stream.rounds.tolist()
@@ -289,6 +305,8 @@ def _refcnt(stream: Stream, rows: Sequence[int], capacity: int) -> int:
         level[row] = new
 
     refs: Callable[[int], int] = lambda row: int(ref[row])  # noqa: E731
+    next_use: dict[int, int] = {}  # cached row -> its next request
+    heap: list[tuple[int, int]] = []  # (-next use, row), lazily invalidated
     for rnd in range(len(bounds) - 1):
         a, b = bounds[rnd], bounds[rnd + 1]
         while ev < len(events) and events[ev][0] <= a:
@@ -303,23 +321,51 @@ def _refcnt(stream: Stream, rows: Sequence[int], capacity: int) -> int:
             pinned.discard(row)
             new = refs(row) - counts[i]
             ref[row] = new
+            if nxt is not None:
+                next_use[row] = nxt[i]
+                heapq.heappush(heap, (-nxt[i], row))
             if row in level:
                 settle(row, new)
                 continue
             reads += 1
             level[row] = new
             buckets.setdefault(new, OrderedDict())[row] = None
-            if len(level) > capacity:
+            if len(level) <= capacity:
+                continue
+            if nxt is None:
                 _evict_lowest(buckets, level, pinned)
+                continue
+            while True:  # the cached row used farthest in the future (stale entries dropped)
+                neg, victim = heap[0]
+                if victim in level and next_use.get(victim) == -neg:
+                    break
+                heapq.heappop(heap)
+            if -neg > i + window:  # unknown next uses: RefCnt among the rows beyond the window
+                beyond = i + window
+                victim = _evict_lowest(
+                    buckets, level, pinned, functools.partial(_after, next_use, beyond)
+                )
+            else:
+                del buckets[level.pop(victim)][victim]
+            del next_use[victim]
     return reads
 
 
+def _after(next_use: dict[int, int], limit: int, row: int) -> bool:
+    return next_use[row] > limit
+
+
 def _evict_lowest(
-    buckets: dict[int, OrderedDict[int, None]], level: dict[int, int], pinned: set[int]
-) -> None:
+    buckets: dict[int, OrderedDict[int, None]],
+    level: dict[int, int],
+    pinned: set[int],
+    eligible: Callable[[int], bool] = lambda row: True,
+) -> int:
+    """Evict the eligible row of lowest count (oldest first); return it."""
     for key in sorted(buckets):
         for row in buckets[key]:
-            if row not in pinned:
+            if row not in pinned and eligible(row):
                 del buckets[key][row]
                 del level[row]
-                return
+                return row
+    raise AssertionError("no row to evict")

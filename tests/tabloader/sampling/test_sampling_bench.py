@@ -88,3 +88,25 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
             assert row[size] >= row["union"]
             assert belady[size] <= row[size]
         assert row["1 row"] <= row["sum"]
+
+
+@pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
+def test_lookahead_spans_refcnt_to_belady(cls):
+    """Window 0 knows no next use (RefCnt); a window past the end knows them all (Belady)."""
+    from tabloader.bench._cachesim import _next_use, _refcnt
+
+    sc = Scenario(
+        "t",
+        (
+            JobSpec("a", BitMap(range(300))),
+            JobSpec("b", BitMap(range(100, 400)), speed=0.5),
+            JobSpec("c", BitMap(range(0, 400, 2)), start=60),
+        ),
+    )
+    st = generate_stream(sc, cls(seed=3))
+    rows, nxt = st.rows.tolist(), _next_use(st.rows).tolist()
+    for cap in (20, 60):
+        refcnt, belady = simulate(st, Policy.REFCNT, cap), simulate(st, Policy.BELADY, cap)
+        assert _refcnt(st, rows, cap, nxt, 0) == refcnt
+        assert _refcnt(st, rows, cap, nxt, len(rows)) == belady < refcnt
+        assert belady <= simulate(st, Policy.LOOKAHEAD, cap) <= refcnt
