@@ -4,9 +4,19 @@ Part 1 - cache simulation. Every scenario (below) runs once per sampler with see
 ``--seed``: each job joins at its start tick, takes part in rounds at its speed, and reads
 exactly one epoch of its set (or leaves mid-epoch); the scenario ends when every job has
 left (details in :mod:`tabloader.bench._cachesim`). The recorded stream is replayed through
-every policy (LRU, FIFO, Random, MinIO, RefCnt, Belady) at cache sizes of 1 row and 1%,
-10%, 30% of the union of the sets, counting reads (misses). Bounds: the union (one read per
-row) and the sum of the set sizes (no sharing).
+every policy (LRU, FIFO, Random, MinIO, RefCnt, Lookahead, Belady) at cache sizes of 1 row
+and 1%, 10%, 30% of the union of the sets, counting reads (misses). Bounds: the union (one
+read per row) and the sum of the set sizes (no sharing).
+
+The 10% excess target (DSA + RefCnt <= 0.5x independent + LRU) is checked with lookahead
+(RefCnt with next uses, DESIGN 5); each line also gives plain RefCnt, Belady on the same DSA
+stream (no eviction policy does better on that stream), and, where a scenario knows it, the
+excess no system can avoid (``Scenario.must_reread``). Two scenarios cannot meet the target:
+``identical-speed-0.25`` (no system: the slow job still needs 7,500 rows the fast one read
+before leaving, a 1,000-row cache keeps at most 1,000 of them: excess >= 6,500, 0.68x) and
+``arrive-half-way`` (DSA: even Belady on its stream is at 0.58x; DSA's per-round coupling
+P(same) = |I| / max |R| is the most a sampler can give while each job's next row stays
+uniform given the current state).
 
 Part 2 - speed on ImageNet-sized sets (1,281,167 rows, 1000 labels in contiguous ranges):
 jobs on overlapping label ranges (2, 8, 32 jobs), time per round (one ``sample`` call, and
@@ -113,15 +123,21 @@ def build_scenarios(scale: float = 1.0, seed: int = 0) -> list[Scenario]:
         )
     )
     for speed in (0.5, 0.25):
+        # When the fast job leaves (its epoch read every row), the slow one still needs the
+        # (1 - speed) share of the rows it has not reached.
         out.append(
             Scenario(
                 f"identical-speed-{speed}",
                 (job("fast", _r(0, s(10000))), job("slow", _r(0, s(10000)), speed=speed)),
+                must_reread=round((1 - speed) * s(10000)),
             )
         )
+    # The rows the first job read before the second arrived are all needed again.
     out.append(
         Scenario(
-            "arrive-half-way", (job("a", _r(0, s(10000))), job("b", _r(0, s(10000)), start=s(5000)))
+            "arrive-half-way",
+            (job("a", _r(0, s(10000))), job("b", _r(0, s(10000)), start=s(5000))),
+            must_reread=s(5000),
         )
     )
     out.append(
@@ -204,25 +220,41 @@ def check_cache_targets(
         sets = [j.ids for j in sc.jobs]
         overlap = sc.union < sum(len(x) for x in sets)
         if overlap:
-            d = _find(results, sc.name, "dependent", "RefCnt")["10%"] - sc.union
+            cap = _capacities(sc.union)["10%"]
+            excess = {
+                p: _find(results, sc.name, "dependent", p)["10%"] - sc.union
+                for p in ("RefCnt", "Lookahead", "Belady")
+            }
             i = _find(results, sc.name, "independent", "LRU")["10%"] - sc.union
+            ratio = {p: e / i if i else 0.0 for p, e in excess.items()}
+            detail = (
+                f"{excess['Lookahead']} vs {i} (ratio {ratio['Lookahead']:.3f}); without "
+                f"lookahead {ratio['RefCnt']:.3f}; Belady on the same stream {ratio['Belady']:.3f}"
+            )
+            bound = sc.excess_lower_bound(cap)
+            if bound is not None:
+                detail += f"; no system below {bound} excess ({bound / i:.3f})"
             checks.append(
                 (
-                    f"10% cache, {sc.name}: excess DSA+RefCnt <= 0.5 x indep+LRU",
-                    d <= 0.5 * i,
-                    f"{d} vs {i} (ratio {d / i if i else float('nan'):.3f})",
+                    f"10% cache, {sc.name}: excess DSA+RefCnt (lookahead) <= 0.5 x indep+LRU",
+                    excess["Lookahead"] <= 0.5 * i,
+                    detail,
                 )
             )
         for size in ("10%", "30%"):
-            rc = _find(results, sc.name, "dependent", "RefCnt")[size]
-            bel = _find(results, sc.name, "dependent", "Belady")[size]
-            checks.append(
-                (
-                    f"{size} cache, {sc.name}: RefCnt <= 1.15 x Belady (DSA stream)",
-                    rc <= 1.15 * bel,
-                    f"{rc} vs {bel} (ratio {rc / bel:.3f})",
+            reads = {
+                p: _find(results, sc.name, "dependent", p)[size]
+                for p in ("RefCnt", "Lookahead", "Belady")
+            }
+            bel = reads["Belady"]
+            for policy, factor in (("RefCnt", 1.15), ("Lookahead", 1.05)):
+                checks.append(
+                    (
+                        f"{size} cache, {sc.name}: {policy} <= {factor} x Belady (DSA stream)",
+                        reads[policy] <= factor * bel,
+                        f"{reads[policy]} vs {bel} (ratio {reads[policy] / bel:.3f})",
+                    )
                 )
-            )
     return checks
 
 
