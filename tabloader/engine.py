@@ -13,8 +13,10 @@ Data flow, per dataset::
   take part in the same rounds and get the same rows, even though their consumers wake up at
   different moments; ids are cheap, so sampling ahead costs nothing but a queue.
 * **Loading lazily.** Only the first ``prefetch`` batches of a queue are loaded (and pinned);
-  a row further back counts as a reference for the cache (its next use is known), so a row
-  that one job has loaded stays cached for the job that will ask for it later.
+  a row further back counts as a reference for the cache and its next use is known (the
+  round that sampled it), so the cache evicts the farthest next use first (Belady inside the
+  horizon), then the lowest reference count: a row that one job has loaded stays cached for
+  the job that will ask for it later.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds;
   the fast jobs go on alone. Nobody waits for anybody.
 * **Pins.** A loaded row is pinned for its job until the job consumes it, so rows handed out
@@ -32,6 +34,7 @@ The engine does not know how jobs are attached: the in-process ``JobStream`` her
 from __future__ import annotations
 
 import atexit
+import bisect
 import enum
 import functools
 import logging
@@ -39,7 +42,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,11 +82,12 @@ class OnError(enum.Enum):
 class _Slot:
     """One sampled row of one job: filled by a worker, consumed by the job."""
 
-    __slots__ = ("done", "epoch", "error", "keys", "row", "submitted", "values")
+    __slots__ = ("done", "epoch", "error", "keys", "round", "row", "submitted", "values")
 
-    def __init__(self, row: int, epoch: int) -> None:
+    def __init__(self, row: int, epoch: int, round_: int) -> None:
         self.row = row
         self.epoch = epoch
+        self.round = round_  # the scheduler's round that sampled it: when it will be used
         self.submitted = False
         self.values: dict[str, Any] | None = None
         self.keys: list[CacheKey] = []
@@ -152,6 +156,12 @@ class _Group:
         # eviction (a stale count only makes one eviction choice slightly worse): scoring had
         # to wait for ``cond`` and held it, and the workers queued behind it.
         self.uses: dict[str, np.ndarray] = {}
+        # Lookahead: the round of each row's next queued (sampled, not loading) use, per
+        # decoder key, inf if none; the cache evicts the farthest (Belady inside the horizon,
+        # RefCnt beyond it). ``queued`` holds the rounds behind it (ascending).
+        self.next_round: dict[str, np.ndarray] = {}
+        self.queued: dict[str, dict[int, list[int]]] = {}
+        self.round = 0
         self.set_dataset(dataset)
         self.sampler = sampler
         self.jobs: dict[str, _JobState] = {}
@@ -170,10 +180,11 @@ class _Group:
     def set_dataset(self, dataset: Dataset) -> None:
         """Read ``dataset`` (a version at least as new as every open job's) with ``pread``."""
         self.dataset = dataset
-        for key, counts in self.uses.items():  # appended rows: no uses yet
-            grown = np.zeros(dataset.num_rows, dtype=counts.dtype)
-            grown[: counts.size] = counts
-            self.uses[key] = grown
+        for arrays, fill in ((self.uses, 0), (self.next_round, np.inf)):
+            for key, old in arrays.items():  # appended rows: no uses yet
+                grown = np.full(dataset.num_rows, fill, dtype=old.dtype)
+                grown[: old.size] = old
+                arrays[key] = grown
         self.reader = DatasetReader(
             dataset.reader.root, dataset.reader.parts, dataset.reader.schema, memory_map=False
         )
@@ -207,10 +218,16 @@ class _Group:
                 self.count_uses_locked(j, j.id_array, +1)
         k = min(ROUNDS_PER_CALL, *(j.room() for j in want), *(j.left for j in want))
         ids = self.sampler.sample_many([j.name for j in want], k)
+        base, self.round = self.round, self.round + k
         for j in want:
             j.left -= k
-            for row in ids[j.name].tolist():  # from remaining to queued: same uses
-                j.pending.append(_Slot(row, j.epoch))
+            for r, row in enumerate(ids[j.name].tolist()):  # remaining -> queued: same uses
+                slot = _Slot(row, j.epoch, base + r)
+                j.pending.append(slot)
+                for dec in j.decoders:
+                    rounds = self.queued[dec.key].setdefault(row, [])
+                    bisect.insort(rounds, slot.round)  # jobs of one call share rounds
+                    self.next_round[dec.key][row] = rounds[0]
 
     def activate_locked(self, job: _JobState) -> None:
         """Submit loads for the slots in the job's first ``window`` rows (under the lock)."""
@@ -219,9 +236,20 @@ class _Group:
                 break
             if not slot.submitted:
                 slot.submitted = True
-                for dec in job.decoders:  # loading now: pinned, no longer a future use
-                    self.uses[dec.key][slot.row] -= 1
+                self.unqueue_locked(job, slot)  # loading now: pinned, not a future use
                 self.loader._pool.submit(self._fetch, job, slot)
+
+    def unqueue_locked(self, job: _JobState, slot: _Slot) -> None:
+        """A queued slot leaves the queue (it is loading, or its job left)."""
+        row = slot.row
+        for dec in job.decoders:
+            self.uses[dec.key][row] -= 1
+            queued = self.queued[dec.key]
+            rounds = queued[row]
+            rounds.remove(slot.round)
+            if not rounds:
+                del queued[row]
+            self.next_round[dec.key][row] = rounds[0] if rounds else np.inf
 
     def count_uses_locked(self, job: _JobState, rows: np.ndarray, delta: int) -> None:
         """Add ``delta`` future uses of ``rows`` for every column ``job`` reads."""
@@ -229,6 +257,8 @@ class _Group:
             counts = self.uses.get(dec.key)
             if counts is None:
                 counts = self.uses[dec.key] = np.zeros(self.dataset.num_rows, dtype=np.int32)
+                self.next_round[dec.key] = np.full(self.dataset.num_rows, np.inf)
+                self.queued[dec.key] = {}
             counts[rows.astype(np.intp, copy=False)] += delta
 
     # -- loading (worker threads) ----------------------------------------------------------------
@@ -263,13 +293,20 @@ class _Group:
             self.decodes += dec.kind is DecodeKind.IMAGE
         return prepared
 
-    # -- reference counts (called by the cache) ----------------------------------------------------
+    # -- reference counts and next uses (called by the cache, lock-free) --------------------------
     def refcounts(self, rows: np.ndarray, key: str) -> np.ndarray:
-        """Uses of each row still to come (see ``uses``); lock-free."""
+        """Uses of each row still to come (see ``uses``)."""
         counts = self.uses.get(key)
         if counts is None:
             return np.zeros(len(rows), dtype=np.int64)
         return counts[np.asarray(rows, dtype=np.intp)].astype(np.int64)
+
+    def next_uses(self, rows: np.ndarray, key: str) -> np.ndarray:
+        """Round of each row's next queued use (inf: none queued; see ``next_round``)."""
+        nxt = self.next_round.get(key)
+        if nxt is None:
+            return np.full(len(rows), np.inf)
+        return nxt[np.asarray(rows, dtype=np.intp)]
 
     def close(self) -> None:
         with self.cond:
@@ -467,7 +504,12 @@ class Loader:
         )
         self._sampler_cls = SAMPLERS[sampler]
         self._seed = seed
-        self._cache = RowCache(cache_bytes, refcount=self._refcounts, sample_size=sample_size)
+        self._cache = RowCache(
+            cache_bytes,
+            refcount=functools.partial(self._score, _Group.refcounts),
+            next_use=functools.partial(self._score, _Group.next_uses),
+            sample_size=sample_size,
+        )
         self._pool = ThreadPoolExecutor(
             max_workers=workers or max(2, os.cpu_count() or 2), thread_name_prefix="tabloader-io"
         )
@@ -475,12 +517,15 @@ class Loader:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _refcounts(self, rows: np.ndarray, column: str) -> np.ndarray:
+    def _score(
+        self, fn: Callable[[_Group, np.ndarray, str], np.ndarray], rows: np.ndarray, column: str
+    ) -> np.ndarray:
+        """The cache's ``refcount``/``next_use``: ``column`` is ``dataset/decoder key``."""
         dataset, _, key = column.partition("/")
         group = self._groups.get(dataset)
-        if group is None:
-            return np.zeros(len(rows), dtype=np.int64)
-        return group.refcounts(rows, key)
+        if group is None:  # a dataset no job reads any more: nothing to come
+            return np.zeros(len(rows)) if fn is _Group.refcounts else np.full(len(rows), np.inf)
+        return fn(group, rows, key)
 
     def open(
         self,
@@ -574,10 +619,11 @@ class Loader:
                 return
             job.closed = True
             group.jobs.pop(job.name, None)
-            unused = [s.row for s in job.pending if not s.submitted]
+            for slot in job.pending:
+                if not slot.submitted:
+                    group.unqueue_locked(job, slot)
             if job.left:  # the rows of this epoch that the sampler still had for the job
-                unused += bitmap_to_array(group.sampler.remaining(job.name)).tolist()
-            group.count_uses_locked(job, np.array(unused, dtype=np.intp), -1)
+                group.count_uses_locked(job, bitmap_to_array(group.sampler.remaining(job.name)), -1)
             group.sampler.remove_job(job.name)
             done = [s for s in job.pending if s.done.is_set()]
             job.pending.clear()

@@ -257,21 +257,26 @@ def test_deterministic_for_a_seed(images):
     assert Counter(orders[0]) == Counter(range(images.job("a").num_rows))
 
 
-def expected_uses(group) -> dict[str, np.ndarray]:
-    """Future uses recomputed from scratch: remaining sets plus queued, unsubmitted slots."""
-    out = {key: np.zeros_like(counts) for key, counts in group.uses.items()}
+def expected_uses(group) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Recomputed from scratch: future uses (remaining sets plus queued, unsubmitted slots)
+    and each row's next queued round."""
+    uses = {key: np.zeros_like(counts) for key, counts in group.uses.items()}
+    nxt = {key: np.full(counts.size, np.inf) for key, counts in group.uses.items()}
     for job in group.jobs.values():
-        rows = [s.row for s in job.pending if not s.submitted]
+        queued = [s for s in job.pending if not s.submitted]
+        rows = [s.row for s in queued]
         if job.left:
             rows += list(group.sampler.remaining(job.name))
         for dec in job.decoders:
-            np.add.at(out[dec.key], np.array(rows, dtype=np.intp), 1)
-    return out
+            np.add.at(uses[dec.key], np.array(rows, dtype=np.intp), 1)
+            for s in queued:
+                nxt[dec.key][s.row] = min(nxt[dec.key][s.row], s.round)
+    return uses, nxt
 
 
 @pytest.mark.parametrize("sampler", ["dependent", "independent"])
 def test_future_uses_match_the_sampler_and_queues(images, sampler):
-    """The cache's eviction counts (kept incrementally) equal a recount at every step."""
+    """The cache's eviction inputs (kept incrementally) equal a recount at every step."""
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 8)")
     images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label > 0 WITH (image_size = 8)")
     images.sql("REGISTER JOB c SELECT label FROM imgs WHERE label IN (1, 3)")
@@ -291,11 +296,14 @@ def test_future_uses_match_the_sampler_and_queues(images, sampler):
             if a.epoch < 3:
                 next(iter(stream))
             with group.cond:
-                want = expected_uses(group)
+                want, want_next = expected_uses(group)
                 for key, counts in group.uses.items():
                     assert counts.tolist() == want[key].tolist(), (step, key)
-                    checked += int(counts.sum())
+                    assert group.next_round[key].tolist() == want_next[key].tolist(), (step, key)
+                    checked += int(counts.sum()) + int(np.isfinite(want_next[key]).sum())
         assert checked > 0
         a.close()
         c.close()
         assert all(not counts.any() for counts in group.uses.values())
+        assert all(np.isinf(nxt).all() for nxt in group.next_round.values())
+        assert group.queued == {key: {} for key in group.uses}
