@@ -10,7 +10,9 @@ batch for 10-100 KB rows gave the best random reads (``tabloader bench catalog``
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,24 @@ __all__ = [
 
 TARGET_BATCH_BYTES = 256 * 1024
 MAX_ROWS_PER_BATCH = 64 * 1024
+# Start the disk writeback of every this many bytes while writing, so the fsync that makes an
+# import durable waits for the last stretch only, not for the whole file (a 1 GiB import spent
+# 0.48 of its 1.2 s in that fsync).
+WRITEBACK_BYTES = 32 << 20
+
+
+def _load_sync_file_range() -> Callable[[int], None]:
+    """``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)``: start writeback, don't wait."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):  # not Linux: the final fsync does all the work
+        return lambda fd: None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return lambda fd: fn(fd, 0, 0, 2)
+
+
+_start_writeback = _load_sync_file_range()
 
 
 def choose_rows_per_batch(avg_row_bytes: float) -> int:
@@ -72,6 +92,7 @@ class PartWriter:
         self._writer = pa.ipc.new_file(self._sink, schema)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
+        self._synced = 0  # bytes whose writeback has been started
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Buffer ``batch`` and write every full record batch."""
@@ -81,12 +102,20 @@ class PartWriter:
             self._emit(self.rows_per_batch)
 
     def _emit(self, rows: int) -> None:
-        table = pa.Table.from_batches(self._pending, self.schema)
-        head = table.slice(0, rows).combine_chunks()
-        self._writer.write_batch(head.to_batches(max_chunksize=rows)[0])
-        self._pending = table.slice(rows).to_batches()
+        first = self._pending[0]
+        if first.num_rows >= rows:  # the common case: a slice of one batch, no copy
+            self._writer.write_batch(first.slice(0, rows))
+            self._pending[0] = first.slice(rows)
+        else:
+            table = pa.Table.from_batches(self._pending, self.schema)
+            head = table.slice(0, rows).combine_chunks()
+            self._writer.write_batch(head.to_batches(max_chunksize=rows)[0])
+            self._pending = table.slice(rows).to_batches()
         self._pending_rows -= rows
         self.num_rows += rows
+        if self._sink.tell() - self._synced >= WRITEBACK_BYTES:
+            self._synced = self._sink.tell()
+            _start_writeback(self._sink.fileno())
 
     def close(self) -> int:
         """Write the last short batch and the footer, fsync, and return the file size."""
