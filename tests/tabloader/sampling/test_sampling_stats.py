@@ -160,3 +160,25 @@ def test_first_round_marginals_uniform(sets):
     for name, ids in sets.items():
         obs = np.array(list(counts[name].values()))
         assert chi2_pvalue(obs, np.full(len(ids), trials / len(ids))) > P_MIN, name
+
+
+def test_late_job_uniform_whatever_the_others_decide():
+    """A job's next row is uniform over its R_j given the whole state, not only on average.
+
+    Job ``a`` is half-way through [0, 10) when ``b`` joins; ``a`` then leaves exactly when
+    row 0 is still ahead of it (an adaptive leave, as after a crash on that row). A sampler
+    that couples ``b`` to ``a`` beyond DSA's |I| / max |R| (say, ``b`` replays ``a``'s
+    remaining rows first: uniform on average over ``a``'s history) gives ``b`` row 0 first
+    half as often as any other row here; DSA stays uniform.
+    """
+    trials, n = 4000, 10
+    firsts = np.zeros(n)
+    for seed in range(trials):
+        s = DependentSampler(seed=seed)
+        s.add_job("a", BitMap(range(n)))
+        s.sample_many(["a"], n // 2)
+        s.add_job("b", BitMap(range(n)))
+        if 0 in s.remaining("a"):
+            s.remove_job("a")
+        firsts[s.sample(s.jobs())["b"]] += 1
+    assert chi2_pvalue(firsts, np.full(n, trials / n)) > P_MIN
