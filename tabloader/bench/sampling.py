@@ -16,7 +16,10 @@ excess no system can avoid (``Scenario.must_reread``). Two scenarios cannot meet
 before leaving, a 1,000-row cache keeps at most 1,000 of them: excess >= 6,500, 0.68x) and
 ``arrive-half-way`` (DSA: even Belady on its stream is at 0.58x; DSA's per-round coupling
 P(same) = |I| / max |R| is the most a sampler can give while each job's next row stays
-uniform given the current state).
+uniform given the current state; a stronger coupling, such as the late job replaying the
+other's remaining rows first, is uniform only on average over the other job's history and
+turns biased when that job leaves depending on what it saw, see
+``test_late_job_uniform_whatever_the_others_decide``).
 
 Part 2 - speed on ImageNet-sized sets (1,281,167 rows, 1000 labels in contiguous ranges):
 jobs on overlapping label ranges (2, 8, 32 jobs), time per round (one ``sample`` call, and
