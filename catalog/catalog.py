@@ -28,6 +28,8 @@ false``, so no statement can read or write files, attach databases or install ex
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import logging
@@ -116,6 +118,12 @@ def _write_file(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _disk_full_hint(exc: BaseException, root: Path) -> str:
+    """The fix for an error caused by a full disk (DuckDB and Arrow keep only the text)."""
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc)
+    return f" The disk holding {root} is full: free space there and try again." if full else ""
 
 
 def _synchronized(
@@ -339,7 +347,7 @@ class Catalog:
         try:
             yield
         except duckdb.Error as exc:
-            raise CatalogError(f"{what} failed: {exc}") from exc
+            raise CatalogError(f"{what} failed: {exc}.{_disk_full_hint(exc, self.root)}") from exc
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._duckdb_errors("Catalog query"):
@@ -641,7 +649,13 @@ class Catalog:
         opts = dict(options or {})
         path = f"{JOBS_DIR}/{name}-{uuid.uuid4().hex[:12]}.roaring"
         blob = bitmap.serialize()
-        _write_file(self.root / path, blob)
+        try:
+            _write_file(self.root / path, blob)
+        except OSError as exc:
+            raise CatalogError(
+                f"REGISTER JOB {name} failed: cannot write its bitmap file {path}: {exc}."
+                f"{_disk_full_hint(exc, self.root)} The catalog is unchanged."
+            ) from exc
         row = [ds.name, ds.version, json.dumps(cols), predicate, json.dumps(opts), path]
         row += [len(bitmap), zlib.crc32(blob), name]
         try:
@@ -803,18 +817,22 @@ class _Ingest:
             renamed = True
             con.commit()
         except BaseException as exc:
-            con.rollback()
+            with contextlib.suppress(duckdb.Error):  # a failed commit has rolled back already
+                con.rollback()
             if self.writer is not None:
                 self.writer.abort()
             if renamed:
                 self.final.unlink(missing_ok=True)
             if self.directory.exists() and not any(self.directory.iterdir()):
                 self.directory.rmdir()
+            hint = _disk_full_hint(exc, self.catalog.root)
             if isinstance(exc, duckdb.Error):
-                raise ImportFailedError(f"Import of '{self.name}' failed in DuckDB: {exc}") from exc
+                raise ImportFailedError(
+                    f"Import of '{self.name}' failed in DuckDB: {exc}. Nothing was stored.{hint}"
+                ) from exc
             if isinstance(exc, (pa.ArrowException, OSError)):
                 raise ImportFailedError(
-                    f"Import of '{self.name}' failed: {exc}. Nothing was stored."
+                    f"Import of '{self.name}' failed: {exc}. Nothing was stored.{hint}"
                 ) from exc
             raise
         finally:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -217,6 +219,62 @@ def test_failed_import_leaves_nothing(cat, append):
         assert cat._con.execute("SELECT count(*) FROM t").fetchone() == (1000,)
     else:
         assert cat.dataset_names() == []
+
+
+DISK_FULL = "No space left on device"
+
+
+class _CommitFails:
+    """A DuckDB connection whose commit fails as on a full disk (after DuckDB rolled back)."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def commit(self):
+        self._con.rollback()
+        raise duckdb.IOException(f'Could not write file "catalog.duckdb.wal": {DISK_FULL}')
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+@pytest.mark.parametrize("where", ["data file", "commit"])
+def test_full_disk_import_stores_nothing_and_says_so(cat, monkeypatch, where):
+    cat.import_arrow("keep", make_table(100))
+    before_files, before_tables = data_files(cat), duckdb_tables(cat)
+    if where == "data file":
+
+        def write(self, batch):
+            raise OSError(errno.ENOSPC, DISK_FULL)
+
+        monkeypatch.setattr(catalog.storage.writer.PartWriter, "write", write)
+    else:
+        monkeypatch.setattr(cat, "_con", _CommitFails(cat._con))
+    with pytest.raises(
+        ImportFailedError, match=r"Nothing was stored\. The disk holding .* is full"
+    ):
+        cat.import_arrow("t", make_table(1000))
+    monkeypatch.undo()
+    assert data_files(cat) == before_files
+    assert duckdb_tables(cat) == before_tables
+    assert cat.dataset_names() == ["keep"]
+    assert cat.import_arrow("t", make_table(10)).num_rows == 10  # usable once there is room
+
+
+def test_full_disk_register_keeps_the_old_job(cat, monkeypatch):
+    cat.import_arrow("t", make_table(1000))
+    old = cat.register_job("j", "t", where="label < 5")
+
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, DISK_FULL)
+
+    monkeypatch.setattr(catalog.catalog, "_write_file", no_space)
+    with pytest.raises(CatalogError, match=r"REGISTER JOB j failed: .* disk holding .* is full"):
+        cat.register_job("j", "t", where="label < 2", replace=True)
+    monkeypatch.undo()
+    assert cat.job("j").ids == old.ids
+    assert cat.job("j").predicate == old.predicate
+    assert len(list((cat.root / "jobs").iterdir())) == 1  # the old job's bitmap, no temp file
 
 
 def test_killed_import_is_cleaned_up_at_next_open(tmp_path):
