@@ -102,7 +102,9 @@ class PartWriter:
         written = self._sink.tell()
         if written - self._synced >= SYNC_EVERY_BYTES and not self._flushing():
             self._synced = written
-            self._flush = threading.Thread(target=os.fdatasync, args=(self._sink.fileno(),))
+            self._flush = threading.Thread(
+                target=os.fdatasync, args=(self._sink.fileno(),), name="tabloader-flush"
+            )
             self._flush.start()
 
     def _flushing(self) -> bool:

@@ -389,3 +389,23 @@ def test_open_reads_footers_only(cat):
     assert all(f is not None for f in ds.reader._files)
     part = ds.reader.parts[0]
     assert part.num_batches == -(-2000 // part.rows_per_batch)
+
+
+def test_background_flushes_while_writing(cat, monkeypatch):
+    """Imports flush every SYNC_EVERY_BYTES on a thread; close and abort wait for it."""
+    import threading
+
+    from catalog.storage import writer
+
+    flushed: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(writer, "SYNC_EVERY_BYTES", 4096)
+    monkeypatch.setattr(writer.os, "fdatasync", lambda fd: flushed.append(fd) or real(fd))
+    table = make_table(2000, payload=500)
+    ds = cat.import_arrow("t", table)
+    assert flushed, "no background flush ran"
+    assert ds.take([0, 1999]).drop_columns(["_id"]).equals(table.take([0, 1999]))
+    with pytest.raises(RuntimeError, match="injected failure"):
+        cat.import_arrow("u", failing_reader(table, fail_after=15))
+    assert [t for t in threading.enumerate() if t.name == "tabloader-flush"] == []
+    assert cat.dataset_names() == ["t"]
