@@ -25,6 +25,4 @@ from tabloader.engine import default_loader as default_loader
 
 __version__ = "0.1.0"
 
-__all__ = sorted(
-    [*_catalog_all, "JobStream", "Loader", "OnError", "__version__", "default_loader"]
-)
+__all__ = sorted([*_catalog_all, "JobStream", "Loader", "OnError", "__version__", "default_loader"])

@@ -270,7 +270,9 @@ def test_job_files_follow_the_jobs(cat, imagenet):
     assert [f.split("-")[0] for f in first] == ["a", "b"]
     cat.sql("REGISTER OR REPLACE JOB a SELECT label FROM imagenet WHERE label < 200")
     replaced = job_files(cat)
-    assert len(replaced) == 2 and first[0] not in replaced and first[1] in replaced
+    assert len(replaced) == 2
+    assert first[0] not in replaced
+    assert first[1] in replaced
     assert cat.job("a").ids == expected_ids(cat, "label < 200")
     with pytest.raises(AlreadyExistsError, match="REGISTER OR REPLACE JOB a"):
         cat.sql("REGISTER JOB a SELECT label FROM imagenet WHERE label < 300")
