@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,7 @@ logger = logging.getLogger(__name__)
 ID = "_id"
 ROUNDS_PER_CALL = 32  # rounds the scheduler samples at once (bounded by the jobs' room)
 LOOKAHEAD_BATCHES = 4  # default horizon, in batches
+ABANDONED_CHECK_S = 1.0  # how often an idle scheduler looks for streams dropped without close()
 
 
 class OnError(enum.Enum):
@@ -110,12 +112,37 @@ class _JobState:
     left: int = 0  # rows of that epoch the sampler still has to hand out
     pending: deque[_Slot] = field(default_factory=deque)
     closed: bool = False
+    abandoned: bool = False  # its stream was garbage-collected without close()
     # statistics
     batches: int = 0
     rows: int = 0
     skipped: int = 0
+    requests: int = 0  # values (row x column) its fetches asked the cache for
+    loaded: int = 0  # of those, values it read and prepared itself (no other job had)
     wait_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+
+    def next_epoch(self) -> int:
+        """The epoch of the job's next batch (call under the group's lock)."""
+        if self.pending:
+            return self.pending[0].epoch
+        return self.epoch + 1 if self.left == 0 else self.epoch
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the job (call under the group's lock); see ``JobStream.stats``."""
+        elapsed = time.perf_counter() - self.started
+        return {
+            "job": self.name,
+            "batches": self.batches,
+            "rows": self.rows,
+            "epoch": self.next_epoch(),
+            "skipped": self.skipped,
+            "requests": self.requests,
+            "loaded": self.loaded,
+            "shared": self.requests - self.loaded,
+            "wait_s": self.wait_s,
+            "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
+        }
 
     def room(self) -> int:
         """Rows the scheduler may sample for this job now (up to its horizon)."""
@@ -123,25 +150,18 @@ class _JobState:
             return 0
         return self.horizon - len(self.pending)
 
+    def finished(self) -> bool:
+        """True once every row of the last of ``epochs`` epochs was handed out and taken."""
+        return (
+            self.epochs is not None
+            and self.left == 0
+            and self.epoch + 1 >= self.epochs
+            and not self.pending
+        )
+
     def hungry(self) -> bool:
         """True if the job has fewer rows queued than it loads ahead (it triggers a round)."""
         return self.room() > 0 and len(self.pending) < self.window
-
-
-class _RowRead:
-    """The columns of one row, read on first use (one record batch read for all of them)."""
-
-    __slots__ = ("batch", "index", "reader", "row")
-
-    def __init__(self, reader: DatasetReader, row: int) -> None:
-        self.reader, self.row = reader, row
-        self.batch: pa.RecordBatch | None = None
-        self.index = 0
-
-    def value(self, column: str) -> Any:
-        if self.batch is None:
-            self.batch, self.index = self.reader.row(self.row)
-        return self.batch.column(column)[self.index]
 
 
 class _Group:
@@ -195,7 +215,9 @@ class _Group:
             while True:
                 with self.cond:
                     while not self.closed and not any(j.hungry() for j in self.jobs.values()):
-                        self.cond.wait()
+                        if self._close_abandoned_locked():
+                            continue
+                        self.cond.wait(ABANDONED_CHECK_S)
                     if self.closed:
                         return
                     self._sample_locked()
@@ -207,6 +229,14 @@ class _Group:
             with self.cond:
                 self.error = exc
                 self.cond.notify_all()
+
+    def _close_abandoned_locked(self) -> bool:
+        """Close the jobs whose streams were dropped without close(); True if there were."""
+        gone = [j for j in self.jobs.values() if j.abandoned]
+        for job in gone:
+            logger.warning("job %s: its stream was dropped without close(); closing it", job.name)
+            self.loader._close_job(self, job)
+        return bool(gone)
 
     def _sample_locked(self) -> None:
         """One call of ``sample_many`` for every job below its horizon."""
@@ -264,16 +294,15 @@ class _Group:
     # -- loading (worker threads) ----------------------------------------------------------------
     def _fetch(self, job: _JobState, slot: _Slot) -> None:
         cache, row = self.loader._cache, slot.row
-        # A record batch is read whole, so the row's missing columns come from one read.
-        read = _RowRead(self.reader, row)
         try:
             values: dict[str, Any] = {}
-            for dec in job.decoders:
+            for dec in job.decoders:  # a missing column is read alone: a cached one is not
                 key = (row, f"{self.name}/{dec.key}")
                 values[dec.column] = cache.get_or_load(
-                    key, functools.partial(self._load, read, dec)
+                    key, functools.partial(self._load, job, row, dec)
                 )
                 slot.keys.append(key)
+            job.requests += len(job.decoders)
             slot.values = values
         except BaseException as exc:
             slot.error = exc
@@ -283,14 +312,16 @@ class _Group:
         if closed:
             cache.release(slot.keys)
 
-    def _load(self, read: _RowRead, dec: Decoder) -> tuple[Any, int]:
-        value = read.value(dec.column)
+    def _load(self, job: _JobState, row: int, dec: Decoder) -> tuple[Any, int]:
+        batch, index = self.reader.row(row, (dec.column,))
+        value = batch.column(0)[index]
         payload = isinstance(value, pa.BinaryScalar | pa.LargeBinaryScalar) and value.is_valid
-        prepared = dec(value, row_id=read.row)
+        prepared = dec(value, row_id=row)
         with self.counters_lock:  # reads count payload (binary) values: the I/O that matters
             self.reads += payload
             self.bytes_read += value.as_buffer().size if payload else 0
             self.decodes += dec.kind is DecodeKind.IMAGE
+            job.loaded += 1
         return prepared
 
     # -- reference counts and next uses (called by the cache, lock-free) --------------------------
@@ -323,11 +354,13 @@ class JobStream:
     are released and the other jobs are not disturbed.
     """
 
-    def __init__(self, loader: Loader, group: _Group, job: _JobState, epochs: int | None) -> None:
+    def __init__(self, loader: Loader, group: _Group, job: _JobState) -> None:
         self._loader = loader
         self._group = group
         self._job = job
-        self._epochs = epochs
+        # A stream dropped without close() (its training thread died): the scheduler closes
+        # the job. The finalizer only sets a flag: it may run inside any lock, on any thread.
+        weakref.finalize(self, setattr, job, "abandoned", True)
 
     @property
     def name(self) -> str:
@@ -338,48 +371,73 @@ class JobStream:
     def epoch(self) -> int:
         """The epoch of the next batch (0-based)."""
         with self._group.cond:
-            return self._job.pending[0].epoch if self._job.pending else self._next_epoch()
-
-    def _next_epoch(self) -> int:
-        j = self._job
-        return j.epoch + 1 if j.left == 0 else j.epoch
+            return self._job.next_epoch()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        while self._epochs is None or self.epoch < self._epochs:
-            yield self.next_batch()
+        while (batch := self._take_batch(None)) is not None:
+            yield batch
 
     def iter_epoch(self) -> Iterator[dict[str, Any]]:
         """Yield the remaining batches of the current epoch."""
         epoch = self.epoch
-        while not self._job.closed and self.epoch == epoch:
-            yield self.next_batch()
+        while (batch := self._take_batch(epoch)) is not None:
+            yield batch
 
     def next_batch(self) -> dict[str, Any]:
-        """Return the next batch: a dict of column -> array (``_id`` included)."""
+        """Return the next batch: a dict of column -> array (``_id`` included).
+
+        Raises:
+            LoaderError: the stream is closed (also while waiting), its scheduler failed, or
+                it has delivered the ``epochs`` it was opened for.
+            RowReadError: a row of the batch failed (``on_error="raise"``).
+        """
+        batch = self._take_batch(None)
+        if batch is None:
+            raise LoaderError(
+                f"Job stream {self._job.name!r} has delivered its {self._job.epochs} epoch(s); "
+                "open the job again (or with epochs=None) to read on."
+            )
+        return batch
+
+    def _take_batch(self, epoch: int | None) -> dict[str, Any] | None:
+        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch.
+
+        A batch whose rows were all skipped (``on_error="skip"``) is not returned: the next one
+        of the same epoch is.
+        """
         job, group = self._job, self._group
-        if job.closed:
-            raise LoaderError(f"Job stream {job.name!r} is closed; open the job again.")
-        t0 = time.perf_counter()
-        with group.cond:
-            while True:
-                if group.error is not None:
-                    raise LoaderError(
-                        f"The scheduler of dataset {group.name!r} failed: {group.error!r}"
-                    ) from group.error
-                slots = self._next_slots()
-                if slots is not None:
-                    break
-                group.cond.wait()
-        for slot in slots:  # loading already (the first ``window`` slots are submitted)
-            while not slot.done.wait(0.5):
+        while True:
+            t0 = time.perf_counter()
+            with group.cond:
+                while True:
+                    self._check_open()
+                    if group.error is not None:
+                        raise LoaderError(
+                            f"The scheduler of dataset {group.name!r} failed: {group.error!r}"
+                        ) from group.error
+                    if job.finished() or (epoch is not None and self._job.next_epoch() != epoch):
+                        return None
+                    slots = self._next_slots()
+                    if slots is not None:
+                        break
+                    group.cond.wait()
+            for slot in slots:  # loading already (the first ``window`` slots are submitted)
+                while not slot.done.wait(0.5):
+                    self._check_open()
+            with group.cond:
                 self._check_open()
-        with group.cond:
-            self._check_open()
-            for _ in slots:
-                job.pending.popleft()
-            group.activate_locked(job)
-            group.cond.notify_all()  # room for the scheduler
-        job.wait_s += time.perf_counter() - t0
+                for _ in slots:
+                    job.pending.popleft()
+                group.activate_locked(job)
+                group.cond.notify_all()  # room for the scheduler
+            job.wait_s += time.perf_counter() - t0
+            batch = self._collate(slots)
+            if batch is not None:
+                return batch
+
+    def _collate(self, slots: list[_Slot]) -> dict[str, Any] | None:
+        """The batch of ``slots`` (None if every row was skipped); releases their pins."""
+        job = self._job
         rows, keys, errors = [], [], []
         for slot in slots:
             keys += slot.keys
@@ -397,15 +455,13 @@ class JobStream:
             job.skipped += len(errors)
             for e in errors:
                 logger.warning("job %s skipped a row: %s", job.name, e)
-        job.batches += 1
+        job.batches += batch is not None
         job.rows += len(rows)
-        if batch is None:  # every row of the batch failed and was skipped
-            return self.next_batch()
         return batch
 
     def _check_open(self) -> None:
         if self._job.closed:
-            raise LoaderError(f"Job stream {self._job.name!r} was closed while it waited.")
+            raise LoaderError(f"Job stream {self._job.name!r} is closed; open the job again.")
 
     def _next_slots(self) -> list[_Slot] | None:
         """The next batch's slots once they are all sampled, else None (call under the lock).
@@ -431,7 +487,7 @@ class JobStream:
         """Where the job is: its epoch and the rows of that epoch it has not received yet."""
         job, group = self._job, self._group
         with group.cond:
-            epoch = job.pending[0].epoch if job.pending else self._next_epoch()
+            epoch = self._job.next_epoch()
             rows = BitMap(s.row for s in job.pending if s.epoch == epoch)
             if epoch == job.epoch and job.left > 0:
                 rows |= group.sampler.remaining(job.name)
@@ -440,18 +496,15 @@ class JobStream:
         return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
 
     def stats(self) -> dict[str, Any]:
-        """Batches, rows, epoch, skipped rows, seconds waited and rows per second so far."""
-        job = self._job
-        elapsed = time.perf_counter() - job.started
-        return {
-            "job": job.name,
-            "batches": job.batches,
-            "rows": job.rows,
-            "epoch": self.epoch,
-            "skipped": job.skipped,
-            "wait_s": job.wait_s,
-            "rows_per_s": job.rows / elapsed if elapsed > 0 else 0.0,
-        }
+        """The job's counters so far.
+
+        ``batches``, ``rows`` and ``skipped`` rows delivered; the ``epoch`` of the next batch;
+        ``requests``: values (row x column) fetched for the job, ``loaded``: those it read and
+        prepared itself, ``shared``: those another job's read served (cached or in flight);
+        ``wait_s``: seconds spent waiting for batches; ``rows_per_s``.
+        """
+        with self._group.cond:
+            return self._job.stats()
 
     def close(self) -> None:
         """Leave: unregister from sampling and release this job's pins."""
@@ -611,7 +664,7 @@ class Loader:
             group.jobs[info.name] = state_obj
             group.cond.notify_all()
         logger.info("job %s opened on %s (%d rows)", info.name, info.dataset, len(info.ids))
-        return JobStream(self, group, state_obj, epochs)
+        return JobStream(self, group, state_obj)
 
     def _close_job(self, group: _Group, job: _JobState) -> None:
         with group.cond:

@@ -36,6 +36,7 @@ __all__ = ["DatasetReader"]
 ID_COLUMN = "_id"
 ID_FIELD = pa.field(ID_COLUMN, pa.int64(), nullable=False)
 _INT64 = pa.int64()
+Fields = tuple[int, ...] | None  # the field indices a file reader reads (None: all)
 
 
 class DatasetReader:
@@ -60,21 +61,24 @@ class DatasetReader:
         self._rpb_list = [p.rows_per_batch for p in self.parts]
         self._first_ids = np.array(self._first_list, dtype=np.int64)
         self._rows_per_batch = np.array(self._rpb_list, dtype=np.int64)
-        self._files: list[pa.ipc.RecordBatchFileReader | None] = [None] * len(self.parts)
+        # An open file per (part, columns read): None reads every column; a tuple of field
+        # indices reads only those columns' bytes (``IpcReadOptions.included_fields``).
+        self._files: dict[tuple[int, Fields], pa.ipc.RecordBatchFileReader] = {}
+        self._fields: dict[tuple[str, ...], Fields] = {}
         self._lock = threading.Lock()
 
     # -- opening ---------------------------------------------------------------------------
-    def _file(self, index: int) -> pa.ipc.RecordBatchFileReader:
-        reader = self._files[index]
+    def _file(self, index: int, fields: Fields = None) -> pa.ipc.RecordBatchFileReader:
+        reader = self._files.get((index, fields))
         if reader is None:
             with self._lock:
-                reader = self._files[index]
+                reader = self._files.get((index, fields))
                 if reader is None:
-                    reader = self._open(self.parts[index])
-                    self._files[index] = reader
+                    reader = self._open(self.parts[index], fields)
+                    self._files[(index, fields)] = reader
         return reader
 
-    def _open(self, part: PartInfo) -> pa.ipc.RecordBatchFileReader:
+    def _open(self, part: PartInfo, fields: Fields = None) -> pa.ipc.RecordBatchFileReader:
         path = self.root / part.path
         fix = "Restore the file or re-import the dataset (DROP DATASET, then CREATE DATASET)."
         try:
@@ -89,7 +93,10 @@ class DatasetReader:
             )
         try:
             source = pa.memory_map(str(path), "r") if self.memory_map else pa.OSFile(str(path))
-            reader = pa.ipc.open_file(source)
+            options = (
+                None if fields is None else pa.ipc.IpcReadOptions(included_fields=list(fields))
+            )
+            reader = pa.ipc.open_file(source, options=options)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             raise StorageError(f"Corrupt data file '{path}': {exc}. {fix}", path=str(path)) from exc
         if reader.num_record_batches != part.num_batches:
@@ -120,10 +127,10 @@ class DatasetReader:
         rpb = self._rows_per_batch[part]
         return part, local // rpb, local % rpb
 
-    def record_batch(self, part: int, batch: int) -> pa.RecordBatch:
-        """Return record batch ``batch`` of part ``part`` (one read of that batch only)."""
+    def record_batch(self, part: int, batch: int, fields: Fields = None) -> pa.RecordBatch:
+        """Record batch ``batch`` of part ``part``: one read of that batch's ``fields`` only."""
         try:
-            return self._file(part).get_batch(batch)
+            return self._file(part, fields).get_batch(batch)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             path = self.root / self.parts[part].path
             raise StorageError(
@@ -153,13 +160,26 @@ class DatasetReader:
             table = table.select(names)
         return table.add_column(0, ID_FIELD, pa.array(ids))
 
-    def row(self, i: int) -> tuple[pa.RecordBatch, int]:
-        """The record batch that holds row ``i``, and the row's index in it (one read)."""
+    def row(self, i: int, columns: tuple[str, ...] | None = None) -> tuple[pa.RecordBatch, int]:
+        """The record batch that holds row ``i``, and the row's index in it (one read).
+
+        With ``columns``, the batch has (and the read fetches) only those columns.
+        """
         if not 0 <= i < self.num_rows:
             self.locate(np.array([i]))  # raises the out-of-range error
         p = bisect_right(self._first_list, i) - 1
         b, row = divmod(i - self._first_list[p], self._rpb_list[p])
-        return self.record_batch(p, b), row
+        return self.record_batch(
+            p, b, None if columns is None else self._field_indices(columns)
+        ), row
+
+    def _field_indices(self, columns: tuple[str, ...]) -> Fields:
+        fields = self._fields.get(columns)
+        if fields is None:
+            fields = self._fields[columns] = tuple(
+                self.schema.get_field_index(c) for c in self._columns(columns)
+            )
+        return fields
 
     def _take_one(self, i: int) -> pa.Table:
         """The hot path of random single-row reads: no numpy, one slice, no copy."""

@@ -217,7 +217,7 @@ def test_open_errors(images):
             loader.open("aa")
         with pytest.raises(LoaderError, match="batch_size .* must be at least 1"):
             loader.open("a", batch_size=0)
-        loader.open("a")
+        kept = loader.open("a")  # noqa: F841 (a dropped stream is closed)
         with pytest.raises(LoaderError, match="Job 'a' is open already in this loader"):
             loader.open("a")
         state = {"job": "b", "epoch": 0, "remaining": images.job("a").ids.serialize()}
@@ -234,7 +234,7 @@ def test_open_errors(images):
 def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
 
-    def broken(self, i):
+    def broken(self, i, columns=None):
         raise OSError("disk on fire")
 
     with Loader(images, cache_bytes=1 << 20) as loader:
