@@ -12,7 +12,9 @@ A catalog is a directory::
 Imports are atomic: rows go to a hidden ``.tmp-*`` file and into the DuckDB table inside one
 transaction; the file is renamed into place just before the commit. Anything an interrupted
 import leaves behind (a temp file, or a renamed file whose transaction never committed) is not
-referenced by ``_tabloader.parts`` and is deleted the next time the catalog is opened.
+referenced by ``_tabloader.parts`` and is deleted the next time the catalog is opened. Only
+files named as tabloader names them are ever deleted, and a new catalog is not created in a
+directory whose ``data/`` or ``jobs/`` folder already holds files.
 A job's bitmap is derived data: the committed ``jobs`` row (dataset version, predicate, id
 count and CRC-32 of the bitmap) is the truth, and the file is written (not fsynced) before
 that row commits. A file lost or torn by a crash is rebuilt from the row the next time the job
@@ -35,7 +37,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 import uuid
 import zlib
@@ -90,6 +91,10 @@ DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "storage_compatibility_version": "v1.0.0",
 }
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+# The names of the files tabloader writes, each made unique by a token (``_new_token``).
+# Garbage collection deletes nothing else: a catalog directory may hold other files.
+PART_FILE_RE = re.compile(r"(part-v\d{5,}|\.tmp)-[0-9a-f]{12}\.arrow")
+JOB_FILE_RE = re.compile(r"(\.tmp-)?[A-Za-z][A-Za-z0-9_]{0,62}-[0-9a-f]{12}\.roaring")
 
 _META_DDL = f"""
 CREATE SCHEMA IF NOT EXISTS {META};
@@ -107,6 +112,11 @@ CREATE TABLE IF NOT EXISTS {META}.jobs (
     bitmap VARCHAR NOT NULL, num_ids BIGINT NOT NULL, crc32 BIGINT NOT NULL,
     created TIMESTAMP DEFAULT current_timestamp);
 """
+
+
+def _new_token() -> str:
+    """The unique part of the name of a file tabloader writes (see ``PART_FILE_RE``)."""
+    return uuid.uuid4().hex[:12]
 
 
 def _write_file(path: Path, data: bytes) -> None:
@@ -253,8 +263,10 @@ class Catalog:
         self.root = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
         if self.root.exists() and not self.root.is_dir():
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
-        (self.root / "data").mkdir(parents=True, exist_ok=True)
         self.path = self.root / DB_FILE
+        if not self.path.exists():
+            self._check_new_root()
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
         try:
             self._con = duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
         except duckdb.IOException as exc:
@@ -307,7 +319,7 @@ class Catalog:
         if ("ids",) not in columns:
             return
         rows = self._con.execute(f"SELECT name, ids FROM {META}.jobs").fetchall()
-        paths = {name: f"{JOBS_DIR}/{name}-{uuid.uuid4().hex[:12]}.roaring" for name, _ in rows}
+        paths = {name: f"{JOBS_DIR}/{name}-{_new_token()}.roaring" for name, _ in rows}
         for name, ids in rows:
             _write_file(self.root / paths[name], ids)
         with self._transaction():
@@ -321,25 +333,41 @@ class Catalog:
             self._con.execute(f"ALTER TABLE {META}.jobs DROP COLUMN ids")
         logger.info("moved the bitmaps of %d job(s) to %s/", len(rows), JOBS_DIR)
 
+    def _check_new_root(self) -> None:
+        """Refuse to create a catalog where ``data/`` or ``jobs/`` hold files of someone else."""
+        for folder in ("data", JOBS_DIR):
+            path = self.root / folder
+            if path.is_dir() and any(path.iterdir()):
+                raise CatalogError(
+                    f"'{self.root}' is not a tabloader catalog: it has no {DB_FILE}, but its "
+                    f"{folder}/ folder already holds files. Pick an empty or new directory for "
+                    "the catalog."
+                )
+
     def _collect_garbage(self) -> None:
-        """Delete data files no committed part references (leftovers of interrupted imports)."""
-        known = {row[0] for row in self._con.execute(f"SELECT path FROM {META}.parts").fetchall()}
-        data = self.root / "data"
-        for child in data.iterdir():
-            if not child.is_dir():
-                continue
-            for f in child.iterdir():
-                rel = f.relative_to(self.root).as_posix()
-                if f.is_file() and f.suffix == ".arrow" and rel not in known:
-                    logger.info("removing leftover file %s of an interrupted import", f)
-                    f.unlink()
-            if not any(child.iterdir()):
-                child.rmdir()
-        known = {row[0] for row in self._con.execute(f"SELECT bitmap FROM {META}.jobs").fetchall()}
-        for f in (self.root / JOBS_DIR).iterdir():
-            if f.relative_to(self.root).as_posix() not in known:
-                logger.info("removing leftover job file %s", f)
+        """Delete files that no committed row references (leftovers of interrupted imports).
+
+        Only files named as tabloader names them (``PART_FILE_RE``, ``JOB_FILE_RE``) are
+        deleted; anything else in ``data/`` or ``jobs/`` is left alone.
+        """
+        parts = {row[0] for row in self._con.execute(f"SELECT path FROM {META}.parts").fetchall()}
+        for folder in (self.root / "data").iterdir():
+            if folder.is_dir() and self._remove_leftovers(folder, PART_FILE_RE, parts):
+                with contextlib.suppress(OSError):  # not empty: it holds other files
+                    folder.rmdir()
+        jobs = {row[0] for row in self._con.execute(f"SELECT bitmap FROM {META}.jobs").fetchall()}
+        self._remove_leftovers(self.root / JOBS_DIR, JOB_FILE_RE, jobs)
+
+    def _remove_leftovers(self, folder: Path, pattern: re.Pattern[str], keep: set[str]) -> int:
+        """Delete the files in ``folder`` named like ``pattern`` but not in ``keep``; count them."""
+        removed = 0
+        for f in folder.iterdir():
+            rel = f.relative_to(self.root).as_posix()
+            if pattern.fullmatch(f.name) and f.is_file() and rel not in keep:
+                logger.info("removing leftover file %s of an interrupted import or job", f)
                 f.unlink()
+                removed += 1
+        return removed
 
     # -- DuckDB boundary -----------------------------------------------------------------------
     @contextmanager
@@ -571,7 +599,11 @@ class Catalog:
             self._remove_job_files(job)
         for p in paths:
             (self.root / p).unlink(missing_ok=True)
-        shutil.rmtree(self.root / "data" / name, ignore_errors=True)
+        folder = self.root / "data" / name
+        if folder.is_dir():
+            self._remove_leftovers(folder, PART_FILE_RE, set())
+            with contextlib.suppress(OSError):  # not empty: it holds files tabloader did not write
+                folder.rmdir()
 
     # -- jobs ------------------------------------------------------------------------------------
     @_synchronized
@@ -647,7 +679,7 @@ class Catalog:
         predicate = check_predicate(where, ds) if where is not None else None
         bitmap = self._evaluate(name, ds, predicate)
         opts = dict(options or {})
-        path = f"{JOBS_DIR}/{name}-{uuid.uuid4().hex[:12]}.roaring"
+        path = f"{JOBS_DIR}/{name}-{_new_token()}.roaring"
         blob = bitmap.serialize()
         try:
             _write_file(self.root / path, blob)
@@ -786,7 +818,7 @@ class _Ingest:
         self.first_id, self.version, self.append = first_id, version, append
         self.num_rows = 0
         self.directory = catalog.root / "data" / name
-        token = uuid.uuid4().hex[:12]
+        token = _new_token()
         self.tmp = self.directory / f".tmp-{token}.arrow"
         self.final = self.directory / f"part-v{version:05d}-{token}.arrow"
         self.queryable = [f.name for f in source.schema if not is_payload(f.type)]

@@ -74,6 +74,63 @@ def test_connect_refuses_a_non_duckdb_file(tmp_path):
         catalog.connect(tmp_path)
 
 
+def files_under(root) -> list[str]:
+    """The files in ``data/`` and ``jobs/`` of catalog directory ``root``."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for folder in ("data", "jobs")
+        for p in (root / folder).rglob("*")
+        if p.is_file()
+    )
+
+
+@pytest.mark.parametrize("folder", ["data/train", "jobs"])
+def test_connect_refuses_a_directory_that_is_not_a_catalog(tmp_path, folder):
+    (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / folder / "shard0.arrow").write_bytes(b"user data")
+    with pytest.raises(CatalogError, match=r"not a tabloader catalog: .* empty or new directory"):
+        catalog.connect(tmp_path)
+    assert (tmp_path / folder / "shard0.arrow").read_bytes() == b"user data"
+    assert not (tmp_path / "catalog.duckdb").exists()
+
+
+def test_garbage_collection_deletes_only_tabloader_files(tmp_path):
+    root = tmp_path / "cat"
+    with catalog.connect(root) as cat:
+        cat.import_arrow("t", make_table(10))
+        cat.register_job("j", "t")
+        kept = files_under(root)
+    token = "0123456789ab"
+    theirs = [
+        "data/t/notes.txt",
+        "data/t/shard0.arrow",
+        f"data/t/part-{token}.arrow",
+        "data/train/shard0.arrow",
+        f"data/train/deep/part-v00001-{token}.arrow",
+        "jobs/notes.txt",
+        f"jobs/my-job-{token}.roaring",
+        f"jobs/sub/j-{token}.roaring",
+    ]
+    ours = [
+        f"data/t/part-v00002-{token}.arrow",
+        f"data/t/.tmp-{token}.arrow",
+        f"data/u/.tmp-{token}.arrow",
+        f"jobs/k-{token}.roaring",
+        f"jobs/.tmp-j-{token}.roaring",
+    ]
+    for rel in theirs + ours:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+    with catalog.connect(root) as cat:
+        assert files_under(root) == sorted(kept + theirs)
+        assert not (root / "data/u").exists()  # emptied by the collection
+        assert cat.dataset("t").take([3]).num_rows == 1
+        cat.drop_dataset("t", cascade=True)
+        assert sorted((root / "data/t").iterdir()) == sorted(
+            root / rel for rel in theirs if rel.startswith("data/t/")
+        )
+
+
 @pytest.mark.parametrize("ids", [[0], [999, 0, 500, 3, 3], list(range(1000))[::-7]])
 def test_import_arrow_take_round_trip(cat, ids):
     table = make_table()
