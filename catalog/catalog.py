@@ -264,11 +264,43 @@ class Catalog:
         if self.root.exists() and not self.root.is_dir():
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
         self.path = self.root / DB_FILE
-        if not self.path.exists():
-            self._check_new_root()
-        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        with self._os_errors():
+            if not self.path.exists():
+                self._check_new_root()
+            for folder in ("data", JOBS_DIR):
+                (self.root / folder).mkdir(parents=True, exist_ok=True)
+        self._con = self._connect()
         try:
-            self._con = duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
+            with self._os_errors():
+                self._con.execute(_META_DDL)
+                self._move_bitmaps_to_files()
+                # Job ids are fetched on a second connection that may return rows in any order
+                # (bitmap_from_flags does not care): 30% faster than keeping the insertion order.
+                self._ids_con = self._con.cursor()
+                self._ids_con.execute("SET SESSION preserve_insertion_order = false")
+                self._readers: dict[tuple[str, int], DatasetReader] = {}
+                self._datasets: dict[tuple[str, int | None], Dataset] = {}
+                self._job_paths: dict[str, str] = {}  # job -> its bitmap file, when known
+                self._collect_garbage()
+        except BaseException:
+            self._con.close()
+            raise
+
+    @contextmanager
+    def _os_errors(self) -> Iterator[None]:
+        """Map a file system error while opening to ``CatalogError`` naming the path."""
+        try:
+            yield
+        except OSError as exc:
+            where = f": '{exc.filename}'" if exc.filename else ""
+            raise CatalogError(
+                f"Cannot use '{self.root}' as a catalog directory ({exc.strerror or exc}{where}). "
+                "Give a new or empty directory you can write to, or an existing catalog."
+            ) from exc
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        try:
+            return duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 pid = re.search(r"PID (\d+)", str(exc))
@@ -282,17 +314,6 @@ class Catalog:
             raise CatalogError(
                 f"Cannot open catalog '{self.path}': {exc}. Is it a DuckDB database?"
             ) from exc
-        self._con.execute(_META_DDL)
-        (self.root / JOBS_DIR).mkdir(exist_ok=True)
-        self._move_bitmaps_to_files()
-        # Job ids are fetched on a second connection that may return rows in any order
-        # (bitmap_from_flags does not care): 30% faster than keeping the insertion order.
-        self._ids_con = self._con.cursor()
-        self._ids_con.execute("SET SESSION preserve_insertion_order = false")
-        self._readers: dict[tuple[str, int], DatasetReader] = {}
-        self._datasets: dict[tuple[str, int | None], Dataset] = {}
-        self._job_paths: dict[str, str] = {}  # job -> its bitmap file, when known
-        self._collect_garbage()
 
     # -- lifecycle ---------------------------------------------------------------------------
     @_synchronized

@@ -74,6 +74,33 @@ def test_connect_refuses_a_non_duckdb_file(tmp_path):
         catalog.connect(tmp_path)
 
 
+def make_data_a_file(root):
+    root.mkdir()
+    (root / "data").write_text("not a folder")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("make_root", "problem"),
+    [
+        (lambda p: (p / "f").write_text("x") and p / "f" / "cat", r"Not a directory: '.*/f/cat"),
+        (lambda p: make_data_a_file(p / "cat"), r"File exists: '.*/cat/data'"),
+    ],
+)
+def test_connect_maps_os_errors(tmp_path, make_root, problem):
+    with pytest.raises(CatalogError, match=rf"as a catalog directory \({problem}.*\)\. Give a new"):
+        catalog.connect(make_root(tmp_path))
+
+
+def test_os_error_after_duckdb_opened_is_mapped(tmp_path, monkeypatch):
+    def unreadable(self):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self.root / "jobs"))
+
+    monkeypatch.setattr(catalog.Catalog, "_collect_garbage", unreadable)
+    with pytest.raises(CatalogError, match=r"\(Permission denied: '.*/jobs'\)\. Give a new"):
+        catalog.connect(tmp_path)
+
+
 def files_under(root) -> list[str]:
     """The files in ``data/`` and ``jobs/`` of catalog directory ``root``."""
     return sorted(

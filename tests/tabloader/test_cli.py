@@ -62,6 +62,29 @@ def test_import_sql_and_errors(capsys, tmp_path):
         main(["--catalog", root, "--debug", "sql", "DESCRIBE dd"])
 
 
+@pytest.mark.parametrize(
+    ("root", "problem"),
+    [
+        pytest.param(
+            "/proc/nope",
+            "No such file or directory",
+            marks=pytest.mark.skipif(sys.platform != "linux", reason="needs /proc"),
+        ),
+        ("{tmp}/file/x", "Not a directory"),
+        ("{tmp}/data_is_a_file", "File exists"),
+    ],
+)
+def test_unusable_catalog_path_is_one_line(capsys, tmp_path, root, problem):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "data_is_a_file").mkdir()
+    (tmp_path / "data_is_a_file" / "data").write_text("x")
+    code, out, err = run(capsys, "--catalog", root.format(tmp=tmp_path), "sql", "SHOW DATASETS")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"CatalogError: Cannot use '{root.format(tmp=tmp_path)}' as a catalog")
+    assert problem in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_statements_from_stdin(capsys, monkeypatch, tmp_path):
     root = str(tmp_path / "cat")
     monkeypatch.setattr(sys, "stdin", io.StringIO("SELECT 1 AS a;\nSELECT 'x;y' AS b;\n"))
