@@ -213,9 +213,15 @@ class Dataset:
         return self._reader
 
     def take(
-        self, ids: Sequence[int] | np.ndarray | BitMap, columns: Sequence[str] | None = None
+        self, ids: Sequence[int] | np.ndarray | BitMap, columns: str | Sequence[str] | None = None
     ) -> pa.Table:
-        """Return rows ``ids`` in that order, with ``_id`` first and ``columns`` (default all)."""
+        """Return rows ``ids`` in that order, with ``_id`` first and ``columns`` (default all).
+
+        Raises:
+            RowIdError: an id is out of range or not an integer.
+            UnknownColumnError: no such column (``columns`` may be one name or a list).
+            StorageError: a data file is missing or corrupt.
+        """
         if isinstance(ids, BitMap):
             ids = np.frombuffer(ids.to_array(), dtype=np.uint32)
         return self._reader.take(ids, columns)
@@ -673,7 +679,7 @@ class Catalog:
         name: str,
         dataset: str,
         *,
-        columns: Sequence[str] | None = None,
+        columns: str | Sequence[str] | None = None,
         where: str | exp.Expression | None = None,
         options: dict[str, Any] | None = None,
         replace: bool = False,

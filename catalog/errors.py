@@ -8,6 +8,7 @@
         NotFoundError(LookupError)
           DatasetNotFoundError
           JobNotFoundError
+          RowIdError(IndexError)  a row id out of range or not an integer
         AlreadyExistsError
         DatasetInUseError         DROP DATASET while jobs use it
       ImportFailedError           a source could not be imported; nothing stored
@@ -40,6 +41,7 @@ __all__ = [
     "JobNotFoundError",
     "LoaderError",
     "NotFoundError",
+    "RowIdError",
     "RowReadError",
     "SamplingError",
     "StatementError",
@@ -75,6 +77,10 @@ class DatasetNotFoundError(NotFoundError):
 
 class JobNotFoundError(NotFoundError):
     """No job by that name."""
+
+
+class RowIdError(NotFoundError, IndexError):
+    """No row with that ``_id`` in the dataset version, or the id is not an integer."""
 
 
 class AlreadyExistsError(CatalogError):

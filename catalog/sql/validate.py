@@ -122,9 +122,11 @@ def position(node: exp.Expr) -> tuple[int | None, int | None]:
     return None, None
 
 
-def check_columns(columns: Sequence[str] | None, ds: Dataset) -> list[str]:
+def check_columns(columns: str | Sequence[str] | None, ds: Dataset) -> list[str]:
     """Resolve a job's columns (None or ``*`` for all) against ``ds``; ``_id`` is implicit."""
     stored = [c for c in ds.columns if c != ID]
+    if isinstance(columns, str):  # one column, not its letters
+        columns = [columns]
     if columns is None or list(columns) == ["*"]:
         return stored
     out: list[str] = []

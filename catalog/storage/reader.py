@@ -19,16 +19,18 @@ Two ways to read, chosen per reader (``memory_map``):
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from catalog.errors import StorageError, UnknownColumnError, did_you_mean
+from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from catalog.storage.writer import PartInfo
 
 __all__ = ["DatasetReader"]
@@ -118,7 +120,7 @@ class DatasetReader:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows):
             bad = int(ids[(ids < 0) | (ids >= self.num_rows)][0])
-            raise IndexError(
+            raise RowIdError(
                 f"Row id {bad} is out of range; this dataset version has ids "
                 f"0..{self.num_rows - 1}."
             )
@@ -153,11 +155,15 @@ class DatasetReader:
     SMALL_TAKE = 1024  # up to this many ids, slice row by row (no numpy, no sort, no gather)
 
     def take(
-        self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None
+        self, ids: Sequence[int] | np.ndarray, columns: str | Sequence[str] | None = None
     ) -> pa.Table:
         """Return the rows ``ids`` (in that order) as a table whose first column is ``_id``.
 
+        ``columns`` (default all) may be one column name or a list of them.
+
         Raises:
+            RowIdError: an id is out of range or not an integer.
+            UnknownColumnError: no such column.
             StorageError: a data file is missing or corrupt.
         """
         try:
@@ -170,10 +176,12 @@ class DatasetReader:
                 path=str(folder),
             ) from exc
 
-    def _take(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] | None) -> pa.Table:
+    def _take(
+        self, ids: Sequence[int] | np.ndarray, columns: str | Sequence[str] | None
+    ) -> pa.Table:
         if len(ids) == 1 and columns is None:
-            return self._take_one(int(ids[0]))
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            return self._take_one(_row_id(ids[0]))
+        ids = _row_ids(ids)
         names = self._columns(columns)
         if ids.size == 0:
             fields = [self.schema.field(n) for n in names]
@@ -251,9 +259,11 @@ class DatasetReader:
         inverse[order] = np.arange(order.size)
         return gathered.take(pa.array(inverse))
 
-    def _columns(self, columns: Sequence[str] | None) -> list[str]:
+    def _columns(self, columns: str | Sequence[str] | None) -> list[str]:
         if columns is None:
             return list(self.schema.names)
+        if isinstance(columns, str):  # one column, not its letters
+            columns = [columns]
         names = [c for c in columns if c != ID_COLUMN]
         for name in names:
             if name not in self.schema.names:
@@ -262,3 +272,21 @@ class DatasetReader:
                     f"Columns: {', '.join(self.schema.names)}."
                 )
         return names
+
+
+def _row_id(i: Any) -> int:
+    """``i`` as a row id: any integer (Python or numpy), never a float rounded down."""
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise RowIdError(
+            f"Row id {i!r} is not an integer ({type(i).__name__}); pass integer ids."
+        ) from None
+
+
+def _row_ids(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``ids`` as a flat int64 array; floats, strings and other non-integers are refused."""
+    array = np.asarray(ids).reshape(-1)
+    if array.dtype.kind not in "iu":  # an empty list is float64 too
+        array = np.array([_row_id(i) for i in array.tolist()], dtype=np.int64)
+    return array.astype(np.int64, copy=False)

@@ -19,6 +19,7 @@ from catalog import (
     CatalogError,
     DatasetNotFoundError,
     ImportFailedError,
+    RowIdError,
     StorageError,
     UnknownColumnError,
 )
@@ -178,8 +179,38 @@ def test_take_selected_columns_and_bitmap(cat):
     assert got.column("_id").to_pylist() == [1, 5, 9]
     with pytest.raises(UnknownColumnError, match="Unknown column 'imag'. Did you mean 'image'"):
         ds.take([1], columns=["imag"])
-    with pytest.raises(IndexError, match="Row id 1000 is out of range"):
+    with pytest.raises(RowIdError, match=r"Row id 1000 is out of range; .* has ids 0\.\.999"):
         ds.take([1000])
+    assert ds.take([3], columns="label").column_names == ["_id", "label"]  # one column
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([1000], r"Row id 1000 is out of range; this dataset version has ids 0\.\.999\."),
+        ([5, -1, 2], r"Row id -1 is out of range"),
+        (np.array([1, 2000] * 600), r"Row id 2000 is out of range"),  # the batched path
+        ([1.5], r"Row id 1\.5 is not an integer \(float\); pass integer ids\."),
+        ([1, 2.0], r"Row id 1\.0 is not an integer \(float\)"),
+        (np.array([0.0, 3.0]), r"Row id 0\.0 is not an integer \(float\)"),
+        (["3"], r"Row id '3' is not an integer \(str\)"),
+    ],
+)
+def test_take_refuses_bad_row_ids(cat, ids, message):
+    ds = cat.import_arrow("t", make_table())
+    for columns in (None, ["label"]):  # the single-row fast path and the general one
+        with pytest.raises(RowIdError, match=message) as info:
+            ds.take(ids, columns=columns)
+        assert isinstance(info.value, IndexError)
+        assert isinstance(info.value, catalog.TabloaderError)
+    assert ds.take(np.array([3, 1], dtype=np.uint32)).column("_id").to_pylist() == [3, 1]
+    assert ds.take([np.int64(4)]).column("_id").to_pylist() == [4]
+    assert ds.take([]).num_rows == 0
+
+
+def test_register_job_takes_one_column_name(cat):
+    cat.import_arrow("t", make_table(10))
+    assert cat.register_job("j", "t", columns="label").columns == ("label",)
 
 
 def test_small_batches_for_large_rows(cat):
@@ -398,7 +429,7 @@ def test_append_bumps_version_and_old_version_stays(cat):
     assert ds2.take([100, 149]).drop_columns(["_id"]).equals(b.take([0, 49]))
     v1 = cat.dataset("t", version=1)
     assert v1.num_rows == 100
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(RowIdError, match="Row id 120 is out of range"):
         v1.take([120])
     assert cat._con.execute("SELECT min(_id), max(_id), count(*) FROM t").fetchone() == (
         0,
