@@ -296,6 +296,52 @@ def test_import_errors(cat, tmp_path):
     assert cat.dataset_names() == ["t"]
 
 
+def test_names_ignore_case_as_in_duckdb(cat, tmp_path):
+    cat.import_arrow("meta", make_table(10))
+    pq.write_table(make_table(10), tmp_path / "x.parquet")
+    taken = r"Dataset 'meta' exists already, and dataset names ignore case .* 'Meta' is taken too"
+    with pytest.raises(AlreadyExistsError, match=rf"{taken}\. Use 'meta', or another name\."):
+        cat.sql(f"CREATE DATASET Meta FROM '{tmp_path / 'x.parquet'}'")
+    with pytest.raises(AlreadyExistsError, match=taken):
+        cat.import_arrow("Meta", make_table(10), append=True)
+    cat.register_job("j", "meta")
+    with pytest.raises(AlreadyExistsError, match=r"Job 'j' exists already, and job names ignore"):
+        cat.sql("REGISTER OR REPLACE JOB J SELECT label FROM meta")
+    assert len(list((cat.root / "jobs").iterdir())) == 1  # the refused job's file is gone
+    cat._con.execute('CREATE TABLE "Other" (a INTEGER)')
+    with pytest.raises(AlreadyExistsError, match="A DuckDB table 'Other' exists already; pick"):
+        cat.import_arrow("other", make_table(10))
+    assert (cat.dataset_names(), cat.job_names()) == (["meta"], ["j"])
+
+
+class _InsertFails:
+    """A DuckDB connection whose INSERT into a dataset table fails (aborting the transaction)."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def execute(self, sql, *args):
+        if sql.startswith('INSERT INTO "'):
+            sql, args = "SELECT error('injected insert failure')", ()
+        return self._con.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def test_duckdb_errors_during_import_are_not_masked(cat, monkeypatch):
+    """The failed statement aborts the transaction; the unregister after it must not hide it."""
+    cat._con.execute("CREATE VIEW v AS SELECT 1 AS a")  # CREATE TABLE v fails
+    with pytest.raises(ImportFailedError, match=r'in DuckDB: Catalog Error: View with name "v"'):
+        cat.import_arrow("v", make_table(10))
+    monkeypatch.setattr(cat, "_con", _InsertFails(cat._con))
+    with pytest.raises(ImportFailedError, match=r"in DuckDB: .*injected insert failure"):
+        cat.import_arrow("t", make_table(10))
+    monkeypatch.undo()
+    assert cat.dataset_names() == []
+    assert cat.import_arrow("t", make_table(10)).num_rows == 10
+
+
 def test_dataset_not_found_suggests(cat):
     cat.import_arrow("imagenet", make_table(10))
     with pytest.raises(
