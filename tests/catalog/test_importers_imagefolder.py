@@ -194,3 +194,11 @@ def test_catalog_import_imagefolder(cat, image_folder):
     dataset = cat.import_imagefolder("imgs", image_folder)
     assert dataset.num_rows == 60
     assert dataset.class_names == {"label": ["class_000", "class_001", "class_002", "class_003"]}
+    ids = [59, 0, 31, 7, 31, 12, 1]
+    got = dataset.take(ids)
+    assert got.column("_id").to_pylist() == ids
+    source = _table(open_imagefolder(image_folder))
+    assert got.drop_columns(["_id"]).equals(source.take(ids))
+    for row in got.to_pylist():
+        assert row["image"] == (image_folder / row["path"]).read_bytes()
+        assert row["path"].split("/")[0] == row["label_name"] == f"class_{row['label']:03d}"
