@@ -50,15 +50,15 @@ def _register(catalog: Catalog, stmt: RegisterJob) -> Any:
     if not isinstance(query, exp.Select):
         raise StatementError("REGISTER JOB takes one SELECT columns FROM dataset [WHERE ...].")
     extra = [
-        k.upper()
+        "JOIN" if k == "joins" else k.upper()
         for k, v in query.args.items()
         if v and k not in ("expressions", "from_", "where", "kind")
     ]
-    if extra or query.args.get("joins"):
+    if extra:
         line, col = position(query)
         raise ForbiddenExpressionError(
             f"REGISTER JOB takes SELECT columns FROM dataset [WHERE ...]; remove "
-            f"{', '.join(extra) or 'JOIN'}.",
+            f"{', '.join(extra)}.",
             line=line,
             col=col,
         )

@@ -131,6 +131,16 @@ def test_missing_image_file_is_an_import_error(tmp_path):
         list(src.batches)
 
 
+def test_image_feature_over_other_storage_is_an_import_error():
+    ds = datasets.Dataset.from_dict({"image": ["a.png", "b.png"]})
+    ds.info.features = datasets.Features({"image": datasets.Image()})  # storage stays string
+    with pytest.raises(
+        ImportFailedError,
+        match=r"Image column 'image' is stored as string, not struct<bytes, path>; cast it",
+    ):
+        open_hf(ds)
+
+
 def test_batches_stream_within_batch_size():
     src = open_hf(_labelled(10), batch_size=3)
     assert isinstance(src.batches, Iterator)
@@ -277,7 +287,7 @@ def test_iterable_dataset_is_refused():
     # An empty IterableDatasetDict: building an IterableDataset imports torch (seconds).
     with pytest.raises(
         ImportFailedError,
-        match=r"streaming datasets.IterableDatasetDict.*"
+        match=r"Cannot import a streaming datasets\.IterableDatasetDict: .*"
         r"without streaming=True",
     ):
         open_hf(datasets.IterableDatasetDict())

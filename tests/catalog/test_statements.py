@@ -9,8 +9,10 @@ from pyroaring import BitMap
 import catalog
 from catalog import (
     AlreadyExistsError,
+    CatalogError,
     DatasetInUseError,
     ForbiddenExpressionError,
+    ImportFailedError,
     JobNotFoundError,
     StatementError,
     StorageError,
@@ -195,6 +197,68 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
             "remove LIMIT",
         ),
         (
+            "REGISTER JOB x SELECT label FROM imagenet JOIN imagenet AS b ON true",
+            ForbiddenExpressionError,
+            r"remove JOIN\. \(line 1, col 23\)",
+        ),
+        (
+            "REGISTER JOB x SELECT DISTINCT label FROM imagenet",
+            ForbiddenExpressionError,
+            r"remove DISTINCT\.",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet GROUP BY label",
+            ForbiddenExpressionError,
+            r"remove GROUP\.",
+        ),
+        ("REGISTER JOB x SELECT label", StatementError, "REGISTER JOB needs FROM <dataset>"),
+        (
+            "REGISTER JOB x SELECT label FROM (SELECT 1)",
+            StatementError,
+            "REGISTER JOB needs FROM <dataset>",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet UNION SELECT label FROM imagenet",
+            StatementError,
+            r"REGISTER JOB takes one SELECT columns FROM dataset \[WHERE \.\.\.\]",
+        ),
+        (
+            "REGISTER JOB x SELECT other.label FROM imagenet",
+            StatementError,
+            "Column 'other.label' does not belong to 'imagenet'",
+        ),
+        (
+            "REGISTER JOB x SELECT *, label FROM imagenet",
+            StatementError,
+            "Use either \\* or a list of columns, not both",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WHERE other.label < 3",
+            UnknownColumnError,
+            "refers to 'other', but the job reads 'imagenet'; drop the qualifier",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WITH (a)",
+            StatementError,
+            r"Expected key = value in WITH \(\.\.\.\), near '\)' \(line 1, col 50\)",
+        ),
+        (
+            "REGISTER JOB x SELECT label FROM imagenet WITH (a = )",
+            StatementError,
+            r"Expected a value \(number, 'string', TRUE or FALSE\)",
+        ),
+        (
+            "REGISTER JOB _x SELECT label FROM imagenet",
+            CatalogError,
+            "Invalid job name '_x': use a letter followed by",
+        ),
+        ("UNREGISTER JOB", StatementError, "Expected a job name"),
+        (
+            "SELECT label INTO t FROM imagenet",
+            StatementError,
+            r"SELECT \.\.\. INTO is not allowed; SELECT is read-only",
+        ),
+        (
             "REGISTER JOB x SELECT label FROM imagenet WHERE label > 5000",
             StatementError,
             "would have no rows",
@@ -229,7 +293,11 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
         ("DELETE FROM imagenet", ForbiddenExpressionError, "DELETE statements are not"),
         ("DROP TABLE imagenet", ForbiddenExpressionError, "DROP statements are not"),
         ("SELECT nope FROM imagenet", StatementError, "BinderException"),
-        ("CREATE DATASET x FROM 'nowhere/at/all'", Exception, "No such file or directory"),
+        (
+            "CREATE DATASET x FROM 'nowhere/at/all'",
+            ImportFailedError,
+            r"No such file or directory: 'nowhere/at/all'\. Check the path\.",
+        ),
         ("CREATE DATASET x FROM 'a' FORMAT csv", StatementError, "Expected a FORMAT among"),
         ("CREATE DATASET x FROM a", StatementError, "Expected a quoted path"),
     ],
