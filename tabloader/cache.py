@@ -118,6 +118,7 @@ __all__ = [
     "CacheKey",
     "CacheOvershootWarning",
     "CacheStats",
+    "CacheTooSmallWarning",
     "Loader",
     "NextUseFn",
     "RefCountFn",
@@ -160,6 +161,10 @@ class NextUseFn(Protocol):
 
 class CacheOvershootWarning(RuntimeWarning):
     """The pinned rows alone exceed the cache capacity (emitted once per cache)."""
+
+
+class CacheTooSmallWarning(RuntimeWarning):
+    """A value is larger than the whole cache, so it is never cached (emitted once per cache)."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,7 @@ class RowCache:
         self._pinned = 0
         self._pinned_bytes = 0
         self._warned = False
+        self._warned_too_big = False
 
         self._requests = 0
         self._hits = 0
@@ -478,11 +484,13 @@ class RowCache:
             self._fail(key, pending, error)
             raise error
         nbytes = int(nbytes)
+        too_big = False
         with self._lock:
             del self._pending[key]
             self._bytes_read += nbytes
             if nbytes > self._capacity:
                 self._uncached += 1
+                too_big, self._warned_too_big = not self._warned_too_big, True
                 if pending.pins:
                     self._ghost_pins[key] = self._ghost_pins.get(key, 0) + pending.pins
                 over = False
@@ -499,6 +507,14 @@ class RowCache:
                 over = self._size > self._capacity
             pending.value = value
             pending.event.set()
+        if too_big:
+            warnings.warn(
+                f"RowCache: a value of {nbytes} bytes ({key[1]}) is larger than the whole cache "
+                f"(capacity_bytes={self._capacity}); such values are never cached, so no other "
+                "request can share it. Raise the cache capacity.",
+                CacheTooSmallWarning,
+                stacklevel=4,
+            )
         if over:
             try:
                 self._evict()

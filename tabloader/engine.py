@@ -620,7 +620,12 @@ class Loader:
                     f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
                 )
             size = image_size if image_size is not None else options.get("image_size")
-            mode = OnError(on_error)
+            try:
+                mode = OnError(on_error)
+            except ValueError:
+                raise LoaderError(
+                    f"on_error={on_error!r} is not a policy; use 'raise' or 'skip'."
+                ) from None
             group = self._groups.get(info.dataset)
             if group is None or group.dataset.version < info.dataset_version:
                 dataset = self.catalog.dataset(info.dataset)
@@ -684,15 +689,24 @@ class Loader:
         self._cache.release([k for s in done for k in s.keys])
 
     def stats(self) -> dict[str, Any]:
-        """Counters: cache (requests, hits, reads, evictions...), reads, decodes, bytes read."""
+        """Counters, overall and per open job.
+
+        ``cache``: the cache's (requests, hits, reads, merged, evictions, bytes...);
+        ``reads``: payload (binary) values read; ``decodes``: images decoded; ``bytes_read``;
+        ``jobs``: per open job, its dataset and ``JobStream.stats()``.
+        """
         cache = self._cache.stats()
         groups = list(self._groups.values())
+        jobs = {}
+        for g in groups:
+            with g.cond:
+                jobs.update({name: {"dataset": g.name, **j.stats()} for name, j in g.jobs.items()})
         return {
             "cache": cache,
-            "reads": sum(g.reads for g in groups),  # payload (binary) values read
+            "reads": sum(g.reads for g in groups),
             "decodes": sum(g.decodes for g in groups),
             "bytes_read": sum(g.bytes_read for g in groups),
-            "jobs": {name: {"dataset": g.name} for g in groups for name in g.jobs},
+            "jobs": jobs,
         }
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ threads, shared by every job of the process.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,7 +57,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
         seed: seed of this job's generator (its augmentations); default the job's ``seed``
-            option, else 0.
+            option, else a hash of the job name (so two jobs never draw the same sequence).
         image_size: shared deterministic resize (default: the job's ``image_size`` option).
         prefetch: batches loaded ahead.
         on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
@@ -80,9 +81,9 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self.loader = loader or default_loader(catalog)
         info = self.loader.catalog.job(job)
         self.transform = transform
-        self.generator = torch.Generator().manual_seed(
-            int(seed if seed is not None else info.options.get("seed", 0))
-        )
+        if seed is None:  # the job's option, else one of its own: jobs never share draws
+            seed = int(info.options.get("seed", zlib.crc32(job.encode())))
+        self.generator = torch.Generator().manual_seed(int(seed))
         self._batch_size, self._image_size = batch_size, image_size
         self._prefetch, self._on_error = prefetch, on_error
         self._stream: JobStream | None = None

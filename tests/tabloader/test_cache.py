@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import CacheError, RowReadError
-from tabloader.cache import CacheOvershootWarning, CacheStats, RowCache
+from tabloader.cache import CacheOvershootWarning, CacheStats, CacheTooSmallWarning, RowCache
 
 
 def loader(value, nbytes=10, calls=None):
@@ -434,11 +434,15 @@ def test_oversize_value_is_returned_but_not_cached():
     cache = RowCache(100)
     cache.get_or_load((0, "a"), loader("small", nbytes=60), pin=False)
     big = np.zeros(200, np.uint8)
-    assert cache.get_or_load((1, "a"), loader(big, nbytes=200)) is big
+    with pytest.warns(CacheTooSmallWarning, match=r"200 bytes \(a\) is larger than the whole"):
+        assert cache.get_or_load((1, "a"), loader(big, nbytes=200)) is big
+    with warnings.catch_warnings():  # once per cache
+        warnings.simplefilter("error")
+        cache.get_or_load((2, "a"), loader(big, nbytes=200), pin=False)
     assert (1, "a") not in cache
     assert (0, "a") in cache  # nothing was evicted for it
     s = cache.stats()
-    assert (s.uncached, s.evictions, s.size_bytes, s.bytes_read) == (1, 0, 60, 260)
+    assert (s.uncached, s.evictions, s.size_bytes, s.bytes_read) == (2, 0, 60, 460)
     assert cache.pins((1, "a")) == 1  # the pin is still tracked, so release is symmetric
     cache.unpin((1, "a"))
     with pytest.raises(CacheError, match="not cached"):
@@ -513,6 +517,7 @@ def test_invariants_under_random_ops(ops, capacity, policy):
     sizes: dict[tuple[int, str], int] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheOvershootWarning)
+        warnings.simplefilter("ignore", CacheTooSmallWarning)
         for o in ops:
             if o[0] == "get":
                 _, i, pin, nbytes = o

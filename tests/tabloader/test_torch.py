@@ -87,3 +87,15 @@ def test_worker_processes_are_refused(loader):
     with pytest.raises(LoaderError, match="num_workers=0"):
         next(iter(DataLoader(data, batch_size=None, num_workers=1, multiprocessing_context="fork")))
     data.close()
+
+
+def test_default_seed_is_the_jobs_option_else_its_own(loader):
+    loader.catalog.sql("REGISTER JOB k SELECT image FROM imgs WITH (image_size = 16)")
+    loader.catalog.sql("REGISTER JOB m SELECT image FROM imgs WITH (image_size = 16)")
+
+    def first_draw(job: str) -> float:
+        return torch.rand(1, generator=JobDataset(job, loader=loader).generator).item()
+
+    assert first_draw("j") == torch.rand(1, generator=torch.Generator().manual_seed(3)).item()
+    assert first_draw("k") == first_draw("k")  # deterministic per job
+    assert first_draw("k") != first_draw("m")  # jobs without a seed never share draws
