@@ -55,26 +55,34 @@ def train(name: str, lr: float, loader: Loader, epochs: int, served: dict) -> No
     model = make_model(10)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     data = JobDataset(name, loader=loader, transform=random_flip)
-    for epoch in range(epochs):
-        seen, correct, total_loss = 0, 0, 0.0
-        for batch in DataLoader(data, batch_size=None):
-            x = batch["image"].permute(0, 3, 1, 2).float() / 255
-            y = batch["label"]
-            out = model(x)
-            loss = nn.functional.cross_entropy(out, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            seen += len(y)
-            correct += int((out.argmax(1) == y).sum())
-            total_loss += loss.item() * len(y)
-        served[name] = served.get(name, 0) + seen
-        print(
-            f"{name:11} epoch {epoch}: {seen} rows, loss {total_loss / seen:.3f}, "
-            f"train acc {correct / seen:.2f}",
-            flush=True,
-        )
-    data.close()
+    try:
+        for epoch in range(epochs):
+            train_epoch(name, epoch, model, opt, data)
+        served[name] = data.stats()
+    finally:
+        data.close()  # leave the loader even if training fails: the other jobs go on
+
+
+def train_epoch(
+    name: str, epoch: int, model: nn.Module, opt: torch.optim.Optimizer, data: JobDataset
+) -> None:
+    seen, correct, total_loss = 0, 0, 0.0
+    for batch in DataLoader(data, batch_size=None):  # one iteration = one epoch of the job
+        x = batch["image"].permute(0, 3, 1, 2).float() / 255
+        y = batch["label"]
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += len(y)
+        correct += int((out.argmax(1) == y).sum())
+        total_loss += loss.item() * len(y)
+    print(
+        f"{name:11} epoch {epoch}: {seen} rows, loss {total_loss / seen:.3f}, "
+        f"train acc {correct / seen:.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -101,8 +109,9 @@ def main() -> None:
         print(f"{stmt}\n  -> {job.num_rows} rows")
 
     decoded = args.image_size * args.image_size * 3
-    loader = Loader(cat, cache_bytes=args.images * decoded, workers=2)  # room for every image
-    served: dict[str, int] = {}
+    # room for every image (and its label), so later epochs are served from the cache
+    loader = Loader(cat, cache_bytes=args.images * (decoded + 256), workers=2)
+    served: dict[str, dict] = {}
     start = time.perf_counter()
     threads = [
         threading.Thread(target=train, args=(n, lr, loader, args.epochs, served))
@@ -113,14 +122,19 @@ def main() -> None:
     for t in threads:
         t.join()
     stats = loader.stats()
-    total = sum(served.values())
     jobs = [cat.job(n) for n in JOBS]
     union = len(jobs[0].ids.union(*(j.ids for j in jobs[1:])))
+    total = sum(s["rows"] for s in served.values())
     print(f"\n{len(JOBS)} jobs, {args.epochs} epochs, {time.perf_counter() - start:.1f} s")
+    for name, s in served.items():  # values: the image and the label of each row
+        print(
+            f"  {name:11} {s['requests']} values: {s['loaded']} read and decoded by this job, "
+            f"{s['shared']} served from the cache or another job's read"
+        )
     print(
-        f"images served to jobs: {total}; decoded: {stats['decodes']} "
-        f"(the union of the jobs' sets has {union} rows; the cache keeps them across epochs); "
-        f"each decode served {total / max(stats['decodes'], 1):.2f} jobs on average"
+        f"images served to jobs: {total}; decoded: {stats['decodes']} (the union of the "
+        f"jobs' sets has {union} rows); each decode served {total / max(stats['decodes'], 1):.2f}"
+        " images (sharing between jobs, and the cache across epochs)"
     )
     loader.close()
     cat.close()

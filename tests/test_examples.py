@@ -53,3 +53,6 @@ def test_hparam_search_example(tmp_path):
         int, re.search(r"served to jobs: (\d+); decoded: (\d+)", proc.stdout).groups()
     )
     assert decoded < served
+    loaded = [int(n) for n in re.findall(r"(\d+) read and decoded by this job", proc.stdout)]
+    assert len(loaded) == 3
+    assert sum(loaded) == 2 * decoded  # an image and a label per row, each read once
