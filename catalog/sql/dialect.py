@@ -37,6 +37,7 @@ __all__ = [
     "ShowJobs",
     "Tabloader",
     "UnregisterJob",
+    "first_token",
     "parse",
     "parse_predicate",
     "split_statements",
@@ -134,6 +135,11 @@ class TabloaderParser(DuckDBParser):
             )
         return super()._parse_statement()
 
+    def _warn_unsupported(self) -> None:
+        # sqlglot logs a warning when it falls back to an opaque Command (LOAD, CALL...);
+        # execute refuses every Command with its own one-line error, so that would be noise.
+        return
+
     def _parse_table_hints(self) -> list[exp.Expr] | None:
         # T-SQL's "FROM t WITH (NOLOCK)" would swallow REGISTER JOB's "WITH (options)".
         return None
@@ -219,6 +225,11 @@ def parse_predicate(text: str) -> exp.Expr:
         return sqlglot.parse_one(text, dialect=Tabloader, into=exp.Condition)
     except (ParseError, TokenError) as exc:
         raise _statement_error(exc) from exc
+
+
+def first_token(text: str) -> str:
+    """The first token of a parsed statement's ``text`` as written (comments skipped)."""
+    return Tabloader().tokenize(text)[0].text
 
 
 def split_statements(text: str) -> list[str]:

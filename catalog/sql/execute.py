@@ -34,7 +34,7 @@ def execute(catalog: Catalog, text: str) -> Any:
     stmt = parse(text)
     handler = HANDLERS.get(type(stmt))
     if handler is None:
-        return _select(catalog, stmt)
+        return catalog.query(check_query(stmt, text=text))
     return handler(catalog, stmt)
 
 
@@ -202,10 +202,6 @@ def _describe(catalog: Catalog, stmt: DescribeDataset) -> pa.Table:
         ]
     )
     return pa.Table.from_pylist(rows, schema=schema)
-
-
-def _select(catalog: Catalog, stmt: exp.Expr) -> pa.Table:
-    return catalog.query(check_query(stmt))
 
 
 def _unregister(catalog: Catalog, stmt: UnregisterJob) -> None:

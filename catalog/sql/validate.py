@@ -21,7 +21,7 @@ from catalog.errors import (
     UnknownColumnError,
     did_you_mean,
 )
-from catalog.sql.dialect import parse_predicate
+from catalog.sql.dialect import first_token, parse_predicate
 
 if TYPE_CHECKING:
     from catalog.catalog import Dataset
@@ -214,12 +214,20 @@ def _check_column(node: exp.Column, ds: Dataset) -> None:
         )
 
 
-def check_query(query: exp.Expr) -> str:
-    """Check a read-only SELECT for pass-through to DuckDB; return its DuckDB SQL."""
+def check_query(query: exp.Expr, *, text: str | None = None) -> str:
+    """Check a read-only SELECT for pass-through to DuckDB; return its DuckDB SQL.
+
+    Args:
+        query: the parsed statement.
+        text: the statement as written, to name its first word if it is refused.
+    """
     if not isinstance(query, exp.Query):
+        # sqlglot's node type misleads ('@@@' parses as ABS, CHECKPOINT as a column): name
+        # what the statement starts with instead.
+        first = first_token(text if text is not None else query.sql(dialect="duckdb"))
         raise ForbiddenExpressionError(
-            f"{query.key.upper()} statements are not allowed. tabloader runs CREATE DATASET, "
-            "APPEND TO DATASET, REGISTER JOB, UNREGISTER JOB, SHOW DATASETS, SHOW JOBS, "
+            f"Statements starting with '{first}' are not allowed. tabloader runs CREATE "
+            "DATASET, APPEND TO DATASET, REGISTER JOB, UNREGISTER JOB, SHOW DATASETS, SHOW JOBS, "
             "DESCRIBE, DROP DATASET and read-only SELECT."
         )
     for node in query.walk():

@@ -285,13 +285,23 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
             "Table functions are not allowed",
         ),
         ("SELECT getenv('HOME')", ForbiddenExpressionError, "not allowed"),
-        ("COPY imagenet TO '/tmp/x.csv'", ForbiddenExpressionError, "COPY statements are not"),
-        ("ATTACH '/tmp/x.db' AS x", ForbiddenExpressionError, "ATTACH statements are not"),
-        ("INSTALL httpfs", ForbiddenExpressionError, "INSTALL statements are not"),
-        ("PRAGMA version", ForbiddenExpressionError, "PRAGMA statements are not"),
-        ("SET threads = 1", ForbiddenExpressionError, "SET statements are not"),
-        ("DELETE FROM imagenet", ForbiddenExpressionError, "DELETE statements are not"),
-        ("DROP TABLE imagenet", ForbiddenExpressionError, "DROP statements are not"),
+        *(
+            (statement, ForbiddenExpressionError, f"Statements starting with '{first}' are not")
+            for statement, first in [
+                ("COPY imagenet TO '/tmp/x.csv'", "COPY"),
+                ("ATTACH '/tmp/x.db' AS x", "ATTACH"),
+                ("INSTALL httpfs", "INSTALL"),
+                ("LOAD httpfs", "LOAD"),
+                ("CALL pragma_version()", "CALL"),
+                ("PRAGMA version", "PRAGMA"),
+                ("SET threads = 1", "SET"),
+                ("DELETE FROM imagenet", "DELETE"),
+                ("DROP TABLE imagenet", "DROP"),
+                ("CHECKPOINT", "CHECKPOINT"),  # sqlglot parses it as a column
+                ("@@@", "@"),  # ... and this as ABS
+                ("-- note\n  vacuum", "vacuum"),
+            ]
+        ),
         ("SELECT nope FROM imagenet", StatementError, "BinderException"),
         (
             "CREATE DATASET x FROM 'nowhere/at/all'",
@@ -316,6 +326,17 @@ def test_statement_errors_leave_catalog_unchanged(cat, imagenet, statement, erro
         cat._con.execute("SELECT count(*) FROM imagenet").fetchone(),
     )
     assert after == before
+
+
+@pytest.mark.parametrize("statement", ["LOAD httpfs", "CALL pragma_version()", "CHECKPOINT"])
+def test_refused_statement_lists_the_allowed_ones_and_logs_nothing(cat, caplog, statement):
+    with pytest.raises(ForbiddenExpressionError) as info:
+        cat.sql(statement)
+    assert str(info.value).endswith(
+        "tabloader runs CREATE DATASET, APPEND TO DATASET, REGISTER JOB, UNREGISTER JOB, "
+        "SHOW DATASETS, SHOW JOBS, DESCRIBE, DROP DATASET and read-only SELECT."
+    )
+    assert caplog.records == []  # sqlglot's "Falling back to parsing as a 'Command'"
 
 
 def test_register_job_python_api(cat, imagenet):

@@ -85,6 +85,18 @@ def test_unusable_catalog_path_is_one_line(capsys, tmp_path, root, problem):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_refused_statement_is_one_line(tmp_path):
+    """In a process of its own: under pytest, logging.basicConfig would not reach stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tabloader", "--catalog", str(tmp_path), "sql", "LOAD httpfs"],
+        capture_output=True,
+        text=True,
+    )
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith("ForbiddenExpressionError: Statements starting with 'LOAD'")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_statements_from_stdin(capsys, monkeypatch, tmp_path):
     root = str(tmp_path / "cat")
     monkeypatch.setattr(sys, "stdin", io.StringIO("SELECT 1 AS a;\nSELECT 'x;y' AS b;\n"))
