@@ -23,7 +23,8 @@ blob in the ``jobs`` table made every REGISTER JOB commit 3-5 ms slower than a s
 a file; an fsync costs another ~1 ms.)
 
 DuckDB allows one read-write process per database file. A second process gets
-``CatalogLockedError``; loader workers and training processes receive bitmaps and file paths,
+``CatalogLockedError``, and so does a second ``Catalog`` of the same directory in one process
+(share the open one); loader workers and training processes receive bitmaps and file paths,
 never a connection. User SQL runs on this connection, opened with ``enable_external_access =
 false``, so no statement can read or write files, attach databases or install extensions.
 """
@@ -39,6 +40,7 @@ import os
 import re
 import threading
 import uuid
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -91,6 +93,9 @@ DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "storage_compatibility_version": "v1.0.0",
 }
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+# The catalogs this process has open, by resolved root (a collected Catalog frees its root).
+_OPEN_ROOTS: weakref.WeakValueDictionary[Path, Catalog] = weakref.WeakValueDictionary()
+_OPEN_LOCK = threading.Lock()
 # The names of the files tabloader writes, each made unique by a token (``_new_token``).
 # Garbage collection deletes nothing else: a catalog directory may hold other files.
 PART_FILE_RE = re.compile(r"(part-v\d{5,}|\.tmp)-[0-9a-f]{12}\.arrow")
@@ -156,7 +161,8 @@ def connect(path: str | os.PathLike[str] | None = None) -> Catalog:
         path: the directory; default ``$TABLOADER_CATALOG`` or ``./catalog``.
 
     Raises:
-        CatalogLockedError: another process has the catalog open.
+        CatalogLockedError: another process, or another ``Catalog`` of this process, has the
+            catalog open.
     """
     return Catalog(path)
 
@@ -270,6 +276,35 @@ class Catalog:
         if self.root.exists() and not self.root.is_dir():
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
         self.path = self.root / DB_FILE
+        self._claim_root()
+        try:
+            self._open()
+        except BaseException:
+            self._release_root()
+            raise
+
+    def _claim_root(self) -> None:
+        """Refuse a root this process has open already: the two would not see each other.
+
+        The first would serve stale cached metadata after the second changes the catalog,
+        and the second's cleanup at open would delete the first's unfinished import.
+        """
+        self._key = self.root.resolve()
+        with _OPEN_LOCK:
+            if _OPEN_ROOTS.get(self._key) is not None:
+                raise CatalogLockedError(
+                    f"Catalog '{self.root}' is open already in this process. Reuse that "
+                    "Catalog object (pass it as catalog= to Loader or JobDataset), or close() "
+                    "it before opening the catalog again."
+                )
+            _OPEN_ROOTS[self._key] = self
+
+    def _release_root(self) -> None:
+        with _OPEN_LOCK:
+            if _OPEN_ROOTS.get(self._key) is self:
+                del _OPEN_ROOTS[self._key]
+
+    def _open(self) -> None:
         with self._os_errors():
             if not self.path.exists():
                 self._check_new_root()
@@ -324,9 +359,10 @@ class Catalog:
     # -- lifecycle ---------------------------------------------------------------------------
     @_synchronized
     def close(self) -> None:
-        """Close the DuckDB connection; the catalog can then be opened by another process."""
+        """Close the DuckDB connection; the catalog can then be opened again, here or elsewhere."""
         self._ids_con.close()
         self._con.close()
+        self._release_root()
 
     def __enter__(self) -> Catalog:
         return self

@@ -4,7 +4,7 @@
 
     TabloaderError
       CatalogError
-        CatalogLockedError        the catalog is owned by another process
+        CatalogLockedError        the catalog is open in another process or Catalog
         NotFoundError(LookupError)
           DatasetNotFoundError
           JobNotFoundError
@@ -61,7 +61,7 @@ class CatalogError(TabloaderError):
 
 
 class CatalogLockedError(CatalogError):
-    """Another process owns the catalog (DuckDB allows one writer per file)."""
+    """Another process (DuckDB allows one writer per file) or ``Catalog`` has the catalog open."""
 
 
 class NotFoundError(CatalogError, LookupError):

@@ -17,6 +17,7 @@ import catalog
 from catalog import (
     AlreadyExistsError,
     CatalogError,
+    CatalogLockedError,
     DatasetNotFoundError,
     ImportFailedError,
     RowIdError,
@@ -485,6 +486,44 @@ def test_append_bumps_version_and_old_version_stays(cat):
         149,
         150,
     )
+
+
+def test_second_open_in_one_process_is_refused(tmp_path):
+    root = tmp_path / "cat"
+    first = catalog.connect(root)
+    first.import_arrow("t", make_table(10))
+    (tmp_path / "link").symlink_to(root)
+    for spelling in (root, tmp_path / "link"):
+        with pytest.raises(
+            CatalogLockedError,
+            match=r"Catalog '.*' is open already in this process\. Reuse that Catalog object "
+            r"\(pass it as catalog= to Loader or JobDataset\), or close\(\) it",
+        ):
+            catalog.connect(spelling)
+    assert first.dataset("t").take([3]).num_rows == 1  # the refused open changed nothing
+    first.close()
+    first.close()
+    with catalog.connect(root) as again:
+        assert again.dataset_names() == ["t"]
+
+
+def test_failed_or_dropped_catalog_frees_its_root(tmp_path, monkeypatch):
+    import gc
+
+    root = tmp_path / "cat"
+
+    def fails(self):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(catalog.Catalog, "_collect_garbage", fails)
+    with pytest.raises(CatalogError, match="Input/output error") as info:
+        catalog.connect(root)
+    monkeypatch.undo()
+    catalog.connect(root).import_arrow("t", make_table(10))  # dropped without close()
+    gc.collect()
+    with catalog.connect(root) as cat:
+        assert cat.dataset_names() == ["t"]
+    assert info.traceback  # its frames (and the half-opened Catalog) were alive all along
 
 
 def test_second_process_gets_a_clear_error(cat):
