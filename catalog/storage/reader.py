@@ -118,15 +118,16 @@ class DatasetReader:
             self._file(i)
 
     # -- locating --------------------------------------------------------------------------
+    def _out_of_range(self, row: int) -> RowIdError:
+        return RowIdError(
+            f"Row id {row} is out of range; this dataset version has ids 0..{self.num_rows - 1}."
+        )
+
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Map ids to (part index, record batch index, row in batch) arrays."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows):
-            bad = int(ids[(ids < 0) | (ids >= self.num_rows)][0])
-            raise RowIdError(
-                f"Row id {bad} is out of range; this dataset version has ids "
-                f"0..{self.num_rows - 1}."
-            )
+            raise self._out_of_range(int(ids[(ids < 0) | (ids >= self.num_rows)][0]))
         part = np.searchsorted(self._first_ids, ids, side="right") - 1
         local = ids - self._first_ids[part]
         rpb = self._rows_per_batch[part]
@@ -208,7 +209,7 @@ class DatasetReader:
         With ``columns``, the batch has (and the read fetches) only those columns.
         """
         if not 0 <= i < self.num_rows:
-            self.locate(np.array([i]))  # raises the out-of-range error
+            raise self._out_of_range(i)
         p = bisect_right(self._first_list, i) - 1
         b, row = divmod(i - self._first_list[p], self._rpb_list[p])
         return self.record_batch(
@@ -239,7 +240,7 @@ class DatasetReader:
         pieces = []
         for i in ids:
             if not 0 <= i < n:
-                self.locate(np.array([i]))  # raises the out-of-range error
+                raise self._out_of_range(i)
             p = bisect_right(first, i) - 1
             b, row = divmod(i - first[p], rpb[p])
             rb = batches.get((p, b))
@@ -296,5 +297,12 @@ def _row_ids(ids: Sequence[int] | np.ndarray) -> np.ndarray:
     """``ids`` as a flat int64 array; floats, strings and other non-integers are refused."""
     array = np.asarray(ids).reshape(-1)
     if array.dtype.kind not in "iu":  # an empty list is float64 too
-        array = np.array([_row_id(i) for i in array.tolist()], dtype=np.int64)
+        exact = [_row_id(i) for i in array.tolist()]
+        try:
+            array = np.array(exact, dtype=np.int64)
+        except OverflowError:
+            big = next(i for i in exact if not -(2**63) <= i < 2**63)
+            raise RowIdError(f"Row id {big} is out of range; ids are below 2**63.") from None
+    if array.dtype == np.uint64 and array.size and array.max() >= 2**63:
+        raise RowIdError(f"Row id {int(array.max())} is out of range; ids are below 2**63.")
     return array.astype(np.int64, copy=False)

@@ -195,6 +195,9 @@ def test_take_selected_columns_and_bitmap(cat):
         ([1, 2.0], r"Row id 1\.0 is not an integer \(float\)"),
         (np.array([0.0, 3.0]), r"Row id 0\.0 is not an integer \(float\)"),
         (["3"], r"Row id '3' is not an integer \(str\)"),
+        ([2**70], r"Row id 1180591620717411303424 is out of range"),
+        ([1, 2**70], r"Row id 1180591620717411303424 is out of range; ids are below 2\*\*63"),
+        (np.array([1, 2**64 - 1], dtype=np.uint64), r"Row id 18446744073709551615 is out of"),
     ],
 )
 def test_take_refuses_bad_row_ids(cat, ids, message):
