@@ -99,3 +99,15 @@ def test_default_seed_is_the_jobs_option_else_its_own(loader):
     assert first_draw("j") == torch.rand(1, generator=torch.Generator().manual_seed(3)).item()
     assert first_draw("k") == first_draw("k")  # deterministic per job
     assert first_draw("k") != first_draw("m")  # jobs without a seed never share draws
+
+
+def test_a_catalog_path_open_in_this_process_must_be_shared(loader):
+    from catalog import CatalogLockedError
+
+    root = loader.catalog.root
+    with pytest.raises(CatalogLockedError, match="open already in this process.*catalog= to"):
+        JobDataset("j", catalog=root)
+    data = JobDataset("j", catalog=loader.catalog)  # the open Catalog object: shared
+    assert len(epoch_ids(data)) == loader.catalog.job("j").num_rows
+    data.close()
+    data.loader.close()  # the default loader of that catalog: no threads left behind
