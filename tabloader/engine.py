@@ -765,6 +765,18 @@ def _close_default_loaders() -> None:
 _DEFAULT_LOCK = threading.Lock()
 
 
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Run ``fn`` at exit before the thread pools refuse work.
+
+    ``concurrent.futures`` stops accepting tasks in ``threading``'s exit hooks, which run
+    before ``atexit``: a scheduler still loading rows for an open stream then failed with
+    "cannot schedule new futures after interpreter shutdown". Hooks registered later run
+    earlier, so this one closes the loaders first.
+    """
+    register = getattr(threading, "_register_atexit", atexit.register)
+    register(fn)
+
+
 def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> Loader:
     """The process-wide ``Loader`` of a catalog, created on first use.
 
@@ -778,7 +790,7 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
         root = Path(catalog or os.environ.get("TABLOADER_CATALOG") or "catalog").absolute()
     with _DEFAULT_LOCK:
         if not _DEFAULT_LOADERS:
-            atexit.register(_close_default_loaders)
+            _at_exit(_close_default_loaders)
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader._closed:
             cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -490,3 +493,30 @@ def test_bad_on_error_policy(images):
         ),
     ):
         loader.open("a", on_error="ignore")
+
+
+def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder):
+    """The default loader closes at exit before the thread pools refuse work: a scheduler in
+    the middle of a round used to log "cannot schedule new futures after interpreter
+    shutdown"."""
+    with catalog.connect(tmp_path / "cat") as cat:
+        cat.import_imagefolder("imgs", image_folder)
+        cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
+    script = textwrap.dedent(f"""
+        import time
+        from tabloader.engine import default_loader
+        loader = default_loader({str(tmp_path / "cat")!r})
+        stream = loader.open("a", batch_size=4, lookahead=4)
+        stream.next_batch()
+        real = loader._sampler_cls.sample_many
+        def slow(self, jobs, k):
+            time.sleep(0.5)  # the interpreter exits while the scheduler is in a round
+            return real(self, jobs, k)
+        loader._sampler_cls.sample_many = slow
+        stream.next_batch()  # frees room: the scheduler starts a (slow) round
+        print("exiting", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "exiting"
+    assert proc.stderr == ""
