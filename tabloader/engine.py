@@ -569,6 +569,7 @@ class Loader:
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._closed = False
+        _LIVE_LOADERS.add(self)
 
     def _score(
         self, fn: Callable[[_Group, np.ndarray, str], np.ndarray], rows: np.ndarray, column: str
@@ -752,29 +753,21 @@ def _is_image(f: Any) -> bool:
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}
-
-
-def _close_default_loaders() -> None:
-    """At exit: stop the default loaders' threads and close their catalogs cleanly."""
-    with _DEFAULT_LOCK:
-        for loader in _DEFAULT_LOADERS.values():
-            loader.close()
-        _DEFAULT_LOADERS.clear()
-
-
 _DEFAULT_LOCK = threading.Lock()
+_LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()  # closed at exit
 
 
-def _at_exit(fn: Callable[[], None]) -> None:
-    """Run ``fn`` at exit before the thread pools refuse work.
+def _close_live_loaders() -> None:
+    """At exit: stop every open loader's threads and close the catalogs they opened."""
+    for loader in list(_LIVE_LOADERS):
+        loader.close()
 
-    ``concurrent.futures`` stops accepting tasks in ``threading``'s exit hooks, which run
-    before ``atexit``: a scheduler still loading rows for an open stream then failed with
-    "cannot schedule new futures after interpreter shutdown". Hooks registered later run
-    earlier, so this one closes the loaders first.
-    """
-    register = getattr(threading, "_register_atexit", atexit.register)
-    register(fn)
+
+# ``concurrent.futures`` stops accepting tasks in ``threading``'s exit hooks, which run before
+# ``atexit``'s: a scheduler still loading rows for an open stream then failed with "cannot
+# schedule new futures after interpreter shutdown". Those hooks run last-registered first, and
+# this module imported the thread pool above, so the loaders close before the pools refuse work.
+getattr(threading, "_register_atexit", atexit.register)(_close_live_loaders)
 
 
 def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> Loader:
@@ -789,8 +782,6 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     else:
         root = Path(catalog or os.environ.get("TABLOADER_CATALOG") or "catalog").absolute()
     with _DEFAULT_LOCK:
-        if not _DEFAULT_LOADERS:
-            _at_exit(_close_default_loaders)
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader._closed:
             cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))

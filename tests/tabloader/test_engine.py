@@ -495,17 +495,17 @@ def test_bad_on_error_policy(images):
         loader.open("a", on_error="ignore")
 
 
-def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder):
-    """The default loader closes at exit before the thread pools refuse work: a scheduler in
-    the middle of a round used to log "cannot schedule new futures after interpreter
-    shutdown"."""
+@pytest.mark.parametrize("make", ["default_loader", "Loader"])
+def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder, make):
+    """Open loaders close at exit before the thread pools refuse work: a scheduler in the
+    middle of a round used to log "cannot schedule new futures after interpreter shutdown"."""
     with catalog.connect(tmp_path / "cat") as cat:
         cat.import_imagefolder("imgs", image_folder)
         cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
     script = textwrap.dedent(f"""
         import time
-        from tabloader.engine import default_loader
-        loader = default_loader({str(tmp_path / "cat")!r})
+        from tabloader.engine import {make}
+        loader = {make}({str(tmp_path / "cat")!r})  # never closed
         stream = loader.open("a", batch_size=4, lookahead=4)
         stream.next_batch()
         real = loader._sampler_cls.sample_many
