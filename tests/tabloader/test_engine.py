@@ -520,3 +520,21 @@ def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder, make):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "exiting"
     assert proc.stderr == ""
+
+
+def test_epochs_count_from_zero_also_after_a_resume(images):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    n = images.job("a").num_rows
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        s = loader.open("a", batch_size=7)
+        epoch0 = [i for _ in range(-(-n // 7)) for i in s.next_batch()["_id"].tolist()]
+        epoch1 = s.next_batch()["_id"].tolist()
+        state = s.state_dict()  # in epoch 1, one batch in
+        s.close()
+        assert state["epoch"] == 1
+        assert sorted(epoch0) == list(range(n))
+        with loader.open("a", state=state, epochs=1) as past:
+            assert list(past) == []  # epoch 1 is past the end
+        with loader.open("a", state=state, epochs=2) as rest:
+            epoch1 += [i for b in rest for i in b["_id"].tolist()]
+    assert sorted(epoch1) == list(range(n))
