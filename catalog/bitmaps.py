@@ -20,7 +20,10 @@ from __future__ import annotations
 import numpy as np
 from pyroaring import BitMap
 
-__all__ = ["bitmap_from_array", "bitmap_from_flags", "bitmap_to_array", "set_flags"]
+__all__ = ["ID_COLUMN", "bitmap_from_array", "bitmap_from_flags", "bitmap_to_array", "set_flags"]
+
+ID_COLUMN = "_id"
+"""Every dataset's integer primary key: dense row ids ``0..N-1`` in storage order."""
 
 _COOKIE = 12346
 _ARRAY_MAX = 4096

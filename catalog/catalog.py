@@ -54,7 +54,7 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from catalog._progress import progress_bar
-from catalog.bitmaps import bitmap_from_flags, set_flags
+from catalog.bitmaps import ID_COLUMN, bitmap_from_flags, set_flags
 from catalog.errors import (
     AlreadyExistsError,
     CatalogError,
@@ -84,7 +84,6 @@ ENV_VAR = "TABLOADER_CATALOG"
 DB_FILE = "catalog.duckdb"
 JOBS_DIR = "jobs"
 META = "_tabloader"
-ID = "_id"
 INSERT_ROWS = 64 * 1024  # rows per INSERT into DuckDB during an import
 # External access off: user SQL cannot read or write files. The oldest storage format keeps
 # catalog.duckdb readable by every stock duckdb client from 1.0 on, not only the newest.
@@ -506,7 +505,7 @@ class Catalog:
             )
         stored = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         reader = self._reader(name, version, stored)
-        schema = pa.schema([pa.field(ID, pa.int64(), nullable=False), *stored])
+        schema = pa.schema([pa.field(ID_COLUMN, pa.int64(), nullable=False), *stored])
         queryable = tuple(f.name for f in schema if not is_payload(f.type))
         ds = self._datasets[(name, version if version != latest else None)] = Dataset(
             name,
@@ -624,10 +623,10 @@ class Catalog:
             raise AlreadyExistsError(
                 f"A DuckDB table '{tables[0][0]}' exists already; pick another name."
             )
-        if ID in source.schema.names:
+        if ID_COLUMN in source.schema.names:
             raise ImportFailedError(
-                f"The source has a column named '{ID}', which tabloader assigns itself; rename or "
-                "drop it before importing."
+                f"The source has a column named '{ID_COLUMN}', which tabloader assigns itself; "
+                "rename or drop it before importing."
             )
         if append:
             current = self.dataset(name)
@@ -813,7 +812,10 @@ class Catalog:
             return BitMap(range(ds.num_rows))
         # int64 ids scatter 25% faster than uint32 ones (numpy indexes with intp) and cost
         # no more to fetch than a cast. Rows appended after ``ds.version`` are not its rows.
-        sql = f"SELECT {ID} FROM {quote(ds.name)} WHERE {ID} < {ds.num_rows} AND ({predicate})"
+        sql = (
+            f"SELECT {ID_COLUMN} FROM {quote(ds.name)} "
+            f"WHERE {ID_COLUMN} < {ds.num_rows} AND ({predicate})"
+        )
         flags = np.zeros(ds.num_rows, dtype=bool)
         try:
             for batch in self._ids_con.sql(sql).to_arrow_reader(1 << 20):
@@ -957,7 +959,10 @@ class _Ingest:
 
     def _create_table(self) -> None:
         empty = pa.schema(
-            [pa.field(ID, pa.int64()), *(self.source.schema.field(n) for n in self.queryable)]
+            [
+                pa.field(ID_COLUMN, pa.int64()),
+                *(self.source.schema.field(n) for n in self.queryable),
+            ]
         ).empty_table()
         con = self.catalog._con
         con.register("_tl_chunk", empty)
@@ -994,7 +999,7 @@ class _Ingest:
         table = pa.Table.from_batches(self._pending)
         start = self.first_id + self.num_rows
         ids = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
-        table = table.add_column(0, ID, ids)
+        table = table.add_column(0, ID_COLUMN, ids)
         con = self.catalog._con
         con.register("_tl_chunk", table)
         try:
@@ -1030,7 +1035,7 @@ class _Ingest:
             )
         else:
             # Building the index once after the bulk insert is ~3x faster than maintaining it.
-            con.execute(f"ALTER TABLE {quote(self.name)} ADD PRIMARY KEY ({ID})")
+            con.execute(f"ALTER TABLE {quote(self.name)} ADD PRIMARY KEY ({ID_COLUMN})")
             con.execute(
                 f"INSERT INTO {META}.datasets (name, version, num_rows, schema, class_names, "
                 "description) VALUES (?, ?, ?, ?, ?, ?)",

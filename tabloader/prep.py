@@ -27,9 +27,10 @@ column name for raw values (``"label"``, ``"image"`` for raw bytes), and
 decode a column the same way share entries; different parameters never do. (A column whose
 own name contains ``@`` could collide with this grammar; don't name columns that way.)
 
-**Sharing is read-only.** Prepared arrays are marked read-only, because one array is handed
-to every job that reads the row: a job that augmented it in place would change another
-job's data. :func:`collate` stacks them into fresh, writable batch arrays.
+**Sharing is read-only.** Decoded images are marked read-only, because one value is shared
+by every job that reads the row (in the engine's arena); each job gets a copy in its own
+batch. Other columns are never decoded one value at a time: :func:`batch_column` turns a
+batch's gathered Arrow values into fresh, writable arrays in one vectorized step.
 
 **Errors.** :func:`decode_image` raises :class:`~catalog.errors.LoaderError` for bytes it
 cannot decode (it does not know the row). A :class:`Decoder` called with ``row_id=`` turns
@@ -51,13 +52,14 @@ import enum
 import io
 import math
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from catalog.errors import LoaderError, RowReadError
@@ -67,7 +69,7 @@ __all__ = [
     "DecodeKind",
     "Decoder",
     "ImageSize",
-    "collate",
+    "batch_column",
     "decode_image",
     "decoder_for",
 ]
@@ -119,6 +121,14 @@ def decode_image(
         LoaderError: the bytes are not a decodable image, or ``size`` is invalid.
     """
     target = _check_size(size)
+    view = memoryview(data)
+    if view.format != "B":  # pyarrow buffers export signed chars
+        view = view.cast("B")
+    if bytes(view[:3]) == _JPEG_MAGIC:
+        fast = _decode_jpeg(view, target)
+        if fast is not None:
+            fast.flags.writeable = False
+            return fast
     try:
         with Image.open(io.BytesIO(data)) as img:
             if target is not None and img.format == "JPEG":
@@ -133,6 +143,33 @@ def decode_image(
         ) from exc
     arr.flags.writeable = False
     return arr
+
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def _decode_jpeg(
+    data: memoryview, target: tuple[int, int] | int | None
+) -> npt.NDArray[np.uint8] | None:
+    """Decode a JPEG with libjpeg-turbo (simplejpeg), scaled in the DCT domain; None if it can't.
+
+    simplejpeg picks the smallest of libjpeg-turbo's n/8 scales that keeps both sides at least
+    the target (Pillow's ``draft`` only has 1/2, 1/4, 1/8), decodes with the GIL released, and
+    is deterministic. CMYK and other JPEGs it cannot turn into RGB return None (Pillow then).
+    """
+    if target is None:
+        kw: dict[str, int] = {}
+    elif isinstance(target, int):
+        kw = {"min_height": target, "min_width": target}
+    else:
+        kw = {"min_height": target[0], "min_width": target[1]}
+    try:
+        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", **kw)
+    except Exception:
+        return None
+    if target is None:
+        return arr  # type: ignore[no-any-return]
+    return _to_rgb_array(Image.fromarray(arr), target)
 
 
 def _check_size(size: object) -> tuple[int, int] | int | None:
@@ -389,59 +426,32 @@ def decoder_for(
     return Decoder(field.name, DecodeKind.SCALAR, dtype=_numpy_dtype(t))
 
 
-def collate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Stack prepared rows into a batch: a dict of column → array (or list).
+def batch_column(values: pa.Array, dec: Decoder) -> Any:
+    """One column of a batch from its gathered Arrow values, vectorized (no per-row decode).
 
-    * ``_id`` (required) → ``int64`` array (B,), always first;
-    * numpy arrays of one shape and dtype (decoded images) → one array (B, ...), e.g.
-      ``uint8`` (B, H, W, C); of differing shapes → a list of arrays;
-    * numbers and bools → numpy array (B,), keeping the dtype of numpy scalars;
-    * anything else (strings, bytes, nulls, mixed) → a list.
+    * numbers and bools without nulls -> a numpy array (B,) of the column's dtype;
+    * lists of numbers without nulls, all of one length (fixed-size lists: embeddings, token
+      windows) -> one numpy array (B, L); of differing lengths -> a list of arrays;
+    * anything else (strings, bytes, dates, nulls) -> a list of Python values.
 
-    Args:
-        rows: one dict per row, all with the same columns.
-
-    Returns:
-        The batch; arrays are new and writable.
-
-    Raises:
-        LoaderError: no rows, a row without ``_id``, or rows with different columns.
+    Arrays are new and writable: a job may change its batch in place.
     """
-    if not rows:
-        raise LoaderError("collate() got no rows; a batch needs at least one row.")
-    first = rows[0]
-    if "_id" not in first:
-        raise LoaderError(
-            f"collate() needs an '_id' in every row; the first row has {sorted(first)}."
-        )
-    columns = first.keys()
-    for row in rows:
-        if row.keys() != columns:
-            raise LoaderError(
-                f"row {row.get('_id')!r} has columns {sorted(row)} but row "
-                f"{first['_id']!r} has {sorted(columns)}; every row of a batch needs the same."
-            )
-    batch: dict[str, Any] = {"_id": np.fromiter((r["_id"] for r in rows), np.int64, len(rows))}
-    for column in columns:
-        if column != "_id":
-            batch[column] = _stack([r[column] for r in rows])
-    return batch
+    t = values.type
+    if values.null_count == 0 and _is_primitive(t):
+        return np.array(values.to_numpy(zero_copy_only=False), dtype=dec.dtype)
+    if values.null_count == 0 and _is_flat_list(t) and _is_primitive(t.value_type):
+        flat = values.flatten()
+        if flat.null_count == 0 and len(values):
+            items = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=dec.dtype)
+            if pa.types.is_fixed_size_list(t):
+                return items.reshape(len(values), t.list_size).copy()
+            offsets = values.offsets.to_numpy()
+            lengths = np.diff(offsets)
+            if (lengths == lengths[0]).all():
+                return items.reshape(len(values), int(lengths[0])).copy()
+            return [a.copy() for a in np.split(items, offsets[1:-1] - offsets[0])]
+    return values.to_pylist()
 
 
-_NUMBER = (bool, int, float, np.bool_, np.number)
-
-
-def _stack(values: list[Any]) -> Any:
-    head = values[0]
-    if isinstance(head, np.ndarray):
-        if all(
-            isinstance(v, np.ndarray) and v.shape == head.shape and v.dtype == head.dtype
-            for v in values
-        ):
-            return np.stack(values)
-        return values
-    if all(isinstance(v, _NUMBER) for v in values):
-        arr = np.asarray(values)
-        if arr.dtype != object:
-            return arr
-    return values
+def _is_flat_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from catalog.bitmaps import ID_COLUMN
 from catalog.errors import (
     ForbiddenExpressionError,
     StatementError,
@@ -105,7 +106,6 @@ PREDICATE_NODES: tuple[type[exp.Expression], ...] = (
 )
 # Functions sqlglot has no node for (parsed as Anonymous), by upper-case name.
 PREDICATE_FUNCTIONS = frozenset({"HASH", "ENDS_WITH", "CONTAINS", "ARRAY_LENGTH", "LEN"})
-ID = "_id"
 
 
 def position(node: exp.Expr) -> tuple[int | None, int | None]:
@@ -124,14 +124,14 @@ def position(node: exp.Expr) -> tuple[int | None, int | None]:
 
 def check_columns(columns: str | Sequence[str] | None, ds: Dataset) -> list[str]:
     """Resolve a job's columns (None or ``*`` for all) against ``ds``; ``_id`` is implicit."""
-    stored = [c for c in ds.columns if c != ID]
+    stored = [c for c in ds.columns if c != ID_COLUMN]
     if isinstance(columns, str):  # one column, not its letters
         columns = [columns]
     if columns is None or list(columns) == ["*"]:
         return stored
     out: list[str] = []
     for c in columns:
-        if c == ID:
+        if c == ID_COLUMN:
             continue
         if c not in stored:
             raise UnknownColumnError(
@@ -208,7 +208,8 @@ def _check_column(node: exp.Column, ds: Dataset) -> None:
     if name not in ds.queryable:
         raise ForbiddenExpressionError(
             f"Column '{name}' holds binary payload, which is not stored in DuckDB and cannot be "
-            f"filtered on. Filter on {', '.join(c for c in ds.queryable if c != ID)} instead.",
+            f"filtered on. Filter on {', '.join(c for c in ds.queryable if c != ID_COLUMN)} "
+            "instead.",
             line=line,
             col=col,
         )

@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from catalog.bitmaps import ID_COLUMN
 from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from catalog.storage.writer import PartInfo
 
 __all__ = ["DatasetReader"]
 
-ID_COLUMN = "_id"
 ID_FIELD = pa.field(ID_COLUMN, pa.int64(), nullable=False)
 _INT64 = pa.int64()
 Fields = tuple[int, ...] | None  # the field indices a file reader reads (None: all)
@@ -178,12 +178,15 @@ class DatasetReader:
         try:
             return self._take(ids, columns)
         except pa.ArrowException as exc:  # assembling rows of batches that passed validate()
-            folder = (self.root / self.parts[0].path).parent
-            raise StorageError(
-                f"Corrupt data in '{folder}': {exc}. Re-import the dataset (DROP DATASET, then "
-                "CREATE DATASET).",
-                path=str(folder),
-            ) from exc
+            raise self._corrupt(exc) from exc
+
+    def _corrupt(self, exc: Exception) -> StorageError:
+        folder = (self.root / self.parts[0].path).parent
+        return StorageError(
+            f"Corrupt data in '{folder}': {exc}. Re-import the dataset (DROP DATASET, then "
+            "CREATE DATASET).",
+            path=str(folder),
+        )
 
     def _take(
         self, ids: Sequence[int] | np.ndarray, columns: str | Sequence[str] | None
@@ -198,7 +201,7 @@ class DatasetReader:
         if ids.size <= self.SMALL_TAKE:
             table = self._take_small(ids.tolist())
         else:
-            table = self._take_large(ids)
+            table = self._gather(ids, None)
         if len(names) != len(self.schema):
             table = table.select(names)
         return table.add_column(0, ID_FIELD, pa.array(ids))
@@ -250,8 +253,24 @@ class DatasetReader:
         table = pa.Table.from_batches(pieces, schema=self.schema)
         return table if len(pieces) == 1 else table.combine_chunks()
 
-    def _take_large(self, ids: np.ndarray) -> pa.Table:
-        """Group ids by record batch (each batch touched once), gather, restore the order."""
+    def gather(self, ids: np.ndarray, columns: tuple[str, ...] | None) -> pa.Table:
+        """The rows ``ids`` (int64) of ``columns`` (None: all), in that order, without ``_id``.
+
+        The loading engine's batch read: ids are grouped by record batch (vectorized), each
+        batch is read once and only for ``columns``, the rows are gathered with one ``take``
+        per batch and put back in the callers' order with one more.
+
+        Raises:
+            RowIdError: an id is out of range. StorageError: a data file is missing or corrupt.
+        """
+        try:
+            return self._gather(ids, columns)
+        except pa.ArrowException as exc:
+            raise self._corrupt(exc) from exc
+
+    def _gather(self, ids: np.ndarray, columns: tuple[str, ...] | None) -> pa.Table:
+        fields = None if columns is None else self._field_indices(columns)
+        schema = self.schema if columns is None else pa.schema(map(self.schema.field, columns))
         part, batch, row = self.locate(ids)
         key = (part << 40) | batch
         order = np.argsort(key, kind="stable")
@@ -261,9 +280,9 @@ class DatasetReader:
         pieces = []
         for s, e in zip(starts.tolist(), ends.tolist(), strict=False):
             first = order[s]
-            rb = self.record_batch(int(part[first]), int(batch[first]))
+            rb = self.record_batch(int(part[first]), int(batch[first]), fields)
             pieces.append(rb.take(pa.array(row[order[s:e]])))
-        gathered = pa.Table.from_batches(pieces, schema=self.schema).combine_chunks()
+        gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return gathered.take(pa.array(inverse))

@@ -217,6 +217,9 @@ class DependentSampler:
         uni = self._uniforms
         m = len(order)
         levels, dec = regions.groups(order)
+        if len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
+            self._rounds_one_region(order, out_cols, n, levels[0][0])
+            return
         prefix = [0]
         for slot in order:
             prefix.append(prefix[-1] | 1 << slot)
@@ -315,6 +318,63 @@ class DependentSampler:
         uni.i = bi
         for t, slot in enumerate(order):
             cnt[slot] = c0[t] - n
+
+    def _rounds_one_region(
+        self, order: tuple[int, ...], out_cols: list[list[int]], n: int, r: int
+    ) -> None:
+        """``n`` rounds when every row the jobs need is in region ``r``: vectorized.
+
+        Then ``I = R_1 = ... = R_m`` and every job selects ``I`` (``u · |R| < |R|``), so each
+        round is one uniform swap-remove pick from ``r`` shared by all jobs, exactly what the
+        general loop does with the same two uniforms per round. ``n`` such picks are drawn at
+        once; when no pick lands on a slot an earlier pick of the call changed (an index drawn
+        twice, or one in the tail the picks swap from: probability about ``n² / |R|``) they
+        are independent and apply as array operations, else the picks run one by one.
+        """
+        regions, uni = self._regions, self._uniforms
+        arr = regions.rows[r]
+        size = len(arr)
+        uni.ensure(2 * n)
+        u = np.asarray(uni.buf[uni.i + 1 : uni.i + 2 * n : 2])
+        tail = size - np.arange(n)  # the region's size before each pick
+        idx = (u * tail).astype(np.int64)
+        if (idx >= size - n).any() or np.unique(idx).size < n:
+            picks = self._pick_one_by_one(arr, idx, regions.pos)
+        else:
+            rows = np.frombuffer(arr, dtype=np.uint32)
+            picks = rows[idx].astype(np.int64)
+            last = rows[size - 1 : size - n - 1 : -1].copy()  # moved into the holes
+            rows[idx] = last
+            np.frombuffer(regions.pos, dtype=np.uint32)[last] = idx
+            del rows
+            del arr[size - n :]
+        uni.i += 2 * n
+        mask = 0
+        for slot in order:
+            mask |= 1 << slot
+        new_key = regions.keys[r] & ~mask
+        if new_key:
+            regions._append(regions.region(new_key), picks)
+        else:
+            np.frombuffer(regions.reg, dtype=np.int32)[picks] = -1
+        values = picks.tolist()
+        for col in out_cols:
+            col.extend(values)
+        for slot in order:
+            self._count[slot] -= n
+
+    @staticmethod
+    def _pick_one_by_one(arr: Any, idx: np.ndarray, pos: Any) -> np.ndarray:
+        """Swap-remove ``arr[idx[0]]``, then ``arr[idx[1]]``... (the picks interact)."""
+        out = []
+        for i in idx.tolist():
+            row = arr[i]
+            last = arr.pop()
+            if i < len(arr):
+                arr[i] = last
+                pos[last] = i
+            out.append(row)
+        return np.asarray(out, dtype=np.int64)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from catalog.errors import LoaderError, RowReadError
-from tabloader.prep import DecodeKind, Decoder, collate, decode_image, decoder_for
+from tabloader.prep import DecodeKind, Decoder, batch_column, decode_image, decoder_for
 
 
 def gradient(w: int = 500, h: int = 375) -> np.ndarray:
@@ -268,58 +268,43 @@ def test_scalar_and_array_decoders():
     assert decoder_for(pa.field("label", pa.int64()))(pa.scalar(None, pa.int64())) == (None, 0)
 
 
-# ---------------------------------------------------------------- collate
+# ---------------------------------------------------------------- batch_column
 
 
-def test_collate_images_numbers_strings():
-    rows = [
-        {
-            "_id": i,
-            "image": np.full((4, 5, 3), i, np.uint8),
-            "label": np.int16(i),
-            "y": 0.5 * i,
-            "caption": f"row {i}",
-        }
-        for i in range(3)
-    ]
-    batch = collate(rows)
-    assert list(batch) == ["_id", "image", "label", "y", "caption"]
-    assert batch["_id"].dtype == np.int64
-    np.testing.assert_array_equal(batch["_id"], [0, 1, 2])
-    assert batch["image"].shape == (3, 4, 5, 3)
-    assert batch["image"].dtype == np.uint8
-    assert batch["image"].flags.writeable
-    assert batch["label"].dtype == np.int16
-    assert batch["y"].dtype == np.float64
-    assert batch["caption"] == ["row 0", "row 1", "row 2"]
+def _column(values, type_=None, name="x"):
+    arr = pa.array(values, type=type_)
+    return batch_column(arr, decoder_for(pa.field(name, arr.type)))
 
 
-def test_collate_differing_shapes_gives_list():
-    a, b = np.zeros((4, 5, 3), np.uint8), np.zeros((6, 5, 3), np.uint8)
-    batch = collate([{"_id": 1, "image": a}, {"_id": 2, "image": b}])
-    assert isinstance(batch["image"], list)
-    assert batch["image"][0] is a
-    assert batch["image"][1] is b
+def test_batch_column_numbers_keep_their_dtype_and_are_writable():
+    out = _column([1, 2, 3], pa.int16())
+    assert out.dtype == np.int16
+    assert out.tolist() == [1, 2, 3]
+    assert out.flags.writeable and out.flags.owndata
+    assert _column([0.5, 1.5]).dtype == np.float64
+    assert _column([True, False]).dtype == np.bool_
 
 
-def test_collate_nulls_and_big_ints_give_lists():
-    batch = collate([{"_id": 1, "x": 3, "big": 2**70}, {"_id": 2, "x": None, "big": 1}])
-    assert batch["x"] == [3, None]
-    assert batch["big"] == [2**70, 1]
+def test_batch_column_fixed_and_equal_lists_stack():
+    fixed = _column([[1, 2], [3, 4], [5, 6]], pa.list_(pa.float32(), 2))
+    assert fixed.shape == (3, 2)
+    assert fixed.dtype == np.float32
+    equal = _column([[1, 2, 3], [4, 5, 6]], pa.list_(pa.int32()))
+    assert equal.shape == (2, 3)
+    assert equal.tolist() == [[1, 2, 3], [4, 5, 6]]
+    ragged = _column([[1], [2, 3]], pa.list_(pa.int64()))
+    assert [a.tolist() for a in ragged] == [[1], [2, 3]]
+    assert all(a.flags.writeable for a in ragged)
 
 
-def test_collate_id_only_numpy_ids():
-    batch = collate([{"_id": np.int32(5)}])
-    assert batch["_id"].dtype == np.int64
-    assert batch["_id"].tolist() == [5]
+def test_batch_column_sliced_list_array():
+    arr = pa.array([[9], [1, 2], [3, 4], [5]], pa.list_(pa.int64())).slice(1, 2)
+    out = batch_column(arr, decoder_for(pa.field("x", arr.type)))
+    assert out.tolist() == [[1, 2], [3, 4]]
 
 
-def test_collate_errors():
-    with pytest.raises(LoaderError, match="got no rows"):
-        collate([])
-    with pytest.raises(LoaderError, match="needs an '_id' in every row"):
-        collate([{"x": 1}])
-    with pytest.raises(
-        LoaderError, match=r"row 2 has columns \['_id'\] but row 1 has \['_id', 'x'\]"
-    ):
-        collate([{"_id": 1, "x": 1}, {"_id": 2}])
+def test_batch_column_strings_bytes_nulls_and_big_ints_give_lists():
+    assert _column(["a", "b"]) == ["a", "b"]
+    assert _column([b"\x00", b"\x01"], name="blob") == [b"\x00", b"\x01"]
+    assert _column([3, None]) == [3, None]
+    assert _column([[1], None], pa.list_(pa.int64())) == [[1], None]

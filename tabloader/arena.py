@@ -1,0 +1,503 @@
+"""The arena: one byte-capacity buffer of prepared values, in slabs of equal-size slots.
+
+Decoded images (``uint8`` H x W x 3) are the values worth sharing between jobs: a decode costs
+about a millisecond, a copy out of the arena about ten microseconds. They live here, not in one
+Python object per row, so the loader service can place the same buffer in shared memory and
+hand another process ``(offset, shape)`` instead of a pickled array.
+
+Layout
+------
+::
+
+    buffer  |<- slab 0 ->|<- slab 1 ->|<- slab 2 ->| ...     num_slabs * slab_bytes bytes
+             slot slot ..  free         slot slot ..
+             (class 150528 B)           (class 49152 B)
+
+* The buffer is ``num_slabs`` slabs of ``slab_bytes`` each (``slab_bytes`` is about 1/64 of the
+  capacity, between 4 KiB and 16 MiB). A slab is free, or belongs to one *slot class* and is
+  cut into ``slab_bytes // size`` slots of that class's ``size`` bytes.
+* Fixed-shape values (``image_size`` set) all have one byte size, which is their class: no
+  waste. Variable-size values (full-size images) round up to a size class, two per octave
+  (at most 1/3 waste); values larger than a slab are handed out uncached (``stats().uncached``).
+* A slot is named by its byte ``offset`` in the buffer, and holds its value's ``shape``
+  (dtype ``uint8``): ``view(offset, shape)`` is the value. Per class, numpy arrays hold each
+  slot's space, row, shape, pin count and last-use tick; per *space* (one dataset column
+  prepared one way, e.g. ``imgs/image@224``) an array maps row id -> slot (-1 if absent).
+
+Eviction (when a class needs a slot and has none free and no slab is free): among the class's
+unpinned slots, the value whose next use is farthest (lookahead: Belady inside the sampler's
+horizon), then the one with the fewest future uses (RefCnt), then the least recently used.
+``score(space, rows) -> (next_use, uses)`` supplies the first two, vectorized; it is called
+with the arena's lock held, so it must not take a lock that an arena caller may hold (the
+engine's scores are lock-free numpy reads). A class with no evictable slot takes a whole slab
+from another class whose slots are all unpinned (the one whose values are needed least).
+
+Pins: ``get`` and ``put`` pin what they return; ``release`` unpins. A pinned slot is never
+evicted. In the engine a pin lasts from a batch's lookup until its values are copied into the
+job's own batch, so pins are few and short.
+
+Example:
+    >>> import numpy as np
+    >>> arena = Arena(1 << 20)
+    >>> space = arena.space("imgs/image@4", num_rows=10)
+    >>> off = arena.put(space, 3, np.full((4, 4, 3), 7, np.uint8))
+    >>> arena.view(off, (4, 4, 3)).sum() == 7 * 48
+    np.True_
+    >>> found = arena.get(space, np.array([3, 5]))
+    >>> found.offsets.tolist()[1], found.shapes[0].tolist()
+    (-1, [4, 4, 3])
+    >>> arena.release(np.array([off, found.offsets[0]]))
+    >>> arena.stats().pinned
+    0
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from catalog.errors import CacheError
+
+__all__ = ["Arena", "ArenaStats", "CacheOvershootWarning", "CacheTooSmallWarning", "Found"]
+
+ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
+"""``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
+
+MIN_SLAB = 4096
+MAX_SLAB = 16 << 20
+MIN_SLOT = 64
+_GROW = 64  # slot table rows added at a time
+
+
+class CacheOvershootWarning(RuntimeWarning):
+    """Every slot the arena could give was pinned: a value went out uncached (once per arena)."""
+
+
+class CacheTooSmallWarning(RuntimeWarning):
+    """A value is larger than a slab, so it is never cached (emitted once per arena)."""
+
+
+@dataclass(frozen=True)
+class ArenaStats:
+    """A snapshot of the arena's counters.
+
+    Attributes:
+        capacity_bytes: the buffer's size (slabs x slab bytes).
+        slab_bytes: bytes per slab.
+        slabs_used: slabs given to a class.
+        entries: values cached now.
+        size_bytes: bytes of the slots holding them.
+        pinned: slots with at least one pin now.
+        hits: rows ``get`` found.
+        misses: rows ``get`` did not find.
+        puts: values stored.
+        uncached: values ``put`` could not store (larger than a slab, or all slots pinned).
+        evictions: values evicted to make room.
+    """
+
+    capacity_bytes: int
+    slab_bytes: int
+    slabs_used: int
+    entries: int
+    size_bytes: int
+    pinned: int
+    hits: int
+    misses: int
+    puts: int
+    uncached: int
+    evictions: int
+
+
+class Found(NamedTuple):
+    """What :meth:`Arena.get` found: per row its slot offset (-1 if absent) and shape.
+
+    ``shapes`` is (rows, 3) int32, zero-padded for values of fewer dims; 0s where absent.
+    """
+
+    offsets: npt.NDArray[np.int64]
+    shapes: npt.NDArray[np.int32]
+
+
+class _Class:
+    """The slots of one byte size, over the slabs given to it."""
+
+    def __init__(self, id_: int, size: int, per_slab: int) -> None:
+        self.id = id_
+        self.size = size
+        self.per_slab = per_slab
+        self.slabs: list[int] = []  # slab ids, in slot-index order (-1: given back)
+        n = 0
+        self.space = np.full(n, -1, np.int32)  # -1: the slot is free
+        self.row = np.full(n, -1, np.int64)
+        self.shape = np.zeros((n, 3), np.int32)
+        self.ndim = np.zeros(n, np.int8)
+        self.pins = np.zeros(n, np.int32)
+        self.tick = np.zeros(n, np.int64)
+        self.free: list[int] = []  # free slot indices (a stack)
+
+    def add_slab(self, slab: int) -> int:
+        """Take ``slab``; returns its position (slot indices ``pos * per_slab ...``)."""
+        try:
+            pos = self.slabs.index(-1)
+            self.slabs[pos] = slab
+        except ValueError:
+            pos = len(self.slabs)
+            self.slabs.append(slab)
+            for name in ("space", "row", "shape", "ndim", "pins", "tick"):
+                old = getattr(self, name)
+                grown = np.zeros((old.shape[0] + self.per_slab, *old.shape[1:]), old.dtype)
+                if name in ("space", "row"):
+                    grown[:] = -1
+                grown[: old.shape[0]] = old
+                setattr(self, name, grown)
+        first = pos * self.per_slab
+        self.free.extend(range(first + self.per_slab - 1, first - 1, -1))
+        return pos
+
+
+class Arena:
+    """Prepared values in slots of slabs of one buffer; see the module docstring.
+
+    Args:
+        capacity_bytes: the buffer's size (rounded down to whole slabs, at least one).
+        score: ``score(space, rows) -> (next_use, uses)`` for eviction; None: LRU.
+        slab_bytes: bytes per slab (default: capacity / 64, clamped to 4 KiB..16 MiB).
+        buffer: the memory to use (e.g. a shared-memory segment); default a private array.
+
+    Raises:
+        CacheError: ``capacity_bytes`` is not a positive int.
+    """
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        *,
+        score: ScoreFn | None = None,
+        slab_bytes: int | None = None,
+        buffer: Any = None,
+    ) -> None:
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
+            raise CacheError(f"capacity_bytes must be an int, got {capacity_bytes!r}.")
+        if capacity_bytes <= 0:
+            raise CacheError(
+                f"capacity_bytes must be positive, got {capacity_bytes}; give the cache a "
+                "budget in bytes, e.g. 4 << 30 for 4 GiB."
+            )
+        if slab_bytes is None:
+            slab_bytes = min(MAX_SLAB, max(MIN_SLAB, capacity_bytes // 64))
+            slab_bytes -= slab_bytes % MIN_SLAB
+        self.slab_bytes = slab_bytes
+        self.num_slabs = max(1, capacity_bytes // slab_bytes)
+        size = self.num_slabs * slab_bytes
+        self.buffer: npt.NDArray[np.uint8] = (
+            np.zeros(size, np.uint8) if buffer is None else np.frombuffer(buffer, np.uint8, size)
+        )
+        self._score = score
+        self._lock = threading.Lock()
+        self._slab_class: list[_Class | None] = [None] * self.num_slabs
+        self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
+        self._classes: dict[int, _Class] = {}
+        self._spaces: dict[str, int] = {}
+        self._where: list[npt.NDArray[np.int64]] = []  # space -> row -> offset (-1: absent)
+        self._fixed: list[bool] = []  # space -> values of one shape
+        self._slab_pos = [0] * self.num_slabs  # slab -> its position in its class's slabs
+        self._slab_pos_arr = np.zeros(self.num_slabs, np.int64)  # the same, for numpy
+        self._slab_cid = np.full(self.num_slabs, -1, np.int64)  # slab -> class id (-1: free)
+        self._by_id: list[_Class] = []
+        self._tick = 0
+        self._hits = self._misses = self._puts = self._uncached = self._evictions = 0
+        self._warned_big = self._warned_pinned = False
+
+    # -- spaces ------------------------------------------------------------------------------
+    def space(self, name: str, *, num_rows: int, fixed: bool = False) -> int:
+        """The id of the space ``name`` (a dataset column prepared one way), rows ``< num_rows``.
+
+        ``fixed``: every value of the space has one shape (slots of exactly its size). Calling
+        it again with more rows grows the space (an appended dataset).
+        """
+        with self._lock:
+            sid = self._spaces.get(name)
+            if sid is None:
+                sid = self._spaces[name] = len(self._where)
+                self._where.append(np.full(num_rows, -1, np.int64))
+                self._fixed.append(fixed)
+            elif num_rows > self._where[sid].size:
+                grown = np.full(num_rows, -1, np.int64)
+                grown[: self._where[sid].size] = self._where[sid]
+                self._where[sid] = grown
+            return sid
+
+    # -- lookups -----------------------------------------------------------------------------
+    def get(self, space: int, rows: npt.NDArray[np.int64]) -> Found:
+        """The slots of ``rows`` (offset -1 where absent); found ones are pinned."""
+        with self._lock:
+            offsets = self._where[space][rows]
+            shapes = np.zeros((rows.size, 3), np.int32)
+            hit = np.flatnonzero(offsets >= 0)
+            self._hits += hit.size
+            self._misses += rows.size - hit.size
+            if hit.size:
+                self._tick += 1
+                for cls, sel, index in self._locate_many(offsets[hit]):
+                    np.add.at(cls.pins, index, 1)
+                    cls.tick[index] = self._tick
+                    shapes[hit[sel]] = cls.shape[index]
+            return Found(offsets, shapes)
+
+    def view(self, offset: int, shape: tuple[int, ...]) -> npt.NDArray[np.uint8]:
+        """The value stored at ``offset`` (a read-only view; copy it before handing it out)."""
+        n = math.prod(shape)
+        out = self.buffer[offset : offset + n].reshape(shape)
+        out.flags.writeable = False
+        return out
+
+    def release(self, offsets: npt.NDArray[np.int64]) -> None:
+        """Drop one pin per offset (an offset listed twice drops two).
+
+        Raises:
+            CacheError: an offset holds no pin (then none is released).
+        """
+        with self._lock:
+            self._tick += 1
+            parts = self._locate_many(np.asarray(offsets, np.int64))
+            for cls, _, index in parts:
+                held = cls.pins.copy()
+                np.subtract.at(held, index, 1)
+                if (held[index] < 0).any():
+                    raise CacheError(
+                        "Cannot release a slot that holds no pin. Release each offset once "
+                        "per get() or put() that returned it."
+                    )
+            for cls, _, index in parts:
+                np.subtract.at(cls.pins, index, 1)
+                cls.tick[index] = self._tick
+
+    def pins(self, offset: int) -> int:
+        """How many pins the slot at ``offset`` holds now."""
+        with self._lock:
+            cls, index = self._locate(offset)
+            return int(cls.pins[index])
+
+    # -- storing -----------------------------------------------------------------------------
+    def put(self, space: int, row: int, value: npt.NDArray[np.uint8], *, pins: int = 1) -> int:
+        """Store ``value`` as ``row`` of ``space`` with ``pins`` pins; its offset, or -1.
+
+        -1 means the value was not stored (larger than a slab, or every slot it could take is
+        pinned): the caller hands out its own copy. A row already stored is pinned again and
+        its offset returned (two loads of one row raced; the first one stays).
+        """
+        if value.dtype != np.uint8 or not 1 <= value.ndim <= 3:
+            raise CacheError(f"the arena stores uint8 arrays of 1-3 dims, got {value.dtype}.")
+        nbytes = value.nbytes
+        warning: Warning | None = None
+        with self._lock:
+            size = _size_class(nbytes, exact=self._fixed[space])
+            where = self._where[space]
+            existing = int(where[row])
+            if existing >= 0:
+                cls, index = self._locate(existing)
+                cls.pins[index] += pins
+                return existing
+            offset = -1
+            if size > self.slab_bytes:
+                self._uncached += 1
+                if not self._warned_big:
+                    self._warned_big = True
+                    warning = CacheTooSmallWarning(
+                        f"Arena: a value of {nbytes} bytes is larger than a slab "
+                        f"({self.slab_bytes} bytes, 1/64 of the cache); such values are never "
+                        "cached, so no other job can share them. Raise cache_bytes."
+                    )
+            else:
+                cls = self._classes.get(size)
+                if cls is None:
+                    cls = self._classes[size] = _Class(
+                        len(self._by_id), size, self.slab_bytes // size
+                    )
+                    self._by_id.append(cls)
+                index = self._slot(cls)
+                if index < 0:
+                    self._uncached += 1
+                    if not self._warned_pinned:
+                        self._warned_pinned = True
+                        warning = CacheOvershootWarning(
+                            "Arena: every slot was pinned, so a value went out uncached; the "
+                            "cache is too small for the rows being prepared at once. Raise "
+                            "cache_bytes or lower prefetch."
+                        )
+                else:
+                    offset = self._offset(cls, index)
+                    self._puts += 1
+                    self._tick += 1
+                    cls.space[index], cls.row[index] = space, row
+                    cls.ndim[index] = value.ndim
+                    cls.shape[index, : value.ndim] = value.shape
+                    cls.pins[index] = pins
+                    cls.tick[index] = self._tick
+                    where[row] = offset
+        if warning is not None:  # outside the lock: a warning filter may run any code
+            warnings.warn(warning, stacklevel=2)
+        if offset < 0:
+            return -1
+        # Outside the lock: the slot is pinned, so nobody evicts it; readers wait for our pin.
+        self.buffer[offset : offset + nbytes] = value.reshape(-1)
+        return offset
+
+    # -- bookkeeping (lock held) ---------------------------------------------------------------
+    def _locate_many(
+        self, offsets: npt.NDArray[np.int64]
+    ) -> list[tuple[_Class, npt.NDArray[np.intp], npt.NDArray[np.intp]]]:
+        """Per class among ``offsets``: (class, positions in ``offsets``, slot indices)."""
+        slab, within = np.divmod(offsets, self.slab_bytes)
+        if slab.size and (slab.min() < 0 or slab.max() >= self.num_slabs):
+            raise CacheError("an offset is not a slot of this arena.")
+        cid = self._slab_cid[slab]
+        out = []
+        for c in np.unique(cid).tolist():
+            if c < 0:
+                raise CacheError("an offset is not a slot of this arena.")
+            cls = self._by_id[c]
+            sel = np.flatnonzero(cid == c)
+            index = self._slab_pos_arr[slab[sel]] * cls.per_slab + within[sel] // cls.size
+            out.append((cls, sel, index))
+        return out
+
+    def _locate(self, offset: int) -> tuple[_Class, int]:
+        slab, within = divmod(offset, self.slab_bytes)
+        cls = self._slab_class[slab]
+        if cls is None:
+            raise CacheError(f"offset {offset} is not a slot of this arena.")
+        return cls, self._slab_pos[slab] * cls.per_slab + within // cls.size
+
+    def _offset(self, cls: _Class, index: int) -> int:
+        pos, k = divmod(index, cls.per_slab)
+        return cls.slabs[pos] * self.slab_bytes + k * cls.size
+
+    def _slot(self, cls: _Class) -> int:
+        """A free slot index of ``cls``, evicting or taking a slab if needed; -1 if none."""
+        if cls.free:
+            return cls.free.pop()
+        if self._free_slabs:
+            self._give_slab(cls, self._free_slabs.pop())
+            return cls.free.pop()
+        victim = self._victim(cls)
+        if victim >= 0:
+            self._evict(cls, victim)
+            return victim
+        slab = self._victim_slab(cls)
+        if slab < 0:
+            return -1
+        self._give_slab(cls, slab)
+        return cls.free.pop()
+
+    def _give_slab(self, cls: _Class, slab: int) -> None:
+        self._slab_class[slab] = cls
+        self._slab_pos[slab] = self._slab_pos_arr[slab] = cls.add_slab(slab)
+        self._slab_cid[slab] = cls.id
+
+    def _evict(self, cls: _Class, index: int) -> None:
+        self._where[int(cls.space[index])][int(cls.row[index])] = -1
+        cls.space[index] = -1
+        cls.row[index] = -1
+        self._evictions += 1
+
+    def _scores(self, cls: _Class, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """``idx`` (occupied, unpinned slots of ``cls``) ordered best victim first."""
+        nxt = np.full(idx.size, np.inf)
+        uses = np.zeros(idx.size)
+        if self._score is not None:
+            spaces = cls.space[idx]
+            for sp in np.unique(spaces).tolist():
+                sel = spaces == sp
+                n, u = self._score(sp, cls.row[idx[sel]])
+                nxt[sel], uses[sel] = n, u
+        return idx[np.lexsort((cls.tick[idx], uses, -nxt))]
+
+    def _victim(self, cls: _Class) -> int:
+        idx = np.flatnonzero((cls.space >= 0) & (cls.pins == 0))
+        if idx.size == 0:
+            return -1
+        return int(self._scores(cls, idx)[0])
+
+    def _victim_slab(self, cls: _Class) -> int:
+        """A slab of another class whose slots are all unpinned, emptied; -1 if none.
+
+        Of those, the one whose values have the fewest future uses (ties: the biggest class).
+        """
+        best, best_key = -1, (math.inf, 0)
+        for slab, owner in enumerate(self._slab_class):
+            if owner is None or owner is cls:
+                continue
+            idx = self._slab_slots(owner, slab)
+            if owner.pins[idx].any():
+                continue
+            used = idx[owner.space[idx] >= 0]
+            need = 0.0
+            if used.size and self._score is not None:
+                for sp in np.unique(owner.space[used]).tolist():
+                    rows = owner.row[used[owner.space[used] == sp]]
+                    need += float(np.sum(self._score(sp, rows)[1]))
+            key = (need, -len(owner.slabs))
+            if key < best_key:
+                best, best_key = slab, key
+        if best < 0:
+            return -1
+        owner = self._slab_class[best]
+        assert owner is not None
+        idx = self._slab_slots(owner, best)
+        for i in idx[owner.space[idx] >= 0].tolist():
+            self._evict(owner, i)
+        gone = set(idx.tolist())
+        owner.free = [i for i in owner.free if i not in gone]
+        owner.slabs[self._slab_pos[best]] = -1
+        self._slab_class[best] = None
+        self._slab_cid[best] = -1
+        return best
+
+    def _slab_slots(self, cls: _Class, slab: int) -> npt.NDArray[np.intp]:
+        first = self._slab_pos[slab] * cls.per_slab
+        return np.arange(first, first + cls.per_slab)
+
+    # -- stats --------------------------------------------------------------------------------
+    def stats(self) -> ArenaStats:
+        """A consistent snapshot of the counters."""
+        with self._lock:
+            entries = size = pinned = 0
+            for cls in self._classes.values():
+                used = cls.space >= 0
+                n = int(used.sum())
+                entries += n
+                size += n * cls.size
+                pinned += int((cls.pins > 0).sum())
+            return ArenaStats(
+                capacity_bytes=self.buffer.size,
+                slab_bytes=self.slab_bytes,
+                slabs_used=self.num_slabs - len(self._free_slabs),
+                entries=entries,
+                size_bytes=size,
+                pinned=pinned,
+                hits=self._hits,
+                misses=self._misses,
+                puts=self._puts,
+                uncached=self._uncached,
+                evictions=self._evictions,
+            )
+
+
+def _size_class(nbytes: int, *, exact: bool) -> int:
+    """Slot bytes for a value of ``nbytes``: 64-byte aligned; unless ``exact``, two classes per
+    octave above 4 KiB (variable sizes waste at most 1/3; fixed-shape ones only alignment).
+    """
+    n = max(MIN_SLOT, -(-nbytes // MIN_SLOT) * MIN_SLOT)
+    if exact or n <= 4096:
+        return n
+    top = 1 << (n - 1).bit_length()  # the next power of two
+    mid = top // 4 * 3
+    return mid if n <= mid else top

@@ -1,0 +1,431 @@
+"""Preparing batches: a job's planned batch of row ids becomes the job's own batch of arrays.
+
+One pool task per batch (:meth:`Fetcher.submit`), then one per group of rows to decode:
+
+1. **Gather** the cheap columns (numbers, strings, lists, raw bytes) with vectorized reads,
+   straight into the batch and with no cache (for these a read costs less than caching): a
+   fixed-width column of at most ``FLAT_BYTES`` is read whole once, then each batch is one
+   numpy ``take``; any other column is read with :meth:`DatasetReader.gather` (ids grouped by
+   record batch, each record batch read once, one Arrow ``take`` each).
+2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.arena.Arena`:
+   found rows are pinned; a row that another batch is decoding now is waited for (one decode
+   for every job that wants it: request merging); the rest are claimed and decoded in groups
+   of ``DECODE_ROWS`` rows, one pool task per group, each reading its rows of a record batch
+   together. Decode and resize run with the GIL released (libjpeg-turbo, Pillow).
+3. **Collate** when the last group a batch waits for lands: copy each value out of the arena
+   into the job's own arrays (the one copy of each payload byte: a batch never aliases the
+   arena or another job's batch, so in-place writes stay in the job), release the pins, and
+   hand the batch to its job (``on_done``).
+
+Errors: a row that fails to read or decode is recorded for every batch that wanted it
+(``RowReadError`` names the row); the batch leaves it out (``skip``) or its job raises it.
+A failing gather fails the whole batch. Nothing failed is cached: the next request retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from catalog.bitmaps import ID_COLUMN
+from catalog.errors import RowReadError
+from catalog.storage import DatasetReader
+from tabloader.arena import Arena
+from tabloader.prep import DecodeKind, Decoder, batch_column
+
+__all__ = ["Counters", "Fetcher", "Plan", "Work"]
+
+logger = logging.getLogger(__name__)
+
+DECODE_ROWS = 4  # rows per decode task: enough tasks for every worker, few per batch
+FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once
+
+
+@dataclass
+class Counters:
+    """Work done for one dataset, in values and in seconds of the pool's threads."""
+
+    reads: int = 0  # payload (binary) values read
+    decodes: int = 0  # images decoded
+    bytes_read: int = 0
+    read_s: float = 0.0  # reading values from storage
+    decode_s: float = 0.0  # decoding and resizing images
+    collate_s: float = 0.0  # copying values into the jobs' batches
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **amounts: float) -> None:
+        """Add to several counters at once."""
+        with self.lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def snapshot(self) -> dict[str, float]:
+        """The counters as a dict."""
+        with self.lock:
+            return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "lock"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a job's columns are prepared: gathered, or decoded into an arena space."""
+
+    columns: tuple[str, ...]  # output order (``_id`` first, not listed)
+    gathered: tuple[Decoder, ...]
+    prepared: tuple[tuple[Decoder, int], ...]  # (decoder, arena space)
+
+
+class Work:
+    """One batch of one job in preparation (one Python object per batch, not per row)."""
+
+    __slots__ = (
+        "epoch",
+        "error",
+        "errors",
+        "job",
+        "loaded",
+        "offsets",
+        "plan",
+        "private",
+        "ready",
+        "result",
+        "rows",
+        "shapes",
+        "skip",
+        "values",
+        "waiting",
+    )
+
+    def __init__(
+        self, job: Any, rows: npt.NDArray[np.int64], epoch: int, plan: Plan, *, skip: bool
+    ):
+        self.job = job
+        self.rows = rows
+        self.epoch = epoch
+        self.plan = plan
+        self.skip = skip
+        self.values: dict[str, Any] = {}
+        n = len(plan.prepared)
+        self.offsets = [np.full(rows.size, -1, np.int64) for _ in range(n)]
+        self.shapes = [np.zeros((rows.size, 3), np.int32) for _ in range(n)]
+        self.private: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}  # uncached values
+        self.errors: dict[int, BaseException] = {}  # position -> the row's error
+        self.error: BaseException | None = None  # the whole batch failed
+        self.waiting = 1  # decode groups not landed yet, + 1 until the lookups are done
+        self.loaded = 0  # values this batch read or decoded itself
+        self.result: dict[str, Any] | None = None
+        self.ready = False  # set by the job's scheduler once ``on_done`` ran
+
+
+class _Load:
+    """One task's decode of a group of rows (sorted) of one arena space."""
+
+    __slots__ = ("decoder", "id", "rows", "space", "waiters")
+
+    def __init__(self, id_: int, space: int, decoder: Decoder, rows: npt.NDArray[np.int64]):
+        self.id = id_
+        self.space = space
+        self.decoder = decoder
+        self.rows = rows
+        # (batch, its prepared column, positions in the batch, indices into ``rows``)
+        self.waiters: list[tuple[Work, int, npt.NDArray[np.intp], npt.NDArray[np.intp]]] = []
+
+
+class Fetcher:
+    """Prepares the batches of every job of one dataset; see the module docstring.
+
+    Args:
+        reader: reads payload columns (``pread``: pages do not stay resident).
+        table: reads gathered columns (memory map: zero-copy record batches).
+        arena: where prepared values live, shared by every dataset of the loader.
+        pool: the loader's thread pool.
+        on_done: called with each finished ``Work`` (its ``result`` or error set).
+    """
+
+    def __init__(
+        self,
+        reader: DatasetReader,
+        table: DatasetReader,
+        arena: Arena,
+        pool: Executor,
+        on_done: Callable[[Work], None],
+    ) -> None:
+        self.reader = reader
+        self.table = table
+        self.arena = arena
+        self.pool = pool
+        self.on_done = on_done
+        self.counters = Counters()
+        self._lock = threading.Lock()
+        self._flat: dict[str, npt.NDArray[Any] | None] = {}
+        self._loading: dict[int, npt.NDArray[np.int64]] = {}  # space -> row -> load id (-1)
+        self._loads: dict[int, _Load] = {}
+        self._next_load = 0
+
+    def set_readers(self, reader: DatasetReader, table: DatasetReader) -> None:
+        """Read a newer version of the dataset (rows were appended)."""
+        with self._lock:
+            self.reader, self.table = reader, table
+            self._flat.clear()
+            for space, loading in self._loading.items():
+                grown = np.full(reader.num_rows, -1, np.int64)
+                grown[: loading.size] = loading
+                self._loading[space] = grown
+
+    def submit(self, work: Work) -> None:
+        """Prepare ``work`` on the pool; ``on_done(work)`` follows."""
+        self.pool.submit(self._start, work)
+
+    # -- step 1 and 2: gather, look up, claim ------------------------------------------------
+    def _start(self, work: Work) -> None:
+        loads: list[_Load] = []
+        try:
+            t0 = time.perf_counter()
+            work.values = self._gather(work)
+            self.counters.add(read_s=time.perf_counter() - t0)
+            for ci, (dec, space) in enumerate(work.plan.prepared):
+                loads += self._lookup(work, ci, dec, space)
+        except BaseException as exc:  # the batch fails, its job raises; nothing hangs
+            work.error = exc
+        for load in loads:
+            self.pool.submit(self._run_load, load)
+        with self._lock:
+            work.waiting -= 1
+            ready = work.waiting == 0
+        if ready:
+            self._finish(work)
+
+    def _lookup(self, work: Work, ci: int, dec: Decoder, space: int) -> list[_Load]:
+        rows = work.rows
+        found = self.arena.get(space, rows)
+        work.offsets[ci][:] = found.offsets
+        work.shapes[ci][:] = found.shapes
+        miss = np.flatnonzero(found.offsets < 0)
+        if miss.size == 0:
+            return []
+        new: list[_Load] = []
+        with self._lock:
+            loading = self._loading.get(space)
+            if loading is None:
+                loading = self._loading[space] = np.full(self.reader.num_rows, -1, np.int64)
+            lid = loading[rows[miss]]
+            merged = lid >= 0
+            for load_id in np.unique(lid[merged]).tolist():  # another batch decodes them
+                load = self._loads[load_id]
+                pos = miss[lid == load_id]
+                load.waiters.append((work, ci, pos, np.searchsorted(load.rows, rows[pos])))
+                work.waiting += 1
+            rest = miss[~merged]
+            if rest.size:  # a load may have landed since the lookup
+                again = self.arena.get(space, rows[rest])
+                hit = again.offsets >= 0
+                work.offsets[ci][rest[hit]] = again.offsets[hit]
+                work.shapes[ci][rest[hit]] = again.shapes[hit]
+                claim = rest[~hit]
+                claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
+                for start in range(0, claim.size, DECODE_ROWS):
+                    pos = claim[start : start + DECODE_ROWS]
+                    load = _Load(self._next_load, space, dec, rows[pos])
+                    self._next_load += 1
+                    load.waiters.append((work, ci, pos, np.arange(pos.size)))
+                    loading[load.rows] = load.id
+                    self._loads[load.id] = load
+                    work.waiting += 1
+                    new.append(load)
+                work.loaded += int(claim.size)
+        return new
+
+    def _gather(self, work: Work) -> dict[str, Any]:
+        rows, out = work.rows, {}
+        rest: list[Decoder] = []
+        for dec in work.plan.gathered:
+            flat = self._flat_column(dec)
+            if flat is not None:
+                out[dec.column] = flat[rows]  # a new array: the job's own
+            else:
+                rest.append(dec)
+        if rest:
+            table = self.table.gather(rows, tuple(d.column for d in rest))
+            for dec in rest:
+                values = table.column(dec.column).combine_chunks()
+                out[dec.column] = batch_column(values, dec)
+                if dec.kind is DecodeKind.BYTES:
+                    self.counters.add(
+                        reads=len(values) - values.null_count,
+                        bytes_read=values.buffers()[2].size if len(values) else 0,
+                    )
+        return out
+
+    def _flat_column(self, dec: Decoder) -> npt.NDArray[Any] | None:
+        """The whole column as one array when it is fixed-width, null-free and small."""
+        if dec.column in self._flat:
+            return self._flat[dec.column]
+        with self._lock:
+            if dec.column not in self._flat:
+                self._flat[dec.column] = self._read_flat(dec)
+            return self._flat[dec.column]
+
+    def _read_flat(self, dec: Decoder) -> npt.NDArray[Any] | None:
+        t = self.table.schema.field(dec.column).type
+        width = _fixed_width(t)
+        if width is None or width * self.table.num_rows > FLAT_BYTES or not self.table.num_rows:
+            return None
+        values = self.table.gather(np.arange(self.table.num_rows), (dec.column,))
+        column = values.column(0).combine_chunks()
+        if column.null_count or (pa.types.is_fixed_size_list(t) and column.flatten().null_count):
+            return None
+        out = batch_column(column, dec)
+        return out if isinstance(out, np.ndarray) else None
+
+    # -- decoding (one task per group of rows) ------------------------------------------------
+    def _run_load(self, load: _Load) -> None:
+        dec, rows = load.decoder, load.rows
+        values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
+        errors: dict[int, BaseException] = {}
+        t0 = time.perf_counter()
+        try:
+            column = self.reader.gather(rows, (dec.column,)).column(0).combine_chunks()
+            payload = column.field("bytes") if pa.types.is_struct(column.type) else column
+            self.counters.add(
+                reads=len(payload) - payload.null_count,
+                bytes_read=payload.buffers()[2].size if len(payload) else 0,
+            )
+        except BaseException as exc:
+            column = None
+            for i in range(rows.size):
+                errors[i] = exc
+        t1 = time.perf_counter()
+        if column is not None:
+            for i, row in enumerate(rows.tolist()):
+                try:
+                    values[i] = dec(column[i], row_id=row)[0]
+                except BaseException as exc:
+                    errors[i] = (
+                        exc
+                        if isinstance(exc, Exception)
+                        else RowReadError(
+                            f"row {row}: decoding was interrupted ({exc!r})",
+                            row_id=row,
+                            column=dec.column,
+                        )
+                    )
+        t2 = time.perf_counter()
+        self.counters.add(read_s=t1 - t0, decode_s=t2 - t1, decodes=rows.size - len(errors))
+        done = self._land(load, values, errors)
+        for work in done:
+            self._finish(work)
+
+    def _land(
+        self,
+        load: _Load,
+        values: list[npt.NDArray[np.uint8] | None],
+        errors: dict[int, BaseException],
+    ) -> list[Work]:
+        """Store a group's values and hand them to every batch waiting; the finished ones."""
+        done: list[Work] = []
+        with self._lock:
+            pins = np.zeros(load.rows.size, np.int64)
+            for _, _, _, idx in load.waiters:
+                pins[idx] += 1
+            offsets = np.full(load.rows.size, -1, np.int64)
+            for i, value in enumerate(values):
+                if value is not None:
+                    offsets[i] = self.arena.put(
+                        load.space, int(load.rows[i]), value, pins=int(pins[i])
+                    )
+            self._loading[load.space][load.rows] = -1
+            del self._loads[load.id]
+            for work, ci, pos, idx in load.waiters:
+                work.offsets[ci][pos] = offsets[idx]
+                for p, i in zip(pos.tolist(), idx.tolist(), strict=True):
+                    value = values[i]
+                    if value is not None:
+                        work.shapes[ci][p, : value.ndim] = value.shape
+                        if offsets[i] < 0:
+                            work.private[(ci, p)] = value
+                    else:
+                        work.errors[p] = errors[i]
+                work.waiting -= 1
+                if work.waiting == 0:
+                    done.append(work)
+        return done
+
+    # -- step 3: collate -------------------------------------------------------------------------
+    def _finish(self, work: Work) -> None:
+        t0 = time.perf_counter()
+        try:
+            if work.error is None and not (work.errors and not work.skip):
+                work.result = self._collate(work)
+        except BaseException as exc:
+            work.error = exc
+        finally:
+            for offsets in work.offsets:
+                held = offsets[offsets >= 0]
+                if held.size:
+                    self.arena.release(held)
+            self.counters.add(collate_s=time.perf_counter() - t0)
+        self.on_done(work)
+
+    def _collate(self, work: Work) -> dict[str, Any] | None:
+        keep = None
+        if work.errors:
+            keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
+            if keep.size == 0:
+                return None
+        batch: dict[str, Any] = {ID_COLUMN: work.rows.copy() if keep is None else work.rows[keep]}
+        prepared = {dec.column: ci for ci, (dec, _) in enumerate(work.plan.prepared)}
+        for name in work.plan.columns:
+            if name in prepared:
+                batch[name] = self._copy_out(work, prepared[name], keep)
+            else:
+                value = work.values[name]
+                if keep is not None:
+                    value = (
+                        value[keep]
+                        if isinstance(value, np.ndarray)
+                        else [value[i] for i in keep.tolist()]
+                    )
+                batch[name] = value
+        return batch
+
+    def _copy_out(self, work: Work, ci: int, keep: npt.NDArray[np.intp] | None) -> Any:
+        """The values of prepared column ``ci``, copied into new arrays (one copy per byte)."""
+        offsets, shapes = work.offsets[ci], work.shapes[ci]
+        positions = range(work.rows.size) if keep is None else keep.tolist()
+        first = next(iter(positions))
+        view = self.arena.view
+        one_shape = (
+            bool((shapes[positions] == shapes[first]).all())
+            if keep is not None
+            else bool((shapes == shapes[0]).all())
+        )
+        shape = tuple(shapes[first].tolist())
+        out: Any = np.empty((len(positions), *shape), np.uint8) if one_shape else []
+        for k, p in enumerate(positions):
+            off = int(offsets[p])
+            src = work.private[(ci, p)] if off < 0 else view(off, tuple(shapes[p].tolist()))
+            if one_shape:
+                out[k] = src
+            else:
+                out.append(src.copy())
+        return out
+
+
+def _fixed_width(t: pa.DataType) -> int | None:
+    """Bytes per value of a fixed-width numeric column (or fixed-size list of one), else None."""
+    if pa.types.is_fixed_size_list(t):
+        inner = _fixed_width(t.value_type)
+        return None if inner is None else inner * t.list_size
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return int(t.bit_width // 8)
+    if pa.types.is_boolean(t):
+        return 1
+    return None
