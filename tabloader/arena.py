@@ -14,7 +14,7 @@ Layout
              (class 150528 B)           (class 49152 B)
 
 * The buffer is ``num_slabs`` slabs of ``slab_bytes`` each (``slab_bytes`` is about 1/64 of the
-  capacity, between 4 KiB and 16 MiB). A slab is free, or belongs to one *slot class* and is
+  capacity, between 64 KiB and 16 MiB, and at most the capacity). A slab is free, or belongs to one *slot class* and is
   cut into ``slab_bytes // size`` slots of that class's ``size`` bytes.
 * Fixed-shape values (``image_size`` set) all have one byte size, which is their class: no
   waste. Variable-size values (full-size images) round up to a size class, two per octave
@@ -70,7 +70,7 @@ __all__ = ["Arena", "ArenaStats", "CacheOvershootWarning", "CacheTooSmallWarning
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 
-MIN_SLAB = 4096
+MIN_SLAB = 64 << 10
 MAX_SLAB = 16 << 20
 MIN_SLOT = 64
 _GROW = 64  # slot table rows added at a time
@@ -191,8 +191,8 @@ class Arena:
                 "budget in bytes, e.g. 4 << 30 for 4 GiB."
             )
         if slab_bytes is None:
-            slab_bytes = min(MAX_SLAB, max(MIN_SLAB, capacity_bytes // 64))
-            slab_bytes -= slab_bytes % MIN_SLAB
+            slab_bytes = min(capacity_bytes, MAX_SLAB, max(MIN_SLAB, capacity_bytes // 64))
+            slab_bytes = max(MIN_SLOT, slab_bytes - slab_bytes % MIN_SLOT)
         self.slab_bytes = slab_bytes
         self.num_slabs = max(1, capacity_bytes // slab_bytes)
         size = self.num_slabs * slab_bytes

@@ -118,7 +118,12 @@ class Loader:
         )
         if sched is None:
             fetcher = Fetcher(
-                reader, dataset.reader, self._arena, self._pool, on_done=lambda w: None
+                reader,
+                dataset.reader,
+                self._arena,
+                self._pool,
+                on_done=lambda w: None,
+                workers=self.workers,
             )
             sched = DatasetScheduler(
                 dataset.name,

@@ -10,8 +10,9 @@ One pool task per batch (:meth:`Fetcher.submit`), then one per group of rows to 
 2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
-   of ``DECODE_ROWS`` rows, one pool task per group, each reading its rows of a record batch
-   together. Decode and resize run with the GIL released (libjpeg-turbo, Pillow).
+   of at least ``MIN_DECODE_ROWS`` rows (a batch's claimed rows split over the workers), one
+   pool task per group, each reading its rows of a record batch together. Decode and resize
+   run with the GIL released (libjpeg-turbo through simplejpeg, OpenCV).
 3. **Collate** when the last group a batch waits for lands: copy each value out of the arena
    into the job's own arrays (the one copy of each payload byte: a batch never aliases the
    arena or another job's batch, so in-place writes stay in the job), release the pins, and
@@ -37,7 +38,6 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from catalog.bitmaps import ID_COLUMN
-from catalog.errors import RowReadError
 from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.prep import DecodeKind, Decoder, batch_column
@@ -46,7 +46,7 @@ __all__ = ["Counters", "Fetcher", "Plan", "Work"]
 
 logger = logging.getLogger(__name__)
 
-DECODE_ROWS = 4  # rows per decode task: enough tasks for every worker, few per batch
+MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
 FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once
 
 
@@ -147,6 +147,7 @@ class Fetcher:
         table: reads gathered columns (memory map: zero-copy record batches).
         arena: where prepared values live, shared by every dataset of the loader.
         pool: the loader's thread pool.
+        workers: its threads (a batch's decodes are split into about that many tasks).
         on_done: called with each finished ``Work`` (its ``result`` or error set).
     """
 
@@ -157,8 +158,11 @@ class Fetcher:
         arena: Arena,
         pool: Executor,
         on_done: Callable[[Work], None],
+        *,
+        workers: int,
     ) -> None:
         self.reader = reader
+        self.workers = workers
         self.table = table
         self.arena = arena
         self.pool = pool
@@ -231,8 +235,9 @@ class Fetcher:
                 work.shapes[ci][rest[hit]] = again.shapes[hit]
                 claim = rest[~hit]
                 claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
-                for start in range(0, claim.size, DECODE_ROWS):
-                    pos = claim[start : start + DECODE_ROWS]
+                step = max(MIN_DECODE_ROWS, -(-claim.size // self.workers))
+                for start in range(0, claim.size, step):
+                    pos = claim[start : start + step]
                     load = _Load(self._next_load, space, dec, rows[pos])
                     self._next_load += 1
                     load.waiters.append((work, ci, pos, np.arange(pos.size)))
@@ -290,35 +295,39 @@ class Fetcher:
         dec, rows = load.decoder, load.rows
         values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
         errors: dict[int, BaseException] = {}
-        t0 = time.perf_counter()
+        read_s = decode_s = 0.0
+        reads = nbytes = 0
+        mark = time.perf_counter()
         try:
-            column = self.reader.gather(rows, (dec.column,)).column(0).combine_chunks()
-            payload = column.field("bytes") if pa.types.is_struct(column.type) else column
-            self.counters.add(
-                reads=len(payload) - payload.null_count,
-                bytes_read=payload.buffers()[2].size if len(payload) else 0,
-            )
-        except BaseException as exc:
-            column = None
+            for positions, rb, in_batch in self.reader.groups(rows, (dec.column,)):
+                column = rb.column(0)
+                if pa.types.is_struct(column.type):  # Hugging Face image {bytes, path}
+                    column = column.field("bytes")
+                now = time.perf_counter()
+                read_s, mark = read_s + now - mark, now
+                values_of = _binary_values(column)
+                for i, r in zip(positions.tolist(), in_batch.tolist(), strict=True):
+                    value = values_of(r)
+                    if value is not None:
+                        reads += 1
+                        nbytes += len(value)
+                    try:
+                        values[i] = dec(value, row_id=int(rows[i]))[0]
+                    except Exception as exc:
+                        errors[i] = exc
+                now = time.perf_counter()
+                decode_s, mark = decode_s + now - mark, now
+        except Exception as exc:  # a failed read: the rows not decoded yet fail with it
             for i in range(rows.size):
-                errors[i] = exc
-        t1 = time.perf_counter()
-        if column is not None:
-            for i, row in enumerate(rows.tolist()):
-                try:
-                    values[i] = dec(column[i], row_id=row)[0]
-                except BaseException as exc:
-                    errors[i] = (
-                        exc
-                        if isinstance(exc, Exception)
-                        else RowReadError(
-                            f"row {row}: decoding was interrupted ({exc!r})",
-                            row_id=row,
-                            column=dec.column,
-                        )
-                    )
-        t2 = time.perf_counter()
-        self.counters.add(read_s=t1 - t0, decode_s=t2 - t1, decodes=rows.size - len(errors))
+                if values[i] is None and i not in errors:
+                    errors[i] = exc
+        self.counters.add(
+            read_s=read_s,
+            decode_s=decode_s,
+            reads=reads,
+            bytes_read=nbytes,
+            decodes=sum(v is not None for v in values),
+        )
         done = self._land(load, values, errors)
         for work in done:
             self._finish(work)
@@ -417,6 +426,22 @@ class Fetcher:
             else:
                 out.append(src.copy())
         return out
+
+
+def _binary_values(column: pa.Array) -> Callable[[int], Any]:
+    """``row -> its bytes`` (a zero-copy ``pa.Buffer``, None if null) of a binary column.
+
+    Slicing the data buffer at the offsets skips a ``pa.Scalar`` per value (the GIL is the
+    engine's bottleneck on images: every microsecond held per row is one no thread overlaps).
+    """
+    t = column.type
+    if column.null_count or not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return lambda r: column[r].as_buffer() if column[r].is_valid else None
+    _, offset_buf, data = column.buffers()
+    kind = np.int64 if pa.types.is_large_binary(t) else np.int32
+    offsets = np.frombuffer(offset_buf, kind)[column.offset : column.offset + len(column) + 1]
+    offsets = offsets.tolist()
+    return lambda r: data.slice(offsets[r], offsets[r + 1] - offsets[r])
 
 
 def _fixed_width(t: pa.DataType) -> int | None:

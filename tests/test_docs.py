@@ -10,7 +10,7 @@ import pytest
 MODULES = [
     "catalog",
     "tabloader",
-    "tabloader.cache",
+    "tabloader.arena",
     "tabloader.prep",
     "tabloader.sampling",
     "tabloader.sampling.dependent",

@@ -23,7 +23,7 @@ import operator
 import sys
 import threading
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,23 +269,45 @@ class DatasetReader:
             raise self._corrupt(exc) from exc
 
     def _gather(self, ids: np.ndarray, columns: tuple[str, ...] | None) -> pa.Table:
-        fields = None if columns is None else self._field_indices(columns)
         schema = self.schema if columns is None else pa.schema(map(self.schema.field, columns))
+        order_parts, pieces = [], []
+        for positions, rb, rows in self.groups(ids, columns):
+            order_parts.append(positions)
+            pieces.append(rb.take(pa.array(rows)))
+        gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
+        order = np.concatenate(order_parts) if order_parts else np.empty(0, np.intp)
+        if (order[1:] > order[:-1]).all():  # already in the callers' order
+            return gathered
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return gathered.take(pa.array(inverse))
+
+    def groups(
+        self, ids: np.ndarray, columns: tuple[str, ...] | None
+    ) -> Iterator[tuple[np.ndarray, pa.RecordBatch, np.ndarray]]:
+        """``ids`` grouped by record batch: (positions in ``ids``, the batch, rows in it).
+
+        Each record batch is read once, with ``columns`` only (vectorized grouping; the
+        batch is read lazily, as the caller reaches its group).
+
+        Raises:
+            RowIdError: an id is out of range. StorageError: a data file is missing or corrupt.
+        """
+        fields = None if columns is None else self._field_indices(columns)
         part, batch, row = self.locate(ids)
         key = (part << 40) | batch
         order = np.argsort(key, kind="stable")
         sorted_key = key[order]
         starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
         ends = np.r_[starts[1:], sorted_key.size]
-        pieces = []
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=False):
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             first = order[s]
-            rb = self.record_batch(int(part[first]), int(batch[first]), fields)
-            pieces.append(rb.take(pa.array(row[order[s:e]])))
-        gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(order.size)
-        return gathered.take(pa.array(inverse))
+            positions = order[s:e]
+            yield (
+                positions,
+                self.record_batch(int(part[first]), int(batch[first]), fields),
+                row[positions],
+            )
 
     def _columns(self, columns: str | Sequence[str] | None) -> list[str]:
         if columns is None:

@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "catalog": "tabloader.bench.catalog",
     "sampling": "tabloader.bench.sampling",
     "e2e": "tabloader.bench.e2e",
+    "throughput": "tabloader.bench.throughput",
 }
 
 

@@ -78,6 +78,7 @@ class DependentSampler:
         self._count: list[int] = []  # slot -> |R_j|
         self._seqs: list[int] = []  # slot -> registration sequence (tie break)
         self._next_seq = 0
+        self.vectorize = True  # draw one-region rounds at once (False: one by one, for tests)
 
     # ------------------------------------------------------------------ jobs
     def add_job(
@@ -217,7 +218,7 @@ class DependentSampler:
         uni = self._uniforms
         m = len(order)
         levels, dec = regions.groups(order)
-        if len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
+        if self.vectorize and len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
             self._rounds_one_region(order, out_cols, n, levels[0][0])
             return
         prefix = [0]

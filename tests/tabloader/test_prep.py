@@ -280,7 +280,8 @@ def test_batch_column_numbers_keep_their_dtype_and_are_writable():
     out = _column([1, 2, 3], pa.int16())
     assert out.dtype == np.int16
     assert out.tolist() == [1, 2, 3]
-    assert out.flags.writeable and out.flags.owndata
+    assert out.flags.writeable
+    assert out.flags.owndata
     assert _column([0.5, 1.5]).dtype == np.float64
     assert _column([True, False]).dtype == np.bool_
 

@@ -93,3 +93,26 @@ def test_exactly_once_per_epoch(cls, ops, seed):
 def test_resume_equals_uninterrupted(cls, ops, seed, data):
     mids = data.draw(st.lists(st.integers(0, len(ops)), min_size=1, max_size=3, unique=True))
     run_save_load_state(lambda: cls(seed=seed), ops, mids)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vectorized_one_region_rounds_equal_the_round_by_round_walk(seed):
+    """Many rows at once (one region) give exactly what the general loop gives, call by call,
+    through joins, leaves, restarts and small regions where picks collide."""
+    runs = []
+    for vectorize in (True, False):
+        s = DependentSampler(seed=seed)
+        s.vectorize = vectorize
+        out = []
+        s.add_job("a", BitMap(range(5000)))
+        out += s.sample_many(["a"], 700)["a"].tolist()  # one region: vectorized
+        s.add_job("b", BitMap(range(5000)))  # b's region differs from a's remaining rows
+        out += [v for col in s.sample_many(["a", "b"], 300).values() for v in col.tolist()]
+        s.remove_job("b")
+        small = BitMap(range(40))
+        s.add_job("c", small)
+        for _ in range(5):  # a 40-row region: 30 picks at once collide with the tail
+            out += s.sample_many(["c"], 30)["c"].tolist()
+        out += s.sample_many(["a"], 6000)["a"].tolist()  # through an epoch restart
+        runs.append(out)
+    assert runs[0] == runs[1]

@@ -1,0 +1,435 @@
+"""Throughput benchmark: one job against a tuned DataLoader, on images and on small rows.
+
+Side by side in one run (competitors alternate, each one's best round is kept; throughput is
+measured from each run's first batch on, so worker start-up counts for nobody):
+
+* **images** (generated JPEGs, about 500x375), ``image_size`` 224 and 112, batch 64: a
+  ``JobDataset`` epoch vs ``DataLoader(num_workers=N, shuffle=True)`` over the same Arrow
+  files with a tuned Pillow decode (``draft`` + the same resize, as a user writes it; the
+  target), the same DataLoader with tabloader's own decode (for reference), and SPDL's thread
+  pipeline with tabloader's decode, N = the machine's cores.
+* **decode**: milliseconds per image of the Pillow-draft and the libjpeg-turbo (simplejpeg)
+  decode + resize, on the same bytes, and the engine's throughput with 1..N workers.
+* **small rows**: 200,000 rows of ``int64`` + ``float64``, batch 256, vs
+  ``DataLoader(TensorDataset, batch_size=256, shuffle=True)``; and four such jobs at once on
+  threads, total rows/s vs one job alone.
+* **latency**: seconds from asking for a batch to getting it, p50 and p99, for a job that
+  never computes (it asks again at once) and for one that computes a little per batch.
+
+Each tabloader run also prints its stall accounting: the job's seconds waiting for data vs
+computing, and the dataset's seconds reading, decoding and collating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tabloader.bench import format_table, write_json
+
+__all__ = ["add_arguments", "run"]
+
+TARGETS = {"images": 1.2, "small_rows": 1.0, "four_jobs": 0.9}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``tabloader bench throughput``."""
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--images", type=int, default=2000, help="generated JPEGs")
+    parser.add_argument("--rows", type=int, default=200_000, help="rows of the small-row table")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="N")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of competitors")
+    parser.add_argument("--data", default="bench-results/throughput-data", help="image cache")
+    parser.add_argument("--out", default="bench-results/throughput.json", help="JSON output")
+
+
+# -- competitors -------------------------------------------------------------------------------
+def _timed(batches: Iterator[Any], rows_of: Callable[[Any], int]) -> dict[str, Any]:
+    """Consume ``batches``; rows/s from the first batch on, and each next()'s latency."""
+    waits: list[float] = []
+    rows = 0
+    t = time.perf_counter()
+    first = None
+    for batch in batches:
+        now = time.perf_counter()
+        waits.append(now - t)
+        if first is None:
+            first = now
+        else:
+            rows += rows_of(batch)
+        t = time.perf_counter()
+    elapsed = time.perf_counter() - (first or t)
+    lat = np.array(waits[1:] or [0.0])
+    return {
+        "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+        "p50_ms": float(np.percentile(lat, 50) * 1e3),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3),
+    }
+
+
+class _ImageRows:
+    """A map-style dataset over the catalog's IPC files (a DataLoader worker opens them)."""
+
+    def __init__(self, root: str, parts: list[Any], schema: Any, size: int, how: str):
+        self.root, self.parts, self.schema, self.size, self.how = root, parts, schema, size, how
+        self.n = sum(p.num_rows for p in parts)
+        self._reader: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        if self._reader is None:  # opened in the worker process: files only, no DuckDB
+            from catalog.storage import DatasetReader
+
+            self._reader = DatasetReader(Path(self.root), self.parts, self.schema)
+        data = self._reader.take([i], ["image"]).column("image")[0].as_buffer()
+        return decode(data, self.size, self.how), i
+
+
+def decode(data: Any, size: int, how: str) -> Any:
+    """``how="pillow"``: the tuned user's decode (draft + resize); ``"tabloader"``: ours."""
+    import torch
+
+    if how == "tabloader":
+        from tabloader.prep import decode_image
+
+        return torch.from_numpy(np.array(decode_image(data, size=size)))
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.draft("RGB", (size, size))  # DCT-domain downscale to at least size x size
+        img = img.convert("RGB")
+        w, h = img.size
+        m = min(w, h)
+        box = ((w - m) / 2, (h - m) / 2, (w + m) / 2, (h + m) / 2)
+        img = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
+        return torch.from_numpy(np.asarray(img).copy())
+
+
+def _image_dataset(cat: Any, size: int, how: str) -> _ImageRows:
+    ds = cat.dataset("imgs")
+    return _ImageRows(str(cat.root), ds.reader.parts, ds.reader.schema, size, how)
+
+
+def _dataloader_images(cat: Any, size: int, how: str, workers: int) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        _image_dataset(cat, size, how),
+        batch_size=64,
+        shuffle=True,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return _timed(iter(loader), lambda b: len(b[1]))
+
+
+def _spdl_images(cat: Any, size: int, workers: int) -> dict[str, Any]:
+    try:
+        from spdl.pipeline import PipelineBuilder
+    except ImportError as exc:
+        return {"error": f"spdl is not installed ({exc}); pip install spdl-core spdl-io"}
+    import torch
+
+    data = _image_dataset(cat, size, "tabloader")
+    order = np.random.default_rng(0).permutation(len(data)).tolist()
+    pipeline = (
+        PipelineBuilder()
+        .add_source(order)
+        .pipe(data.__getitem__, concurrency=workers)
+        .aggregate(64)
+        .pipe(lambda items: (torch.stack([i for i, _ in items]), [r for _, r in items]))
+        .add_sink(3)
+        .build(num_threads=workers)
+    )
+    with pipeline.auto_stop():
+        return _timed(pipeline.get_iterator(timeout=600), lambda b: len(b[1]))
+
+
+def _tabloader_job(
+    cat: Any, job: str, workers: int, batch_size: int, **open_kw: Any
+) -> dict[str, Any]:
+    from tabloader.engine import Loader
+    from tabloader.torch import JobDataset
+
+    with Loader(cat, cache_bytes=1 << 30, workers=workers) as loader:
+        ds = JobDataset(job, loader=loader, batch_size=batch_size, **open_kw)
+        out = _timed(iter(ds), lambda b: len(b["_id"]))
+        stats = loader.stats()
+        ds.close()
+    job_stats = next(iter(stats["jobs"].values()), {}) if stats["jobs"] else {}
+    out["stalls"] = {
+        "wait_s": job_stats.get("wait_s"),
+        "compute_s": job_stats.get("compute_s"),
+        **{k: round(v, 3) for k, v in next(iter(stats["datasets"].values())).items()},
+    }
+    return out
+
+
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "rows_per_s" in r]
+    return max(ok, key=lambda r: r["rows_per_s"]) if ok else runs[0]
+
+
+# -- data ------------------------------------------------------------------------------------
+def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
+    import pyarrow as pa
+
+    import catalog
+    from tabloader.datagen import make_imagefolder
+
+    folder = Path(args.data) / f"images-{args.images}"
+    if not (folder / ".done").exists():
+        make_imagefolder(folder, num_images=args.images, num_classes=10)
+        (folder / ".done").touch()
+    images = catalog.connect(tmp / "images")
+    images.import_imagefolder("imgs", folder)
+    for size in (224, 112):
+        images.sql(f"REGISTER JOB img{size} SELECT image FROM imgs WITH (image_size = {size})")
+    rng = np.random.default_rng(0)
+    small = catalog.connect(tmp / "small")
+    small.import_arrow(
+        "t", pa.table({"x": rng.integers(0, 1 << 40, args.rows), "y": rng.random(args.rows)})
+    )
+    for i in range(5):
+        small.sql(f"REGISTER JOB s{i} SELECT x, y FROM t")
+    return images, small
+
+
+# -- scenarios -------------------------------------------------------------------------------
+def _images(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+    rows = []
+    for size in (224, 112):
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(args.rounds):
+            runs.setdefault("tabloader", []).append(
+                _tabloader_job(cat, f"img{size}", args.workers, 64)
+            )
+            runs.setdefault("dataloader (pillow draft)", []).append(
+                _dataloader_images(cat, size, "pillow", args.workers)
+            )
+            runs.setdefault("dataloader (tabloader decode)", []).append(
+                _dataloader_images(cat, size, "tabloader", args.workers)
+            )
+            runs.setdefault("spdl (tabloader decode)", []).append(
+                _spdl_images(cat, size, args.workers)
+            )
+        best = {name: _best(r) for name, r in runs.items()}
+        base = best["dataloader (pillow draft)"]["rows_per_s"]
+        for name, r in best.items():
+            rows.append(
+                {
+                    "scenario": f"image {size}",
+                    "competitor": name,
+                    **r,
+                    "ratio": r.get("rows_per_s", 0.0) / base if base else None,
+                }
+            )
+    return rows
+
+
+def _decode_costs(cat: Any, n: int) -> list[dict[str, Any]]:
+    data = [v.as_buffer() for v in cat.dataset("imgs").take(list(range(n)), ["image"])["image"]]
+    out = []
+    for size in (224, 112):
+        for how in ("pillow", "tabloader"):
+            best = np.inf
+            for _ in range(3):
+                t = time.perf_counter()
+                for d in data:
+                    decode(d, size, how)
+                best = min(best, (time.perf_counter() - t) / len(data))
+            out.append({"size": size, "decode": how, "ms_per_image": best * 1e3})
+    return out
+
+
+def _scaling(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+    counts = sorted({1, 2, args.workers} | ({4, 8} if args.workers >= 8 else set()))
+    return [
+        {"workers": w, **_tabloader_job(cat, "img224", w, 64)} for w in counts if w <= args.workers
+    ]
+
+
+def _small(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    table = cat.dataset("t").take(list(range(cat.dataset("t").num_rows)), ["x", "y"])
+    x = torch.from_numpy(table["x"].to_numpy())
+    y = torch.from_numpy(table["y"].to_numpy())
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(args.rounds):
+        runs.setdefault("tabloader", []).append(_tabloader_job(cat, "s0", args.workers, 256))
+        dl = DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True)
+        runs.setdefault("dataloader (TensorDataset)", []).append(
+            _timed(iter(dl), lambda b: len(b[0]))
+        )
+    best = {name: _best(r) for name, r in runs.items()}
+    base = best["dataloader (TensorDataset)"]["rows_per_s"]
+    return [
+        {"scenario": "small rows", "competitor": n, **r, "ratio": r["rows_per_s"] / base}
+        for n, r in best.items()
+    ]
+
+
+def _four_jobs(args: argparse.Namespace, cat: Any) -> dict[str, Any]:
+    from tabloader.engine import Loader
+
+    def one(loader: Loader, job: str, out: dict[str, int]) -> None:
+        with loader.open(job, batch_size=256, epochs=1) as stream:
+            out[job] = sum(len(b["_id"]) for b in stream)
+
+    results = []
+    for _ in range(args.rounds):
+        for jobs in (["s0"], ["s1", "s2", "s3", "s4"]):
+            counts: dict[str, int] = {}
+            with Loader(cat, cache_bytes=1 << 24, workers=args.workers) as loader:
+                threads = [threading.Thread(target=one, args=(loader, j, counts)) for j in jobs]
+                t = time.perf_counter()
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                results.append((len(jobs), sum(counts.values()) / (time.perf_counter() - t)))
+    alone = max(r for n, r in results if n == 1)
+    four = max(r for n, r in results if n == 4)
+    return {"one_job_rows_per_s": alone, "four_jobs_rows_per_s": four, "ratio": four / alone}
+
+
+def _paced_latency(cat: Any, workers: int) -> dict[str, Any]:
+    """A job that computes ~1 ms per batch: latency when prefetch can keep up."""
+    from tabloader.engine import Loader
+
+    with (
+        Loader(cat, cache_bytes=1 << 24, workers=workers) as loader,
+        loader.open("s0", batch_size=256, epochs=1) as stream,
+    ):
+
+        def paced() -> Iterator[Any]:
+            for batch in stream:
+                yield batch
+                time.sleep(0.001)
+
+        return _timed(paced(), lambda b: len(b["_id"]))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; 0 if every target is met."""
+    if args.quick:
+        args.images, args.rows, args.rounds = min(args.images, 300), min(args.rows, 50_000), 1
+    with tempfile.TemporaryDirectory() as tmp:
+        images, small = _catalogs(args, Path(tmp))
+        try:
+            image_rows = _images(args, images)
+            decode_rows = _decode_costs(images, min(200, args.images))
+            scaling = _scaling(args, images)
+            small_rows = _small(args, small)
+            four = _four_jobs(args, small)
+            paced = _paced_latency(small, args.workers)
+        finally:
+            images.close()
+            small.close()
+    table = image_rows + small_rows
+    print(f"throughput, N = {args.workers} workers, {args.images} images, {args.rows} rows")
+    print(
+        format_table(
+            [
+                {
+                    "scenario": r["scenario"],
+                    "competitor": r["competitor"],
+                    "rows/s": f"{r['rows_per_s']:.0f}" if "rows_per_s" in r else r.get("error"),
+                    "ratio": f"{r['ratio']:.2f}" if r.get("ratio") is not None else "",
+                    "p50 ms": f"{r['p50_ms']:.2f}" if "p50_ms" in r else "",
+                    "p99 ms": f"{r['p99_ms']:.2f}" if "p99_ms" in r else "",
+                }
+                for r in table
+            ]
+        )
+    )
+    print(
+        "\nstalls of the tabloader runs (job: waiting vs computing; dataset: pool thread-seconds)"
+    )
+    print(
+        format_table(
+            [
+                {"scenario": r["scenario"], **{k: _fmt(v) for k, v in r["stalls"].items()}}
+                for r in table
+                if "stalls" in r
+            ]
+        )
+    )
+    print("\ndecode + resize, one thread")
+    print(format_table([{**d, "ms_per_image": f"{d['ms_per_image']:.3f}"} for d in decode_rows]))
+    print("\nscaling: one image-224 job, rows/s by workers")
+    print(
+        format_table(
+            [{"workers": s["workers"], "rows/s": f"{s['rows_per_s']:.0f}"} for s in scaling]
+        )
+    )
+    print(
+        f"\nfour small-row jobs at once: {four['four_jobs_rows_per_s']:.0f} rows/s in total, "
+        f"{four['ratio']:.2f}x one job alone ({four['one_job_rows_per_s']:.0f} rows/s)"
+    )
+    print(
+        f"latency of a job computing 1 ms per batch: p50 {paced['p50_ms']:.3f} ms, "
+        f"p99 {paced['p99_ms']:.3f} ms"
+    )
+    checks = {
+        "images 224": _ratio(image_rows, "image 224"),
+        "images 112": _ratio(image_rows, "image 112"),
+        "small rows": _ratio(small_rows, "small rows"),
+        "four jobs": four["ratio"],
+    }
+    targets = {
+        "images 224": TARGETS["images"],
+        "images 112": TARGETS["images"],
+        "small rows": TARGETS["small_rows"],
+        "four jobs": TARGETS["four_jobs"],
+    }
+    print("\ntargets")
+    verdicts = [
+        {
+            "check": k,
+            "ratio": f"{v:.2f}",
+            "target": f">= {targets[k]}",
+            "result": "PASS" if v >= targets[k] else "FAIL",
+        }
+        for k, v in checks.items()
+    ]
+    print(format_table(verdicts))
+    write_json(
+        args.out,
+        {
+            "args": vars(args),
+            "throughput": table,
+            "decode": decode_rows,
+            "scaling": scaling,
+            "four_jobs": four,
+            "paced_latency": paced,
+            "targets": verdicts,
+        },
+    )
+    return 0 if all(v["result"] == "PASS" for v in verdicts) else 1
+
+
+def _ratio(rows: list[dict[str, Any]], scenario: str) -> float:
+    return float(
+        next(
+            r["ratio"] for r in rows if r["scenario"] == scenario and r["competitor"] == "tabloader"
+        )
+    )
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from catalog import CacheError
+from tabloader.arena import Arena, CacheOvershootWarning, CacheTooSmallWarning
+
+
+def value(row: int, shape=(4, 4, 3)) -> np.ndarray:
+    return np.full(shape, row % 251, np.uint8)
+
+
+def test_put_get_view_release_roundtrip():
+    arena = Arena(1 << 20)
+    space = arena.space("d/image@4", num_rows=10, fixed=True)
+    off = arena.put(space, 3, value(3))
+    assert off >= 0
+    found = arena.get(space, np.array([3, 4, 3]))
+    assert found.offsets[1] == -1
+    assert found.offsets[0] == found.offsets[2] == off
+    assert found.shapes[0].tolist() == [4, 4, 3]
+    assert arena.pins(off) == 3  # put + two gets
+    view = arena.view(off, (4, 4, 3))
+    assert not view.flags.writeable
+    np.testing.assert_array_equal(view, value(3))
+    arena.release(np.array([off, off, off]))
+    s = arena.stats()
+    assert (s.pinned, s.entries, s.puts, s.hits, s.misses) == (0, 1, 1, 2, 1)
+
+
+def test_release_without_a_pin_is_refused():
+    arena = Arena(1 << 20)
+    space = arena.space("s", num_rows=4)
+    off = arena.put(space, 0, value(0))
+    arena.release(np.array([off]))
+    with pytest.raises(CacheError, match="holds no pin"):
+        arena.release(np.array([off]))
+    with pytest.raises(CacheError, match="not a slot of this arena"):
+        arena.release(np.array([arena.buffer.size * 2]))
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True])
+def test_capacity_must_be_a_positive_int(bad):
+    with pytest.raises(CacheError, match="capacity_bytes must be"):
+        Arena(bad)
+
+
+def test_put_of_a_stored_row_pins_the_first_copy():
+    arena = Arena(1 << 20)
+    space = arena.space("s", num_rows=4)
+    first = arena.put(space, 1, value(1))
+    again = arena.put(space, 1, value(2), pins=2)
+    assert again == first
+    assert arena.pins(first) == 3
+    np.testing.assert_array_equal(arena.view(first, (4, 4, 3)), value(1))
+
+
+def _full_arena(score=None, slots=4):
+    """An arena of one slab holding ``slots`` 4x4x3 values (each slot 64 bytes)."""
+    arena = Arena(64 * slots, slab_bytes=64 * slots, score=score)
+    space = arena.space("s", num_rows=100, fixed=True)
+    offs = [arena.put(space, r, value(r)) for r in range(slots)]
+    arena.release(np.array(offs))
+    return arena, space, offs
+
+
+def test_eviction_farthest_next_use_then_fewest_uses_then_lru():
+    next_use = np.full(100, np.inf)
+    uses = np.zeros(100)
+    next_use[[0, 1, 2, 3, 50, 51, 52]] = [5, 9, 9, 9, 0, 0, 0]
+    uses[[0, 1, 2, 3]] = [0, 3, 1, 1]
+
+    def score(space, rows):
+        return next_use[rows], uses[rows]
+
+    arena, space, _ = _full_arena(score)
+    arena.release(arena.get(space, np.array([2])).offsets)  # row 3 is now the least recent
+    evicted = []
+    for new in (50, 51, 52):
+        arena.release(np.array([arena.put(space, new, value(new))]))
+        present = arena._where[space][:4] >= 0
+        evicted += [r for r in range(4) if not present[r] and r not in evicted]
+    # farthest next use first (9 beats 5); then fewest uses (1 beats 3); then LRU (3, then 2)
+    assert evicted == [3, 2, 1]
+
+
+def test_pinned_slots_are_never_evicted():
+    arena, space, _offs = _full_arena()
+    held = arena.get(space, np.arange(4))
+    with pytest.warns(CacheOvershootWarning, match="every slot was pinned"):
+        assert arena.put(space, 10, value(10)) == -1
+    assert arena.stats().uncached == 1
+    for r in range(4):  # still there, unchanged
+        np.testing.assert_array_equal(arena.view(int(held.offsets[r]), (4, 4, 3)), value(r))
+    arena.release(held.offsets)
+    assert arena.put(space, 10, value(10)) >= 0
+
+
+def test_a_value_larger_than_a_slab_goes_uncached():
+    arena = Arena(64 * 1024, slab_bytes=4096)
+    space = arena.space("s", num_rows=2)
+    with pytest.warns(CacheTooSmallWarning, match="larger than a slab"):
+        assert arena.put(space, 0, np.zeros((100, 100, 3), np.uint8)) == -1
+
+
+def test_variable_sizes_round_up_fixed_sizes_are_exact():
+    arena = Arena(1 << 22)
+    fixed = arena.space("f", num_rows=2, fixed=True)
+    var = arena.space("v", num_rows=2)
+    arena.put(fixed, 0, np.zeros((50, 50, 3), np.uint8))  # 7500 bytes -> 7552 (64-aligned)
+    arena.put(var, 0, np.zeros((50, 50, 3), np.uint8))  # -> 8192 (two classes per octave)
+    assert arena.stats().size_bytes == 7552 + 8192
+
+
+def test_a_class_without_room_takes_an_unpinned_slab_of_another():
+    arena = Arena(2 * 1024, slab_bytes=1024)
+    small = arena.space("small", num_rows=100, fixed=True)
+    big = arena.space("big", num_rows=10, fixed=True)
+    offs = [arena.put(small, r, value(r)) for r in range(32)]  # 16 x 64 B per slab: both slabs
+    arena.release(np.array(offs))
+    assert arena.stats().slabs_used == 2
+    off = arena.put(big, 0, value(0, (16, 16, 3)))  # 768 bytes: needs a slab of its own
+    assert off >= 0
+    s = arena.stats()
+    assert s.evictions == 16
+    assert s.entries == 17
+    np.testing.assert_array_equal(arena.view(off, (16, 16, 3)), value(0, (16, 16, 3)))
+
+
+def test_concurrent_puts_gets_and_releases_stay_consistent():
+    arena = Arena(64 * 64, slab_bytes=64 * 16)
+    space = arena.space("s", num_rows=200, fixed=True)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(400):
+                rows = rng.choice(200, 4, replace=False)
+                found = arena.get(space, rows)
+                held = [int(o) for o in found.offsets if o >= 0]
+                for r, o in zip(rows.tolist(), found.offsets.tolist(), strict=True):
+                    if o < 0:
+                        new = arena.put(space, r, value(r))
+                        if new >= 0:
+                            held.append(new)
+                    else:  # a pinned slot still holds its row's value
+                        assert (arena.view(o, (4, 4, 3)) == r % 251).all()
+                arena.release(np.array(held, np.int64))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+    s = arena.stats()
+    assert s.pinned == 0
+    assert s.size_bytes <= arena.buffer.size
+    assert s.evictions > 0
