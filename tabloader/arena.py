@@ -13,9 +13,9 @@ Layout
              slot slot ..  free         slot slot ..
              (class 150528 B)           (class 49152 B)
 
-* The buffer is ``num_slabs`` slabs of ``slab_bytes`` each (``slab_bytes`` is about 1/64 of the
-  capacity, between 64 KiB and 16 MiB, and at most the capacity). A slab is free, or belongs to one *slot class* and is
-  cut into ``slab_bytes // size`` slots of that class's ``size`` bytes.
+* The buffer is ``num_slabs`` slabs of ``slab_bytes`` each (about 1/64 of the capacity,
+  between 64 KiB and 16 MiB, and at most the capacity). A slab is free, or belongs to one
+  *slot class* and is cut into ``slab_bytes // size`` slots of that class's ``size`` bytes.
 * Fixed-shape values (``image_size`` set) all have one byte size, which is their class: no
   waste. Variable-size values (full-size images) round up to a size class, two per octave
   (at most 1/3 waste); values larger than a slab are handed out uncached (``stats().uncached``).

@@ -41,7 +41,7 @@ from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.fetch import Fetcher, Plan
 from tabloader.prep import DecodeKind, decoder_for
-from tabloader.sampling import SAMPLERS
+from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler, JobState, OnError
 from tabloader.stream import JobStream
 
@@ -130,6 +130,7 @@ class Loader:
                 dataset.num_rows,
                 self._sampler_cls(seed=self._seed),
                 fetcher,
+                gather_sampler=IndependentSampler(seed=self._seed),
                 close_job=lambda job: sched.remove(job),
             )
             fetcher.on_done = sched.landed

@@ -266,7 +266,7 @@ def expected_uses(group) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     for job in group.jobs.values():
         rows = job.q_rows.tolist()
         if job.left:
-            rows += list(group.sampler.remaining(job.name))
+            rows += list(job.sampler.remaining(job.name))
         for _, space in job.plan.prepared:
             np.add.at(uses[space], np.array(rows, dtype=np.intp), 1)
             np.minimum.at(nxt[space], job.q_rows, job.q_rounds)
@@ -471,7 +471,7 @@ def test_stats_per_job_and_overall(images):
 
 
 def test_a_failing_scheduler_surfaces_in_every_consumer(images, monkeypatch):
-    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 8)")
     with Loader(images, cache_bytes=1 << 20) as loader:
 
         def broken(self, jobs, k):
@@ -538,3 +538,20 @@ def test_epochs_count_from_zero_also_after_a_resume(images):
         with loader.open("a", state=state, epochs=2) as rest:
             epoch1 += [i for b in rest for i in b["_id"].tolist()]
     assert sorted(epoch1) == list(range(n))
+
+
+def test_jobs_that_only_gather_sample_independently(images):
+    """Dependent sampling is for sharing decodes; a label-only job reads its own values either
+    way, so it takes the vectorized independent sampler and still sees each row once."""
+    images.sql("REGISTER JOB pix SELECT image FROM imgs WITH (image_size = 8)")
+    images.sql("REGISTER JOB lab SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        pix, lab = loader.open("pix", epochs=1), loader.open("lab", epochs=1)
+        sched = loader._schedulers["imgs"]
+        assert type(pix._job.sampler).__name__ == "DependentSampler"
+        assert type(lab._job.sampler).__name__ == "IndependentSampler"
+        assert sched.sampler.jobs() == ["pix"]
+        assert sched.gather_sampler.jobs() == ["lab"]
+        for stream in (pix, lab):
+            ids = [i for b in stream for i in b["_id"].tolist()]
+            assert sorted(ids) == list(range(images.job("lab").num_rows))

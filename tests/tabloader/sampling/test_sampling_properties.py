@@ -114,5 +114,11 @@ def test_vectorized_one_region_rounds_equal_the_round_by_round_walk(seed):
         for _ in range(5):  # a 40-row region: 30 picks at once collide with the tail
             out += s.sample_many(["c"], 30)["c"].tolist()
         out += s.sample_many(["a"], 6000)["a"].tolist()  # through an epoch restart
+        for name in ("d", "e", "f"):  # staggered joins: nested sets, mostly one root region
+            s.add_job(name, BitMap(range(5000)))
+            out += s.sample_many([name], 37)[name].tolist()
+        for _ in range(20):
+            res = s.sample_many(["a", "d", "e", "f"], 250)
+            out += [v for col in res.values() for v in col.tolist()]
         runs.append(out)
     assert runs[0] == runs[1]
