@@ -152,16 +152,23 @@ def _decode_jpeg(
 ) -> npt.NDArray[np.uint8] | None:
     """Decode a JPEG with libjpeg-turbo (simplejpeg), scaled in the DCT domain; None if it can't.
 
-    simplejpeg picks the smallest of libjpeg-turbo's n/8 scales that keeps both sides at least
-    the target (Pillow's ``draft`` only has 1/2, 1/4, 1/8), decodes with the GIL released, and
-    is deterministic. CMYK and other JPEGs it cannot turn into RGB return None (Pillow then).
+    When the target is at most half the source, simplejpeg picks the smallest of
+    libjpeg-turbo's n/8 scales that keeps both sides at least the target; above half, the
+    full-size decode is faster than a scaled one (measured on 500x375 JPEGs: 0.96 ms full
+    size, 1.10 at 6/8, 1.27 at 7/8, 0.83 at 4/8; only full size has a SIMD IDCT). It decodes
+    with the GIL released and is deterministic. CMYK and other JPEGs it cannot turn into RGB
+    return None (Pillow then).
     """
-    if target is None:
-        kw: dict[str, int] = {}
-    elif isinstance(target, int):
-        kw = {"min_height": target, "min_width": target}
-    else:
-        kw = {"min_height": target[0], "min_width": target[1]}
+    kw: dict[str, int] = {}
+    if target is not None:
+        try:
+            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+        except Exception:  # noqa: BLE001  (Pillow names the problem)
+            return None
+        th, tw = (target, target) if isinstance(target, int) else target
+        need = target / min(h, w) if isinstance(target, int) else max(th / h, tw / w)
+        if need <= 0.5:  # scales above 1/2 decode slower than full size (no SIMD IDCT)
+            kw = {"min_height": math.ceil(h * need), "min_width": math.ceil(w * need)}
     try:
         arr = simplejpeg.decode_jpeg(data, colorspace="RGB", **kw)
     except Exception:
