@@ -163,7 +163,7 @@ def _decode_jpeg(
     if target is not None:
         try:
             h, w = simplejpeg.decode_jpeg_header(data)[:2]
-        except Exception:  # noqa: BLE001  (Pillow names the problem)
+        except Exception:
             return None
         th, tw = (target, target) if isinstance(target, int) else target
         need = target / min(h, w) if isinstance(target, int) else max(th / h, tw / w)
