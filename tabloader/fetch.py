@@ -340,16 +340,19 @@ class Fetcher:
     ) -> list[Work]:
         """Store a group's values and hand them to every batch waiting; the finished ones."""
         done: list[Work] = []
-        with self._lock:
+        with self._lock:  # the waiters so far; more may come while we store (pinned below)
+            known = len(load.waiters)
             pins = np.zeros(load.rows.size, np.int64)
             for _, _, _, idx in load.waiters:
                 pins[idx] += 1
-            offsets = np.full(load.rows.size, -1, np.int64)
-            for i, value in enumerate(values):
-                if value is not None:
-                    offsets[i] = self.arena.put(
-                        load.space, int(load.rows[i]), value, pins=int(pins[i])
-                    )
+        offsets = np.full(load.rows.size, -1, np.int64)
+        for i, value in enumerate(values):  # eviction and copies outside the fetcher's lock
+            if value is not None and pins[i]:
+                offsets[i] = self.arena.put(load.space, int(load.rows[i]), value, pins=int(pins[i]))
+        with self._lock:
+            for _, _, _, idx in load.waiters[known:]:
+                late = offsets[idx]
+                self.arena.pin(late[late >= 0])
             self._loading[load.space][load.rows] = -1
             del self._loads[load.id]
             for work, ci, pos, idx in load.waiters:
@@ -440,8 +443,12 @@ def _binary_values(column: pa.Array) -> Callable[[int], Any]:
     _, offset_buf, data = column.buffers()
     kind = np.int64 if pa.types.is_large_binary(t) else np.int32
     offsets = np.frombuffer(offset_buf, kind)[column.offset : column.offset + len(column) + 1]
-    offsets = offsets.tolist()
-    return lambda r: data.slice(offsets[r], offsets[r + 1] - offsets[r])
+
+    def value(r: int) -> Any:
+        start, end = offsets[r : r + 2].tolist()
+        return data.slice(start, end - start)
+
+    return value
 
 
 def _fixed_width(t: pa.DataType) -> int | None:

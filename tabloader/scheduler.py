@@ -174,6 +174,7 @@ class DatasetScheduler:
         self.gather_sampler = gather_sampler
         self.fetcher = fetcher
         self._close_job = close_job
+        self._mark = np.zeros(num_rows, bool)  # scratch: rows being unqueued
         self.uses: dict[int, npt.NDArray[np.int32]] = {}  # arena space -> row -> future uses
         self.next_round: dict[int, npt.NDArray[np.float64]] = {}  # space -> row -> round
         self.round = 0
@@ -194,6 +195,7 @@ class DatasetScheduler:
                     grown = np.full(num_rows, fill, dtype=old.dtype)
                     grown[: old.size] = old
                     arrays[key] = grown  # type: ignore[assignment]
+            self._mark = np.zeros(num_rows, bool)
             self.num_rows = num_rows
 
     # -- jobs ------------------------------------------------------------------------------------
@@ -252,14 +254,19 @@ class DatasetScheduler:
         """``rows`` left ``job``'s queue: one use less; their next queued use is recomputed."""
         if rows.size == 0:
             return
+        mark = self._mark
+        mark[rows] = True
         for space in self._spaces(job):
             self.uses[space][rows] -= 1
             nxt = self.next_round[space]
             nxt[rows] = np.inf
             for other in self.jobs.values():
-                if space in self._spaces(other) and other.q_rows.size:
-                    hit = np.isin(other.q_rows, rows)
-                    np.minimum.at(nxt, other.q_rows[hit], other.q_rounds[hit])
+                if other.q_rows.size and space in self._spaces(other):
+                    hit = mark[other.q_rows]
+                    if hit.any():  # reversed: of a row queued twice, the earlier round wins
+                        q, r = other.q_rows[hit][::-1], other.q_rounds[hit][::-1]
+                        nxt[q] = np.minimum(nxt[q], r)
+        mark[rows] = False
 
     def score(self, space: int, rows: npt.NDArray[np.int64]) -> tuple[Any, Any]:
         """The arena's eviction inputs: (round of next queued use, future uses) per row."""

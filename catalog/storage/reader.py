@@ -298,9 +298,8 @@ class DatasetReader:
         key = (part << 40) | batch
         order = np.argsort(key, kind="stable")
         sorted_key = key[order]
-        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-        ends = np.r_[starts[1:], sorted_key.size]
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        cuts = (np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1).tolist()
+        for s, e in zip([0, *cuts], [*cuts, sorted_key.size], strict=True):
             first = order[s]
             positions = order[s:e]
             yield (

@@ -163,3 +163,27 @@ def test_concurrent_puts_gets_and_releases_stay_consistent():
     assert s.pinned == 0
     assert s.size_bytes <= arena.buffer.size
     assert s.evictions > 0
+
+
+def test_the_arena_can_live_in_shared_memory():
+    """The next step (the loader service) maps the arena in another process: a slot is an
+    offset and a shape in the buffer, readable from any other mapping of the segment."""
+    from multiprocessing import shared_memory
+
+    seg = shared_memory.SharedMemory(create=True, size=1 << 20)
+    try:
+        arena = Arena(1 << 20, buffer=seg.buf)
+        space = arena.space("imgs/image@4", num_rows=8, fixed=True)
+        off = arena.put(space, 5, value(5))
+        other = shared_memory.SharedMemory(name=seg.name)  # as a client would attach
+        try:
+            seen = np.frombuffer(other.buf, np.uint8, 48, offset=off).reshape(4, 4, 3)
+            np.testing.assert_array_equal(seen, value(5))
+            del seen
+        finally:
+            other.close()
+        arena.release(np.array([off]))
+        del arena
+    finally:
+        seg.close()
+        seg.unlink()
