@@ -18,14 +18,6 @@ from tabloader.engine import Loader
 from tabloader.prep import decode_image
 
 
-@pytest.fixture
-def images(tmp_path, image_folder):
-    cat = catalog.connect(tmp_path / "cat")
-    cat.import_imagefolder("imgs", image_folder)
-    yield cat
-    cat.close()
-
-
 def tabloader_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("tabloader")]
 

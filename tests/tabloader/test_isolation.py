@@ -13,14 +13,6 @@ from tabloader.prep import decode_image
 from tabloader.torch import JobDataset
 
 
-@pytest.fixture
-def images(tmp_path, image_folder):
-    cat = catalog.connect(tmp_path / "cat")
-    cat.import_imagefolder("imgs", image_folder)
-    yield cat
-    cat.close()
-
-
 def source_images(cat, ids, size):
     raw = cat.dataset("imgs").take([int(i) for i in ids], ["image"]).column("image")
     return [decode_image(v.as_buffer(), size=size) for v in raw]
