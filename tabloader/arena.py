@@ -168,7 +168,8 @@ class Arena:
     Args:
         capacity_bytes: the buffer's size (rounded down to whole slabs, at least one).
         score: ``score(space, rows) -> (next_use, uses)`` for eviction; None: LRU.
-        slab_bytes: bytes per slab (default: capacity / 64, clamped to 4 KiB..16 MiB).
+        slab_bytes: bytes per slab (default: capacity / 64, clamped to 64 KiB..16 MiB and
+            at most the capacity).
         buffer: the memory to use (e.g. a shared-memory segment); default a private array.
 
     Raises:
@@ -201,14 +202,12 @@ class Arena:
         )
         self._score = score
         self._lock = threading.Lock()
-        self._slab_class: list[_Class | None] = [None] * self.num_slabs
         self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
         self._classes: dict[int, _Class] = {}
         self._spaces: dict[str, int] = {}
         self._where: list[npt.NDArray[np.int64]] = []  # space -> row -> offset (-1: absent)
         self._fixed: list[bool] = []  # space -> values of one shape
-        self._slab_pos = [0] * self.num_slabs  # slab -> its position in its class's slabs
-        self._slab_pos_arr = np.zeros(self.num_slabs, np.int64)  # the same, for numpy
+        self._slab_pos = np.zeros(self.num_slabs, np.int64)  # slab -> position in its class
         self._slab_cid = np.full(self.num_slabs, -1, np.int64)  # slab -> class id (-1: free)
         self._by_id: list[_Class] = []
         self._tick = 0
@@ -375,16 +374,13 @@ class Arena:
                 raise CacheError("an offset is not a slot of this arena.")
             cls = self._by_id[c]
             sel = np.flatnonzero(cid == c)
-            index = self._slab_pos_arr[slab[sel]] * cls.per_slab + within[sel] // cls.size
+            index = self._slab_pos[slab[sel]] * cls.per_slab + within[sel] // cls.size
             out.append((cls, sel, index))
         return out
 
     def _locate(self, offset: int) -> tuple[_Class, int]:
-        slab, within = divmod(offset, self.slab_bytes)
-        cls = self._slab_class[slab]
-        if cls is None:
-            raise CacheError(f"offset {offset} is not a slot of this arena.")
-        return cls, self._slab_pos[slab] * cls.per_slab + within // cls.size
+        ((cls, _, index),) = self._locate_many(np.array([offset], np.int64))
+        return cls, int(index[0])
 
     def _offset(self, cls: _Class, index: int) -> int:
         pos, k = divmod(index, cls.per_slab)
@@ -410,8 +406,7 @@ class Arena:
         return cls.free.pop()
 
     def _give_slab(self, cls: _Class, slab: int) -> None:
-        self._slab_class[slab] = cls
-        self._slab_pos[slab] = self._slab_pos_arr[slab] = cls.add_slab(slab)
+        self._slab_pos[slab] = cls.add_slab(slab)
         self._slab_cid[slab] = cls.id
 
     def _evict(self, cls: _Class, index: int) -> None:
@@ -453,9 +448,10 @@ class Arena:
         Of those, the one whose values have the fewest future uses (ties: the biggest class).
         """
         best, best_key = -1, (math.inf, 0)
-        for slab, owner in enumerate(self._slab_class):
-            if owner is None or owner is cls:
+        for slab, cid in enumerate(self._slab_cid.tolist()):
+            if cid < 0 or cid == cls.id:
                 continue
+            owner = self._by_id[cid]
             idx = self._slab_slots(owner, slab)
             if owner.pins[idx].any():
                 continue
@@ -470,20 +466,18 @@ class Arena:
                 best, best_key = slab, key
         if best < 0:
             return -1
-        owner = self._slab_class[best]
-        assert owner is not None
+        owner = self._by_id[int(self._slab_cid[best])]
         idx = self._slab_slots(owner, best)
         for i in idx[owner.space[idx] >= 0].tolist():
             self._evict(owner, i)
         gone = set(idx.tolist())
         owner.free = [i for i in owner.free if i not in gone]
-        owner.slabs[self._slab_pos[best]] = -1
-        self._slab_class[best] = None
+        owner.slabs[int(self._slab_pos[best])] = -1
         self._slab_cid[best] = -1
         return best
 
     def _slab_slots(self, cls: _Class, slab: int) -> npt.NDArray[np.intp]:
-        first = self._slab_pos[slab] * cls.per_slab
+        first = int(self._slab_pos[slab]) * cls.per_slab
         return np.arange(first, first + cls.per_slab)
 
     # -- stats --------------------------------------------------------------------------------
