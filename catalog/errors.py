@@ -27,7 +27,9 @@ Every message names the bad value and the fix.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "AlreadyExistsError",
@@ -155,6 +157,9 @@ class RowReadError(LoaderError):
         super().__init__(message)
         self.row_id = row_id
         self.column = column
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: pickled across processes
+        return (functools.partial(type(self), row_id=self.row_id, column=self.column), self.args)
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -300,60 +300,114 @@ class Arena:
         """
         if value.dtype != np.uint8 or not 1 <= value.ndim <= 3:
             raise CacheError(f"the arena stores uint8 arrays of 1-3 dims, got {value.dtype}.")
-        nbytes = value.nbytes
+        rows = np.array([row], np.int64)
+        offsets, fresh = self.reserve(space, rows, value.shape, pins=pins)
+        offset = int(offsets[0])
+        if offset < 0 or not fresh[0]:
+            return offset
+        # Outside the lock: the slot is reserved (pinned, and no ``get`` finds it yet).
+        self.buffer[offset : offset + value.nbytes] = value.reshape(-1)
+        return int(self.publish(space, rows, offsets)[0])
+
+    def reserve(
+        self, space: int, rows: npt.NDArray[np.int64], shape: tuple[int, ...], *, pins: int = 1
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Slots for ``rows`` of ``space`` (values of ``shape``), each with ``pins`` pins.
+
+        Returns ``(offsets, fresh)``: a fresh slot is the caller's to fill (``view`` of it,
+        writable through ``buffer``) and then to :meth:`publish` (or :meth:`discard`); until
+        then ``get`` does not find it. A row stored already is pinned and not fresh. -1: no
+        room (the value is larger than a slab, or every slot it could take is pinned).
+        """
+        nbytes = math.prod(shape)
+        offsets = np.full(rows.size, -1, np.int64)
+        fresh = np.zeros(rows.size, bool)
         warning: Warning | None = None
         with self._lock:
             size = _size_class(nbytes, exact=self._fixed[space])
             where = self._where[space]
-            existing = int(where[row])
-            if existing >= 0:
-                cls, index = self._locate(existing)
-                cls.pins[index] += pins
-                return existing
-            offset = -1
-            if size > self.slab_bytes:
-                self._uncached += 1
-                if not self._warned_big:
-                    self._warned_big = True
-                    warning = CacheTooSmallWarning(
-                        f"Arena: a value of {nbytes} bytes is larger than a slab "
-                        f"({self.slab_bytes} bytes, 1/64 of the cache); such values are never "
-                        "cached, so no other job can share them. Raise cache_bytes."
-                    )
-            else:
-                cls = self._classes.get(size)
-                if cls is None:
-                    cls = self._classes[size] = _Class(
-                        len(self._by_id), size, self.slab_bytes // size
-                    )
-                    self._by_id.append(cls)
-                index = self._slot(cls)
+            cls = self._classes.get(size)
+            if cls is None and size <= self.slab_bytes:
+                cls = self._classes[size] = _Class(len(self._by_id), size, self.slab_bytes // size)
+                self._by_id.append(cls)
+            for k, row in enumerate(rows.tolist()):
+                existing = int(where[row])
+                if existing >= 0:
+                    c, index = self._locate(existing)
+                    c.pins[index] += pins
+                    offsets[k] = existing
+                    continue
+                index = -1 if cls is None else self._slot(cls)
                 if index < 0:
                     self._uncached += 1
-                    if not self._warned_pinned:
-                        self._warned_pinned = True
-                        warning = CacheOvershootWarning(
-                            "Arena: every slot was pinned, so a value went out uncached; the "
-                            "cache is too small for the rows being prepared at once. Raise "
-                            "cache_bytes or lower prefetch."
-                        )
-                else:
-                    offset = self._offset(cls, index)
-                    self._puts += 1
-                    self._tick += 1
-                    cls.space[index], cls.row[index] = space, row
-                    cls.ndim[index] = value.ndim
-                    cls.shape[index, : value.ndim] = value.shape
-                    cls.pins[index] = pins
-                    cls.tick[index] = self._tick
-                    where[row] = offset
+                    warning = warning or self._uncached_warning(nbytes, cls is None)
+                    continue
+                assert cls is not None
+                self._tick += 1
+                cls.space[index], cls.row[index] = space, row
+                cls.ndim[index] = len(shape)
+                cls.shape[index] = 0
+                cls.shape[index, : len(shape)] = shape
+                cls.pins[index] = pins
+                cls.tick[index] = self._tick
+                offsets[k] = self._offset(cls, index)
+                fresh[k] = True
         if warning is not None:  # outside the lock: a warning filter may run any code
-            warnings.warn(warning, stacklevel=2)
-        if offset < 0:
-            return -1
-        # Outside the lock: the slot is pinned, so nobody evicts it; readers wait for our pin.
-        self.buffer[offset : offset + nbytes] = value.reshape(-1)
-        return offset
+            warnings.warn(warning, stacklevel=3)
+        return offsets, fresh
+
+    def publish(
+        self, space: int, rows: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """Make filled fresh slots of ``reserve`` visible to ``get``; the offsets now holding
+        the rows (another one where a racing load published the row first: ours is freed and
+        its pins move there).
+        """
+        out = offsets.copy()
+        with self._lock:
+            where = self._where[space]
+            for cls, sel, index in self._locate_many(offsets):
+                for k, i in zip(sel.tolist(), index.tolist(), strict=True):
+                    row = int(rows[k])
+                    existing = int(where[row])
+                    if existing < 0:
+                        where[row] = offsets[k]
+                        self._puts += 1
+                        continue
+                    c, j = self._locate(existing)
+                    c.pins[j] += cls.pins[i]
+                    self._free_slot(cls, i)
+                    out[k] = existing
+        return out
+
+    def discard(self, offsets: npt.NDArray[np.int64]) -> None:
+        """Free fresh slots of ``reserve`` that were not filled (a failed decode)."""
+        with self._lock:
+            for cls, _, index in self._locate_many(offsets):
+                for i in index.tolist():
+                    self._free_slot(cls, i)
+
+    def _free_slot(self, cls: _Class, index: int) -> None:
+        cls.space[index] = cls.row[index] = -1
+        cls.pins[index] = 0
+        cls.free.append(index)
+
+    def _uncached_warning(self, nbytes: int, too_big: bool) -> Warning | None:
+        if too_big and not self._warned_big:
+            self._warned_big = True
+            return CacheTooSmallWarning(
+                f"Arena: a value of {nbytes} bytes is larger than a slab "
+                f"({self.slab_bytes} bytes, 1/64 of the cache); such values are never "
+                "cached, so no other job can share them. Raise cache_bytes."
+            )
+        if not too_big and not self._warned_pinned:
+            self._warned_pinned = True
+            return CacheOvershootWarning(
+                "Arena: every slot was pinned, so a value went out uncached; the "
+                "cache is too small for the rows being prepared at once. Raise "
+                "cache_bytes or lower prefetch."
+            )
+        return None
 
     # -- bookkeeping (lock held) ---------------------------------------------------------------
     def _locate_many(

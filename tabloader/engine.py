@@ -36,13 +36,15 @@ from pyroaring import BitMap
 
 from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
-from catalog.errors import LoaderError
+from catalog.errors import CacheError, LoaderError
 from catalog.storage import DatasetReader
 from tabloader.arena import Arena
-from tabloader.fetch import Fetcher, Plan
+from tabloader.decoding import DecodePool
+from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
 from tabloader.prep import DecodeKind, decoder_for
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler, JobState, OnError
+from tabloader.service.shm import Segment, remove_stale, shm_available
 from tabloader.stream import JobStream
 
 if TYPE_CHECKING:
@@ -65,6 +67,10 @@ class Loader:
         workers: reader/decoder threads (default: the number of CPUs, at least 2).
         sampler: ``"dependent"`` (shared order) or ``"independent"`` (the baseline).
         seed: seed of the samplers (same seed, same calls: same order).
+        decode: where fixed-size images (``image_size`` set) are decoded: ``"processes"``
+            (default: ``workers`` decode processes writing into the arena, which then lives in
+            shared memory; see :mod:`tabloader.decoding`) or ``"threads"`` (the pool's
+            threads; also what is used where shared memory is not available).
 
     Example:
         >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
@@ -80,14 +86,16 @@ class Loader:
         workers: int | None = None,
         sampler: str = "dependent",
         seed: int | None = 0,
+        decode: str = "processes",
     ) -> None:
+        if decode not in ("processes", "threads"):
+            raise LoaderError(f"decode={decode!r}: use 'processes' or 'threads'.")
         if sampler not in SAMPLERS:
             raise LoaderError(
                 f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
             )
         self._sampler_cls = SAMPLERS[sampler]
         self._seed = seed
-        self._arena = Arena(cache_bytes, score=self._score)
         self._owns_catalog = not isinstance(catalog, Catalog)
         self.catalog = (
             catalog
@@ -95,6 +103,28 @@ class Loader:
             else connect(Path(catalog) if catalog is not None else None)
         )
         self.workers = workers or max(2, os.cpu_count() or 2)
+        self._pid = os.getpid()
+        self._segment: Segment | None = None
+        self._procs: DecodePool | None = None
+        try:
+            if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
+                remove_stale()
+                try:
+                    self._segment = Segment.new("arena", max(cache_bytes, 1))
+                except CacheError as exc:  # /dev/shm too small: private memory, threads
+                    logger.warning("%s Decoding in threads instead.", exc)
+                else:
+                    self._procs = DecodePool(self._segment.name, self._segment.size, self.workers)
+            self._arena = Arena(
+                cache_bytes,
+                score=self._score,
+                buffer=None if self._segment is None else self._segment.buf,
+            )
+        except BaseException:
+            self._release_memory()
+            if self._owns_catalog:
+                self.catalog.close()
+            raise
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tabloader-io")
         self._schedulers: dict[str, DatasetScheduler] = {}
         self._versions: dict[str, int] = {}
@@ -124,6 +154,7 @@ class Loader:
                 self._pool,
                 on_done=lambda w: None,
                 workers=self.workers,
+                procs=self._procs,
             )
             sched = DatasetScheduler(
                 dataset.name,
@@ -146,7 +177,7 @@ class Loader:
         job: str | Job,
         *,
         batch_size: int | None = None,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         lookahead: int | None = None,
         image_size: int | tuple[int, int] | None = None,
         on_error: str | OnError = OnError.RAISE,
@@ -158,7 +189,8 @@ class Loader:
         Args:
             job: the job name (or ``Job``).
             batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
-            prefetch: batches prepared ahead of consumption.
+            prefetch: batches prepared ahead of consumption (default: enough to keep every
+                worker busy, at least 2).
             lookahead: rows sampled ahead (default 4 batches); more lets jobs at different
                 moments share rounds, at the cost of a longer queue of ids.
             image_size: shared deterministic resize of image columns (default: the job's
@@ -176,6 +208,8 @@ class Loader:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
             batch_size = int(options.get("batch_size", 32) if batch_size is None else batch_size)
+            if prefetch is None:  # two decode tasks per worker in flight
+                prefetch = max(2, -(-2 * self.workers * MIN_PROCESS_ROWS // max(batch_size, 1)))
             if batch_size < 1 or prefetch < 1:
                 raise LoaderError(
                     f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
@@ -256,13 +290,23 @@ class Loader:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:  # a forked child: the threads, processes and memory
+            return  # are the parent's
         for sched in self._schedulers.values():
             for job in list(sched.jobs.values()):
                 sched.remove(job)
             sched.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._release_memory()
         if self._owns_catalog:
             self.catalog.close()
+
+    def _release_memory(self) -> None:
+        if self._procs is not None:
+            self._procs.close()
+        if self._segment is not None:
+            self._segment.unlink()
+            self._segment.close()
 
     def __enter__(self) -> Loader:
         return self

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,10 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from catalog.bitmaps import ID_COLUMN
+from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
 from tabloader.arena import Arena
+from tabloader.decoding import DecodePool, decode_rows
 from tabloader.prep import DecodeKind, Decoder, batch_column
 
 __all__ = ["Counters", "Fetcher", "Plan", "Work"]
@@ -47,6 +49,7 @@ __all__ = ["Counters", "Fetcher", "Plan", "Work"]
 logger = logging.getLogger(__name__)
 
 MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
+MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip through a pipe)
 FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once
 
 
@@ -148,6 +151,7 @@ class Fetcher:
         arena: where prepared values live, shared by every dataset of the loader.
         pool: the loader's thread pool.
         workers: its threads (a batch's decodes are split into about that many tasks).
+        procs: decode processes for fixed-shape images (None: decode in the pool's threads).
         on_done: called with each finished ``Work`` (its ``result`` or error set).
     """
 
@@ -160,7 +164,9 @@ class Fetcher:
         on_done: Callable[[Work], None],
         *,
         workers: int,
+        procs: DecodePool | None = None,
     ) -> None:
+        self.procs = procs
         self.reader = reader
         self.workers = workers
         self.table = table
@@ -185,8 +191,17 @@ class Fetcher:
                 self._loading[space] = grown
 
     def submit(self, work: Work) -> None:
-        """Prepare ``work`` on the pool; ``on_done(work)`` follows."""
-        self.pool.submit(self._start, work)
+        """Prepare ``work``; ``on_done(work)`` follows.
+
+        A batch of cheap columns that are all read whole already (a numpy take each, a few
+        microseconds) is prepared right here: handing it to a pool thread would cost more,
+        and with many threads the handoffs contend for the GIL.
+        """
+        plan = work.plan
+        if not plan.prepared and all(self._flat.get(d.column) is not None for d in plan.gathered):
+            self._start(work)
+        else:
+            self.pool.submit(self._start, work)
 
     # -- step 1 and 2: gather, look up, claim ------------------------------------------------
     def _start(self, work: Work) -> None:
@@ -200,7 +215,7 @@ class Fetcher:
         except BaseException as exc:  # the batch fails, its job raises; nothing hangs
             work.error = exc
         for load in loads:
-            self.pool.submit(self._run_load, load)
+            self._dispatch(load)
         with self._lock:
             work.waiting -= 1
             ready = work.waiting == 0
@@ -235,7 +250,8 @@ class Fetcher:
                 work.shapes[ci][rest[hit]] = again.shapes[hit]
                 claim = rest[~hit]
                 claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
-                step = max(MIN_DECODE_ROWS, -(-claim.size // self.workers))
+                least = MIN_PROCESS_ROWS if self.procs and dec.image_size else MIN_DECODE_ROWS
+                step = max(least, -(-claim.size // self.workers))
                 for start in range(0, claim.size, step):
                     pos = claim[start : start + step]
                     load = _Load(self._next_load, space, dec, rows[pos])
@@ -291,84 +307,114 @@ class Fetcher:
         return out if isinstance(out, np.ndarray) else None
 
     # -- decoding (one task per group of rows) ------------------------------------------------
-    def _run_load(self, load: _Load) -> None:
-        dec, rows = load.decoder, load.rows
-        values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
-        errors: dict[int, BaseException] = {}
-        read_s = decode_s = 0.0
-        reads = nbytes = 0
-        mark = time.perf_counter()
-        try:
-            for positions, rb, in_batch in self.reader.groups(rows, (dec.column,)):
-                column = rb.column(0)
-                if pa.types.is_struct(column.type):  # Hugging Face image {bytes, path}
-                    column = column.field("bytes")
-                now = time.perf_counter()
-                read_s, mark = read_s + now - mark, now
-                values_of = _binary_values(column)
-                for i, r in zip(positions.tolist(), in_batch.tolist(), strict=True):
-                    value = values_of(r)
-                    if value is not None:
-                        reads += 1
-                        nbytes += len(value)
-                    try:
-                        values[i] = dec(value, row_id=int(rows[i]))[0]
-                    except Exception as exc:
-                        errors[i] = exc
-                now = time.perf_counter()
-                decode_s, mark = decode_s + now - mark, now
-        except Exception as exc:  # a failed read: the rows not decoded yet fail with it
-            for i in range(rows.size):
-                if values[i] is None and i not in errors:
-                    errors[i] = exc
-        self.counters.add(
-            read_s=read_s,
-            decode_s=decode_s,
-            reads=reads,
-            bytes_read=nbytes,
-            decodes=sum(v is not None for v in values),
+    def _dispatch(self, load: _Load) -> None:
+        size = load.decoder.image_size
+        if self.procs is None or size is None:
+            self.pool.submit(self._run_load, load)
+            return
+        shape = (size, size, 3) if isinstance(size, int) else (*size, 3)
+        offsets, fresh = self.arena.reserve(load.space, load.rows, shape)
+        todo = np.flatnonzero(fresh)
+        if todo.size == 0:
+            self.pool.submit(self._landed_elsewhere, load, offsets, todo, None)
+            return
+        future = self.procs.submit(self.reader, load.decoder, load.rows[todo], offsets[todo])
+        future.add_done_callback(
+            lambda f: self._submit_or_run(self._landed_elsewhere, load, offsets, todo, f)
         )
-        done = self._land(load, values, errors)
-        for work in done:
-            self._finish(work)
+
+    def _submit_or_run(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self.pool.submit(fn, *args)
+        except RuntimeError:  # the loader is closing: land here (the pins are released)
+            fn(*args)
+
+    def _run_load(self, load: _Load) -> None:
+        """Decode ``load`` in this thread and store the values in the arena."""
+        values, errors, counters = decode_rows(self.reader, load.decoder, load.rows)
+        self.counters.add(**counters)
+        offsets = np.full(load.rows.size, -1, np.int64)
+        shapes = np.zeros((load.rows.size, 3), np.int32)
+        for i, value in enumerate(values):  # eviction and copies outside the fetcher's lock
+            if value is not None:
+                offsets[i] = self.arena.put(load.space, int(load.rows[i]), value)
+                shapes[i, : value.ndim] = value.shape
+        self._land(load, offsets, shapes, values, errors)
+
+    def _landed_elsewhere(
+        self,
+        load: _Load,
+        offsets: npt.NDArray[np.int64],
+        todo: npt.NDArray[np.intp],
+        future: Future[Any] | None,
+    ) -> None:
+        """A decode process filled the reserved slots ``offsets[todo]`` (or failed)."""
+        errors: dict[int, BaseException] = {}
+        if future is not None:
+            try:
+                failed, counters = future.result()
+                self.counters.add(**counters)
+            except BaseException as exc:  # the process died, or the loader is closing
+                reason = LoaderError(
+                    f"A decode process failed ({exc!r}); the rows are decoded again when "
+                    "asked for next time."
+                )
+                failed = dict.fromkeys(range(todo.size), reason)
+            errors = {int(todo[i]): e for i, e in failed.items()}
+            bad = np.fromiter(errors, np.intp, len(errors))
+            if bad.size:
+                self.arena.discard(offsets[bad])
+                offsets[bad] = -1
+            good = np.setdiff1d(todo, bad)
+            offsets[good] = self.arena.publish(load.space, load.rows[good], offsets[good])
+        size = load.decoder.image_size
+        shapes = np.zeros((load.rows.size, 3), np.int32)
+        shapes[:] = (size, size, 3) if isinstance(size, int) else (*size, 3)
+        values: list[npt.NDArray[np.uint8] | None] = [None] * load.rows.size
+        local = np.array([i for i in np.flatnonzero(offsets < 0).tolist() if i not in errors])
+        if local.size:  # no room in the arena: decoded here, handed out uncached
+            decoded, errs, counters = decode_rows(self.reader, load.decoder, load.rows[local])
+            self.counters.add(**counters)
+            for k, i in enumerate(local.tolist()):
+                values[i] = decoded[k]
+                if k in errs:
+                    errors[i] = errs[k]
+        self._land(load, offsets, shapes, values, errors)
 
     def _land(
         self,
         load: _Load,
+        offsets: npt.NDArray[np.int64],
+        shapes: npt.NDArray[np.int32],
         values: list[npt.NDArray[np.uint8] | None],
         errors: dict[int, BaseException],
-    ) -> list[Work]:
-        """Store a group's values and hand them to every batch waiting; the finished ones."""
+    ) -> None:
+        """Hand a group's values to every batch waiting for them, then finish those done.
+
+        ``offsets`` hold one pin each (ours): each waiter gets its own, then ours go.
+        """
         done: list[Work] = []
-        with self._lock:  # the waiters so far; more may come while we store (pinned below)
-            known = len(load.waiters)
-            pins = np.zeros(load.rows.size, np.int64)
-            for _, _, _, idx in load.waiters:
-                pins[idx] += 1
-        offsets = np.full(load.rows.size, -1, np.int64)
-        for i, value in enumerate(values):  # eviction and copies outside the fetcher's lock
-            if value is not None and pins[i]:
-                offsets[i] = self.arena.put(load.space, int(load.rows[i]), value, pins=int(pins[i]))
+        held = offsets >= 0
         with self._lock:
-            for _, _, _, idx in load.waiters[known:]:
-                late = offsets[idx]
-                self.arena.pin(late[late >= 0])
+            for _, _, _, idx in load.waiters:
+                mine = offsets[idx]
+                self.arena.pin(mine[mine >= 0])
+            self.arena.release(offsets[held])
             self._loading[load.space][load.rows] = -1
             del self._loads[load.id]
             for work, ci, pos, idx in load.waiters:
                 work.offsets[ci][pos] = offsets[idx]
+                work.shapes[ci][pos] = shapes[idx]
                 for p, i in zip(pos.tolist(), idx.tolist(), strict=True):
-                    value = values[i]
-                    if value is not None:
-                        work.shapes[ci][p, : value.ndim] = value.shape
-                        if offsets[i] < 0:
-                            work.private[(ci, p)] = value
-                    else:
+                    if i in errors:
                         work.errors[p] = errors[i]
+                    elif not held[i]:
+                        work.private[(ci, p)] = values[i]
                 work.waiting -= 1
                 if work.waiting == 0:
                     done.append(work)
-        return done
+        for work in done:
+            self._finish(work)
 
     # -- step 3: collate -------------------------------------------------------------------------
     def _finish(self, work: Work) -> None:
@@ -429,26 +475,6 @@ class Fetcher:
             else:
                 out.append(src.copy())
         return out
-
-
-def _binary_values(column: pa.Array) -> Callable[[int], Any]:
-    """``row -> its bytes`` (a zero-copy ``pa.Buffer``, None if null) of a binary column.
-
-    Slicing the data buffer at the offsets skips a ``pa.Scalar`` per value (the GIL is the
-    engine's bottleneck on images: every microsecond held per row is one no thread overlaps).
-    """
-    t = column.type
-    if column.null_count or not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-        return lambda r: column[r].as_buffer() if column[r].is_valid else None
-    _, offset_buf, data = column.buffers()
-    kind = np.int64 if pa.types.is_large_binary(t) else np.int32
-    offsets = np.frombuffer(offset_buf, kind)[column.offset : column.offset + len(column) + 1]
-
-    def value(r: int) -> Any:
-        start, end = offsets[r : r + 2].tolist()
-        return data.slice(start, end - start)
-
-    return value
 
 
 def _fixed_width(t: pa.DataType) -> int | None:

@@ -59,7 +59,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         seed: seed of this job's generator (its augmentations); default the job's ``seed``
             option, else a hash of the job name (so two jobs never draw the same sequence).
         image_size: shared deterministic resize (default: the job's ``image_size`` option).
-        prefetch: batches loaded ahead.
+        prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
     """
 
@@ -73,7 +73,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         transform: Transform | None = None,
         seed: int | None = None,
         image_size: int | tuple[int, int] | None = None,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         on_error: str = "raise",
     ) -> None:
         super().__init__()

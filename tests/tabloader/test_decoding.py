@@ -1,0 +1,148 @@
+"""Decode processes: the same pixels as threads, into shared memory, and failures contained."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
+import pytest
+
+import catalog
+from catalog.errors import CacheError, LoaderError, RowReadError
+from tabloader.datagen import corrupt_image
+from tabloader.engine import Loader
+from tabloader.prep import decode_image
+from tabloader.service.shm import SHM_DIR, Segment, remove_stale, shm_available
+
+pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
+
+
+def epoch(loader, job, **kw):
+    with loader.open(job, epochs=1, **kw) as stream:
+        return {int(i): img for b in stream for i, img in zip(b["_id"], b["image"], strict=True)}
+
+
+def test_processes_decode_the_same_pixels_as_threads_into_shared_memory(images):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
+        assert loader._segment is None
+        threads = epoch(loader, "j", batch_size=8)
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        segment = loader._segment
+        assert segment is not None
+        assert segment.path.exists()
+        procs = epoch(loader, "j", batch_size=8)
+        assert loader.stats()["decodes"] == len(procs)  # counted from the processes
+        pids = {p.pid for p in loader._procs._pool._processes.values()}
+        assert pids
+        assert os.getpid() not in pids
+    assert not segment.path.exists()  # removed at close
+    assert threads.keys() == procs.keys() == set(images.job("j").ids)
+    raw = images.dataset("imgs").take(sorted(procs), ["image"]).column("image")
+    for row, value in zip(sorted(procs), raw, strict=True):
+        expected = decode_image(value.as_buffer(), size=16)
+        assert np.array_equal(procs[row], expected)
+        assert np.array_equal(threads[row], expected)
+
+
+def test_a_killed_decode_process_is_replaced(images):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB k SELECT image FROM imgs WITH (image_size = 12)")
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        assert len(epoch(loader, "j", batch_size=8)) == images.job("j").num_rows
+        pool = loader._procs._pool
+        for pid in list(pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(500):  # the executor notices its dead processes (bounded wait)
+            if pool._broken:
+                break
+            threading.Event().wait(0.01)
+        assert pool._broken
+        assert len(epoch(loader, "k", batch_size=8)) == images.job("k").num_rows
+        assert loader._procs._pool is not pool
+        assert loader._arena.stats().pinned == 0
+
+
+def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkeypatch):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        real = loader._procs.submit
+
+        def dies(*args):
+            future = Future()
+            future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            monkeypatch.setattr(loader._procs, "submit", real)  # once
+            return future
+
+        monkeypatch.setattr(loader._procs, "submit", dies)
+        with pytest.raises(LoaderError, match="A decode process failed .*terminated abruptly"):
+            epoch(loader, "j", batch_size=4)
+        assert len(epoch(loader, "j", batch_size=4)) == images.job("j").num_rows  # retried
+        stats = loader._arena.stats()
+        assert stats.pinned == 0
+        assert stats.entries == images.job("j").num_rows
+
+
+def test_a_corrupt_image_is_a_row_error_from_a_decode_process(tmp_path, image_folder):
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(image_folder, folder)
+    victim = sorted(folder.rglob("*.jpg"))[0]
+    corrupt_image(victim)
+    with catalog.connect(tmp_path / "cat") as cat:
+        ds = cat.import_imagefolder("imgs", folder)
+        paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
+        bad = paths.index(victim.relative_to(folder).as_posix())
+        cat.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+        with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
+            stream = loader.open("j", batch_size=ds.num_rows, epochs=1)
+            with pytest.raises(RowReadError, match=f"row {bad}") as info:
+                stream.next_batch()
+            assert info.value.row_id == bad
+            assert info.value.column == "image"
+            stream.close()
+            assert loader._arena.stats().pinned == 0
+
+
+def test_segments_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    mine = Segment.new("test", 4096)
+    dead = Segment(f"tabloader-{2**22 + 12345}-test-0123abcd", 4096, create=True)
+    try:
+        assert dead.name in remove_stale()
+        assert not (SHM_DIR / dead.name).exists()
+        assert mine.path.exists()
+    finally:
+        for seg in (mine, dead):
+            seg.unlink()
+            seg.close()
+
+
+def test_a_memory_filesystem_too_small_is_a_clear_error():
+    free = os.statvfs(SHM_DIR)
+    too_big = free.f_bavail * free.f_frsize + (1 << 40)
+    with pytest.raises(CacheError, match="Cannot allocate .* shared memory .* lower the cache"):
+        Segment.new("test", too_big)
+    assert not any(SHM_DIR.glob(f"tabloader-{os.getpid()}-test-*"))
+
+
+def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monkeypatch, caplog):
+    def full(tag, size):
+        raise CacheError(f"Cannot allocate {size} bytes of shared memory in /dev/shm")
+
+    monkeypatch.setattr(Segment, "new", full)
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=8 << 20) as loader:
+        assert loader._segment is None
+        assert loader._procs is None
+        assert len(epoch(loader, "j", batch_size=8)) == images.job("j").num_rows
+    assert "Decoding in threads instead" in caplog.text
+
+
+def test_bad_decode_option_is_refused(images):
+    with pytest.raises(LoaderError, match="decode='gpu': use 'processes' or 'threads'"):
+        Loader(images, decode="gpu")
