@@ -20,6 +20,7 @@
       CacheError
       LoaderError                 a job's batch could not be produced
         RowReadError              .row_id - one row failed to read or decode
+      ServiceError                the loader service is unreachable, refused us, or broke protocol
 
 Every message names the bad value and the fix.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "RowIdError",
     "RowReadError",
     "SamplingError",
+    "ServiceError",
     "StatementError",
     "StorageError",
     "TabloaderError",
@@ -155,6 +157,10 @@ class RowReadError(LoaderError):
         super().__init__(message)
         self.row_id = row_id
         self.column = column
+
+
+class ServiceError(TabloaderError):
+    """The loader service cannot be reached, refused the connection, or broke the protocol."""
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
