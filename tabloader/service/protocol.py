@@ -17,8 +17,10 @@ handler's dict plus ``"v"``, or ``{"v": 1, "error": {"type": "JobNotFoundError",
 
 Faults: a failed handshake, a truncated or oversized frame, a message that is not a JSON object
 or has another version closes that connection with a log line, and nothing else. Each connection
-has its own thread and the handshake a timeout, so a silent client blocks nobody. A client sees a
-dead service as EOF or a reset, at once, and raises ``ServiceError``.
+has its own thread and the handshake a timeout, so a silent client blocks nobody. A watcher
+thread polls the connections whose ``handle()`` runs (it may wait for a batch), so a client that
+hangs up or is killed mid-request has its handler closed at once. A client sees a dead service
+as EOF or a reset, at once, and raises ``ServiceError``.
 
 One service per catalog: the service holds ``flock`` on ``runtime_dir/lock`` while it lives (the
 kernel drops it when the process dies), so a socket file with no lock holder is stale and two
@@ -38,6 +40,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import socket
 import stat
 import struct
@@ -127,8 +130,8 @@ class Handler(Protocol):
     def close(self) -> None:
         """The connection is gone (EOF, error, client killed, Listener closed); runs once.
 
-        On ``Listener.close()`` it runs in the closing thread, possibly while ``handle()`` still
-        runs: it must make a ``handle()`` that waits return.
+        When the Listener closes, or the client hangs up while ``handle()`` runs, it runs in
+        another thread while ``handle()`` may still wait: it must make that ``handle()`` return.
         """
 
 
@@ -151,9 +154,13 @@ class Listener:
         self._conns: set[_Conn] = set()
         self._ids = itertools.count(1)
         self._closed = False
-        self._lock_fd = _lock_service(directory / "lock", self._root)
+        self._busy: dict[int, _Conn] = {}  # fd -> connection whose handler is running
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock_fd = -1
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        threading.Thread(target=self._watch, name="tabloader-service-watch", daemon=True).start()
         try:
+            self._lock_fd = _lock_service(directory / "lock", self._root)
             self._key = _write_key(self._key_path)
             if self._sock_path.exists() or self._sock_path.is_symlink():
                 logger.info("removing the stale socket %s (its service is gone)", self._sock_path)
@@ -201,11 +208,14 @@ class Listener:
                 return
             self._closed = True
             conns = list(self._conns)
+            os.write(self._wake_w, b"\0")  # the watcher closes the pipe, after this
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes serve_forever's accept()
         self._sock.close()
         for conn in conns:
             conn.shutdown()
+        if self._lock_fd < 0:  # refused: the files are another service's
+            return
         for path in (self._sock_path, self._key_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -256,6 +266,7 @@ class Listener:
                 with contextlib.suppress(OSError):
                     _send(conn.sock, _encode(_error_reply(exc)))
             return False
+        self._set_busy(conn, True)
         try:
             reply = _encode({**conn.handler.handle(msg), "v": PROTOCOL_VERSION})
         except TabloaderError as exc:
@@ -264,6 +275,8 @@ class Listener:
             logger.exception("session %d: the handler failed on op %r", conn.id, msg.get("op"))
             error = ServiceError(f"{type(exc).__name__}: {exc} (the service logged the traceback)")
             reply = _encode(_error_reply(error))
+        finally:
+            self._set_busy(conn, False)
         try:
             _send(conn.sock, reply)
         except OSError as exc:
@@ -272,12 +285,45 @@ class Listener:
             return False
         return True
 
+    def _set_busy(self, conn: _Conn, busy: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if busy:
+                self._busy[conn.fd] = conn
+            elif self._busy.get(conn.fd) is conn:
+                del self._busy[conn.fd]
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                os.write(self._wake_w, b"\0")
+
+    def _watch(self) -> None:
+        """Close a connection whose client hangs up while its handler runs (handle() may wait)."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    os.close(self._wake_r)
+                    os.close(self._wake_w)
+                    return
+                busy = dict(self._busy)
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            for fd in busy:
+                poller.register(fd, select.POLLRDHUP)  # not POLLIN: a request may wait unread
+            for fd, events in poller.poll():
+                if fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                elif events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+                    self._set_busy(busy[fd], False)
+                    logger.info("session %d: the client hung up during a request", busy[fd].id)
+                    busy[fd].shutdown()
+
 
 class _Conn:
     """A server-side connection: its socket, its handler, and closing it once from any thread."""
 
     def __init__(self, id: int, sock: socket.socket) -> None:
-        self.id, self.sock = id, sock
+        self.id, self.sock, self.fd = id, sock, sock.fileno()
         self.handler: Handler | None = None
         self.closed = False
         self._lock = threading.Lock()

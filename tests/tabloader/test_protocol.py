@@ -366,12 +366,13 @@ def test_unknown_remote_error_and_handler_crash_are_service_errors(service, capl
     assert record.exc_info[0] is RuntimeError
 
 
+def pythonpath() -> str:
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
 def run_and_kill_itself(code: str, root: Path) -> int:
     """Run ``code`` in a new interpreter that then kills itself with SIGKILL; return its pid."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     code += "print('done', flush=True)\nos.kill(os.getpid(), 9)\n"
     with subprocess.Popen(
         [sys.executable, "-c", code, str(root)],
@@ -423,24 +424,42 @@ def test_listener_close_wakes_a_blocked_call(tmp_path):
     client.close()
 
 
-def test_client_close_wakes_its_own_blocked_call(service):
-    client = Client(service.root)
-    raised: list[BaseException] = []
-
-    def call():
+@pytest.mark.parametrize("how", ["close", "kill"])
+def test_client_gone_during_a_request_closes_its_handler(service, how):
+    """The handler's close() runs at once, though its handle() still waits."""
+    if how == "kill":
+        code = (
+            "import os, sys, threading\nfrom tabloader.service.protocol import Client\n"
+            "c = Client(sys.argv[1])\nthreading.Thread(target=c.call, args=('block',)).start()\n"
+            "import time\ntime.sleep(30)\n"
+        )
+        env = {**os.environ, "PYTHONPATH": pythonpath()}
+        proc = subprocess.Popen([sys.executable, "-c", code, str(service.root)], env=env)
         try:
-            client.call("block")
-        except BaseException as exc:
-            raised.append(exc)
+            wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+        finally:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    else:
+        client = Client(service.root)
+        raised: list[BaseException] = []
 
-    thread = threading.Thread(target=call)
-    thread.start()
-    wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
-    client.close()
-    thread.join(TIMEOUT)
-    assert not thread.is_alive()
-    assert isinstance(raised[0], ServiceError)
+        def call():
+            try:
+                client.call("block")
+            except BaseException as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+        client.close()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
+        assert isinstance(raised[0], ServiceError)
     assert service.handlers[0].closed.wait(TIMEOUT)
+    wait_for(lambda: service.listener.sessions == 0)
+    check_serves(service.root)
 
 
 def test_second_listener_is_refused(service):
