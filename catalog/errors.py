@@ -20,6 +20,7 @@
       CacheError
       LoaderError                 a job's batch could not be produced
         RowReadError              .row_id - one row failed to read or decode
+      ServiceError                the loader service is unreachable, refused us, or broke protocol
 
 Every message names the bad value and the fix.
 """
@@ -46,6 +47,7 @@ __all__ = [
     "RowIdError",
     "RowReadError",
     "SamplingError",
+    "ServiceError",
     "StatementError",
     "StorageError",
     "TabloaderError",
@@ -160,6 +162,10 @@ class RowReadError(LoaderError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: pickled across processes
         return (functools.partial(type(self), row_id=self.row_id, column=self.column), self.args)
+
+
+class ServiceError(TabloaderError):
+    """The loader service cannot be reached, refused the connection, or broke the protocol."""
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

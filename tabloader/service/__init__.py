@@ -1,4 +1,4 @@
-"""The loader service: one process per catalog, serving jobs of other processes."""
+"""The loader service: one process per catalog owns the catalog and engine; jobs are clients."""
 
 from __future__ import annotations
 

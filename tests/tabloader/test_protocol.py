@@ -1,0 +1,486 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog.errors import (
+    JobNotFoundError,
+    RowReadError,
+    ServiceError,
+    StatementError,
+    StorageError,
+    TabloaderError,
+)
+from tabloader.service import protocol
+from tabloader.service.protocol import (
+    MAX_MESSAGE,
+    PROTOCOL_VERSION,
+    Client,
+    Listener,
+    Session,
+    key_path,
+    runtime_dir,
+    socket_path,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 10.0  # seconds any single wait may take before the test fails
+
+
+class LocalError(TabloaderError):
+    """Not in catalog.errors: the client cannot rebuild it."""
+
+
+REMOTE_ERRORS = {
+    "job": JobNotFoundError("Unknown job 'x'. Did you mean 'y'?"),
+    "statement": StatementError("bad token", line=2, col=7),
+    "row": RowReadError("row 3 failed to decode", row_id=3, column="image"),
+    "storage": StorageError("shard 0 is corrupt", path="/x/shard-0.arrow"),
+}
+
+
+class Echo:
+    """Echoes each request; other ops raise, crash or block until close()."""
+
+    def __init__(self, session: Session, log: list[Echo]) -> None:
+        self.session = session
+        self.closed = threading.Event()
+        self.blocked = threading.Event()
+        log.append(self)
+
+    def handle(self, msg):
+        if msg["op"] == "raise":
+            raise REMOTE_ERRORS[msg["name"]]
+        if msg["op"] == "raise_local":
+            raise LocalError("only the service knows this class")
+        if msg["op"] == "crash":
+            raise RuntimeError("boom")
+        if msg["op"] == "block":
+            self.blocked.set()
+            self.closed.wait(TIMEOUT)
+            return {}
+        return msg
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class Service:
+    """A Listener with Echo handlers, serving in a thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.handlers: list[Echo] = []
+        self.listener = Listener(root, lambda session: Echo(session, self.handlers))
+        self.thread = threading.Thread(target=self.listener.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = Service(tmp_path)
+    yield svc
+    svc.close()
+
+
+def wait_for(predicate, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def check_serves(root: Path) -> None:
+    client = Client(root)
+    try:
+        assert client.call("echo", x=1) == {"op": "echo", "x": 1}
+    finally:
+        client.close()
+
+
+def authenticated_socket(root: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(TIMEOUT)
+    sock.connect(str(socket_path(root)))
+    key = key_path(root).read_bytes()
+    protocol._answer_challenge(sock, key)
+    protocol._deliver_challenge(sock, key)
+    return sock
+
+
+def read_to_eof(sock: socket.socket) -> bytes:
+    data = b""
+    try:
+        while chunk := sock.recv(1 << 16):  # sock has a timeout: never hangs
+            data += chunk
+    except ConnectionResetError:  # the service closed with our bytes unread
+        pass
+    return data
+
+
+def test_round_trip(service):
+    client = Client(service.root)
+    try:
+        args = {"text": "héllo", "n": [1, 2.5, None], "nested": {"a": True}}
+        assert client.call("echo", **args) == {"op": "echo", **args}
+        assert service.listener.sessions == 1
+        assert service.handlers[0].session.pid == os.getpid()
+    finally:
+        client.close()
+    wait_for(lambda: service.listener.sessions == 0)
+    assert service.handlers[0].closed.is_set()
+
+
+def test_client_is_thread_safe(service):
+    client = Client(service.root)
+    results: dict[int, list[int]] = {}
+
+    def work(t):
+        results[t] = [client.call("echo", i=t * 1000 + i)["i"] for i in range(50)]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+        assert not t.is_alive()
+    client.close()
+    assert results == {t: [t * 1000 + i for i in range(50)] for t in range(8)}
+
+
+def test_permissions(service):
+    directory = runtime_dir(service.root)
+    assert directory == service.root.resolve() / ".service"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_ISSOCK(socket_path(service.root).stat().st_mode)
+    assert stat.S_IMODE(socket_path(service.root).stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_path(service.root).stat().st_mode) == 0o600
+    assert len(key_path(service.root).read_bytes()) == 32
+
+
+def test_close_removes_files_and_is_idempotent(tmp_path):
+    svc = Service(tmp_path)
+    svc.close()
+    svc.listener.close()
+    assert not socket_path(tmp_path).exists()
+    assert not key_path(tmp_path).exists()
+    with pytest.raises(ServiceError, match="no tabloader service runs for catalog"):
+        Client(tmp_path)
+
+
+def test_each_listener_writes_a_new_key(tmp_path):
+    svc = Service(tmp_path)
+    first = key_path(tmp_path).read_bytes()
+    svc.close()
+    svc = Service(tmp_path)
+    try:
+        assert key_path(tmp_path).read_bytes() != first
+        check_serves(tmp_path)
+    finally:
+        svc.close()
+
+
+def test_runtime_dir_open_to_others_is_refused(tmp_path):
+    (tmp_path / ".service").mkdir(mode=0o750)
+    os.chmod(tmp_path / ".service", 0o750)
+    with pytest.raises(ServiceError, match=r"open to others .*chmod 700"):
+        runtime_dir(tmp_path)
+    with pytest.raises(ServiceError, match="open to others"):
+        Listener(tmp_path, lambda session: None)
+
+
+def test_runtime_dir_symlink_is_refused(tmp_path):
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / ".service").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ServiceError, match="is not a directory; remove it"):
+        runtime_dir(tmp_path)
+
+
+def test_long_catalog_path_falls_back_to_tmp(tmp_path):
+    root = tmp_path / ("x" * 120)
+    root.mkdir()
+    digest = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:16]
+    expected = Path("/tmp") / f"tabloader-{os.getuid()}" / digest
+    try:
+        assert runtime_dir(root) == expected
+        assert stat.S_IMODE(expected.stat().st_mode) == 0o700
+        assert stat.S_IMODE(expected.parent.stat().st_mode) == 0o700
+        svc = Service(root)
+        try:
+            assert socket_path(root) == expected / "sock"
+            check_serves(root)
+        finally:
+            svc.close()
+    finally:
+        shutil.rmtree(expected, ignore_errors=True)
+
+
+def test_no_service(tmp_path):
+    with pytest.raises(ServiceError, match=r"no tabloader service runs for catalog .*--catalog"):
+        Client(tmp_path)
+
+
+def test_wrong_key_is_refused_and_others_are_served(service, caplog):
+    path = key_path(service.root)
+    good = path.read_bytes()
+    path.write_bytes(b"k" * 32)
+    with pytest.raises(ServiceError, match=re.escape(f"disagree on the key in {path}")):
+        Client(service.root)
+    wait_for(lambda: "failed to authenticate" in caplog.text)
+    path.write_bytes(good)
+    check_serves(service.root)
+
+
+@pytest.mark.parametrize(
+    ("payload", "logged"),
+    [
+        pytest.param(b"GET / HTTP/1.1\r\n\r\n", "failed to authenticate", id="garbage"),
+        pytest.param(struct.pack("!I", 1 << 30), "failed to authenticate", id="huge-prefix"),
+        pytest.param(b"\x00\x00", "failed to authenticate", id="truncated-prefix"),
+    ],
+)
+def test_unauthenticated_bytes_close_the_connection(service, caplog, payload, logged):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(TIMEOUT)
+        sock.connect(str(socket_path(service.root)))
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        read_to_eof(sock)  # the challenge, maybe a failure, then EOF
+    wait_for(lambda: logged in caplog.text)
+    assert service.listener.sessions == 0
+    check_serves(service.root)
+
+
+def frame(data: bytes) -> bytes:
+    return struct.pack("!I", len(data)) + data
+
+
+@pytest.mark.parametrize(
+    ("payload", "logged"),
+    [
+        pytest.param(b"\xde\xad\xbe\xef garbage", "over the limit", id="garbage"),
+        pytest.param(b"\x00\x00", "truncated length prefix (2 of 4 bytes)", id="truncated-prefix"),
+        pytest.param(frame(b"{}")[:-1], "truncated message (1 of 2 bytes)", id="truncated-body"),
+        pytest.param(struct.pack("!I", MAX_MESSAGE + 1), "over the limit", id="oversized"),
+        pytest.param(frame(b"\xff{not json"), "is not JSON", id="not-json"),
+        pytest.param(frame(b"[1, 2]"), "a JSON list, not an object", id="not-object"),
+        pytest.param(frame(b'{"op": "echo"}'), "version None", id="no-version"),
+        pytest.param(frame(b'{"v": true, "op": "echo"}'), "version True", id="bool-version"),
+        pytest.param(frame(b"[" * 100_000), "is not JSON", id="deep-nesting"),
+    ],
+)
+def test_bad_messages_close_the_connection(service, caplog, payload, logged):
+    with authenticated_socket(service.root) as sock:
+        wait_for(lambda: service.listener.sessions == 1)
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        read_to_eof(sock)
+    wait_for(lambda: logged in caplog.text)
+    assert any(r.name.startswith("tabloader.service") for r in caplog.records)
+    wait_for(lambda: service.handlers[0].closed.is_set())
+    check_serves(service.root)
+
+
+def test_wrong_version_is_answered_with_both_versions(service, caplog):
+    with authenticated_socket(service.root) as sock:
+        sock.sendall(frame(json.dumps({"v": 99, "op": "echo"}).encode()))
+        reply = read_to_eof(sock)
+    (size,) = struct.unpack("!I", reply[:4])
+    error = json.loads(reply[4 : 4 + size])["error"]
+    assert error["type"] == "ServiceError"
+    assert re.search(rf"version 99, this end speaks {PROTOCOL_VERSION}", error["message"])
+    assert "version 99" in caplog.text
+    check_serves(service.root)
+
+
+def test_oversized_request_is_refused_before_sending(service):
+    client = Client(service.root)
+    try:
+        with pytest.raises(ServiceError, match=r"over MAX_MESSAGE"):
+            client.call("echo", blob="x" * MAX_MESSAGE)
+        assert client.call("echo", x=2) == {"op": "echo", "x": 2}
+    finally:
+        client.close()
+
+
+def test_silent_client_blocks_nobody(service):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(socket_path(service.root)))
+        check_serves(service.root)
+        check_serves(service.root)
+
+
+def test_silent_client_is_dropped_after_the_handshake_timeout(service, caplog, monkeypatch):
+    monkeypatch.setattr(protocol, "_HANDSHAKE_TIMEOUT", 0.2)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.settimeout(TIMEOUT)
+        silent.connect(str(socket_path(service.root)))
+        read_to_eof(silent)  # the challenge, then EOF when the service gives up
+    assert "failed to authenticate (timed out)" in caplog.text
+
+
+@pytest.mark.parametrize("name", sorted(REMOTE_ERRORS))
+def test_remote_errors_are_raised_by_type(service, name):
+    local = REMOTE_ERRORS[name]
+    client = Client(service.root)
+    try:
+        with pytest.raises(type(local), match=re.escape(str(local))) as info:
+            client.call("raise", name=name)
+        assert type(info.value) is type(local)
+        assert vars(info.value) == vars(local)
+        assert client.call("echo") == {"op": "echo"}  # the connection stays open
+    finally:
+        client.close()
+
+
+def test_unknown_remote_error_and_handler_crash_are_service_errors(service, caplog):
+    client = Client(service.root)
+    try:
+        with pytest.raises(ServiceError, match="LocalError: only the service knows this class"):
+            client.call("raise_local")
+        with pytest.raises(ServiceError, match="RuntimeError: boom"):
+            client.call("crash")
+        assert client.call("echo") == {"op": "echo"}
+    finally:
+        client.close()
+    (record,) = [r for r in caplog.records if "handler failed" in r.getMessage()]
+    assert record.exc_info is not None
+    assert record.exc_info[0] is RuntimeError
+
+
+def pythonpath() -> str:
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
+def run_and_kill_itself(code: str, root: Path) -> int:
+    """Run ``code`` in a new interpreter that then kills itself with SIGKILL; return its pid."""
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
+    code += "print('done', flush=True)\nos.kill(os.getpid(), 9)\n"
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    ) as proc:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, err
+    assert out == "done\n"
+    return proc.pid
+
+
+def test_killed_client_closes_its_handler(service):
+    code = (
+        "import os, sys\nfrom tabloader.service.protocol import Client\nc = Client(sys.argv[1])\n"
+    )
+    pid = run_and_kill_itself(code, service.root)
+    wait_for(lambda: any(h.session.pid == pid for h in service.handlers))
+    (handler,) = [h for h in service.handlers if h.session.pid == pid]
+    assert handler.closed.wait(TIMEOUT)
+    wait_for(lambda: service.listener.sessions == 0)
+
+
+def test_listener_close_wakes_a_blocked_call(tmp_path):
+    svc = Service(tmp_path)
+    client = Client(tmp_path)
+    raised: list[BaseException] = []
+
+    def call():
+        try:
+            client.call("block")
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    wait_for(lambda: bool(svc.handlers) and svc.handlers[0].blocked.is_set())
+    svc.close()
+    thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    (exc,) = raised
+    assert isinstance(exc, ServiceError)
+    assert re.search(r"lost the tabloader service for catalog .* \(end of file\)", str(exc))
+    assert svc.handlers[0].closed.is_set()
+    with pytest.raises(ServiceError, match="is closed; make a new one"):
+        client.call("echo")
+    client.close()
+
+
+@pytest.mark.parametrize("how", ["close", "kill"])
+def test_client_gone_during_a_request_closes_its_handler(service, how):
+    """The handler's close() runs at once, though its handle() still waits."""
+    if how == "kill":
+        code = (
+            "import os, sys, threading\nfrom tabloader.service.protocol import Client\n"
+            "c = Client(sys.argv[1])\nthreading.Thread(target=c.call, args=('block',)).start()\n"
+            "import time\ntime.sleep(30)\n"
+        )
+        env = {**os.environ, "PYTHONPATH": pythonpath()}
+        proc = subprocess.Popen([sys.executable, "-c", code, str(service.root)], env=env)
+        try:
+            wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+        finally:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    else:
+        client = Client(service.root)
+        raised: list[BaseException] = []
+
+        def call():
+            try:
+                client.call("block")
+            except BaseException as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+        client.close()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
+        assert isinstance(raised[0], ServiceError)
+    assert service.handlers[0].closed.wait(TIMEOUT)
+    wait_for(lambda: service.listener.sessions == 0)
+    check_serves(service.root)
+
+
+def test_second_listener_is_refused(service):
+    with pytest.raises(
+        ServiceError, match=rf"a service already runs for catalog .* \(pid {os.getpid()}\)"
+    ):
+        Listener(service.root, lambda session: None)
+    check_serves(service.root)  # the refused one removed nothing
+
+
+def test_stale_socket_of_a_killed_service_is_replaced(tmp_path):
+    code = (
+        "import os, sys\nfrom tabloader.service.protocol import Listener as L\nL(sys.argv[1], id)\n"
+    )
+    run_and_kill_itself(code, tmp_path)
+    assert stat.S_ISSOCK(socket_path(tmp_path).stat().st_mode)  # left behind
+    assert key_path(tmp_path).exists()
+    with pytest.raises(ServiceError, match="no tabloader service runs"):
+        Client(tmp_path)
+    svc = Service(tmp_path)
+    try:
+        check_serves(tmp_path)
+    finally:
+        svc.close()
