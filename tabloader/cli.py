@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["COMMANDS", "main"]
@@ -23,29 +24,31 @@ def _open_catalog(args: argparse.Namespace) -> Any:
     return catalog.connect(args.catalog)
 
 
-def print_result(result: Any) -> None:
-    """Print a statement's result: a table, a dataset or job summary, or nothing."""
+def describe_result(result: Any) -> str:
+    """A statement's result as text: a table, a dataset or job summary, or OK."""
     import pyarrow as pa
 
     from catalog import Dataset, Job
     from tabloader._format import format_table
 
     if isinstance(result, pa.Table):
-        print(format_table(result.to_pylist(), result.column_names))
-    elif isinstance(result, Dataset):
-        print(
+        return format_table(result.to_pylist(), result.column_names)
+    if isinstance(result, Dataset):
+        return (
             f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
             f"columns {', '.join(result.columns)}"
         )
-    elif isinstance(result, Job):
-        print(
+    if isinstance(result, Job):
+        return (
             f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
             f"{result.num_rows:,} rows, columns {', '.join(result.columns)}"
         )
-    elif result is None:
-        print("OK")
-    else:
-        print(result)
+    return "OK" if result is None else str(result)
+
+
+def print_result(result: Any) -> None:
+    """Print a statement's result (see ``describe_result``)."""
+    print(describe_result(result))
 
 
 # -- sql ---------------------------------------------------------------------------------------
@@ -54,11 +57,38 @@ def _register_sql(sub: Any) -> None:
     p.add_argument("statement", help="the statement, or '-' for statements from stdin")
 
 
+def _service(args: argparse.Namespace) -> Any:
+    """The running service of the catalog (statements go through it), or None."""
+    from catalog.errors import ServiceError
+    from tabloader.service.client import RemoteLoader
+
+    try:
+        return RemoteLoader(args.catalog or _default_root(), start=False)
+    except ServiceError:
+        return None
+
+
+def _default_root() -> str:
+    import os
+
+    from catalog.catalog import DEFAULT_PATH, ENV_VAR
+
+    return os.environ.get(ENV_VAR) or DEFAULT_PATH
+
+
 def _run_sql(args: argparse.Namespace) -> int:
     from catalog.sql.dialect import split_statements
 
     text = sys.stdin.read() if args.statement == "-" else args.statement
     statements = split_statements(text) if args.statement == "-" else [text]
+    remote = _service(args)
+    if remote is not None:  # a service owns the catalog: through it
+        try:
+            for statement in statements:
+                print_result(remote.sql(statement))
+        finally:
+            remote.close()
+        return 0
     with _open_catalog(args) as cat:
         for statement in statements:
             print_result(cat.sql(statement))
@@ -84,10 +114,57 @@ def _run_import(args: argparse.Namespace) -> int:
 
     fmt = args.format or detect_format(args.path)
     options = {"split": args.split} if fmt == "hf" else {}
+    remote = _service(args)
+    if remote is not None:  # a service owns the catalog: through it
+        try:
+            print_result(
+                remote.import_path(
+                    args.name,
+                    str(Path(args.path).absolute()),
+                    format=fmt,
+                    append=args.append,
+                    **options,
+                )
+            )
+        finally:
+            remote.close()
+        return 0
     with _open_catalog(args) as cat:
         print_result(
             cat.import_source(args.name, open_source(fmt, args.path, **options), append=args.append)
         )
+    return 0
+
+
+# -- serve -------------------------------------------------------------------------------------
+def _register_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=None,
+        help="shared-memory cache size (default: $TABLOADER_CACHE_BYTES or 1 GiB)",
+    )
+    p.add_argument("--workers", type=int, default=None, help="decode processes (default: cores)")
+    p.add_argument(
+        "--idle-exit", type=float, default=None, help="stop this many seconds after the last client"
+    )
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from tabloader.service.server import Service
+
+    cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
+    service = Service(
+        Path(args.catalog or _default_root()),
+        cache_bytes=cache,
+        workers=args.workers,
+        idle_exit=args.idle_exit,
+    )
+    print(f"tabloader: serving catalog {service.root} (pid {os.getpid()})", file=sys.stderr)
+    service.serve()
     return 0
 
 
@@ -136,6 +213,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], 
     "bench": (_register_bench, _run_bench),
     "demo": (_register_demo, _run_demo),
     "import": (_register_import, _run_import),
+    "serve": (_register_serve, _run_serve),
     "sql": (_register_sql, _run_sql),
 }
 

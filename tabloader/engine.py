@@ -183,6 +183,7 @@ class Loader:
         on_error: str | OnError = OnError.RAISE,
         epochs: int | None = None,
         state: dict[str, Any] | None = None,
+        remote: bool = False,
     ) -> JobStream:
         """Start consuming a registered job.
 
@@ -198,6 +199,8 @@ class Loader:
             on_error: ``"raise"`` (default) or ``"skip"`` rows that fail to read or decode.
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
+            remote: for the loader service: batches are handed over with their values
+                pinned in the arena (see ``tabloader.service.server``), not copied.
 
         Raises:
             JobNotFoundError: no such job. LoaderError: bad options, or the job is open already.
@@ -208,8 +211,9 @@ class Loader:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
             batch_size = int(options.get("batch_size", 32) if batch_size is None else batch_size)
-            if prefetch is None:  # two decode tasks per worker in flight
-                prefetch = max(2, -(-2 * self.workers * MIN_PROCESS_ROWS // max(batch_size, 1)))
+            if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
+                # 16 processes 25% idle, waiting for the last group of each batch)
+                prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // max(batch_size, 1)))
             if batch_size < 1 or prefetch < 1:
                 raise LoaderError(
                     f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
@@ -236,6 +240,7 @@ class Loader:
             on_error=mode,
             epochs=epochs,
             id_array=bitmap_to_array(info.ids).astype(np.int64),
+            remote=remote,
         )
         remaining, epoch = (None, 0) if state is None else _check_state(state, info)
         sched.add(state_obj, remaining=remaining, epoch=epoch)
@@ -260,6 +265,11 @@ class Loader:
             else:
                 gathered.append(dec)
         return Plan(tuple(columns), tuple(gathered), tuple(prepared))
+
+    def job_options(self, job: str) -> dict[str, Any]:
+        """The ``WITH`` options a job was registered with."""
+        with self._lock:
+            return dict(self.catalog.job(job).options)
 
     def stats(self) -> dict[str, Any]:
         """Counters, overall, per dataset and per open job.

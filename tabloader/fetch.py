@@ -419,18 +419,55 @@ class Fetcher:
     # -- step 3: collate -------------------------------------------------------------------------
     def _finish(self, work: Work) -> None:
         t0 = time.perf_counter()
+        handed_over = False
         try:
             if work.error is None and not (work.errors and not work.skip):
-                work.result = self._collate(work)
+                if work.job.remote:
+                    work.result, handed_over = self._hand_over(work), True
+                else:
+                    work.result = self._collate(work)
         except BaseException as exc:
             work.error = exc
         finally:
-            for offsets in work.offsets:
-                held = offsets[offsets >= 0]
-                if held.size:
-                    self.arena.release(held)
+            if not handed_over:
+                self.release(work)
             self.counters.add(collate_s=time.perf_counter() - t0)
         self.on_done(work)
+
+    def release(self, work: Work) -> None:
+        """Drop the pins a batch holds on its values."""
+        for offsets in work.offsets:
+            held = offsets[offsets >= 0]
+            if held.size:
+                self.arena.release(held)
+            offsets[:] = -1
+
+    def _hand_over(self, work: Work) -> dict[str, Any]:
+        """A batch for another process: the values stay pinned in the arena (its owner copies
+        them out of shared memory and then releases them); rows that failed are left out.
+        """
+        keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
+        gathered = {
+            name: value[keep] if isinstance(value, np.ndarray) else [value[i] for i in keep]
+            for name, value in work.values.items()
+        }
+        prepared = {}
+        for ci, (dec, _) in enumerate(work.plan.prepared):
+            offsets = work.offsets[ci]
+            dropped = np.setdiff1d(np.flatnonzero(offsets >= 0), keep)
+            if dropped.size:
+                self.arena.release(offsets[dropped])
+                offsets[dropped] = -1
+            private = {
+                k: work.private[(ci, p)] for k, p in enumerate(keep) if (ci, p) in work.private
+            }
+            prepared[dec.column] = (offsets[keep], work.shapes[ci][keep], private)
+        return {
+            ID_COLUMN: work.rows[keep],
+            "gathered": gathered,
+            "prepared": prepared,
+            "work": work,
+        }
 
     def _collate(self, work: Work) -> dict[str, Any] | None:
         keep = None

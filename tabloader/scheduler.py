@@ -77,6 +77,7 @@ class JobState:
     q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
     q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
     batches: deque[Work] = field(default_factory=deque)  # preparing or ready, in order
+    remote: bool = False  # batches are handed over pinned (the loader service's clients)
     closed: bool = False
     abandoned: bool = False  # its stream was garbage-collected without close()
     # counters
@@ -235,7 +236,10 @@ class DatasetScheduler:
             if job.left:  # the rows of this epoch that the sampler still had for the job
                 self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
             job.sampler.remove_job(job.name)
-            job.batches.clear()  # batches still preparing release their pins when they land
+            for work in job.batches:  # ready ones handed over pinned: released here; those
+                if work.ready and work.result is not None and job.remote:  # still preparing
+                    self.fetcher.release(work)  # release when they land (``landed``)
+            job.batches.clear()
             self.cond.notify_all()
 
     # -- future uses (under ``cond``; read lock-free by the arena) -------------------------------
@@ -372,6 +376,8 @@ class DatasetScheduler:
             work.ready = True
             if not job.closed:
                 self.cond.notify_all()
+            elif job.remote and work.result is not None:
+                self.fetcher.release(work)
 
     # -- the consumer side -------------------------------------------------------------------------
     def take(self, job: JobState, epoch: int | None) -> dict[str, Any] | None:

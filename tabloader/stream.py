@@ -65,6 +65,10 @@ class JobStream:
             )
         return batch
 
+    def take(self, epoch: int | None = None) -> dict[str, Any] | None:
+        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
+        return self._scheduler.take(self._job, epoch)
+
     def state_dict(self) -> dict[str, Any]:
         """Where the job is: its epoch and the rows of that epoch it has not received yet."""
         return self._scheduler.state_dict(self._job)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from catalog import Catalog
-from catalog.errors import LoaderError
+from catalog.errors import CatalogLockedError, LoaderError
 from tabloader.engine import JobStream, Loader, default_loader
+from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
 __all__ = ["JobDataset", "Transform", "to_tensors"]
 
@@ -51,9 +53,12 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
 
     Args:
         job: the registered job's name.
-        catalog: a ``Catalog`` or its directory (used when ``loader`` is None; jobs of the same
-            catalog in one process share the default loader).
-        loader: the ``Loader`` to use instead of the default one.
+        catalog: the catalog's directory: the job loads through the catalog's loader service
+            (started in the background if none runs), so training scripts in separate
+            processes share reads and decodes. Or a ``Catalog`` object: the job loads in this
+            process (the default ``Loader`` of that catalog, shared by its jobs: notebooks,
+            tests, jobs on threads).
+        loader: a ``Loader`` (or ``RemoteLoader``) to use instead.
         batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
         seed: seed of this job's generator (its augmentations); default the job's ``seed``
@@ -68,7 +73,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         job: str,
         *,
         catalog: Catalog | str | os.PathLike[str] | None = None,
-        loader: Loader | None = None,
+        loader: Loader | RemoteLoader | None = None,
         batch_size: int | None = None,
         transform: Transform | None = None,
         seed: int | None = None,
@@ -78,18 +83,20 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     ) -> None:
         super().__init__()
         self.job = job
-        self.loader = loader or default_loader(catalog)
-        info = self.loader.catalog.job(job)
+        if loader is None:
+            loader = default_loader(catalog) if isinstance(catalog, Catalog) else _service(catalog)
+        self.loader: Loader | RemoteLoader = loader
+        options = self.loader.job_options(job)
         self.transform = transform
         if seed is None:  # the job's option, else one of its own: jobs never share draws
-            seed = int(info.options.get("seed", zlib.crc32(job.encode())))
+            seed = int(options.get("seed", zlib.crc32(job.encode())))
         self.generator = torch.Generator().manual_seed(int(seed))
         self._batch_size, self._image_size = batch_size, image_size
         self._prefetch, self._on_error = prefetch, on_error
-        self._stream: JobStream | None = None
+        self._stream: JobStream | RemoteStream | None = None
         self._state: dict[str, Any] | None = None
 
-    def _open(self) -> JobStream:
+    def _open(self) -> JobStream | RemoteStream:
         if self._stream is None:
             self._stream = self.loader.open(
                 self.job,
@@ -139,3 +146,19 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:
+    """The catalog's loader service (started if none runs), unless this process has the
+    catalog open itself: then the service could not open it (the error says to share it).
+    """
+    from catalog.catalog import _OPEN_ROOTS, DEFAULT_PATH, ENV_VAR
+
+    root = Path(catalog or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+    if _OPEN_ROOTS.get(root.resolve()) is not None:
+        raise CatalogLockedError(
+            f"Catalog '{root}' is open already in this process. Pass that Catalog object as "
+            "catalog= to JobDataset (jobs then load in this process), or close() it so that "
+            "the jobs go through the catalog's loader service."
+        )
+    return service_loader(root)

@@ -1,0 +1,268 @@
+"""Jobs of other processes: connect to a catalog's loader service (starting one if none runs).
+
+:class:`RemoteLoader` is the service's engine seen from a training process, with the same
+``open()`` as :class:`tabloader.engine.Loader`; its streams (:class:`RemoteStream`) behave as
+``JobStream``. A batch's values are copied out of the service's shared memory (mapped
+read-only) into the job's own arrays, then released (see :mod:`tabloader.service.server`).
+
+If no service runs for the catalog, :func:`connect` starts one in the background (a detached
+``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
+30 s) and waits for it; two scripts that start at once end up with one service.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.errors import ServiceError
+from tabloader.prep import batch_column, decoder_for
+from tabloader.service.protocol import Client, runtime_dir
+from tabloader.service.shm import Segment
+
+__all__ = ["RemoteLoader", "RemoteStream", "connect", "service_loader"]
+
+START_TIMEOUT_S = 60.0
+
+
+def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
+    """A connection to the service of catalog ``root``, started in the background if needed.
+
+    Raises:
+        ServiceError: none runs (and ``start`` is False), or the one started failed (its log
+            is named).
+    """
+    root = Path(root).absolute()
+    try:
+        return Client(root)
+    except ServiceError:
+        if not start:
+            raise
+    log = runtime_dir(root) / "serve.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tabloader",
+                "--catalog",
+                str(root),
+                "serve",
+                "--idle-exit",
+                os.environ.get("TABLOADER_IDLE_EXIT", "30"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,  # detached: it outlives this process, not its signals
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            return Client(root)
+        except ServiceError as exc:
+            if proc.poll() is not None:  # it exited: lost a race to another one, or failed
+                try:
+                    return Client(root)
+                except ServiceError:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise ServiceError(
+                        f"The tabloader service for catalog {root} did not start: "
+                        f"{' | '.join(tail) or exc}. See {log}."
+                    ) from None
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise ServiceError(
+                    f"The tabloader service for catalog {root} did not answer within "
+                    f"{START_TIMEOUT_S:.0f} s; see {log}."
+                ) from exc
+            time.sleep(0.05)
+
+
+class RemoteLoader:
+    """The loader service of catalog ``root``, from this process.
+
+    Args:
+        root: the catalog directory.
+        start: start a service in the background if none runs.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, start: bool = True) -> None:
+        self.root = Path(root).absolute()
+        self._ctl = connect(self.root, start=start)
+        hello = self._ctl.call("hello")
+        self.service_pid = int(hello["pid"])
+        self._segment = Segment(hello["segment"], int(hello["size"]), create=False, readonly=True)
+        self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
+        self._closed = False
+
+    def open(self, job: str, **options: Any) -> RemoteStream:
+        """Open ``job`` in the service; options as ``Loader.open`` (and ``state`` to resume)."""
+        conn = Client(self.root)
+        try:
+            if "image_size" in options and isinstance(options["image_size"], tuple):
+                options["image_size"] = list(options["image_size"])
+            state = options.get("state")
+            if state is not None:
+                options["state"] = {**state, "remaining": bytes(state["remaining"]).hex()}
+            conn.call("open", job=job, **options)
+        except BaseException:
+            conn.close()
+            raise
+        return RemoteStream(self, conn, job)
+
+    def job_options(self, job: str) -> dict[str, Any]:
+        """The ``WITH`` options a job was registered with."""
+        return dict(self._ctl.call("options", job=job)["options"])
+
+    def sql(self, statement: str) -> Any:
+        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None."""
+        return _result(self._ctl.call("sql", statement=statement))
+
+    def import_path(self, name: str, path: str, **options: Any) -> Any:
+        """Import a dataset from a path the service can read (as ``tabloader import``)."""
+        return _result(self._ctl.call("import", name=name, path=str(path), **options))
+
+    def stats(self) -> dict[str, Any]:
+        """The service's engine counters (as ``Loader.stats()``)."""
+        return dict(self._ctl.call("stats")["stats"])
+
+    def close(self) -> None:
+        """Disconnect (open streams stay usable until closed)."""
+        if not self._closed:
+            self._closed = True
+            self._ctl.close()
+
+
+class RemoteStream:
+    """One job's batches from the service; the interface of ``JobStream``."""
+
+    def __init__(self, loader: RemoteLoader, conn: Client, name: str) -> None:
+        self._loader, self._conn, self.name = loader, conn, name
+        self._release: list[int] = []
+        self._lock = threading.Lock()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch (0-based)."""
+        return int(self._conn.call("epoch")["epoch"])
+
+    def take(self, epoch: int | None = None) -> dict[str, Any] | None:
+        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
+        with self._lock:
+            release, self._release = self._release, []
+            reply = self._conn.call("next", epoch=epoch, release=release)
+            if reply.get("end"):
+                return None
+            batch = self._build(reply["columns"])
+            self._release.append(int(reply["ticket"]))
+            return batch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while (batch := self.take(None)) is not None:
+            yield batch
+
+    def iter_epoch(self) -> Iterator[dict[str, Any]]:
+        """Yield the remaining batches of the current epoch."""
+        epoch = self.epoch
+        while (batch := self.take(epoch)) is not None:
+            yield batch
+
+    def next_batch(self) -> dict[str, Any]:
+        """The next batch (``LoaderError`` after the last epoch)."""
+        from catalog.errors import LoaderError
+
+        batch = self.take(None)
+        if batch is None:
+            raise LoaderError(f"Job stream {self.name!r} has delivered its epochs.")
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the job is (as ``JobStream.state_dict()``)."""
+        state = self._conn.call("state")["state"]
+        return {**state, "remaining": bytes.fromhex(state["remaining"])}
+
+    def stats(self) -> dict[str, Any]:
+        """The job's counters (as ``JobStream.stats()``)."""
+        return dict(self._conn.call("stats")["stats"])
+
+    def close(self) -> None:
+        """Leave the job (the service releases what this stream held)."""
+        self._conn.close()
+
+    def __enter__(self) -> RemoteStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- copying out of shared memory -----------------------------------------------------------
+    def _build(self, columns: list[dict[str, Any]]) -> dict[str, Any]:
+        arena = self._loader.arena
+        batch: dict[str, Any] = {}
+        for col in columns:
+            kind = col["kind"]
+            if kind == "raw":
+                dtype, shape = np.dtype(col["dtype"]), tuple(col["shape"])
+                view = np.frombuffer(arena, dtype, math.prod(shape), int(col["offset"]))
+                batch[col["name"]] = view.reshape(shape).copy()
+            elif kind == "arrow":
+                start = int(col["offset"])
+                table = pa.ipc.open_stream(
+                    pa.py_buffer(arena[start : start + col["size"]])
+                ).read_all()
+                values = table.column(0).combine_chunks()
+                batch[col["name"]] = batch_column(values, decoder_for(table.schema.field(0)))
+            else:
+                batch[col["name"]] = _images(arena, col)
+        return batch
+
+
+def _images(arena: np.ndarray, col: dict[str, Any]) -> Any:
+    staged = {int(k): int(v) for k, v in col["staged"].items()}
+    shapes = [tuple(s[: 3 if s[2] else 2]) for s in col["shapes"]]
+    views = []
+    for k, (off, shape) in enumerate(zip(col["offsets"], shapes, strict=True)):
+        start = staged.get(k, off)
+        views.append(arena[start : start + math.prod(shape)].reshape(shape))
+    if views and all(s == shapes[0] for s in shapes):
+        out = np.empty((len(views), *shapes[0]), np.uint8)
+        for k, v in enumerate(views):
+            out[k] = v
+        return out
+    return [v.copy() for v in views]
+
+
+def _result(reply: dict[str, Any]) -> Any:
+    kind = reply.get("kind")
+    if kind == "table":
+        return pa.ipc.open_stream(pa.py_buffer(bytes.fromhex(reply["ipc"]))).read_all()
+    return reply.get("text")
+
+
+_LOADERS: dict[Path, RemoteLoader] = {}
+_LOADERS_LOCK = threading.Lock()
+
+
+def service_loader(root: str | os.PathLike[str] | None) -> RemoteLoader:
+    """This process's connection to the service of catalog ``root`` (default: as ``connect``
+    in ``catalog``), made on first use.
+    """
+    from catalog.catalog import DEFAULT_PATH, ENV_VAR
+
+    path = Path(root or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+    with _LOADERS_LOCK:
+        loader = _LOADERS.get(path)
+        if loader is None or loader._closed:
+            loader = _LOADERS[path] = RemoteLoader(path)
+        return loader

@@ -1,0 +1,389 @@
+"""``tabloader serve``: one process per catalog owns the catalog and the engine; jobs are clients.
+
+Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, JSON). Data
+plane: the engine's arena lives in a shared-memory segment (:mod:`tabloader.service.shm`) that
+clients map read-only. A job's batch reaches its client as a *ticket*:
+
+* its images stay where the shared decode put them, pinned in the arena; the reply lists each
+  value's ``(offset, shape)``;
+* its other columns (``_id``, labels, ...) and any image the arena had no room for are written
+  once into a *staging* slot of the arena, laid out in the reply: fixed-width columns as raw
+  arrays (``dtype``, ``shape``, ``offset``), others (strings, variable lists) as an Arrow IPC
+  stream;
+* the client copies every value into its own arrays (the one copy: its batch is its own) and
+  names the ticket in its next request, which releases the pins and the staging slot.
+
+No payload byte crosses the socket and nothing is pickled. A client whose connection closes
+(exit, crash, SIGKILL) leaves: its job's stream closes and its tickets are released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+import catalog
+from catalog.bitmaps import ID_COLUMN
+from catalog.errors import LoaderError, ServiceError
+from tabloader.engine import Loader
+from tabloader.service.protocol import Listener, Session
+from tabloader.stream import JobStream
+
+__all__ = ["Service"]
+
+logger = logging.getLogger(__name__)
+
+STAGING_TICKETS = 1 << 16  # staging slots are rows of one arena space, reused round-robin
+
+
+class Service:
+    """The loader service of one catalog (see the module docstring).
+
+    Args:
+        root: the catalog directory.
+        cache_bytes: the arena's size (shared memory).
+        workers: decode processes and reader threads.
+        idle_exit: stop this many seconds after the last client left (None: never); what a
+            service started in the background by a client uses.
+
+    Raises:
+        ServiceError: a service already runs for the catalog.
+        CatalogError: the directory is not a usable catalog.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        cache_bytes: int = 1 << 30,
+        workers: int | None = None,
+        idle_exit: float | None = None,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.idle_exit = idle_exit
+        self._stop = threading.Event()
+        self.lock = threading.RLock()  # the catalog: one statement or open at a time
+        self._tickets = itertools.count()
+        self.listener = Listener(self.root, lambda session: _Handler(self, session))
+        try:
+            self.catalog = catalog.connect(self.root)
+            try:
+                self.loader = Loader(self.catalog, cache_bytes=cache_bytes, workers=workers)
+            except BaseException:
+                self.catalog.close()
+                raise
+        except BaseException:
+            self.listener.close()
+            raise
+        if self.loader._segment is None:
+            self.close()
+            raise ServiceError(
+                "The loader service needs shared memory (/dev/shm with room for the cache); "
+                "lower --cache-bytes, or use a Loader in-process."
+            )
+        arena = self.loader._arena
+        self.arena = arena
+        self.staging = arena.space("_staging", num_rows=STAGING_TICKETS)
+        segment = self.loader._segment
+        self.segment = None if segment is None else (segment.name, segment.size)
+
+    def serve(self) -> None:
+        """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self._stop.set())
+        accept = threading.Thread(target=self.listener.serve_forever, daemon=True)
+        accept.start()
+        logger.info("serving catalog %s (socket %s)", self.root, self.listener)
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.wait(0.2):
+                if self.listener.sessions:
+                    idle_since = time.monotonic()
+                elif self.idle_exit is not None and time.monotonic() - idle_since > self.idle_exit:
+                    logger.info("no client for %.0f s: stopping", self.idle_exit)
+                    break
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Ask ``serve()`` to return (it closes everything)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Close every connection, the engine (its processes and shared memory), the catalog."""
+        self._stop.set()
+        self.listener.close()
+        self.loader.close()
+        self.catalog.close()
+
+    def ticket(self) -> int:
+        return next(self._tickets) % STAGING_TICKETS
+
+
+class _Handler:
+    """One client connection: statements, or one job's stream."""
+
+    def __init__(self, service: Service, session: Session) -> None:
+        self.service = service
+        self.session = session
+        self.stream: JobStream | None = None
+        self.out: dict[int, tuple[list[np.ndarray], int]] = {}  # ticket -> pins, staging
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+        if fn is None:
+            raise ServiceError(f"Unknown request {op!r}; is the client a newer tabloader?")
+        return fn(msg)  # type: ignore[no-any-return]
+
+    # -- statements --------------------------------------------------------------------------
+    def op_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import os
+
+        name, size = self.service.segment or (None, 0)
+        return {
+            "pid": os.getpid(),
+            "catalog": str(self.service.root),
+            "segment": name,
+            "size": size,
+        }
+
+    def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
+        statement = _string(msg, "statement")
+        with self.service.lock:
+            return _result(self.service.catalog.sql(statement))
+
+    def op_import(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from catalog.importers import detect_format, open_source
+
+        name, path = _string(msg, "name"), _string(msg, "path")
+        fmt = msg.get("format") or detect_format(path)
+        options = {"split": msg["split"]} if fmt == "hf" and msg.get("split") else {}
+        with self.service.lock:
+            return _result(
+                self.service.catalog.import_source(
+                    name, open_source(fmt, path, **options), append=bool(msg.get("append"))
+                )
+            )
+
+    def op_options(self, msg: dict[str, Any]) -> dict[str, Any]:
+        with self.service.lock:
+            return {"options": self.service.loader.job_options(_string(msg, "job"))}
+
+    def op_stats(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.stream is not None:
+            return {"stats": _jsonable(self.stream.stats())}
+        return {"stats": _jsonable(self.service.loader.stats())}
+
+    # -- a job ---------------------------------------------------------------------------------
+    def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.stream is not None:
+            raise LoaderError("This connection has a job open already; open another connection.")
+        kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
+        if "state" in kw:
+            kw["state"] = _state_in(kw["state"])
+        if isinstance(kw.get("image_size"), list):
+            kw["image_size"] = tuple(kw["image_size"])
+        with self.service.lock:
+            stream = self.service.loader.open(_string(msg, "job"), remote=True, **kw)
+        with self.lock:
+            if self.closed:  # the client left while we opened
+                stream.close()
+                raise ServiceError("the client left")
+            self.stream = stream
+        logger.info("client pid %d opened job %s", self.session.pid, stream.name)
+        return {"job": stream.name}
+
+    def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._release(msg.get("release") or [])
+        stream = self._stream()
+        epoch = msg.get("epoch")
+        batch = stream.take(None if epoch is None else int(epoch))
+        if batch is None:
+            return {"end": True, "epoch": stream.epoch}
+        return self._deliver(batch)
+
+    def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._release(msg.get("release") or [])
+        return {}
+
+    def op_epoch(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"epoch": self._stream().epoch}
+
+    def op_state(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"state": _state_out(self._stream().state_dict())}
+
+    def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.close()
+        return {}
+
+    def _stream(self) -> JobStream:
+        if self.stream is None:
+            raise LoaderError("No job is open on this connection; send 'open' first.")
+        return self.stream
+
+    # -- the data plane ------------------------------------------------------------------------
+    def _deliver(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Lay a handed-over batch out in shared memory; the reply says where."""
+        arena, service = self.service.arena, self.service
+        columns: list[dict[str, Any]] = []
+        pieces: list[tuple[int, Any]] = []  # (offset in staging, bytes-like)
+        used = 0
+
+        def stage(data: Any) -> int:
+            nonlocal used
+            start = used
+            pieces.append((start, data))
+            used += -(-len(memoryview(data).cast("B")) // 64) * 64
+            return start
+
+        ids = np.ascontiguousarray(batch[ID_COLUMN])
+        columns.append(_raw(ID_COLUMN, ids, stage(ids)))
+        for name, value in batch["gathered"].items():
+            if isinstance(value, np.ndarray) and value.dtype != object:
+                value = np.ascontiguousarray(value)
+                columns.append(_raw(name, value, stage(value)))
+            else:
+                sink = pa.BufferOutputStream()
+                table = pa.table({name: pa.array(list(value))})
+                with pa.ipc.new_stream(sink, table.schema) as writer:
+                    writer.write_table(table)
+                buf = sink.getvalue()
+                columns.append(
+                    {"name": name, "kind": "arrow", "offset": stage(buf), "size": buf.size}
+                )
+        pins: list[np.ndarray] = []
+        for name, (offsets, shapes, private) in batch["prepared"].items():
+            images: dict[str, Any] = {"name": name, "kind": "images"}
+            staged = {}
+            for k, value in private.items():  # values the arena had no room for
+                staged[int(k)] = stage(np.ascontiguousarray(value))
+            images["offsets"] = offsets.tolist()
+            images["shapes"] = shapes.tolist()
+            images["staged"] = staged
+            columns.append(images)
+            pins.append(offsets[offsets >= 0])
+        ticket = service.ticket()
+        staging = -1
+        if used:
+            found, _ = arena.reserve(service.staging, np.array([ticket]), (used,))
+            staging = int(found[0])
+            if staging < 0:
+                for held in pins:
+                    arena.release(held)
+                raise LoaderError(
+                    f"A batch needs {used} bytes of staging in the cache, more than a slab "
+                    "or all free slots; raise the service's cache size or lower batch_size."
+                )
+            for start, data in pieces:
+                raw = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+                arena.buffer[staging + start : staging + start + raw.size] = raw
+            for col in columns:
+                if "offset" in col:
+                    col["offset"] += staging
+                for k in col.get("staged", {}):
+                    col["staged"][k] += staging
+        with self.lock:
+            self.out[ticket] = (pins, staging)
+            closed = self.closed
+        if closed:
+            self._release([ticket])
+            raise ServiceError("the client left")
+        return {"ticket": ticket, "columns": columns}
+
+    def _release(self, tickets: list[Any]) -> None:
+        arena = self.service.arena
+        for t in tickets:
+            with self.lock:
+                held = self.out.pop(int(t), None)
+            if held is None:
+                continue
+            pins, staging = held
+            for offsets in pins:
+                if offsets.size:
+                    arena.release(offsets)
+            if staging >= 0:
+                arena.discard(np.array([staging], np.int64))
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            stream = self.stream
+            tickets = list(self.out)
+        if stream is not None:
+            stream.close()  # a take() waiting in handle() returns (raises: closed)
+            logger.info("client pid %d left job %s", self.session.pid, stream.name)
+        self._release(tickets)
+
+
+_OPEN_ARGS = ("batch_size", "prefetch", "lookahead", "image_size", "on_error", "epochs", "state")
+
+
+def _string(msg: dict[str, Any], key: str) -> str:
+    value = msg.get(key)
+    if not isinstance(value, str):
+        raise ServiceError(f"The request needs a string {key!r}, got {value!r}.")
+    return value
+
+
+def _raw(name: str, value: np.ndarray, offset: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": "raw",
+        "dtype": value.dtype.str,
+        "shape": list(value.shape),
+        "offset": offset,
+    }
+
+
+def _result(result: Any) -> dict[str, Any]:
+    """A statement's result for the wire: a table as Arrow IPC (hex), else its summary text."""
+    from tabloader.cli import describe_result
+
+    if isinstance(result, pa.Table):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, result.schema) as writer:
+            writer.write_table(result)
+        return {"kind": "table", "ipc": sink.getvalue().to_pybytes().hex()}
+    if result is None:
+        return {"kind": "none"}
+    return {"kind": "text", "text": describe_result(result)}
+
+
+def _state_out(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "remaining": state["remaining"].hex()}
+
+
+def _state_in(state: Any) -> dict[str, Any]:
+    try:
+        return {**state, "remaining": bytes.fromhex(state["remaining"])}
+    except (TypeError, KeyError, ValueError) as exc:
+        raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

@@ -1,0 +1,288 @@
+"""The loader service: separate processes share one engine through shared memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import catalog
+from catalog.errors import JobNotFoundError, ServiceError
+from tabloader.prep import decode_image
+from tabloader.service.client import RemoteLoader
+from tabloader.service.protocol import socket_path
+from tabloader.service.shm import SHM_DIR, shm_available
+
+pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def cat_dir(tmp_path, image_folder):
+    root = tmp_path / "cat"
+    with catalog.connect(root) as cat:
+        cat.import_imagefolder("imgs", image_folder)
+        cat.sql(
+            "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
+        )
+        cat.sql(
+            "REGISTER JOB b SELECT image, label FROM imgs WHERE label > 0 WITH (image_size = 16)"
+        )
+    return root
+
+
+def start_service(root: Path, *extra: str) -> subprocess.Popen:
+    log = root.parent / "serve.log"
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "tabloader", "--catalog", str(root), "serve"),
+                *("--workers", "2", "--cache-bytes", str(16 << 20), *extra),
+            ],
+            stderr=err,
+        )
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            RemoteLoader(root, start=False).close()
+            return proc
+        except ServiceError:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the service did not start")
+
+
+@pytest.fixture
+def service(cat_dir):
+    proc = start_service(cat_dir)
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+def segments_of(pid: int) -> list[Path]:
+    return list(SHM_DIR.glob(f"tabloader-{pid}-*"))
+
+
+def wait_for(predicate, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+TRAIN = textwrap.dedent(
+    """
+    import json, sys
+    from tabloader.torch import JobDataset
+    ds = JobDataset(sys.argv[2], catalog=sys.argv[1])
+    epochs = []
+    for epoch in range(2):
+        ids = []
+        for batch in ds:
+            assert batch["image"].shape[1:] == (16, 16, 3)
+            batch["image"].zero_()  # in place: nobody else sees it
+            ids += batch["_id"].tolist()
+        epochs.append(ids)
+    print(json.dumps({"epochs": epochs, "pid": ds.loader.service_pid}))
+    """
+)
+
+
+def test_two_training_scripts_share_one_service_exactly_once_each(cat_dir, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = {**os.environ, "TABLOADER_IDLE_EXIT": "2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(cat_dir), job], stdout=subprocess.PIPE, env=env
+        )
+        for job in ("a", "b")
+    ]  # no service runs: the first starts one in the background, both use it
+    outs = [json.loads(p.communicate(timeout=TIMEOUT * 2)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs[0]["pid"] == outs[1]["pid"]
+    service_pid = outs[0]["pid"]
+    wait_for(lambda: not _alive(service_pid), "the idle service to stop")
+    assert not segments_of(service_pid)
+    assert not socket_path(cat_dir).exists()
+    with catalog.connect(cat_dir) as cat:
+        for job, out in zip("ab", outs, strict=True):
+            rows = sorted(cat.job(job).ids)
+            for ids in out["epochs"]:
+                assert sorted(ids) == rows  # every row once per epoch
+            assert out["epochs"][0] != out["epochs"][1]  # a new order each epoch
+
+
+def rows_of(remote: RemoteLoader, where: str) -> list[int]:
+    table = remote.sql(f"SELECT _id FROM imgs WHERE {where} ORDER BY _id")
+    return table.column("_id").to_pylist()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_batches_equal_the_source_and_jobs_share_decodes(service, cat_dir, image_folder):
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        a = remote.open("a", batch_size=8, epochs=1)
+        b = remote.open("b", batch_size=8, epochs=1)
+        seen: dict[int, np.ndarray] = {}
+        for batch_a, batch_b in zip(a, b, strict=False):
+            for batch in (batch_a, batch_b):
+                for i, img in zip(batch["_id"].tolist(), batch["image"].copy(), strict=True):
+                    seen[i] = img
+                batch["image"][...] = 0  # the client's own copy: nobody else sees it
+        for stream in (a, b):
+            for batch in stream:
+                for i, img in zip(batch["_id"].tolist(), batch["image"], strict=True):
+                    seen[i] = img.copy()
+            stream.close()
+        paths = remote.sql("SELECT _id, path FROM imgs").to_pylist()
+        assert sorted(seen) == rows_of(remote, "true")  # a and b together: every row
+        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
+        stats = remote.stats()
+    finally:
+        remote.close()
+    assert stats["decodes"] <= len(seen) * 1.05  # shared between the two jobs
+    for row in paths:
+        expected = decode_image((image_folder / row["path"]).read_bytes(), size=16)
+        assert np.array_equal(seen[row["_id"]], expected)
+
+
+def test_statements_go_through_the_running_service(service, cat_dir):
+    run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir), "sql"]
+    out = subprocess.run([*run, "SHOW JOBS"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    assert "label < 3" in out.stdout
+    out = subprocess.run(
+        [*run, "REGISTER JOB c SELECT label FROM imgs WHERE label = 2"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Job c on imgs" in out.stdout
+    out = subprocess.run([*run, "SHOW JOBS nope"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 1
+    assert out.stderr.startswith("StatementError") or "Error" in out.stderr
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        with pytest.raises(JobNotFoundError, match="nope"):
+            remote.open("nope")
+        with remote.open("c", batch_size=4, epochs=1) as c:  # registered while others train
+            labels = np.concatenate([b["label"] for b in c])
+        assert (labels == 2).all()
+        assert remote.sql("SELECT count(*) AS n FROM imgs").column("n").to_pylist()[0] > 0
+    finally:
+        remote.close()
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys
+    from tabloader.service.client import RemoteLoader
+    s = RemoteLoader(sys.argv[1], start=False).open("a", batch_size=4, prefetch=4)
+    s.take()
+    print("took", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_killed_client_leaves_and_others_go_on(service, cat_dir, tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    victim = subprocess.Popen(
+        [sys.executable, str(script), str(cat_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert victim.stdout.readline().strip() == b"took"
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        assert "a" in remote.stats()["jobs"]
+        victim.kill()
+        victim.communicate(timeout=TIMEOUT)  # closes its pipes
+        wait_for(lambda: "a" not in remote.stats()["jobs"], "the killed client's job to leave")
+        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "its pins to be released")
+        with remote.open("a", batch_size=4, epochs=1) as again:  # the same job, started again
+            assert sorted(i for b in again for i in b["_id"].tolist()) == rows_of(
+                remote, "label < 3"
+            )
+    finally:
+        remote.close()
+
+
+def test_resume_from_a_saved_state_exactly_once(service, cat_dir):
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        s = remote.open("a", batch_size=4)
+        first = s.take()["_id"].tolist() + s.take()["_id"].tolist()
+        state = s.state_dict()
+        s.close()
+        with remote.open("a", batch_size=4, state=state, epochs=1) as resumed:
+            rest = [i for b in resumed for i in b["_id"].tolist()]
+        assert sorted(first + rest) == rows_of(remote, "label < 3")  # none twice, none lost
+    finally:
+        remote.close()
+
+
+def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, cat_dir):
+    remote = RemoteLoader(cat_dir, start=False)
+    stream = remote.open("a", batch_size=4)
+    stream.take()
+    service.kill()
+    service.wait(TIMEOUT)
+    assert segments_of(service.pid)  # left behind by the killed service
+    with pytest.raises(ServiceError, match="service"):
+        list(stream)  # the batches prefetched before the kill, then the error
+    stream.close()
+    remote.close()
+    fresh = start_service(cat_dir)
+    try:
+        assert not segments_of(service.pid)  # the new service removed them
+        remote = RemoteLoader(cat_dir, start=False)
+        with remote.open("a", batch_size=4, epochs=1) as s:
+            assert sorted(i for b in s for i in b["_id"].tolist()) == rows_of(remote, "label < 3")
+        remote.close()
+    finally:
+        fresh.send_signal(signal.SIGTERM)
+        assert fresh.wait(TIMEOUT) == 0
+
+
+def test_sigterm_stops_the_service_cleanly(cat_dir):
+    proc = start_service(cat_dir)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(TIMEOUT) == 0
+    assert not socket_path(cat_dir).exists()
+    assert not segments_of(proc.pid)
+    with pytest.raises(ServiceError, match="no tabloader service runs"):
+        RemoteLoader(cat_dir, start=False)
+
+
+def test_a_second_service_for_the_catalog_is_refused(service, cat_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir), "serve"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert out.returncode == 1
+    assert "a service already runs" in out.stderr
