@@ -14,7 +14,9 @@ errors and counters cross the pipe.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -133,7 +135,7 @@ class DecodePool:
                 self.processes,
                 mp_context=ctx,
                 initializer=_attach,
-                initargs=(self._segment, self._size),
+                initargs=(self._segment, self._size, os.getpid()),
             )
         known = self._specs.get(id(reader))
         if known is None:  # pickled once per reader (kept: its id stays unique); workers
@@ -154,11 +156,25 @@ _ARENA: Any = None
 _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
-def _attach(segment: str, size: int) -> None:
+def _attach(segment: str, size: int, owner: int) -> None:
     from tabloader.service.shm import Segment
 
     global _ARENA
     _ARENA = np.frombuffer(Segment(segment, size, create=False).buf, np.uint8)
+    # A process of the forkserver is not the loader's child: if the loader is killed, nothing
+    # tells it, and it would keep the shared memory mapped. It watches the loader instead.
+    threading.Thread(target=_exit_with, args=(owner,), daemon=True).start()
+
+
+def _exit_with(owner: int) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # pragma: no cover - the pid was reused by another user
+            os._exit(0)
 
 
 def _decode_into(

@@ -248,6 +248,8 @@ def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, 
     remote = RemoteLoader(cat_dir, start=False)
     stream = remote.open("a", batch_size=4)
     stream.take()
+    helpers = descendants(service.pid)
+    assert len(helpers) >= 3  # a forkserver and its two decode processes
     service.kill()
     service.wait(TIMEOUT)
     assert segments_of(service.pid)  # left behind by the killed service
@@ -255,6 +257,7 @@ def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, 
         list(stream)  # the batches prefetched before the kill, then the error
     stream.close()
     remote.close()
+    wait_for(lambda: not any(_alive(p) for p in helpers), "the decode processes to exit")
     fresh = start_service(cat_dir)
     try:
         assert not segments_of(service.pid)  # the new service removed them
@@ -265,6 +268,21 @@ def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, 
     finally:
         fresh.send_signal(signal.SIGTERM)
         assert fresh.wait(TIMEOUT) == 0
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes under ``pid`` (its forkserver and the decode processes forked from it)."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True, check=True)
+    children: dict[int, list[int]] = {}
+    for line in out.stdout.splitlines()[1:]:
+        child, parent = map(int, line.split())
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
 
 
 def test_sigterm_stops_the_service_cleanly(cat_dir):
