@@ -312,8 +312,7 @@ class Fetcher:
         if self.procs is None or size is None:
             self.pool.submit(self._run_load, load)
             return
-        shape = (size, size, 3) if isinstance(size, int) else (*size, 3)
-        offsets, fresh = self.arena.reserve(load.space, load.rows, shape)
+        offsets, fresh = self.arena.reserve(load.space, load.rows, _fixed_shape(size))
         todo = np.flatnonzero(fresh)
         if todo.size == 0:
             self.pool.submit(self._landed_elsewhere, load, offsets, todo, None)
@@ -367,9 +366,8 @@ class Fetcher:
                 offsets[bad] = -1
             good = np.setdiff1d(todo, bad)
             offsets[good] = self.arena.publish(load.space, load.rows[good], offsets[good])
-        size = load.decoder.image_size
         shapes = np.zeros((load.rows.size, 3), np.int32)
-        shapes[:] = (size, size, 3) if isinstance(size, int) else (*size, 3)
+        shapes[:] = _fixed_shape(load.decoder.image_size)
         values: list[npt.NDArray[np.uint8] | None] = [None] * load.rows.size
         local = np.array([i for i in np.flatnonzero(offsets < 0).tolist() if i not in errors])
         if local.size:  # no room in the arena: decoded here, handed out uncached
@@ -512,6 +510,11 @@ class Fetcher:
             else:
                 out.append(src.copy())
         return out
+
+
+def _fixed_shape(size: Any) -> tuple[int, int, int]:
+    """The (H, W, 3) of images resized to ``image_size`` ``size`` (an int: a square)."""
+    return (size, size, 3) if isinstance(size, int) else (*size, 3)
 
 
 def _fixed_width(t: pa.DataType) -> int | None:
