@@ -252,14 +252,16 @@ def test_resume_all_ranks_from_a_state_saved_at_the_same_step(images):
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
         opts = {"batch_size": batch_size, "world_size": world_size, "prefetch": 2}
         streams = [loader.open("j", rank=r, **opts) for r in range(world_size)]
-        before = [[], []]
-        # rank 0 takes its first 2 batches and saves before rank 1 takes any: the state is
-        # the job's at that step, not at the slowest rank's position
-        for r, s in enumerate(streams):
-            before[r] += [s.next_batch()["_id"].tolist() for _ in range(2)]
-            if r == 0:
-                saved = s.state_dict()
-        assert streams[1].state_dict() == saved  # the same step, the same state
+        r0, r1 = streams
+        # the state is the job's at the saving rank's step, wherever the others are: rank 0
+        # saves at step 2 before rank 1 has taken a batch, and again once rank 1 is ahead
+        before = [[r0.next_batch()["_id"].tolist() for _ in range(2)], []]
+        saved = r0.state_dict()
+        before[1] = [r1.next_batch()["_id"].tolist() for _ in range(2)]
+        assert r1.state_dict() == saved  # the same step, the same state
+        ahead = r1.next_batch()["_id"].tolist()  # rank 1's step 3: not in the checkpoint
+        assert r0.state_dict() == saved
+        assert r1.state_dict() != saved
         assert saved["epoch"] == 0
         for s in streams:
             s.close()
@@ -275,6 +277,7 @@ def test_resume_all_ranks_from_a_state_saved_at_the_same_step(images):
             s.close()
     epoch0 = [before[r] + after[r][0] for r in range(world_size)]
     dropped = check_epoch(epoch0, rows, batch_size)  # each row once, before or after
+    assert set(ahead) <= {i for b in after[0][0] + after[1][0] for i in b} | dropped
     assert len(dropped) == len(rows) % (batch_size * world_size)
     check_epoch([after[r][1] for r in range(world_size)], rows, batch_size)
 
@@ -382,3 +385,33 @@ def test_job_dataset_ranks(images):
         assert data[2].stats()["rank"] == 2
         for d in data:
             d.close()
+
+
+def test_future_uses_match_the_queues_with_ranks(images):
+    """The arena's eviction inputs stay exact with ranks: dealt, dropped and left rows."""
+    images.sql("REGISTER JOB d SELECT image FROM imgs WHERE label < 3 WITH (image_size = 8)")
+    images.sql("REGISTER JOB p SELECT image FROM imgs WHERE label > 0 WITH (image_size = 8)")
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        ranks = [loader.open("d", batch_size=4, rank=r, world_size=3) for r in range(3)]
+        plain = loader.open("p", batch_size=5)
+        group = loader._schedulers["imgs"]
+        for step in range(45):
+            if step == 30:
+                ranks.pop().close()  # the others go on without rank 2
+            for stream in (*ranks, plain):
+                stream.next_batch()
+            with group.cond:
+                for space, counts in group.uses.items():
+                    want = np.zeros_like(counts)
+                    nxt = np.full(counts.size, np.inf)
+                    for job in group.jobs.values():
+                        queued = job.q_rows.tolist()
+                        if job.left:
+                            queued += list(job.sampler.remaining(job.name))
+                        np.add.at(want, np.array(queued, dtype=np.intp), 1)
+                        np.minimum.at(nxt, job.q_rows, job.q_rounds)
+                    assert counts.tolist() == want.tolist(), step
+                    assert group.next_round[space].tolist() == nxt.tolist(), step
+        for stream in (*ranks, plain):
+            stream.close()
+        assert all(not counts.any() for counts in group.uses.values())
