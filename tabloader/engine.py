@@ -183,30 +183,58 @@ class Loader:
         on_error: str | OnError = OnError.RAISE,
         epochs: int | None = None,
         state: dict[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         remote: bool = False,
     ) -> JobStream:
-        """Start consuming a registered job.
+        """Start consuming a registered job (or one rank of it, for data-parallel training).
 
         Args:
             job: the job name (or ``Job``).
             batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
-            prefetch: batches prepared ahead of consumption (default: enough to keep every
-                worker busy, at least 2).
-            lookahead: rows sampled ahead (default 4 batches); more lets jobs at different
-                moments share rounds, at the cost of a longer queue of ids.
+            prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
+                every worker busy, at least 2).
+            lookahead: rows sampled ahead (default 4 batches), per rank; more lets jobs at
+                different moments share rounds, at the cost of a longer queue of ids.
             image_size: shared deterministic resize of image columns (default: the job's
                 ``image_size`` option, else full size).
             on_error: ``"raise"`` (default) or ``"skip"`` rows that fail to read or decode.
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
+            rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
+                ranks of the job (DDP). When both are None they are read from ``RANK`` and
+                ``WORLD_SIZE`` in the environment (as torchrun sets them), else 0 and 1.
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
 
+        Data-parallel ranks: the ranks of one job in one loader are one job (one entry in
+        the sampler, so it still shares reads and decodes with every other job). The first
+        open creates it; each other rank opens it with its own ``rank`` and the same
+        ``world_size``, options and ``state``. Batches of ``batch_size`` rows are cut from the
+        job's random order as for a plain job and dealt round-robin: batch k of an epoch goes
+        to rank ``k % world_size``. Every rank gets ``n // (batch_size * world_size)`` batches
+        of an epoch of ``n`` rows; the last ``n % (batch_size * world_size)`` rows of the
+        epoch's uniformly random order (so a random subset, another each epoch) are dropped,
+        as with ``DistributedSampler(drop_last=True)``. With ``world_size == 1`` nothing is
+        dropped (the last batch of an epoch may be short).
+
+        The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank
+        ahead of the others waits for the slowest (as DDP does anyway), so a rank that never
+        opens holds up the others. Each rank's stream has its own ``epoch`` and ``stats``;
+        ``state_dict()`` from any rank is the job's state at that rank's step, so every rank
+        should save at the same step (as DDP checkpoints do) and all reopen with that state.
+        Closing a rank while the others go on drops its batches (a rank that leaves mid-epoch
+        loses its share of that epoch; it cannot rejoin until every rank has closed); the job
+        leaves the sampler with its last open rank.
+
         Raises:
-            JobNotFoundError: no such job. LoaderError: bad options, or the job is open already.
+            JobNotFoundError: no such job. LoaderError: bad options (``rank`` and
+                ``world_size`` included), the job (or that rank of it) is open already, or
+                open with another ``world_size``, other options or another ``state``.
         """
         if self._closed:
             raise LoaderError("The loader is closed; create a new Loader.")
+        rank, world_size = _check_rank(rank, world_size)
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
@@ -225,6 +253,12 @@ class Loader:
                 raise LoaderError(
                     f"on_error={on_error!r} is not a policy; use 'raise' or 'skip'."
                 ) from None
+            if world_size > 1 and len(info.ids) < batch_size * world_size:
+                raise LoaderError(
+                    f"Job {info.name!r} has {len(info.ids)} rows, fewer than batch_size "
+                    f"({batch_size}) x world_size ({world_size}): no rank would get a batch; "
+                    "use a smaller batch_size."
+                )
             dataset = self.catalog.dataset(info.dataset)
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
@@ -236,16 +270,24 @@ class Loader:
             plan,
             batch_size,
             prefetch=prefetch,
-            horizon=max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
+            horizon=world_size
+            * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
             on_error=mode,
             epochs=epochs,
+            world_size=world_size,
             id_array=bitmap_to_array(info.ids).astype(np.int64),
             remote=remote,
         )
         remaining, epoch = (None, 0) if state is None else _check_state(state, info)
-        sched.add(state_obj, remaining=remaining, epoch=epoch)
-        logger.info("job %s opened on %s (%d rows)", info.name, info.dataset, len(info.ids))
-        return JobStream(sched, state_obj)
+        joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=rank)
+        logger.info(
+            "job %s opened on %s (%d rows)%s",
+            info.name,
+            info.dataset,
+            len(info.ids),
+            f" as rank {rank} of {world_size}" if world_size > 1 else "",
+        )
+        return JobStream(sched, joined)
 
     def _plan(
         self, sched: DatasetScheduler, dataset: Dataset, columns: list[str], size: Any
@@ -341,6 +383,47 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
             "job re-registered since? Start it without a state."
         )
     return remaining, epoch
+
+
+def _check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
+    where = "rank and world_size"
+    if rank is None and world_size is None:
+        env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+        if env["RANK"] is None and env["WORLD_SIZE"] is None:
+            return 0, 1
+        if env["RANK"] is None or env["WORLD_SIZE"] is None:
+            raise LoaderError(
+                f"The environment has RANK={env['RANK']!r} and WORLD_SIZE="
+                f"{env['WORLD_SIZE']!r}: set both (torchrun does) or neither, or pass rank= "
+                "and world_size= to open()."
+            )
+        where = "RANK and WORLD_SIZE in the environment"
+        rank, world_size = _env_int(env["RANK"]), _env_int(env["WORLD_SIZE"])
+    elif rank is None or world_size is None:
+        raise LoaderError(
+            f"rank={rank!r}, world_size={world_size!r}: pass both (this stream is rank `rank` "
+            "of `world_size` data-parallel ranks), or neither to read RANK and WORLD_SIZE "
+            "from the environment."
+        )
+    ok = all(
+        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (rank, world_size)
+    )
+    if not ok or not 0 <= rank < world_size:
+        raise LoaderError(
+            f"rank={rank!r}, world_size={world_size!r} (from {where}): they must be integers "
+            "with 0 <= rank < world_size; give each data-parallel rank its own rank from 0 to "
+            "world_size - 1."
+        )
+    return int(rank), int(world_size)
+
+
+def _env_int(text: str) -> int | str:
+    """An integer from the environment, or the text as it was (to report it)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}

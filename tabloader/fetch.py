@@ -99,6 +99,7 @@ class Work:
         "plan",
         "private",
         "ready",
+        "remote",
         "result",
         "rows",
         "shapes",
@@ -108,9 +109,17 @@ class Work:
     )
 
     def __init__(
-        self, job: Any, rows: npt.NDArray[np.int64], epoch: int, plan: Plan, *, skip: bool
+        self,
+        job: Any,
+        rows: npt.NDArray[np.int64],
+        epoch: int,
+        plan: Plan,
+        *,
+        skip: bool,
+        remote: bool = False,
     ):
         self.job = job
+        self.remote = remote  # handed over pinned to another process (the loader service)
         self.rows = rows
         self.epoch = epoch
         self.plan = plan
@@ -420,7 +429,7 @@ class Fetcher:
         handed_over = False
         try:
             if work.error is None and not (work.errors and not work.skip):
-                if work.job.remote:
+                if work.remote:
                     work.result, handed_over = self._hand_over(work), True
                 else:
                     work.result = self._collate(work)

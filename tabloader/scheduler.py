@@ -19,6 +19,16 @@ Data flow, per dataset::
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
   fast jobs go on alone. Nobody waits for anybody.
 * **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
+* **Ranks (DDP).** The ranks of a data-parallel job are one job (one queue, one entry in the
+  sampler: it shares with every other job); each rank is a :class:`RankState`, a plain job
+  has one. Batches are cut from the job's queue as above and dealt round-robin, the k-th of an
+  epoch to rank ``k % world_size``. With more than one rank every rank gets
+  ``n // (batch_size * world_size)`` full batches of an epoch of ``n`` rows and the last
+  ``n % (batch_size * world_size)`` rows (the last in the sampler's order) are dropped, as
+  ``DistributedSampler(drop_last=True)`` does. Lockstep: batches are cut only while the rank
+  whose turn it is has room below ``prefetch``, so a rank ahead waits for the slow one and
+  at most ``prefetch`` batches per rank are in flight. A rank that left has its turns
+  dropped, unprepared.
 * **Stalls.** Per job, seconds blocked in ``take`` (waiting for data) vs seconds between
   batches (its own compute).
 """
@@ -42,11 +52,12 @@ from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
 from tabloader.fetch import Fetcher, Plan, Work
 
-__all__ = ["DatasetScheduler", "JobState", "OnError"]
+__all__ = ["DatasetScheduler", "JobState", "OnError", "RankState"]
 
 logger = logging.getLogger(__name__)
 
 ABANDONED_CHECK_S = 1.0  # how often an idle scheduler looks for streams dropped without close()
+PENDING_WARN_S = 30.0  # a rank waiting this long for a rank that never opened logs a warning
 _EMPTY = np.empty(0, np.int64)
 
 
@@ -59,16 +70,21 @@ class OnError(enum.Enum):
 
 @dataclass(eq=False)
 class JobState:
-    """One open job of a dataset: its queue, its batches in preparation, its counters."""
+    """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
+
+    ``world_size`` ranks share the queue and take turns (see the module docstring); each
+    :class:`RankState` has its own batches in preparation and counters.
+    """
 
     name: str
     ids: BitMap
     plan: Plan
     batch_size: int
-    prefetch: int  # batches prepared ahead
-    horizon: int  # rows sampled ahead (queued + preparing + ready)
+    prefetch: int  # batches prepared ahead, per rank
+    horizon: int  # rows sampled ahead (queued + preparing + ready), all ranks
     on_error: OnError
     epochs: int | None = None  # stop after this many epochs (None: never)
+    world_size: int = 1
     sampler: Any = None  # the scheduler's sampler the job is registered in
     id_array: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
     epoch: int = 0  # epoch of the rows the sampler hands out next
@@ -76,31 +92,35 @@ class JobState:
     q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
     q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
     q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
-    batches: deque[Work] = field(default_factory=deque)  # preparing or ready, in order
     remote: bool = False  # batches are handed over pinned (the loader service's clients)
     closed: bool = False
-    abandoned: bool = False  # its stream was garbage-collected without close()
-    # counters
-    delivered: int = 0
-    rows: int = 0
-    skipped: int = 0
-    requests: int = 0
-    loaded: int = 0
-    wait_s: float = 0.0  # blocked in take(): waiting for data
-    compute_s: float = 0.0  # between batches: the job's own work
-    last_return: float | None = None
-    started: float = field(default_factory=time.perf_counter)
+    ranks: list[RankState] = field(init=False)
+    num_ids: int = field(init=False)
+    # where the job started: its first epoch has ``first_rows`` rows (fewer when resumed)
+    first_epoch: int = 0
+    first_rows: int = 0
+    resumed: tuple[int, BitMap] | None = None  # the state it was opened from (ranks compare)
+    # dealing: the next batch cut is batch ``cut`` (from 0) of epoch ``cut_epoch``
+    cut_epoch: int = 0
+    cut: int = 0
+    # batches cut and not yet behind every rank: (epoch, index, rows), for ``state_dict``;
+    # an epoch's dropped remainder is logged with index ``batches_per_epoch``
+    log: deque[tuple[int, int, npt.NDArray[np.int64]]] = field(default_factory=deque)
+    warned_pending: bool = False
+
+    def __post_init__(self) -> None:
+        self.num_ids = len(self.ids)
+        self.ranks = [RankState(self, r) for r in range(self.world_size)]
 
     def in_flight(self) -> int:
-        return sum(w.rows.size for w in self.batches)
+        return sum(w.rows.size for r in self.ranks for w in r.batches)
 
-    def next_epoch(self) -> int:
-        """The epoch of the job's next batch."""
-        if self.batches:
-            return self.batches[0].epoch
-        if self.q_rows.size:
-            return int(self.q_epochs[0])
-        return self.epoch + 1 if self.left == 0 else self.epoch
+    def batches_per_rank(self, epoch: int) -> int:
+        """Batches each rank gets in ``epoch`` (the last may be short with a single rank)."""
+        n = self.first_rows if epoch == self.first_epoch else self.num_ids
+        if self.world_size == 1:
+            return -(-n // self.batch_size)
+        return n // (self.batch_size * self.world_size)
 
     def done_sampling(self) -> bool:
         """True once the sampler has handed out the job's last epoch."""
@@ -112,22 +132,104 @@ class JobState:
             return 0
         return self.horizon - self.q_rows.size - self.in_flight()
 
-    def finished(self) -> bool:
-        """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""
-        return self.epochs is not None and self.next_epoch() >= self.epochs
-
     def hungry(self) -> bool:
-        """True if the job has fewer rows ahead than ``prefetch`` batches (it starts a round)."""
+        """True if the job has fewer rows ahead than ``prefetch`` batches per rank (it starts a
+        round)."""
         return (
             self.room() > 0
-            and self.q_rows.size + self.in_flight() < self.prefetch * self.batch_size
+            and self.q_rows.size + self.in_flight()
+            < self.prefetch * self.batch_size * self.world_size
         )
+
+    def stats(self) -> dict[str, Any]:
+        """The job's counters: its rank's, or the sum over its ranks (and each under ``ranks``)."""
+        per_rank = [r.stats() for r in self.ranks]
+        if self.world_size == 1:
+            return per_rank[0]
+        total = {
+            key: sum(s[key] for s in per_rank)
+            for key in (
+                "batches",
+                "rows",
+                "skipped",
+                "requests",
+                "loaded",
+                "shared",
+                "wait_s",
+                "compute_s",
+                "rows_per_s",
+            )
+        }
+        going = [r for r in self.ranks if not r.closed] or self.ranks
+        busy = total["wait_s"] + total["compute_s"]
+        return {
+            "job": self.name,
+            **total,
+            "epoch": min(r.next_epoch() for r in going),
+            "waiting": total["wait_s"] / busy if busy > 0 else 0.0,
+            "world_size": self.world_size,
+            "ranks": per_rank,
+        }
+
+
+@dataclass(eq=False)
+class RankState:
+    """One rank of a job (a plain job has one): its consumer's batches and counters.
+
+    Its position is (``epoch``, ``taken``): batches taken of that epoch. A rank is *pending*
+    until its stream opens (batches are dealt to it all the same: the others wait for it),
+    then open, then closed.
+    """
+
+    job: JobState = field(repr=False)
+    rank: int
+    batches: deque[Work] = field(default_factory=deque)  # preparing or ready, in order
+    opened: bool = False
+    closed: bool = False
+    abandoned: bool = False  # its stream was garbage-collected without close()
+    epoch: int = 0
+    taken: int = 0
+    # counters
+    delivered: int = 0
+    rows: int = 0
+    skipped: int = 0
+    requests: int = 0
+    loaded: int = 0
+    wait_s: float = 0.0  # blocked in take(): waiting for data
+    compute_s: float = 0.0  # between batches: the job's own work
+    last_return: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def label(self) -> str:
+        """The job's name, and the rank when there are several."""
+        job = self.job
+        if job.world_size == 1:
+            return repr(job.name)
+        return f"{job.name!r} (rank {self.rank} of {job.world_size})"
+
+    def is_open(self) -> bool:
+        return self.opened and not self.closed
+
+    def next_epoch(self) -> int:
+        """The epoch of the rank's next batch."""
+        job = self.job
+        while self.taken >= job.batches_per_rank(self.epoch):
+            if self.epoch != job.first_epoch and job.batches_per_rank(self.epoch) == 0:
+                break  # an empty job: no epoch has a batch
+            self.epoch, self.taken = self.epoch + 1, 0
+        return self.epoch
+
+    def finished(self) -> bool:
+        """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""
+        return self.job.epochs is not None and self.next_epoch() >= self.job.epochs
 
     def stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started
         busy = self.wait_s + self.compute_s
         return {
-            "job": self.name,
+            "job": self.job.name,
+            "rank": self.rank,
+            "world_size": self.job.world_size,
             "batches": self.delivered,
             "rows": self.rows,
             "epoch": self.next_epoch(),
@@ -156,7 +258,7 @@ class DatasetScheduler:
             (0.04 us a row) where dependent rounds for jobs that joined at different moments
             go round by round (0.6 us a row for four jobs).
         fetcher: prepares the batches.
-        close_job: how the owner closes a job whose stream was dropped without close().
+        close_job: how the owner closes a job whose streams were all dropped without close().
     """
 
     def __init__(
@@ -200,17 +302,22 @@ class DatasetScheduler:
             self.num_rows = num_rows
 
     # -- jobs ------------------------------------------------------------------------------------
-    def add(self, job: JobState, *, remaining: BitMap | None, epoch: int) -> None:
-        """Open ``job``, fresh or resumed (``remaining`` rows of epoch ``epoch``).
+    def add(
+        self, job: JobState, *, remaining: BitMap | None, epoch: int, rank: int = 0
+    ) -> RankState:
+        """Open ``job``, fresh or resumed (``remaining`` rows of epoch ``epoch``), as ``rank``.
+
+        If a job of that name is open already with ``job.world_size`` ranks, ``rank`` joins
+        it instead (``job`` only carries the options, which must be the same).
 
         Raises:
-            LoaderError: a job of that name is open already.
+            LoaderError: the job is open already (as a plain job, or that rank), or with
+                another world size, other options or another state.
         """
         with self.cond:
-            if job.name in self.jobs:
-                raise LoaderError(
-                    f"Job {job.name!r} is open already in this loader; close its stream first."
-                )
+            current = self.jobs.get(job.name)
+            if current is not None:
+                return self._attach_locked(current, job, rank, remaining, epoch)
             job.sampler = self.sampler if job.plan.prepared else self.gather_sampler
             if remaining is None:
                 job.sampler.add_job(job.name, job.ids)
@@ -218,29 +325,120 @@ class DatasetScheduler:
             else:
                 job.sampler.add_job(job.name, job.ids, remaining=remaining, epoch=epoch)
                 job.epoch = epoch
-            job.left = len(remaining)
+                job.resumed = (epoch, BitMap(remaining))
+            job.left = job.first_rows = len(remaining)
+            job.first_epoch = job.cut_epoch = job.epoch
+            for r in job.ranks:
+                r.epoch = job.epoch
             self._count_uses(job, bitmap_to_array(remaining), +1)
             self.jobs[job.name] = job
+            joined = job.ranks[rank]
+            joined.opened = True
             self.cond.notify_all()
+            return joined
+
+    def _attach_locked(
+        self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
+    ) -> RankState:
+        """Rank ``rank`` joins the open ``job``; ``asked`` has the options it was opened with."""
+        name = job.name
+        if job.world_size == 1 and asked.world_size == 1:
+            raise LoaderError(
+                f"Job {name!r} is open already in this loader; close its stream first."
+            )
+        if job.world_size != asked.world_size:
+            raise LoaderError(
+                f"Job {name!r} is open already in this loader with world_size={job.world_size}"
+                f", and this open asks for world_size={asked.world_size}: every rank of a job "
+                "must pass the same world_size (or close the job's streams first)."
+            )
+        joined = job.ranks[rank]
+        if joined.is_open():
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} is open already in this loader: each rank opens "
+                "the job once (close that stream first, or pass another rank)."
+            )
+        if joined.closed:
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} left while its other ranks go on; a rank cannot "
+                "rejoin mid-run: close every rank, then open them all again (with the same "
+                "state_dict() to resume)."
+            )
+        mine = _options(job)
+        theirs = _options(asked)
+        differ = [k for k in mine if mine[k] != theirs[k]]
+        if differ or job.ids != asked.ids:
+            what = ", ".join(f"{k}={theirs[k]!r} (rank 0's: {mine[k]!r})" for k in differ)
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} was opened with other options than its ranks "
+                f"open already: {what or 'the job rows changed (re-registered?)'}; every rank "
+                "must open the job the same way."
+            )
+        state = None if remaining is None else (epoch, BitMap(remaining))
+        if state != job.resumed:
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} was opened with another state than its ranks "
+                "open already; every rank must pass the same state (saved at the same step), "
+                "or none."
+            )
+        joined.opened = True
+        joined.started = time.perf_counter()
+        self.cond.notify_all()
+        return joined
 
     def remove(self, job: JobState) -> None:
-        """Close ``job``: its queued rows and remaining uses go, the sampler forgets it."""
+        """Close ``job`` (every rank): its queued rows and remaining uses go, the sampler
+        forgets it."""
         with self.cond:
-            if job.closed:
-                return
-            job.closed = True
-            self.jobs.pop(job.name, None)
-            queued = job.q_rows
-            job.q_rows = job.q_rounds = job.q_epochs = _EMPTY
-            self._unqueue(job, queued)
-            if job.left:  # the rows of this epoch that the sampler still had for the job
-                self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
-            job.sampler.remove_job(job.name)
-            for work in job.batches:  # ready ones handed over pinned: released here; those
-                if work.ready and work.result is not None and job.remote:  # still preparing
-                    self.fetcher.release(work)  # release when they land (``landed``)
-            job.batches.clear()
-            self.cond.notify_all()
+            self._remove_locked(job)
+
+    def _remove_locked(self, job: JobState) -> None:
+        if job.closed:
+            return
+        job.closed = True
+        for r in job.ranks:
+            r.closed = True
+            self._drop_batches(r)
+        if self.jobs.get(job.name) is job:
+            del self.jobs[job.name]
+        queued = job.q_rows
+        job.q_rows = job.q_rounds = job.q_epochs = _EMPTY
+        job.log.clear()
+        self._unqueue(job, queued)
+        if job.left:  # the rows of this epoch that the sampler still had for the job
+            self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
+        job.sampler.remove_job(job.name)
+        self.cond.notify_all()
+
+    def _drop_batches(self, rank: RankState) -> None:
+        """Forget a closed rank's batches. Ready ones handed over pinned (the service's) are
+        released here; those still preparing release their pins when they land (``landed``)."""
+        for work in rank.batches:
+            if work.remote and work.ready and work.result is not None:
+                self.fetcher.release(work)
+        rank.batches.clear()
+
+    def leave(self, rank: RankState) -> None:
+        """Close one rank: the job goes on with the others (and leaves with the last).
+
+        The batches dealt to the rank from now on are dropped unprepared, so the others never
+        wait for it: a rank that leaves mid-epoch loses its share of that epoch.
+        """
+        with self.cond:
+            self._leave_locked(rank)
+
+    def _leave_locked(self, rank: RankState) -> None:
+        if rank.closed:
+            return
+        job = rank.job
+        rank.closed = True
+        self._drop_batches(rank)
+        if not any(r.is_open() for r in job.ranks):
+            self._remove_locked(job)
+            return
+        self._trim_log(job)
+        self._activate_locked(job)  # it may have been that rank's turn
+        self.cond.notify_all()
 
     # -- future uses (under ``cond``; read lock-free by the arena) -------------------------------
     def _spaces(self, job: JobState) -> list[int]:
@@ -288,6 +486,8 @@ class DatasetScheduler:
         try:
             while True:
                 with self.cond:
+                    # dropped ranks first: the other ranks of their jobs may wait for them
+                    self._close_abandoned_locked()
                     while not self.closed and not any(j.hungry() for j in self.jobs.values()):
                         if self._close_abandoned_locked():
                             continue
@@ -305,11 +505,23 @@ class DatasetScheduler:
                 self.cond.notify_all()
 
     def _close_abandoned_locked(self) -> bool:
-        gone = [j for j in self.jobs.values() if j.abandoned]
-        for job in gone:
-            logger.warning("job %s: its stream was dropped without close(); closing it", job.name)
-            self._close_job(job)
-        return bool(gone)
+        """Close the ranks whose streams were dropped without close(); False if none."""
+        found = False
+        for job in list(self.jobs.values()):
+            gone = [r for r in job.ranks if r.abandoned and not r.closed]
+            if not gone:
+                continue
+            found = True
+            for r in gone:
+                logger.warning(
+                    "job %s: its stream was dropped without close(); closing it", r.label()
+                )
+            if all(r.abandoned for r in job.ranks if r.is_open()):
+                self._close_job(job)
+            else:
+                for r in gone:
+                    self._leave_locked(r)
+        return found
 
     def _sample_locked(self) -> None:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
@@ -346,106 +558,170 @@ class DatasetScheduler:
                 nxt = self.next_round[space]
                 nxt[rows] = np.minimum(nxt[rows], rounds)
 
+    def _pop_locked(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
+        """The first ``n`` rows of the job's queue leave it."""
+        rows = job.q_rows[:n].copy()
+        job.q_rows, job.q_rounds, job.q_epochs = (
+            job.q_rows[n:],
+            job.q_rounds[n:],
+            job.q_epochs[n:],
+        )
+        self._unqueue(job, rows)
+        return rows
+
     def _activate_locked(self, job: JobState) -> None:
-        """Cut the job's next batches from its queue and start preparing them (``prefetch``)."""
-        while len(job.batches) < job.prefetch and job.q_rows.size:
+        """Cut the job's next batches from its queue, deal them to its ranks in turn and start
+        preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
+        while job.q_rows.size:
             epoch = int(job.q_epochs[0])
+            if epoch != job.cut_epoch:
+                job.cut_epoch, job.cut = epoch, 0
             other = np.flatnonzero(job.q_epochs != epoch)
             same = int(other[0]) if other.size else job.q_rows.size
+            full = job.batches_per_rank(epoch) * job.world_size
+            if job.cut >= full:  # the epoch's last rows, fewer than a batch per rank: dropped
+                job.log.append((epoch, full, self._pop_locked(job, same)))
+                continue
+            rank = job.ranks[job.cut % job.world_size]
+            if not rank.closed and len(rank.batches) >= job.prefetch:
+                return
             n = min(job.batch_size, same)
             complete = other.size > 0 or epoch < job.epoch or job.left == 0
             if n < job.batch_size and not complete:
                 return
-            rows = job.q_rows[:n].copy()
-            job.q_rows, job.q_rounds, job.q_epochs = (
-                job.q_rows[n:],
-                job.q_rounds[n:],
-                job.q_epochs[n:],
+            rows = self._pop_locked(job, n)
+            job.log.append((epoch, job.cut, rows))
+            job.cut += 1
+            if rank.closed:  # that rank left: its share is dropped, unprepared
+                continue
+            work = Work(
+                rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
             )
-            self._unqueue(job, rows)
-            work = Work(job, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP)
-            job.batches.append(work)
-            job.requests += rows.size * len(job.plan.columns)
+            rank.batches.append(work)
+            rank.requests += rows.size * len(job.plan.columns)
             self.fetcher.submit(work)
 
+    def _trim_log(self, job: JobState) -> None:
+        """Forget the cut batches that every rank still going is past."""
+        marks = [(r.next_epoch(), r.taken * job.world_size) for r in job.ranks if not r.closed]
+        if not marks:
+            job.log.clear()
+            return
+        low = min(marks)
+        while job.log and (job.log[0][0], job.log[0][1]) < low:
+            job.log.popleft()
+
     def landed(self, work: Work) -> None:
-        """The fetcher finished ``work`` (the Fetcher's ``on_done``): its job may take it."""
+        """The fetcher finished ``work`` (the Fetcher's ``on_done``): its rank may take it."""
         with self.cond:
-            job: JobState = work.job
-            job.loaded += work.loaded + work.rows.size * len(work.plan.gathered)
+            rank: RankState = work.job
+            rank.loaded += work.loaded + work.rows.size * len(work.plan.gathered)
             work.ready = True
-            if not job.closed:
+            if not rank.closed:
                 self.cond.notify_all()
-            elif job.remote and work.result is not None:
+            elif work.remote and work.result is not None:
                 self.fetcher.release(work)
 
     # -- the consumer side -------------------------------------------------------------------------
-    def take(self, job: JobState, epoch: int | None) -> dict[str, Any] | None:
-        """The job's next batch, or None at the end of ``epoch`` (if given) or of the last epoch.
+    def take(self, rank: RankState, epoch: int | None) -> dict[str, Any] | None:
+        """The rank's next batch, or None at the end of ``epoch`` (if given) or of the last
+        epoch.
 
         A batch whose rows were all skipped is not returned: the next one of its epoch is.
         """
+        job = rank.job
         while True:
             t0 = time.perf_counter()
-            if job.last_return is not None:
-                job.compute_s += t0 - job.last_return
-                job.last_return = None
+            if rank.last_return is not None:
+                rank.compute_s += t0 - rank.last_return
+                rank.last_return = None
             with self.cond:
                 while True:
-                    self._check(job)
-                    if job.finished() or (epoch is not None and job.next_epoch() != epoch):
-                        job.last_return = time.perf_counter()
+                    self._check(rank)
+                    if rank.finished() or (epoch is not None and rank.next_epoch() != epoch):
+                        rank.last_return = time.perf_counter()
                         return None
-                    if job.batches and job.batches[0].ready:
-                        work = job.batches.popleft()
+                    if rank.batches and rank.batches[0].ready:
+                        work = rank.batches.popleft()
                         break
-                    if not job.batches:
+                    if not rank.batches:
                         self._activate_locked(job)
                     self.cond.notify_all()
-                    self.cond.wait()
+                    self._wait_locked(rank, t0)
+                rank.taken += 1
+                self._trim_log(job)
                 self._activate_locked(job)
                 self.cond.notify_all()  # room for the scheduler
             now = time.perf_counter()
-            job.wait_s += now - t0
-            job.last_return = now
-            batch = self._deliver(job, work)
+            rank.wait_s += now - t0
+            rank.last_return = now
+            batch = self._deliver(rank, work)
             if batch is not None:
                 return batch
 
-    def _deliver(self, job: JobState, work: Work) -> dict[str, Any] | None:
+    def _wait_locked(self, rank: RankState, since: float) -> None:
+        """Wait for news; warn once if the job's ranks wait for one that never opened."""
+        job = rank.job
+        if job.warned_pending or all(r.opened or r.closed for r in job.ranks):
+            self.cond.wait()
+            return
+        self.cond.wait(PENDING_WARN_S)
+        if time.perf_counter() - since >= PENDING_WARN_S and not job.warned_pending:
+            missing = [r.rank for r in job.ranks if not r.opened and not r.closed]
+            if missing:
+                job.warned_pending = True
+                logger.warning(
+                    "job %r: rank %d has waited %.0f s for rank(s) %s, which have not opened "
+                    "the job in this loader; the ranks of a job go in lockstep (ranks in "
+                    "other processes do not share this in-process loader)",
+                    job.name,
+                    rank.rank,
+                    PENDING_WARN_S,
+                    ", ".join(map(str, missing)),
+                )
+
+    def _deliver(self, rank: RankState, work: Work) -> dict[str, Any] | None:
         if work.error is not None:
             raise work.error
+        job = rank.job
         if work.errors:
             first = work.errors[min(work.errors)]
             if job.on_error is OnError.RAISE:
                 raise first
-            job.skipped += len(work.errors)
+            rank.skipped += len(work.errors)
             for e in work.errors.values():
-                logger.warning("job %s skipped a row: %s", job.name, e)
+                logger.warning("job %s skipped a row: %s", rank.label(), e)
         batch = work.result
         if batch is not None:
-            job.delivered += 1
-            job.rows += len(batch["_id"])
+            rank.delivered += 1
+            rank.rows += len(batch["_id"])
         return batch
 
-    def _check(self, job: JobState) -> None:
-        if job.closed:
-            raise LoaderError(f"Job stream {job.name!r} is closed; open the job again.")
+    def _check(self, rank: RankState) -> None:
+        if rank.closed:
+            raise LoaderError(f"Job stream {rank.label()} is closed; open the job again.")
         if self.error is not None:
             raise LoaderError(
                 f"The scheduler of dataset {self.name!r} failed: {self.error!r}"
             ) from self.error
 
-    def state_dict(self, job: JobState) -> dict[str, Any]:
-        """Where the job is: its epoch and the rows of that epoch it has not received yet."""
+    def state_dict(self, rank: RankState) -> dict[str, Any]:
+        """Where the job is at this rank's step: its epoch and the rows of that epoch that
+        are not in the batches every rank had taken at that step.
+
+        Ranks that save at the same step get the same state, however far the others are.
+        """
+        job = rank.job
         with self.cond:
-            epoch = job.next_epoch()
-            parts = [w.rows for w in job.batches if w.epoch == epoch]
+            self._check(rank)
+            epoch = rank.next_epoch()
+            behind = rank.taken * job.world_size  # batches of the epoch every rank has had
+            parts = [rows for e, k, rows in job.log if e == epoch and k >= behind]
             parts.append(job.q_rows[job.q_epochs == epoch])
             rows = BitMap(np.concatenate(parts).astype(np.uint32))
             if epoch == job.epoch and job.left > 0:
                 rows |= job.sampler.remaining(job.name)
-            elif epoch > job.epoch:  # nothing of the next epoch handed out yet
+            elif epoch > job.epoch:  # nothing of that epoch handed out yet
                 rows = BitMap(job.ids)
         return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
 
@@ -454,3 +730,15 @@ class DatasetScheduler:
             self.closed = True
             self.cond.notify_all()
         self.thread.join()
+
+
+def _options(job: JobState) -> dict[str, Any]:
+    """What every rank of a job must open it with."""
+    return {
+        "batch_size": job.batch_size,
+        "prefetch": job.prefetch,
+        "lookahead": job.horizon // job.world_size,
+        "on_error": job.on_error.value,
+        "epochs": job.epochs,
+        "image_size": [dec.image_size for dec, _ in job.plan.prepared],
+    }

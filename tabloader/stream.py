@@ -7,26 +7,34 @@ from collections.abc import Iterator
 from typing import Any
 
 from catalog.errors import LoaderError
-from tabloader.scheduler import DatasetScheduler, JobState
+from tabloader.scheduler import DatasetScheduler, JobState, RankState
 
 __all__ = ["JobStream"]
 
 
 class JobStream:
-    """The batches of one job; iterate it, or call ``next_batch()``.
+    """The batches of one job (of one rank of a data-parallel job); iterate it, or call
+    ``next_batch()``.
 
     Iterating yields batches until ``epochs`` epochs are done (forever if None); ``iter_epoch``
     yields the batches of the current epoch only. Each batch is the job's own (a dict of
     column -> new array or list, ``_id`` first): writing into it changes nothing anywhere else.
     Close it (or use ``with``) to leave: the other jobs are not disturbed.
+
+    With ``world_size`` ranks (see ``Loader.open``) each rank's stream has its own batches,
+    ``epoch`` and ``stats``; ``state_dict`` is the job's, at this rank's step.
     """
 
-    def __init__(self, scheduler: DatasetScheduler, job: JobState) -> None:
+    def __init__(self, scheduler: DatasetScheduler, rank: RankState) -> None:
         self._scheduler = scheduler
-        self._job = job
+        self._rank = rank
         # A stream dropped without close() (its training thread died): the scheduler closes
-        # the job. The finalizer only sets a flag: it may run inside any lock, on any thread.
-        weakref.finalize(self, setattr, job, "abandoned", True)
+        # the rank. The finalizer only sets a flag: it may run inside any lock, on any thread.
+        weakref.finalize(self, setattr, rank, "abandoned", True)
+
+    @property
+    def _job(self) -> JobState:
+        return self._rank.job
 
     @property
     def name(self) -> str:
@@ -34,19 +42,29 @@ class JobStream:
         return self._job.name
 
     @property
+    def rank(self) -> int:
+        """This stream's rank (0 for a plain job)."""
+        return self._rank.rank
+
+    @property
+    def world_size(self) -> int:
+        """The job's number of ranks (1 for a plain job)."""
+        return self._job.world_size
+
+    @property
     def epoch(self) -> int:
-        """The epoch of the next batch (0-based)."""
+        """The epoch of this stream's next batch (0-based)."""
         with self._scheduler.cond:
-            return self._job.next_epoch()
+            return self._rank.next_epoch()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        while (batch := self._scheduler.take(self._job, None)) is not None:
+        while (batch := self._scheduler.take(self._rank, None)) is not None:
             yield batch
 
     def iter_epoch(self) -> Iterator[dict[str, Any]]:
         """Yield the remaining batches of the current epoch."""
         epoch = self.epoch
-        while (batch := self._scheduler.take(self._job, epoch)) is not None:
+        while (batch := self._scheduler.take(self._rank, epoch)) is not None:
             yield batch
 
     def next_batch(self) -> dict[str, Any]:
@@ -57,37 +75,52 @@ class JobStream:
                 it has delivered the ``epochs`` it was opened for.
             RowReadError: a row of the batch failed (``on_error="raise"``).
         """
-        batch = self._scheduler.take(self._job, None)
+        batch = self._scheduler.take(self._rank, None)
         if batch is None:
             raise LoaderError(
-                f"Job stream {self._job.name!r} has delivered its {self._job.epochs} epoch(s); "
-                "open the job again (or with epochs=None) to read on."
+                f"Job stream {self._rank.label()} has delivered its {self._job.epochs} "
+                "epoch(s); open the job again (or with epochs=None) to read on."
             )
         return batch
 
     def take(self, epoch: int | None = None) -> dict[str, Any] | None:
         """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
-        return self._scheduler.take(self._job, epoch)
+        return self._scheduler.take(self._rank, epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the job is: its epoch and the rows of that epoch it has not received yet."""
-        return self._scheduler.state_dict(self._job)
+        """Where the job is: its epoch and the rows of that epoch it has not received yet.
+
+        With ranks, the job's state at this rank's step: the rows of the epoch not in the
+        batches that every rank had taken by the same step (so every rank must save at the
+        same step, as DDP checkpoints do; they then save the same state). Open every rank
+        again with it (and the same ``world_size``) to resume: each row of the epoch is
+        delivered once, before or after.
+
+        Raises:
+            LoaderError: the stream is closed.
+        """
+        return self._scheduler.state_dict(self._rank)
 
     def stats(self) -> dict[str, Any]:
-        """The job's counters so far.
+        """This stream's counters so far (of its rank, for a data-parallel job).
 
         ``batches``, ``rows`` and ``skipped`` rows delivered; the ``epoch`` of the next batch;
         ``requests``: values (row x column) fetched for the job, ``loaded``: those it read or
         decoded itself, ``shared``: those another job's decode served (cached or in flight);
         stalls: ``wait_s`` blocked waiting for batches, ``compute_s`` between batches (the
-        job's own work), ``waiting`` the first's share of both; ``rows_per_s``.
+        job's own work), ``waiting`` the first's share of both; ``rows_per_s``; ``rank`` and
+        ``world_size``.
         """
         with self._scheduler.cond:
-            return self._job.stats()
+            return self._rank.stats()
 
     def close(self) -> None:
-        """Leave: unregister from sampling; batches in preparation release their pins."""
-        self._scheduler.remove(self._job)
+        """Leave: unregister from sampling; batches in preparation release their pins.
+
+        A rank of a data-parallel job leaves alone: the others go on without waiting for it
+        (its share of the current epoch is lost), and the job leaves with its last rank.
+        """
+        self._scheduler.leave(self._rank)
 
     def __enter__(self) -> JobStream:
         return self

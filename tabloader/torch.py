@@ -66,6 +66,13 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         image_size: shared deterministic resize (default: the job's ``image_size`` option).
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
+        rank, world_size: this dataset is rank ``rank`` of ``world_size`` data-parallel ranks
+            of the job (default: ``RANK`` and ``WORLD_SIZE`` from the environment, as torchrun
+            sets them, else a plain job). Each rank gets a disjoint, equal share of every
+            epoch; the last ``n % (batch_size * world_size)`` rows of an epoch are dropped
+            (``DistributedSampler(drop_last=True)``). Ranks in separate processes (torchrun)
+            meet in the catalog's service; each must save its ``state_dict()`` at the same
+            step (see ``Loader.open``).
     """
 
     def __init__(
@@ -80,6 +87,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         image_size: int | tuple[int, int] | None = None,
         prefetch: int | None = None,
         on_error: str = "raise",
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         super().__init__()
         self.job = job
@@ -93,6 +102,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self.generator = torch.Generator().manual_seed(int(seed))
         self._batch_size, self._image_size = batch_size, image_size
         self._prefetch, self._on_error = prefetch, on_error
+        self._rank, self._world_size = rank, world_size
         self._stream: JobStream | RemoteStream | None = None
         self._state: dict[str, Any] | None = None
 
@@ -105,6 +115,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 image_size=self._image_size,
                 prefetch=self._prefetch,
                 on_error=self._on_error,
+                rank=self._rank,
+                world_size=self._world_size,
             )
             self._state = None
         return self._stream
@@ -129,7 +141,11 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         return self._open().stats()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the job is (epoch, rows not yet delivered) and its generator's state."""
+        """Where the job is (epoch, rows not yet delivered) and its generator's state.
+
+        With ranks, the job's state at this rank's step: save it on every rank at the same
+        step (as DDP checkpoints do), and load it on every rank to resume.
+        """
         stream = self._open()
         return {"stream": stream.state_dict(), "generator": self.generator.get_state()}
 

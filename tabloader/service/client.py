@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.errors import ServiceError
+from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
 from tabloader.service.protocol import Client, runtime_dir
 from tabloader.service.shm import Segment
@@ -107,7 +108,15 @@ class RemoteLoader:
         self._closed = False
 
     def open(self, job: str, **options: Any) -> RemoteStream:
-        """Open ``job`` in the service; options as ``Loader.open`` (and ``state`` to resume)."""
+        """Open ``job`` in the service; options as ``Loader.open`` (and ``state`` to resume).
+
+        ``rank`` and ``world_size`` default to ``RANK`` and ``WORLD_SIZE`` of this process's
+        environment (as torchrun sets them): the ranks of a job, each in its own process, join
+        the service as one job.
+        """
+        options["rank"], options["world_size"] = _check_rank(
+            options.get("rank"), options.get("world_size")
+        )
         conn = Client(self.root)
         try:
             if "image_size" in options and isinstance(options["image_size"], tuple):
@@ -119,7 +128,7 @@ class RemoteLoader:
         except BaseException:
             conn.close()
             raise
-        return RemoteStream(self, conn, job)
+        return RemoteStream(self, conn, job, options["rank"], options["world_size"])
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
@@ -147,8 +156,11 @@ class RemoteLoader:
 class RemoteStream:
     """One job's batches from the service; the interface of ``JobStream``."""
 
-    def __init__(self, loader: RemoteLoader, conn: Client, name: str) -> None:
+    def __init__(
+        self, loader: RemoteLoader, conn: Client, name: str, rank: int = 0, world_size: int = 1
+    ) -> None:
         self._loader, self._conn, self.name = loader, conn, name
+        self.rank, self.world_size = rank, world_size  # of the job's data-parallel ranks
         self._release: list[int] = []
         self._lock = threading.Lock()
 

@@ -196,6 +196,8 @@ class _Handler:
             kw["state"] = _state_in(kw["state"])
         if isinstance(kw.get("image_size"), list):
             kw["image_size"] = tuple(kw["image_size"])
+        if "rank" not in kw and "world_size" not in kw:  # the client's, never this process's
+            kw["rank"], kw["world_size"] = 0, 1  # RANK/WORLD_SIZE (it may have started us)
         with self.service.lock:
             stream = self.service.loader.open(_string(msg, "job"), remote=True, **kw)
         with self.lock:
@@ -330,7 +332,17 @@ class _Handler:
         self._release(tickets)
 
 
-_OPEN_ARGS = ("batch_size", "prefetch", "lookahead", "image_size", "on_error", "epochs", "state")
+_OPEN_ARGS = (
+    "batch_size",
+    "prefetch",
+    "lookahead",
+    "image_size",
+    "on_error",
+    "epochs",
+    "state",
+    "rank",
+    "world_size",
+)
 
 
 def _string(msg: dict[str, Any], key: str) -> str:

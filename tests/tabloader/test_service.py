@@ -194,6 +194,51 @@ def test_statements_go_through_the_running_service(service, cat_dir):
         remote.close()
 
 
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from tabloader.torch import JobDataset
+    ds = JobDataset("a", catalog=sys.argv[1], batch_size=4)  # RANK, WORLD_SIZE: environment
+    ids = [i for batch in ds for i in batch["_id"].tolist()]
+    print(json.dumps({"ids": ids, "rank": ds._open().rank, "pid": ds.loader.service_pid}))
+    """
+)
+
+
+def test_torchrun_ranks_in_separate_processes_join_one_job(service, cat_dir, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        b = remote.open("b", batch_size=8, epochs=1)  # another job, open while the ranks run
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(cat_dir)],
+                stdout=subprocess.PIPE,
+                env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r)},
+            )
+            for r in range(2)
+        ]
+        outs = [json.loads(p.communicate(timeout=TIMEOUT * 2)[0]) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0]
+        seen_b = [i for batch in b for i in batch["_id"].tolist()]
+        b.close()
+        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
+        decodes = remote.stats()["decodes"]
+        rows_a, rows_b = rows_of(remote, "label < 3"), rows_of(remote, "label > 0")
+    finally:
+        remote.close()
+    assert [o["rank"] for o in outs] == [0, 1]
+    assert outs[0]["pid"] == outs[1]["pid"] == service.pid  # one service, one job
+    r0, r1 = (o["ids"] for o in outs)
+    assert len(r0) == len(r1) == len(rows_a) // 8 * 4  # equal shares; the remainder dropped
+    assert not set(r0) & set(r1)  # disjoint
+    assert set(r0) | set(r1) <= set(rows_a)
+    assert len(set(rows_a) - set(r0) - set(r1)) == len(rows_a) % 8
+    assert sorted(seen_b) == rows_b  # the other job: every row once
+    assert decodes <= len(set(rows_a) | set(rows_b)) * 1.05  # the ranks share decodes with b
+
+
 KILLED = textwrap.dedent(
     """
     import os, sys

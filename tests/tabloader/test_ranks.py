@@ -1,0 +1,417 @@
+"""Data-parallel jobs: the ranks of one job join the loader as one job (threads as ranks)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from catalog import LoaderError
+from tabloader.engine import Loader
+
+JOIN_S = 60.0  # a hang guard, not a speed check
+
+
+def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def run_threads(targets) -> None:
+    """Run each callable on its own thread; a hang or an exception fails the test."""
+    errors: list[BaseException] = []
+
+    def guard(fn):
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=guard(fn), daemon=True) for fn in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+        assert not t.is_alive(), "a rank is still running (hang)"
+    if errors:
+        raise errors[0]
+
+
+def epochs_of(stream, epochs: int, out: list[list[list[int]]]) -> None:
+    """Read ``epochs`` epochs of ``stream``: out[epoch] = the ids of each batch."""
+    for epoch in range(epochs):
+        assert stream.epoch == epoch
+        out.append([b["_id"].tolist() for b in stream.iter_epoch()])
+
+
+def run_ranks(loader, job: str, world_size: int, epochs: int, **options):
+    """Every rank on its own thread for ``epochs`` epochs -> [rank][epoch] = batches' ids."""
+    streams = [
+        loader.open(job, rank=r, world_size=world_size, epochs=epochs, **options)
+        for r in range(world_size)
+    ]
+    seen: list[list[list[list[int]]]] = [[] for _ in streams]
+    run_threads(
+        [
+            lambda s=s, out=out: epochs_of(s, epochs, out)
+            for s, out in zip(streams, seen, strict=True)
+        ]
+    )
+    for s in streams:
+        assert s.epoch == epochs
+        s.close()
+    return seen
+
+
+def check_epoch(batches_per_rank, rows: set[int], batch_size: int) -> set[int]:
+    """One epoch of every rank: disjoint equal shares of full batches; returns the dropped."""
+    world_size = len(batches_per_rank)
+    per_rank = len(rows) // (batch_size * world_size)
+    union: set[int] = set()
+    for batches in batches_per_rank:
+        assert len(batches) == per_rank  # every rank gets the same number of batches
+        assert all(len(b) == batch_size for b in batches)
+        ids = {i for b in batches for i in b}
+        assert len(ids) == per_rank * batch_size
+        assert not ids & union  # disjoint
+        union |= ids
+    assert union <= rows
+    dropped = rows - union
+    assert len(dropped) == len(rows) % (batch_size * world_size) < batch_size * world_size
+    return dropped
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize(
+    "columns", ["image, label", "label"], ids=["decoded", "gathered"]
+)  # the dependent and the independent sampler
+def test_ranks_get_disjoint_equal_shares_and_a_random_remainder_is_dropped(
+    images, world_size, columns
+):
+    images.sql(f"REGISTER JOB j SELECT {columns} FROM imgs WHERE label < 3 WITH (image_size = 8)")
+    rows = set(images.job("j").ids)
+    batch_size, epochs = 4, 5
+    assert len(rows) % (batch_size * world_size)  # something to drop
+    with Loader(images, cache_bytes=1 << 20, workers=2, seed=3) as loader:
+        seen = run_ranks(loader, "j", world_size, epochs, batch_size=batch_size)
+        group = loader._schedulers["imgs"]
+        assert "j" not in group.jobs  # it left with its last rank
+        assert all(not counts.any() for counts in group.uses.values())
+        assert all(np.isinf(nxt).all() for nxt in group.next_round.values())
+    dropped = [
+        check_epoch([seen[r][e] for r in range(world_size)], rows, batch_size)
+        for e in range(epochs)
+    ]
+    assert len({frozenset(d) for d in dropped}) > 1  # not always the same rows: random
+
+
+def test_a_ddp_job_shares_decodes_with_another_job(images):
+    """The ranks are one job of the dependent sampler: with a cache too small to keep rows
+    long, the DDP job and a plain job decode each row about once (the independent sampler,
+    the control, decodes more)."""
+    images.sql("REGISTER JOB ddp SELECT image, label FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB plain SELECT image FROM imgs WITH (image_size = 16)")
+    n = images.job("plain").num_rows
+    one_row = 16 * 16 * 3
+    decodes = {}
+    for sampler in ("dependent", "independent"):
+        # 20 rows: above the 16 pinned by the batches in flight, far below the 60 read
+        with Loader(images, cache_bytes=20 * one_row, workers=2, sampler=sampler) as loader:
+            opts = {"batch_size": 4, "prefetch": 1, "lookahead": 4, "epochs": 1}
+            r0 = loader.open("ddp", rank=0, world_size=2, **opts)
+            r1 = loader.open("ddp", rank=1, world_size=2, **opts)
+            plain = loader.open("plain", batch_size=8, prefetch=1, lookahead=8, epochs=1)
+            # one consumer taking a step of each (8 rows): the same pace, so the sampler's
+            # effect is measured, not the consumer threads' scheduling by the OS
+            got = {"r0": [], "r1": [], "plain": []}
+            for b0, b1, bp in zip(r0, r1, plain, strict=False):
+                got["r0"] += b0["_id"].tolist()
+                got["r1"] += b1["_id"].tolist()
+                got["plain"] += bp["_id"].tolist()
+            got["plain"] += [i for b in plain for i in b["_id"].tolist()]
+            assert list(r0) == list(r1) == []
+            assert sorted(got["plain"]) == list(range(n))
+            assert len(got["r0"]) == len(got["r1"]) == n // 8 * 4
+            assert not set(got["r0"]) & set(got["r1"])
+            decodes[sampler] = loader.stats()["decodes"]
+    alone = n // 8 * 8 + n  # what each would decode on its own
+    assert decodes["dependent"] <= 1.3 * n < 0.7 * alone
+    assert decodes["independent"] >= 1.2 * n
+
+
+def test_rank_and_world_size_from_the_environment(images, monkeypatch):
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        one = loader.open("j", batch_size=5, epochs=1)
+        assert (one.rank, one.world_size) == (1, 2)
+        zero = loader.open("j", batch_size=5, epochs=1, rank=0, world_size=2)  # arguments win
+        assert (zero.rank, zero.world_size) == (0, 2)
+        seen: list[list[list[list[int]]]] = [[], []]
+        run_threads([lambda: epochs_of(zero, 1, seen[0]), lambda: epochs_of(one, 1, seen[1])])
+        assert check_epoch([seen[0][0], seen[1][0]], rows, 5) == set()
+        zero.close()
+        one.close()
+        monkeypatch.delenv("RANK")
+        monkeypatch.delenv("WORLD_SIZE")
+        with loader.open("j", epochs=1) as plain:
+            assert (plain.rank, plain.world_size) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("rank", "world_size", "match"),
+    [
+        (-1, 2, r"rank=-1, world_size=2 \(from rank and world_size\).*0 <= rank < world_size"),
+        (2, 2, r"rank=2, world_size=2 .*0 <= rank < world_size"),
+        (0, 0, r"rank=0, world_size=0 .*0 <= rank < world_size"),
+        ("0", 2, r"rank='0', world_size=2 .*must be integers"),
+        (0, 2.0, r"rank=0, world_size=2.0 .*must be integers"),
+        (True, 2, r"rank=True, world_size=2 .*must be integers"),
+        (0, None, r"rank=0, world_size=None: pass both"),
+        (None, 2, r"rank=None, world_size=2: pass both"),
+    ],
+)
+def test_bad_rank_or_world_size(images, rank, world_size, match):
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        with pytest.raises(LoaderError, match=match):
+            loader.open("j", rank=rank, world_size=world_size)
+        assert loader.stats()["jobs"] == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, r"rank=2, world_size=2 \(from RANK and WORLD_SIZE"),
+        ({"RANK": "one", "WORLD_SIZE": "2"}, r"rank='one', world_size=2 .*must be integers"),
+        ({"WORLD_SIZE": "2"}, r"RANK=None and WORLD_SIZE='2': set both"),
+    ],
+)
+def test_bad_environment(images, monkeypatch, env, match):
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with Loader(images, cache_bytes=1 << 20) as loader, pytest.raises(LoaderError, match=match):
+        loader.open("j")
+
+
+def test_open_errors_of_ranks(images):
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    images.sql("REGISTER JOB k SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        r0 = loader.open("j", batch_size=4, rank=0, world_size=2)
+        with pytest.raises(LoaderError, match="Rank 0 of job 'j' is open already"):
+            loader.open("j", batch_size=4, rank=0, world_size=2)
+        with pytest.raises(
+            LoaderError,
+            match=r"Job 'j' is open already in this loader with world_size=2, and this open "
+            r"asks for world_size=3",
+        ):
+            loader.open("j", batch_size=4, rank=1, world_size=3)
+        with pytest.raises(  # a plain open is world_size 1
+            LoaderError, match=r"Job 'j' is open already in this loader with world_size=2.*=1"
+        ):
+            loader.open("j", batch_size=4)
+        with pytest.raises(LoaderError, match=r"other options.*batch_size=5 \(rank 0's: 4\)"):
+            loader.open("j", batch_size=5, rank=1, world_size=2)
+        state = {"job": "j", "epoch": 0, "remaining": images.job("j").ids.serialize()}
+        with pytest.raises(LoaderError, match="Rank 1 of job 'j' was opened with another state"):
+            loader.open("j", batch_size=4, rank=1, world_size=2, state=state)
+        r1 = loader.open("j", batch_size=4, rank=1, world_size=2)
+        r1.close()  # r0 goes on alone
+        with pytest.raises(LoaderError, match="Rank 1 of job 'j' left.*cannot rejoin"):
+            loader.open("j", batch_size=4, rank=1, world_size=2)
+        r0.close()
+        again = loader.open("j", batch_size=4, rank=1, world_size=2)  # a new run of the job
+        again.close()
+        with pytest.raises(LoaderError, match=r"has 60 rows, fewer than batch_size \(16\) x"):
+            loader.open("k", batch_size=16, rank=0, world_size=4)
+        plain = loader.open("k")
+        with pytest.raises(LoaderError, match="Job 'k' is open already in this loader; close"):
+            loader.open("k")  # unchanged for plain jobs
+        plain.close()
+
+
+def test_resume_all_ranks_from_a_state_saved_at_the_same_step(images):
+    images.sql("REGISTER JOB j SELECT image, label FROM imgs WHERE label > 0 WITH (image_size = 8)")
+    rows = set(images.job("j").ids)
+    batch_size, world_size = 4, 2
+    assert len(rows) % (batch_size * world_size)  # something to drop
+    assert len(rows) > 3 * batch_size * world_size  # something left after 2 steps
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        opts = {"batch_size": batch_size, "world_size": world_size, "prefetch": 2}
+        streams = [loader.open("j", rank=r, **opts) for r in range(world_size)]
+        r0, r1 = streams
+        # the state is the job's at the saving rank's step, wherever the others are: rank 0
+        # saves at step 2 before rank 1 has taken a batch, and again once rank 1 is ahead
+        before = [[r0.next_batch()["_id"].tolist() for _ in range(2)], []]
+        saved = r0.state_dict()
+        before[1] = [r1.next_batch()["_id"].tolist() for _ in range(2)]
+        assert r1.state_dict() == saved  # the same step, the same state
+        ahead = r1.next_batch()["_id"].tolist()  # rank 1's step 3: not in the checkpoint
+        assert r0.state_dict() == saved
+        assert r1.state_dict() != saved
+        assert saved["epoch"] == 0
+        for s in streams:
+            s.close()
+        resumed = [loader.open("j", rank=r, state=saved, epochs=2, **opts) for r in range(2)]
+        after: list[list[list[list[int]]]] = [[], []]
+        run_threads(
+            [
+                lambda s=s, out=out: epochs_of(s, 2, out)
+                for s, out in zip(resumed, after, strict=True)
+            ]
+        )
+        for s in resumed:
+            s.close()
+    epoch0 = [before[r] + after[r][0] for r in range(world_size)]
+    dropped = check_epoch(epoch0, rows, batch_size)  # each row once, before or after
+    assert set(ahead) <= {i for b in after[0][0] + after[1][0] for i in b} | dropped
+    assert len(dropped) == len(rows) % (batch_size * world_size)
+    check_epoch([after[r][1] for r in range(world_size)], rows, batch_size)
+
+
+def test_a_rank_that_closes_does_not_hold_up_the_others(images):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 8)")
+    images.sql("REGISTER JOB other SELECT image FROM imgs WITH (image_size = 8)")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        opts = {"batch_size": 5, "world_size": 2, "prefetch": 2, "epochs": 2}
+        r0 = loader.open("j", rank=0, **opts)
+        r1 = loader.open("j", rank=1, **opts)
+        other = loader.open("other", batch_size=5, epochs=1)
+        first = r1.next_batch()["_id"].tolist()  # then rank 1 stops consuming
+        seen: list[list[list[int]]] = []
+        consumer = threading.Thread(target=epochs_of, args=(r0, 2, seen), daemon=True)
+        consumer.start()
+        wait_until(lambda: r0.stats()["batches"] >= 2, "rank 0 consumed")
+        time.sleep(0.2)  # rank 0 reaches the batches dealt to rank 1: it waits (lockstep)
+        assert consumer.is_alive()
+        assert r0.stats()["batches"] < len(rows) // 10  # held up mid-epoch by rank 1
+        r1.close()  # the rest of its share is dropped
+        consumer.join(JOIN_S)
+        assert not consumer.is_alive(), "rank 0 still waits for the rank that left"
+        assert [len(e) for e in seen] == [len(rows) // 10] * 2  # its whole share
+        for epoch in seen:
+            ids = [i for b in epoch for i in b]
+            assert len(ids) == len(set(ids)) == len(rows) // 10 * 5
+        assert not set(first) & {i for b in seen[0] for i in b}
+        assert "j" in loader.stats()["jobs"]
+        r0.close()
+        assert "j" not in loader.stats()["jobs"]
+        assert sorted(i for b in other for i in b["_id"].tolist()) == sorted(rows)
+
+
+def test_a_dropped_rank_is_closed_and_the_others_go_on(images):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 8)")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        opts = {"batch_size": 5, "world_size": 2, "prefetch": 1, "epochs": 1}
+        r0 = loader.open("j", rank=0, **opts)
+        r1 = loader.open("j", rank=1, **opts)
+        r1.next_batch()
+        del r1  # a training thread that died without close()
+        gc.collect()
+        seen: list[list[list[int]]] = []
+        run_threads([lambda s=r0: epochs_of(s, 1, seen)])
+        assert len(seen[0]) == len(rows) // 10
+        assert "j" in loader.stats()["jobs"]
+        del r0
+        gc.collect()
+        wait_until(lambda: "j" not in loader.stats()["jobs"], "the scheduler closed job j")
+        wait_until(lambda: loader.stats()["cache"].pinned == 0, "every pin released")
+
+
+def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images, monkeypatch, caplog):
+    import tabloader.scheduler
+
+    monkeypatch.setattr(tabloader.scheduler, "PENDING_WARN_S", 0.2)
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        opts = {"batch_size": 5, "world_size": 2, "prefetch": 2, "epochs": 1}
+        r0 = loader.open("j", rank=0, **opts)
+        seen: list[list[list[list[int]]]] = [[], []]
+        consumer = threading.Thread(target=epochs_of, args=(r0, 1, seen[0]), daemon=True)
+        with caplog.at_level(logging.WARNING, logger="tabloader.scheduler"):
+            consumer.start()
+            wait_until(lambda: "have not opened the job" in caplog.text, "a warning")
+        assert "rank(s) 1" in caplog.text
+        assert consumer.is_alive()  # batches are dealt to rank 1 already: rank 0 waits
+        r1 = loader.open("j", rank=1, **opts)
+        run_threads([lambda: epochs_of(r1, 1, seen[1])])
+        consumer.join(JOIN_S)
+        assert not consumer.is_alive()
+        check_epoch([seen[0][0], seen[1][0]], rows, 5)
+        stats = loader.stats()["jobs"]["j"]
+        assert stats["world_size"] == 2
+        assert [s["rank"] for s in stats["ranks"]] == [0, 1]
+        assert stats["batches"] == sum(s["batches"] for s in stats["ranks"]) == len(rows) // 5
+        assert r0.stats()["rows"] == r1.stats()["rows"] == len(rows) // 2
+        r0.close()
+        r1.close()
+
+
+def test_job_dataset_ranks(images):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from tabloader.torch import JobDataset
+
+    images.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (image_size = 8, batch_size = 4)")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        data = [JobDataset("j", loader=loader, rank=r, world_size=3) for r in range(3)]
+        seen: list[list[list[int]]] = [[] for _ in data]
+
+        def epoch(r: int) -> None:
+            for batch in DataLoader(data[r], batch_size=None):
+                assert isinstance(batch["image"], torch.Tensor)
+                seen[r].append(batch["_id"].tolist())
+
+        run_threads([lambda r=r: epoch(r) for r in range(3)])
+        check_epoch(seen, rows, 4)
+        assert data[2].stats()["rank"] == 2
+        for d in data:
+            d.close()
+
+
+def test_future_uses_match_the_queues_with_ranks(images):
+    """The arena's eviction inputs stay exact with ranks: dealt, dropped and left rows."""
+    images.sql("REGISTER JOB d SELECT image FROM imgs WHERE label < 3 WITH (image_size = 8)")
+    images.sql("REGISTER JOB p SELECT image FROM imgs WHERE label > 0 WITH (image_size = 8)")
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        ranks = [loader.open("d", batch_size=4, rank=r, world_size=3) for r in range(3)]
+        plain = loader.open("p", batch_size=5)
+        group = loader._schedulers["imgs"]
+        for step in range(45):
+            if step == 30:
+                ranks.pop().close()  # the others go on without rank 2
+            for stream in (*ranks, plain):
+                stream.next_batch()
+            with group.cond:
+                for space, counts in group.uses.items():
+                    want = np.zeros_like(counts)
+                    nxt = np.full(counts.size, np.inf)
+                    for job in group.jobs.values():
+                        queued = job.q_rows.tolist()
+                        if job.left:
+                            queued += list(job.sampler.remaining(job.name))
+                        np.add.at(want, np.array(queued, dtype=np.intp), 1)
+                        np.minimum.at(nxt, job.q_rows, job.q_rounds)
+                    assert counts.tolist() == want.tolist(), step
+                    assert group.next_round[space].tolist() == nxt.tolist(), step
+        for stream in (*ranks, plain):
+            stream.close()
+        assert all(not counts.any() for counts in group.uses.values())
