@@ -459,7 +459,7 @@ class DatasetScheduler:
         mark = self._mark
         mark[rows] = True
         for space in self._spaces(job):
-            self.uses[space][rows] -= 1
+            np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats rows
             nxt = self.next_round[space]
             nxt[rows] = np.inf
             for other in self.jobs.values():
