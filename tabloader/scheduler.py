@@ -115,6 +115,11 @@ class JobState:
     def in_flight(self) -> int:
         return sum(w.rows.size for r in self.ranks for w in r.batches)
 
+    def all_joined(self) -> bool:
+        """True once every rank has opened (or left): before, no rank gets a batch, so a rank
+        that finishes early never leaves the job before the others have joined it."""
+        return all(r.opened or r.closed for r in self.ranks)
+
     def batches_per_rank(self, epoch: int) -> int:
         """Batches each rank gets in ``epoch`` (the last may be short with a single rank)."""
         n = self.first_rows if epoch == self.first_epoch else self.num_ids
@@ -641,7 +646,7 @@ class DatasetScheduler:
                     if rank.finished() or (epoch is not None and rank.next_epoch() != epoch):
                         rank.last_return = time.perf_counter()
                         return None
-                    if rank.batches and rank.batches[0].ready:
+                    if rank.batches and rank.batches[0].ready and job.all_joined():
                         work = rank.batches.popleft()
                         break
                     if not rank.batches:
@@ -662,7 +667,7 @@ class DatasetScheduler:
     def _wait_locked(self, rank: RankState, since: float) -> None:
         """Wait for news; warn once if the job's ranks wait for one that never opened."""
         job = rank.job
-        if job.warned_pending or all(r.opened or r.closed for r in job.ranks):
+        if job.warned_pending or job.all_joined():
             self.cond.wait()
             return
         self.cond.wait(PENDING_WARN_S)
@@ -672,8 +677,9 @@ class DatasetScheduler:
                 job.warned_pending = True
                 logger.warning(
                     "job %r: rank %d has waited %.0f s for rank(s) %s, which have not opened "
-                    "the job in this loader; the ranks of a job go in lockstep (ranks in "
-                    "other processes do not share this in-process loader)",
+                    "the job in this loader; no rank gets a batch before every rank has opened "
+                    "(as DDP's init_process_group waits for every rank): start them all (ranks "
+                    "in separate processes meet only through the catalog's service)",
                     job.name,
                     rank.rank,
                     PENDING_WARN_S,

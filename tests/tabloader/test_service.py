@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -237,6 +238,34 @@ def test_torchrun_ranks_in_separate_processes_join_one_job(service, cat_dir, tmp
     assert len(set(rows_a) - set(r0) - set(r1)) == len(rows_a) % 8
     assert sorted(seen_b) == rows_b  # the other job: every row once
     assert decodes <= len(set(rows_a) | set(rows_b)) * 1.05  # the ranks share decodes with b
+
+
+def test_a_client_that_stops_reading_holds_only_its_prefetch(service, cat_dir):
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        stalled = remote.open("a", batch_size=4, prefetch=2)
+        stalled.take()  # ... and never asks again, with its connection open
+        other = remote.open("b", batch_size=4, epochs=2)
+        epochs: list[list[int]] = [[], []]
+        runner = threading.Thread(
+            target=lambda: [
+                epochs[e].extend(b["_id"].tolist()) for e in (0, 1) for b in other.iter_epoch()
+            ],
+            daemon=True,
+        )
+        runner.start()
+        runner.join(TIMEOUT)
+        assert not runner.is_alive(), "a stalled client held up another job"
+        other.close()
+        assert sorted(epochs[0]) == sorted(epochs[1]) == rows_of(remote, "label > 0")
+        # a holds its taken batch and its 2 prefetched ones (4 rows each), plus the staging
+        # slot of its ticket (the label column): nothing of b's stays pinned
+        wait_for(lambda: remote.stats()["cache"]["pinned"] <= 3 * 4 + 1, "b's pins to go")
+        assert stalled.stats()["batches"] == 1
+        stalled.close()
+        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "a's pins to go")
+    finally:
+        remote.close()
 
 
 KILLED = textwrap.dedent(
