@@ -69,6 +69,8 @@ from catalog.errors import (
 )
 from catalog.importers import Source, open_source
 from catalog.storage import DatasetReader, PartInfo, PartWriter, choose_rows_per_batch
+from catalog.storage.checksums import FileIdentity
+from catalog.storage.verify import VerifyReport, verify_readers
 
 if TYPE_CHECKING:
     from sqlglot import exp
@@ -647,6 +649,19 @@ class Catalog:
         logger.info("imported %d rows into %s (version %d)", ingest.num_rows, name, version)
         return self.dataset(name)
 
+    # -- checksums (catalog.storage.verify) --------------------------------------------------------
+    def verify(self, name: str | None = None) -> VerifyReport:
+        """Read every stored byte of dataset ``name`` (default: every dataset) and check it.
+
+        Returns a report of the damaged ``_id`` ranges (``report.ok`` when there are none)
+        and of files written before checksums (unverified).
+
+        Raises:
+            DatasetNotFoundError: no such dataset.
+        """
+        names = self.dataset_names() if name is None else [self.dataset(name).name]
+        return verify_readers([self.dataset(n).reader for n in names])
+
     @_synchronized
     def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
         """Drop a dataset, its table and its files.
@@ -986,7 +1001,10 @@ class _Ingest:
             return
         if self.writer is None:
             avg = batch.nbytes / batch.num_rows
-            self.writer = PartWriter(self.tmp, schema, choose_rows_per_batch(avg))
+            identity = FileIdentity(self.name, self.version, self.final.name, self.first_id)
+            self.writer = PartWriter(
+                self.tmp, schema, choose_rows_per_batch(avg), identity=identity
+            )
         self.writer.write(batch)
         self._pending.append(batch.select(self.queryable))
         self._pending_rows += batch.num_rows

@@ -15,7 +15,7 @@
       StatementError(ValueError)  .line .col - bad SQL-ish input
         UnknownColumnError
         ForbiddenExpressionError
-      StorageError                .path - missing or corrupt IPC file
+      StorageError                .path .dataset .rows - missing, corrupt or swapped file
       SamplingError
       CacheError
       LoaderError                 a job's batch could not be produced
@@ -124,15 +124,30 @@ class ForbiddenExpressionError(StatementError):
 
 
 class StorageError(TabloaderError):
-    """A data file (Arrow IPC, or a job's row ids) is missing or corrupt.
+    """A data file (Arrow IPC, or a job's row ids) is missing, corrupt or not the right file.
 
     Attributes:
         path: the file at fault.
+        dataset: the dataset whose rows cannot be read, when known.
+        rows: the ``_id`` range that cannot be read, when known.
     """
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        dataset: str | None = None,
+        rows: range | None = None,
+    ) -> None:
         super().__init__(message)
         self.path = path
+        self.dataset = dataset
+        self.rows = rows
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: pickled across processes
+        fields = {"path": self.path, "dataset": self.dataset, "rows": self.rows}
+        return (functools.partial(type(self), **fields), self.args)
 
 
 class SamplingError(TabloaderError):

@@ -136,6 +136,22 @@ def _run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- verify ------------------------------------------------------------------------------------
+def _register_verify(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="read every stored row and check its checksums; exit 1 if anything is damaged",
+    )
+    p.add_argument("dataset", nargs="?", help="the dataset to check (default: all)")
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    with _open_catalog(args) as cat:
+        report = cat.verify(args.dataset)
+    print(report)
+    return 0 if report.ok else 1
+
+
 # -- serve -------------------------------------------------------------------------------------
 def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
@@ -215,6 +231,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], 
     "import": (_register_import, _run_import),
     "serve": (_register_serve, _run_serve),
     "sql": (_register_sql, _run_sql),
+    "verify": (_register_verify, _run_verify),
 }
 
 

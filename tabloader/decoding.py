@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from catalog.errors import StorageError
 from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
 
@@ -40,8 +41,10 @@ def decode_rows(
     """Read and decode ``rows`` (sorted: a record batch is read once) of ``dec``'s column.
 
     Returns ``(values, errors, counters)``: a value or None per row, the failures by position
-    (``RowReadError``; a failed read fails every row not decoded yet), and ``read_s``,
-    ``decode_s``, ``reads``, ``bytes_read``, ``decodes``.
+    (``RowReadError``; ``StorageError`` for every row of a damaged record batch, which the
+    reader checks against its checksums on first read in this process; any other failed read
+    fails every row not decoded yet), and ``read_s``, ``decode_s``, ``reads``, ``bytes_read``,
+    ``decodes``.
     """
     values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
     errors: Errors = {}
@@ -49,7 +52,12 @@ def decode_rows(
     reads = nbytes = 0
     mark = time.perf_counter()
     try:
-        for positions, rb, in_batch in reader.groups(rows, (dec.column,)):
+        for positions, part, batch, fields, in_batch in reader.batch_groups(rows, (dec.column,)):
+            try:
+                rb = reader.record_batch(part, batch, fields)
+            except StorageError as exc:  # this batch's rows only; the others are fine
+                errors.update(dict.fromkeys(positions.tolist(), exc))
+                continue
             column = rb.column(0)
             if pa.types.is_struct(column.type):  # Hugging Face image {bytes, path}
                 column = column.field("bytes")
@@ -139,7 +147,7 @@ class DecodePool:
             )
         known = self._specs.get(id(reader))
         if known is None:  # pickled once per reader (kept: its id stays unique); workers
-            spec = pickle.dumps((reader.root, reader.parts, reader.schema))  # cache by key
+            spec = pickle.dumps(reader.spec())  # workers cache it by key
             known = self._specs[id(reader)] = (reader, len(self._specs), spec)
         _, key, spec = known
         return self._pool.submit(_decode_into, key, spec, dec, rows, offsets)
@@ -186,8 +194,9 @@ def _decode_into(
 ) -> tuple[Errors, dict[str, float]]:
     reader = _READERS.get(key)
     if reader is None:
-        root, parts, schema = pickle.loads(spec)
-        reader = _READERS[key] = DatasetReader(root, parts, schema, memory_map=False)
+        # A reader of its own: it checks each record batch's checksums on its first read in
+        # this process, as the loader's reader does in the loader's.
+        reader = _READERS[key] = DatasetReader.from_spec(pickle.loads(spec), memory_map=False)
         while len(_READERS) > 8:  # older versions of datasets
             _READERS.popitem(last=False)
     values, errors, counters = decode_rows(reader, dec, rows)

@@ -143,9 +143,7 @@ class Loader:
     def _scheduler(self, dataset: Dataset) -> DatasetScheduler:
         """The dataset's scheduler, created (or moved to a newer version) as needed."""
         sched = self._schedulers.get(dataset.name)
-        reader = DatasetReader(
-            dataset.reader.root, dataset.reader.parts, dataset.reader.schema, memory_map=False
-        )
+        reader = DatasetReader.from_spec(dataset.reader.spec(), memory_map=False)
         if sched is None:
             fetcher = Fetcher(
                 reader,

@@ -2,11 +2,22 @@
 
 ``_id`` is not stored: row ``i`` of part ``p`` has ``_id = p.first_id + i``, so
 ``_id -> (part, record batch, row)`` is a binary search over parts and two integer divisions.
+Every file records its dataset and part, and every record batch its columns' checksums
+(``catalog.storage.checksums``); ``catalog.storage.verify`` checks them all.
 """
 
 from __future__ import annotations
 
 from catalog.storage.reader import DatasetReader
+from catalog.storage.verify import Damage, VerifyReport, verify_readers
 from catalog.storage.writer import PartInfo, PartWriter, choose_rows_per_batch
 
-__all__ = ["DatasetReader", "PartInfo", "PartWriter", "choose_rows_per_batch"]
+__all__ = [
+    "Damage",
+    "DatasetReader",
+    "PartInfo",
+    "PartWriter",
+    "VerifyReport",
+    "choose_rows_per_batch",
+    "verify_readers",
+]

@@ -5,6 +5,11 @@ dataset never scans. Why small batches for large rows: ``get_batch`` reads the w
 (every column, every row) to return one row, and a slice keeps the batch alive; 1-64 rows per
 batch for 10-100 KB rows gave the best random reads (``tabloader bench catalog``). We aim for about
 ``TARGET_BATCH_BYTES`` per batch, rounded down to a power of two.
+
+Given a ``FileIdentity``, the file's schema metadata records it and every record batch carries
+its columns' checksums (``catalog.storage.checksums``). Crash safety is unchanged: the file is
+written under a temporary name, fsynced, and only then renamed and committed by the catalog;
+the checksums travel inside the file, so there is no second file to keep in step.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+
+from catalog.storage.checksums import FileIdentity, digests_metadata
 
 __all__ = [
     "MAX_ROWS_PER_BATCH",
@@ -60,21 +67,41 @@ class PartInfo:
     version: int
 
     @property
+    def end_id(self) -> int:
+        """One past the ``_id`` of the part's last row."""
+        return self.first_id + self.num_rows
+
+    @property
     def num_batches(self) -> int:
         """Record batches in the file."""
         return -(-self.num_rows // self.rows_per_batch)
 
 
 class PartWriter:
-    """Stream record batches into one IPC file, re-cut to ``rows_per_batch`` rows each."""
+    """Stream record batches into one IPC file, re-cut to ``rows_per_batch`` rows each.
 
-    def __init__(self, path: Path, schema: pa.Schema, rows_per_batch: int) -> None:
+    With ``identity`` (as the catalog always passes), the file records it and a checksum per
+    record batch and column; without, it is a plain file of the format before checksums.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        schema: pa.Schema,
+        rows_per_batch: int,
+        *,
+        identity: FileIdentity | None = None,
+    ) -> None:
         self.path = path
         self.schema = schema
         self.rows_per_batch = rows_per_batch
+        self.identity = identity
         self.num_rows = 0
         self._sink = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_file(self._sink, schema)
+        stored = schema
+        if identity is not None:
+            stored = schema.with_metadata({**(schema.metadata or {}), **identity.metadata()})
+        self._writer = pa.ipc.new_file(self._sink, stored)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._synced = 0  # bytes that the last background flush covers
@@ -90,12 +117,12 @@ class PartWriter:
     def _emit(self, rows: int) -> None:
         first = self._pending[0]
         if first.num_rows >= rows:  # the common case: a slice of one batch, no copy
-            self._writer.write_batch(first.slice(0, rows))
+            self._write_batch(first.slice(0, rows))
             self._pending[0] = first.slice(rows)
         else:
             table = pa.Table.from_batches(self._pending, self.schema)
             head = table.slice(0, rows).combine_chunks()
-            self._writer.write_batch(head.to_batches(max_chunksize=rows)[0])
+            self._write_batch(head.to_batches(max_chunksize=rows)[0])
             self._pending = table.slice(rows).to_batches()
         self._pending_rows -= rows
         self.num_rows += rows
@@ -106,6 +133,12 @@ class PartWriter:
                 target=os.fdatasync, args=(self._sink.fileno(),), name="tabloader-flush"
             )
             self._flush.start()
+
+    def _write_batch(self, batch: pa.RecordBatch) -> None:
+        if self.identity is None:
+            self._writer.write_batch(batch)
+        else:
+            self._writer.write_batch(batch, custom_metadata=digests_metadata(batch))
 
     def _flushing(self) -> bool:
         """True while a background flush runs."""

@@ -8,7 +8,9 @@ reports ratios (the machines are shared and noisy; absolute times are for contex
 2. Opening a catalog and reading one row: a dataset 100x larger vs a small one (target <= 2x).
 3. Random single-row take of ~100 KB rows, page cache warm: tabloader ``Dataset.take`` vs
    HuggingFace ``datasets`` ``ds[i]`` (load_from_disk, memory-mapped) vs Lance ``take``
-   (targets: >= 2x HF, >= 1x Lance); also a batched random take of 256 rows.
+   (targets: >= 2x HF, >= 1x Lance); also a batched random take of 256 rows; and the cost of
+   checksums: the same single-row takes with verification on vs off, on fresh readers (every
+   take a first read of its record batch, so hashed) and on warm ones (target <= 1.05x).
 4. Import of a Parquet file vs pyarrow reading it and writing plain IPC (target >= 0.5x), and
    peak RSS of a separate process importing a ~4 GiB Parquet file (target <= 1 GiB).
 """
@@ -235,6 +237,7 @@ def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
         },
         rounds,
     )
+    checksum_rows = _checksum_cost(ds, [int(i) for i in singles[: singles.size // rounds]], rounds)
     times = {
         name: {
             "single_us": single[name] / (singles.size // rounds) * 1e6,
@@ -270,6 +273,61 @@ def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
                 "ratio": ratio_b,
                 "target": "report",
                 "ok": True,
+            }
+        )
+    return out + checksum_rows
+
+
+def _takes(reader: Any, ids: list[int]) -> None:
+    for i in ids:
+        reader.take([i])
+
+
+def _fresh_takes(spec: Any, verify: bool, ids: list[int]) -> None:
+    """Open a new reader (nothing verified yet) and take ``ids`` one by one."""
+    from catalog.storage import DatasetReader
+
+    reader = DatasetReader.from_spec(spec, memory_map=True)
+    reader.verify = verify
+    _takes(reader, ids)
+
+
+def _checksum_cost(ds: Any, ids: list[int], rounds: int) -> list[dict[str, Any]]:
+    """Single-row takes with checksum verification on vs off (``DatasetReader.verify``)."""
+    from catalog.storage import DatasetReader
+
+    spec = ds.reader.spec()
+    out = []
+    first = _race(
+        {
+            "on": functools.partial(_fresh_takes, spec, True, ids),
+            "off": functools.partial(_fresh_takes, spec, False, ids),
+        },
+        rounds,
+    )
+    warm_readers = {}
+    for verify in (True, False):
+        warm_readers[verify] = DatasetReader.from_spec(spec, memory_map=True)
+        warm_readers[verify].verify = verify
+        _takes(warm_readers[verify], ids)
+    warm = _race(
+        {
+            "on": functools.partial(_takes, warm_readers[True], ids),
+            "off": functools.partial(_takes, warm_readers[False], ids),
+        },
+        rounds,
+    )
+    for case, best in (("first read of each batch", first), ("batches read before", warm)):
+        on, off = best["on"] / len(ids) * 1e6, best["off"] / len(ids) * 1e6
+        out.append(
+            {
+                "part": "take",
+                "case": f"single row, checksums on vs off ({case})",
+                "tabloader_us": on,
+                "unverified_us": off,
+                "ratio": on / off,
+                "target": "<= 1.05",
+                "ok": on / off <= 1.05,
             }
         )
     return out
