@@ -1,7 +1,9 @@
 """tabloader: several training jobs on one machine share reading and decoding of their data.
 
-The catalog's public names (``connect``, ``Catalog``, the errors...) are tabloader's too; the
-loading engine adds ``Loader`` and ``JobStream`` (``tabloader.torch`` adds ``JobDataset``).
+The catalog's public names (``Catalog``, the errors...) are tabloader's too; the loading engine
+adds ``Loader`` and ``JobStream`` (``tabloader.torch`` adds ``JobDataset``). ``connect`` opens
+a catalog in this process, or, while its loader service runs (another process owns it), returns
+the service, whose ``sql()`` runs statements there.
 
 Example:
     >>> import tabloader, pyarrow as pa, tempfile
@@ -22,6 +24,7 @@ from tabloader.engine import JobStream as JobStream
 from tabloader.engine import Loader as Loader
 from tabloader.engine import OnError as OnError
 from tabloader.engine import default_loader as default_loader
+from tabloader.service.client import open_catalog as connect  # noqa: F401  (catalog's, or its service)
 
 __version__ = "0.1.0"
 

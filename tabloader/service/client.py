@@ -20,16 +20,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from catalog.errors import ServiceError
+from catalog.errors import CatalogLockedError, ServiceError
 from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
 from tabloader.service.protocol import Client, runtime_dir
 from tabloader.service.shm import Segment
+
+if TYPE_CHECKING:
+    from catalog import Catalog
 
 __all__ = ["RemoteLoader", "RemoteStream", "connect", "service_loader"]
 
@@ -152,6 +155,12 @@ class RemoteLoader:
             self._closed = True
             self._ctl.close()
 
+    def __enter__(self) -> RemoteLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class RemoteStream:
     """One job's batches from the service; the interface of ``JobStream``."""
@@ -240,6 +249,24 @@ class RemoteStream:
         return batch
 
 
+def open_catalog(path: str | os.PathLike[str] | None = None) -> Catalog | RemoteLoader:
+    """The catalog at ``path``: opened in this process if no other holds it, else its running
+    service, through which ``sql()`` statements go (``tabloader.connect``).
+
+    Raises:
+        CatalogLockedError: another process holds the catalog and it is not a service.
+    """
+    import catalog
+
+    try:
+        return catalog.connect(path)
+    except CatalogLockedError as locked:
+        try:
+            return RemoteLoader(_root(path), start=False)
+        except ServiceError:
+            raise locked from None
+
+
 def _images(arena: np.ndarray, col: dict[str, Any]) -> Any:
     staged = {int(k): int(v) for k, v in col["staged"].items()}
     shapes = [tuple(s[: 3 if s[2] else 2]) for s in col["shapes"]]
@@ -270,11 +297,16 @@ def service_loader(root: str | os.PathLike[str] | None) -> RemoteLoader:
     """This process's connection to the service of catalog ``root`` (default: as ``connect``
     in ``catalog``), made on first use.
     """
-    from catalog.catalog import DEFAULT_PATH, ENV_VAR
-
-    path = Path(root or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+    path = _root(root)
     with _LOADERS_LOCK:
         loader = _LOADERS.get(path)
         if loader is None or loader._closed:
             loader = _LOADERS[path] = RemoteLoader(path)
         return loader
+
+
+def _root(root: str | os.PathLike[str] | None) -> Path:
+    """The catalog directory ``root`` names (default: as ``connect`` in ``catalog``)."""
+    from catalog.catalog import DEFAULT_PATH, ENV_VAR
+
+    return Path(root or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()

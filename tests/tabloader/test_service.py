@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import catalog
-from catalog.errors import JobNotFoundError, ServiceError
+import tabloader
+from catalog.errors import CatalogLockedError, JobNotFoundError, ServiceError
 from tabloader.prep import decode_image
 from tabloader.service.client import RemoteLoader
 from tabloader.service.protocol import socket_path
@@ -193,6 +194,30 @@ def test_statements_go_through_the_running_service(service, cat_dir):
         assert remote.sql("SELECT count(*) AS n FROM imgs").column("n").to_pylist()[0] > 0
     finally:
         remote.close()
+    with tabloader.connect(cat_dir) as cat:  # the Python API: through the service too
+        assert isinstance(cat, RemoteLoader)
+        cat.sql("REGISTER JOB d SELECT label FROM imgs WHERE label = 1")
+        assert "d" in cat.sql("SHOW JOBS").column("name").to_pylist()
+
+
+def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir):
+    holder = subprocess.Popen(
+        [
+            *(sys.executable, "-c"),
+            "import catalog, sys, time; c = catalog.connect(sys.argv[1]); print(1, flush=True);"
+            " time.sleep(60)",
+            str(cat_dir),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout.readline().strip() == b"1"
+        with pytest.raises(CatalogLockedError, match="in use by another process"):
+            tabloader.connect(cat_dir)
+    finally:
+        holder.kill()
+        holder.wait(TIMEOUT)
+        holder.stdout.close()
 
 
 RANK_SCRIPT = textwrap.dedent(
