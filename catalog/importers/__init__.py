@@ -1,7 +1,7 @@
 """Importers: one module per source format, each turning a source into a streaming ``Source``.
 
 An importer never writes anything: it opens its source and yields record batches. The catalog
-(``catalog.catalog.Catalog._ingest``) numbers the rows, writes Arrow IPC, fills the DuckDB table
+(``catalog.imports.Ingest``) numbers the rows, writes Arrow IPC, fills the DuckDB table
 and commits atomically. ``IMPORTERS`` maps a ``FORMAT`` name of ``CREATE DATASET`` to the
 function that opens such a source; ``detect_format`` guesses it from a path.
 """

@@ -17,6 +17,7 @@ are sqlglot's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import sqlglot
@@ -97,43 +98,53 @@ class DropDataset(exp.Expression):
 class TabloaderParser(DuckDBParser):
     """DuckDB's parser with the catalog statements in front."""
 
+    # The catalog statements by their leading words, tried in order (as sqlglot's
+    # STATEMENT_PARSERS maps a statement's first token to its parser).
+    CATALOG_STATEMENTS: ClassVar[dict[tuple[str, ...], Callable[[TabloaderParser], exp.Expr]]] = {
+        ("CREATE", "DATASET"): lambda self: self._parse_dataset_source(CreateDataset),
+        ("APPEND", "TO", "DATASET"): lambda self: self._parse_dataset_source(AppendDataset),
+        ("REGISTER",): lambda self: self._parse_register(),
+        ("UNREGISTER", "JOB"): lambda self: self._parse_unregister(),
+        ("SHOW", "DATASETS"): lambda self: self.expression(ShowDatasets()),
+        ("SHOW", "JOBS"): lambda self: self.expression(ShowJobs()),
+        ("DESCRIBE",): lambda self: self.expression(
+            DescribeDataset(this=self._parse_name("dataset"))
+        ),
+        ("DESC",): lambda self: self.expression(DescribeDataset(this=self._parse_name("dataset"))),
+        ("DROP", "DATASET"): lambda self: self._parse_drop_dataset(),
+    }
+
     def _parse_statement(self) -> exp.Expr | None:
         if self._curr is None:
             return None
-        if self._match_text_seq("CREATE", "DATASET"):
-            return self._parse_dataset_source(CreateDataset)
-        if self._match_text_seq("APPEND", "TO", "DATASET"):
-            return self._parse_dataset_source(AppendDataset)
-        if self._match_text_seq("REGISTER"):
-            replace = self._match_text_seq("OR", "REPLACE")
-            self._expect_words("JOB")
-            name = self._parse_name("job")
-            if not self._match(sqlglot.TokenType.SELECT, advance=False):
-                self.raise_error("Expected SELECT <columns> FROM <dataset> after the job name")
-            query = self._parse_select()
-            options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
-            return self.expression(
-                RegisterJob(this=name, query=query, options=options, replace=replace or None)
-            )
-        if self._match_text_seq("UNREGISTER", "JOB"):
-            exists = self._match_text_seq("IF", "EXISTS")
-            return self.expression(
-                UnregisterJob(this=self._parse_name("job"), exists=exists or None)
-            )
-        if self._match_text_seq("SHOW", "DATASETS"):
-            return self.expression(ShowDatasets())
-        if self._match_text_seq("SHOW", "JOBS"):
-            return self.expression(ShowJobs())
-        if self._match_text_seq("DESCRIBE") or self._match_text_seq("DESC"):
-            return self.expression(DescribeDataset(this=self._parse_name("dataset")))
-        if self._match_text_seq("DROP", "DATASET"):
-            exists = self._match_text_seq("IF", "EXISTS")
-            name = self._parse_name("dataset")
-            cascade = self._match_text_seq("CASCADE")
-            return self.expression(
-                DropDataset(this=name, exists=exists or None, cascade=cascade or None)
-            )
+        for words, parse_statement in self.CATALOG_STATEMENTS.items():
+            if self._match_text_seq(*words):
+                return parse_statement(self)
         return super()._parse_statement()
+
+    def _parse_register(self) -> exp.Expr:
+        replace = self._match_text_seq("OR", "REPLACE")
+        self._expect_words("JOB")
+        name = self._parse_name("job")
+        if not self._match(sqlglot.TokenType.SELECT, advance=False):
+            self.raise_error("Expected SELECT <columns> FROM <dataset> after the job name")
+        query = self._parse_select()
+        options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
+        return self.expression(
+            RegisterJob(this=name, query=query, options=options, replace=replace or None)
+        )
+
+    def _parse_unregister(self) -> exp.Expr:
+        exists = self._match_text_seq("IF", "EXISTS")
+        return self.expression(UnregisterJob(this=self._parse_name("job"), exists=exists or None))
+
+    def _parse_drop_dataset(self) -> exp.Expr:
+        exists = self._match_text_seq("IF", "EXISTS")
+        name = self._parse_name("dataset")
+        cascade = self._match_text_seq("CASCADE")
+        return self.expression(
+            DropDataset(this=name, exists=exists or None, cascade=cascade or None)
+        )
 
     def _warn_unsupported(self) -> None:
         # sqlglot logs a warning when it falls back to an opaque Command (LOAD, CALL...);

@@ -5,13 +5,12 @@ IN lists, BETWEEN, LIKE, IS NULL, arithmetic, casts and a short list of pure sca
 over the dataset's queryable columns. Subqueries, table functions, ``read_*``, ``getenv`` and
 anything else are refused with the position and the fix. Read-only SELECT pass-through may use
 any expression but no table function, and it runs on a connection whose external access is off
-(see ``catalog.catalog``), inside a transaction that is rolled back.
+(see ``catalog.database``), inside a transaction that is rolled back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
@@ -22,10 +21,8 @@ from catalog.errors import (
     UnknownColumnError,
     did_you_mean,
 )
+from catalog.model import Dataset
 from catalog.sql.dialect import first_token, parse_predicate
-
-if TYPE_CHECKING:
-    from catalog.catalog import Dataset
 
 __all__ = [
     "PREDICATE_FUNCTIONS",

@@ -72,7 +72,7 @@ def test_connect_refuses_a_file(tmp_path):
 
 def test_connect_refuses_a_non_duckdb_file(tmp_path):
     (tmp_path / "catalog.duckdb").write_bytes(b"not a database" * 100)
-    with pytest.raises(CatalogError, match="Cannot open catalog"):
+    with pytest.raises(CatalogError, match="Opening catalog .* failed in DuckDB"):
         catalog.connect(tmp_path)
 
 
@@ -436,7 +436,7 @@ def test_full_disk_register_keeps_the_old_job(cat, monkeypatch):
     def no_space(path, data):
         raise OSError(errno.ENOSPC, DISK_FULL)
 
-    monkeypatch.setattr(catalog.catalog, "_write_file", no_space)
+    monkeypatch.setattr(catalog.job_bitmaps, "write_file", no_space)
     with pytest.raises(CatalogError, match=r"REGISTER JOB j failed: .* disk holding .* is full"):
         cat.register_job("j", "t", where="label < 2", replace=True)
     monkeypatch.undo()

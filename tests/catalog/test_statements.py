@@ -302,7 +302,7 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
                 ("-- note\n  vacuum", "vacuum"),
             ]
         ),
-        ("SELECT nope FROM imagenet", StatementError, "BinderException"),
+        ("SELECT nope FROM imagenet", StatementError, "SELECT failed in DuckDB: Binder Error"),
         (
             "CREATE DATASET x FROM 'nowhere/at/all'",
             ImportFailedError,
