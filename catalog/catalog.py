@@ -63,6 +63,7 @@ from catalog.importers import Source
 from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
 from catalog.model import Dataset, Job
+from catalog.options import check_options
 from catalog.sql.execute import execute
 from catalog.sql.validate import check_columns, check_predicate
 
@@ -419,19 +420,20 @@ class Catalog(SourceImports):
             dataset: the dataset; the job is pinned to its current version.
             columns: the columns the job reads (default: all).
             where: a predicate in SQL (checked against an allow-list), or None for all rows.
-            options: job options (batch_size, seed, image_size, ...).
+            options: job options, checked against ``catalog.options.JOB_OPTIONS``.
             replace: replace a job of the same name (re-registering re-pins the version).
 
         Raises:
             AlreadyExistsError: the job exists and ``replace`` is false.
             UnknownColumnError, ForbiddenExpressionError: bad columns or predicate.
+            OptionError: an unknown option, or a value of the wrong type or out of range.
         """
         self._check_new_name(name, "job")
         ds = self.dataset(dataset)
         cols = check_columns(columns, ds)
         predicate = check_predicate(where, ds) if where is not None else None
         bitmap = self._bitmaps.evaluate(name, ds, predicate)
-        opts = dict(options or {})
+        opts = check_options(options)
         path = self._bitmaps.new_path(name)
         blob = bitmap.serialize()
         try:

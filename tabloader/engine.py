@@ -37,6 +37,7 @@ from pyroaring import BitMap
 from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
 from catalog.errors import CacheError, LoaderError
+from catalog.options import option_value
 from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool
@@ -180,7 +181,7 @@ class Loader:
         prefetch: int | None = None,
         lookahead: int | None = None,
         image_size: int | tuple[int, int] | None = None,
-        on_error: str | OnError = OnError.RAISE,
+        on_error: str | OnError | None = None,
         epochs: int | None = None,
         state: dict[str, Any] | None = None,
         remote: bool = False,
@@ -196,7 +197,8 @@ class Loader:
                 moments share rounds, at the cost of a longer queue of ids.
             image_size: shared deterministic resize of image columns (default: the job's
                 ``image_size`` option, else full size).
-            on_error: ``"raise"`` (default) or ``"skip"`` rows that fail to read or decode.
+            on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default:
+                the job's ``on_error`` option, else ``"raise"``).
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             remote: for the loader service: batches are handed over with their values
@@ -210,7 +212,8 @@ class Loader:
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
-            batch_size = int(options.get("batch_size", 32) if batch_size is None else batch_size)
+            if batch_size is None:
+                batch_size = option_value(options, "batch_size")
             if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
                 # 16 processes 25% idle, waiting for the last group of each batch)
                 prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // max(batch_size, 1)))
@@ -218,7 +221,9 @@ class Loader:
                 raise LoaderError(
                     f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
                 )
-            size = image_size if image_size is not None else options.get("image_size")
+            size = image_size if image_size is not None else option_value(options, "image_size")
+            if on_error is None:
+                on_error = option_value(options, "on_error")
             try:
                 mode = OnError(on_error)
             except ValueError:

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from catalog import Catalog
 from catalog.errors import CatalogLockedError, LoaderError
+from catalog.options import option_value
 from tabloader.engine import JobStream, Loader, default_loader
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
@@ -65,7 +66,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             option, else a hash of the job name (so two jobs never draw the same sequence).
         image_size: shared deterministic resize (default: the job's ``image_size`` option).
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
-        on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
+        on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default: the
+            job's ``on_error`` option, else ``"raise"``).
     """
 
     def __init__(
@@ -79,7 +81,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         seed: int | None = None,
         image_size: int | tuple[int, int] | None = None,
         prefetch: int | None = None,
-        on_error: str = "raise",
+        on_error: str | None = None,
     ) -> None:
         super().__init__()
         self.job = job
@@ -89,7 +91,9 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         options = self.loader.job_options(job)
         self.transform = transform
         if seed is None:  # the job's option, else one of its own: jobs never share draws
-            seed = int(options.get("seed", zlib.crc32(job.encode())))
+            seed = option_value(options, "seed")
+            if seed is None:
+                seed = zlib.crc32(job.encode())
         self.generator = torch.Generator().manual_seed(int(seed))
         self._batch_size, self._image_size = batch_size, image_size
         self._prefetch, self._on_error = prefetch, on_error

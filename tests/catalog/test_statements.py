@@ -64,10 +64,11 @@ def test_register_star_and_no_where(cat, imagenet):
 
 def test_options_types(cat, imagenet):
     job = cat.sql(
-        "REGISTER JOB j SELECT label FROM imagenet WITH (lr = 0.1, name = 'x', "
-        "shuffle = TRUE, offset = -3)"
+        "REGISTER JOB j SELECT label FROM imagenet WITH (Batch_Size = 8, on_error = 'SKIP', "
+        "image_size = 64, seed = 0)"
     )
-    assert job.options == {"lr": 0.1, "name": "x", "shuffle": True, "offset": -3}
+    assert job.options == {"batch_size": 8, "on_error": "skip", "image_size": 64, "seed": 0}
+    assert cat.job("j").options == job.options
 
 
 def test_register_is_pinned_to_version_until_reregistered(cat, imagenet):
