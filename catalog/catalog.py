@@ -62,6 +62,7 @@ from catalog.errors import (
 from catalog.importers import Source
 from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
+from catalog.limits import Limits
 from catalog.model import Dataset, Job
 from catalog.options import check_options
 from catalog.sql.execute import execute
@@ -97,27 +98,44 @@ def _synchronized(
     return locked
 
 
-def connect(path: str | os.PathLike[str] | None = None) -> Catalog:
+def connect(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    memory_limit: int | str | None = None,
+    statement_timeout: float | None = None,
+) -> Catalog:
     """Open or create the catalog directory ``path``.
 
     Args:
         path: the directory; default ``$TABLOADER_CATALOG`` or ``./catalog``.
+        memory_limit: the memory user statements may take (bytes, or e.g. ``'2GB'``); default
+            ``$TABLOADER_MEMORY_LIMIT``, else the smaller of 4 GiB and half the memory.
+        statement_timeout: seconds a user statement may run; default
+            ``$TABLOADER_STATEMENT_TIMEOUT``, else 60.
 
     Raises:
         CatalogLockedError: another process, or another ``Catalog`` of this process, has the
             catalog open.
     """
-    return Catalog(path)
+    return Catalog(path, memory_limit=memory_limit, statement_timeout=statement_timeout)
 
 
 class Catalog(SourceImports):
     """A catalog directory opened by this process. Use as a context manager or ``close()``.
 
-    Its methods are thread-safe: they take one lock around the DuckDB connection.
+    Its methods are thread-safe: they take one lock around the DuckDB connection. User
+    statements run within ``limits`` (see ``catalog.limits`` and ``connect``).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        memory_limit: int | str | None = None,
+        statement_timeout: float | None = None,
+    ) -> None:
         self._lock = threading.RLock()
+        self.limits = Limits.resolve(memory_limit, statement_timeout)
         self.root = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
         if self.root.exists() and not self.root.is_dir():
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
@@ -156,7 +174,7 @@ class Catalog(SourceImports):
                 check_new_root(self.root)
             for folder in (DATA_DIR, JOBS_DIR):
                 (self.root / folder).mkdir(parents=True, exist_ok=True)
-        self._db = Database(self.path, self.root)
+        self._db = Database(self.path, self.root, self.limits)
         try:
             with self._os_errors(), duckdb_errors(f"Opening catalog '{self.path}'", root=self.root):
                 migrate(self.root, self._db)
@@ -431,7 +449,7 @@ class Catalog(SourceImports):
         self._check_new_name(name, "job")
         ds = self.dataset(dataset)
         cols = check_columns(columns, ds)
-        predicate = check_predicate(where, ds) if where is not None else None
+        predicate = check_predicate(where, ds, limits=self.limits) if where is not None else None
         bitmap = self._bitmaps.evaluate(name, ds, predicate)
         opts = check_options(options)
         path = self._bitmaps.new_path(name)

@@ -26,6 +26,7 @@ from catalog.errors import (
     StatementError,
     TabloaderError,
 )
+from catalog.limits import Limits
 
 __all__ = [
     "DUCKDB_CONFIG",
@@ -76,13 +77,14 @@ def disk_full_hint(exc: BaseException, root: Path) -> str:
 
 
 def translate(
-    exc: duckdb.Error,
+    exc: Exception,
     what: str,
     *,
     root: Path,
     error: type[TabloaderError] = CatalogError,
     fix: str = "",
     exists: str | None = None,
+    limits: Limits | None = None,
 ) -> TabloaderError:
     """The tabloader error for DuckDB's ``exc`` raised while doing ``what``.
 
@@ -94,8 +96,16 @@ def translate(
         fix: a sentence appended to the message (what to do, or what state is left).
         exists: the message of an ``AlreadyExistsError`` for a constraint violation (a
             duplicate primary key), or None to treat it as any other error.
+        limits: the statement limits, named when one was reached.
     """
-    text = str(exc).rstrip().rstrip(".")
+    text = str(exc).split("\n", 1)[0].rstrip().rstrip(".")
+    # A DuckDB error met while reading a result as an Arrow stream arrives as an Arrow one.
+    interrupted = isinstance(exc, duckdb.InterruptException) or text.startswith("INTERRUPT")
+    out_of_memory = isinstance(exc, duckdb.OutOfMemoryException) or text.startswith("Out of Memory")
+    if interrupted and limits is not None:
+        return error(f"{what} was stopped: it ran too long; {limits.time_fix}.")
+    if out_of_memory and limits is not None:
+        return error(f"{what} ran out of memory ({text}); {limits.memory_fix}.")
     if isinstance(exc, duckdb.ConstraintException) and exists is not None:
         return AlreadyExistsError(exists)
     if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
@@ -117,12 +127,23 @@ def duckdb_errors(
     error: type[TabloaderError] = CatalogError,
     fix: str = "",
     exists: str | None = None,
+    limits: Limits | None = None,
+    arrow_stream: bool = False,
 ) -> Iterator[None]:
-    """Translate a ``duckdb.Error`` raised in the block (see ``translate``)."""
+    """Translate a ``duckdb.Error`` raised in the block (see ``translate``).
+
+    With ``arrow_stream``, the block reads a DuckDB result as an Arrow stream, whose errors
+    are Arrow exceptions carrying DuckDB's message: those are translated too.
+    """
+    caught: tuple[type[Exception], ...] = (duckdb.Error,)
+    if arrow_stream:
+        caught += (pa.ArrowException, OSError)  # pyarrow raises DuckDB's errors as OSError
     try:
         yield
-    except duckdb.Error as exc:
-        raise translate(exc, what, root=root, error=error, fix=fix, exists=exists) from exc
+    except caught as exc:
+        raise translate(
+            exc, what, root=root, error=error, fix=fix, exists=exists, limits=limits
+        ) from exc
 
 
 class Database:
@@ -131,14 +152,16 @@ class Database:
     Args:
         path: the ``catalog.duckdb`` file.
         root: the catalog directory, for messages.
+        limits: the bounds of user statements (DuckDB's ``memory_limit`` is set from them).
     """
 
-    def __init__(self, path: Path, root: Path) -> None:
-        self.path, self.root = path, root
+    def __init__(self, path: Path, root: Path, limits: Limits) -> None:
+        self.path, self.root, self.limits = path, root, limits
+        config = {**DUCKDB_CONFIG, "memory_limit": f"{limits.memory_limit}B"}
         with duckdb_errors(
             f"Opening catalog '{path}'", root=root, fix="Is it a tabloader catalog database?"
         ):
-            self.con = duckdb.connect(str(path), config=DUCKDB_CONFIG)
+            self.con = duckdb.connect(str(path), config=config)
         try:
             with duckdb_errors(f"Opening catalog '{path}'", root=root):
                 self.con.execute(META_DDL)
@@ -171,10 +194,14 @@ class Database:
         self.con.commit()
 
     def query(self, sql: str) -> pa.Table:
-        """Run a read-only query in a transaction that is always rolled back."""
+        """Run a read-only query in a transaction that is always rolled back, within the
+        statement limits."""
         self.con.begin()
         try:
-            with duckdb_errors("SELECT", root=self.root, error=StatementError):
+            with (
+                duckdb_errors("SELECT", root=self.root, error=StatementError, limits=self.limits),
+                self.limits.timer(self.con.interrupt),
+            ):
                 return self.con.sql(sql).to_arrow_table()
         finally:
             self.con.rollback()

@@ -54,7 +54,16 @@ class JobBitmaps:
             f"WHERE {ID_COLUMN} < {ds.num_rows} AND ({predicate})"
         )
         flags = np.zeros(ds.num_rows, dtype=bool)
-        with duckdb_errors(f"The predicate of job '{name}'", root=self.root, error=StatementError):
+        with (
+            duckdb_errors(
+                f"The predicate of job '{name}'",
+                root=self.root,
+                error=StatementError,
+                limits=self.db.limits,
+                arrow_stream=True,
+            ),
+            self.db.limits.timer(self.db.ids_con.interrupt),
+        ):
             for batch in self.db.ids_con.sql(sql).to_arrow_reader(1 << 20):
                 set_flags(flags, batch.column(0).to_numpy())
         bitmap = bitmap_from_flags(flags)

@@ -29,6 +29,8 @@ from sqlglot.parsers.duckdb import DuckDBParser
 from catalog.errors import StatementError
 
 __all__ = [
+    "MAX_NESTING",
+    "MAX_STATEMENT_CHARS",
     "AppendDataset",
     "CreateDataset",
     "DescribeDataset",
@@ -45,6 +47,12 @@ __all__ = [
 ]
 
 FORMATS = ("imagefolder", "parquet", "arrow", "hf")
+# Bounds on statement text, checked before parsing: sqlglot's parser is recursive (50 nested
+# parentheses overflow Python's stack) and takes ~5 s per 100,000 IN-list items.
+MAX_STATEMENT_CHARS = 100_000
+MAX_NESTING = 32
+_OPENERS = {sqlglot.TokenType.L_PAREN, sqlglot.TokenType.L_BRACKET, sqlglot.TokenType.L_BRACE}
+_CLOSERS = {sqlglot.TokenType.R_PAREN, sqlglot.TokenType.R_BRACKET, sqlglot.TokenType.R_BRACE}
 
 
 class CreateDataset(exp.Expression):
@@ -219,6 +227,7 @@ def parse(text: str) -> exp.Expr:
     """
     if not isinstance(text, str) or not text.strip():
         raise StatementError("Empty statement; write e.g. SHOW DATASETS.")
+    check_size(text)
     try:
         statements = [s for s in sqlglot.parse(text, dialect=Tabloader) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -232,10 +241,43 @@ def parse(text: str) -> exp.Expr:
 
 def parse_predicate(text: str) -> exp.Expr:
     """Parse a WHERE predicate on its own (for ``Catalog.register_job(where=...)``)."""
+    check_size(text)
     try:
         return sqlglot.parse_one(text, dialect=Tabloader, into=exp.Condition)
     except (ParseError, TokenError) as exc:
         raise _statement_error(exc) from exc
+
+
+def check_size(text: str) -> None:
+    """Refuse statement text longer than ``MAX_STATEMENT_CHARS`` or nested deeper than
+    ``MAX_NESTING`` (before parsing it).
+
+    Raises:
+        StatementError: naming the limit and the fix.
+    """
+    if len(text) > MAX_STATEMENT_CHARS:
+        raise StatementError(
+            f"The statement is {len(text):,} characters long, over the limit of "
+            f"{MAX_STATEMENT_CHARS:,}; for a long IN list, filter on a column instead "
+            "(e.g. a range or a label), or register several jobs."
+        )
+    try:
+        tokens = Tabloader().tokenize(text)
+    except TokenError as exc:
+        raise _statement_error(exc) from exc
+    depth = 0
+    for tok in tokens:
+        if tok.token_type in _OPENERS:
+            depth += 1
+            if depth > MAX_NESTING:
+                raise StatementError(
+                    f"The statement nests parentheses more than {MAX_NESTING} deep; "
+                    "remove redundant parentheses or split the expression.",
+                    line=tok.line,
+                    col=tok.col,
+                )
+        elif tok.token_type in _CLOSERS:
+            depth -= 1
 
 
 def first_token(text: str) -> str:

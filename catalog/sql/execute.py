@@ -14,8 +14,10 @@ from sqlglot import exp
 
 from catalog.errors import ForbiddenExpressionError, StatementError
 from catalog.importers import Source, detect_format, open_source
+from catalog.limits import Limits
 from catalog.model import Dataset, Job
 from catalog.sql.dialect import (
+    MAX_NESTING,
     AppendDataset,
     CreateDataset,
     DescribeDataset,
@@ -33,6 +35,12 @@ __all__ = ["HANDLERS", "StatementTarget", "execute"]
 
 class StatementTarget(Protocol):
     """What statements need of a catalog (``Catalog`` implements it)."""
+
+    limits: Limits
+
+    def dataset_names(self) -> list[str]:
+        """Names of all datasets (the only tables SELECT may read)."""
+        ...
 
     def query(self, sql: str) -> pa.Table:
         """Run a validated read-only query."""
@@ -78,11 +86,20 @@ class StatementTarget(Protocol):
 
 def execute(catalog: StatementTarget, text: str) -> Any:
     """Parse ``text`` (exactly one statement) and run it; see ``Catalog.sql``."""
-    stmt = parse(text)
-    handler = HANDLERS.get(type(stmt))
-    if handler is None:
-        return catalog.query(check_query(stmt, text=text))
-    return handler(catalog, stmt)
+    try:
+        stmt = parse(text)
+        handler = HANDLERS.get(type(stmt))
+        if handler is None:
+            sql = check_query(
+                stmt, text=text, tables=catalog.dataset_names(), limits=catalog.limits
+            )
+            return catalog.query(sql)
+        return handler(catalog, stmt)
+    except RecursionError:
+        raise StatementError(
+            f"The statement is nested too deeply to check; write it with at most "
+            f"{MAX_NESTING} levels of parentheses and shorter chains of NOT or operators."
+        ) from None
 
 
 def _import(catalog: StatementTarget, stmt: exp.Expression, *, append: bool) -> Any:
