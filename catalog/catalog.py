@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from catalog.bitmaps import ID_COLUMN
 from catalog.cache import DatasetCache
-from catalog.database import META, Database, disk_full_hint, duckdb_errors, quote
+from catalog.database import DAMAGED_FIX, META, Database, disk_full_hint, duckdb_errors, quote
 from catalog.directory import (
     DATA_DIR,
     DB_FILE,
@@ -56,14 +56,13 @@ from catalog.errors import (
     DatasetNotFoundError,
     ImportFailedError,
     JobNotFoundError,
-    StorageError,
     did_you_mean,
 )
 from catalog.importers import Source
 from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
 from catalog.limits import Limits
-from catalog.model import Dataset, Job
+from catalog.model import Dataset, Job, JobInfo
 from catalog.options import check_options
 from catalog.sql.execute import execute
 from catalog.sql.validate import check_columns, check_predicate
@@ -176,7 +175,10 @@ class Catalog(SourceImports):
                 (self.root / folder).mkdir(parents=True, exist_ok=True)
         self._db = Database(self.path, self.root, self.limits)
         try:
-            with self._os_errors(), duckdb_errors(f"Opening catalog '{self.path}'", root=self.root):
+            with (
+                self._os_errors(),
+                duckdb_errors(f"Opening catalog '{self.path}'", root=self.root, fix=DAMAGED_FIX),
+            ):
                 migrate(self.root, self._db)
                 self._cache = DatasetCache(self.root, self._db)
                 self._bitmaps = JobBitmaps(self.root, self._db)
@@ -407,18 +409,23 @@ class Catalog(SourceImports):
                 "them; REGISTER JOB adds one."
             )
         dataset, version, columns, predicate, options, path, num_ids, crc = rows[0]
-        ids = self._bitmaps.read(name, self.dataset(dataset, version=version), predicate, path)
-        if ids is None or len(ids) != num_ids or zlib.crc32(ids.serialize()) != crc:
-            raise StorageError(
-                f"The row ids of job '{name}' ({self.root / path}) are lost: its file is "
-                f"unreadable and its predicate no longer selects the same {num_ids} rows of "
-                f"'{dataset}' version {version}. Register the job again: REGISTER OR REPLACE "
-                f"JOB {name} ...",
-                path=str(self.root / path),
-            )
+        ds = self.dataset(dataset, version=version)
+        ids = self._bitmaps.read(name, ds, predicate, path, num_ids, crc)
         return Job(
             name, dataset, version, tuple(json.loads(columns)), predicate, json.loads(options), ids
         )
+
+    @_synchronized
+    def job_infos(self) -> list[JobInfo]:
+        """What is stored about every job, sorted by name, without reading any bitmap."""
+        rows = self._db.rows(
+            f"SELECT name, dataset, version, columns, predicate, options, num_ids "
+            f"FROM {META}.jobs ORDER BY name"
+        )
+        return [
+            JobInfo(n, d, v, tuple(json.loads(c)), p, json.loads(o), k)
+            for n, d, v, c, p, o, k in rows
+        ]
 
     @_synchronized
     def register_job(

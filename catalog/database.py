@@ -29,6 +29,7 @@ from catalog.errors import (
 from catalog.limits import Limits
 
 __all__ = [
+    "DAMAGED_FIX",
     "DUCKDB_CONFIG",
     "META",
     "META_DDL",
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 META = "_tabloader"
+DAMAGED_FIX = (
+    "The file is damaged or is not a DuckDB database: restore it from a backup, or move the "
+    "catalog directory away and import the data again into a new one."
+)
 # External access off: user SQL cannot read or write files. The oldest storage format keeps
 # catalog.duckdb readable by every stock duckdb client from 1.0 on, not only the newest.
 DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
@@ -158,12 +163,11 @@ class Database:
     def __init__(self, path: Path, root: Path, limits: Limits) -> None:
         self.path, self.root, self.limits = path, root, limits
         config = {**DUCKDB_CONFIG, "memory_limit": f"{limits.memory_limit}B"}
-        with duckdb_errors(
-            f"Opening catalog '{path}'", root=root, fix="Is it a tabloader catalog database?"
-        ):
+        opening = f"Opening catalog '{path}'"
+        with duckdb_errors(opening, root=root, fix=DAMAGED_FIX):
             self.con = duckdb.connect(str(path), config=config)
         try:
-            with duckdb_errors(f"Opening catalog '{path}'", root=root):
+            with duckdb_errors(opening, root=root, fix=DAMAGED_FIX):
                 self.con.execute(META_DDL)
                 # Job ids are fetched on a second connection that may return rows in any order
                 # (bitmap_from_flags does not care): 30% faster than keeping insertion order.

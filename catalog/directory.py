@@ -86,7 +86,9 @@ def collect_garbage(root: Path, db: Database) -> None:
     """
     parts = {row[0] for row in db.con.execute(f"SELECT path FROM {META}.parts").fetchall()}
     for folder in (root / DATA_DIR).iterdir():
-        if folder.is_dir() and remove_leftovers(root, folder, PART_FILE_RE, parts):
+        if folder.is_dir() and not folder.is_symlink():
+            remove_leftovers(root, folder, PART_FILE_RE, parts)
+            # A killed import may leave its folder empty; a dataset's folder never is.
             with contextlib.suppress(OSError):  # not empty: it holds other files
                 folder.rmdir()
     jobs = {row[0] for row in db.con.execute(f"SELECT bitmap FROM {META}.jobs").fetchall()}

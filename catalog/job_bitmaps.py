@@ -10,7 +10,9 @@ fsync costs another ~1 ms.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from pyroaring import BitMap
 from catalog.bitmaps import ID_COLUMN, bitmap_from_flags, set_flags
 from catalog.database import Database, duckdb_errors, quote
 from catalog.directory import JOBS_DIR, new_token, write_file
-from catalog.errors import StatementError
+from catalog.errors import StatementError, StorageError
 from catalog.model import Dataset
 
 __all__ = ["JobBitmaps"]
@@ -83,23 +85,50 @@ class JobBitmaps:
         """Write a serialized bitmap to ``path`` (relative to the catalog directory)."""
         write_file(self.root / path, blob)
 
-    def read(self, name: str, ds: Dataset, predicate: str | None, path: str) -> BitMap | None:
-        """Read a job's bitmap; rebuild it from the predicate if the file is missing or torn.
+    def read(
+        self, name: str, ds: Dataset, predicate: str | None, path: str, num_ids: int, crc: int
+    ) -> BitMap:
+        """Read a job's bitmap and check it against its row (``num_ids``, CRC-32 ``crc``).
 
-        Returns None when the file is unreadable and the predicate cannot be evaluated.
+        A file that is missing, torn or not the job's is rebuilt from the predicate at the
+        job's pinned version ``ds`` when that gives the stored ids back.
+
+        Raises:
+            StorageError: the file is bad and the predicate does not give the ids back; the
+                message says which, and how to re-register the job.
         """
         file = self.root / path
         try:
-            return BitMap.deserialize(file.read_bytes())
+            ids = BitMap.deserialize(file.read_bytes())
         except (OSError, ValueError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        logger.warning("job '%s': rebuilding its row ids (%s)", name, problem)
+            problem = f"is unreadable ({type(exc).__name__}: {exc})"
+        else:
+            if len(ids) == num_ids and zlib.crc32(ids.serialize()) == crc:
+                return ids
+            problem = (
+                f"does not hold the job's ids ({len(ids)} ids or a CRC-32 that differs from "
+                f"the stored {num_ids} ids)"
+            )
+        logger.warning("job '%s': rebuilding its row ids (its file %s)", name, problem)
         try:
             ids = self.evaluate(name, ds, predicate)
-        except StatementError:
-            return None
-        write_file(file, ids.serialize())
-        return ids
+        except StatementError as exc:
+            why = f"its predicate fails at version {ds.version}: {exc}"
+        else:
+            if len(ids) == num_ids and zlib.crc32(ids.serialize()) == crc:
+                with contextlib.suppress(OSError):  # read-only disk: rebuilt again next time
+                    write_file(file, ids.serialize())
+                return ids
+            other = f"{len(ids)} rows" if len(ids) != num_ids else "other rows (CRC-32 differs)"
+            why = (
+                f"its predicate selects {other} of '{ds.name}' version {ds.version}, not the "
+                f"stored {num_ids}"
+            )
+        raise StorageError(
+            f"The row ids of job '{name}' are lost: its file {file} {problem}, and {why}. "
+            f"Register the job again: REGISTER OR REPLACE JOB {name} ...",
+            path=str(file),
+        )
 
     def remove(self, name: str, keep: str | None = None) -> None:
         """Delete the bitmap files of job ``name`` but ``keep`` (after the row changed)."""

@@ -13,7 +13,7 @@ from pyroaring import BitMap
 
 from catalog.storage import DatasetReader
 
-__all__ = ["Dataset", "Job", "is_payload"]
+__all__ = ["Dataset", "Job", "JobInfo", "is_payload"]
 
 
 def is_payload(t: pa.DataType) -> bool:
@@ -106,3 +106,20 @@ class Job:
     def num_rows(self) -> int:
         """Rows in the job's set."""
         return len(self.ids)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the catalog stores about a job, without its bitmap (for listings: a damaged bitmap
+    file of one job does not stop SHOW JOBS or SHOW DATASETS).
+
+    Attributes: as ``Job``; ``num_rows`` is the stored id count.
+    """
+
+    name: str
+    dataset: str
+    dataset_version: int
+    columns: tuple[str, ...]
+    predicate: str | None
+    options: dict[str, Any]
+    num_rows: int

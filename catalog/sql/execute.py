@@ -15,7 +15,7 @@ from sqlglot import exp
 from catalog.errors import ForbiddenExpressionError, StatementError
 from catalog.importers import Source, detect_format, open_source
 from catalog.limits import Limits
-from catalog.model import Dataset, Job
+from catalog.model import Dataset, Job, JobInfo
 from catalog.sql.dialect import (
     MAX_NESTING,
     AppendDataset,
@@ -54,8 +54,8 @@ class StatementTarget(Protocol):
         """All datasets."""
         ...
 
-    def jobs(self) -> list[Job]:
-        """All jobs."""
+    def job_infos(self) -> list[JobInfo]:
+        """What is stored about every job (no bitmap is read)."""
         ...
 
     def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
@@ -195,13 +195,14 @@ def _options(node: exp.Tuple | None) -> dict[str, Any]:
 
 
 def _show_datasets(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
+    jobs = catalog.job_infos()
     rows = [
         {
             "name": ds.name,
             "version": ds.version,
             "rows": ds.num_rows,
             "columns": ", ".join(ds.columns[1:]),
-            "jobs": sum(j.dataset == ds.name for j in catalog.jobs()),
+            "jobs": sum(j.dataset == ds.name for j in jobs),
             "source": ds.description,
         }
         for ds in catalog.datasets()
@@ -230,7 +231,7 @@ def _show_jobs(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
             "predicate": j.predicate,
             "options": ", ".join(f"{k}={v}" for k, v in j.options.items()),
         }
-        for j in catalog.jobs()
+        for j in catalog.job_infos()
     ]
     schema = pa.schema(
         [
