@@ -54,14 +54,16 @@ class DatasetCache:
         )
         if not rows:
             raise DatasetNotFoundError(
-                f"Unknown dataset '{name}'.{did_you_mean(name, self.names())} "
-                "SHOW DATASETS lists them; CREATE DATASET imports one."
+                f"Unknown dataset '{name}' in catalog '{self.root}'."
+                f"{did_you_mean(name, self.names())} SHOW DATASETS lists them; CREATE DATASET "
+                "imports one."
             )
         latest, schema_bytes, class_names, description = rows[0]
         version = latest if version is None else version
         if not 1 <= version <= latest:
             raise DatasetNotFoundError(
-                f"Dataset '{name}' has versions 1..{latest}; version {version} does not exist."
+                f"Dataset '{name}' in catalog '{self.root}' has versions 1..{latest}; version "
+                f"{version} does not exist."
             )
         stored = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         reader = self._reader(name, version, stored)

@@ -29,6 +29,7 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -70,13 +71,12 @@ from catalog.sql.validate import check_columns, check_predicate
 if TYPE_CHECKING:
     from sqlglot import exp
 
-__all__ = ["DEFAULT_PATH", "ENV_VAR", "Catalog", "Dataset", "Job", "connect"]
+__all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "connect", "default_root", "resolve_root"]
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-DEFAULT_PATH = "catalog"
 ENV_VAR = "TABLOADER_CATALOG"
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 # The catalogs this process has open, by resolved root (a collected Catalog frees its root).
@@ -97,16 +97,51 @@ def _synchronized(
     return locked
 
 
+def default_root() -> Path:
+    """The default catalog: ``$TABLOADER_CATALOG``, else ``$XDG_DATA_HOME/tabloader/catalog``
+    (``~/.local/share/tabloader/catalog``): one place, whatever the working directory, and
+    never a source folder."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).absolute()
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return (Path(data) / "tabloader" / "catalog").absolute()
+
+
+def resolve_root(path: str | os.PathLike[str] | None) -> Path:
+    """The absolute catalog directory for ``path`` (None: ``default_root()``)."""
+    return Path(path).absolute() if path else default_root()
+
+
+def not_a_catalog(root: Path) -> CatalogError:
+    """The error for a read of a directory that holds no catalog."""
+    where = "does not exist" if not root.exists() else f"has no {DB_FILE}"
+    return CatalogError(
+        f"'{root}' is not a tabloader catalog (it {where}). Give the catalog's directory "
+        f"(--catalog DIR or ${ENV_VAR}), or create one there by importing data: tabloader "
+        f"--catalog {root} import NAME PATH, CREATE DATASET name FROM 'path', or "
+        f"catalog.connect('{root}', create=True)."
+    )
+
+
 def connect(
     path: str | os.PathLike[str] | None = None,
     *,
+    create: bool = False,
     memory_limit: int | str | None = None,
     statement_timeout: float | None = None,
 ) -> Catalog:
-    """Open or create the catalog directory ``path``.
+    """Open the catalog directory ``path``.
+
+    A directory that holds no catalog is created as one by the first import (or CREATE
+    DATASET), or at once with ``create=True``; until then, reads (SHOW, DESCRIBE, SELECT,
+    jobs) raise ``CatalogError`` naming the directory, so a mistyped path does not look like
+    an empty catalog.
 
     Args:
-        path: the directory; default ``$TABLOADER_CATALOG`` or ``./catalog``.
+        path: the directory; default ``default_root()`` (``$TABLOADER_CATALOG``, else
+            ``~/.local/share/tabloader/catalog``).
+        create: create the catalog now if the directory holds none.
         memory_limit: the memory user statements may take (bytes, or e.g. ``'2GB'``); default
             ``$TABLOADER_MEMORY_LIMIT``, else the smaller of 4 GiB and half the memory.
         statement_timeout: seconds a user statement may run; default
@@ -116,7 +151,18 @@ def connect(
         CatalogLockedError: another process, or another ``Catalog`` of this process, has the
             catalog open.
     """
-    return Catalog(path, memory_limit=memory_limit, statement_timeout=statement_timeout)
+    return Catalog(
+        path, create=create, memory_limit=memory_limit, statement_timeout=statement_timeout
+    )
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """What an opened (existing) catalog holds."""
+
+    db: Database
+    cache: DatasetCache
+    bitmaps: JobBitmaps
 
 
 class Catalog(SourceImports):
@@ -130,21 +176,50 @@ class Catalog(SourceImports):
         self,
         path: str | os.PathLike[str] | None = None,
         *,
+        create: bool = False,
         memory_limit: int | str | None = None,
         statement_timeout: float | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self.limits = Limits.resolve(memory_limit, statement_timeout)
-        self.root = Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+        self.root = resolve_root(path)
         if self.root.exists() and not self.root.is_dir():
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
         self.path = self.root / DB_FILE
+        self._state: _Opened | None = None
         self._claim_root()
         try:
-            self._open()
+            if create or self.path.exists():
+                self._open()
         except BaseException:
             self._release_root()
             raise
+
+    @property
+    def exists(self) -> bool:
+        """Whether the directory holds a catalog (False until the first import creates it)."""
+        return self._state is not None
+
+    def _opened(self) -> _Opened:
+        if self._state is None:
+            if self.path.exists():  # created by another process since
+                self._open()
+                assert self._state is not None
+            else:
+                raise not_a_catalog(self.root)
+        return self._state
+
+    @property
+    def _db(self) -> Database:
+        return self._opened().db
+
+    @property
+    def _cache(self) -> DatasetCache:
+        return self._opened().cache
+
+    @property
+    def _bitmaps(self) -> JobBitmaps:
+        return self._opened().bitmaps
 
     def _claim_root(self) -> None:
         """Refuse a root this process has open already: the two would not see each other.
@@ -173,18 +248,18 @@ class Catalog(SourceImports):
                 check_new_root(self.root)
             for folder in (DATA_DIR, JOBS_DIR):
                 (self.root / folder).mkdir(parents=True, exist_ok=True)
-        self._db = Database(self.path, self.root, self.limits)
+        db = Database(self.path, self.root, self.limits)
         try:
             with (
                 self._os_errors(),
                 duckdb_errors(f"Opening catalog '{self.path}'", root=self.root, fix=DAMAGED_FIX),
             ):
-                migrate(self.root, self._db)
-                self._cache = DatasetCache(self.root, self._db)
-                self._bitmaps = JobBitmaps(self.root, self._db)
+                migrate(self.root, db)
+                self._state = _Opened(db, DatasetCache(self.root, db), JobBitmaps(self.root, db))
                 self._collect_garbage()
         except BaseException:
-            self._db.close()
+            self._state = None
+            db.close()
             raise
 
     def _collect_garbage(self) -> None:
@@ -215,7 +290,8 @@ class Catalog(SourceImports):
     @_synchronized
     def close(self) -> None:
         """Close the DuckDB connection; the catalog can then be opened again, here or elsewhere."""
-        self._db.close()
+        if self._state is not None:
+            self._state.db.close()
         self._release_root()
 
     def __enter__(self) -> Catalog:
@@ -291,13 +367,18 @@ class Catalog(SourceImports):
 
     @_synchronized
     def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
-        """Import a streaming ``Source`` atomically; see ``catalog.imports``."""
+        """Import a streaming ``Source`` atomically; see ``catalog.imports``.
+
+        The first import into a directory that holds no catalog creates it.
+        """
         self._check_new_name(name, "dataset")
+        if self._state is None and not append:
+            self._open()
         self._check_name_case(name, "dataset")
         exists = name in self.dataset_names()
         if append and not exists:
             raise DatasetNotFoundError(
-                f"Cannot append to unknown dataset '{name}'."
+                f"Cannot append to unknown dataset '{name}' in catalog '{self.root}'."
                 f"{did_you_mean(name, self.dataset_names())}"
                 " Import it first without append."
             )
@@ -405,8 +486,9 @@ class Catalog(SourceImports):
         )
         if not rows:
             raise JobNotFoundError(
-                f"Unknown job '{name}'.{did_you_mean(name, self.job_names())} SHOW JOBS lists "
-                "them; REGISTER JOB adds one."
+                f"Unknown job '{name}' in catalog '{self.root}'."
+                f"{did_you_mean(name, self.job_names())} SHOW JOBS lists them; REGISTER JOB "
+                "adds one."
             )
         dataset, version, columns, predicate, options, path, num_ids, crc = rows[0]
         ds = self.dataset(dataset, version=version)

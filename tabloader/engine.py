@@ -36,6 +36,7 @@ from pyroaring import BitMap
 
 from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
+from catalog.catalog import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
 from catalog.options import option_value
 from catalog.storage import DatasetReader
@@ -103,6 +104,10 @@ class Loader:
             if isinstance(catalog, Catalog)
             else connect(Path(catalog) if catalog is not None else None)
         )
+        if not self.catalog.exists:  # a loader only reads: a mistyped path is an error
+            if self._owns_catalog:
+                self.catalog.close()
+            raise not_a_catalog(self.catalog.root)
         self.workers = workers or max(2, os.cpu_count() or 2)
         self._pid = os.getpid()
         self._segment: Segment | None = None
@@ -373,10 +378,7 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     share one sampler and one cache. Its cache size is ``$TABLOADER_CACHE_BYTES`` (default
     1 GiB); build a ``Loader`` yourself for other settings.
     """
-    if isinstance(catalog, Catalog):
-        root = catalog.root
-    else:
-        root = Path(catalog or os.environ.get("TABLOADER_CATALOG") or "catalog").absolute()
+    root = catalog.root if isinstance(catalog, Catalog) else resolve_root(catalog)
     with _DEFAULT_LOCK:
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader._closed:

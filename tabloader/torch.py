@@ -2,7 +2,7 @@
 
 Example:
     >>> from torch.utils.data import DataLoader                      # doctest: +SKIP
-    >>> ds = JobDataset("resnet18", catalog="catalog", batch_size=64)  # doctest: +SKIP
+    >>> ds = JobDataset("resnet18", batch_size=64)  # the default catalog  # doctest: +SKIP
     >>> for epoch in range(3):                                         # doctest: +SKIP
     ...     for batch in DataLoader(ds, batch_size=None):
     ...         loss = model(batch["image"], batch["label"])
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,9 +155,12 @@ def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:
     """The catalog's loader service (started if none runs), unless this process has the
     catalog open itself: then the service could not open it (the error says to share it).
     """
-    from catalog.catalog import _OPEN_ROOTS, DEFAULT_PATH, ENV_VAR
+    from catalog.catalog import _OPEN_ROOTS, not_a_catalog, resolve_root
+    from catalog.directory import DB_FILE
 
-    root = Path(catalog or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+    root = resolve_root(catalog)
+    if not (root / DB_FILE).exists():  # no service to start for it: say so, create nothing
+        raise not_a_catalog(root)
     if _OPEN_ROOTS.get(root.resolve()) is not None:
         raise CatalogLockedError(
             f"Catalog '{root}' is open already in this process. Pass that Catalog object as "

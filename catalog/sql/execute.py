@@ -90,6 +90,8 @@ def execute(catalog: StatementTarget, text: str) -> Any:
         stmt = parse(text)
         handler = HANDLERS.get(type(stmt))
         if handler is None:
+            if not isinstance(stmt, exp.Query):
+                check_query(stmt, text=text)  # refuses it, naming what is allowed
             sql = check_query(
                 stmt, text=text, tables=catalog.dataset_names(), limits=catalog.limits
             )

@@ -258,9 +258,9 @@ def service_loader(root: str | os.PathLike[str] | None) -> RemoteLoader:
     """This process's connection to the service of catalog ``root`` (default: as ``connect``
     in ``catalog``), made on first use.
     """
-    from catalog.catalog import DEFAULT_PATH, ENV_VAR
+    from catalog.catalog import resolve_root
 
-    path = Path(root or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+    path = resolve_root(root)
     with _LOADERS_LOCK:
         loader = _LOADERS.get(path)
         if loader is None or loader._closed:

@@ -69,7 +69,7 @@ def run_briefly(fn):
 
 @pytest.fixture
 def cat(tmp_path):
-    with catalog.connect(tmp_path / "cat") as c:
+    with catalog.connect(tmp_path / "cat", create=True) as c:
         yield c
 
 
