@@ -15,6 +15,7 @@
       StatementError(ValueError)  .line .col - bad SQL-ish input
         UnknownColumnError
         ForbiddenExpressionError
+        OptionError               a job option unknown, mistyped or out of range
       StorageError                .path .dataset .rows - missing, corrupt or swapped file
       SamplingError
       CacheError
@@ -44,6 +45,7 @@ __all__ = [
     "JobNotFoundError",
     "LoaderError",
     "NotFoundError",
+    "OptionError",
     "RowIdError",
     "RowReadError",
     "SamplingError",
@@ -121,6 +123,10 @@ class UnknownColumnError(StatementError):
 
 class ForbiddenExpressionError(StatementError):
     """A statement uses an expression outside the allow-list."""
+
+
+class OptionError(StatementError):
+    """A job option is unknown, of the wrong type or out of range (see ``catalog.options``)."""
 
 
 class StorageError(TabloaderError):

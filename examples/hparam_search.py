@@ -87,7 +87,7 @@ def train_epoch(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--catalog", default="catalog", help="catalog directory")
+    parser.add_argument("--catalog", help="catalog directory (default: the default catalog)")
     parser.add_argument("--data", default="demo-data", help="where to generate images")
     parser.add_argument("--images", type=int, default=1500)
     parser.add_argument("--epochs", type=int, default=2)
@@ -97,7 +97,7 @@ def main() -> None:
     folder = make_imagefolder(
         Path(args.data) / f"imagenet-{args.images}", num_images=args.images, num_classes=10
     )
-    cat = tabloader.connect(args.catalog)
+    cat = tabloader.connect(args.catalog, create=True)
     if "hparam_images" not in cat.dataset_names():
         cat.sql(f"CREATE DATASET hparam_images FROM '{folder}' FORMAT imagefolder")
     for name, (where, _) in JOBS.items():

@@ -18,10 +18,11 @@ __all__ = ["COMMANDS", "main"]
 logger = logging.getLogger(__name__)
 
 
-def _open_catalog(args: argparse.Namespace) -> Any:
+def _open_catalog(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """The catalog of ``--catalog``: only imports (``create``) make one where there is none."""
     import catalog
 
-    return catalog.connect(args.catalog)
+    return catalog.connect(args.catalog, create=create)
 
 
 def describe_result(result: Any) -> str:
@@ -59,21 +60,23 @@ def _register_sql(sub: Any) -> None:
 
 def _service(args: argparse.Namespace) -> Any:
     """The running service of the catalog (statements go through it), or None."""
+    from catalog.directory import DB_FILE
     from catalog.errors import ServiceError
     from tabloader.service.client import RemoteLoader
 
+    root = _root(args)
+    if not (root / DB_FILE).exists():  # no catalog, so no service: nothing is created here
+        return None
     try:
-        return RemoteLoader(args.catalog or _default_root(), start=False)
+        return RemoteLoader(root, start=False)
     except ServiceError:
         return None
 
 
-def _default_root() -> str:
-    import os
+def _root(args: argparse.Namespace) -> Path:
+    from catalog.catalog import resolve_root
 
-    from catalog.catalog import DEFAULT_PATH, ENV_VAR
-
-    return os.environ.get(ENV_VAR) or DEFAULT_PATH
+    return resolve_root(args.catalog)
 
 
 def _run_sql(args: argparse.Namespace) -> int:
@@ -129,7 +132,7 @@ def _run_import(args: argparse.Namespace) -> int:
         finally:
             remote.close()
         return 0
-    with _open_catalog(args) as cat:
+    with _open_catalog(args, create=True) as cat:
         print_result(
             cat.import_source(args.name, open_source(fmt, args.path, **options), append=args.append)
         )
@@ -174,7 +177,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
     service = Service(
-        Path(args.catalog or _default_root()),
+        _root(args),
         cache_bytes=cache,
         workers=args.workers,
         idle_exit=args.idle_exit,
@@ -194,7 +197,7 @@ def _register_demo(sub: Any) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from tabloader.demo import run_demo
 
-    with _open_catalog(args) as cat:
+    with _open_catalog(args, create=True) as cat:
         run_demo(cat, data_dir=args.data, num_images=args.images)
     return 0
 
@@ -244,18 +247,35 @@ def build_parser() -> argparse.ArgumentParser:
         description="Dataset tables that several training jobs load from together.",
     )
     parser.add_argument("--version", action="version", version=f"tabloader {__version__}")
-    parser.add_argument(
-        "--catalog",
-        metavar="DIR",
-        help="catalog directory (default: $TABLOADER_CATALOG or ./catalog)",
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("-q", "--quiet", action="store_true", help="errors only")
+    _add_global_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register, _ in COMMANDS.values():
         register(sub)
+    # The global options are accepted after the subcommand too (tabloader sql --catalog DIR):
+    # there they default to SUPPRESS, so an option given before the subcommand is kept.
+    for command in sub.choices.values():
+        _add_global_options(command, argparse.SUPPRESS)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    def given(value: Any) -> Any:
+        return default if default is not None else value
+
+    parser.add_argument(
+        "--catalog",
+        metavar="DIR",
+        default=given(None),
+        help="catalog directory (default: $TABLOADER_CATALOG, else "
+        "~/.local/share/tabloader/catalog)",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", default=given(False), help="show tracebacks"
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=given(0), help="more logging")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", default=given(False), help="errors only"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,9 @@ from pyroaring import BitMap
 
 from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
+from catalog.catalog import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
+from catalog.options import option_value
 from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool
@@ -102,6 +104,10 @@ class Loader:
             if isinstance(catalog, Catalog)
             else connect(Path(catalog) if catalog is not None else None)
         )
+        if not self.catalog.exists:  # a loader only reads: a mistyped path is an error
+            if self._owns_catalog:
+                self.catalog.close()
+            raise not_a_catalog(self.catalog.root)
         self.workers = workers or max(2, os.cpu_count() or 2)
         self._pid = os.getpid()
         self._segment: Segment | None = None
@@ -178,7 +184,7 @@ class Loader:
         prefetch: int | None = None,
         lookahead: int | None = None,
         image_size: int | tuple[int, int] | None = None,
-        on_error: str | OnError = OnError.RAISE,
+        on_error: str | OnError | None = None,
         epochs: int | None = None,
         state: dict[str, Any] | None = None,
         rank: int | None = None,
@@ -196,7 +202,8 @@ class Loader:
                 different moments share rounds, at the cost of a longer queue of ids.
             image_size: shared deterministic resize of image columns (default: the job's
                 ``image_size`` option, else full size).
-            on_error: ``"raise"`` (default) or ``"skip"`` rows that fail to read or decode.
+            on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default:
+                the job's ``on_error`` option, else ``"raise"``).
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
@@ -236,7 +243,8 @@ class Loader:
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
-            batch_size = int(options.get("batch_size", 32) if batch_size is None else batch_size)
+            if batch_size is None:
+                batch_size = option_value(options, "batch_size")
             if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
                 # 16 processes 25% idle, waiting for the last group of each batch)
                 prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // max(batch_size, 1)))
@@ -244,7 +252,9 @@ class Loader:
                 raise LoaderError(
                     f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
                 )
-            size = image_size if image_size is not None else options.get("image_size")
+            size = image_size if image_size is not None else option_value(options, "image_size")
+            if on_error is None:
+                on_error = option_value(options, "on_error")
             try:
                 mode = OnError(on_error)
             except ValueError:
@@ -449,10 +459,7 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     share one sampler and one cache. Its cache size is ``$TABLOADER_CACHE_BYTES`` (default
     1 GiB); build a ``Loader`` yourself for other settings.
     """
-    if isinstance(catalog, Catalog):
-        root = catalog.root
-    else:
-        root = Path(catalog or os.environ.get("TABLOADER_CATALOG") or "catalog").absolute()
+    root = catalog.root if isinstance(catalog, Catalog) else resolve_root(catalog)
     with _DEFAULT_LOCK:
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader._closed:

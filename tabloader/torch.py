@@ -2,7 +2,7 @@
 
 Example:
     >>> from torch.utils.data import DataLoader                      # doctest: +SKIP
-    >>> ds = JobDataset("resnet18", catalog="catalog", batch_size=64)  # doctest: +SKIP
+    >>> ds = JobDataset("resnet18", batch_size=64)  # the default catalog  # doctest: +SKIP
     >>> for epoch in range(3):                                         # doctest: +SKIP
     ...     for batch in DataLoader(ds, batch_size=None):
     ...         loss = model(batch["image"], batch["label"])
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from catalog import Catalog
 from catalog.errors import CatalogLockedError, LoaderError
+from catalog.options import option_value
 from tabloader.engine import JobStream, Loader, default_loader
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
@@ -65,7 +65,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             option, else a hash of the job name (so two jobs never draw the same sequence).
         image_size: shared deterministic resize (default: the job's ``image_size`` option).
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
-        on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
+        on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default: the
+            job's ``on_error`` option, else ``"raise"``).
         rank, world_size: this dataset is rank ``rank`` of ``world_size`` data-parallel ranks
             of the job (default: ``RANK`` and ``WORLD_SIZE`` from the environment, as torchrun
             sets them, else a plain job). Each rank gets a disjoint, equal share of every
@@ -86,7 +87,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         seed: int | None = None,
         image_size: int | tuple[int, int] | None = None,
         prefetch: int | None = None,
-        on_error: str = "raise",
+        on_error: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -98,7 +99,9 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         options = self.loader.job_options(job)
         self.transform = transform
         if seed is None:  # the job's option, else one of its own: jobs never share draws
-            seed = int(options.get("seed", zlib.crc32(job.encode())))
+            seed = option_value(options, "seed")
+            if seed is None:
+                seed = zlib.crc32(job.encode())
         self.generator = torch.Generator().manual_seed(int(seed))
         self._batch_size, self._image_size = batch_size, image_size
         self._prefetch, self._on_error = prefetch, on_error
@@ -168,9 +171,12 @@ def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:
     """The catalog's loader service (started if none runs), unless this process has the
     catalog open itself: then the service could not open it (the error says to share it).
     """
-    from catalog.catalog import _OPEN_ROOTS, DEFAULT_PATH, ENV_VAR
+    from catalog.catalog import _OPEN_ROOTS, not_a_catalog, resolve_root
+    from catalog.directory import DB_FILE
 
-    root = Path(catalog or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()
+    root = resolve_root(catalog)
+    if not (root / DB_FILE).exists():  # no service to start for it: say so, create nothing
+        raise not_a_catalog(root)
     if _OPEN_ROOTS.get(root.resolve()) is not None:
         raise CatalogLockedError(
             f"Catalog '{root}' is open already in this process. Pass that Catalog object as "

@@ -17,7 +17,7 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def cat(tmp_path):
     """A fresh catalog in a temporary directory."""
-    with catalog.connect(tmp_path / "cat") as c:
+    with catalog.connect(tmp_path / "cat", create=True) as c:
         yield c
 
 

@@ -1,7 +1,7 @@
 """Importers: one module per source format, each turning a source into a streaming ``Source``.
 
 An importer never writes anything: it opens its source and yields record batches. The catalog
-(``catalog.catalog.Catalog._ingest``) numbers the rows, writes Arrow IPC, fills the DuckDB table
+(``catalog.imports.Ingest``) numbers the rows, writes Arrow IPC, fills the DuckDB table
 and commits atomically. ``IMPORTERS`` maps a ``FORMAT`` name of ``CREATE DATASET`` to the
 function that opens such a source; ``detect_format`` guesses it from a path.
 """
@@ -9,6 +9,8 @@ function that opens such a source; ``detect_format`` guesses it from a path.
 from __future__ import annotations
 
 import importlib
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,85 @@ import pyarrow as pa
 
 from catalog.errors import ImportFailedError
 
-__all__ = ["IMPORTERS", "Source", "detect_format", "open_source"]
+__all__ = [
+    "IMPORTERS",
+    "MAX_FILE_BYTES",
+    "Source",
+    "check_regular_file",
+    "detect_format",
+    "open_source",
+    "read_regular_file",
+]
+
+MAX_FILE_BYTES = 1 << 30
+"""The largest file read whole into one value (an image): a bigger one is refused."""
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _not_regular(path: Path, mode: int) -> ImportFailedError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return ImportFailedError(
+        f"'{path}' is {kind}, not a regular file; imports read regular files only. Remove it, "
+        "or give a path or glob that matches files only (e.g. '/data/*.parquet')."
+    )
+
+
+def check_regular_file(path: Path) -> int:
+    """The size of ``path``, which must be a regular file (``stat``: never opens a FIFO).
+
+    Raises:
+        ImportFailedError: it is missing, or a directory, FIFO, device or socket.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ImportFailedError(
+            f"Cannot read '{path}' ({exc.strerror or exc}). Check the path."
+        ) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode)
+    return st.st_size
+
+
+def read_regular_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """Read a regular file of at most ``max_bytes`` whole.
+
+    It is opened non-blocking and checked with ``fstat`` before reading, so a FIFO (or a file
+    swapped for one) is refused instead of blocking the import.
+
+    Raises:
+        ImportFailedError: not a regular file, larger than ``max_bytes``, or unreadable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ImportFailedError(
+            f"Cannot read '{path}' ({exc.strerror or exc}); the folder changed during the "
+            "import or the file is not readable. Fix it and import again."
+        ) from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        if st.st_size > max_bytes:
+            raise ImportFailedError(
+                f"'{path}' is {st.st_size / 2**30:.1f} GiB, over the limit of "
+                f"{max_bytes / 2**30:.1f} GiB for one file read whole (an image); remove it "
+                "from the folder, or import it another way."
+            )
+        try:
+            return f.read()
+        except OSError as exc:
+            raise ImportFailedError(
+                f"Cannot read '{path}' ({exc.strerror or exc}); fix the file and import again."
+            ) from exc
 
 
 @dataclass

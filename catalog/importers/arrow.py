@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from catalog.errors import ImportFailedError
-from catalog.importers import Source
+from catalog.importers import Source, check_regular_file
 
 __all__ = ["expand_paths", "open_arrow", "open_ipc"]
 
@@ -55,6 +55,7 @@ def expand_paths(path_or_glob: str | Path, kind: str) -> list[Path]:
     for p in paths:
         if not p.exists():
             raise ImportFailedError(f"No such {kind} file: '{p}'. Check the path.")
+        check_regular_file(p)  # a directory matched by a glob, a FIFO, a device: refused
     return paths
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from catalog.errors import ImportFailedError
-from catalog.importers import Source
+from catalog.importers import Source, read_regular_file
 
 __all__ = ["DEFAULT_EXTENSIONS", "SCHEMA", "open_imagefolder"]
 
@@ -179,13 +179,7 @@ def _batches(
         chunk = files[start : start + batch_size]
         images = []
         for _, rel in chunk:
-            try:
-                images.append((base / rel).read_bytes())
-            except OSError as exc:
-                raise ImportFailedError(
-                    f"Cannot read '{base / rel}' ({exc.strerror or exc}); the folder changed "
-                    "during the import or the file is not readable. Fix it and import again."
-                ) from exc
+            images.append(read_regular_file(base / rel))
         labels = [label for label, _ in chunk]
         yield pa.RecordBatch.from_arrays(
             [

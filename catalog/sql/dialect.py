@@ -17,6 +17,7 @@ are sqlglot's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import sqlglot
@@ -28,6 +29,8 @@ from sqlglot.parsers.duckdb import DuckDBParser
 from catalog.errors import StatementError
 
 __all__ = [
+    "MAX_NESTING",
+    "MAX_STATEMENT_CHARS",
     "AppendDataset",
     "CreateDataset",
     "DescribeDataset",
@@ -44,6 +47,12 @@ __all__ = [
 ]
 
 FORMATS = ("imagefolder", "parquet", "arrow", "hf")
+# Bounds on statement text, checked before parsing: sqlglot's parser is recursive (50 nested
+# parentheses overflow Python's stack) and takes ~5 s per 100,000 IN-list items.
+MAX_STATEMENT_CHARS = 100_000
+MAX_NESTING = 32
+_OPENERS = {sqlglot.TokenType.L_PAREN, sqlglot.TokenType.L_BRACKET, sqlglot.TokenType.L_BRACE}
+_CLOSERS = {sqlglot.TokenType.R_PAREN, sqlglot.TokenType.R_BRACKET, sqlglot.TokenType.R_BRACE}
 
 
 class CreateDataset(exp.Expression):
@@ -97,43 +106,53 @@ class DropDataset(exp.Expression):
 class TabloaderParser(DuckDBParser):
     """DuckDB's parser with the catalog statements in front."""
 
+    # The catalog statements by their leading words, tried in order (as sqlglot's
+    # STATEMENT_PARSERS maps a statement's first token to its parser).
+    CATALOG_STATEMENTS: ClassVar[dict[tuple[str, ...], Callable[[TabloaderParser], exp.Expr]]] = {
+        ("CREATE", "DATASET"): lambda self: self._parse_dataset_source(CreateDataset),
+        ("APPEND", "TO", "DATASET"): lambda self: self._parse_dataset_source(AppendDataset),
+        ("REGISTER",): lambda self: self._parse_register(),
+        ("UNREGISTER", "JOB"): lambda self: self._parse_unregister(),
+        ("SHOW", "DATASETS"): lambda self: self.expression(ShowDatasets()),
+        ("SHOW", "JOBS"): lambda self: self.expression(ShowJobs()),
+        ("DESCRIBE",): lambda self: self.expression(
+            DescribeDataset(this=self._parse_name("dataset"))
+        ),
+        ("DESC",): lambda self: self.expression(DescribeDataset(this=self._parse_name("dataset"))),
+        ("DROP", "DATASET"): lambda self: self._parse_drop_dataset(),
+    }
+
     def _parse_statement(self) -> exp.Expr | None:
         if self._curr is None:
             return None
-        if self._match_text_seq("CREATE", "DATASET"):
-            return self._parse_dataset_source(CreateDataset)
-        if self._match_text_seq("APPEND", "TO", "DATASET"):
-            return self._parse_dataset_source(AppendDataset)
-        if self._match_text_seq("REGISTER"):
-            replace = self._match_text_seq("OR", "REPLACE")
-            self._expect_words("JOB")
-            name = self._parse_name("job")
-            if not self._match(sqlglot.TokenType.SELECT, advance=False):
-                self.raise_error("Expected SELECT <columns> FROM <dataset> after the job name")
-            query = self._parse_select()
-            options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
-            return self.expression(
-                RegisterJob(this=name, query=query, options=options, replace=replace or None)
-            )
-        if self._match_text_seq("UNREGISTER", "JOB"):
-            exists = self._match_text_seq("IF", "EXISTS")
-            return self.expression(
-                UnregisterJob(this=self._parse_name("job"), exists=exists or None)
-            )
-        if self._match_text_seq("SHOW", "DATASETS"):
-            return self.expression(ShowDatasets())
-        if self._match_text_seq("SHOW", "JOBS"):
-            return self.expression(ShowJobs())
-        if self._match_text_seq("DESCRIBE") or self._match_text_seq("DESC"):
-            return self.expression(DescribeDataset(this=self._parse_name("dataset")))
-        if self._match_text_seq("DROP", "DATASET"):
-            exists = self._match_text_seq("IF", "EXISTS")
-            name = self._parse_name("dataset")
-            cascade = self._match_text_seq("CASCADE")
-            return self.expression(
-                DropDataset(this=name, exists=exists or None, cascade=cascade or None)
-            )
+        for words, parse_statement in self.CATALOG_STATEMENTS.items():
+            if self._match_text_seq(*words):
+                return parse_statement(self)
         return super()._parse_statement()
+
+    def _parse_register(self) -> exp.Expr:
+        replace = self._match_text_seq("OR", "REPLACE")
+        self._expect_words("JOB")
+        name = self._parse_name("job")
+        if not self._match(sqlglot.TokenType.SELECT, advance=False):
+            self.raise_error("Expected SELECT <columns> FROM <dataset> after the job name")
+        query = self._parse_select()
+        options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
+        return self.expression(
+            RegisterJob(this=name, query=query, options=options, replace=replace or None)
+        )
+
+    def _parse_unregister(self) -> exp.Expr:
+        exists = self._match_text_seq("IF", "EXISTS")
+        return self.expression(UnregisterJob(this=self._parse_name("job"), exists=exists or None))
+
+    def _parse_drop_dataset(self) -> exp.Expr:
+        exists = self._match_text_seq("IF", "EXISTS")
+        name = self._parse_name("dataset")
+        cascade = self._match_text_seq("CASCADE")
+        return self.expression(
+            DropDataset(this=name, exists=exists or None, cascade=cascade or None)
+        )
 
     def _warn_unsupported(self) -> None:
         # sqlglot logs a warning when it falls back to an opaque Command (LOAD, CALL...);
@@ -208,6 +227,7 @@ def parse(text: str) -> exp.Expr:
     """
     if not isinstance(text, str) or not text.strip():
         raise StatementError("Empty statement; write e.g. SHOW DATASETS.")
+    check_size(text)
     try:
         statements = [s for s in sqlglot.parse(text, dialect=Tabloader) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -221,10 +241,43 @@ def parse(text: str) -> exp.Expr:
 
 def parse_predicate(text: str) -> exp.Expr:
     """Parse a WHERE predicate on its own (for ``Catalog.register_job(where=...)``)."""
+    check_size(text)
     try:
         return sqlglot.parse_one(text, dialect=Tabloader, into=exp.Condition)
     except (ParseError, TokenError) as exc:
         raise _statement_error(exc) from exc
+
+
+def check_size(text: str) -> None:
+    """Refuse statement text longer than ``MAX_STATEMENT_CHARS`` or nested deeper than
+    ``MAX_NESTING`` (before parsing it).
+
+    Raises:
+        StatementError: naming the limit and the fix.
+    """
+    if len(text) > MAX_STATEMENT_CHARS:
+        raise StatementError(
+            f"The statement is {len(text):,} characters long, over the limit of "
+            f"{MAX_STATEMENT_CHARS:,}; for a long IN list, filter on a column instead "
+            "(e.g. a range or a label), or register several jobs."
+        )
+    try:
+        tokens = Tabloader().tokenize(text)
+    except TokenError as exc:
+        raise _statement_error(exc) from exc
+    depth = 0
+    for tok in tokens:
+        if tok.token_type in _OPENERS:
+            depth += 1
+            if depth > MAX_NESTING:
+                raise StatementError(
+                    f"The statement nests parentheses more than {MAX_NESTING} deep; "
+                    "remove redundant parentheses or split the expression.",
+                    line=tok.line,
+                    col=tok.col,
+                )
+        elif tok.token_type in _CLOSERS:
+            depth -= 1
 
 
 def first_token(text: str) -> str:

@@ -1,16 +1,23 @@
-"""Run one parsed statement against a ``Catalog``: one handler per statement type."""
+"""Run one parsed statement: one handler per statement type, dispatched from ``HANDLERS``.
+
+The handlers talk to a ``StatementTarget`` (what ``Catalog`` offers statements), not to
+``Catalog`` itself, so this module does not import the catalog that imports it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import pyarrow as pa
 from sqlglot import exp
 
 from catalog.errors import ForbiddenExpressionError, StatementError
-from catalog.importers import detect_format, open_source
+from catalog.importers import Source, detect_format, open_source
+from catalog.limits import Limits
+from catalog.model import Dataset, Job, JobInfo
 from catalog.sql.dialect import (
+    MAX_NESTING,
     AppendDataset,
     CreateDataset,
     DescribeDataset,
@@ -23,29 +30,88 @@ from catalog.sql.dialect import (
 )
 from catalog.sql.validate import check_query, position
 
-if TYPE_CHECKING:
-    from catalog.catalog import Catalog
-
-__all__ = ["HANDLERS", "execute"]
+__all__ = ["HANDLERS", "StatementTarget", "execute"]
 
 
-def execute(catalog: Catalog, text: str) -> Any:
+class StatementTarget(Protocol):
+    """What statements need of a catalog (``Catalog`` implements it)."""
+
+    limits: Limits
+
+    def dataset_names(self) -> list[str]:
+        """Names of all datasets (the only tables SELECT may read)."""
+        ...
+
+    def query(self, sql: str) -> pa.Table:
+        """Run a validated read-only query."""
+        ...
+
+    def dataset(self, name: str, *, version: int | None = None) -> Dataset:
+        """A dataset by name."""
+        ...
+
+    def datasets(self) -> list[Dataset]:
+        """All datasets."""
+        ...
+
+    def job_infos(self) -> list[JobInfo]:
+        """What is stored about every job (no bitmap is read)."""
+        ...
+
+    def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
+        """Import a source."""
+        ...
+
+    def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
+        """Drop a dataset."""
+        ...
+
+    def register_job(
+        self,
+        name: str,
+        dataset: str,
+        *,
+        columns: str | Sequence[str] | None = None,
+        where: str | exp.Expression | None = None,
+        options: dict[str, Any] | None = None,
+        replace: bool = False,
+    ) -> Job:
+        """Register a job."""
+        ...
+
+    def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
+        """Remove a job."""
+        ...
+
+
+def execute(catalog: StatementTarget, text: str) -> Any:
     """Parse ``text`` (exactly one statement) and run it; see ``Catalog.sql``."""
-    stmt = parse(text)
-    handler = HANDLERS.get(type(stmt))
-    if handler is None:
-        return catalog.query(check_query(stmt, text=text))
-    return handler(catalog, stmt)
+    try:
+        stmt = parse(text)
+        handler = HANDLERS.get(type(stmt))
+        if handler is None:
+            if not isinstance(stmt, exp.Query):
+                check_query(stmt, text=text)  # refuses it, naming what is allowed
+            sql = check_query(
+                stmt, text=text, tables=catalog.dataset_names(), limits=catalog.limits
+            )
+            return catalog.query(sql)
+        return handler(catalog, stmt)
+    except RecursionError:
+        raise StatementError(
+            f"The statement is nested too deeply to check; write it with at most "
+            f"{MAX_NESTING} levels of parentheses and shorter chains of NOT or operators."
+        ) from None
 
 
-def _import(catalog: Catalog, stmt: exp.Expression, *, append: bool) -> Any:
+def _import(catalog: StatementTarget, stmt: exp.Expression, *, append: bool) -> Any:
     path = stmt.args["path"].name
     fmt = stmt.args.get("format")
     source = open_source(fmt.name.lower() if fmt else detect_format(path), path)
     return catalog.import_source(stmt.this.name, source, append=append)
 
 
-def _register(catalog: Catalog, stmt: RegisterJob) -> Any:
+def _register(catalog: StatementTarget, stmt: RegisterJob) -> Any:
     query = stmt.args["query"]
     if not isinstance(query, exp.Select):
         raise StatementError("REGISTER JOB takes one SELECT columns FROM dataset [WHERE ...].")
@@ -130,14 +196,15 @@ def _options(node: exp.Tuple | None) -> dict[str, Any]:
     return options
 
 
-def _show_datasets(catalog: Catalog, _: exp.Expression) -> pa.Table:
+def _show_datasets(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
+    jobs = catalog.job_infos()
     rows = [
         {
             "name": ds.name,
             "version": ds.version,
             "rows": ds.num_rows,
             "columns": ", ".join(ds.columns[1:]),
-            "jobs": sum(j.dataset == ds.name for j in catalog.jobs()),
+            "jobs": sum(j.dataset == ds.name for j in jobs),
             "source": ds.description,
         }
         for ds in catalog.datasets()
@@ -155,7 +222,7 @@ def _show_datasets(catalog: Catalog, _: exp.Expression) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _show_jobs(catalog: Catalog, _: exp.Expression) -> pa.Table:
+def _show_jobs(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
     rows = [
         {
             "name": j.name,
@@ -166,7 +233,7 @@ def _show_jobs(catalog: Catalog, _: exp.Expression) -> pa.Table:
             "predicate": j.predicate,
             "options": ", ".join(f"{k}={v}" for k, v in j.options.items()),
         }
-        for j in catalog.jobs()
+        for j in catalog.job_infos()
     ]
     schema = pa.schema(
         [
@@ -182,7 +249,7 @@ def _show_jobs(catalog: Catalog, _: exp.Expression) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _describe(catalog: Catalog, stmt: DescribeDataset) -> pa.Table:
+def _describe(catalog: StatementTarget, stmt: DescribeDataset) -> pa.Table:
     ds = catalog.dataset(stmt.this.name)
     rows = [
         {
@@ -204,11 +271,11 @@ def _describe(catalog: Catalog, stmt: DescribeDataset) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _unregister(catalog: Catalog, stmt: UnregisterJob) -> None:
+def _unregister(catalog: StatementTarget, stmt: UnregisterJob) -> None:
     catalog.unregister_job(stmt.this.name, if_exists=bool(stmt.args.get("exists")))
 
 
-def _drop(catalog: Catalog, stmt: DropDataset) -> None:
+def _drop(catalog: StatementTarget, stmt: DropDataset) -> None:
     catalog.drop_dataset(
         stmt.this.name,
         cascade=bool(stmt.args.get("cascade")),
@@ -216,7 +283,7 @@ def _drop(catalog: Catalog, stmt: DropDataset) -> None:
     )
 
 
-HANDLERS: dict[type[exp.Expr], Callable[[Catalog, Any], Any]] = {
+HANDLERS: dict[type[exp.Expr], Callable[[StatementTarget, Any], Any]] = {
     CreateDataset: lambda c, s: _import(c, s, append=False),
     AppendDataset: lambda c, s: _import(c, s, append=True),
     RegisterJob: _register,

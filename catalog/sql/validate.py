@@ -5,13 +5,12 @@ IN lists, BETWEEN, LIKE, IS NULL, arithmetic, casts and a short list of pure sca
 over the dataset's queryable columns. Subqueries, table functions, ``read_*``, ``getenv`` and
 anything else are refused with the position and the fix. Read-only SELECT pass-through may use
 any expression but no table function, and it runs on a connection whose external access is off
-(see ``catalog.catalog``), inside a transaction that is rolled back.
+(see ``catalog.database``), inside a transaction that is rolled back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Sequence
 
 from sqlglot import exp
 
@@ -22,13 +21,15 @@ from catalog.errors import (
     UnknownColumnError,
     did_you_mean,
 )
+from catalog.limits import Limits, check_sizes
+from catalog.model import Dataset
 from catalog.sql.dialect import first_token, parse_predicate
 
-if TYPE_CHECKING:
-    from catalog.catalog import Dataset
-
 __all__ = [
+    "FORBIDDEN_FUNCTIONS",
     "PREDICATE_FUNCTIONS",
+    "PREDICATE_FUNCTION_CALLS",
+    "PREDICATE_FUNCTION_NODES",
     "PREDICATE_NODES",
     "check_columns",
     "check_predicate",
@@ -81,31 +82,79 @@ PREDICATE_NODES: tuple[type[exp.Expression], ...] = (
     exp.Case,
     exp.If,
     exp.DPipe,
-    # pure scalar functions
-    exp.Abs,
-    exp.Round,
-    exp.Floor,
-    exp.Ceil,
-    exp.Greatest,
-    exp.Least,
-    exp.Coalesce,
-    exp.Lower,
-    exp.Upper,
-    exp.Length,
-    exp.Substring,
-    exp.StartsWith,
-    exp.RegexpLike,
-    exp.Trim,
-    exp.Concat,
-    exp.StrPosition,
-    exp.Year,
-    exp.Month,
-    exp.Day,
-    exp.IsNan,
-    exp.IsInf,
 )
-# Functions sqlglot has no node for (parsed as Anonymous), by upper-case name.
-PREDICATE_FUNCTIONS = frozenset({"HASH", "ENDS_WITH", "CONTAINS", "ARRAY_LENGTH", "LEN"})
+# The pure scalar functions a predicate may call, as users write them. sqlglot parses most to
+# a node type of its own (``contains`` to ``Contains``, ``array_length`` to ``ArraySize``,
+# ``len`` to ``Length``) and the rest to ``Anonymous``: both are derived below by parsing each
+# name, so the allow-list matches the parser, whatever it does with a name.
+PREDICATE_FUNCTION_CALLS: dict[str, str] = {
+    "abs": "abs(x)",
+    "round": "round(x, 2)",
+    "floor": "floor(x)",
+    "ceil": "ceil(x)",
+    "greatest": "greatest(x, 1)",
+    "least": "least(x, 1)",
+    "coalesce": "coalesce(x, 0)",
+    "lower": "lower(s)",
+    "upper": "upper(s)",
+    "length": "length(s)",
+    "len": "len(s)",
+    "substring": "substring(s, 1, 2)",
+    "starts_with": "starts_with(s, 'a')",
+    "ends_with": "ends_with(s, 'a')",
+    "contains": "contains(s, 'a')",
+    "regexp_matches": "regexp_matches(s, 'a')",
+    "trim": "trim(s)",
+    "concat": "concat(s, 'a')",
+    "strpos": "strpos(s, 'a')",
+    "year": "year(d)",
+    "month": "month(d)",
+    "day": "day(d)",
+    "isnan": "isnan(x)",
+    "isinf": "isinf(x)",
+    "array_length": "array_length(l)",
+    "hash": "hash(x)",
+}
+
+
+def _function_nodes() -> tuple[tuple[type[exp.Expr], ...], frozenset[str]]:
+    types: set[type[exp.Expr]] = set()
+    anonymous: set[str] = set()
+    for call in PREDICATE_FUNCTION_CALLS.values():
+        node = parse_predicate(call)
+        if isinstance(node, exp.Anonymous):
+            anonymous.add(node.name.upper())
+        else:
+            types.add(type(node))
+    return tuple(types), frozenset(anonymous)
+
+
+PREDICATE_FUNCTION_NODES, PREDICATE_FUNCTIONS = _function_nodes()
+_FUNCTION_LIST = ", ".join(PREDICATE_FUNCTION_CALLS)
+
+# What SELECT may not call: DuckDB's settings, environment, internals and files.
+FORBIDDEN_FUNCTIONS = frozenset(
+    {
+        "CURRENT_SETTING",
+        "GETENV",
+        "GETVARIABLE",
+        "CURRENT_DATABASE",
+        "CURRENT_CATALOG",
+        "CURRENT_SCHEMA",
+        "CURRENT_SCHEMAS",
+        "CURRENT_USER",
+        "SESSION_USER",
+        "USER",
+        "CURRENT_ROLE",
+        "VERSION",
+        "CURRENT_VERSION",
+        "WHICH_SECRET",
+        "GLOB",
+        "QUERY",
+        "QUERY_TABLE",
+    }
+)
+FORBIDDEN_PREFIXES = ("READ_", "DUCKDB_", "PRAGMA_", "SQLITE_", "PG_")
 
 
 def position(node: exp.Expr) -> tuple[int | None, int | None]:
@@ -148,8 +197,10 @@ def _forbid(node: exp.Expr, what: str, fix: str) -> ForbiddenExpressionError:
     return ForbiddenExpressionError(f"{what} {fix}", line=line, col=col)
 
 
-def check_predicate(where: str | exp.Expression, ds: Dataset) -> str:
-    """Check a job predicate against the allow-list and ``ds``'s columns.
+def check_predicate(
+    where: str | exp.Expression, ds: Dataset, *, limits: Limits | None = None
+) -> str:
+    """Check a job predicate against the allow-list and ``ds``'s columns (and ``limits``).
 
     Returns:
         the normalized predicate SQL (unqualified columns, DuckDB syntax).
@@ -172,19 +223,21 @@ def check_predicate(where: str | exp.Expression, ds: Dataset) -> str:
             raise _forbid(
                 node,
                 f"Function {node.name}() is not allowed in a job predicate.",
-                "Use comparisons, IN, BETWEEN, LIKE, arithmetic, casts or one of "
-                f"{', '.join(sorted(PREDICATE_FUNCTIONS))}, ABS, LOWER, ...",
+                "Use comparisons, IN, BETWEEN, LIKE, arithmetic, casts or one of the "
+                f"functions {_FUNCTION_LIST}.",
             )
-        if not isinstance(node, PREDICATE_NODES):
+        if not isinstance(node, PREDICATE_NODES + PREDICATE_FUNCTION_NODES):
             name = node.sql(dialect="duckdb") if isinstance(node, exp.Func) else node.key.upper()
             raise _forbid(
                 node,
                 f"'{name[:40]}' is not allowed in a job predicate.",
                 "Use comparisons, boolean logic, IN, BETWEEN, LIKE, IS NULL, arithmetic,"
-                " casts and simple scalar functions on the dataset's columns.",
+                f" casts and the functions {_FUNCTION_LIST} on the dataset's columns.",
             )
         if isinstance(node, exp.Column):
             _check_column(node, ds)
+    if limits is not None:
+        check_sizes(expr, limits)
     return expr.sql(dialect="duckdb")
 
 
@@ -215,12 +268,24 @@ def _check_column(node: exp.Column, ds: Dataset) -> None:
         )
 
 
-def check_query(query: exp.Expr, *, text: str | None = None) -> str:
+def check_query(
+    query: exp.Expr,
+    *,
+    text: str | None = None,
+    tables: Collection[str] | None = None,
+    limits: Limits | None = None,
+) -> str:
     """Check a read-only SELECT for pass-through to DuckDB; return its DuckDB SQL.
+
+    It may read the dataset tables (and its own CTEs) only: no table function, no schema
+    (``information_schema``, ``_tabloader``...), no function that reads settings, the
+    environment, DuckDB's internals or files.
 
     Args:
         query: the parsed statement.
         text: the statement as written, to name its first word if it is refused.
+        tables: the dataset names; None allows any unqualified table name.
+        limits: the statement limits (see ``catalog.limits.check_sizes``).
     """
     if not isinstance(query, exp.Query):
         # sqlglot's node type misleads ('@@@' parses as ABS, CHECKPOINT as a column): name
@@ -231,25 +296,40 @@ def check_query(query: exp.Expr, *, text: str | None = None) -> str:
             "DATASET, APPEND TO DATASET, REGISTER JOB, UNREGISTER JOB, SHOW DATASETS, SHOW JOBS, "
             "DESCRIBE, DROP DATASET and read-only SELECT."
         )
-    for node in query.walk():
-        if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier):
-            raise _forbid(
-                node,
-                "Table functions are not allowed.",
-                "Query the dataset tables by name (SHOW DATASETS lists them).",
-            )
-        if isinstance(node, exp.Func) and node.sql_name().upper().startswith(("READ_", "GETENV")):
-            raise _forbid(
-                node,
-                f"Function {node.sql_name()}() is not allowed.",
-                "tabloader SQL cannot read files or the environment.",
-            )
-        if isinstance(node, exp.Anonymous) and node.name.upper().startswith(("READ_", "GETENV")):
-            raise _forbid(
-                node,
-                f"Function {node.name}() is not allowed.",
-                "tabloader SQL cannot read files or the environment.",
-            )
     if isinstance(query, exp.Select) and query.args.get("into"):
         raise StatementError("SELECT ... INTO is not allowed; SELECT is read-only.")
+    ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
+    allowed = None if tables is None else {t.lower() for t in tables} | ctes
+    for node in query.walk():
+        if isinstance(node, exp.Table):
+            _check_table(node, allowed)
+        if isinstance(node, exp.Func):
+            name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+            if name.upper() in FORBIDDEN_FUNCTIONS or name.upper().startswith(FORBIDDEN_PREFIXES):
+                raise _forbid(
+                    node,
+                    f"Function {name.lower()}() is not allowed.",
+                    "tabloader SQL reads the dataset tables only, not files, the environment, "
+                    "settings or DuckDB's internals.",
+                )
+    if limits is not None:
+        check_sizes(query, limits)
     return query.sql(dialect="duckdb")
+
+
+def _check_table(node: exp.Table, allowed: set[str] | None) -> None:
+    fix = "Query the dataset tables by name (SHOW DATASETS lists them)."
+    if not isinstance(node.this, exp.Identifier):
+        raise _forbid(node, "Table functions are not allowed.", fix)
+    if node.args.get("db") or node.args.get("catalog"):
+        raise _forbid(
+            node,
+            f"Table '{node.sql(dialect='duckdb')}' is not a dataset; schemas are off limits.",
+            fix,
+        )
+    if allowed is not None and node.name.lower() not in allowed:
+        raise _forbid(
+            node,
+            f"Unknown dataset '{node.name}'.{did_you_mean(node.name, sorted(allowed))}",
+            fix,
+        )

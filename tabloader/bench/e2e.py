@@ -135,7 +135,7 @@ def _open_reader(root: str, dataset: str) -> Any:
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import catalog
 
-    cat = catalog.connect(spec["catalog"])
+    cat = catalog.connect(spec["catalog"], create=True)
     jobs = spec["jobs"]
     ids = {j["name"]: cat.job(j["name"]).ids for j in jobs}
     progress = {j["name"]: 0 for j in jobs}
@@ -256,7 +256,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Path, int, int]:
         Path(args.data) / f"images-{args.images}", num_images=args.images, num_classes=10
     )
     root = Path(args.data) / f"catalog-{args.images}"
-    with catalog.connect(root) as cat:
+    with catalog.connect(root, create=True) as cat:
         if "imgs" not in cat.dataset_names():
             cat.import_imagefolder("imgs", folder)
         ds = cat.dataset("imgs")
@@ -290,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     runs: dict[str, Any] = {}
     for scenario in args.scenarios.split(","):
         jobs = _scenarios(n, args.step, args.speeds_rows, args.speeds_step)[scenario]
-        with catalog.connect(root) as cat:
+        with catalog.connect(root, create=True) as cat:
             for j in jobs:
                 cat.sql(
                     f"REGISTER OR REPLACE JOB {j['name']} SELECT image, label FROM imgs "

@@ -193,12 +193,12 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
     if not (folder / ".done").exists():
         make_imagefolder(folder, num_images=args.images, num_classes=10)
         (folder / ".done").touch()
-    images = catalog.connect(tmp / "images")
+    images = catalog.connect(tmp / "images", create=True)
     images.import_imagefolder("imgs", folder)
     for size in (224, 112):
         images.sql(f"REGISTER JOB img{size} SELECT image FROM imgs WITH (image_size = {size})")
     rng = np.random.default_rng(0)
-    small = catalog.connect(tmp / "small")
+    small = catalog.connect(tmp / "small", create=True)
     small.import_arrow(
         "t", pa.table({"x": rng.integers(0, 1 << 40, args.rows), "y": rng.random(args.rows)})
     )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from catalog.catalog import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError
 from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
@@ -249,9 +250,12 @@ class RemoteStream:
         return batch
 
 
-def open_catalog(path: str | os.PathLike[str] | None = None) -> Catalog | RemoteLoader:
-    """The catalog at ``path``: opened in this process if no other holds it, else its running
-    service, through which ``sql()`` statements go (``tabloader.connect``).
+def open_catalog(
+    path: str | os.PathLike[str] | None = None, **options: Any
+) -> Catalog | RemoteLoader:
+    """The catalog at ``path``: opened in this process if no other holds it (``options`` as
+    ``catalog.connect``), else its running service, through which ``sql()`` statements go
+    (``tabloader.connect``).
 
     Raises:
         CatalogLockedError: another process holds the catalog and it is not a service.
@@ -259,10 +263,10 @@ def open_catalog(path: str | os.PathLike[str] | None = None) -> Catalog | Remote
     import catalog
 
     try:
-        return catalog.connect(path)
+        return catalog.connect(path, **options)
     except CatalogLockedError as locked:
         try:
-            return RemoteLoader(_root(path), start=False)
+            return RemoteLoader(resolve_root(path), start=False)
         except ServiceError:
             raise locked from None
 
@@ -297,16 +301,9 @@ def service_loader(root: str | os.PathLike[str] | None) -> RemoteLoader:
     """This process's connection to the service of catalog ``root`` (default: as ``connect``
     in ``catalog``), made on first use.
     """
-    path = _root(root)
+    path = resolve_root(root)
     with _LOADERS_LOCK:
         loader = _LOADERS.get(path)
         if loader is None or loader._closed:
             loader = _LOADERS[path] = RemoteLoader(path)
         return loader
-
-
-def _root(root: str | os.PathLike[str] | None) -> Path:
-    """The catalog directory ``root`` names (default: as ``connect`` in ``catalog``)."""
-    from catalog.catalog import DEFAULT_PATH, ENV_VAR
-
-    return Path(root or os.environ.get(ENV_VAR) or DEFAULT_PATH).absolute()

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 import catalog
 from catalog.bitmaps import ID_COLUMN
+from catalog.catalog import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from tabloader.engine import Loader
 from tabloader.service.protocol import Listener, Session
@@ -77,6 +78,8 @@ class Service:
         try:
             self.catalog = catalog.connect(self.root)
             try:
+                if not self.catalog.exists:  # a service reads a catalog; it creates none
+                    raise not_a_catalog(self.root)
                 self.loader = Loader(self.catalog, cache_bytes=cache_bytes, workers=workers)
             except BaseException:
                 self.catalog.close()

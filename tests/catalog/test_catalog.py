@@ -55,12 +55,47 @@ def duckdb_tables(cat: catalog.Catalog) -> list[str]:
 
 def test_connect_default_path_uses_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with catalog.connect() as c:
-        assert c.root == tmp_path / "catalog"
+    monkeypatch.delenv("TABLOADER_CATALOG", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    with catalog.connect() as c:  # not ./catalog: that is the source package in a checkout
+        assert c.root == tmp_path / "xdg" / "tabloader" / "catalog"
+        assert not c.exists
+    assert not (tmp_path / "xdg").exists()  # a read-only open creates nothing
     monkeypatch.setenv("TABLOADER_CATALOG", str(tmp_path / "elsewhere"))
-    with catalog.connect() as c:
+    with catalog.connect(create=True) as c:
         assert c.root == tmp_path / "elsewhere"
         assert (tmp_path / "elsewhere" / "catalog.duckdb").exists()
+
+
+def test_reads_refuse_a_directory_that_is_not_a_catalog(tmp_path):
+    root = tmp_path / "typo"
+    with catalog.connect(root) as c:
+        for read in (
+            c.dataset_names,
+            c.job_names,
+            lambda: c.dataset("t"),
+            lambda: c.job("j"),
+            lambda: c.sql("SHOW DATASETS"),
+            lambda: c.sql("SHOW JOBS"),
+            lambda: c.sql("DESCRIBE t"),
+            lambda: c.sql("SELECT 1"),
+        ):
+            with pytest.raises(CatalogError, match=rf"'{root}' is not a tabloader catalog \(it "):
+                read()
+        assert not root.exists()
+        c.import_arrow("t", make_table(10))  # an import creates it
+        assert c.exists
+        assert c.dataset_names() == ["t"]
+
+
+def test_not_found_errors_name_the_catalog(cat):
+    cat.import_arrow("t", make_table(10))
+    with pytest.raises(DatasetNotFoundError, match=f"Unknown dataset 'x' in catalog '{cat.root}'"):
+        cat.dataset("x")
+    with pytest.raises(LookupError, match=f"Unknown job 'cnn' in catalog '{cat.root}'"):
+        cat.job("cnn")
+    with pytest.raises(DatasetNotFoundError, match=f"unknown dataset 'x' in catalog '{cat.root}'"):
+        cat.import_arrow("x", make_table(10), append=True)
 
 
 def test_connect_refuses_a_file(tmp_path):
@@ -72,7 +107,7 @@ def test_connect_refuses_a_file(tmp_path):
 
 def test_connect_refuses_a_non_duckdb_file(tmp_path):
     (tmp_path / "catalog.duckdb").write_bytes(b"not a database" * 100)
-    with pytest.raises(CatalogError, match="Cannot open catalog"):
+    with pytest.raises(CatalogError, match="Opening catalog .* failed in DuckDB"):
         catalog.connect(tmp_path)
 
 
@@ -91,7 +126,7 @@ def make_data_a_file(root):
 )
 def test_connect_maps_os_errors(tmp_path, make_root, problem):
     with pytest.raises(CatalogError, match=rf"as a catalog directory \({problem}.*\)\. Give a new"):
-        catalog.connect(make_root(tmp_path))
+        catalog.connect(make_root(tmp_path), create=True)
 
 
 def test_os_error_after_duckdb_opened_is_mapped(tmp_path, monkeypatch):
@@ -100,7 +135,7 @@ def test_os_error_after_duckdb_opened_is_mapped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(catalog.Catalog, "_collect_garbage", unreadable)
     with pytest.raises(CatalogError, match=r"\(Permission denied: '.*/jobs'\)\. Give a new"):
-        catalog.connect(tmp_path)
+        catalog.connect(tmp_path, create=True)
 
 
 def files_under(root) -> list[str]:
@@ -118,7 +153,7 @@ def test_connect_refuses_a_directory_that_is_not_a_catalog(tmp_path, folder):
     (tmp_path / folder).mkdir(parents=True)
     (tmp_path / folder / "shard0.arrow").write_bytes(b"user data")
     with pytest.raises(CatalogError, match=r"not a tabloader catalog: .* empty or new directory"):
-        catalog.connect(tmp_path)
+        catalog.connect(tmp_path, create=True)
     assert (tmp_path / folder / "shard0.arrow").read_bytes() == b"user data"
     assert not (tmp_path / "catalog.duckdb").exists()
 
@@ -352,7 +387,7 @@ def test_duckdb_errors_during_import_are_not_masked(cat, monkeypatch):
 def test_dataset_not_found_suggests(cat):
     cat.import_arrow("imagenet", make_table(10))
     with pytest.raises(
-        DatasetNotFoundError, match="Unknown dataset 'imagnet'. Did you mean 'imagenet'"
+        DatasetNotFoundError, match="Unknown dataset 'imagnet' in catalog .*Did you mean 'imagenet'"
     ):
         cat.dataset("imagnet")
     with pytest.raises(LookupError):
@@ -436,7 +471,7 @@ def test_full_disk_register_keeps_the_old_job(cat, monkeypatch):
     def no_space(path, data):
         raise OSError(errno.ENOSPC, DISK_FULL)
 
-    monkeypatch.setattr(catalog.catalog, "_write_file", no_space)
+    monkeypatch.setattr(catalog.job_bitmaps, "write_file", no_space)
     with pytest.raises(CatalogError, match=r"REGISTER JOB j failed: .* disk holding .* is full"):
         cat.register_job("j", "t", where="label < 2", replace=True)
     monkeypatch.undo()
@@ -520,7 +555,7 @@ def test_failed_or_dropped_catalog_frees_its_root(tmp_path, monkeypatch):
 
     monkeypatch.setattr(catalog.Catalog, "_collect_garbage", fails)
     with pytest.raises(CatalogError, match="Input/output error") as info:
-        catalog.connect(root)
+        catalog.connect(root, create=True)
     monkeypatch.undo()
     catalog.connect(root).import_arrow("t", make_table(10))  # dropped without close()
     gc.collect()

@@ -201,7 +201,7 @@ def test_verify_command_reports_damaged_ranges_and_exit_code(tmp_path, capsys):
     assert "checked 1 dataset(s) (b)" in out
     code, out, err = run_cli(capsys, "--catalog", str(root), "verify", "c")
     assert (code, out) == (1, "")
-    assert err.startswith("DatasetNotFoundError: Unknown dataset 'c'.")
+    assert err.startswith("DatasetNotFoundError: Unknown dataset 'c' in catalog")
     a.unlink()
     code, out, _ = run_cli(capsys, "--catalog", str(root), "verify", "a")
     assert code == 1

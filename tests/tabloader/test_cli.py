@@ -55,7 +55,7 @@ def test_import_sql_and_errors(capsys, tmp_path):
     code, _, err = run(capsys, "--catalog", root, "sql", "DESCRIBE dd")
     assert code == 1
     assert err.strip() == (
-        "DatasetNotFoundError: Unknown dataset 'dd'. Did you mean 'd'? SHOW "
+        f"DatasetNotFoundError: Unknown dataset 'dd' in catalog '{root}'. Did you mean 'd'? SHOW "
         "DATASETS lists them; CREATE DATASET imports one."
     )
     with pytest.raises(tabloader.DatasetNotFoundError):
@@ -78,7 +78,9 @@ def test_unusable_catalog_path_is_one_line(capsys, tmp_path, root, problem):
     (tmp_path / "file").write_text("x")
     (tmp_path / "data_is_a_file").mkdir()
     (tmp_path / "data_is_a_file" / "data").write_text("x")
-    code, out, err = run(capsys, "--catalog", root.format(tmp=tmp_path), "sql", "SHOW DATASETS")
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "d.parquet")
+    path = str(tmp_path / "d.parquet")
+    code, out, err = run(capsys, "--catalog", root.format(tmp=tmp_path), "import", "d", path)
     assert (code, out) == (1, "")
     assert err.startswith(f"CatalogError: Cannot use '{root.format(tmp=tmp_path)}' as a catalog")
     assert problem in err
@@ -99,6 +101,7 @@ def test_refused_statement_is_one_line(tmp_path):
 
 def test_statements_from_stdin(capsys, monkeypatch, tmp_path):
     root = str(tmp_path / "cat")
+    tabloader.connect(root, create=True).close()
     monkeypatch.setattr(sys, "stdin", io.StringIO("SELECT 1 AS a;\nSELECT 'x;y' AS b;\n"))
     code, out, _ = run(capsys, "--catalog", root, "sql", "-")
     assert code == 0
@@ -106,6 +109,7 @@ def test_statements_from_stdin(capsys, monkeypatch, tmp_path):
 
 
 def test_console_script_entry_point(tmp_path):
+    tabloader.connect(tmp_path / "c", create=True).close()
     proc = subprocess.run(
         [
             sys.executable,
@@ -128,3 +132,30 @@ def test_console_script_entry_point(tmp_path):
         "jobs",
         "source",
     ]
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_reads_refuse_a_directory_that_is_not_a_catalog(capsys, tmp_path, where):
+    root = tmp_path / "typo"
+    argv = ["sql", "--catalog", str(root)] if where == "after" else ["--catalog", str(root), "sql"]
+    code, out, err = run(capsys, *argv, "SHOW DATASETS")
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        f"CatalogError: '{root}' is not a tabloader catalog (it does not exist). Give the "
+        "catalog's directory (--catalog DIR or $TABLOADER_CATALOG), or create one there by "
+        f"importing data: tabloader --catalog {root} import NAME PATH, CREATE DATASET name FROM "
+        f"'path', or catalog.connect('{root}', create=True)."
+    )
+    assert not root.exists()  # nothing was created
+
+
+def test_global_options_after_the_subcommand(capsys, tmp_path):
+    root = tmp_path / "cat"
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "d.parquet")
+    code, out, _ = run(capsys, "import", "d", str(tmp_path / "d.parquet"), "--catalog", str(root))
+    assert code == 0
+    code, out, _ = run(capsys, "sql", "--catalog", str(root), "-q", "SELECT count(*) AS n FROM d")
+    assert (code, out.split()) == (0, ["n", "-", "2"])
+    code, out, _ = run(capsys, "--catalog", str(root), "sql", "--debug", "SHOW DATASETS")
+    assert code == 0
+    assert out.splitlines()[2].split()[0] == "d"

@@ -173,6 +173,7 @@ def test_corrupt_row_raises_with_its_id_or_is_skipped(tmp_path, image_folder):
         )
         cat.sql("REGISTER JOB strict SELECT image FROM imgs")
         cat.sql("REGISTER JOB lenient SELECT image FROM imgs")
+        cat.sql("REGISTER JOB by_option SELECT image FROM imgs WITH (on_error = 'skip')")
         cat.sql(f"REGISTER JOB other SELECT image FROM imgs WHERE _id <> {bad}")
         with Loader(cat, cache_bytes=32 << 20) as loader:
             strict = loader.open("strict", batch_size=ds.num_rows, epochs=1)
@@ -184,6 +185,8 @@ def test_corrupt_row_raises_with_its_id_or_is_skipped(tmp_path, image_folder):
             ids = lenient.next_batch()["_id"].tolist()
             assert sorted(ids) == [i for i in range(ds.num_rows) if i != bad]
             assert lenient.stats()["skipped"] == 1
+            by_option = loader.open("by_option", batch_size=ds.num_rows, epochs=1)
+            assert len(by_option.next_batch()["_id"]) == ds.num_rows - 1  # the job's on_error
             other = loader.open("other", batch_size=7, epochs=1)
             assert sum(len(b["_id"]) for b in other) == ds.num_rows - 1
 
@@ -206,7 +209,7 @@ def test_open_errors(images):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     images.sql("REGISTER JOB b SELECT label FROM imgs WHERE label = 0")
     with Loader(images, cache_bytes=1 << 20) as loader:
-        with pytest.raises(JobNotFoundError, match="Unknown job 'aa'. Did you mean 'a'"):
+        with pytest.raises(JobNotFoundError, match="Unknown job 'aa' in .*Did you mean 'a'"):
             loader.open("aa")
         with pytest.raises(LoaderError, match="batch_size .* must be at least 1"):
             loader.open("a", batch_size=0)

@@ -1,0 +1,140 @@
+"""The catalog directory: its layout, atomic file writes, and the upkeep done at open.
+
+::
+
+    catalog.duckdb                 the DuckDB database (see ``catalog.database``)
+    data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``catalog.storage``)
+    jobs/<job>-<token>.roaring     a job's row ids (see ``catalog.job_bitmaps``)
+
+At open, files that no committed row references (leftovers of an interrupted import or job)
+are deleted (``collect_garbage``), and a catalog of an older tabloader is upgraded
+(``migrate``). Only files named as tabloader names them are ever deleted, and a new catalog
+is not created in a directory whose ``data/`` or ``jobs/`` folder already holds files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import uuid
+import zlib
+from pathlib import Path
+
+from catalog.database import META, Database
+from catalog.errors import CatalogError
+
+__all__ = [
+    "DATA_DIR",
+    "DB_FILE",
+    "JOBS_DIR",
+    "JOB_FILE_RE",
+    "PART_FILE_RE",
+    "check_new_root",
+    "collect_garbage",
+    "migrate",
+    "new_token",
+    "remove_leftovers",
+    "write_file",
+]
+
+logger = logging.getLogger(__name__)
+
+DB_FILE = "catalog.duckdb"
+DATA_DIR = "data"
+JOBS_DIR = "jobs"
+# The names of the files tabloader writes, each made unique by a token (``new_token``).
+# Garbage collection deletes nothing else: a catalog directory may hold other files.
+PART_FILE_RE = re.compile(r"(part-v\d{5,}|\.tmp)-[0-9a-f]{12}\.arrow")
+JOB_FILE_RE = re.compile(r"(\.tmp-)?[A-Za-z][A-Za-z0-9_]{0,62}-[0-9a-f]{12}\.roaring")
+
+
+def new_token() -> str:
+    """The unique part of the name of a file tabloader writes (see ``PART_FILE_RE``)."""
+    return uuid.uuid4().hex[:12]
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``path`` through a temp file renamed into place (readers never see half a file)."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def check_new_root(root: Path) -> None:
+    """Refuse to create a catalog where ``data/`` or ``jobs/`` hold files of someone else."""
+    for folder in (DATA_DIR, JOBS_DIR):
+        path = root / folder
+        if path.is_dir() and any(path.iterdir()):
+            raise CatalogError(
+                f"'{root}' is not a tabloader catalog: it has no {DB_FILE}, but its "
+                f"{folder}/ folder already holds files. Pick an empty or new directory for "
+                "the catalog."
+            )
+
+
+def collect_garbage(root: Path, db: Database) -> None:
+    """Delete files that no committed row references (leftovers of interrupted imports).
+
+    Only files named as tabloader names them (``PART_FILE_RE``, ``JOB_FILE_RE``) are
+    deleted; anything else in ``data/`` or ``jobs/`` is left alone.
+    """
+    parts = {row[0] for row in db.con.execute(f"SELECT path FROM {META}.parts").fetchall()}
+    for folder in (root / DATA_DIR).iterdir():
+        if folder.is_dir() and not folder.is_symlink():
+            remove_leftovers(root, folder, PART_FILE_RE, parts)
+            # A killed import may leave its folder empty; a dataset's folder never is.
+            with contextlib.suppress(OSError):  # not empty: it holds other files
+                folder.rmdir()
+    jobs = {row[0] for row in db.con.execute(f"SELECT bitmap FROM {META}.jobs").fetchall()}
+    remove_leftovers(root, root / JOBS_DIR, JOB_FILE_RE, jobs)
+
+
+def remove_leftovers(root: Path, folder: Path, pattern: re.Pattern[str], keep: set[str]) -> int:
+    """Delete the files in ``folder`` named like ``pattern`` but not in ``keep``; count them.
+
+    ``keep`` holds paths relative to the catalog directory ``root``.
+    """
+    removed = 0
+    for f in folder.iterdir():
+        rel = f.relative_to(root).as_posix()
+        if pattern.fullmatch(f.name) and f.is_file() and rel not in keep:
+            logger.info("removing leftover file %s of an interrupted import or job", f)
+            f.unlink()
+            removed += 1
+    return removed
+
+
+def migrate(root: Path, db: Database) -> None:
+    """Upgrade a catalog of an older tabloader in place (each step is a no-op when done)."""
+    _move_bitmaps_to_files(root, db)
+
+
+def _move_bitmaps_to_files(root: Path, db: Database) -> None:
+    """Upgrade a catalog of tabloader <= 0.1.0, whose ``jobs`` table held the bitmaps."""
+    con = db.con
+    columns = con.execute(
+        "SELECT column_name FROM information_schema.columns "
+        f"WHERE table_schema = '{META}' AND table_name = 'jobs'"
+    ).fetchall()
+    if ("ids",) not in columns:
+        return
+    rows = con.execute(f"SELECT name, ids FROM {META}.jobs").fetchall()
+    paths = {name: f"{JOBS_DIR}/{name}-{new_token()}.roaring" for name, _ in rows}
+    for name, ids in rows:
+        write_file(root / paths[name], ids)
+    with db.transaction():
+        con.execute(f"ALTER TABLE {META}.jobs ADD COLUMN bitmap VARCHAR")
+        con.execute(f"ALTER TABLE {META}.jobs ADD COLUMN crc32 BIGINT")
+        for name, ids in rows:
+            con.execute(
+                f"UPDATE {META}.jobs SET bitmap = ?, crc32 = ? WHERE name = ?",
+                [paths[name], zlib.crc32(ids), name],
+            )
+        con.execute(f"ALTER TABLE {META}.jobs DROP COLUMN ids")
+    logger.info("moved the bitmaps of %d job(s) to %s/", len(rows), JOBS_DIR)

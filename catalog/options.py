@@ -1,0 +1,169 @@
+"""Job options: the one table of the ``WITH (key = value)`` keys a job may carry.
+
+``REGISTER JOB`` checks every option against ``JOB_OPTIONS`` (its type, its range, and for
+``image_size`` the memory one batch of such images takes) and stores it typed; the loader
+reads a job's options through ``option_value``, so the defaults live here too. An unknown key
+is refused with the closest known one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.errors import OptionError
+
+__all__ = [
+    "BATCH_BYTES_LIMIT",
+    "JOB_OPTIONS",
+    "JobOption",
+    "check_options",
+    "option_value",
+]
+
+BATCH_BYTES_LIMIT = 4 << 30
+"""The most bytes one batch of decoded ``image_size`` images (H x W x 3 bytes each) may take."""
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One job option.
+
+    Attributes:
+        name: the key in ``WITH (...)``.
+        type: ``int`` or ``str``.
+        default: the loader's value when the job does not set it (None: none).
+        help: what it does, for messages and docs.
+        minimum: the smallest value of an ``int`` option.
+        maximum: the largest value of an ``int`` option.
+        choices: the values of a ``str`` option.
+        example: a good value, shown in the fix of an error.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    example: Any = None
+
+    def check(self, value: Any) -> Any:
+        """Return ``value`` typed, or raise ``OptionError`` naming the key, value and fix."""
+        fix = f"e.g. WITH ({self.name} = {_sql(self.example)})"
+        if self.type is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise OptionError(
+                    f"Job option {self.name} = {_sql(value)} is not an integer; {self.help} is a "
+                    f"whole number from {self.minimum} to {self.maximum}, {fix}."
+                )
+            if not (self.minimum or 0) <= value <= (self.maximum or value):
+                raise OptionError(
+                    f"Job option {self.name} = {value} is out of range; {self.help} is a whole "
+                    f"number from {self.minimum} to {self.maximum}, {fix}."
+                )
+            return int(value)
+        if not isinstance(value, str) or value.lower() not in self.choices:
+            raise OptionError(
+                f"Job option {self.name} = {_sql(value)} is not one of "
+                f"{', '.join(repr(c) for c in self.choices)}; {self.help}, {fix}."
+            )
+        return value.lower()
+
+
+def _sql(value: Any) -> str:
+    """``value`` as written in ``WITH (...)``."""
+    if isinstance(value, bool):
+        return str(value).upper()
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+JOB_OPTIONS: dict[str, JobOption] = {
+    o.name: o
+    for o in (
+        JobOption(
+            "batch_size",
+            int,
+            32,
+            "rows per batch",
+            minimum=1,
+            maximum=1 << 16,
+            example=32,
+        ),
+        JobOption(
+            "image_size",
+            int,
+            None,
+            "the shared resize of image columns (shorter side, then center crop)",
+            minimum=1,
+            maximum=1 << 15,
+            example=224,
+        ),
+        JobOption(
+            "seed",
+            int,
+            None,
+            "the seed of the job's augmentation generator",
+            minimum=0,
+            maximum=2**63 - 1,
+            example=0,
+        ),
+        JobOption(
+            "on_error",
+            str,
+            "raise",
+            "what to do with a row that fails to read or decode",
+            choices=("raise", "skip"),
+            example="skip",
+        ),
+    )
+}
+
+
+def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check job options against ``JOB_OPTIONS``; return them typed, in the order given.
+
+    Raises:
+        OptionError: an unknown key (with the closest known one), a value of the wrong type
+            or out of range, or an ``image_size`` whose batch would exceed
+            ``BATCH_BYTES_LIMIT``.
+    """
+    out: dict[str, Any] = {}
+    for key, value in (options or {}).items():
+        option = JOB_OPTIONS.get(key.lower()) if isinstance(key, str) else None
+        if option is None:
+            close = difflib.get_close_matches(str(key).lower(), JOB_OPTIONS, n=1, cutoff=0.6)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise OptionError(
+                f"Unknown job option '{key}'.{hint} Job options: {', '.join(JOB_OPTIONS)}."
+            )
+        out[option.name] = option.check(value)
+    size = out.get("image_size")
+    if size is not None:
+        batch = out.get("batch_size", JOB_OPTIONS["batch_size"].default)
+        need = batch * size * size * 3
+        if need > BATCH_BYTES_LIMIT:
+            largest = math.isqrt(BATCH_BYTES_LIMIT // (3 * batch))
+            raise OptionError(
+                f"Job option image_size = {size} makes one batch of {batch} images "
+                f"{need / 2**30:.1f} GiB ({size}x{size}x3 bytes each), over the "
+                f"{BATCH_BYTES_LIMIT >> 30} GiB limit for one batch; use image_size <= "
+                f"{largest} with batch_size = {batch}, or a smaller batch_size."
+            )
+    return out
+
+
+def option_value(options: Mapping[str, Any], name: str) -> Any:
+    """The value of job option ``name`` in a job's ``options``, else its default.
+
+    A job stored by an older tabloader may hold an unchecked value: it is checked here.
+    """
+    option = JOB_OPTIONS[name]
+    value = options.get(name)
+    return option.default if value is None else option.check(value)
