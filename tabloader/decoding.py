@@ -13,12 +13,16 @@ errors and counters cross the pipe.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.spawn
 import os
 import pickle
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -137,7 +141,7 @@ class DecodePool:
         ``(errors by position, counters)``.
         """
         if self._pool is None or self._pool._broken:  # a process died (killed, crashed)
-            ctx = multiprocessing.get_context("forkserver")
+            ctx = _DecodeContext()
             ctx.set_forkserver_preload([__name__])
             self._pool = ProcessPoolExecutor(
                 self.processes,
@@ -157,6 +161,39 @@ class DecodePool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+class TabloaderDecodeProcess(multiprocessing.context.ForkServerProcess):
+    """A decode process: by this class's name, it does not run the main script (below)."""
+
+
+class _DecodeContext(multiprocessing.context.ForkServerContext):
+    Process = TabloaderDecodeProcess
+
+
+def _without_main(get: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
+    """``multiprocessing.spawn.get_preparation_data``, but a decode process does not import the
+    parent's ``__main__``: a process started from a forkserver runs the main script again
+    (as ``__mp_main__``) unless it has an ``if __name__ == "__main__"`` guard, and a training
+    script without one would run again in every decode process. They need only this module.
+    """
+
+    @functools.wraps(get)
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = get(name)
+        if name.startswith(TabloaderDecodeProcess.__name__):
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data.tabloader = True  # type: ignore[attr-defined]
+    return get_preparation_data
+
+
+if not getattr(multiprocessing.spawn.get_preparation_data, "tabloader", False):
+    multiprocessing.spawn.get_preparation_data = _without_main(  # type: ignore[assignment]
+        multiprocessing.spawn.get_preparation_data
+    )
 
 
 # -- in the decode processes ---------------------------------------------------------------------

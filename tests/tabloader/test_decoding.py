@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
@@ -146,3 +149,36 @@ def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monk
 def test_bad_decode_option_is_refused(images):
     with pytest.raises(LoaderError, match="decode='gpu': use 'processes' or 'threads'"):
         Loader(images, decode="gpu")
+
+
+NO_GUARD = textwrap.dedent(
+    """
+    import os, sys
+    import catalog
+    from tabloader.engine import Loader
+    with open(sys.argv[2], "a") as runs:  # no `if __name__ == "__main__":` guard
+        runs.write(f"{os.getpid()}\\n")
+    cat = catalog.connect(sys.argv[1])
+    with Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes") as loader:
+        print(sum(len(b["_id"]) for b in loader.open("j", batch_size=8, epochs=1)))
+    """
+)
+
+
+def test_a_script_without_a_main_guard_runs_once(images, tmp_path):
+    """Decode processes come from a forkserver, which would run the main script again in
+    each of them (as multiprocessing's spawn does): they must not."""
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    n = images.job("j").num_rows
+    images.close()
+    script, runs = tmp_path / "train.py", tmp_path / "runs.txt"
+    script.write_text(NO_GUARD)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "cat"), str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(n)]
+    assert len(runs.read_text().split()) == 1  # the decode processes did not run it
