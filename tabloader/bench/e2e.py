@@ -73,7 +73,7 @@ from tabloader.bench._procs import (
     write_result,
 )
 
-__all__ = ["MapDataset", "add_arguments", "open_reader", "pinned_rows", "prepare", "run"]
+__all__ = ["MapDataset", "add_arguments", "bench_cache_bytes", "open_reader", "prepare", "run"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 TARGETS = {
@@ -452,16 +452,19 @@ def _overhead(args: argparse.Namespace, root: Path, n: int) -> dict[str, Any]:
 
 
 # -- parent ----------------------------------------------------------------------------------
-def pinned_rows(jobs: int, workers: int, batch_size: int) -> int:
-    """Rows that ``jobs`` service jobs can hold pinned at once: their prefetched batches (as
-    the engine sizes them), the batch each client holds, and one more each in delivery. The
-    service's arena must have room for them (it cannot copy a batch out when it hands it over),
-    so a benchmark's cache is never smaller.
+def bench_cache_bytes(rows: int, jobs: int, workers: int, batch_size: int, row_bytes: int) -> int:
+    """A benchmark's cache: ``rows`` prepared values, but never less than what ``jobs``
+    service jobs hold pinned at once (their prefetched batches as the engine sizes them, the
+    batch each client holds and one in delivery, and half again for rows being decoded ahead: the service's arena must have room for them,
+    it cannot copy a batch out when it hands it over), plus 4 MiB of slabs for the staging of
+    ids and labels (the arena gives out memory in slabs of at least 64 KiB, and the staging
+    needs a slab that pinned images do not hold).
     """
     from tabloader.fetch import MIN_PROCESS_ROWS
 
     prefetch = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch_size))
-    return jobs * (prefetch + 2) * batch_size
+    pinned = jobs * (prefetch + 2) * batch_size * 3 // 2  # + rows decoding for the horizon
+    return max(rows, pinned) * row_bytes + (4 << 20)
 
 
 def prepare(args: argparse.Namespace) -> tuple[Path, int, int]:
@@ -520,8 +523,8 @@ def run(args: argparse.Namespace) -> int:
         args.overhead_samples = min(args.overhead_samples, 50)
     root, n, _ = prepare(args)
     decoded_row = args.image_size * args.image_size * 3
-    cache_bytes = (
-        max(int(args.cache * n), pinned_rows(4, args.workers, args.batch_size)) * decoded_row
+    cache_bytes = bench_cache_bytes(
+        int(args.cache * n), 4, args.workers, args.batch_size, decoded_row
     )
     rows: list[dict[str, Any]] = []
     runs: dict[str, Any] = {}
@@ -592,8 +595,8 @@ def run(args: argparse.Namespace) -> int:
     targets = _targets(runs, overhead, cache_bytes)
     print(
         f"{n} images, batch {args.batch_size}, image_size {args.image_size}, step {args.step}s,"
-        f" {args.workers} workers, cache {cache_bytes / 2**20:.1f} MiB (the larger of"
-        f" {args.cache:.0%} of the images and room for the pinned batches),"
+        f" {args.workers} workers, cache {cache_bytes / 2**20:.1f} MiB ({args.cache:.0%} of the"
+        " images, or room for the pinned batches if more, + 4 MiB),"
         f" {os.cpu_count()} cores"
     )
     print(format_table(rows))

@@ -28,7 +28,7 @@ from typing import Any
 
 from tabloader.bench import format_table, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
-from tabloader.bench.e2e import MapDataset, pinned_rows, prepare
+from tabloader.bench.e2e import MapDataset, bench_cache_bytes, prepare
 
 __all__ = ["JOADER_TABLE_1", "add_arguments", "run"]
 
@@ -199,10 +199,11 @@ def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int
         out = run_jobs("tabloader.bench.train", specs)
         decodes, service_cpu, pids = rows * n * args.epochs, 0.0, []
     else:
-        decoded_row = args.image_size**2 * 3
-        cache = max(int(args.cache * rows), pinned_rows(n, args.workers, args.batch_size))
+        cache = bench_cache_bytes(
+            int(args.cache * rows), n, args.workers, args.batch_size, args.image_size**2 * 3
+        )
         with ServiceProcess(
-            root, cache_bytes=cache * decoded_row, workers=args.workers, log=root / "bench.log"
+            root, cache_bytes=cache, workers=args.workers, log=root / "bench.log"
         ) as service:
             out = run_jobs("tabloader.bench.train", specs)
             decodes = int(service.stats()["decodes"])
