@@ -454,11 +454,11 @@ def _overhead(args: argparse.Namespace, root: Path, n: int) -> dict[str, Any]:
 # -- parent ----------------------------------------------------------------------------------
 def bench_cache_bytes(rows: int, jobs: int, workers: int, batch_size: int, row_bytes: int) -> int:
     """A benchmark's cache: ``rows`` prepared values, but never less than what ``jobs``
-    service jobs hold pinned at once (their prefetched batches as the engine sizes them, the
-    batch each client holds and one in delivery, and half again for rows being decoded ahead: the service's arena must have room for them,
-    it cannot copy a batch out when it hands it over), plus 4 MiB of slabs for the staging of
-    ids and labels (the arena gives out memory in slabs of at least 64 KiB, and the staging
-    needs a slab that pinned images do not hold).
+    service jobs hold pinned at once: their prefetched batches as the engine sizes them, the
+    batch each client holds and one in delivery, and half again for rows decoded ahead (the
+    service's arena must have room for them: it cannot copy a batch out when it hands it
+    over); plus 4 MiB of slabs for the staging of ids and labels (the arena gives out memory
+    in slabs of at least 64 KiB, and the staging needs a slab that pinned images do not hold).
     """
     from tabloader.fetch import MIN_PROCESS_ROWS
 
