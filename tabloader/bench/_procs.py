@@ -142,7 +142,7 @@ class ServiceProcess:
             remote.close()
 
     def usage(self) -> tuple[float, float]:
-        """(CPU seconds of the service and its decode processes, its peak RSS in MiB)."""
+        """(CPU seconds so far of the service and its decode processes, its peak RSS in MiB)."""
         return tree_cpu_s(self.proc.pid), _peak_rss_mib(self.proc.pid)
 
     def stop(self) -> None:

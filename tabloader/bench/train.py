@@ -205,9 +205,10 @@ def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int
         with ServiceProcess(
             root, cache_bytes=cache, workers=args.workers, log=root / "bench.log"
         ) as service:
+            cpu0 = service.usage()[0]  # its start-up is not the run's
             out = run_jobs("tabloader.bench.train", specs)
             decodes = int(service.stats()["decodes"])
-            service_cpu = service.usage()[0]
+            service_cpu = service.usage()[0] - cpu0
         pids = [service.proc.pid]
     results = out["results"]
     epoch_s = [sum(r["epoch_s"]) / len(r["epoch_s"]) for r in results]
