@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "sampling": "tabloader.bench.sampling",
     "e2e": "tabloader.bench.e2e",
     "throughput": "tabloader.bench.throughput",
+    "train": "tabloader.bench.train",
 }
 
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from tabloader.service.shm import Segment
 if TYPE_CHECKING:
     from catalog import Catalog
 
-__all__ = ["RemoteLoader", "RemoteStream", "connect", "service_loader"]
+__all__ = ["Copies", "RemoteLoader", "RemoteStream", "connect", "open_catalog", "service_loader"]
 
 START_TIMEOUT_S = 60.0
 
@@ -94,6 +95,20 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             time.sleep(0.05)
 
 
+@dataclass
+class Copies:
+    """Image payload bytes copied to deliver batches, counted (``tabloader bench e2e`` reads it).
+
+    ``copied_bytes`` counts this process's copy of each image out of the mapping into the job's
+    batch, plus the service's copy into staging of each image the arena had no room for (the
+    reply lists those); ``prepared_bytes`` is the delivered images' prepared sizes.
+    """
+
+    images: int = 0
+    prepared_bytes: int = 0
+    copied_bytes: int = 0
+
+
 class RemoteLoader:
     """The loader service of catalog ``root``, from this process.
 
@@ -109,6 +124,8 @@ class RemoteLoader:
         self.service_pid = int(hello["pid"])
         self._segment = Segment(hello["segment"], int(hello["size"]), create=False, readonly=True)
         self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
+        self.copies = Copies()  # of every stream of this loader
+        self._copies_lock = threading.Lock()
         self._closed = False
 
     def open(self, job: str, **options: Any) -> RemoteStream:
@@ -246,7 +263,7 @@ class RemoteStream:
                 values = table.column(0).combine_chunks()
                 batch[col["name"]] = batch_column(values, decoder_for(table.schema.field(0)))
             else:
-                batch[col["name"]] = _images(arena, col)
+                batch[col["name"]] = _images(arena, col, self._loader)
         return batch
 
 
@@ -271,19 +288,29 @@ def open_catalog(
             raise locked from None
 
 
-def _images(arena: np.ndarray, col: dict[str, Any]) -> Any:
+def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
     staged = {int(k): int(v) for k, v in col["staged"].items()}
     shapes = [tuple(s[: 3 if s[2] else 2]) for s in col["shapes"]]
     views = []
     for k, (off, shape) in enumerate(zip(col["offsets"], shapes, strict=True)):
         start = staged.get(k, off)
         views.append(arena[start : start + math.prod(shape)].reshape(shape))
+    copied = sum(views[k].nbytes for k in staged)  # the service copied these into staging
     if views and all(s == shapes[0] for s in shapes):
-        out = np.empty((len(views), *shapes[0]), np.uint8)
+        out: Any = np.empty((len(views), *shapes[0]), np.uint8)
         for k, v in enumerate(views):
             out[k] = v
-        return out
-    return [v.copy() for v in views]
+            copied += v.nbytes
+    else:
+        out = []
+        for v in views:
+            out.append(v.copy())
+            copied += v.nbytes
+    with loader._copies_lock:
+        loader.copies.images += len(views)
+        loader.copies.prepared_bytes += sum(math.prod(s) for s in shapes)
+        loader.copies.copied_bytes += copied
+    return out
 
 
 def _result(reply: dict[str, Any]) -> Any:

@@ -1,0 +1,248 @@
+"""Separate processes for the benchmarks: a loader service, and job processes started together.
+
+A job process is ``python -m <module> --child JSON`` (the benchmark's own module). It gets
+ready (imports, connects, builds its loader), says so with a file in a private sync folder,
+and waits for the common start (``go``, a file holding the start's ``time.time()``), so that
+wall times are measured from one instant for every process and interpreter start-up counts for
+nobody. It writes its result as JSON to ``result-<index>.json``; its output goes to
+``log-<index>.txt``, quoted when it fails. Every process a benchmark starts is stopped when it
+returns or fails: jobs are killed, the service gets SIGTERM (it removes its socket and shared
+memory) and SIGKILL only if it does not stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "START_TIMEOUT_S",
+    "ServiceProcess",
+    "halfway_reached",
+    "mark_halfway",
+    "run_jobs",
+    "rusage",
+    "tree_cpu_s",
+    "wait_for_start",
+    "write_result",
+]
+
+START_TIMEOUT_S = 120.0  # interpreter + torch start-up on a loaded 2-core machine
+POLL_S = 0.005
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` and all its live descendants (and their reaped children).
+
+    The service's decode processes are children of its forkserver, not of the service, so
+    ``getrusage`` would miss them; ``/proc`` sees the whole tree.
+    """
+    procs: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu ticks)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        procs[int(entry.name)] = (int(rest[1]), sum(float(x) for x in rest[11:15]))
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, (pp, _) in procs.items() if pp == parent and p not in tree]
+        tree.update(kids)
+        frontier.extend(kids)
+    ticks = sum(procs[p][1] for p in tree if p in procs)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rusage() -> tuple[float, float]:
+    """(CPU seconds of this process and its reaped children, peak RSS in MiB)."""
+    import resource
+
+    from tabloader.bench import peak_rss_mib
+
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    # a child's ru_maxrss can include our size when it forked (it survives exec): an upper bound
+    return cpu, max(peak_rss_mib(), kids.ru_maxrss / 1024)
+
+
+def _peak_rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class ServiceProcess:
+    """``tabloader --catalog ROOT serve`` in a child process, for one benchmark run.
+
+    Started by the benchmark (not auto-started by a client) so that its cache and workers are
+    the run's, and stopped with SIGTERM by ``stop()``.
+    """
+
+    def __init__(self, root: Path, *, cache_bytes: int, workers: int, log: Path) -> None:
+        from catalog.errors import ServiceError
+        from tabloader.service.client import RemoteLoader
+
+        self.root = Path(root).absolute()
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "tabloader", "--catalog", str(self.root), "serve"),
+                    *("--cache-bytes", str(cache_bytes), "--workers", str(workers)),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    RemoteLoader(self.root, start=False).close()
+                    return
+                except ServiceError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+                        raise RuntimeError(
+                            "the benchmark's service did not start: " + " | ".join(tail)
+                        ) from None
+                    time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stats(self) -> dict[str, Any]:
+        """The service's engine counters (``decodes``, ``reads``...)."""
+        from tabloader.service.client import RemoteLoader
+
+        remote = RemoteLoader(self.root, start=False)
+        try:
+            return remote.stats()
+        finally:
+            remote.close()
+
+    def usage(self) -> tuple[float, float]:
+        """(CPU seconds so far of the service and its decode processes, its peak RSS in MiB)."""
+        return tree_cpu_s(self.proc.pid), _peak_rss_mib(self.proc.pid)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL after a minute)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> ServiceProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def _killing(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600) -> dict[str, Any]:
+    """Start one process per spec, start them together, wait for all; their results.
+
+    Returns:
+        ``{"go": start time, "wall_s": start to the last job's "end", "results": [...]}``.
+    """
+    with tempfile.TemporaryDirectory(prefix="tabloader-bench-") as tmp:
+        sync = Path(tmp)
+        procs: list[subprocess.Popen[bytes]] = []
+        with _killing(procs):
+            for i, spec in enumerate(specs):
+                with open(sync / f"log-{i}.txt", "wb") as log:
+                    child = json.dumps({**spec, "sync": tmp, "index": i})
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", module, "--child", child],
+                            stdin=subprocess.DEVNULL,
+                            stdout=log,
+                            stderr=log,
+                        )
+                    )
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not all((sync / f"ready-{i}").exists() for i in range(len(specs))):
+                _check(procs, sync)
+                if time.monotonic() > deadline:
+                    raise RuntimeError("benchmark job processes did not get ready in time")
+                time.sleep(POLL_S)
+            go = time.time()
+            (sync / "go.tmp").write_text(repr(go))
+            (sync / "go.tmp").rename(sync / "go")
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in procs):
+                _check(procs, sync)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"benchmark job processes ran past {timeout:.0f} s")
+                time.sleep(0.05)
+            _check(procs, sync)
+        results = [json.loads((sync / f"result-{i}.json").read_text()) for i in range(len(specs))]
+    return {"go": go, "wall_s": max(r["end"] for r in results) - go, "results": results}
+
+
+def _check(procs: list[subprocess.Popen[bytes]], sync: Path) -> None:
+    for i, p in enumerate(procs):
+        if p.poll() not in (None, 0):
+            log = (sync / f"log-{i}.txt").read_text(errors="replace")
+            raise RuntimeError(f"benchmark job process {i} failed:\n{log[-3000:]}")
+
+
+# -- inside a job process ------------------------------------------------------------------------
+def wait_for_start(spec: dict[str, Any]) -> float:
+    """Say this process is ready, wait for the common start; its ``time.time()``."""
+    sync = Path(spec["sync"])
+    (sync / f"ready-{spec['index']}").touch()
+    go = sync / "go"
+    while not go.exists():
+        time.sleep(POLL_S)
+    return float(go.read_text())
+
+
+def mark_halfway(spec: dict[str, Any]) -> None:
+    """The first job is half-way: a late job may start."""
+    (Path(spec["sync"]) / "halfway").touch()
+
+
+def halfway_reached(spec: dict[str, Any]) -> bool:
+    return (Path(spec["sync"]) / "halfway").exists()
+
+
+def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    """This process's result, for ``run_jobs``."""
+    path = Path(spec["sync"]) / f"result-{spec['index']}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(result))
+    path.with_suffix(".tmp").rename(path)

@@ -1,0 +1,148 @@
+"""``tabloader bench e2e`` and ``bench train`` at tiny sizes: their JSON, counts, and clean-up.
+
+Counts only (decodes, rows, bytes copied): never a timing. Each benchmark runs as the CLI in a
+subprocess with a timeout, so a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tabloader.bench import e2e, train
+from tabloader.service.protocol import socket_path
+from tabloader.service.shm import SHM_DIR, shm_available
+
+pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
+
+TIMEOUT = 600
+ROWS = 48  # generated images
+SIZE = 32  # pixels
+
+
+def bench(tmp_path: Path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "tabloader", "bench", name),
+            *("--images", str(ROWS), "--workers", "2", "--batch-size", "8"),
+            *("--data", str(tmp_path / "data"), "--out", str(out), *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    data["stdout"] = proc.stdout
+    return data
+
+
+def assert_cleaned_up(tmp_path: Path, service_pids: list[int]) -> None:
+    """The services stopped and removed their memory and socket; no process of the run is left."""
+    assert service_pids
+    for pid in service_pids:
+        assert not list(SHM_DIR.glob(f"tabloader-{pid}-*"))
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    catalog_dir = next((tmp_path / "data").glob("catalog-*"))
+    assert not socket_path(catalog_dir).exists()
+    mine = str(tmp_path).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            assert mine not in cmdline, cmdline.replace(b"\0", b" ")
+
+
+def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
+    data = bench(
+        tmp_path,
+        "e2e",
+        *("--scenarios", "same,speeds", "--image-size", str(SIZE), "--step", "0"),
+        *("--speeds-rows", "24", "--speeds-step", "0.01"),
+        *("--overhead-batch", "8", "--overhead-size", str(SIZE), "--overhead-samples", "5"),
+        *("--overhead-settle", "0.01"),
+    )
+    assert "service decodes / union" in data["stdout"]
+    assert set(data["runs"]) == {"same", "speeds"}
+    pids = []
+    for name, run in data["runs"].items():
+        sets, union = run["sets"], run["union"]
+        assert set(run["results"]) == {"service", "dataloader", "threads"}
+        for competitor, result in run["results"].items():
+            delivered = [result["jobs"][f"j{i}"]["rows"] for i in range(len(sets))]
+            assert delivered == sets, (name, competitor)  # every job: one whole epoch
+            assert result["wall_s"] > 0
+        assert run["results"]["dataloader"]["decodes"] == sum(sets)
+        service = run["results"]["service"]
+        assert union <= service["decodes"] <= 1.05 * union
+        copies = service["copies"]
+        assert copies["images"] == sum(sets)
+        assert copies["prepared_bytes"] == sum(sets) * SIZE * SIZE * 3
+        assert copies["copied_bytes"] == copies["prepared_bytes"]  # one copy, counted
+        pids += service["service_pids"]
+    assert data["runs"]["speeds"]["fastest_alone_rows_per_s"] > 0
+    pids += data["runs"]["speeds"]["fastest_alone"]["service_pids"]
+    targets = {(t["scenario"], t["target"]): t for t in data["targets"]}
+    for scenario in ("same", "speeds"):
+        assert targets[scenario, "service decodes / union"]["result"] == "PASS"
+        assert targets[scenario, "service bytes copied / prepared, per image"]["value"] == 1.0
+    assert {"service wall / dataloader wall", "service wall / threads wall"} <= {
+        t for s, t in targets if s == "same"
+    }
+    assert ("speeds", "service fastest job rows/s / alone") in targets
+    assert all(t["result"] in ("PASS", "FAIL") for t in data["targets"] if t["limit"] != "report")
+    overhead = data["overhead"]
+    assert overhead["shape"] == [8, SIZE, SIZE, 3]
+    assert overhead["samples"] + overhead["not_ready"] >= 5
+    if overhead["samples"]:
+        assert 0 < overhead["p50_us"] <= overhead["p99_us"]
+    pids += overhead["service_pids"]
+    assert_cleaned_up(tmp_path, pids)
+
+
+def test_train_counts_decodes_and_epochs_and_cleans_up(tmp_path):
+    data = bench(tmp_path, "train", *("--jobs", "1,2", "--image-size", str(SIZE)))
+    assert "JOADER" in data["stdout"]
+    assert data["reference"]["dataloader/service"] == pytest.approx(67.9 / 37.6)
+    assert [r["jobs"] for r in data["runs"]] == [1, 2]
+    pids = []
+    for run in data["runs"]:
+        jobs = run["jobs"]
+        assert ROWS <= run["service"]["decodes"] <= 1.05 * ROWS  # one epoch of a shared set
+        assert run["dataloader"]["decodes"] == jobs * ROWS
+        for mode in ("service", "dataloader"):
+            assert len(run[mode]["epoch_s"]) == jobs
+            assert all(s > 0 for s in run[mode]["epoch_s"])
+            assert run[mode]["model"] == "tiny-cnn" or run[mode]["device"].startswith("cuda")
+        pids += run["service"]["service_pids"]
+    assert_cleaned_up(tmp_path, pids)
+
+
+def parsed(module, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    args.catalog = None
+    return args
+
+
+@pytest.mark.parametrize("jobs", ["0", "two", ""])
+def test_train_rejects_bad_job_counts(jobs):
+    with pytest.raises(SystemExit, match="--jobs .*give numbers of jobs"):
+        train.run(parsed(train, "--jobs", jobs))
+
+
+def test_e2e_rejects_unknown_competitors():
+    with pytest.raises(SystemExit, match="Unknown competitor.*dataloders.*use service"):
+        e2e.run(parsed(e2e, "--competitors", "service,dataloders"))
