@@ -330,28 +330,38 @@ class Arena:
             if cls is None and size <= self.slab_bytes:
                 cls = self._classes[size] = _Class(len(self._by_id), size, self.slab_bytes // size)
                 self._by_id.append(cls)
-            for k, row in enumerate(rows.tolist()):
-                existing = int(where[row])
-                if existing >= 0:
-                    c, index = self._locate(existing)
-                    c.pins[index] += pins
-                    offsets[k] = existing
-                    continue
-                index = -1 if cls is None else self._slot(cls)
+            existing = where[rows]
+            have = np.flatnonzero(existing >= 0)
+            if have.size:  # stored already (two loads of a row raced): pinned again
+                offsets[have] = existing[have]
+                for c, _, index in self._locate_many(existing[have]):
+                    np.add.at(c.pins, index, pins)
+            want = np.flatnonzero(existing < 0)
+            taken: list[int] = []
+            for _ in range(want.size if cls is not None else 0):
+                # Slots taken here stay marked free (space -1) until the loop ends, so no
+                # eviction in a later ``_slot`` call picks them; they left the free list.
+                index = self._slot(cls)  # type: ignore[arg-type]
                 if index < 0:
-                    self._uncached += 1
-                    warning = warning or self._uncached_warning(nbytes, cls is None)
-                    continue
+                    break
+                taken.append(index)
+            if len(taken) < want.size:
+                self._uncached += want.size - len(taken)
+                warning = self._uncached_warning(nbytes, cls is None)
+            if taken:
                 assert cls is not None
-                self._tick += 1
-                cls.space[index], cls.row[index] = space, row
-                cls.ndim[index] = len(shape)
-                cls.shape[index] = 0
-                cls.shape[index, : len(shape)] = shape
-                cls.pins[index] = pins
-                cls.tick[index] = self._tick
-                offsets[k] = self._offset(cls, index)
-                fresh[k] = True
+                idx = np.array(taken, np.intp)
+                sel = want[: idx.size]
+                cls.space[idx], cls.row[idx] = space, rows[sel]
+                cls.ndim[idx] = len(shape)
+                cls.shape[idx] = 0
+                cls.shape[idx, : len(shape)] = shape
+                cls.pins[idx] = pins
+                cls.tick[idx] = np.arange(self._tick + 1, self._tick + 1 + idx.size)
+                self._tick += idx.size
+                slabs = np.asarray(cls.slabs, np.int64)[idx // cls.per_slab]
+                offsets[sel] = slabs * self.slab_bytes + (idx % cls.per_slab) * cls.size
+                fresh[sel] = True
         if warning is not None:  # outside the lock: a warning filter may run any code
             warnings.warn(warning, stacklevel=3)
         return offsets, fresh
@@ -366,6 +376,10 @@ class Arena:
         out = offsets.copy()
         with self._lock:
             where = self._where[space]
+            if (where[rows] < 0).all():  # no load raced ours (the usual case)
+                where[rows] = offsets
+                self._puts += rows.size
+                return out
             for cls, sel, index in self._locate_many(offsets):
                 for k, i in zip(sel.tolist(), index.tolist(), strict=True):
                     row = int(rows[k])

@@ -26,6 +26,7 @@ A failing gather fails the whole batch. Nothing failed is cached: the next reque
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -412,16 +413,30 @@ class Fetcher:
             for work, ci, pos, idx in load.waiters:
                 work.offsets[ci][pos] = offsets[idx]
                 work.shapes[ci][pos] = shapes[idx]
-                for p, i in zip(pos.tolist(), idx.tolist(), strict=True):
-                    if i in errors:
-                        work.errors[p] = errors[i]
-                    elif not held[i]:
-                        work.private[(ci, p)] = values[i]
+                if errors or not held.all():  # usually not: nothing per row
+                    self._note_misses(work, ci, pos, idx, held, values, errors)
                 work.waiting -= 1
                 if work.waiting == 0:
                     done.append(work)
         for work in done:
             self._finish(work)
+
+    @staticmethod
+    def _note_misses(
+        work: Work,
+        ci: int,
+        pos: npt.NDArray[np.intp],
+        idx: npt.NDArray[np.intp],
+        held: npt.NDArray[np.bool_],
+        values: list[npt.NDArray[np.uint8] | None],
+        errors: dict[int, BaseException],
+    ) -> None:
+        """Rows of a landed group that are not in the arena: failed, or handed out uncached."""
+        for p, i in zip(pos.tolist(), idx.tolist(), strict=True):
+            if i in errors:
+                work.errors[p] = errors[i]
+            elif not held[i]:
+                work.private[(ci, p)] = values[i]
 
     # -- step 3: collate -------------------------------------------------------------------------
     def _finish(self, work: Work) -> None:
@@ -501,6 +516,15 @@ class Fetcher:
     def _copy_out(self, work: Work, ci: int, keep: npt.NDArray[np.intp] | None) -> Any:
         """The values of prepared column ``ci``, copied into new arrays (one copy per byte)."""
         offsets, shapes = work.offsets[ci], work.shapes[ci]
+        if keep is None and (offsets >= 0).all() and (shapes == shapes[0]).all():
+            # the usual case: every value in the arena, one shape; a slice copy per row
+            shape = tuple(shapes[0].tolist())
+            n = math.prod(shape)
+            out = np.empty((offsets.size, *shape), np.uint8)
+            flat, buffer = out.reshape(offsets.size, n), self.arena.buffer
+            for k, off in enumerate(offsets.tolist()):
+                flat[k] = buffer[off : off + n]
+            return out
         positions = range(work.rows.size) if keep is None else keep.tolist()
         first = next(iter(positions))
         view = self.arena.view
