@@ -118,7 +118,13 @@ class StatementError(TabloaderError, ValueError):
 
 
 class UnknownColumnError(StatementError):
-    """A statement names a column the dataset does not have."""
+    """A statement names a column the dataset does not have.
+
+    Attributes:
+        column: the unknown name, where known.
+    """
+
+    column: str | None = None
 
 
 class ForbiddenExpressionError(StatementError):

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 __all__ = ["format_table"]
 
 
-def _cell(v: Any) -> str:
+WIDTH = 60  # a longer cell (a job's predicate) wraps onto more lines, whole
+
+
+def _cell(v: Any) -> list[str]:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return [f"{v:.4g}"]
     if isinstance(v, bytes):
-        return f"<{len(v)} bytes>"
+        return [f"<{len(v)} bytes>"]
     text = "" if v is None else str(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return textwrap.wrap(text, WIDTH, break_on_hyphens=False) or [""]
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
@@ -22,10 +26,13 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
         return "(no rows)" if columns is None else "  ".join(columns) + "\n(no rows)"
     columns = columns or list(rows[0])
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in cells
+    widths = [
+        max(len(c), *(len(line) for row in cells for line in row[i])) for i, c in enumerate(columns)
     ]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in cells:
+        for k in range(max(len(cell) for cell in row)):
+            parts = (cell[k] if k < len(cell) else "" for cell in row)
+            lines.append("  ".join(p.ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip())
     return "\n".join(lines)

@@ -53,8 +53,49 @@ def print_result(result: Any) -> None:
 
 
 # -- sql ---------------------------------------------------------------------------------------
+SQL_GRAMMAR = """\
+statements (one per call; keywords in any case):
+  CREATE DATASET name FROM 'path' [FORMAT imagefolder|parquet|arrow|hf]
+  APPEND TO DATASET name FROM 'path' [FORMAT ...]
+  REGISTER [OR REPLACE] JOB name SELECT col, ... | * FROM dataset
+      [WHERE predicate] [WITH (option = value, ...)]
+  UNREGISTER JOB [IF EXISTS] name
+  SHOW DATASETS | SHOW JOBS | DESCRIBE name
+  DROP DATASET [IF EXISTS] name [CASCADE]
+  SELECT ...                     read-only, on the dataset tables
+
+predicates: comparisons, AND/OR/NOT, IN (...), BETWEEN, LIKE, IS NULL, arithmetic, casts and
+  an allow-list of functions (an error names them); no subqueries or table functions.
+"""
+
+
+def _sql_epilog() -> str:
+    from catalog.options import JOB_OPTIONS
+
+    lines = ["job options (WITH):"]
+    for o in JOB_OPTIONS.values():
+        kind = "|".join(o.choices) if o.choices else o.type.__name__
+        rng = f" {o.minimum}..{o.maximum}" if o.minimum is not None else ""
+        default = "" if o.default is None else f", default {o.default}"
+        lines.append(f"  {o.name:<11} {kind}{rng}: {o.help}{default}")
+    return (
+        "\n".join(lines)
+        + """
+
+examples:
+  tabloader sql "REGISTER JOB cnn SELECT image, label FROM photos WHERE label < 6"
+  echo "SHOW JOBS; SHOW DATASETS" | tabloader sql -"""
+    )
+
+
 def _register_sql(sub: Any) -> None:
-    p = sub.add_parser("sql", help="run one statement ('-' reads statements from stdin)")
+    p = sub.add_parser(
+        "sql",
+        help="run one statement ('-' reads statements from stdin)",
+        description=SQL_GRAMMAR,
+        epilog=_sql_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("statement", help="the statement, or '-' for statements from stdin")
 
 

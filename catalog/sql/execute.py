@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 from sqlglot import exp
 
-from catalog.errors import ForbiddenExpressionError, StatementError
+from catalog.errors import ForbiddenExpressionError, StatementError, UnknownColumnError
 from catalog.importers import Source, detect_format, open_source
 from catalog.limits import Limits
 from catalog.model import Dataset, Job, JobInfo
@@ -138,6 +138,7 @@ def _register(catalog: StatementTarget, stmt: RegisterJob) -> Any:
     table = source.this
     dataset = table.name
     columns: list[str] = []
+    places: dict[str, tuple[int | None, int | None]] = {}  # for errors: where each column is
     for proj in query.expressions:
         if isinstance(proj, exp.Star):
             columns.append("*")
@@ -145,6 +146,7 @@ def _register(catalog: StatementTarget, stmt: RegisterJob) -> Any:
             if proj.table and proj.table not in (dataset, table.alias):
                 raise StatementError(f"Column '{proj.sql()}' does not belong to '{dataset}'.")
             columns.append(proj.name)
+            places.setdefault(proj.name, position(proj))
         else:
             line, col = position(proj)
             raise ForbiddenExpressionError(
@@ -162,14 +164,22 @@ def _register(catalog: StatementTarget, stmt: RegisterJob) -> Any:
             if col_node.table == table.alias:
                 col_node.set("table", None)
     options = _options(stmt.args.get("options"))
-    return catalog.register_job(
-        stmt.this.name,
-        dataset,
-        columns=columns,
-        where=predicate,
-        options=options,
-        replace=bool(stmt.args.get("replace")),
-    )
+    try:
+        return catalog.register_job(
+            stmt.this.name,
+            dataset,
+            columns=columns,
+            where=predicate,
+            options=options,
+            replace=bool(stmt.args.get("replace")),
+        )
+    except UnknownColumnError as exc:  # in the SELECT list: say where, as for WHERE
+        line, col = places.get(exc.column or "", (None, None))
+        if exc.line is not None or line is None:
+            raise
+        err = UnknownColumnError(str(exc), line=line, col=col)
+        err.column = exc.column
+        raise err from None
 
 
 def _options(node: exp.Tuple | None) -> dict[str, Any]:

@@ -183,10 +183,12 @@ def check_columns(columns: str | Sequence[str] | None, ds: Dataset) -> list[str]
         if c == ID_COLUMN:
             continue
         if c not in stored:
-            raise UnknownColumnError(
+            err = UnknownColumnError(
                 f"Unknown column '{c}' in dataset '{ds.name}'.{did_you_mean(c, stored)} "
                 f"Columns: {', '.join(stored)}."
             )
+            err.column = c  # a statement's caller adds where it is (line, col)
+            raise err
         if c not in out:
             out.append(c)
     return out

@@ -154,7 +154,13 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
         (
             "REGISTER JOB x SELECT labl FROM imagenet",
             UnknownColumnError,
-            "Unknown column 'labl' in dataset 'imagenet'. Did you mean 'label'?",
+            r"Unknown column 'labl' in dataset 'imagenet'. Did you mean 'label'\? .* "
+            r"\(line 1, col 23\)",
+        ),
+        (
+            "REGISTER JOB x\nSELECT label,\n       imgae FROM imagenet",
+            UnknownColumnError,
+            r"Unknown column 'imgae' .* \(line 3, col 8\)",
         ),
         (
             "REGISTER JOB x SELECT label FROM imagenet WHERE labl < 3",

@@ -159,3 +159,35 @@ def test_global_options_after_the_subcommand(capsys, tmp_path):
     code, out, _ = run(capsys, "--catalog", str(root), "sql", "--debug", "SHOW DATASETS")
     assert code == 0
     assert out.splitlines()[2].split()[0] == "d"
+
+
+def test_show_jobs_shows_whole_predicates_wrapped(capsys, tmp_path):
+    root = str(tmp_path / "cat")
+    pq.write_table(pa.table({"x": list(range(10)), "y": list(range(10))}), tmp_path / "d.parquet")
+    assert run(capsys, "--catalog", root, "import", "d", str(tmp_path / "d.parquet"))[0] == 0
+    where = " OR ".join(f"(x = {i} AND y BETWEEN {i} AND {i + 100})" for i in range(6))
+    assert len(where) > 150
+    assert (
+        run(capsys, "--catalog", root, "sql", f"REGISTER JOB j SELECT x FROM d WHERE {where}")[0]
+        == 0
+    )
+    code, out, _ = run(capsys, "--catalog", root, "sql", "SHOW JOBS")
+    assert code == 0
+    lines = out.splitlines()
+    start = lines[0].index("predicate")
+    shown = " ".join(line[start:].split(" " * 2)[0].strip() for line in lines[2:])
+    assert " ".join(shown.split()) == where  # every word, in order: nothing cut
+    assert max(len(line) for line in lines) < len(where)  # wrapped, not one long line
+
+
+def test_sql_help_shows_the_statement_grammar_and_job_options(capsys):
+    from catalog.options import JOB_OPTIONS
+
+    with pytest.raises(SystemExit) as done:
+        main(["sql", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for form in ("CREATE DATASET", "APPEND TO DATASET", "REGISTER [OR REPLACE] JOB", "DESCRIBE"):
+        assert form in out
+    for key in JOB_OPTIONS:
+        assert f"  {key} " in out
