@@ -2,7 +2,7 @@
 test:
 	bash .ci/run
 lint:
-	ruff check catalog tabloader tests examples
+	ruff check catalog tabloader tests examples && ruff format --check catalog tabloader tests examples && mypy --strict catalog tabloader
 demo:
 	tabloader demo
 bench:

@@ -158,8 +158,10 @@ class StorageError(TabloaderError):
         self.rows = rows
 
     def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: pickled across processes
-        fields = {"path": self.path, "dataset": self.dataset, "rows": self.rows}
-        return (functools.partial(type(self), **fields), self.args)
+        rebuild = functools.partial(
+            type(self), path=self.path, dataset=self.dataset, rows=self.rows
+        )
+        return (rebuild, self.args)
 
 
 class SamplingError(TabloaderError):

@@ -24,7 +24,7 @@ from tabloader.engine import JobStream as JobStream
 from tabloader.engine import Loader as Loader
 from tabloader.engine import OnError as OnError
 from tabloader.engine import default_loader as default_loader
-from tabloader.service.client import open_catalog as connect  # noqa: F401  (catalog's, or its service)
+from tabloader.service.client import open_catalog as connect  # type: ignore[assignment]  # noqa: F401  (replaces catalog's: it may return the service)
 
 __version__ = "0.1.0"
 

@@ -341,10 +341,10 @@ class Arena:
             for _ in range(want.size if cls is not None else 0):
                 # Slots taken here stay marked free (space -1) until the loop ends, so no
                 # eviction in a later ``_slot`` call picks them; they left the free list.
-                index = self._slot(cls)  # type: ignore[arg-type]
-                if index < 0:
+                slot = self._slot(cls)  # type: ignore[arg-type]
+                if slot < 0:
                     break
-                taken.append(index)
+                taken.append(slot)
             if len(taken) < want.size:
                 self._uncached += want.size - len(taken)
                 warning = self._uncached_warning(nbytes, cls is None)
@@ -432,7 +432,7 @@ class Arena:
         if slab.size and (slab.min() < 0 or slab.max() >= self.num_slabs):
             raise CacheError("an offset is not a slot of this arena.")
         cid = self._slab_cid[slab]
-        out = []
+        out: list[tuple[_Class, npt.NDArray[np.intp], npt.NDArray[np.intp]]] = []
         if cid.size == 0:
             return out
         first = int(cid[0])

@@ -148,9 +148,9 @@ class Loader:
 
     def _scheduler(self, dataset: Dataset) -> DatasetScheduler:
         """The dataset's scheduler, created (or moved to a newer version) as needed."""
-        sched = self._schedulers.get(dataset.name)
+        found = self._schedulers.get(dataset.name)
         reader = DatasetReader.from_spec(dataset.reader.spec(), memory_map=False)
-        if sched is None:
+        if found is None:
             fetcher = Fetcher(
                 reader,
                 dataset.reader,
@@ -170,9 +170,11 @@ class Loader:
             )
             fetcher.on_done = sched.landed
             self._schedulers[dataset.name] = sched
-        elif self._versions[dataset.name] < dataset.version:
-            sched.fetcher.set_readers(reader, dataset.reader)
-            sched.grow(dataset.num_rows)
+        else:
+            sched = found
+            if self._versions[dataset.name] < dataset.version:
+                sched.fetcher.set_readers(reader, dataset.reader)
+                sched.grow(dataset.num_rows)
         self._versions[dataset.name] = dataset.version
         return sched
 
@@ -271,7 +273,7 @@ class Loader:
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
-            plan = self._plan(sched, dataset, info.columns, size)
+            plan = self._plan(sched, dataset, list(info.columns), size)
         state_obj = JobState(
             info.name,
             info.ids,

@@ -520,11 +520,11 @@ class Fetcher:
             # the usual case: every value in the arena, one shape; a slice copy per row
             shape = tuple(shapes[0].tolist())
             n = math.prod(shape)
-            out = np.empty((offsets.size, *shape), np.uint8)
-            flat, buffer = out.reshape(offsets.size, n), self.arena.buffer
+            batch = np.empty((offsets.size, *shape), np.uint8)
+            flat, buffer = batch.reshape(offsets.size, n), self.arena.buffer
             for k, off in enumerate(offsets.tolist()):
                 flat[k] = buffer[off : off + n]
-            return out
+            return batch
         positions = range(work.rows.size) if keep is None else keep.tolist()
         first = next(iter(positions))
         view = self.arena.view

@@ -239,7 +239,7 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
         out_h, out_w = target
     if arr.shape[:2] == (out_h, out_w):
         return np.ascontiguousarray(arr)
-    return cv2.resize(arr, (out_w, out_h), interpolation=cv2.INTER_AREA)  # type: ignore[no-any-return]
+    return np.asarray(cv2.resize(arr, (out_w, out_h), interpolation=cv2.INTER_AREA), np.uint8)
 
 
 @dataclass(frozen=True)

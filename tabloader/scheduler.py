@@ -302,7 +302,7 @@ class DatasetScheduler:
                 for key, old in arrays.items():
                     grown = np.full(num_rows, fill, dtype=old.dtype)
                     grown[: old.size] = old
-                    arrays[key] = grown  # type: ignore[assignment]
+                    arrays[key] = grown
             self._mark = np.zeros(num_rows, bool)
             self.num_rows = num_rows
 

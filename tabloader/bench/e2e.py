@@ -328,7 +328,8 @@ def _overhead_child(spec: dict[str, Any]) -> None:
     wait_for_start(spec)
     for _ in range(-(-spec["rows"] // batch_size) + 1):  # an epoch: every row decoded once
         stream.take()
-    samples, not_ready = [], 0
+    samples: list[float] = []
+    not_ready = 0
     while len(samples) < spec["samples"] and not_ready < spec["samples"]:
         time.sleep(spec["settle"])
         waited = stream.stats()["wait_s"]

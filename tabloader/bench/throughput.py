@@ -81,7 +81,7 @@ class _ImageRows:
 
     def __init__(self, root: str, parts: list[Any], schema: Any, size: int, how: str):
         self.root, self.parts, self.schema, self.size, self.how = root, parts, schema, size, how
-        self.n = sum(p.num_rows for p in parts)
+        self.n: int = sum(p.num_rows for p in parts)
         self._reader: Any = None
 
     def __len__(self) -> int:
@@ -106,6 +106,7 @@ def decode(data: Any, size: int, how: str) -> Any:
         return torch.from_numpy(np.array(decode_image(data, size=size)))
     from PIL import Image
 
+    img: Any
     with Image.open(io.BytesIO(data)) as img:
         img.draft("RGB", (size, size))  # DCT-domain downscale to at least size x size
         img = img.convert("RGB")
@@ -125,8 +126,9 @@ def _dataloader_images(cat: Any, size: int, how: str, workers: int) -> dict[str,
     import torch
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(
-        _image_dataset(cat, size, how),
+    dataset: Any = _image_dataset(cat, size, how)
+    loader: Any = DataLoader(
+        dataset,
         batch_size=64,
         shuffle=True,
         num_workers=workers,
@@ -144,9 +146,9 @@ def _spdl_images(cat: Any, size: int, workers: int) -> dict[str, Any]:
 
     data = _image_dataset(cat, size, "tabloader")
     order = np.random.default_rng(0).permutation(len(data)).tolist()
-    pipeline = (
-        PipelineBuilder()
-        .add_source(order)
+    builder: Any = PipelineBuilder()
+    pipeline: Any = (
+        builder.add_source(order)
         .pipe(data.__getitem__, concurrency=workers)
         .aggregate(64)
         .pipe(lambda items: (torch.stack([i for i, _ in items]), [r for _, r in items]))
@@ -168,7 +170,7 @@ def _tabloader_job(
         out = _timed(iter(ds), lambda b: len(b["_id"]))
         stats = loader.stats()
         ds.close()
-    job_stats = next(iter(stats["jobs"].values()), {}) if stats["jobs"] else {}
+    job_stats: dict[str, Any] = next(iter(stats["jobs"].values()), {}) if stats["jobs"] else {}
     out["stalls"] = {
         "wait_s": job_stats.get("wait_s"),
         "compute_s": job_stats.get("compute_s"),
