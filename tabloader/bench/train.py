@@ -200,7 +200,12 @@ def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int
         decodes, service_cpu, pids = rows * n * args.epochs, 0.0, []
     else:
         cache = bench_cache_bytes(
-            int(args.cache * rows), n, args.workers, args.batch_size, args.image_size**2 * 3
+            int(args.cache * rows),
+            n,
+            args.workers,
+            args.batch_size,
+            args.image_size**2 * 3,
+            service=True,
         )
         with ServiceProcess(
             root, cache_bytes=cache, workers=args.workers, log=root / "bench.log"
