@@ -73,6 +73,9 @@ class Loader:
             (default: ``workers`` decode processes writing into the arena, which then lives in
             shared memory; see :mod:`tabloader.decoding`) or ``"threads"`` (the pool's
             threads; also what is used where shared memory is not available).
+        staging_bytes: shared memory after the arena's (the loader service stages the small
+            columns of the batches it hands over there, never short of room because images
+            are pinned).
 
     Example:
         >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
@@ -89,6 +92,7 @@ class Loader:
         sampler: str = "dependent",
         seed: int | None = 0,
         decode: str = "processes",
+        staging_bytes: int = 0,
     ) -> None:
         if decode not in ("processes", "threads"):
             raise LoaderError(f"decode={decode!r}: use 'processes' or 'threads'.")
@@ -116,7 +120,7 @@ class Loader:
             if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
                 remove_stale()
                 try:
-                    self._segment = Segment.new("arena", max(cache_bytes, 1))
+                    self._segment = Segment.new("arena", max(cache_bytes, 1) + staging_bytes)
                 except CacheError as exc:  # /dev/shm too small: private memory, threads
                     logger.warning("%s Decoding in threads instead.", exc)
                 else:

@@ -44,6 +44,8 @@ __all__ = ["Service"]
 logger = logging.getLogger(__name__)
 
 STAGING_TICKETS = 1 << 16  # staging slots are rows of one arena space, reused round-robin
+STAGING_BLOCK = 64 << 10  # a batch's small columns (ids, labels) fit one block after the arena
+STAGING_BLOCKS = 64
 
 
 class Service:
@@ -80,7 +82,12 @@ class Service:
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
-                self.loader = Loader(self.catalog, cache_bytes=cache_bytes, workers=workers)
+                self.loader = Loader(
+                    self.catalog,
+                    cache_bytes=cache_bytes,
+                    workers=workers,
+                    staging_bytes=STAGING_BLOCK * STAGING_BLOCKS,
+                )
             except BaseException:
                 self.catalog.close()
                 raise
@@ -96,6 +103,14 @@ class Service:
         arena = self.loader._arena
         self.arena = arena
         self.staging = arena.space("_staging", num_rows=STAGING_TICKETS)
+        # Blocks of the segment after the arena: pinned images can never take them, so a
+        # batch always finds room for its ids and labels (a bigger staging uses the arena).
+        self.blocks = list(range(STAGING_BLOCKS - 1, -1, -1))
+        self.blocks_at = arena.buffer.size
+        self.blocks_view = np.frombuffer(
+            self.loader._segment.buf, np.uint8, STAGING_BLOCK * STAGING_BLOCKS, self.blocks_at
+        )
+        self.blocks_lock = threading.Lock()
         segment = self.loader._segment
         self.segment = None if segment is None else (segment.name, segment.size)
 
@@ -140,7 +155,8 @@ class _Handler:
         self.service = service
         self.session = session
         self.stream: JobStream | None = None
-        self.out: dict[int, tuple[list[np.ndarray], int]] = {}  # ticket -> pins, staging
+        # ticket -> pins, staging offset, staging block (-1: staged in the arena, or nothing)
+        self.out: dict[int, tuple[list[np.ndarray], int, int]] = {}
         self.lock = threading.Lock()
         self.closed = False
 
@@ -281,8 +297,13 @@ class _Handler:
             columns.append(images)
             pins.append(offsets[offsets >= 0])
         ticket = service.ticket()
-        staging = -1
-        if used:
+        staging, block = -1, -1
+        if 0 < used <= STAGING_BLOCK:
+            with service.blocks_lock:
+                block = service.blocks.pop() if service.blocks else -1
+            if block >= 0:
+                staging = service.blocks_at + block * STAGING_BLOCK
+        if used and block < 0:
             found, _ = arena.reserve(service.staging, np.array([ticket]), (used,))
             staging = int(found[0])
             if staging < 0:
@@ -292,16 +313,22 @@ class _Handler:
                     f"A batch needs {used} bytes of staging in the cache, more than a slab "
                     "or all free slots; raise the service's cache size or lower batch_size."
                 )
+        if used:
+            target = (
+                service.blocks_view[block * STAGING_BLOCK :]
+                if block >= 0
+                else arena.buffer[staging:]
+            )
             for start, data in pieces:
                 raw = np.frombuffer(memoryview(data).cast("B"), np.uint8)
-                arena.buffer[staging + start : staging + start + raw.size] = raw
+                target[start : start + raw.size] = raw
             for col in columns:
                 if "offset" in col:
                     col["offset"] += staging
                 for k in col.get("staged", {}):
                     col["staged"][k] += staging
         with self.lock:
-            self.out[ticket] = (pins, staging)
+            self.out[ticket] = (pins, staging, block)
             closed = self.closed
         if closed:
             self._release([ticket])
@@ -315,11 +342,14 @@ class _Handler:
                 held = self.out.pop(int(t), None)
             if held is None:
                 continue
-            pins, staging = held
+            pins, staging, block = held
             for offsets in pins:
                 if offsets.size:
                     arena.release(offsets)
-            if staging >= 0:
+            if block >= 0:
+                with self.service.blocks_lock:
+                    self.service.blocks.append(block)
+            elif staging >= 0:
                 arena.discard(np.array([staging], np.int64))
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ def cat_dir(tmp_path, image_folder):
         cat.sql(
             "REGISTER JOB b SELECT image, label FROM imgs WHERE label > 0 WITH (image_size = 16)"
         )
+        cat.sql("REGISTER JOB c0 SELECT label FROM imgs WHERE label < 2")  # no images
     return root
 
 
@@ -403,3 +405,36 @@ def test_a_second_service_for_the_catalog_is_refused(service, cat_dir):
     )
     assert out.returncode == 1
     assert "a service already runs" in out.stderr
+
+
+def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir):
+    """The ids and labels of a handed-over batch are staged in blocks after the arena, which
+    pinned images never take: before, a full arena failed the batch."""
+    from tabloader.service.server import Service
+
+    service = Service(cat_dir, cache_bytes=1 << 20, workers=2)
+    runner = threading.Thread(target=service.serve, daemon=True)
+    runner.start()
+    try:
+        arena = service.arena
+        space = arena.space("test-filler", num_rows=1 << 16)
+        filled = 0
+        with warnings.catch_warnings():  # "every slot was pinned": what this test wants
+            warnings.simplefilter("ignore")
+            while True:  # pin every slot of every slab, as stalled clients' batches would
+                offsets, _ = arena.reserve(space, np.arange(filled, filled + 64), (4096,))
+                if (offsets < 0).any():
+                    break
+                filled += 64
+        assert filled > 0
+        with (
+            RemoteLoader(cat_dir, start=False) as remote,
+            remote.open("c0", batch_size=4, epochs=1) as stream,
+        ):
+            labels = [b["label"] for b in stream]
+            expected = rows_of(remote, "label < 2")
+        assert np.concatenate(labels).size == len(expected)
+    finally:
+        service.stop()
+        runner.join(TIMEOUT)
+    assert not runner.is_alive()
