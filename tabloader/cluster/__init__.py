@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from tabloader.cluster.leader import Assignment, Leader, WorkList
 from tabloader.cluster.placement import DROPPED, JobPlacement, Placer
 
-__all__ = ["DROPPED", "JobPlacement", "Placer"]
+__all__ = ["DROPPED", "Assignment", "JobPlacement", "Leader", "Placer", "WorkList"]
