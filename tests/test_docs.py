@@ -11,6 +11,8 @@ MODULES = [
     "catalog",
     "tabloader",
     "tabloader.arena",
+    "tabloader.cluster.leader",
+    "tabloader.cluster.placement",
     "tabloader.prep",
     "tabloader.sampling",
     "tabloader.sampling.dependent",

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from pyroaring import BitMap
+
+from catalog.errors import SamplingError
+from tabloader.cluster.leader import Leader
+
+# name -> (ids, node of each rank, batch size, dataset)
+JOBS = {
+    "a": (range(0, 900), ["n0", "n1"], 16, "imgs@1"),
+    "b": (range(300, 1100), ["n1", "n0"], 16, "imgs@1"),
+    "c": (range(0, 500), ["n0", "n0", "n1"], 8, "imgs@1"),
+    "t": (range(0, 400), ["n1"], 10, "text@1"),
+}
+
+
+def make_leader(**kw):
+    leader = Leader(seed=3, **kw)
+    for name, (ids, nodes, bs, ds) in JOBS.items():
+        leader.add_job(name, BitMap(ids), nodes=nodes, batch_size=bs, dataset=ds)
+    return leader
+
+
+class Nodes:
+    """Each node's loader: fetches its lists and acknowledges them ``lag`` lists late.
+
+    ``delivered[job][epoch][rank]``: rows of acknowledged lists, the rows the ranks read."""
+
+    def __init__(self, rng, lag=3):
+        self.rng = rng
+        self.lag = lag
+        self.held = {}
+        self.delivered = {}
+
+    def poll(self, leader, node):
+        held = self.held.setdefault(node, [])
+        held.extend(leader.work(node))
+        n = len(held) - int(self.rng.integers(0, self.lag + 1))
+        if n > 0:
+            done, self.held[node] = held[:n], held[n:]
+            leader.ack(node, done[-1].seq)
+            for w in done:
+                for a in w.items:
+                    per = self.delivered.setdefault(a.job, {}).setdefault(a.epoch, {})
+                    per.setdefault(a.rank, []).append(a.rows)
+                    assert leader._jobs[a.job].nodes[a.rank] == node
+
+
+def complete_epochs(delivered, name, ids, nodes, bs):
+    """The epochs of ``name`` with all their rows delivered; asserts exactly once and equal
+    rows per rank for each."""
+    w = len(nodes)
+    quota = len(ids) if w == 1 else len(ids) // (bs * w) * bs
+    done = []
+    for epoch, per_rank in delivered.get(name, {}).items():
+        parts = [np.concatenate(per_rank.get(r, [np.zeros(0, np.int64)])) for r in range(w)]
+        rows = np.concatenate(parts)
+        assert np.unique(rows).size == rows.size, (name, epoch)  # never twice
+        assert set(rows.tolist()) <= set(ids)
+        if rows.size == quota * w:
+            assert [p.size for p in parts] == [quota] * w, (name, epoch)
+            done.append(epoch)
+    return sorted(done)
+
+
+def test_work_lists_cover_each_epoch_exactly_once():
+    leader = make_leader(lookahead=200, round_rows=64)
+    nodes = Nodes(np.random.default_rng(0))
+    for _ in range(60):
+        for node in ("n0", "n1"):
+            nodes.poll(leader, node)
+    for name, (ids, ranks, bs, _) in JOBS.items():
+        assert complete_epochs(nodes.delivered, name, ids, ranks, bs)[:2] == [0, 1], name
+
+
+def test_lookahead_bounds_rows_not_acknowledged():
+    leader = make_leader(lookahead=100, round_rows=30)
+    leader.work("n0")
+    leader.work("n1")
+    for name in JOBS:
+        assert 100 <= leader._jobs[name].outstanding < 130
+    assert not leader.step()  # nobody below its lookahead until nodes acknowledge
+
+
+def test_rows_carry_increasing_rounds_for_eviction():
+    leader = make_leader(lookahead=100, round_rows=30)
+    lists = leader.work("n0")
+    rounds = np.concatenate([a.rounds for w in lists for a in w.items if a.job == "a"])
+    assert (np.diff(rounds) > 0).all()
+    assert [w.seq for w in lists] == sorted({w.seq for w in lists})
+
+
+@pytest.mark.parametrize("stop_after", [7, 23, 41])
+def test_restored_leader_resumes_every_job_exactly_once(stop_after):
+    rng = np.random.default_rng(stop_after)
+    leader = make_leader(lookahead=150, round_rows=50)
+    nodes = Nodes(rng, lag=4)
+    for _ in range(stop_after):
+        for node in ("n0", "n1"):
+            nodes.poll(leader, node)
+    state = pickle.loads(pickle.dumps(leader.state_dict()))
+    # the leader dies: the loaders drop what they had not acknowledged
+    restored = Leader.from_state_dict(state)
+    assert restored.generation == leader.generation + 1
+    nodes.held.clear()
+    for _ in range(60):
+        for node in ("n0", "n1"):
+            nodes.poll(restored, node)
+    for name, (ids, ranks, bs, _) in JOBS.items():
+        done = complete_epochs(nodes.delivered, name, ids, ranks, bs)
+        assert done[: len(done)] == list(range(len(done))), (name, done)
+        assert len(done) >= 2, (name, done)
+
+
+def test_state_lists_the_epochs_owed():
+    leader = Leader(seed=0, lookahead=40, round_rows=20)
+    leader.add_job("a", BitMap(range(30)), nodes=["n0", "n1"], batch_size=5)
+    lists = leader.work("n0") + leader.work("n1")  # 30 rows of epoch 0, 10 of epoch 1
+    state = leader.state_dict()["jobs"][0]
+    owed = [(p["epoch"], len(BitMap.deserialize(p["remaining"]))) for p in state["epochs"]]
+    assert owed == [(0, 30), (1, 30)]  # nothing acknowledged: everything still owed
+    for w in lists:
+        leader.ack(w.node, w.seq)
+    state = leader.state_dict()["jobs"][0]
+    epochs = {p["epoch"]: p for p in state["epochs"]}
+    assert list(epochs) == [1]
+    assert len(BitMap.deserialize(epochs[1]["remaining"])) == 20
+    assert sum(epochs[1]["counts"]) == 10
+
+
+def test_remove_job_keeps_the_others():
+    leader = make_leader(lookahead=100, round_rows=30)
+    leader.work("n0")
+    leader.remove_job("b")
+    assert leader.jobs() == ["a", "c", "t"]
+    assert all(a.job != "b" for w in leader.work("n1") for a in w.items)
+    assert "b" not in {j["name"] for j in leader.state_dict()["jobs"]}
+
+
+def test_catalog_job(cat):
+    import pyarrow as pa
+
+    cat.import_arrow("tbl", pa.table({"x": list(range(20))}))
+    cat.register_job("j", "tbl", where="x < 12")
+    leader = Leader(lookahead=50)
+    leader.add_catalog_job(cat.job("j"), nodes=["n0", "n1"], batch_size=3)
+    lists = leader.work("n0") + leader.work("n1")
+    rows = np.concatenate([a.rows for w in lists for a in w.items if a.epoch == 0])
+    assert sorted(rows.tolist()) == list(range(12))
+
+
+def test_errors():
+    leader = Leader()
+    leader.add_job("a", BitMap(range(5)), nodes=["n0"], batch_size=1)
+    with pytest.raises(SamplingError, match="already on the leader"):
+        leader.add_job("a", BitMap(range(5)), nodes=["n0"], batch_size=1)
+    with pytest.raises(SamplingError, match="no ranks"):
+        leader.add_job("b", BitMap(range(5)), nodes=[], batch_size=1)
+    with pytest.raises(SamplingError, match="No job has a rank on node 'n9'"):
+        leader.work("n9")
+    with pytest.raises(SamplingError, match="Unknown job 'zz'"):
+        leader.epoch("zz")
+    with pytest.raises(SamplingError, match="Not a Leader state"):
+        Leader.from_state_dict({"kind": "dependent"})
+    with pytest.raises(SamplingError, match="lookahead"):
+        Leader(lookahead=0)
