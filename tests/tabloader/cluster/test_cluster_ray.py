@@ -11,6 +11,8 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'tabloader[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+TIMEOUT = 120  # seconds for any answer of the cluster: a hang fails the test
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 
@@ -54,24 +56,31 @@ def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
         """A node's loader: asks the leader (found by name) for its node's work."""
         node = ray.get_runtime_context().get_node_id()
         leader = get_leader(catalog)
-        lists = ray.get(leader.work.remote(node))
-        ray.get(leader.ack.remote(node, lists[-1].seq))
+        lists = ray.get(leader.work.remote(node), timeout=TIMEOUT)
+        ray.get(leader.ack.remote(node, lists[-1].seq), timeout=TIMEOUT)
         return node, [(a.job, a.rank, a.epoch, a.rows.tolist()) for w in lists for a in w.items]
 
-    ids = [ray.get(node_id.options(resources={f"node{i}": 0.01}).remote()) for i in range(2)]
+    ids = [
+        ray.get(node_id.options(resources={f"node{i}": 0.01}).remote(), timeout=TIMEOUT)
+        for i in range(2)
+    ]
     assert ids[0] != ids[1]
     leader = start_leader(catalog, resources={"node0": 0.01}, lookahead=64, round_rows=32)
     again = start_leader(catalog)  # the same named actor
-    assert ray.get(again.jobs.remote()) == []
+    assert ray.get(again.jobs.remote(), timeout=TIMEOUT) == []
     rows = {"a": BitMap(range(64)), "b": BitMap(range(32, 96))}
     for name, bm in rows.items():
         ray.get(
             leader.add_job.remote(
                 name, nodes=ids, batch_size=8, ids=bm.serialize(), dataset="imgs@1"
-            )
+            ),
+            timeout=TIMEOUT,
         )
     got = dict(
-        ray.get([pull.options(resources={f"node{i}": 0.01}).remote(catalog) for i in range(2)])
+        ray.get(
+            [pull.options(resources={f"node{i}": 0.01}).remote(catalog) for i in range(2)],
+            timeout=TIMEOUT,
+        )
     )
     assert set(got) == set(ids)
     per_job: dict[str, list[int]] = {"a": [], "b": []}
@@ -85,6 +94,6 @@ def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
     shared = list(range(32, 64))
     where = {x: {n for n in ids for _, _, e, r in got[n] if e == 0 and x in r} for x in shared}
     assert sum(len(w) == 1 for w in where.values()) >= 0.9 * len(shared)
-    state = ray.get(leader.state_dict.remote())
+    state = ray.get(leader.state_dict.remote(), timeout=TIMEOUT)
     assert {j["name"] for j in state["jobs"]} == {"a", "b"}
     assert leader_name(catalog).startswith("tabloader-leader-")
