@@ -196,6 +196,57 @@ def _run_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# -- status ------------------------------------------------------------------------------------
+def _register_status(sub: Any) -> None:
+    p = sub.add_parser(
+        "status", help="the catalog's loader service: open jobs, reads, decodes, cache, stalls"
+    )
+    p.add_argument("--json", action="store_true", help="the counters as one JSON object")
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    import json
+
+    from catalog.catalog import not_a_catalog
+    from catalog.directory import DB_FILE
+    from tabloader._format import format_table
+
+    root = _root(args)
+    if not (root / DB_FILE).exists():
+        raise not_a_catalog(root)
+    remote = _service(args)
+    stats, pid = None, None
+    if remote is not None:
+        try:
+            stats, pid = remote.stats(), remote.service_pid
+        finally:
+            remote.close()
+    if args.json:
+        print(json.dumps({"catalog": str(root), "service_pid": pid, **(stats or {})}))
+        return 0
+    if stats is None:
+        print(
+            f"No loader service runs for catalog {root}: the first JobDataset starts one, "
+            "or run tabloader serve."
+        )
+        return 0
+    print(f"Loader service pid {pid} for catalog {root}")
+    print(
+        f"reads {stats['reads']:,}, decodes {stats['decodes']:,}, "
+        f"bytes read {stats['bytes_read']:,}"
+    )
+    cache = stats["cache"]
+    print(
+        f"cache: {cache['size_bytes']:,} of {cache['capacity_bytes']:,} bytes, "
+        f"{cache['entries']:,} values, {cache['pinned']:,} pinned, {cache['hits']:,} hits, "
+        f"{cache['misses']:,} misses, {cache['evictions']:,} evictions"
+    )
+    keys = ["dataset", "epoch", "batches", "rows", "shared", "wait_s", "compute_s"]
+    jobs = [{"job": n, **{k: j.get(k) for k in keys}} for n, j in stats["jobs"].items()]
+    print(format_table(jobs, ["job", *keys]) if jobs else "no open jobs")
+    return 0
+
+
 # -- serve -------------------------------------------------------------------------------------
 def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
@@ -276,6 +327,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], 
     "serve": (_register_serve, _run_serve),
     "sql": (_register_sql, _run_sql),
     "verify": (_register_verify, _run_verify),
+    "status": (_register_status, _run_status),
 }
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 
@@ -191,3 +192,18 @@ def test_sql_help_shows_the_statement_grammar_and_job_options(capsys):
         assert form in out
     for key in JOB_OPTIONS:
         assert f"  {key} " in out
+
+
+def test_status_without_a_service_and_outside_a_catalog(capsys, tmp_path):
+    code, _, err = run(capsys, "--catalog", str(tmp_path / "nope"), "status")
+    assert code == 1
+    assert "is not a tabloader catalog" in err
+    assert str(tmp_path / "nope") in err
+    root = str(tmp_path / "cat")
+    pq.write_table(pa.table({"x": list(range(10))}), tmp_path / "d.parquet")
+    assert run(capsys, "--catalog", root, "import", "d", str(tmp_path / "d.parquet"))[0] == 0
+    code, out, _ = run(capsys, "status", "--catalog", root)  # options after the command too
+    assert code == 0
+    assert out.startswith("No loader service runs for catalog")
+    code, out, _ = run(capsys, "--catalog", root, "status", "--json")
+    assert (code, json.loads(out)["service_pid"]) == (0, None)

@@ -438,3 +438,22 @@ def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir):
         service.stop()
         runner.join(TIMEOUT)
     assert not runner.is_alive()
+
+
+def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir):
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        with remote.open("a", batch_size=8, epochs=1) as stream:
+            stream.take()
+            run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir), "status"]
+            text = subprocess.run(run, capture_output=True, text=True, timeout=TIMEOUT)
+            raw = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=60)
+    finally:
+        remote.close()
+    assert text.returncode == raw.returncode == 0, text.stderr + raw.stderr
+    assert text.stdout.startswith(f"Loader service pid {service.pid} for catalog {cat_dir}")
+    assert any(line.split()[:2] == ["a", "imgs"] for line in text.stdout.splitlines())
+    stats = json.loads(raw.stdout)
+    assert stats["service_pid"] == service.pid
+    assert stats["decodes"] >= 8  # the first batch was decoded
+    assert stats["jobs"]["a"]["batches"] == 1
