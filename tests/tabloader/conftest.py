@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 import catalog
+from tabloader.datagen import corrupt_image
 
 
 @pytest.fixture
@@ -10,4 +13,18 @@ def images(tmp_path, image_folder):
     cat = catalog.connect(tmp_path / "cat")
     cat.import_imagefolder("imgs", image_folder)
     yield cat
+    cat.close()
+
+
+@pytest.fixture
+def corrupt(tmp_path, image_folder):
+    """``images`` with one JPEG corrupted before the import: (catalog, that row's ``_id``)."""
+    folder = tmp_path / "folder"
+    shutil.copytree(image_folder, folder)
+    victim = sorted(folder.rglob("*.jpg"))[0]
+    corrupt_image(victim)
+    cat = catalog.connect(tmp_path / "cat")
+    ds = cat.import_imagefolder("imgs", folder)
+    paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
+    yield cat, paths.index(victim.relative_to(folder).as_posix())
     cat.close()

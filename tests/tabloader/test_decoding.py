@@ -14,9 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 import pytest
 
-import catalog
 from catalog.errors import CacheError, LoaderError, RowReadError
-from tabloader.datagen import corrupt_image
 from tabloader.engine import Loader
 from tabloader.prep import decode_image
 from tabloader.service.shm import SHM_DIR, Segment, remove_stale, shm_available
@@ -90,26 +88,18 @@ def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkey
         assert stats.entries == images.job("j").num_rows
 
 
-def test_a_corrupt_image_is_a_row_error_from_a_decode_process(tmp_path, image_folder):
-    import shutil
-
-    folder = tmp_path / "folder"
-    shutil.copytree(image_folder, folder)
-    victim = sorted(folder.rglob("*.jpg"))[0]
-    corrupt_image(victim)
-    with catalog.connect(tmp_path / "cat") as cat:
-        ds = cat.import_imagefolder("imgs", folder)
-        paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
-        bad = paths.index(victim.relative_to(folder).as_posix())
-        cat.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
-        with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
-            stream = loader.open("j", batch_size=ds.num_rows, epochs=1)
-            with pytest.raises(RowReadError, match=f"row {bad}") as info:
-                stream.next_batch()
-            assert info.value.row_id == bad
-            assert info.value.column == "image"
-            stream.close()
-            assert loader._arena.stats().pinned == 0
+def test_a_corrupt_image_is_a_row_error_from_a_decode_process(corrupt):
+    cat, bad = corrupt
+    n = cat.dataset("imgs").num_rows
+    cat.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
+        stream = loader.open("j", batch_size=n, epochs=1)
+        with pytest.raises(RowReadError, match=f"row {bad}") as info:
+            stream.next_batch()
+        assert info.value.row_id == bad
+        assert info.value.column == "image"
+        stream.close()
+        assert loader._arena.stats().pinned == 0
 
 
 def test_segments_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):

@@ -13,7 +13,6 @@ from PIL import Image
 
 import catalog
 from catalog import JobNotFoundError, LoaderError, RowReadError
-from tabloader.datagen import corrupt_image
 from tabloader.engine import Loader
 from tabloader.prep import decode_image
 
@@ -156,39 +155,27 @@ def test_closing_a_job_mid_epoch_does_not_disturb_others(images):
         assert sorted(ids) == sorted(images.job("a").ids)
 
 
-def test_corrupt_row_raises_with_its_id_or_is_skipped(tmp_path, image_folder):
-    import shutil
-
-    folder = tmp_path / "folder"
-    shutil.copytree(image_folder, folder)
-    victim = sorted(folder.rglob("*.jpg"))[0]
-    corrupt_image(victim)
-    with catalog.connect(tmp_path / "cat") as cat:
-        ds = cat.import_imagefolder("imgs", folder)
-        bad = (
-            ds.take(list(range(ds.num_rows)), ["path"])
-            .column("path")
-            .to_pylist()
-            .index(victim.relative_to(folder).as_posix())
-        )
-        cat.sql("REGISTER JOB strict SELECT image FROM imgs")
-        cat.sql("REGISTER JOB lenient SELECT image FROM imgs")
-        cat.sql("REGISTER JOB by_option SELECT image FROM imgs WITH (on_error = 'skip')")
-        cat.sql(f"REGISTER JOB other SELECT image FROM imgs WHERE _id <> {bad}")
-        with Loader(cat, cache_bytes=32 << 20) as loader:
-            strict = loader.open("strict", batch_size=ds.num_rows, epochs=1)
-            with pytest.raises(RowReadError, match=f"row {bad}") as info:
-                strict.next_batch()
-            assert info.value.row_id == bad
-            assert info.value.__traceback__ is not None
-            lenient = loader.open("lenient", batch_size=ds.num_rows, epochs=1, on_error="skip")
-            ids = lenient.next_batch()["_id"].tolist()
-            assert sorted(ids) == [i for i in range(ds.num_rows) if i != bad]
-            assert lenient.stats()["skipped"] == 1
-            by_option = loader.open("by_option", batch_size=ds.num_rows, epochs=1)
-            assert len(by_option.next_batch()["_id"]) == ds.num_rows - 1  # the job's on_error
-            other = loader.open("other", batch_size=7, epochs=1)
-            assert sum(len(b["_id"]) for b in other) == ds.num_rows - 1
+def test_corrupt_row_raises_with_its_id_or_is_skipped(corrupt):
+    cat, bad = corrupt
+    n = cat.dataset("imgs").num_rows
+    cat.sql("REGISTER JOB strict SELECT image FROM imgs")
+    cat.sql("REGISTER JOB lenient SELECT image FROM imgs")
+    cat.sql("REGISTER JOB by_option SELECT image FROM imgs WITH (on_error = 'skip')")
+    cat.sql(f"REGISTER JOB other SELECT image FROM imgs WHERE _id <> {bad}")
+    with Loader(cat, cache_bytes=32 << 20) as loader:
+        strict = loader.open("strict", batch_size=n, epochs=1)
+        with pytest.raises(RowReadError, match=f"row {bad}") as info:
+            strict.next_batch()
+        assert info.value.row_id == bad
+        assert info.value.__traceback__ is not None
+        lenient = loader.open("lenient", batch_size=n, epochs=1, on_error="skip")
+        ids = lenient.next_batch()["_id"].tolist()
+        assert sorted(ids) == [i for i in range(n) if i != bad]
+        assert lenient.stats()["skipped"] == 1
+        by_option = loader.open("by_option", batch_size=n, epochs=1)
+        assert len(by_option.next_batch()["_id"]) == n - 1  # the job's on_error
+        other = loader.open("other", batch_size=7, epochs=1)
+        assert sum(len(b["_id"]) for b in other) == n - 1
 
 
 def test_resume_mid_epoch_from_state(images):

@@ -398,9 +398,9 @@ def test_killed_client_closes_its_handler(service):
     wait_for(lambda: service.listener.sessions == 0)
 
 
-def test_listener_close_wakes_a_blocked_call(tmp_path):
-    svc = Service(tmp_path)
-    client = Client(tmp_path)
+def blocked_call(client, service) -> tuple[threading.Thread, list[BaseException]]:
+    """``client.call("block")`` on a thread, once the service's handler is blocked in it;
+    the list gets what the call raises."""
     raised: list[BaseException] = []
 
     def call():
@@ -411,7 +411,14 @@ def test_listener_close_wakes_a_blocked_call(tmp_path):
 
     thread = threading.Thread(target=call)
     thread.start()
-    wait_for(lambda: bool(svc.handlers) and svc.handlers[0].blocked.is_set())
+    wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+    return thread, raised
+
+
+def test_listener_close_wakes_a_blocked_call(tmp_path):
+    svc = Service(tmp_path)
+    client = Client(tmp_path)
+    thread, raised = blocked_call(client, svc)
     svc.close()
     thread.join(TIMEOUT)
     assert not thread.is_alive()
@@ -442,17 +449,7 @@ def test_client_gone_during_a_request_closes_its_handler(service, how):
             proc.wait(TIMEOUT)
     else:
         client = Client(service.root)
-        raised: list[BaseException] = []
-
-        def call():
-            try:
-                client.call("block")
-            except BaseException as exc:
-                raised.append(exc)
-
-        thread = threading.Thread(target=call)
-        thread.start()
-        wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+        thread, raised = blocked_call(client, service)
         client.close()
         thread.join(TIMEOUT)
         assert not thread.is_alive()
