@@ -168,10 +168,14 @@ class Ingest:
                 *(self.source.schema.field(n) for n in self.queryable),
             ]
         ).empty_table()
+        self._from_chunk(empty, f"CREATE TABLE {quote(self.name)} AS SELECT * FROM _tl_chunk")
+
+    def _from_chunk(self, table: pa.Table, sql: str) -> None:
+        """Run ``sql``, which reads ``table`` as ``_tl_chunk``."""
         con = self.db.con
-        con.register("_tl_chunk", empty)
+        con.register("_tl_chunk", table)
         try:
-            con.execute(f"CREATE TABLE {quote(self.name)} AS SELECT * FROM _tl_chunk")
+            con.execute(sql)
         finally:
             # An error aborts the transaction, and then unregister fails too: keep the first.
             with contextlib.suppress(duckdb.Error):
@@ -207,14 +211,7 @@ class Ingest:
         start = self.first_id + self.num_rows
         ids = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
         table = table.add_column(0, ID_COLUMN, ids)
-        con = self.db.con
-        con.register("_tl_chunk", table)
-        try:
-            con.execute(f"INSERT INTO {quote(self.name)} SELECT * FROM _tl_chunk")
-        finally:
-            # An error aborts the transaction, and then unregister fails too: keep the first.
-            with contextlib.suppress(duckdb.Error):
-                con.unregister("_tl_chunk")
+        self._from_chunk(table, f"INSERT INTO {quote(self.name)} SELECT * FROM _tl_chunk")
         self.num_rows += table.num_rows
         self._pending, self._pending_rows = [], 0
 
