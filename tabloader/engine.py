@@ -102,11 +102,11 @@ class Loader:
             )
         self._sampler_cls = SAMPLERS[sampler]
         self._seed = seed
-        self._owns_catalog = not isinstance(catalog, Catalog)
+        self._owns_catalog = catalog is None or isinstance(catalog, (str, os.PathLike))
         self.catalog = (
-            catalog
-            if isinstance(catalog, Catalog)
-            else connect(Path(catalog) if catalog is not None else None)
+            connect(Path(catalog) if catalog is not None else None)
+            if catalog is None or isinstance(catalog, (str, os.PathLike))
+            else catalog
         )
         if not self.catalog.exists:  # a loader only reads: a mistyped path is an error
             if self._owns_catalog:
@@ -196,6 +196,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         remote: bool = False,
+        fed: bool = False,
     ) -> JobStream:
         """Start consuming a registered job (or one rank of it, for data-parallel training).
 
@@ -217,6 +218,10 @@ class Loader:
                 ``WORLD_SIZE`` in the environment (as torchrun sets them), else 0 and 1.
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
+            fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
+                (``DatasetScheduler.feed``); this loader opens just this rank, as a job of its
+                own that reads ``n // (batch_size * world_size) * batch_size`` rows per epoch
+                (``n`` with one rank).
 
         Data-parallel ranks: the ranks of one job in one loader are one job (one entry in
         the sampler, so it still shares reads and decodes with every other job). The first
@@ -278,22 +283,31 @@ class Loader:
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
             plan = self._plan(sched, dataset, list(info.columns), size)
+        if fed and state is not None:
+            raise LoaderError(
+                "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
+                "open the job without state."
+            )
+        local = 1 if fed else world_size  # a fed rank is a job of its own here
         state_obj = JobState(
-            info.name,
+            info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
             info.ids,
             plan,
             batch_size,
             prefetch=prefetch,
-            horizon=world_size
-            * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
+            horizon=local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
             on_error=mode,
             epochs=epochs,
-            world_size=world_size,
+            world_size=local,
             id_array=bitmap_to_array(info.ids).astype(np.int64),
             remote=remote,
+            fed=fed,
+            rank_rows=len(info.ids)
+            if world_size == 1
+            else len(info.ids) // (batch_size * world_size) * batch_size,
         )
         remaining, epoch = (None, 0) if state is None else _check_state(state, info)
-        joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=rank)
+        joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)
         logger.info(
             "job %s opened on %s (%d rows)%s",
             info.name,

@@ -29,6 +29,11 @@ Data flow, per dataset::
   whose turn it is has room below ``prefetch``, so a rank ahead waits for the slow one and
   at most ``prefetch`` batches per rank are in flight. A rank that left has its turns
   dropped, unprepared.
+* **Fed jobs (a cluster node).** On a node of a Ray cluster the leader samples for every
+  job (:mod:`tabloader.cluster`): each rank there is a job of its own here (``fed``), whose
+  queue :meth:`DatasetScheduler.feed` fills with the rows and rounds the leader sent, and whose
+  epoch has ``rank_rows`` rows. It takes no part in this scheduler's rounds. A fed job whose
+  cluster job is gone (a rank or node failed) raises the reason once it would wait for rows.
 * **Stalls.** Per job, seconds blocked in ``take`` (waiting for data) vs seconds between
   batches (its own compute).
 """
@@ -107,6 +112,10 @@ class JobState:
     # an epoch's dropped remainder is logged with index ``batches_per_epoch``
     log: deque[tuple[int, int, npt.NDArray[np.int64]]] = field(default_factory=deque)
     warned_pending: bool = False
+    fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
+    rank_rows: int = 0  # fed: rows of each epoch
+    fed_rows: int = 0  # fed: rows received so far, all epochs
+    gone: str | None = None  # fed: why the cluster job left (its ranks fail with it)
 
     def __post_init__(self) -> None:
         self.num_ids = len(self.ids)
@@ -122,6 +131,8 @@ class JobState:
 
     def batches_per_rank(self, epoch: int) -> int:
         """Batches each rank gets in ``epoch`` (the last may be short with a single rank)."""
+        if self.fed:
+            return -(-self.rank_rows // self.batch_size)
         n = self.first_rows if epoch == self.first_epoch else self.num_ids
         if self.world_size == 1:
             return -(-n // self.batch_size)
@@ -141,7 +152,8 @@ class JobState:
         """True if the job has fewer rows ahead than ``prefetch`` batches per rank (it starts a
         round)."""
         return (
-            self.room() > 0
+            not self.fed
+            and self.room() > 0
             and self.q_rows.size + self.in_flight()
             < self.prefetch * self.batch_size * self.world_size
         )
@@ -323,6 +335,8 @@ class DatasetScheduler:
             current = self.jobs.get(job.name)
             if current is not None:
                 return self._attach_locked(current, job, rank, remaining, epoch)
+            if job.fed:
+                return self._add_fed_locked(job)
             job.sampler = self.sampler if job.plan.prepared else self.gather_sampler
             if remaining is None:
                 job.sampler.add_job(job.name, job.ids)
@@ -341,6 +355,63 @@ class DatasetScheduler:
             joined.opened = True
             self.cond.notify_all()
             return joined
+
+    def _add_fed_locked(self, job: JobState) -> RankState:
+        job.left = job.first_rows = 0  # nothing received of epoch 0 yet: see ``feed``
+        job.epoch = -1
+        self.jobs[job.name] = job
+        joined = job.ranks[0]
+        joined.opened = True
+        self.cond.notify_all()
+        return joined
+
+    def feed(
+        self,
+        job: JobState,
+        epoch: int,
+        rows: npt.NDArray[np.int64],
+        rounds: npt.NDArray[np.int64],
+    ) -> None:
+        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds.
+
+        Raises:
+            LoaderError: rows of an epoch come before the previous epoch is complete, or more
+                rows than the epoch has (the leader and this node disagree).
+        """
+        with self.cond:
+            if job.closed or (job.epochs is not None and epoch >= job.epochs):
+                return  # past the epochs the job reads: nothing to load
+            if epoch != job.epoch:
+                if job.left or epoch < job.epoch:
+                    raise LoaderError(
+                        f"Job {job.name!r} got rows of epoch {epoch} from the cluster leader "
+                        f"while epoch {job.epoch} misses {job.left} rows; restart the job."
+                    )
+                job.epoch, job.left = epoch, job.rank_rows
+            if rows.size > job.left:
+                raise LoaderError(
+                    f"Job {job.name!r} got {rows.size} rows of epoch {epoch} from the cluster "
+                    f"leader, {job.left} more than its {job.rank_rows} a rank reads per epoch; "
+                    "restart the job."
+                )
+            job.left -= rows.size
+            job.fed_rows += rows.size
+            job.q_rows = np.concatenate((job.q_rows, rows))
+            job.q_rounds = np.concatenate((job.q_rounds, rounds))
+            job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, epoch, np.int64)))
+            self._count_uses(job, rows, +1)
+            for space in self._spaces(job):
+                nxt = self.next_round[space]
+                nxt[rows] = np.minimum(nxt[rows], rounds)
+            self._activate_locked(job)
+            self.cond.notify_all()
+
+    def fail(self, job: JobState, reason: str) -> None:
+        """The fed ``job``'s cluster job is gone: its rank raises ``reason`` once it would
+        wait for rows (the batches it has go on being delivered)."""
+        with self.cond:
+            job.gone = reason
+            self.cond.notify_all()
 
     def _attach_locked(
         self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
@@ -410,6 +481,9 @@ class DatasetScheduler:
         job.q_rows = job.q_rounds = job.q_epochs = _EMPTY
         job.log.clear()
         self._unqueue(job, queued)
+        if job.fed:
+            self.cond.notify_all()
+            return
         if job.left:  # the rows of this epoch that the sampler still had for the job
             self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
         job.sampler.remove_job(job.name)
@@ -537,7 +611,9 @@ class DatasetScheduler:
         their shared region and sends the dependent sampler's later rounds one by one instead
         of vectorized.
         """
-        want = [j for j in self.jobs.values() if not j.done_sampling() and j.room() >= 0]
+        want = [
+            j for j in self.jobs.values() if not j.fed and not j.done_sampling() and j.room() >= 0
+        ]
         for sampler in (self.sampler, self.gather_sampler):
             group = [j for j in want if j.sampler is sampler]
             if group:
@@ -651,6 +727,11 @@ class DatasetScheduler:
                         break
                     if not rank.batches:
                         self._activate_locked(job)
+                        if job.gone is not None and not rank.batches:
+                            raise LoaderError(
+                                f"Job {job.name!r} left the cluster: {job.gone}. Its other "
+                                "ranks stop too; start every rank again."
+                            )
                     self.cond.notify_all()
                     self._wait_locked(rank, t0)
                 rank.taken += 1
@@ -718,6 +799,11 @@ class DatasetScheduler:
         Ranks that save at the same step get the same state, however far the others are.
         """
         job = rank.job
+        if job.fed:
+            raise LoaderError(
+                f"Job {job.name!r} reads on a Ray cluster, whose leader keeps the job's "
+                "progress and checkpoints it; state_dict() is for a local loader."
+            )
         with self.cond:
             self._check(rank)
             epoch = rank.next_epoch()

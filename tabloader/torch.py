@@ -67,6 +67,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default: the
             job's ``on_error`` option, else ``"raise"``).
+        epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
+            the last one.
         rank, world_size: this dataset is rank ``rank`` of ``world_size`` data-parallel ranks
             of the job (default: ``RANK`` and ``WORLD_SIZE`` from the environment, as torchrun
             sets them, else a plain job). Each rank gets a disjoint, equal share of every
@@ -88,6 +90,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         image_size: int | tuple[int, int] | None = None,
         prefetch: int | None = None,
         on_error: str | None = None,
+        epochs: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -104,7 +107,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 seed = zlib.crc32(job.encode())
         self.generator = torch.Generator().manual_seed(int(seed))
         self._batch_size, self._image_size = batch_size, image_size
-        self._prefetch, self._on_error = prefetch, on_error
+        self._prefetch, self._on_error, self._epochs = prefetch, on_error, epochs
         self._rank, self._world_size = rank, world_size
         self._stream: JobStream | RemoteStream | None = None
         self._state: dict[str, Any] | None = None
@@ -118,6 +121,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 image_size=self._image_size,
                 prefetch=self._prefetch,
                 on_error=self._on_error,
+                epochs=self._epochs,
                 rank=self._rank,
                 world_size=self._world_size,
             )

@@ -10,11 +10,22 @@ tabloader works without it (``pip install 'tabloader[ray]'``).
 Jobs come from the catalog (the actor opens it for the moment it reads a job's bitmap) or, when
 the catalog is open elsewhere (the catalog allows one opener), with their ids as serialized
 bitmaps.
+
+Checkpoint: the actor writes the leader's ``state_dict()`` to ``leader-state.json`` in the
+catalog's private service directory after every change a node relies on (acknowledgements,
+ranks joining and leaving, nodes leaving), atomically; Ray restarts a dead leader
+(``max_restarts``) and the new one resumes from that file, owing each job exactly the rows
+not acknowledged (the nodes' side: :mod:`tabloader.cluster.node`). :func:`start_cluster`
+removes the file of an earlier cluster's leader before starting a new one.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +35,17 @@ from pyroaring import BitMap
 
 from tabloader.cluster.leader import Leader, WorkList
 
-__all__ = ["NAMESPACE", "LeaderActor", "get_leader", "leader_name", "start_leader"]
+__all__ = [
+    "NAMESPACE",
+    "Cluster",
+    "LeaderActor",
+    "checkpoint_path",
+    "get_leader",
+    "leader_name",
+    "start_leader",
+]
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "tabloader"
 """The Ray namespace of the leader actors (named actors are found within a namespace)."""
@@ -41,7 +62,53 @@ class LeaderActor:
 
     def __init__(self, catalog: str, options: dict[str, Any]) -> None:
         self.catalog = catalog
-        self.leader = Leader(**options)
+        self.path = checkpoint_path(catalog)
+        if self.path.exists():
+            self.leader = Leader.from_state_dict(_decode(json.loads(self.path.read_text())))
+            logger.warning(
+                "leader of %s restarted from its checkpoint (generation %d)",
+                catalog,
+                self.leader.generation,
+            )
+        else:
+            self.leader = Leader(**options)
+        self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_encode(self.leader.state_dict())))
+        os.replace(tmp, self.path)
+
+    def join(self, name: str, *, ids: bytes, **kw: Any) -> bool:
+        """A rank joins (:meth:`Leader.join`; ``ids``: the job's serialized bitmap)."""
+        done = self.leader.join(name, ids=BitMap.deserialize(ids), **kw)
+        self._save()
+        return done
+
+    def leave(self, name: str, **kw: Any) -> None:
+        """A rank leaves (:meth:`Leader.leave`)."""
+        self.leader.leave(name, **kw)
+        self._save()
+
+    def remove_node(self, node: str, reason: str = "") -> list[str]:
+        """A node left the cluster (:meth:`Leader.remove_node`)."""
+        gone = self.leader.remove_node(node, reason)
+        self._save()
+        return gone
+
+    def poll(
+        self, node: str, stats: dict[str, Any] | None = None
+    ) -> tuple[list[WorkList], dict[str, str]]:
+        """A node's new work lists and the jobs gone (:meth:`Leader.poll`)."""
+        return self.leader.poll(node, stats)
+
+    def acked(self, node: str) -> dict[tuple[str, int, int], int]:
+        """Rows acknowledged per (job, rank, epoch) on ``node`` (:meth:`Leader.acked`)."""
+        return self.leader.acked(node)
+
+    def status(self) -> dict[str, Any]:
+        """Jobs, ranks and each node's counters (:meth:`Leader.status`)."""
+        return self.leader.status()
 
     def add_job(
         self,
@@ -81,8 +148,9 @@ class LeaderActor:
         return self.leader.work(node)
 
     def ack(self, node: str, seq: int) -> None:
-        """``node`` delivered its lists up to ``seq``."""
+        """``node`` delivered its lists up to ``seq`` (checkpointed before it returns)."""
         self.leader.ack(node, seq)
+        self._save()
 
     def state_dict(self) -> dict[str, Any]:
         """The leader's checkpoint (see :meth:`Leader.state_dict`)."""
@@ -91,6 +159,35 @@ class LeaderActor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the leader by one restored from ``state`` (the next generation)."""
         self.leader = Leader.from_state_dict(state)
+        self._save()
+
+
+def checkpoint_path(catalog: str | os.PathLike[str]) -> Path:
+    """Where the leader of ``catalog`` checkpoints its state."""
+    from tabloader.service.protocol import runtime_dir
+
+    return runtime_dir(Path(catalog).expanduser().resolve()) / "leader-state.json"
+
+
+def _encode(value: Any) -> Any:
+    """``value`` with its bytes as ``{"b64": ...}`` (JSON has no bytes)."""
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"b64"}:
+            return base64.b64decode(value["b64"])
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
 
 
 def start_leader(
@@ -117,6 +214,7 @@ def start_leader(
         name=leader_name(path),
         namespace=NAMESPACE,
         get_if_exists=True,
+        max_restarts=-1,  # a dead leader comes back from its checkpoint
         num_cpus=0,
         resources=resources or {},
     ).remote(path, options)
@@ -132,3 +230,99 @@ def get_leader(catalog: str | os.PathLike[str]) -> Any:
     import ray
 
     return ray.get_actor(leader_name(catalog), namespace=NAMESPACE)
+
+
+class Cluster:
+    """``tabloader serve --ray``: the leader of a catalog and one loader per alive node.
+
+    Args:
+        catalog: the catalog directory (the same path on every node).
+        leader_options: :class:`Leader` options.
+        **service: each node's ``Service`` options (``cache_bytes``, ``workers``).
+
+    Call :meth:`sync` now and then (``serve --ray`` does, every second): it starts a loader on
+    each node that joined and takes the nodes that left off the leader (their jobs with them).
+    """
+
+    def __init__(
+        self,
+        catalog: str | os.PathLike[str],
+        *,
+        leader_options: dict[str, Any] | None = None,
+        **service: Any,
+    ) -> None:
+        self.root = str(Path(catalog).expanduser().resolve())
+        stale = checkpoint_path(self.root)
+        if stale.exists():  # an earlier cluster's: its ranks and nodes are gone
+            logger.info("removing the checkpoint of an earlier leader, %s", stale)
+            stale.unlink()
+        self.leader = start_leader(self.root, **(leader_options or {}))
+        self.service = service
+        self.loaders: dict[str, Any] = {}  # node id -> its NodeLoader actor
+        self.sync()
+
+    def sync(self) -> None:
+        """Start loaders on new nodes; take the nodes that left off the leader."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from tabloader.cluster.node import NodeLoader, loader_name
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
+        for node in sorted(alive - set(self.loaders)):
+            self.loaders[node] = (
+                ray.remote(NodeLoader)
+                .options(
+                    name=loader_name(self.root, node),
+                    namespace=NAMESPACE,
+                    get_if_exists=True,
+                    num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                )
+                .remote(self.root, self.service)
+            )
+        for node in sorted(set(self.loaders) - alive):
+            del self.loaders[node]
+            gone = ray.get(self.leader.remove_node.remote(node))
+            logger.warning("node %s left the cluster; jobs taken off: %s", node, gone or "none")
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, dict[str, Any]]:
+        """Each node's loader ``info()`` once all have started."""
+        import ray
+
+        nodes = list(self.loaders)
+        infos = ray.get([self.loaders[n].info.remote() for n in nodes], timeout=timeout)
+        return dict(zip(nodes, infos, strict=True))
+
+    def status(self) -> dict[str, Any]:
+        """The leader's status with cluster totals (``"decodes"``, ``"reads"``: integers)."""
+        import ray
+
+        status: dict[str, Any] = ray.get(self.leader.status.remote(), timeout=60)
+        return with_totals(status)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop every node's loader and the leader."""
+        import ray
+
+        stops = [a.stop.remote() for a in self.loaders.values()]
+        deadline = time.monotonic() + timeout
+        for ref in stops:
+            try:
+                ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
+            except Exception as exc:  # a node that died meanwhile
+                logger.warning("a node loader did not stop cleanly: %s", exc)
+        for actor in [*self.loaders.values(), self.leader]:
+            ray.kill(actor, no_restart=True)
+        self.loaders.clear()
+        checkpoint_path(self.root).unlink(missing_ok=True)
+
+
+def with_totals(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` plus the cluster's total ``reads`` and ``decodes`` over its nodes."""
+    nodes = status.get("nodes", {})
+    return {
+        **status,
+        "reads": int(sum(n.get("reads", 0) for n in nodes.values())),
+        "decodes": int(sum(n.get("decodes", 0) for n in nodes.values())),
+    }

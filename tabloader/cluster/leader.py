@@ -20,6 +20,14 @@ still sees each row once per epoch, and its ranks still end the epoch with equal
 handed out and not acknowledged are sampled again, so a node's loader must drop the lists it
 had not acknowledged when the leader restarts (the lists carry the leader's ``generation``).
 Rounds never straddle an epoch: a job's rows of one step all belong to one epoch.
+
+Membership (what the node loaders report): each rank joins (:meth:`join`) from its node and the
+job starts once all its ranks have joined (DDP's rendezvous). A rank that leaves (:meth:`leave`)
+normally loses its share (as a local rank does); one that failed takes its job off the leader,
+and the job is listed as *gone* (:meth:`poll`) so that its other ranks, on every node, fail
+with the reason instead of waiting. A node that leaves the cluster (:meth:`remove_node`) takes
+the jobs with a rank on it; the others go on. :meth:`acked` lets a node that lost an
+acknowledgement's answer (the leader restarted) tell whether it took effect.
 """
 
 from __future__ import annotations
@@ -103,6 +111,17 @@ class _Job:
     later: list[_EpochPart] = field(default_factory=list)  # restored epochs after ``epoch``
 
 
+@dataclass
+class _Pending:
+    """A job whose ranks are joining: the node of each rank joined so far."""
+
+    world_size: int
+    batch_size: int
+    ids: BitMap
+    dataset: str
+    nodes: dict[int, str] = field(default_factory=dict)
+
+
 class Leader:
     """Samples for every job, places rows on nodes and hands each node its work lists.
 
@@ -150,6 +169,10 @@ class Leader:
         self._fetched: dict[str, int] = {}  # node -> highest seq handed out
         self._seq = 0
         self._round = 0
+        self._pending: dict[str, _Pending] = {}  # jobs waiting for ranks to join
+        self._left: dict[str, set[int]] = {}  # active job -> ranks that left normally
+        self._gone: dict[str, str] = {}  # jobs taken off because a rank or node failed
+        self._node_stats: dict[str, dict[str, Any]] = {}  # node -> its loader's counters
 
     # ------------------------------------------------------------------ jobs
     def add_job(
@@ -236,6 +259,7 @@ class Leader:
         self._samplers[job.group].remove_job(name)
         self._placers[job.group].remove_job(name)
         del self._jobs[name]
+        self._left.pop(name, None)
         for node, lists in self._lists.items():
             self._lists[node] = [
                 WorkList(w.node, w.seq, w.generation, tuple(a for a in w.items if a.job != name))
@@ -260,6 +284,134 @@ class Leader:
             known = ", ".join(repr(j) for j in self._jobs) or "none"
             raise SamplingError(f"Unknown job {name!r} on the leader; jobs: {known}.")
         return job
+
+    # ------------------------------------------------------------------ membership
+    def join(
+        self,
+        name: str,
+        *,
+        rank: int,
+        world_size: int,
+        node: str,
+        batch_size: int,
+        ids: BitMap,
+        dataset: str = "",
+    ) -> bool:
+        """Rank ``rank`` of job ``name`` reads on ``node``; True once every rank has joined
+        (the job is then sampled, :meth:`add_job`).
+
+        Raises:
+            SamplingError: the rank joined already, or the ranks disagree (world size, batch
+                size, rows).
+        """
+        if name in self._jobs:
+            raise SamplingError(
+                f"Job {name!r} runs on the cluster already (all {len(self._jobs[name].nodes)} "
+                f"ranks joined); rank {rank} cannot join it again: stop every rank and start "
+                "them all again."
+            )
+        self._gone.pop(name, None)
+        pending = self._pending.setdefault(
+            name, _Pending(world_size, batch_size, BitMap(ids), dataset)
+        )
+        theirs = (world_size, batch_size, BitMap(ids))
+        if theirs != (pending.world_size, pending.batch_size, pending.ids):
+            raise SamplingError(
+                f"Rank {rank} of job {name!r} joined with world_size={world_size}, "
+                f"batch_size={batch_size} and {len(ids)} rows, its other ranks with "
+                f"{pending.world_size}, {pending.batch_size} and {len(pending.ids)}: every "
+                "rank must open the job the same way."
+            )
+        if not 0 <= rank < world_size or rank in pending.nodes:
+            raise SamplingError(
+                f"Rank {rank} of job {name!r} (world_size {world_size}) joined already or is "
+                "out of range; give each rank its own RANK in 0..WORLD_SIZE-1."
+            )
+        pending.nodes[rank] = node
+        if len(pending.nodes) < world_size:
+            return False
+        del self._pending[name]
+        nodes = [pending.nodes[r] for r in range(world_size)]
+        self.add_job(name, pending.ids, nodes=nodes, batch_size=batch_size, dataset=dataset)
+        self._left[name] = set()
+        return True
+
+    def leave(self, name: str, *, rank: int, failed: bool = False, reason: str = "") -> None:
+        """Rank ``rank`` of ``name`` is gone: normally (its share of the epoch is dropped; the
+        job ends with its last rank) or ``failed`` (the job leaves and its other ranks fail
+        with ``reason``). Unknown jobs are ignored (the job ended already)."""
+        pending = self._pending.get(name)
+        if pending is not None:
+            pending.nodes.pop(rank, None)
+            if failed or not pending.nodes:
+                del self._pending[name]
+            if failed:
+                self._gone[name] = reason or f"rank {rank} of job {name!r} failed"
+            return
+        if name not in self._jobs:
+            return
+        if failed:
+            self._gone[name] = reason or f"rank {rank} of job {name!r} failed"
+            self.remove_job(name)
+            return
+        left = self._left.setdefault(name, set())
+        left.add(rank)
+        if len(left) >= len(self._jobs[name].nodes):
+            self.remove_job(name)
+
+    def remove_node(self, node: str, reason: str = "") -> list[str]:
+        """``node`` left the cluster: every job with a rank on it leaves (listed as gone with
+        ``reason``); the others go on. Returns the jobs taken off."""
+        why = reason or f"node {node} left the cluster"
+        names = [n for n, j in self._jobs.items() if node in j.nodes]
+        names += [n for n, p in self._pending.items() if node in p.nodes.values()]
+        for name in names:
+            self.leave(name, rank=-1, failed=True, reason=why)
+        self._lists.pop(node, None)
+        self._fetched.pop(node, None)
+        self._node_stats.pop(node, None)
+        return names
+
+    def poll(
+        self, node: str, stats: dict[str, Any] | None = None
+    ) -> tuple[list[WorkList], dict[str, str]]:
+        """What a node's loader asks, in one call: its new work lists (:meth:`work`; none if
+        no job has a rank on it yet) and the jobs gone with their reasons. ``stats``: the
+        node's loader counters, kept for :meth:`status`."""
+        if stats is not None:
+            self._node_stats[node] = stats
+        lists = self.work(node) if node in self._lists else []
+        return lists, dict(self._gone)
+
+    def acked(self, node: str) -> dict[tuple[str, int, int], int]:
+        """Rows acknowledged per ``(job, rank, epoch)`` for the ranks on ``node``."""
+        out = {}
+        for job in self._jobs.values():
+            for epoch, counts in job.done.items():
+                for rank, n in enumerate(job.nodes):
+                    if n == node:
+                        out[(job.name, rank, epoch)] = int(counts[rank])
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """Jobs (epoch, ranks and their nodes), jobs waiting for ranks, jobs gone, and each
+        node's loader counters as it last reported them."""
+        return {
+            "generation": self.generation,
+            "jobs": [
+                {
+                    "job": j.name,
+                    "dataset": j.group,
+                    "epoch": j.epoch,
+                    "ranks": list(j.nodes),
+                    "left": sorted(self._left.get(j.name, ())),
+                }
+                for j in self._jobs.values()
+            ],
+            "pending": {n: len(p.nodes) for n, p in self._pending.items()},
+            "gone": dict(self._gone),
+            "nodes": dict(self._node_stats),
+        }
 
     # ------------------------------------------------------------------ rounds
     def step(self) -> bool:
@@ -395,6 +547,7 @@ class Leader:
                     "dataset": job.group,
                     "nodes": list(job.nodes),
                     "batch_size": job.batch_size,
+                    "left": sorted(self._left.get(job.name, ())),
                     "ids": job.ids.serialize(),
                     # the epoch that starts next when no epoch is owed
                     "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
@@ -412,6 +565,7 @@ class Leader:
             "lookahead": self.lookahead,
             "round_rows": self.round_rows,
             "slack": self.slack,
+            "gone": dict(self._gone),
             "jobs": jobs,
         }
 
@@ -448,4 +602,6 @@ class Leader:
                 parts=parts,
                 epoch=int(j["epoch"]),
             )
+            leader._left[j["name"]] = set(j.get("left", ()))
+        leader._gone = dict(state.get("gone", {}))
         return leader

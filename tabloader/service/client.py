@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from catalog.catalog import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError
+from tabloader.cluster.node import find_service, service_error
 from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
 from tabloader.service.protocol import Client, runtime_dir
@@ -95,6 +96,18 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             time.sleep(0.05)
 
 
+def _node_client(root: Path, node: str) -> Client:
+    """A connection to the loader of Ray node ``node``, waiting while it starts."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            return Client(root, node=node)
+        except ServiceError:
+            if time.monotonic() > deadline:
+                raise service_error(node, root) from None
+            time.sleep(0.1)
+
+
 @dataclass
 class Copies:
     """Image payload bytes copied to deliver batches, counted (``tabloader bench e2e`` reads it).
@@ -112,6 +125,10 @@ class Copies:
 class RemoteLoader:
     """The loader service of catalog ``root``, from this process.
 
+    In a Ray worker of a cluster whose leader serves the catalog (``tabloader serve --ray``),
+    the service is the loader of the worker's node (:mod:`tabloader.cluster.node`; ``node``
+    is then its id), which is never started from here.
+
     Args:
         root: the catalog directory.
         start: start a service in the background if none runs.
@@ -119,7 +136,12 @@ class RemoteLoader:
 
     def __init__(self, root: str | os.PathLike[str], *, start: bool = True) -> None:
         self.root = Path(root).absolute()
-        self._ctl = connect(self.root, start=start)
+        self.node = find_service(self.root)  # a Ray worker's node, when a cluster serves it
+        self._ctl = (
+            connect(self.root, start=start)
+            if self.node is None
+            else _node_client(self.root, self.node)
+        )
         hello = self._ctl.call("hello")
         self.service_pid = int(hello["pid"])
         self._segment = Segment(hello["segment"], int(hello["size"]), create=False, readonly=True)
@@ -138,7 +160,7 @@ class RemoteLoader:
         options["rank"], options["world_size"] = _check_rank(
             options.get("rank"), options.get("world_size")
         )
-        conn = Client(self.root)
+        conn = Client(self.root, node=self.node)
         try:
             if "image_size" in options and isinstance(options["image_size"], tuple):
                 options["image_size"] = list(options["image_size"])

@@ -79,33 +79,38 @@ _ACCEPT_RETRY = {errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, 
 _CHALLENGE, _WELCOME, _FAILURE = b"#TABLOADER-CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 
 
-def runtime_dir(catalog_root: Path) -> Path:
+def runtime_dir(catalog_root: Path, node: str | None = None) -> Path:
     """Return the service's private directory for a catalog, creating it (mode 0700).
 
     ``<catalog_root>/.service``, or ``/tmp/tabloader-<uid>/<sha256(root)[:16]>`` when a socket
-    path in the former would pass the AF_UNIX length limit.
+    path in the former would pass the AF_UNIX length limit. The loader of Ray node ``node``
+    (:mod:`tabloader.cluster.node`) has ``node-<id>`` in there: the nodes of a cluster (and of
+    a cluster simulated on one machine) share the catalog directory.
 
     Raises:
         ServiceError: the directory exists but is not ours alone (owner, mode, not a directory).
     """
     root = Path(catalog_root).resolve()
     path = root / ".service"
-    if len(os.fsencode(path / "sock")) > _SOCKET_PATH_MAX:
+    if len(os.fsencode(path / "node-0123456789abcdef" / "sock")) > _SOCKET_PATH_MAX:
         base = Path("/tmp") / f"tabloader-{os.getuid()}"
         _make_private_dir(base)
         path = base / hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
     _make_private_dir(path)
+    if node is not None:
+        path = path / f"node-{node[:16]}"
+        _make_private_dir(path)
     return path
 
 
-def socket_path(catalog_root: Path) -> Path:
+def socket_path(catalog_root: Path, node: str | None = None) -> Path:
     """Return the path of the service's Unix socket for a catalog."""
-    return runtime_dir(catalog_root) / "sock"
+    return runtime_dir(catalog_root, node) / "sock"
 
 
-def key_path(catalog_root: Path) -> Path:
+def key_path(catalog_root: Path, node: str | None = None) -> Path:
     """Return the path of the service's authentication key (32 bytes, mode 0600)."""
-    return runtime_dir(catalog_root) / "authkey"
+    return runtime_dir(catalog_root, node) / "authkey"
 
 
 @dataclass(frozen=True)
@@ -141,14 +146,21 @@ class Listener:
     Args:
         catalog_root: the catalog this service owns.
         handler: makes the handler of each new session.
+        node: the Ray node whose loader this is (None: the catalog's local service).
 
     Raises:
         ServiceError: a service already runs for the catalog, or the runtime dir is not private.
     """
 
-    def __init__(self, catalog_root: Path, handler: Callable[[Session], Handler]) -> None:
+    def __init__(
+        self,
+        catalog_root: Path,
+        handler: Callable[[Session], Handler],
+        *,
+        node: str | None = None,
+    ) -> None:
         self._root, self._factory = Path(catalog_root), handler
-        directory = runtime_dir(self._root)
+        directory = runtime_dir(self._root, node)
         self._sock_path, self._key_path = directory / "sock", directory / "authkey"
         self._lock = threading.Lock()
         self._conns: set[_Conn] = set()
@@ -361,15 +373,18 @@ class Client:
     Args:
         catalog_root: the catalog whose service to connect to.
         timeout: seconds allowed to connect and authenticate (a call has no timeout).
+        node: connect to the loader of this Ray node (None: the catalog's local service).
 
     Raises:
         ServiceError: no service runs for the catalog, or it refused the key.
     """
 
-    def __init__(self, catalog_root: Path, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, catalog_root: Path, *, timeout: float = 5.0, node: str | None = None
+    ) -> None:
         self._root = Path(catalog_root)
         self._call_lock, self._sock_lock = threading.Lock(), threading.Lock()
-        path, key_file = socket_path(self._root), key_path(self._root)
+        path, key_file = socket_path(self._root, node), key_path(self._root, node)
         none = (
             f"no tabloader service runs for catalog {self._root}; "
             f"start one with `tabloader --catalog {self._root} serve`"

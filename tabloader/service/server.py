@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,7 @@ import catalog
 from catalog.bitmaps import ID_COLUMN
 from catalog.catalog import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
+from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
 from tabloader.service.protocol import Listener, Session
 from tabloader.stream import JobStream
@@ -57,6 +58,9 @@ class Service:
         workers: decode processes and reader threads.
         idle_exit: stop this many seconds after the last client left (None: never); what a
             service started in the background by a client uses.
+        node, leader: the Ray node this service is the loader of, and the cluster leader's
+            actor handle (:mod:`tabloader.cluster.node`): every job is then fed by the leader,
+            and the catalog is opened only for the moment of a lookup.
 
     Raises:
         ServiceError: a service already runs for the catalog.
@@ -70,15 +74,23 @@ class Service:
         cache_bytes: int = 1 << 30,
         workers: int | None = None,
         idle_exit: float | None = None,
+        node: str | None = None,
+        leader: Any = None,
     ) -> None:
         self.root = Path(root).absolute()
+        self.node = node
         self.idle_exit = idle_exit
         self._stop = threading.Event()
         self.lock = threading.RLock()  # the catalog: one statement or open at a time
         self._tickets = itertools.count()
-        self.listener = Listener(self.root, lambda session: _Handler(self, session))
+        self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
+        self.feed: NodeFeed | None = None
         try:
-            self.catalog = catalog.connect(self.root)
+            self.catalog = (
+                catalog.connect(self.root)
+                if leader is None
+                else cast("catalog.Catalog", SnapshotCatalog(self.root))
+            )
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -113,6 +125,8 @@ class Service:
         self.blocks_lock = threading.Lock()
         segment = self.loader._segment
         self.segment = None if segment is None else (segment.name, segment.size)
+        if leader is not None and node is not None:
+            self.feed = NodeFeed(leader, node, lambda: node_stats(self))
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
@@ -141,6 +155,8 @@ class Service:
         """Close every connection, the engine (its processes and shared memory), the catalog."""
         self._stop.set()
         self.listener.close()
+        if self.feed is not None:
+            self.feed.close()
         self.loader.close()
         self.catalog.close()
 
@@ -159,6 +175,8 @@ class _Handler:
         self.out: dict[int, tuple[list[np.ndarray], int, int]] = {}
         self.lock = threading.Lock()
         self.closed = False
+        self.joined: tuple[str, int] | None = None  # a fed job: (job, rank) on the leader
+        self.left = False  # the client asked to leave (else its connection dropped)
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
@@ -217,8 +235,21 @@ class _Handler:
             kw["image_size"] = tuple(kw["image_size"])
         if "rank" not in kw and "world_size" not in kw:  # the client's, never this process's
             kw["rank"], kw["world_size"] = 0, 1  # RANK/WORLD_SIZE (it may have started us)
+        feed = self.service.feed
         with self.service.lock:
-            stream = self.service.loader.open(_string(msg, "job"), remote=True, **kw)
+            if feed is None:
+                stream = self.service.loader.open(_string(msg, "job"), remote=True, **kw)
+            else:
+                info = self.service.catalog.job(_string(msg, "job"))
+                stream = self.service.loader.open(info, remote=True, fed=True, **kw)
+        if feed is not None:
+            rank, world_size = int(kw["rank"]), int(kw["world_size"])
+            try:
+                feed.join(stream, info, rank=rank, world_size=world_size)
+            except BaseException:
+                stream.close()
+                raise
+            self.joined = (info.name, rank)
         with self.lock:
             if self.closed:  # the client left while we opened
                 stream.close()
@@ -247,6 +278,7 @@ class _Handler:
         return {"state": _state_out(self._stream().state_dict())}
 
     def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.left = True
         self.close()
         return {}
 
@@ -360,8 +392,22 @@ class _Handler:
             stream = self.stream
             tickets = list(self.out)
         if stream is not None:
+            finished = stream._rank.finished()
             stream.close()  # a take() waiting in handle() returns (raises: closed)
             logger.info("client pid %d left job %s", self.session.pid, stream.name)
+            feed = self.service.feed
+            if feed is not None and self.joined is not None:
+                failed = not (self.left or finished)
+                job, rank = self.joined
+                feed.leave(
+                    job,
+                    rank,
+                    failed=failed,
+                    reason=f"rank {rank} (pid {self.session.pid}, node "
+                    f"{(self.service.node or '')[:16]}) died mid-run"
+                    if failed
+                    else "",
+                )
         self._release(tickets)
 
 

@@ -168,3 +168,75 @@ def test_errors():
         Leader.from_state_dict({"kind": "dependent"})
     with pytest.raises(SamplingError, match="lookahead"):
         Leader(lookahead=0)
+
+
+def test_job_starts_when_every_rank_joined():
+    leader = Leader(seed=0, lookahead=40, round_rows=20)
+    ids = BitMap(range(40))
+    assert not leader.join("a", rank=1, world_size=2, node="n1", batch_size=5, ids=ids)
+    assert leader.jobs() == []
+    assert leader.status()["pending"] == {"a": 1}
+    assert leader.poll("n1") == ([], {})  # no rows before every rank joined
+    assert leader.join("a", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+    assert leader._jobs["a"].nodes == ("n0", "n1")
+    lists, gone = leader.poll("n1", stats={"decodes": 3})
+    assert gone == {}
+    assert {a.rank for w in lists for a in w.items} == {1}
+    assert leader.status()["nodes"] == {"n1": {"decodes": 3}}
+    with pytest.raises(SamplingError, match="runs on the cluster already"):
+        leader.join("a", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+    leader.join("b", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+    with pytest.raises(SamplingError, match="the same way"):
+        leader.join("b", rank=1, world_size=3, node="n0", batch_size=5, ids=ids)
+    with pytest.raises(SamplingError, match="joined already or is out of range"):
+        leader.join("b", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+
+
+def test_failed_rank_takes_its_job_off_and_is_listed_gone():
+    leader = make_leader(lookahead=100, round_rows=30)
+    leader.leave("a", rank=1, failed=True, reason="rank 1 died")
+    assert "a" not in leader.jobs()
+    lists, gone = leader.poll("n0")
+    assert gone == {"a": "rank 1 died"}
+    assert all(a.job != "a" for w in lists for a in w.items)
+    # a job that joins again under that name is no longer gone
+    leader.join("a", rank=0, world_size=1, node="n0", batch_size=4, ids=BitMap(range(8)))
+    assert leader.poll("n0")[1] == {}
+
+
+def test_ranks_leaving_normally_end_the_job_with_the_last():
+    leader = make_leader(lookahead=100, round_rows=30)
+    leader.leave("c", rank=0)
+    leader.leave("c", rank=2)
+    assert "c" in leader.jobs()
+    leader.leave("c", rank=1)
+    assert "c" not in leader.jobs()
+    assert leader.poll("n0")[1] == {}
+    leader.leave("nope", rank=0)  # a job that ended already: nothing to do
+
+
+def test_node_leaving_takes_only_its_jobs():
+    leader = make_leader(lookahead=100, round_rows=30)
+    leader.add_job("solo", BitMap(range(50)), nodes=["n2"], batch_size=5, dataset="imgs@1")
+    assert sorted(leader.remove_node("n2")) == ["solo"]
+    assert leader.jobs() == ["a", "b", "c", "t"]
+    lists, gone = leader.poll("n0")
+    assert gone == {"solo": "node n2 left the cluster"}
+    assert sum(w.num_rows for w in lists) > 0  # the others go on
+
+
+def test_acked_counts_per_rank_survive_a_restore():
+    leader = make_leader(lookahead=100, round_rows=30)
+    lists = leader.work("n0")
+    leader.ack("n0", lists[-1].seq)
+    counts = leader.acked("n0")
+    expect: dict = {}
+    for w in lists:
+        for a in w.items:
+            key = (a.job, a.rank, a.epoch)
+            expect[key] = expect.get(key, 0) + a.rows.size
+    assert {k: v for k, v in counts.items() if v} == expect
+    leader.leave("c", rank=0)
+    restored = Leader.from_state_dict(pickle.loads(pickle.dumps(leader.state_dict())))
+    assert {k: v for k, v in restored.acked("n0").items() if v} == expect
+    assert restored._left["c"] == {0}

@@ -97,3 +97,87 @@ def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
     state = ray.get(leader.state_dict.remote(), timeout=TIMEOUT)
     assert {j["name"] for j in state["jobs"]} == {"a", "b"}
     assert leader_name(catalog).startswith("tabloader-leader-")
+
+
+def image_catalog(root, folder):
+    """A catalog of the generated JPEGs with two overlapping jobs (closed on return)."""
+    import catalog
+
+    with catalog.connect(root, create=True) as cat:
+        cat.import_imagefolder("imgs", folder)
+        opts = {"image_size": 32, "batch_size": 4}
+        cat.register_job("a", "imgs", columns=["image", "label"], where="label < 3", options=opts)
+        cat.register_job("b", "imgs", columns=["image", "label"], where="label >= 1", options=opts)
+        return {name: set(cat.job(name).ids) for name in ("a", "b")}
+
+
+@ray.remote(num_cpus=0)
+def read_epoch(root, job, rank, world_size):
+    """A rank on its node: plain training code, RANK/WORLD_SIZE in its environment."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    from tabloader.torch import JobDataset
+
+    ds = JobDataset(job, catalog=root, epochs=1)
+    ids = [int(i) for batch in ds for i in batch["_id"]]
+    ds.close()
+    return ray.get_runtime_context().get_node_id(), ids
+
+
+def node_ids():
+    @ray.remote(num_cpus=0)
+    def node_id():
+        return ray.get_runtime_context().get_node_id()
+
+    return [
+        ray.get(node_id.options(resources={f"node{i}": 0.01}).remote(), timeout=TIMEOUT)
+        for i in range(2)
+    ]
+
+
+def on(i):
+    return {"resources": {f"node{i}": 0.01}}
+
+
+def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
+    two_nodes, tmp_path, image_folder
+):
+    from tabloader.cluster.actor import Cluster
+
+    root = str(tmp_path / "cat")
+    sets = image_catalog(root, image_folder)
+    nodes = node_ids()
+    cluster = Cluster(root, leader_options={"lookahead": 32, "round_rows": 16}, workers=1)
+    try:
+        infos = cluster.wait_ready(timeout=TIMEOUT)
+        assert set(infos) == set(nodes)
+        refs = {
+            (job, r): read_epoch.options(**on(r)).remote(root, job, r, 2)
+            for job in ("a", "b")
+            for r in range(2)
+        }
+        got = {k: ray.get(ref, timeout=TIMEOUT) for k, ref in refs.items()}
+        for job in ("a", "b"):
+            parts = [got[(job, r)][1] for r in range(2)]
+            assert got[(job, 0)][0] == nodes[0]
+            assert got[(job, 1)][0] == nodes[1]
+            quota = len(sets[job]) // (4 * 2) * 4
+            assert [len(p) for p in parts] == [quota, quota], job  # equal rows per rank
+            rows = parts[0] + parts[1]
+            assert len(set(rows)) == len(rows)  # exactly once across its ranks
+            assert set(rows) <= sets[job]
+            assert len(sets[job]) - len(rows) < 4 * 2
+        for i, node in enumerate(nodes):
+            needed = set(got[("a", i)][1]) | set(got[("b", i)][1])
+            stats = ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)
+            assert len(needed) <= stats["decodes"] <= 1.05 * len(needed), (i, stats)
+        # the shared rows were mostly read on one node for both jobs
+        both = sets["a"] & sets["b"]
+        where = {x: {i for i in range(2) for j in "ab" if x in got[(j, i)][1]} for x in both}
+        read = [w for w in where.values() if w]
+        assert sum(len(w) == 1 for w in read) >= 0.8 * len(read)
+        status = cluster.status()
+        assert isinstance(status["decodes"], int)
+        assert status["decodes"] > 0
+        assert set(status["nodes"]) <= set(nodes)
+    finally:
+        cluster.close()

@@ -1,0 +1,378 @@
+"""A node's loader on a Ray cluster: the loader service of the node, fed by the leader.
+
+Each node runs one :class:`NodeLoader` Ray actor (pinned to it with node affinity). It runs the
+loader service (:mod:`tabloader.service.server`: the engine, its shared-memory arena and the
+Unix socket) for the catalog, in a runtime directory of its own node
+(``<catalog>/.service/node-<id>``), so the ranks and trials on the node read from it through
+shared memory exactly as from a local service; payload never crosses Ray or the network, and
+each node reads the catalog's storage itself.
+
+What differs from a local service is where rows come from: every job opened on a node is
+*fed*. When a rank opens its job, the node registers it with the leader (:meth:`Leader.join`)
+and opens it in its engine as a job of its own (``Loader.open(fed=True)``); a :class:`NodeFeed`
+thread polls the leader for the node's work lists while some fed rank has fewer rows ahead than
+its horizon, acknowledges them, and queues each rank's rows with the leader's rounds (the arena
+evicts by next use). Acknowledge first, queue after: the leader checkpoints on every ack, so a
+restarted leader never hands a node the rows it queued. If the ack's answer is lost (the leader
+died), the node asks the restarted leader which ``(job, rank, epoch)`` counts it recorded
+(:meth:`Leader.acked`) and queues the lists it had whose ack took effect, dropping the others,
+which the restored leader owes again: each rank still sees each of its rows once per epoch.
+
+A rank that leaves normally (its stream closed, or all its epochs read) leaves the leader's
+job with its share (as a local rank does); a rank whose process dies mid-run fails its job on
+the leader, and its ranks on every node raise that reason once they would wait for rows. The
+catalog is opened only for the moment of a lookup (:class:`SnapshotCatalog`): many nodes and
+the leader read one catalog, which allows one opener at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+import catalog
+from catalog.errors import CatalogLockedError, LoaderError, ServiceError
+
+if TYPE_CHECKING:
+    from catalog import Catalog, Dataset, Job
+    from tabloader.cluster.leader import WorkList
+    from tabloader.scheduler import DatasetScheduler, JobState
+    from tabloader.service.server import Service
+    from tabloader.stream import JobStream
+
+__all__ = ["NodeFeed", "NodeLoader", "SnapshotCatalog", "loader_name", "node_key"]
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.02  # how often the feed asks the leader while a rank is hungry
+STATS_S = 1.0  # how often a node reports its counters (and learns of gone jobs) when idle
+LOCK_WAIT_S = 30.0  # how long a lookup waits for another opener of the catalog
+LEADER_WAIT_S = 60.0  # how long a node waits for a restarted leader
+
+
+def node_key(node: str) -> str:
+    """The short form of a Ray node id used in paths and actor names."""
+    return node[:16]
+
+
+def loader_name(catalog_root: str | os.PathLike[str], node: str) -> str:
+    """The actor name of ``node``'s loader for the catalog."""
+    from tabloader.cluster.actor import leader_name
+
+    return f"{leader_name(catalog_root).replace('leader', 'loader')}-{node_key(node)}"
+
+
+class SnapshotCatalog:
+    """The catalog's jobs and datasets, each read by opening the catalog for that moment.
+
+    Quacks like the part of :class:`~catalog.Catalog` a ``Loader`` and a service use (``job``,
+    ``dataset``, ``sql``, ``exists``, ``root``, ``close``), so that every node of a cluster and
+    the leader can read one catalog (a ``Catalog`` holds the catalog's single lock while open).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.exists = self._with(lambda c: c.exists)
+
+    def _with(self, fn: Callable[[Catalog], Any]) -> Any:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                with catalog.connect(self.root) as cat:
+                    return fn(cat)
+            except CatalogLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def job(self, name: str) -> Job:
+        """The job ``name`` (``Catalog.job``)."""
+        return cast("Job", self._with(lambda c: c.job(name)))
+
+    def dataset(self, name: str) -> Dataset:
+        """The dataset ``name`` (``Catalog.dataset``)."""
+        return cast("Dataset", self._with(lambda c: c.dataset(name)))
+
+    def sql(self, statement: str) -> Any:
+        """Run one statement (``Catalog.sql``)."""
+        return self._with(lambda c: c.sql(statement))
+
+    def import_source(self, *args: Any, **kwargs: Any) -> Any:
+        """Import (``Catalog.import_source``)."""
+        return self._with(lambda c: c.import_source(*args, **kwargs))
+
+    def close(self) -> None:
+        """Nothing is held open."""
+
+
+class NodeFeed:
+    """Feeds the fed jobs of one node's engine from the leader (see the module docstring).
+
+    Args:
+        leader: the leader actor's handle.
+        node: this node's Ray id.
+        stats: the node loader's counters, reported to the leader with each poll.
+    """
+
+    def __init__(self, leader: Any, node: str, stats: Callable[[], dict[str, Any]]) -> None:
+        self.leader = leader
+        self.node = node
+        self._stats = stats
+        self._lock = threading.Lock()
+        # (job, rank) -> the rank's scheduler and fed job here
+        self._ranks: dict[tuple[str, int], tuple[DatasetScheduler, JobState]] = {}
+        self._fed: dict[tuple[str, int, int], int] = {}  # rows queued per (job, rank, epoch)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tabloader-node-feed", daemon=True)
+        self._thread.start()
+
+    # -- ranks -------------------------------------------------------------------------------
+    def join(self, stream: JobStream, job: Job, *, rank: int, world_size: int) -> None:
+        """Rank ``rank`` of ``job`` opened ``stream`` (a fed stream) on this node."""
+        import ray
+
+        fed = stream._job
+        with self._lock:
+            self._ranks[(job.name, rank)] = (stream._scheduler, fed)
+        try:
+            ray.get(
+                self.leader.join.remote(
+                    job.name,
+                    rank=rank,
+                    world_size=world_size,
+                    node=self.node,
+                    batch_size=fed.batch_size,
+                    ids=job.ids.serialize(),
+                    dataset=f"{job.dataset}@{job.dataset_version}",
+                ),
+                timeout=LEADER_WAIT_S,
+            )
+        except BaseException:
+            with self._lock:
+                self._ranks.pop((job.name, rank), None)
+            raise
+
+    def leave(self, job: str, rank: int, *, failed: bool, reason: str = "") -> None:
+        """Rank ``rank`` of ``job`` left this node (``failed``: its process died mid-run)."""
+        with self._lock:
+            self._ranks.pop((job, rank), None)
+            for key in [k for k in self._fed if k[:2] == (job, rank)]:
+                del self._fed[key]
+        try:
+            self.leader.leave.remote(job, rank=rank, failed=failed, reason=reason)
+        except Exception:  # the leader is gone: the node's poll reports it
+            logger.exception("could not tell the leader that job %s rank %d left", job, rank)
+
+    # -- the feed thread -----------------------------------------------------------------------
+    def _hungry(self) -> bool:
+        with self._lock:
+            ranks = list(self._ranks.values())
+        return any(
+            not fed.closed and fed.q_rows.size + fed.in_flight() < fed.horizon for _, fed in ranks
+        )
+
+    def _run(self) -> None:
+        import ray
+
+        last = 0.0
+        while not self._stop.is_set():
+            hungry = self._hungry()
+            if not hungry and time.monotonic() - last < STATS_S:
+                self._stop.wait(POLL_S)
+                continue
+            last = time.monotonic()
+            stats = self._stats()
+            try:
+                lists, gone = ray.get(
+                    self.leader.poll.remote(self.node, stats), timeout=LEADER_WAIT_S
+                )
+                self._fail_gone(gone)
+                if lists:
+                    self._ack_and_feed(lists)
+                elif hungry:
+                    self._stop.wait(POLL_S)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                if self._stop.is_set():
+                    return
+                logger.warning("node %s: the leader did not answer (%s); retrying", self.node, exc)
+                if not self._wait_for_leader():
+                    self.error = exc
+                    self._fail_all(f"the cluster leader is gone ({exc})")
+                    return
+            except BaseException as exc:  # a bug here: every rank of the node must hear it
+                logger.exception("node %s: the feed from the leader failed", self.node)
+                self.error = exc
+                self._fail_all(f"the node's feed from the cluster leader failed ({exc!r})")
+                return
+
+    def _fail_gone(self, gone: dict[str, str]) -> None:
+        with self._lock:
+            hit = [(k, v) for k, v in self._ranks.items() if k[0] in gone]
+        for (name, _), (sched, fed) in hit:
+            sched.fail(fed, gone[name])
+
+    def _fail_all(self, reason: str) -> None:
+        with self._lock:
+            ranks = list(self._ranks.values())
+        for sched, fed in ranks:
+            sched.fail(fed, reason)
+
+    def _ack_and_feed(self, lists: list[WorkList]) -> None:
+        import ray
+
+        try:
+            ray.get(self.leader.ack.remote(self.node, lists[-1].seq), timeout=LEADER_WAIT_S)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            logger.warning("node %s: acknowledgement lost (%s); asking the leader", self.node, exc)
+            if not self._wait_for_leader():
+                raise
+            recorded = ray.get(self.leader.acked.remote(self.node), timeout=LEADER_WAIT_S)
+            lists = self._took_effect(lists, recorded)
+        for w in lists:
+            for item in w.items:
+                with self._lock:
+                    found = self._ranks.get((item.job, item.rank))
+                    key = (item.job, item.rank, item.epoch)
+                    self._fed[key] = self._fed.get(key, 0) + item.rows.size
+                if found is None:  # the rank left: its share is dropped
+                    continue
+                sched, fed = found
+                try:
+                    sched.feed(fed, item.epoch, item.rows.astype(np.int64), item.rounds)
+                except LoaderError as exc:
+                    sched.fail(fed, str(exc))
+
+    def _took_effect(
+        self, lists: list[WorkList], recorded: dict[tuple[str, int, int], int]
+    ) -> list[WorkList]:
+        """The items of ``lists`` that the (restarted) leader recorded as acknowledged."""
+        from tabloader.cluster.leader import WorkList
+
+        kept = []
+        with self._lock:
+            have = dict(self._fed)
+        for w in lists:
+            items = []
+            for item in w.items:
+                key = (item.job, item.rank, item.epoch)
+                if recorded.get(key, 0) >= have.get(key, 0) + item.rows.size:
+                    items.append(item)
+                    have[key] = have.get(key, 0) + item.rows.size
+            kept.append(WorkList(w.node, w.seq, w.generation, tuple(items)))
+        dropped = sum(w.num_rows for w in lists) - sum(w.num_rows for w in kept)
+        logger.info("node %s: %d rows the leader owes again were dropped", self.node, dropped)
+        return kept
+
+    def _wait_for_leader(self) -> bool:
+        """True once the leader answers again (Ray restarts it from its checkpoint)."""
+        import ray
+
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                ray.get(self.leader.jobs.remote(), timeout=5)
+                return True
+            except Exception:
+                self._stop.wait(0.5)
+        return False
+
+    def close(self) -> None:
+        """Stop polling."""
+        self._stop.set()
+        self._thread.join(timeout=LEADER_WAIT_S)
+
+
+class NodeLoader:
+    """The body of the per-node Ray actor: the node's loader service (module docstring).
+
+    Args:
+        catalog_root: the catalog directory (the same path on every node).
+        options: ``Service`` options (``cache_bytes``, ``workers``).
+    """
+
+    def __init__(self, catalog_root: str, options: dict[str, Any]) -> None:
+        import ray
+
+        from tabloader.cluster.actor import get_leader
+        from tabloader.service.server import Service
+
+        self.node = ray.get_runtime_context().get_node_id()
+        self.root = Path(catalog_root)
+        self.service: Service = Service(
+            self.root,
+            node=self.node,
+            leader=get_leader(self.root),
+            **options,
+        )
+        self._thread = threading.Thread(target=self.service.serve, daemon=True)
+        self._thread.start()
+
+    def info(self) -> dict[str, Any]:
+        """The node, the pid and the socket of its service."""
+        return {"node": self.node, "pid": os.getpid(), "socket": str(self.service.listener)}
+
+    def stats(self) -> dict[str, Any]:
+        """The node's loader counters."""
+        return node_stats(self.service)
+
+    def stop(self) -> None:
+        """Stop the service (its socket, processes and shared memory go)."""
+        self.service.stop()
+        self._thread.join(timeout=LEADER_WAIT_S)
+
+
+def node_stats(service: Service) -> dict[str, Any]:
+    """What a node reports of its loader: reads, decodes, cache, jobs (plain values)."""
+    s = service.loader.stats()
+    cache = s["cache"]
+    return {
+        "reads": s["reads"],
+        "decodes": s["decodes"],
+        "cache": {
+            "entries": cache.entries,
+            "hits": cache.hits,
+            "misses": cache.misses,
+            "evictions": cache.evictions,
+        },
+        "jobs": {
+            name: {k: j[k] for k in ("epoch", "rows", "batches", "wait_s") if k in j}
+            for name, j in s["jobs"].items()
+        },
+        "clients": service.listener.sessions,
+    }
+
+
+def find_service(catalog_root: Path) -> str | None:
+    """This process's node id if it runs in a Ray worker of a cluster whose leader serves
+    ``catalog_root`` (its ranks then read from the node's loader), else None."""
+    import sys
+
+    if "ray" not in sys.modules:  # never import Ray for a process that does not use it
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from tabloader.cluster.actor import get_leader
+
+    try:
+        get_leader(catalog_root)
+    except ValueError:
+        return None
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def service_error(node: str, root: Path) -> ServiceError:
+    """The error of a rank whose node has no loader."""
+    return ServiceError(
+        f"No tabloader loader runs on this Ray node ({node_key(node)}) for catalog {root}; "
+        f"`tabloader --catalog {root} serve --ray` starts one on every node."
+    )
