@@ -202,6 +202,11 @@ def _register_status(sub: Any) -> None:
         "status", help="the catalog's loader service: open jobs, reads, decodes, cache, stalls"
     )
     p.add_argument("--json", action="store_true", help="the counters as one JSON object")
+    _ray_argument(p, "the catalog's loaders on the Ray cluster at ADDRESS (default: auto)")
+
+
+def _ray_argument(p: Any, text: str) -> None:
+    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS", help=text)
 
 
 def _run_status(args: argparse.Namespace) -> int:
@@ -214,6 +219,8 @@ def _run_status(args: argparse.Namespace) -> int:
     root = _root(args)
     if not (root / DB_FILE).exists():
         raise not_a_catalog(root)
+    if args.ray is not None:
+        return _cluster_status(root, args)
     remote = _service(args)
     stats, pid = None, None
     if remote is not None:
@@ -247,6 +254,44 @@ def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_status(root: Path, args: argparse.Namespace) -> int:
+    import json
+
+    from tabloader._format import format_table
+    from tabloader.cluster.actor import cluster_status
+
+    status = cluster_status(root, args.ray)
+    if args.json:
+        print(json.dumps({"catalog": str(root), **status}))
+        return 0
+    nodes = status["nodes"]
+    print(
+        f"Ray cluster loaders for catalog {root}: {len(nodes)} node(s), leader generation "
+        f"{status['generation']}; reads {status['reads']:,}, decodes {status['decodes']:,}"
+    )
+    rows = [
+        {
+            "node": n[:16],
+            "reads": s["reads"],
+            "decodes": s["decodes"],
+            "hits": s["cache"]["hits"],
+            "clients": s["clients"],
+            "ranks": ", ".join(sorted(s["jobs"])) or "-",
+        }
+        for n, s in sorted(nodes.items())
+    ]
+    if rows:
+        print(format_table(rows, list(rows[0])))
+    jobs = [
+        {"job": j["job"], "epoch": j["epoch"], "ranks": len(j["ranks"]), "left": len(j["left"])}
+        for j in status["jobs"]
+    ]
+    print(format_table(jobs, ["job", "epoch", "ranks", "left"]) if jobs else "no jobs")
+    for name, why in status["gone"].items():
+        print(f"job {name} left the cluster: {why}")
+    return 0
+
+
 # -- serve -------------------------------------------------------------------------------------
 def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
@@ -260,6 +305,11 @@ def _register_serve(sub: Any) -> None:
     p.add_argument(
         "--idle-exit", type=float, default=None, help="stop this many seconds after the last client"
     )
+    _ray_argument(
+        p,
+        "serve the Ray cluster at ADDRESS (default: auto): a leader and a loader on every "
+        "node, also on nodes that join later",
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -268,6 +318,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     from tabloader.service.server import Service
 
     cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
+    if args.ray is not None:
+        from tabloader.cluster.actor import serve_cluster
+
+        root = _root(args).resolve()
+
+        def ready(nodes: int) -> None:
+            print(
+                f"tabloader: serving catalog {root} on {nodes} Ray node(s) (pid {os.getpid()})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        serve_cluster(root, args.ray, ready=ready, cache_bytes=cache, workers=args.workers)
+        return 0
     service = Service(
         _root(args),
         cache_bytes=cache,

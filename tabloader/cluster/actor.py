@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +326,63 @@ def with_totals(status: dict[str, Any]) -> dict[str, Any]:
         "reads": int(sum(n.get("reads", 0) for n in nodes.values())),
         "decodes": int(sum(n.get("decodes", 0) for n in nodes.values())),
     }
+
+
+def _init_ray(address: str) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+
+
+def serve_cluster(
+    catalog: str | os.PathLike[str],
+    address: str = "auto",
+    *,
+    ready: Callable[[int], object] = lambda n: None,
+    **service: Any,
+) -> None:
+    """``tabloader serve --ray``: run a :class:`Cluster` until SIGTERM or SIGINT, starting
+    loaders on nodes that join and taking nodes that leave off the leader (every second).
+    ``ready(nodes)`` is called once every node's loader runs."""
+    import signal
+    import threading
+
+    import ray
+
+    root = Path(catalog).expanduser().resolve()
+    _init_ray(address)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = Cluster(root, **service)
+    try:
+        ready(len(cluster.wait_ready()))
+        while not stop.wait(1.0):
+            cluster.sync()
+    finally:
+        cluster.close()
+        ray.shutdown()
+
+
+def cluster_status(catalog: str | os.PathLike[str], address: str = "auto") -> dict[str, Any]:
+    """``tabloader status --ray``: the leader's status with the cluster's totals.
+
+    Raises:
+        ServiceError: no leader serves ``catalog`` on that cluster.
+    """
+    import ray
+
+    from catalog.errors import ServiceError
+
+    root = Path(catalog).expanduser().resolve()
+    _init_ray(address)
+    try:
+        leader = get_leader(root)
+    except ValueError:
+        raise ServiceError(
+            f"No tabloader leader serves catalog {root} on the Ray cluster at {address}; "
+            f"start one with `tabloader --catalog {root} serve --ray {address}`."
+        ) from None
+    status: dict[str, Any] = ray.get(leader.status.remote(), timeout=60)
+    return with_totals(status)

@@ -166,10 +166,21 @@ class NodeFeed:
             self._ranks.pop((job, rank), None)
             for key in [k for k in self._fed if k[:2] == (job, rank)]:
                 del self._fed[key]
-        try:
-            self.leader.leave.remote(job, rank=rank, failed=failed, reason=reason)
-        except Exception:  # the leader is gone: the node's poll reports it
-            logger.exception("could not tell the leader that job %s rank %d left", job, rank)
+        import ray
+
+        for attempt in range(2):  # once more if the leader was restarting
+            try:
+                ray.get(
+                    self.leader.leave.remote(job, rank=rank, failed=failed, reason=reason),
+                    timeout=LEADER_WAIT_S,
+                )
+                return
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                if attempt or not self._wait_for_leader():
+                    logger.error(
+                        "could not tell the leader that job %s rank %d left: %s", job, rank, exc
+                    )
+                    return
 
     # -- the feed thread -----------------------------------------------------------------------
     def _hungry(self) -> bool:

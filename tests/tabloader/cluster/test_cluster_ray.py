@@ -181,3 +181,76 @@ def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
         assert set(status["nodes"]) <= set(nodes)
     finally:
         cluster.close()
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_leader_after=None):
+    """A rank that reads ``epochs`` epochs (a batch every 50 ms); it may SIGKILL itself or
+    the leader after some batches. Returns its node, its ids per epoch, and the error if any."""
+    import signal
+    import time
+
+    from tabloader.cluster.actor import get_leader
+    from tabloader.service.client import RemoteLoader
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    node = ray.get_runtime_context().get_node_id()
+    stream = RemoteLoader(root).open(job, epochs=epochs)
+    out: list[list[int]] = []
+    n = 0
+    try:
+        for _ in range(epochs):
+            out.append([])
+            for batch in stream.iter_epoch():
+                n += 1
+                if n == die_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if n == kill_leader_after:
+                    ray.kill(get_leader(root), no_restart=False)
+                out[-1] += [int(i) for i in batch["_id"]]
+                time.sleep(0.05)
+    except Exception as exc:
+        return node, out, f"{type(exc).__name__}: {exc}"
+    finally:
+        stream.close()
+    return node, out, None
+
+
+def test_a_dead_rank_takes_only_its_job_and_a_restarted_leader_resumes_exactly_once(
+    two_nodes, tmp_path, image_folder
+):
+    from tabloader.cluster.actor import Cluster
+
+    root = str(tmp_path / "cat")
+    sets = image_catalog(root, image_folder)
+    nodes = node_ids()
+    cluster = Cluster(root, leader_options={"lookahead": 16, "round_rows": 8}, workers=1)
+    try:
+        cluster.wait_ready(timeout=TIMEOUT)
+        # job a: rank 1 dies after 2 batches; its rank 0 fails, job b goes on
+        a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=5)
+        a1 = read_until.options(**on(1)).remote(root, "a", 1, 2, epochs=5, die_after=2)
+        b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=2)
+        with pytest.raises(ray.exceptions.RayError):  # the worker died of its SIGKILL
+            ray.get(a1, timeout=TIMEOUT)
+        node, _, error = ray.get(a0, timeout=TIMEOUT)
+        assert node == nodes[0]
+        assert error is not None
+        assert "left the cluster" in error and "died mid-run" in error, error
+        node, epochs, error = ray.get(b, timeout=TIMEOUT)
+        assert error is None
+        assert node == nodes[1]
+        assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2
+        status = cluster.status()
+        assert "a" in status["gone"]
+        assert status["jobs"] == []
+        for node in nodes:  # the dead rank's job left its node: its pins are released
+            assert ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)["jobs"] == {}
+        # the leader dies mid-epoch: Ray restarts it from its checkpoint
+        b = read_until.options(**on(0)).remote(root, "b", 0, 1, epochs=2, kill_leader_after=4)
+        node, epochs, error = ray.get(b, timeout=TIMEOUT)
+        assert error is None, error
+        assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2  # exactly once
+        assert cluster.status()["generation"] >= 1  # it did restart
+    finally:
+        cluster.close()
