@@ -255,3 +255,84 @@ def test_a_dead_rank_takes_only_its_job_and_a_restarted_leader_resumes_exactly_o
         assert cluster.status()["generation"] >= 1  # it did restart
     finally:
         cluster.close()
+
+
+def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_folder):
+    """``tabloader serve --ray ADDRESS`` starts a loader on a node that joins later, takes a
+    node that leaves off the leader (its job with it) while the others go on, and stops
+    cleanly; ``status --ray`` reports the cluster."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tabloader.cluster.actor import get_leader
+
+    root = str(tmp_path / "cat")
+    sets = image_catalog(root, image_folder)
+    base = [sys.executable, "-m", "tabloader", "--catalog", root]
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:  # the child has its own copy of the descriptor
+        serve = subprocess.Popen(
+            [
+                *base,
+                "serve",
+                "--ray",
+                two_nodes.address,
+                "--workers",
+                "1",
+                "--cache-bytes",
+                "67108864",
+            ],
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while "serving catalog" not in log.read_text():
+            assert serve.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert "on 2 Ray node(s)" in log.read_text()
+        late = two_nodes.add_node(num_cpus=1, resources={"node2": 1}, node_ip_address="127.0.0.1")
+        two_nodes.wait_for_nodes()
+        a = read_until.options(**on(0)).remote(root, "a", 0, 1, epochs=3)
+        b = read_until.options(**on(2)).remote(root, "b", 0, 1, epochs=50)  # on the late node
+        leader = get_leader(root)
+        while len(ray.get(leader.status.remote(), timeout=TIMEOUT)["jobs"]) < 2:
+            assert time.monotonic() < deadline, "the jobs never started"
+            time.sleep(0.2)
+        two_nodes.remove_node(late)
+        with pytest.raises(ray.exceptions.RayError):  # b's worker went with its node
+            ray.get(b, timeout=TIMEOUT)
+        _, epochs, error = ray.get(a, timeout=TIMEOUT)
+        assert error is None, error
+        assert [sorted(rows) for rows in epochs] == [sorted(sets["a"])] * 3
+        while "b" not in ray.get(leader.status.remote(), timeout=TIMEOUT)["gone"]:
+            assert time.monotonic() < deadline, "the leader never heard the node left"
+            time.sleep(0.2)
+        out = subprocess.run(
+            [*base, "status", "--ray", two_nodes.address, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=True,
+        )
+        status = json.loads(out.stdout)
+        assert isinstance(status["decodes"], int)
+        assert status["decodes"] >= len(sets["a"])
+        assert "left the cluster" in status["gone"]["b"]
+        text = subprocess.run(
+            [*base, "status", "--ray", two_nodes.address],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=True,
+        ).stdout
+        assert f"decodes {status['decodes']:,}" in text
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        rc = serve.wait(timeout=TIMEOUT)
+        assert rc == 0, log.read_text()[-3000:]
+    with pytest.raises(ValueError, match="Failed to look up actor"):
+        get_leader(root)
