@@ -7,7 +7,8 @@ read-only) into the job's own arrays, then released (see :mod:`tabloader.service
 
 If no service runs for the catalog, :func:`connect` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
-30 s) and waits for it; two scripts that start at once end up with one service.
+30 s) and waits for it; two scripts that start at once end up with one service. It runs in
+``/``, whoever started it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,28 @@ if TYPE_CHECKING:
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "connect", "open_catalog", "service_loader"]
 
 START_TIMEOUT_S = 60.0
+# The started service's program: ``tabloader`` in an interpreter without its working directory
+# on sys.path. ``python -m`` puts it first, so a ./catalog or ./tabloader folder there would
+# shadow the installed packages; ``python -P`` leaves it out only from Python 3.11 (we support
+# 3.10), and ``-c`` puts '' (the working directory) first, which this removes.
+_SERVE = (
+    "import sys\n"
+    "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "from tabloader.cli import main\n"
+    "sys.exit(main())"
+)
+
+
+def _service_env() -> dict[str, str]:
+    """This process's environment with ``PYTHONPATH`` absolute: its relative entries mean this
+    process's working directory (the service runs in /), so the service imports our packages.
+    """
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)
+        )
+    return env
 
 
 def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
@@ -59,8 +82,8 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
         proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "tabloader",
+                "-c",
+                _SERVE,
                 "--catalog",
                 str(root),
                 "serve",
@@ -70,6 +93,8 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
+            cwd="/",  # not the directory of whichever client came first
+            env=_service_env(),
             start_new_session=True,  # detached: it outlives this process, not its signals
         )
     deadline = time.monotonic() + START_TIMEOUT_S

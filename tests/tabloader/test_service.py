@@ -457,3 +457,50 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
     assert stats["service_pid"] == service.pid
     assert stats["decodes"] >= 8  # the first batch was decoded
     assert stats["jobs"]["a"]["batches"] == 1
+
+
+SHADOWED = textwrap.dedent(
+    """
+    import json, os, sys
+    from tabloader.service.client import RemoteLoader
+    with RemoteLoader(sys.argv[1]) as remote:  # no service runs: this starts one
+        table = remote.sql("SELECT count(*) AS n FROM imgs")
+        proc = f"/proc/{remote.service_pid}"
+        env = dict(v.split("=", 1) for v in open(f"{proc}/environ").read().split("\\0") if v)
+        n = table.column("n")[0].as_py()
+        out = {"pid": remote.service_pid, "n": n, "cwd": os.readlink(f"{proc}/cwd")}
+        print(json.dumps({**out, "pythonpath": env.get("PYTHONPATH")}))
+    """
+)
+
+
+def test_a_catalog_folder_in_the_clients_directory_cannot_shadow_the_started_service(
+    cat_dir, tmp_path
+):
+    """The service a client starts runs in / with the client's packages: ``python -m`` in the
+    client's directory imported a ./catalog or ./tabloader folder there instead."""
+    work = tmp_path / "work"
+    for name in ("catalog", "tabloader"):
+        (work / name).mkdir(parents=True)
+        (work / name / "__init__.py").write_text(f"raise ImportError('./{name} was imported')\n")
+    script = tmp_path / "client.py"  # sys.path[0] is the script's folder, not the cwd
+    script.write_text(SHADOWED)
+    # a relative PYTHONPATH entry means the client's directory, for the service too
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths.append(str(tmp_path / "lib"))
+    pythonpath = os.pathsep.join(os.path.relpath(p, work) for p in paths)
+    env = {**os.environ, "TABLOADER_IDLE_EXIT": "1", "PYTHONPATH": pythonpath}
+    out = subprocess.run(
+        [sys.executable, str(script), str(cat_dir)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT * 2,
+    )
+    assert out.returncode == 0, out.stderr
+    started = json.loads(out.stdout)
+    assert started["n"] == 60
+    assert started["cwd"] == "/"
+    assert started["pythonpath"] == os.pathsep.join(os.path.abspath(p) for p in paths)
+    wait_for(lambda: not _alive(started["pid"]), "the idle service to stop")
