@@ -8,7 +8,8 @@ read-only) into the job's own arrays, then released (see :mod:`tabloader.service
 If no service runs for the catalog, :func:`connect` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
 30 s) and waits for it; two scripts that start at once end up with one service. It runs in
-``/``, whoever started it.
+``/``, whoever started it, so paths go to it absolute (``RemoteLoader.sql`` and
+``import_path`` resolve relative ones against the client's working directory).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow as pa
 
 from catalog.catalog import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError
+from catalog.sql.dialect import absolute_paths
 from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
 from tabloader.service.protocol import Client, runtime_dir
@@ -181,12 +183,19 @@ class RemoteLoader:
         return dict(self._ctl.call("options", job=job)["options"])
 
     def sql(self, statement: str) -> Any:
-        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None."""
-        return _result(self._ctl.call("sql", statement=statement))
+        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None.
 
-    def import_path(self, name: str, path: str, **options: Any) -> Any:
-        """Import a dataset from a path the service can read (as ``tabloader import``)."""
-        return _result(self._ctl.call("import", name=name, path=str(path), **options))
+        A relative path (``CREATE DATASET d FROM 'dir'``) means one in this process's working
+        directory: it is sent absolute.
+        """
+        return _result(self._ctl.call("sql", statement=absolute_paths(statement)))
+
+    def import_path(self, name: str, path: str | os.PathLike[str], **options: Any) -> Any:
+        """Import a dataset from a path the service can read (as ``tabloader import``); a
+        relative one means one in this process's working directory.
+        """
+        path = str(Path(path).absolute())
+        return _result(self._ctl.call("import", name=name, path=path, **options))
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``)."""
