@@ -162,13 +162,7 @@ def _run_import(args: argparse.Namespace) -> int:
     if remote is not None:  # a service owns the catalog: through it
         try:
             print_result(
-                remote.import_path(
-                    args.name,
-                    str(Path(args.path).absolute()),
-                    format=fmt,
-                    append=args.append,
-                    **options,
-                )
+                remote.import_path(args.name, args.path, format=fmt, append=args.append, **options)
             )
         finally:
             remote.close()

@@ -17,7 +17,9 @@ are sqlglot's own.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import sqlglot
@@ -40,6 +42,7 @@ __all__ = [
     "ShowJobs",
     "Tabloader",
     "UnregisterJob",
+    "absolute_paths",
     "first_token",
     "parse",
     "parse_predicate",
@@ -237,6 +240,27 @@ def parse(text: str) -> exp.Expr:
             f"Expected exactly one statement, found {len(statements)}; send them one at a time."
         )
     return statements[0]
+
+
+def absolute_paths(text: str, cwd: str | os.PathLike[str] | None = None) -> str:
+    """``text`` with the relative FROM path of a CREATE or APPEND TO DATASET statement made
+    absolute against ``cwd`` (default: this process's working directory); any other statement
+    unchanged. For a statement that another process (the loader service) runs.
+
+    The path's literal is replaced where the parser found it, the rest of the text is kept.
+
+    Raises:
+        StatementError: ``text`` is not one statement (as ``parse``).
+    """
+    stmt = parse(text)
+    if not isinstance(stmt, (CreateDataset, AppendDataset)):
+        return text
+    literal = stmt.args["path"]
+    if os.path.isabs(literal.name):
+        return text
+    path = exp.Literal.string(str(Path(cwd or os.getcwd()).absolute() / literal.name))
+    start, end = literal.meta["start"], literal.meta["end"]  # the literal's token, inclusive
+    return text[:start] + path.sql(dialect=Tabloader) + text[end + 1 :]
 
 
 def parse_predicate(text: str) -> exp.Expr:

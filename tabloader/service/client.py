@@ -7,7 +7,9 @@ read-only) into the job's own arrays, then released (see :mod:`tabloader.service
 
 If no service runs for the catalog, :func:`connect` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
-30 s) and waits for it; two scripts that start at once end up with one service.
+30 s) and waits for it; two scripts that start at once end up with one service. It runs in
+``/``, whoever started it, so paths go to it absolute (``RemoteLoader.sql`` and
+``import_path`` resolve relative ones against the client's working directory).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pyarrow as pa
 
 from catalog.catalog import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError
+from catalog.sql.dialect import absolute_paths
 from tabloader.cluster.node import find_service, service_error
 from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
@@ -40,6 +43,28 @@ if TYPE_CHECKING:
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "connect", "open_catalog", "service_loader"]
 
 START_TIMEOUT_S = 60.0
+# The started service's program: ``tabloader`` in an interpreter without its working directory
+# on sys.path. ``python -m`` puts it first, so a ./catalog or ./tabloader folder there would
+# shadow the installed packages; ``python -P`` leaves it out only from Python 3.11 (we support
+# 3.10), and ``-c`` puts '' (the working directory) first, which this removes.
+_SERVE = (
+    "import sys\n"
+    "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "from tabloader.cli import main\n"
+    "sys.exit(main())"
+)
+
+
+def _service_env() -> dict[str, str]:
+    """This process's environment with ``PYTHONPATH`` absolute: its relative entries mean this
+    process's working directory (the service runs in /), so the service imports our packages.
+    """
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)
+        )
+    return env
 
 
 def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
@@ -60,8 +85,8 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
         proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "tabloader",
+                "-c",
+                _SERVE,
                 "--catalog",
                 str(root),
                 "serve",
@@ -71,6 +96,8 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
+            cwd="/",  # not the directory of whichever client came first
+            env=_service_env(),
             start_new_session=True,  # detached: it outlives this process, not its signals
         )
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -178,12 +205,19 @@ class RemoteLoader:
         return dict(self._ctl.call("options", job=job)["options"])
 
     def sql(self, statement: str) -> Any:
-        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None."""
-        return _result(self._ctl.call("sql", statement=statement))
+        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None.
 
-    def import_path(self, name: str, path: str, **options: Any) -> Any:
-        """Import a dataset from a path the service can read (as ``tabloader import``)."""
-        return _result(self._ctl.call("import", name=name, path=str(path), **options))
+        A relative path (``CREATE DATASET d FROM 'dir'``) means one in this process's working
+        directory: it is sent absolute.
+        """
+        return _result(self._ctl.call("sql", statement=absolute_paths(statement)))
+
+    def import_path(self, name: str, path: str | os.PathLike[str], **options: Any) -> Any:
+        """Import a dataset from a path the service can read (as ``tabloader import``); a
+        relative one means one in this process's working directory.
+        """
+        path = str(Path(path).absolute())
+        return _result(self._ctl.call("import", name=name, path=path, **options))
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``)."""

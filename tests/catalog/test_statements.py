@@ -144,6 +144,35 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
 
 
 @pytest.mark.parametrize(
+    ("statement", "sent"),
+    [
+        ("CREATE DATASET d FROM 'imgs'", "CREATE DATASET d FROM '/work/imgs'"),
+        (
+            "append to dataset d from /* here */ './a''b\\c' format parquet",
+            "append to dataset d from /* here */ '/work/a''b\\c' format parquet",
+        ),
+        ("CREATE DATASET d FROM $$x/*.arrow$$", "CREATE DATASET d FROM '/work/x/*.arrow'"),
+        ("CREATE DATASET d FROM '/data/imgs'", "CREATE DATASET d FROM '/data/imgs'"),
+        ("SELECT 'imgs' AS p", "SELECT 'imgs' AS p"),
+    ],
+)
+def test_absolute_paths_rewrite_only_a_relative_from_path(statement, sent):
+    """What a client sends the loader service: the path means one in the client's directory."""
+    from catalog.sql.dialect import absolute_paths, parse
+
+    assert absolute_paths(statement, "/work") == sent
+    if sent != statement:
+        assert parse(sent).args["path"].name.startswith("/work/")
+
+
+def test_absolute_paths_of_a_statement_that_does_not_parse():
+    from catalog.sql.dialect import absolute_paths
+
+    with pytest.raises(StatementError, match="Expected a quoted path after FROM"):
+        absolute_paths("CREATE DATASET d FROM imgs")
+
+
+@pytest.mark.parametrize(
     ("statement", "error", "message"),
     [
         ("", StatementError, "Empty statement"),

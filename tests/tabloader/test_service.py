@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +20,12 @@ import pytest
 
 import catalog
 import tabloader
-from catalog.errors import CatalogLockedError, JobNotFoundError, ServiceError
+from catalog.errors import (
+    CatalogLockedError,
+    ImportFailedError,
+    JobNotFoundError,
+    ServiceError,
+)
 from tabloader.prep import decode_image
 from tabloader.service.client import RemoteLoader
 from tabloader.service.protocol import socket_path
@@ -457,3 +464,95 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
     assert stats["service_pid"] == service.pid
     assert stats["decodes"] >= 8  # the first batch was decoded
     assert stats["jobs"]["a"]["batches"] == 1
+
+
+SHADOWED = textwrap.dedent(
+    """
+    import json, os, sys
+    from tabloader.service.client import RemoteLoader
+    with RemoteLoader(sys.argv[1]) as remote:  # no service runs: this starts one
+        table = remote.sql("SELECT count(*) AS n FROM imgs")
+        proc = f"/proc/{remote.service_pid}"
+        env = dict(v.split("=", 1) for v in open(f"{proc}/environ").read().split("\\0") if v)
+        n = table.column("n")[0].as_py()
+        out = {"pid": remote.service_pid, "n": n, "cwd": os.readlink(f"{proc}/cwd")}
+        print(json.dumps({**out, "pythonpath": env.get("PYTHONPATH")}))
+    """
+)
+
+
+def test_a_catalog_folder_in_the_clients_directory_cannot_shadow_the_started_service(
+    cat_dir, tmp_path
+):
+    """The service a client starts runs in / with the client's packages: ``python -m`` in the
+    client's directory imported a ./catalog or ./tabloader folder there instead."""
+    work = tmp_path / "work"
+    for name in ("catalog", "tabloader"):
+        (work / name).mkdir(parents=True)
+        (work / name / "__init__.py").write_text(f"raise ImportError('./{name} was imported')\n")
+    script = tmp_path / "client.py"  # sys.path[0] is the script's folder, not the cwd
+    script.write_text(SHADOWED)
+    # a relative PYTHONPATH entry means the client's directory, for the service too
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths.append(str(tmp_path / "lib"))
+    pythonpath = os.pathsep.join(os.path.relpath(p, work) for p in paths)
+    env = {**os.environ, "TABLOADER_IDLE_EXIT": "1", "PYTHONPATH": pythonpath}
+    out = subprocess.run(
+        [sys.executable, str(script), str(cat_dir)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT * 2,
+    )
+    assert out.returncode == 0, out.stderr
+    started = json.loads(out.stdout)
+    assert started["n"] == 60
+    assert started["cwd"] == "/"
+    assert started["pythonpath"] == os.pathsep.join(os.path.abspath(p) for p in paths)
+    wait_for(lambda: not _alive(started["pid"]), "the idle service to stop")
+
+
+@pytest.fixture
+def elsewhere(tmp_path, image_folder, monkeypatch):
+    """A working directory other than the service's, holding a copy of the image folder
+    as ``more`` (relative paths in statements mean paths in it)."""
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    shutil.copytree(image_folder, work / "more")
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_relative_paths_of_a_client_mean_its_own_directory(service, cat_dir, elsewhere):
+    with RemoteLoader(cat_dir, start=False) as remote:
+        created = remote.sql("CREATE DATASET more FROM 'more' FORMAT imagefolder")
+        assert created.startswith("Dataset more version 1: 60 rows")
+        assert remote.sql("APPEND TO DATASET more FROM './more'").startswith(
+            "Dataset more version 2: 120 rows"
+        )
+        assert remote.import_path("again", "more").startswith("Dataset again version 1: 60 rows")
+        with pytest.raises(ImportFailedError, match=re.escape(f"'{elsewhere / 'missing'}'")):
+            remote.sql("CREATE DATASET gone FROM 'missing'")
+        with pytest.raises(ImportFailedError, match=re.escape(f"'{elsewhere / 'missing'}'")):
+            remote.import_path("gone", "missing")
+    run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir)]
+    out = subprocess.run(
+        [*run, "sql", "CREATE DATASET cli FROM 'more'"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert (out.returncode, out.stdout.split(":")[0]) == (0, "Dataset cli version 1"), out.stderr
+    out = subprocess.run(
+        [*run, "import", "cli2", "more"], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert (out.returncode, out.stdout.split(":")[0]) == (0, "Dataset cli2 version 1"), out.stderr
+    out = subprocess.run(
+        [*run, "sql", "CREATE DATASET gone FROM 'missing'"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert out.returncode == 1
+    assert f"No such file or directory: '{elsewhere / 'missing'}'" in out.stderr
