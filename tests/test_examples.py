@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tabloader.demo import DEMO_JOBS, run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,3 +64,37 @@ def test_hparam_search_example(tmp_path):
     # every decode was done by one job; besides those, each job reads its own labels (cheap
     # columns go straight into the batch, uncached): one per row it asked for
     assert decoded <= loaded <= decoded + requests // 2
+
+
+def test_ray_tune_example_trials_share_decodes(tmp_path):
+    """A Ray Tune search (local Ray on loopback) whose trials read through the node loader."""
+    pytest.importorskip("ray.tune", reason="ray[tune] is not installed")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "ray_tune_search.py"),
+            "--catalog",
+            str(tmp_path / "cat"),
+            "--data",
+            str(tmp_path / "data"),
+            "--images",
+            "120",
+            "--trials",
+            "3",
+            "--epochs",
+            "2",
+            "--image-size",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(re.findall(r"trial_\d: lr [\d.]+, final loss [\d.]+", proc.stdout)) == 3
+    served, decoded = map(
+        int, re.search(r"images served to trials: (\d+); decoded: (\d+)", proc.stdout).groups()
+    )
+    assert served == 3 * 2 * 120  # every trial read every image, each epoch
+    assert 120 <= decoded <= 1.05 * 2 * 120  # at most once per image and epoch, not per trial
