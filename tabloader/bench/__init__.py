@@ -20,6 +20,7 @@ __all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "write_json"]
 
 BENCHMARKS: dict[str, str] = {
     "catalog": "tabloader.bench.catalog",
+    "cluster": "tabloader.bench.cluster",
     "sampling": "tabloader.bench.sampling",
     "e2e": "tabloader.bench.e2e",
     "throughput": "tabloader.bench.throughput",

@@ -232,6 +232,10 @@ def get_leader(catalog: str | os.PathLike[str]) -> Any:
     return ray.get_actor(leader_name(catalog), namespace=NAMESPACE)
 
 
+LEADER_DEFAULTS = {"lookahead": 512, "round_rows": 64}
+"""A cluster leader's defaults: rows sampled ahead per job, rows per job and round."""
+
+
 class Cluster:
     """``tabloader serve --ray``: the leader of a catalog and one loader per alive node.
 
@@ -256,7 +260,7 @@ class Cluster:
         if stale.exists():  # an earlier cluster's: its ranks and nodes are gone
             logger.info("removing the checkpoint of an earlier leader, %s", stale)
             stale.unlink()
-        self.leader = start_leader(self.root, **(leader_options or {}))
+        self.leader = start_leader(self.root, **{**LEADER_DEFAULTS, **(leader_options or {})})
         self.service = service
         self.loaders: dict[str, Any] = {}  # node id -> its NodeLoader actor
         self.sync()

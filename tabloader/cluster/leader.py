@@ -107,6 +107,7 @@ class _Job:
     epoch: int
     left: int  # rows of ``epoch`` not sampled yet
     outstanding: int = 0  # rows placed and not acknowledged, all epochs
+    last_epoch: int | None = None  # the job reads epochs up to this one (None: no end)
     done: dict[int, IntArray] = field(default_factory=dict)  # epoch -> rows acked per rank
     later: list[_EpochPart] = field(default_factory=list)  # restored epochs after ``epoch``
 
@@ -119,6 +120,7 @@ class _Pending:
     batch_size: int
     ids: BitMap
     dataset: str
+    epochs: int | None = None
     nodes: dict[int, str] = field(default_factory=dict)
 
 
@@ -296,9 +298,11 @@ class Leader:
         batch_size: int,
         ids: BitMap,
         dataset: str = "",
+        epochs: int | None = None,
     ) -> bool:
         """Rank ``rank`` of job ``name`` reads on ``node``; True once every rank has joined
-        (the job is then sampled, :meth:`add_job`).
+        (the job is then sampled, :meth:`add_job`; ``epochs``: it reads that many, then the
+        leader samples no more for it).
 
         Raises:
             SamplingError: the rank joined already, or the ranks disagree (world size, batch
@@ -312,7 +316,7 @@ class Leader:
             )
         self._gone.pop(name, None)
         pending = self._pending.setdefault(
-            name, _Pending(world_size, batch_size, BitMap(ids), dataset)
+            name, _Pending(world_size, batch_size, BitMap(ids), dataset, epochs)
         )
         theirs = (world_size, batch_size, BitMap(ids))
         if theirs != (pending.world_size, pending.batch_size, pending.ids):
@@ -333,6 +337,8 @@ class Leader:
         del self._pending[name]
         nodes = [pending.nodes[r] for r in range(world_size)]
         self.add_job(name, pending.ids, nodes=nodes, batch_size=batch_size, dataset=dataset)
+        if epochs is not None:
+            self._jobs[name].last_epoch = epochs - 1
         self._left[name] = set()
         return True
 
@@ -421,7 +427,9 @@ class Leader:
             want = [
                 j
                 for j in self._jobs.values()
-                if j.group == group and j.outstanding < self.lookahead
+                if j.group == group
+                and j.outstanding < self.lookahead
+                and not (j.left == 0 and j.last_epoch is not None and j.epoch >= j.last_epoch)
             ]
             if want:
                 self._step_group(sampler, self._placers[group], want)
@@ -548,6 +556,7 @@ class Leader:
                     "nodes": list(job.nodes),
                     "batch_size": job.batch_size,
                     "left": sorted(self._left.get(job.name, ())),
+                    "last_epoch": job.last_epoch,
                     "ids": job.ids.serialize(),
                     # the epoch that starts next when no epoch is owed
                     "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
@@ -603,5 +612,6 @@ class Leader:
                 epoch=int(j["epoch"]),
             )
             leader._left[j["name"]] = set(j.get("left", ()))
+            leader._jobs[j["name"]].last_epoch = j.get("last_epoch")
         leader._gone = dict(state.get("gone", {}))
         return leader

@@ -78,8 +78,37 @@ class SnapshotCatalog:
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        from catalog.directory import DB_FILE
+
         self.root = Path(root).expanduser().resolve()
+        self._files = [self.root / DB_FILE, self.root / f"{DB_FILE}.wal"]
+        self._cache: dict[tuple[str, str], tuple[Any, Any]] = {}  # (kind, name) -> stamp, value
+        self._cache_lock = threading.Lock()
         self.exists = self._with(lambda c: c.exists)
+
+    def _stamp(self) -> tuple[tuple[int, int], ...]:
+        """The catalog database's files as they are now: any write changes this."""
+        out = []
+        for f in self._files:
+            try:
+                st = f.stat()
+                out.append((st.st_mtime_ns, st.st_size))
+            except FileNotFoundError:
+                out.append((0, 0))
+        return tuple(out)
+
+    def _cached(self, kind: str, name: str, fn: Callable[[Catalog], Any]) -> Any:
+        """``fn``'s answer, read again only if the catalog changed since (an open costs
+        ~0.1 s and every rank of the node asks)."""
+        stamp = self._stamp()
+        with self._cache_lock:
+            hit = self._cache.get((kind, name))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = self._with(fn)
+        with self._cache_lock:
+            self._cache[(kind, name)] = (stamp, value)
+        return value
 
     def _with(self, fn: Callable[[Catalog], Any]) -> Any:
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -94,11 +123,11 @@ class SnapshotCatalog:
 
     def job(self, name: str) -> Job:
         """The job ``name`` (``Catalog.job``)."""
-        return cast("Job", self._with(lambda c: c.job(name)))
+        return cast("Job", self._cached("job", name, lambda c: c.job(name)))
 
     def dataset(self, name: str) -> Dataset:
         """The dataset ``name`` (``Catalog.dataset``)."""
-        return cast("Dataset", self._with(lambda c: c.dataset(name)))
+        return cast("Dataset", self._cached("dataset", name, lambda c: c.dataset(name)))
 
     def sql(self, statement: str) -> Any:
         """Run one statement (``Catalog.sql``)."""
@@ -152,6 +181,7 @@ class NodeFeed:
                     batch_size=fed.batch_size,
                     ids=job.ids.serialize(),
                     dataset=f"{job.dataset}@{job.dataset_version}",
+                    epochs=fed.epochs,
                 ),
                 timeout=LEADER_WAIT_S,
             )

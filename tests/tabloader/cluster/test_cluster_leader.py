@@ -240,3 +240,15 @@ def test_acked_counts_per_rank_survive_a_restore():
     restored = Leader.from_state_dict(pickle.loads(pickle.dumps(leader.state_dict())))
     assert {k: v for k, v in restored.acked("n0").items() if v} == expect
     assert restored._left["c"] == {0}
+
+
+def test_no_rows_sampled_past_a_jobs_last_epoch():
+    leader = Leader(seed=0, lookahead=1000, round_rows=16)
+    ids = BitMap(range(40))
+    leader.join("a", rank=0, world_size=1, node="n0", batch_size=4, ids=ids, epochs=2)
+    lists, _ = leader.poll("n0")
+    epochs = [a.epoch for w in lists for a in w.items]
+    assert sorted(set(epochs)) == [0, 1]
+    assert sum(w.num_rows for w in lists) == 80
+    restored = Leader.from_state_dict(leader.state_dict())
+    assert restored._jobs["a"].last_epoch == 1

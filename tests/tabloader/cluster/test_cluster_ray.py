@@ -336,3 +336,32 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
         assert rc == 0, log.read_text()[-3000:]
     with pytest.raises(ValueError, match="Failed to look up actor"):
         get_leader(root)
+
+
+@pytest.mark.slow
+def test_bench_cluster_reports_decodes_per_node(tmp_path):
+    """``tabloader bench cluster`` at a small size: its own simulated cluster, both competitors,
+    the per-node decode ratio within the target and the leader's cost."""
+    import json
+    import subprocess
+    import sys
+
+    assert not ray.is_initialized()
+    out = tmp_path / "cluster.json"
+    args = ["bench", "cluster", "--images", "120", "--jobs", "2", "--batch-size", "8"]
+    args += ["--step", "0", "--data", str(tmp_path / "data"), "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tabloader", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["nodes"]) == 2
+    for node in result["nodes"]:
+        assert node["union_needed"] > 0
+        assert node["ratio"] <= 1.05
+    summary = {row["check"]: row["value"] for row in result["summary"]}
+    assert summary["total decodes, DataLoader per rank"] == 2 * (120 * 7 // 10 // 16 * 16)
+    assert result["leader"]["ms_per_round_p50"] > 0
