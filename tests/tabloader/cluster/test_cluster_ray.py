@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 from pyroaring import BitMap
@@ -365,3 +366,45 @@ def test_bench_cluster_reports_decodes_per_node(tmp_path):
     summary = {row["check"]: row["value"] for row in result["summary"]}
     assert summary["total decodes, DataLoader per rank"] == 2 * (120 * 7 // 10 // 16 * 16)
     assert result["leader"]["ms_per_round_p50"] > 0
+
+
+@pytest.mark.slow
+def test_ray_train_ranks_split_each_epoch(two_nodes, tmp_path, image_folder):
+    """A Ray Train TorchTrainer with a worker per node: the training loop is plain
+    ``JobDataset(job, catalog=DIR)``; its ranks (Ray Train sets RANK/WORLD_SIZE) split the
+    epoch like local DDP ranks."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from tabloader.cluster.actor import Cluster
+
+    root = str(tmp_path / "cat")
+    sets = image_catalog(root, image_folder)
+    out = tmp_path / "ranks"
+    out.mkdir()
+
+    def loop(config):
+        from tabloader.torch import JobDataset
+
+        ds = JobDataset("a", catalog=config["root"], epochs=1)
+        ids = [int(i) for batch in ds for i in batch["_id"]]
+        ds.close()
+        Path(config["out"], os.environ["RANK"]).write_text(" ".join(map(str, ids)))
+
+    cluster = Cluster(root, workers=1)
+    try:
+        cluster.wait_ready(timeout=TIMEOUT)
+        TorchTrainer(
+            loop,
+            train_loop_config={"root": root, "out": str(out)},
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=str(tmp_path / "results")),
+        ).fit()
+    finally:
+        cluster.close()
+    parts = [list(map(int, (out / str(r)).read_text().split())) for r in range(2)]
+    quota = len(sets["a"]) // (4 * 2) * 4
+    assert [len(p) for p in parts] == [quota, quota]
+    rows = parts[0] + parts[1]
+    assert len(set(rows)) == len(rows)
+    assert set(rows) <= sets["a"]
