@@ -281,6 +281,7 @@ class Cluster:
                     namespace=NAMESPACE,
                     get_if_exists=True,
                     num_cpus=0,
+                    max_restarts=-1,  # a loader that dies comes back (its jobs there fail)
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 )
                 .remote(self.root, self.service)

@@ -345,14 +345,14 @@ class NodeLoader:
         from tabloader.cluster.actor import get_leader
         from tabloader.service.server import Service
 
-        self.node = ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
+        self.node = context.get_node_id()
         self.root = Path(catalog_root)
-        self.service: Service = Service(
-            self.root,
-            node=self.node,
-            leader=get_leader(self.root),
-            **options,
-        )
+        leader = get_leader(self.root)
+        if context.was_current_actor_reconstructed:  # Ray restarted us: our ranks lost us
+            reason = f"the loader of node {node_key(self.node)} died and restarted"
+            ray.get(leader.remove_node.remote(self.node, reason), timeout=LEADER_WAIT_S)
+        self.service: Service = Service(self.root, node=self.node, leader=leader, **options)
         self._thread = threading.Thread(target=self.service.serve, daemon=True)
         self._thread.start()
 

@@ -14,6 +14,7 @@ If no service runs for the catalog, :func:`connect` starts one in the background
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -29,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.catalog import resolve_root
-from catalog.errors import CatalogLockedError, ServiceError
+from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
 from catalog.sql.dialect import absolute_paths
 from tabloader.cluster.node import find_service, service_error
 from tabloader.engine import _check_rank
@@ -292,7 +293,11 @@ class RemoteStream:
         return dict(self._conn.call("stats")["stats"])
 
     def close(self) -> None:
-        """Leave the job (the service releases what this stream held)."""
+        """Leave the job (the service releases what this stream held). It says so first,
+        unless a ``take`` blocks in another thread: a connection that just drops is a client
+        that died (on a Ray cluster, its job's other ranks then fail)."""
+        with contextlib.suppress(TabloaderError):
+            self._conn.call_if_idle("leave")
         self._conn.close()
 
     def __enter__(self) -> RemoteStream:

@@ -429,20 +429,32 @@ class Client:
             TabloaderError: the handler raised it (the same class, from ``catalog.errors``).
             ServiceError: the service is gone, broke the protocol, or the request is too large.
         """
-        data = _encode({"op": op, **args, "v": PROTOCOL_VERSION})
         with self._call_lock:
-            sock = self._sock
-            if sock is None:
-                raise ServiceError(f"this Client of catalog {self._root} is closed; make a new one")
-            try:
-                _send(sock, data)
-                reply = _decode(_recv(sock, MAX_MESSAGE))
-            except (OSError, EOFError, ServiceError) as exc:
-                self.close()
-                raise ServiceError(
-                    f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); "
-                    "if it stopped, start it again and make a new Client"
-                ) from exc
+            return self._call_locked(op, args)
+
+    def call_if_idle(self, op: str, **args: Any) -> dict[str, Any] | None:
+        """``call``, unless a call is in flight in another thread (then None, sending nothing)."""
+        if not self._call_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._call_locked(op, args)
+        finally:
+            self._call_lock.release()
+
+    def _call_locked(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        data = _encode({"op": op, **args, "v": PROTOCOL_VERSION})
+        sock = self._sock
+        if sock is None:
+            raise ServiceError(f"this Client of catalog {self._root} is closed; make a new one")
+        try:
+            _send(sock, data)
+            reply = _decode(_recv(sock, MAX_MESSAGE))
+        except (OSError, EOFError, ServiceError) as exc:
+            self.close()
+            raise ServiceError(
+                f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); "
+                "if it stopped, start it again and make a new Client"
+            ) from exc
         reply.pop("v")
         if "error" in reply:
             _raise_remote(reply["error"])

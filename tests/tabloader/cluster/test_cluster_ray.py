@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -218,7 +219,7 @@ def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_lead
     return node, out, None
 
 
-def test_a_dead_rank_takes_only_its_job_and_a_restarted_leader_resumes_exactly_once(
+def test_a_dead_rank_takes_only_its_job_a_restarted_leader_or_loader_resumes(
     two_nodes, tmp_path, image_folder
 ):
     from tabloader.cluster.actor import Cluster
@@ -254,6 +255,23 @@ def test_a_dead_rank_takes_only_its_job_and_a_restarted_leader_resumes_exactly_o
         assert error is None, error
         assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2  # exactly once
         assert cluster.status()["generation"] >= 1  # it did restart
+        # a node's loader dies mid-epoch: its rank fails, Ray restarts it and it serves again
+        b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=50)
+        leader = cluster.leader
+        while not ray.get(leader.status.remote(), timeout=TIMEOUT)["jobs"]:
+            time.sleep(0.1)
+        ray.kill(cluster.loaders[nodes[1]], no_restart=False)
+        _, _, error = ray.get(b, timeout=TIMEOUT)
+        assert error is not None
+        assert "ServiceError" in error
+        deadline = time.monotonic() + TIMEOUT
+        while "restarted" not in cluster.status()["gone"].get("b", ""):
+            assert time.monotonic() < deadline, "the restarted loader never took its job off"
+            time.sleep(0.2)
+        b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=1)
+        _, epochs, error = ray.get(b, timeout=TIMEOUT)
+        assert error is None, error
+        assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])]
     finally:
         cluster.close()
 
