@@ -108,6 +108,7 @@ def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per leader step with ``cost_jobs`` jobs x ``cost_ranks`` ranks."""
     from pyroaring import BitMap
 
+    from tabloader.cluster.actor import state_json
     from tabloader.cluster.leader import Leader
 
     leader = Leader(seed=0, lookahead=1 << 30, round_rows=256)
@@ -123,7 +124,13 @@ def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
         leader.step()
         times.append(time.perf_counter() - t0)
     rows = args.cost_jobs * 256
+    saves = []
+    for _ in range(20):  # what the leader actor writes after each acknowledgement
+        t0 = time.perf_counter()
+        state_json(leader)
+        saves.append(time.perf_counter() - t0)
     return {
+        "checkpoint_ms_p50": round(statistics.median(saves) * 1e3, 3),
         "jobs": args.cost_jobs,
         "ranks": args.cost_ranks,
         "nodes": args.cost_nodes,
@@ -245,6 +252,7 @@ def _report(args: argparse.Namespace, jobs: list[str], results: dict[str, Any]) 
             "value": cost["ms_per_round_p50"],
         },
         {"check": "leader cost per sampled row (us)", "value": cost["us_per_row"]},
+        {"check": "leader checkpoint per ack, p50 ms", "value": cost["checkpoint_ms_p50"]},
     ]
     print(format_table(summary, ["check", "value"]))
     write_json(

@@ -76,7 +76,7 @@ class LeaderActor:
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_encode(self.leader.state_dict())))
+        tmp.write_text(state_json(self.leader))
         os.replace(tmp, self.path)
 
     def join(self, name: str, *, ids: bytes, **kw: Any) -> bool:
@@ -167,6 +167,11 @@ def checkpoint_path(catalog: str | os.PathLike[str]) -> Path:
     from tabloader.service.protocol import runtime_dir
 
     return runtime_dir(Path(catalog).expanduser().resolve()) / "leader-state.json"
+
+
+def state_json(leader: Leader) -> str:
+    """The leader's checkpoint as JSON (what the actor writes after each acknowledgement)."""
+    return json.dumps(_encode(leader.state_dict()))
 
 
 def _encode(value: Any) -> Any:
