@@ -750,9 +750,9 @@ class DatasetScheduler:
 
     # -- wakeups (under the lock) ------------------------------------------------------------------
     def _poke(self, job: JobState) -> None:
-        """Wake the scheduling thread if ``job`` wants a round (its only reason to wake but
-        closing and dropped streams, which it polls)."""
-        if job.hungry():
+        """Wake the scheduling thread if ``job`` wants a round, or has a rank whose stream was
+        dropped (the others may wait for it; the thread also polls for those)."""
+        if job.hungry() or any(r.abandoned and not r.closed for r in job.ranks):
             self.cond.notify()
 
     def _wake_job(self, job: JobState) -> None:

@@ -388,6 +388,27 @@ def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_
         other.close()
 
 
+def test_a_rank_waiting_for_a_dropped_rank_wakes_the_scheduler(images, monkeypatch):
+    """The scheduler closes dropped streams when it polls, and at once when a rank waits for
+    one: with a poll too long to wait for, rank 0 still reads its epoch."""
+    import tabloader.scheduler
+
+    monkeypatch.setattr(tabloader.scheduler, "ABANDONED_CHECK_S", 3600.0)
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        opts = {"batch_size": 5, "world_size": 2, "prefetch": 1, "epochs": 1}
+        r0 = loader.open("j", rank=0, **opts)
+        r1 = loader.open("j", rank=1, **opts)
+        r1.next_batch()
+        del r1  # a training thread that died without close(); rank 0 soon waits for it
+        gc.collect()
+        seen: list[list[list[int]]] = []
+        run_threads([lambda: epochs_of(r0, 1, seen)])
+        assert len(seen[0]) == len(rows) // 10
+        r0.close()
+
+
 def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images, monkeypatch, caplog):
     import tabloader.scheduler
 
