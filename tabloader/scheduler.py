@@ -201,6 +201,8 @@ class RankState:
     job: JobState = field(repr=False)
     rank: int
     batches: deque[Work] = field(default_factory=deque)  # preparing or ready, in order
+    # its consumer waits here, on the scheduler's lock (set by ``DatasetScheduler.add``)
+    cond: threading.Condition = field(init=False, repr=False)
     opened: bool = False
     closed: bool = False
     abandoned: bool = False  # its stream was garbage-collected without close()
@@ -299,7 +301,13 @@ class DatasetScheduler:
         self.next_round: dict[int, npt.NDArray[np.float64]] = {}  # space -> row -> round
         self.round = 0
         self.jobs: dict[str, JobState] = {}
-        self.cond = threading.Condition()
+        # One lock for everything above; ``cond`` (on it) is where the scheduling thread
+        # waits, each rank's ``cond`` (on it too) where that rank's consumer waits: a landed
+        # batch wakes its own consumer only, not every consumer of the dataset (on few cores
+        # the herd of wakeups cost more than the batches). Re-entrant: a batch of cheap
+        # columns is prepared inline under the lock and lands (``landed``) there too.
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
         self.closed = False
         self.error: BaseException | None = None
         self.thread = threading.Thread(
@@ -338,6 +346,8 @@ class DatasetScheduler:
             if job.fed:
                 return self._add_fed_locked(job)
             job.sampler = self.sampler if job.plan.prepared else self.gather_sampler
+            for r in job.ranks:
+                r.cond = threading.Condition(self.lock)
             if remaining is None:
                 job.sampler.add_job(job.name, job.ids)
                 remaining = job.ids
@@ -353,16 +363,16 @@ class DatasetScheduler:
             self.jobs[job.name] = job
             joined = job.ranks[rank]
             joined.opened = True
-            self.cond.notify_all()
+            self.cond.notify()  # a round for the new job
             return joined
 
     def _add_fed_locked(self, job: JobState) -> RankState:
         job.left = job.first_rows = 0  # nothing received of epoch 0 yet: see ``feed``
         job.epoch = -1
-        self.jobs[job.name] = job
         joined = job.ranks[0]
+        joined.cond = threading.Condition(self.lock)
+        self.jobs[job.name] = job
         joined.opened = True
-        self.cond.notify_all()
         return joined
 
     def feed(
@@ -404,14 +414,14 @@ class DatasetScheduler:
                 nxt = self.next_round[space]
                 nxt[rows] = np.minimum(nxt[rows], rounds)
             self._activate_locked(job)
-            self.cond.notify_all()
+            self._wake_job(job)
 
     def fail(self, job: JobState, reason: str) -> None:
         """The fed ``job``'s cluster job is gone: its rank raises ``reason`` once it would
         wait for rows (the batches it has go on being delivered)."""
         with self.cond:
             job.gone = reason
-            self.cond.notify_all()
+            self._wake_job(job)
 
     def _attach_locked(
         self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
@@ -459,7 +469,7 @@ class DatasetScheduler:
             )
         joined.opened = True
         joined.started = time.perf_counter()
-        self.cond.notify_all()
+        self._wake_job(job)  # every rank may have been waiting for this one
         return joined
 
     def remove(self, job: JobState) -> None:
@@ -481,13 +491,11 @@ class DatasetScheduler:
         job.q_rows = job.q_rounds = job.q_epochs = _EMPTY
         job.log.clear()
         self._unqueue(job, queued)
-        if job.fed:
-            self.cond.notify_all()
-            return
-        if job.left:  # the rows of this epoch that the sampler still had for the job
-            self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
-        job.sampler.remove_job(job.name)
-        self.cond.notify_all()
+        if not job.fed:  # a fed job has no sampler here
+            if job.left:  # the rows of this epoch that the sampler still had for the job
+                self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
+            job.sampler.remove_job(job.name)
+        self._wake_job(job)  # a consumer waiting in take() raises: closed
 
     def _drop_batches(self, rank: RankState) -> None:
         """Forget a closed rank's batches. Ready ones handed over pinned (the service's) are
@@ -517,7 +525,8 @@ class DatasetScheduler:
             return
         self._trim_log(job)
         self._activate_locked(job)  # it may have been that rank's turn
-        self.cond.notify_all()
+        self._wake_job(job)  # that rank (closed: its take() raises), and the others: all_joined
+        self._poke(job)
 
     # -- future uses (under ``cond``; read lock-free by the arena) -------------------------------
     def _spaces(self, job: JobState) -> list[int]:
@@ -575,13 +584,12 @@ class DatasetScheduler:
                         return
                     self._sample_locked()
                     for job in self.jobs.values():
-                        self._activate_locked(job)
-                    self.cond.notify_all()
+                        self._activate_locked(job)  # their batches wake them as they land
         except BaseException as exc:  # surfaces in every consumer of this dataset
             logger.exception("scheduler of %s failed", self.name)
             with self.cond:
                 self.error = exc
-                self.cond.notify_all()
+                self._wake_all()
 
     def _close_abandoned_locked(self) -> bool:
         """Close the ranks whose streams were dropped without close(); False if none."""
@@ -699,7 +707,8 @@ class DatasetScheduler:
             rank.loaded += work.loaded + work.rows.size * len(work.plan.gathered)
             work.ready = True
             if not rank.closed:
-                self.cond.notify_all()
+                if rank.batches and rank.batches[0] is work:  # what its consumer waits for
+                    rank.cond.notify_all()
             elif work.remote and work.result is not None:
                 self.fetcher.release(work)
 
@@ -732,12 +741,12 @@ class DatasetScheduler:
                                 f"Job {job.name!r} left the cluster: {job.gone}. Its other "
                                 "ranks stop too; start every rank again."
                             )
-                    self.cond.notify_all()
+                    self._poke(job)
                     self._wait_locked(rank, t0)
                 rank.taken += 1
                 self._trim_log(job)
                 self._activate_locked(job)
-                self.cond.notify_all()  # room for the scheduler
+                self._poke(job)  # room for the scheduler
             now = time.perf_counter()
             rank.wait_s += now - t0
             rank.last_return = now
@@ -749,9 +758,9 @@ class DatasetScheduler:
         """Wait for news; warn once if the job's ranks wait for one that never opened."""
         job = rank.job
         if job.warned_pending or job.all_joined():
-            self.cond.wait()
+            rank.cond.wait()
             return
-        self.cond.wait(PENDING_WARN_S)
+        rank.cond.wait(PENDING_WARN_S)
         if time.perf_counter() - since >= PENDING_WARN_S and not job.warned_pending:
             missing = [r.rank for r in job.ranks if not r.opened and not r.closed]
             if missing:
@@ -820,8 +829,26 @@ class DatasetScheduler:
     def close(self) -> None:
         with self.cond:
             self.closed = True
-            self.cond.notify_all()
+            self._wake_all()
         self.thread.join()
+
+    # -- wakeups (under the lock) ------------------------------------------------------------------
+    def _poke(self, job: JobState) -> None:
+        """Wake the scheduling thread if ``job`` wants a round, or has a rank whose stream was
+        dropped (the others may wait for it; the thread also polls for those)."""
+        if job.hungry() or any(r.abandoned and not r.closed for r in job.ranks):
+            self.cond.notify()
+
+    def _wake_job(self, job: JobState) -> None:
+        """Wake every rank of ``job``: one closed, opened or left (``take`` checks again)."""
+        for r in job.ranks:
+            r.cond.notify_all()
+
+    def _wake_all(self) -> None:
+        """Wake everybody: the scheduler failed or closes."""
+        self.cond.notify_all()
+        for job in self.jobs.values():
+            self._wake_job(job)
 
 
 def _options(job: JobState) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _wakeups import counting_waiter, held_for, waiting
 from PIL import Image
 
 import catalog
@@ -345,6 +346,96 @@ def test_close_wakes_a_consumer_waiting_for_rows(images, monkeypatch, closer):
     assert isinstance(outcome[0], LoaderError)
     assert "Job stream 'a' is closed" in str(outcome[0])
     loader.close()
+    assert tabloader_threads() == []
+
+
+def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_close(
+    images, monkeypatch
+):
+    """Each consumer is woken for its own batch only (on two cores, waking every consumer of a
+    dataset for each landed batch cost more than the batches), and close() still wakes it."""
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    images.sql("REGISTER JOB b SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        b = loader.open("b", batch_size=4)
+        group = loader._schedulers["imgs"]
+        held = held_for(group, monkeypatch, "a")
+        a = loader.open("a", batch_size=4)
+        cond = counting_waiter(group, a)
+        outcome: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                a.next_batch()
+            except BaseException as exc:
+                outcome.append(exc)
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        wait_until(lambda: waiting(cond), "a's consumer waits for its batch")
+        for _ in range(20):  # b's batches land (and b's rounds run) while a waits
+            b.next_batch()
+        assert held  # a's batches were cut and are still preparing
+        assert consumer.is_alive()
+        assert cond.notified == 0  # nothing for a: nobody woke its consumer
+
+        closer = threading.Thread(target=a.close, daemon=True)
+        closer.start()
+        closer.join(30)
+        consumer.join(30)
+        assert not closer.is_alive()
+        assert not consumer.is_alive(), "a's consumer still waits after close()"
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], LoaderError)
+        assert "Job stream 'a' is closed" in str(outcome[0])
+        for work in held:  # a closed job's batches may land late: nothing waits for them
+            group.fetcher._start(work)
+        assert len(b.next_batch()["_id"]) == 4  # b goes on
+        b.close()
+    assert tabloader_threads() == []
+
+
+def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, monkeypatch):
+    import tabloader.scheduler
+    from tabloader.sampling.independent import IndependentSampler
+
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    images.sql("REGISTER JOB b SELECT label FROM imgs")
+    rounds = threading.Event()  # no round until set: the consumers wait for rows
+    hungry = tabloader.scheduler.JobState.hungry
+    monkeypatch.setattr(
+        tabloader.scheduler.JobState, "hungry", lambda self: rounds.is_set() and hungry(self)
+    )
+
+    def broken(self, jobs, k):
+        raise RuntimeError("sampler bug")
+
+    monkeypatch.setattr(IndependentSampler, "sample_many", broken)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        streams = [loader.open(name, batch_size=4) for name in ("a", "b")]
+        group = loader._schedulers["imgs"]
+        conds = [counting_waiter(group, s) for s in streams]
+        outcome: list[BaseException] = []
+
+        def consume(stream) -> None:
+            try:
+                stream.next_batch()
+            except BaseException as exc:
+                outcome.append(exc)
+
+        consumers = [threading.Thread(target=consume, args=(s,), daemon=True) for s in streams]
+        for t in consumers:
+            t.start()
+        wait_until(lambda: all(waiting(c) for c in conds), "both consumers wait for rows")
+        rounds.set()  # the scheduler's next look (it polls) runs a round, which fails
+        for t in consumers:
+            t.join(30)
+            assert not t.is_alive(), "a consumer still waits after the scheduler failed"
+        assert len(outcome) == 2
+        for exc in outcome:
+            assert isinstance(exc, LoaderError)
+            assert "scheduler of dataset 'imgs' failed" in str(exc)
+            assert "sampler bug" in str(exc)
     assert tabloader_threads() == []
 
 

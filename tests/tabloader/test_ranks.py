@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from _wakeups import counting_waiter, held_for, waiting
 
 from catalog import LoaderError
 from tabloader.engine import Loader
@@ -332,6 +333,80 @@ def test_a_dropped_rank_is_closed_and_the_others_go_on(images):
         gc.collect()
         wait_until(lambda: "j" not in loader.stats()["jobs"], "the scheduler closed job j")
         wait_until(lambda: loader.stats()["cache"].pinned == 0, "every pin released")
+
+
+def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_close(
+    images, monkeypatch
+):
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    images.sql("REGISTER JOB other SELECT label FROM imgs")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        other = loader.open("other", batch_size=5)
+        group = loader._schedulers["imgs"]
+        held = held_for(group, monkeypatch, "j")  # j's batches land when the test says
+        opts = {"batch_size": 5, "world_size": 2, "prefetch": 2, "epochs": 1}
+        r0 = loader.open("j", rank=0, **opts)
+        r1 = loader.open("j", rank=1, **opts)
+        cond = counting_waiter(group, r0)
+        outcome: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                r0.next_batch()
+            except BaseException as exc:
+                outcome.append(exc)
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        wait_until(lambda: waiting(cond), "rank 0 waits for its batch")
+        assert {w.job.rank for w in held} == {0, 1}  # dealt to both ranks, none landed
+        for work in [w for w in held if w.job.rank == 1]:  # rank 1's land now
+            held.remove(work)
+            group.fetcher._start(work)
+        first = [r1.next_batch()["_id"].tolist() for _ in range(2)]
+        other.next_batch()
+        assert consumer.is_alive()
+        assert cond.notified == 0  # none of those was rank 0's: nobody woke it
+
+        closer = threading.Thread(target=r0.close, daemon=True)  # from a third thread
+        closer.start()
+        closer.join(JOIN_S)
+        consumer.join(JOIN_S)
+        assert not closer.is_alive()
+        assert not consumer.is_alive(), "rank 0 still waits after its stream closed"
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], LoaderError)
+        assert "Job stream 'j' (rank 0 of 2) is closed" in str(outcome[0])
+        monkeypatch.undo()  # the batches dealt from now on land as usual
+        for work in held:  # rank 0's land late, closed: nothing waits for them
+            group.fetcher._start(work)
+        rest: list[list[list[int]]] = []
+        run_threads([lambda: rest.append([b["_id"].tolist() for b in r1])])  # rank 1 goes on
+        assert len(first) + len(rest[0]) == len(rows) // 10  # its whole share of the epoch
+        r1.close()
+        other.close()
+
+
+def test_a_rank_waiting_for_a_dropped_rank_wakes_the_scheduler(images, monkeypatch):
+    """The scheduler closes dropped streams when it polls, and at once when a rank waits for
+    one: with a poll too long to wait for, rank 0 still reads its epoch."""
+    import tabloader.scheduler
+
+    monkeypatch.setattr(tabloader.scheduler, "ABANDONED_CHECK_S", 3600.0)
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    rows = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        opts = {"batch_size": 5, "world_size": 2, "prefetch": 1, "epochs": 1}
+        r0 = loader.open("j", rank=0, **opts)
+        r1 = loader.open("j", rank=1, **opts)
+        r1.next_batch()
+        del r1  # a training thread that died without close(); rank 0 soon waits for it
+        gc.collect()
+        seen: list[list[list[int]]] = []
+        run_threads([lambda: epochs_of(r0, 1, seen)])
+        assert len(seen[0]) == len(rows) // 10
+        r0.close()
 
 
 def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images, monkeypatch, caplog):
