@@ -34,6 +34,8 @@ import numpy as np
 from tabloader.bench import format_table, write_json
 from tabloader.bench.e2e import MapDataset, prepare
 
+__all__ = ["add_arguments", "run"]
+
 TARGET = 1.05
 
 

@@ -36,13 +36,18 @@ from pyroaring import BitMap
 from tabloader.cluster.leader import Leader, WorkList
 
 __all__ = [
+    "LEADER_DEFAULTS",
     "NAMESPACE",
     "Cluster",
     "LeaderActor",
     "checkpoint_path",
+    "cluster_status",
     "get_leader",
     "leader_name",
+    "serve_cluster",
     "start_leader",
+    "state_json",
+    "with_totals",
 ]
 
 logger = logging.getLogger(__name__)

@@ -47,7 +47,16 @@ if TYPE_CHECKING:
     from tabloader.service.server import Service
     from tabloader.stream import JobStream
 
-__all__ = ["NodeFeed", "NodeLoader", "SnapshotCatalog", "loader_name", "node_key"]
+__all__ = [
+    "NodeFeed",
+    "NodeLoader",
+    "SnapshotCatalog",
+    "find_service",
+    "loader_name",
+    "node_key",
+    "node_stats",
+    "service_error",
+]
 
 logger = logging.getLogger(__name__)
 
