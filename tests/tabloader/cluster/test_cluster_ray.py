@@ -286,10 +286,13 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
     import sys
     import time
 
-    from tabloader.cluster.actor import get_leader
+    from catalog.errors import ServiceError
+    from tabloader.cluster.actor import cluster_status, get_leader
 
     root = str(tmp_path / "cat")
     sets = image_catalog(root, image_folder)
+    with pytest.raises(ServiceError, match="No tabloader leader serves catalog .* serve --ray"):
+        cluster_status(root, two_nodes.address)
     base = [sys.executable, "-m", "tabloader", "--catalog", root]
     log = tmp_path / "serve.log"
     with log.open("w") as err:  # the child has its own copy of the descriptor

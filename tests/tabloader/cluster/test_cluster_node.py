@@ -1,0 +1,143 @@
+"""A node's engine fed by a leader, without Ray: fed jobs, their errors, catalog snapshots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyroaring import BitMap
+
+import catalog
+from catalog.errors import CatalogLockedError, LoaderError, ServiceError
+from tabloader.cluster import node
+from tabloader.cluster.leader import Leader
+from tabloader.engine import Loader
+
+
+@pytest.fixture
+def loader(cat):
+    cat.import_arrow("t", pa.table({"x": np.arange(50) * 10}))
+    cat.register_job("j", "t", where="x < 300")  # 30 rows
+    with Loader(cat, workers=2, decode="threads") as eng:
+        yield eng
+
+
+def fed(loader, *, rank=0, world_size=1, epochs=None, batch_size=4):
+    stream = loader.open(
+        "j", fed=True, rank=rank, world_size=world_size, batch_size=batch_size, epochs=epochs
+    )
+    return stream, stream._scheduler, stream._job
+
+
+def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
+    """The leader's lists for one rank: each epoch exactly its rows, in the leader's order,
+    in batches (the last short with one rank), and nothing past ``epochs``."""
+    stream, sched, job = fed(loader, epochs=2)
+    leader = Leader(seed=1, lookahead=1000, round_rows=7)
+    leader.join("j", rank=0, world_size=1, node="n", batch_size=4, ids=job.ids, epochs=3)
+    lists, _ = leader.poll("n")
+    sent: dict[int, list[int]] = {}
+    for w in lists:
+        for a in w.items:
+            sched.feed(job, a.epoch, a.rows, a.rounds)
+            sent.setdefault(a.epoch, []).extend(a.rows.tolist())
+    assert sorted(sent) == [0, 1, 2]  # the leader sent three epochs; the job reads two
+    for epoch in (0, 1):
+        batches = [b["_id"].tolist() for b in stream.iter_epoch()]
+        assert [i for b in batches for i in b] == sent[epoch]
+        assert [len(b) for b in batches] == [4] * 7 + [2]
+    assert stream.take() is None  # its epochs are read: rows of epoch 2 were never queued
+    assert job.q_rows.size == 0
+
+
+def test_data_parallel_ranks_read_whole_batches_of_their_quota(loader):
+    stream, sched, job = fed(loader, rank=1, world_size=2)
+    assert stream.name == "j[rank 1]"
+    assert job.rank_rows == 30 // (4 * 2) * 4  # 12: the remainder of the epoch is dropped
+    sched.feed(job, 0, np.arange(12, dtype=np.int64), np.arange(12, dtype=np.int64))
+    assert [len(b["_id"]) for b in stream.iter_epoch()] == [4, 4, 4]
+
+
+def test_feed_refuses_what_the_leader_and_node_disagree_on(loader):
+    _, sched, job = fed(loader)
+    rows = np.arange(20, dtype=np.int64)
+    sched.feed(job, 0, rows, rows)
+    with pytest.raises(LoaderError, match="got rows of epoch 1 .* while epoch 0 misses 10 rows"):
+        sched.feed(job, 1, rows, rows)
+    with pytest.raises(LoaderError, match="got 20 rows of epoch 0 .* 10 more than its 30"):
+        sched.feed(job, 0, rows, rows)
+
+
+def test_a_gone_job_raises_once_its_rank_would_wait(loader):
+    stream, sched, job = fed(loader)
+    rows = np.arange(8, dtype=np.int64)
+    sched.feed(job, 0, rows, rows)
+    sched.fail(job, "rank 1 (pid 7, node abc) died mid-run")
+    assert len(stream.take()["_id"]) == 4  # the batches it has are still delivered
+    assert len(stream.take()["_id"]) == 4
+    with pytest.raises(LoaderError, match=r"left the cluster: rank 1 \(pid 7.*start every rank"):
+        stream.take()
+
+
+def test_fed_jobs_have_no_local_state(loader):
+    with pytest.raises(LoaderError, match="leader keeps each job's progress"):
+        loader.open("j", fed=True, state={"job": "j", "epoch": 0, "remaining": b""})
+    stream, _, _ = fed(loader)
+    with pytest.raises(LoaderError, match="whose leader keeps the job's progress"):
+        stream.state_dict()
+
+
+def test_snapshot_catalog_reads_again_only_after_a_change(tmp_path):
+    root = tmp_path / "cat"
+    with catalog.connect(root, create=True) as cat:
+        cat.import_arrow("t", pa.table({"x": list(range(10))}))
+        cat.register_job("j", "t", where="x < 5")
+    snap = node.SnapshotCatalog(root)
+    assert snap.exists
+    assert len(snap.job("j").ids) == 5
+    assert snap.job("j") is snap.job("j")  # cached while the catalog is unchanged
+    with catalog.connect(root) as cat:
+        cat.register_job("j", "t", where="x < 8", replace=True)
+    assert len(snap.job("j").ids) == 8
+    assert snap.dataset("t").num_rows == 10
+
+
+def test_snapshot_catalog_waits_for_the_catalog_then_says_who_holds_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(node, "LOCK_WAIT_S", 0.2)
+    with catalog.connect(tmp_path / "cat", create=True), pytest.raises(CatalogLockedError):
+        node.SnapshotCatalog(tmp_path / "cat")
+
+
+def test_a_rank_on_a_node_without_loader_is_told_how_to_start_one(tmp_path, monkeypatch):
+    from tabloader.service import client
+
+    monkeypatch.setattr(client, "START_TIMEOUT_S", 0.2)
+    with pytest.raises(
+        ServiceError, match=r"No tabloader loader runs on this Ray node .*serve --ray"
+    ):
+        client._node_client(tmp_path, "0123456789abcdef0123")
+
+
+def test_no_ray_no_cluster(tmp_path):
+    """A process that never imported Ray is never a cluster rank (and Ray is not imported)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tabloader.cluster.node import find_service; "
+        f"print(find_service({str(tmp_path)!r}), 'ray' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["None", "False"]
+
+
+def test_leader_lookahead_is_bounded_for_every_node():
+    leader = Leader(seed=0, lookahead=20, round_rows=5)
+    ids = BitMap(range(100))
+    leader.join("j", rank=0, world_size=1, node="n", batch_size=5, ids=ids)
+    lists, _ = leader.poll("n")
+    assert sum(w.num_rows for w in lists) == 20  # no more until the node acknowledges
+    leader.ack("n", lists[-1].seq)
+    assert sum(w.num_rows for w in leader.poll("n")[0]) == 20
