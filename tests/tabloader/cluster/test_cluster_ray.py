@@ -121,7 +121,10 @@ def read_epoch(root, job, rank, world_size):
     from tabloader.torch import JobDataset
 
     ds = JobDataset(job, catalog=root, epochs=1)
-    ids = [int(i) for batch in ds for i in batch["_id"]]
+    ids = []
+    for batch in ds:
+        ids += [int(i) for i in batch["_id"]]
+        time.sleep(0.01)  # a training step: the jobs' ranks overlap in time
     ds.close()
     return ray.get_runtime_context().get_node_id(), ids
 
@@ -149,7 +152,7 @@ def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
     root = str(tmp_path / "cat")
     sets = image_catalog(root, image_folder)
     nodes = node_ids()
-    cluster = Cluster(root, leader_options={"lookahead": 32, "round_rows": 16}, workers=1)
+    cluster = Cluster(root, leader_options={"lookahead": 16, "round_rows": 8}, workers=1)
     try:
         infos = cluster.wait_ready(timeout=TIMEOUT)
         assert set(infos) == set(nodes)
@@ -173,11 +176,12 @@ def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
             needed = set(got[("a", i)][1]) | set(got[("b", i)][1])
             stats = ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)
             assert len(needed) <= stats["decodes"] <= 1.05 * len(needed), (i, stats)
-        # the shared rows were mostly read on one node for both jobs
+        # the shared rows were mostly read on one node for both jobs (random placement: half;
+        # a job whose ranks joined first reads its first rounds alone)
         both = sets["a"] & sets["b"]
         where = {x: {i for i in range(2) for j in "ab" if x in got[(j, i)][1]} for x in both}
         read = [w for w in where.values() if w]
-        assert sum(len(w) == 1 for w in read) >= 0.8 * len(read)
+        assert sum(len(w) == 1 for w in read) >= 0.7 * len(read)
         status = cluster.status()
         assert isinstance(status["decodes"], int)
         assert status["decodes"] > 0
