@@ -187,6 +187,10 @@ class Fetcher:
         self._lock = threading.Lock()
         self._flat: dict[str, npt.NDArray[Any] | None] = {}
         self._loading: dict[int, npt.NDArray[np.int64]] = {}  # space -> row -> load id (-1)
+        # space -> row -> batches submitted whose look-up has not pinned the row yet: their
+        # scheduler no longer counts them as future uses, the arena must not evict them
+        self._starting: dict[int, npt.NDArray[np.int32]] = {}
+        self._starting_lock = threading.Lock()  # never held while calling the arena
         self._loads: dict[int, _Load] = {}
         self._next_load = 0
 
@@ -199,6 +203,11 @@ class Fetcher:
                 grown = np.full(reader.num_rows, -1, np.int64)
                 grown[: loading.size] = loading
                 self._loading[space] = grown
+        with self._starting_lock:
+            for space, starting in self._starting.items():
+                more = np.zeros(reader.num_rows, np.int32)
+                more[: starting.size] = starting
+                self._starting[space] = more
 
     def submit(self, work: Work) -> None:
         """Prepare ``work``; ``on_done(work)`` follows.
@@ -210,8 +219,40 @@ class Fetcher:
         plan = work.plan
         if not plan.prepared and all(self._flat.get(d.column) is not None for d in plan.gathered):
             self._start(work)
-        else:
+            return
+        self._mark_starting(work, +1)
+        try:
             self.pool.submit(self._start, work)
+        except BaseException:
+            self._mark_starting(work, -1)
+            raise
+
+    def _mark_starting(self, work: Work, delta: int) -> None:
+        """Count ``work``'s rows as waiting for their look-up (+1) or past it (-1)."""
+        if not work.plan.prepared:
+            return
+        with self._starting_lock:
+            for _, space in work.plan.prepared:
+                starting = self._starting.get(space)
+                if starting is None:
+                    starting = self._starting[space] = np.zeros(self.reader.num_rows, np.int32)
+                np.add.at(starting, work.rows, delta)
+
+    def starting(self, space: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        """Per row of ``space``, the batches submitted that will look it up and have not yet
+        (lock-free: the arena asks with its lock held).
+
+        The scheduler stops counting a row as a future use when it cuts the row into a batch;
+        the batch pins it only at its look-up, on a pool thread, later. In between the row is
+        needed next of all, and an eviction then would decode it again at once.
+        """
+        starting = self._starting.get(space)
+        if starting is None:
+            return np.zeros(rows.size, np.int32)
+        out = np.zeros(rows.size, np.int32)
+        ok = rows < starting.size
+        out[ok] = starting[rows[ok]]
+        return out
 
     # -- step 1 and 2: gather, look up, claim ------------------------------------------------
     def _start(self, work: Work) -> None:
@@ -224,6 +265,7 @@ class Fetcher:
                 loads += self._lookup(work, ci, dec, space)
         except BaseException as exc:  # the batch fails, its job raises; nothing hangs
             work.error = exc
+        self._mark_starting(work, -1)  # its rows are pinned now, or claimed for decoding
         for load in loads:
             self._dispatch(load)
         with self._lock:

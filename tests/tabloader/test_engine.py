@@ -537,3 +537,41 @@ def test_jobs_that_only_gather_sample_independently(images):
         for stream in (pix, lab):
             ids = [i for b in stream for i in b["_id"].tolist()]
             assert sorted(ids) == list(range(images.job("lab").num_rows))
+
+
+def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
+    """A batch cut from a job's queue waits for a pool thread before its look-up pins its
+    rows; meanwhile the scheduler no longer counts them as future uses. An eviction in that
+    window must take other rows: the batch would decode its rows again at once."""
+    images.sql("REGISTER JOB a SELECT image FROM imgs WHERE _id < 8 WITH (image_size = 16)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WHERE _id < 8 WITH (image_size = 16)")
+    one_row = 16 * 16 * 3
+    with Loader(images, cache_bytes=12 * one_row, workers=1, decode="threads") as loader:
+        a = loader.open("a", batch_size=4, epochs=1)
+        assert sorted(i for batch in a for i in batch["_id"]) == list(range(8))
+        a.close()
+        assert loader.stats()["decodes"] == 8  # all 8 cached, 4 slots free
+        gate = threading.Event()
+        loader._pool.submit(gate.wait, 30)  # the only pool thread: b's batches wait behind it
+        try:
+            b = loader.open("b", batch_size=4, prefetch=2, epochs=1)
+            group = loader._schedulers["imgs"]
+
+            def submitted() -> bool:
+                with group.cond:
+                    return len(group.jobs["b"].ranks[0].batches) == 2
+
+            wait_until(submitted, "b's two batches submitted")
+            # other values of the same size take the 4 free slots, then evict 4 rows:
+            # released probes (needed by nobody), not b's rows
+            arena = loader._arena
+            probe = arena.space("probe", num_rows=8, fixed=True)
+            for row in range(8):
+                off = arena.put(probe, row, np.full((16, 16, 3), row, np.uint8))
+                arena.release(np.array([off]))
+        finally:
+            gate.set()
+        assert sorted(i for batch in b for i in batch["_id"]) == list(range(8))
+        b.close()
+        assert loader.stats()["decodes"] == 8  # b decoded nothing again
+        assert arena.stats().evictions == 4
