@@ -260,6 +260,12 @@ def _register_serve(sub: Any) -> None:
     p.add_argument(
         "--idle-exit", type=float, default=None, help="stop this many seconds after the last client"
     )
+    p.add_argument(
+        "--access-log",
+        default=None,
+        help="record every look-up and release of prepared values to this .npz file when the "
+        "service stops (for tabloader bench: the cache's offline bound)",
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -273,6 +279,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         cache_bytes=cache,
         workers=args.workers,
         idle_exit=args.idle_exit,
+        access_log=args.access_log,
     )
     print(f"tabloader: serving catalog {service.root} (pid {os.getpid()})", file=sys.stderr)
     service.serve()

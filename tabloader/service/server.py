@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import signal
 import threading
 import time
@@ -57,6 +58,8 @@ class Service:
         workers: decode processes and reader threads.
         idle_exit: stop this many seconds after the last client left (None: never); what a
             service started in the background by a client uses.
+        access_log: record the engine's look-ups and releases to this ``.npz`` file when the
+            service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
 
     Raises:
         ServiceError: a service already runs for the catalog.
@@ -70,6 +73,7 @@ class Service:
         cache_bytes: int = 1 << 30,
         workers: int | None = None,
         idle_exit: float | None = None,
+        access_log: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = Path(root).absolute()
         self.idle_exit = idle_exit
@@ -87,6 +91,7 @@ class Service:
                     cache_bytes=cache_bytes,
                     workers=workers,
                     staging_bytes=STAGING_BLOCK * STAGING_BLOCKS,
+                    access_log=access_log,
                 )
             except BaseException:
                 self.catalog.close()
@@ -156,7 +161,7 @@ class _Handler:
         self.session = session
         self.stream: JobStream | None = None
         # ticket -> pins, staging offset, staging block (-1: staged in the arena, or nothing)
-        self.out: dict[int, tuple[list[np.ndarray], int, int]] = {}
+        self.out: dict[int, tuple[list[np.ndarray], int, int, Any]] = {}  # ..., and its Work
         self.lock = threading.Lock()
         self.closed = False
 
@@ -309,6 +314,7 @@ class _Handler:
             if staging < 0:
                 for held in pins:
                     arena.release(held)
+                self._released(batch["work"])
                 raise LoaderError(
                     f"A batch needs {used} bytes of staging in the cache, more than a slab "
                     "or all free slots; raise the service's cache size or lower batch_size."
@@ -328,7 +334,7 @@ class _Handler:
                 for k in col.get("staged", {}):
                     col["staged"][k] += staging
         with self.lock:
-            self.out[ticket] = (pins, staging, block)
+            self.out[ticket] = (pins, staging, block, batch["work"])
             closed = self.closed
         if closed:
             self._release([ticket])
@@ -342,15 +348,22 @@ class _Handler:
                 held = self.out.pop(int(t), None)
             if held is None:
                 continue
-            pins, staging, block = held
+            pins, staging, block, work = held
             for offsets in pins:
                 if offsets.size:
                     arena.release(offsets)
+            self._released(work)
             if block >= 0:
                 with self.service.blocks_lock:
                     self.service.blocks.append(block)
             elif staging >= 0:
                 arena.discard(np.array([staging], np.int64))
+
+    def _released(self, work: Any) -> None:
+        """A handed-over batch's pins are gone (for the loader's access log, if it keeps one)."""
+        log = self.service.loader.access_log
+        if log is not None:
+            log.released(work)
 
     def close(self) -> None:
         with self.lock:

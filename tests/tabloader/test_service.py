@@ -457,3 +457,25 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
     assert stats["service_pid"] == service.pid
     assert stats["decodes"] >= 8  # the first batch was decoded
     assert stats["jobs"]["a"]["batches"] == 1
+
+
+def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp_path):
+    """``serve --access-log``: written when the service stops, each look-up released once
+    (by the client's release of its batch, as the pins were)."""
+    path = tmp_path / "access.npz"
+    proc = start_service(cat_dir, "--access-log", str(path))
+    try:
+        with (
+            RemoteLoader(cat_dir, start=False) as remote,
+            remote.open("a", batch_size=4, epochs=1) as stream,
+        ):
+            seen = [i for b in stream for i in b["_id"].tolist()]
+            expected = rows_of(remote, "label < 3")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+    assert sorted(seen) == expected
+    with np.load(path) as log:
+        kind, row = log["kind"], log["row"]
+    assert sorted(row[kind == 1].tolist()) == expected
+    assert sorted(row[kind == 0].tolist()) == expected
