@@ -65,7 +65,14 @@ import numpy.typing as npt
 
 from catalog.errors import CacheError
 
-__all__ = ["Arena", "ArenaStats", "CacheOvershootWarning", "CacheTooSmallWarning", "Found"]
+__all__ = [
+    "Arena",
+    "ArenaStats",
+    "CacheOvershootWarning",
+    "CacheTooSmallWarning",
+    "Found",
+    "values_that_fit",
+]
 
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
@@ -192,8 +199,7 @@ class Arena:
                 "budget in bytes, e.g. 4 << 30 for 4 GiB."
             )
         if slab_bytes is None:
-            slab_bytes = min(capacity_bytes, MAX_SLAB, max(MIN_SLAB, capacity_bytes // 64))
-            slab_bytes = max(MIN_SLOT, slab_bytes - slab_bytes % MIN_SLOT)
+            slab_bytes = _default_slab(capacity_bytes)
         self.slab_bytes = slab_bytes
         self.num_slabs = max(1, capacity_bytes // slab_bytes)
         size = self.num_slabs * slab_bytes
@@ -572,6 +578,18 @@ class Arena:
                 uncached=self._uncached,
                 evictions=self._evictions,
             )
+
+
+def _default_slab(capacity_bytes: int) -> int:
+    slab_bytes = min(capacity_bytes, MAX_SLAB, max(MIN_SLAB, capacity_bytes // 64))
+    return max(MIN_SLOT, slab_bytes - slab_bytes % MIN_SLOT)
+
+
+def values_that_fit(capacity_bytes: int, nbytes: int) -> int:
+    """How many fixed-shape values of ``nbytes`` an ``Arena(capacity_bytes)`` holds when every
+    slab holds them (its capacity in rows, for cache bounds)."""
+    slab = _default_slab(capacity_bytes)
+    return max(1, capacity_bytes // slab) * (slab // _size_class(nbytes, exact=True))
 
 
 def _size_class(nbytes: int, *, exact: bool) -> int:

@@ -304,6 +304,12 @@ def _register_serve(sub: Any) -> None:
         "serve the Ray cluster at ADDRESS (default: auto): a leader and a loader on every "
         "node, also on nodes that join later",
     )
+    p.add_argument(
+        "--access-log",
+        default=None,
+        help="record every look-up and release of prepared values to this .npz file when the "
+        "service stops (for tabloader bench: the cache's offline bound)",
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -331,6 +337,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         cache_bytes=cache,
         workers=args.workers,
         idle_exit=args.idle_exit,
+        access_log=args.access_log,
     )
     print(f"tabloader: serving catalog {service.root} (pid {os.getpid()})", file=sys.stderr)
     service.serve()

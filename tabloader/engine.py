@@ -42,7 +42,7 @@ from catalog.options import option_value
 from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool
-from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
+from tabloader.fetch import MIN_PROCESS_ROWS, AccessLog, Fetcher, Plan
 from tabloader.prep import DecodeKind, decoder_for
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler, JobState, OnError
@@ -76,6 +76,10 @@ class Loader:
         staging_bytes: shared memory after the arena's (the loader service stages the small
             columns of the batches it hands over there, never short of room because images
             are pinned).
+        access_log: keep an :class:`~tabloader.fetch.AccessLog` (``self.access_log``) of every
+            look-up and release of prepared values, and write it to this ``.npz`` file
+            (arrays ``kind``, ``space``, ``row``) on ``close()``: what benchmarks replay
+            through Belady's MIN for the best any cache of the same size could have done.
 
     Example:
         >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
@@ -93,6 +97,7 @@ class Loader:
         seed: int | None = 0,
         decode: str = "processes",
         staging_bytes: int = 0,
+        access_log: str | os.PathLike[str] | None = None,
     ) -> None:
         if decode not in ("processes", "threads"):
             raise LoaderError(f"decode={decode!r}: use 'processes' or 'threads'.")
@@ -101,6 +106,13 @@ class Loader:
                 f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
             )
         self._sampler_cls = SAMPLERS[sampler]
+        self._access_log_path = None if access_log is None else Path(access_log)
+        if self._access_log_path is not None and not self._access_log_path.parent.is_dir():
+            raise LoaderError(
+                f"access_log={str(access_log)!r}: its directory does not exist; create it or "
+                "pass a path in an existing directory."
+            )
+        self.access_log = AccessLog() if self._access_log_path is not None else None
         self._seed = seed
         self._owns_catalog = catalog is None or isinstance(catalog, (str, os.PathLike))
         self.catalog = (
@@ -173,6 +185,7 @@ class Loader:
                 close_job=lambda job: sched.remove(job),
             )
             fetcher.on_done = sched.landed
+            fetcher.access_log = self.access_log
             self._schedulers[dataset.name] = sched
         else:
             sched = found
@@ -380,6 +393,8 @@ class Loader:
         self._release_memory()
         if self._owns_catalog:
             self.catalog.close()
+        if self.access_log is not None and self._access_log_path is not None:
+            self.access_log.save(self._access_log_path)
 
     def _release_memory(self) -> None:
         if self._procs is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from tabloader.arena import Arena
 from tabloader.decoding import DecodePool, decode_rows
 from tabloader.prep import DecodeKind, Decoder, batch_column
 
-__all__ = ["Counters", "Fetcher", "Plan", "Work"]
+__all__ = ["AccessLog", "Counters", "Fetcher", "Plan", "Work"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,56 @@ class Counters:
         """The counters as a dict."""
         with self.lock:
             return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "lock"}
+
+
+class AccessLog:
+    """Every look-up of a prepared value and every release of a batch's pins, in order.
+
+    For offline cache bounds (Belady's MIN on the same requests, with the pins the engine
+    held: ``tabloader.bench._cachesim.belady_pinned``); a ``Loader`` keeps one when given
+    ``access_log``. Event ``LOOKUP`` (space, row): a batch asks for the row and holds it from
+    then on; ``RELEASE`` (space, row): the batch lets it go (its values were copied into the
+    job's batch, or the loader service's client released it). One release per batch looked up.
+    """
+
+    LOOKUP = 1
+    RELEASE = 0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parts: list[tuple[int, int, npt.NDArray[np.int64]]] = []
+        self._open: set[int] = set()  # id() of the batches looked up and not yet released
+
+    def looked_up(self, work: Work, space: int, rows: npt.NDArray[np.int64]) -> None:
+        with self._lock:
+            self._open.add(id(work))
+            self._parts.append((self.LOOKUP, space, rows.copy()))
+
+    def released(self, work: Work) -> None:
+        """``work`` dropped its pins (a second call, or one for a batch never looked up, is
+        a no-op)."""
+        with self._lock:
+            if id(work) not in self._open:
+                return
+            self._open.discard(id(work))
+            for _, space in work.plan.prepared:
+                self._parts.append((self.RELEASE, space, work.rows.copy()))
+
+    def arrays(self) -> dict[str, npt.NDArray[np.int64]]:
+        """The events so far: ``kind``, ``space`` and ``row``, one entry each."""
+        with self._lock:
+            parts = list(self._parts)
+        sizes = [rows.size for _, _, rows in parts]
+        return {
+            "kind": np.repeat(np.array([k for k, _, _ in parts], np.int64), sizes),
+            "space": np.repeat(np.array([sp for _, sp, _ in parts], np.int64), sizes),
+            "row": np.concatenate([rows for _, _, rows in parts] or [np.empty(0, np.int64)]),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the events to ``path`` (``.npz``: arrays ``kind``, ``space``, ``row``)."""
+        events = self.arrays()
+        np.savez(path, kind=events["kind"], space=events["space"], row=events["row"])
 
 
 @dataclass(frozen=True)
@@ -187,8 +238,13 @@ class Fetcher:
         self._lock = threading.Lock()
         self._flat: dict[str, npt.NDArray[Any] | None] = {}
         self._loading: dict[int, npt.NDArray[np.int64]] = {}  # space -> row -> load id (-1)
+        # space -> row -> batches submitted whose look-up has not pinned the row yet: their
+        # scheduler no longer counts them as future uses, the arena must not evict them
+        self._starting: dict[int, npt.NDArray[np.int32]] = {}
+        self._starting_lock = threading.Lock()  # never held while calling the arena
         self._loads: dict[int, _Load] = {}
         self._next_load = 0
+        self.access_log: AccessLog | None = None  # set by a Loader asked to record one
 
     def set_readers(self, reader: DatasetReader, table: DatasetReader) -> None:
         """Read a newer version of the dataset (rows were appended)."""
@@ -199,6 +255,11 @@ class Fetcher:
                 grown = np.full(reader.num_rows, -1, np.int64)
                 grown[: loading.size] = loading
                 self._loading[space] = grown
+        with self._starting_lock:
+            for space, starting in self._starting.items():
+                more = np.zeros(reader.num_rows, np.int32)
+                more[: starting.size] = starting
+                self._starting[space] = more
 
     def submit(self, work: Work) -> None:
         """Prepare ``work``; ``on_done(work)`` follows.
@@ -210,8 +271,40 @@ class Fetcher:
         plan = work.plan
         if not plan.prepared and all(self._flat.get(d.column) is not None for d in plan.gathered):
             self._start(work)
-        else:
+            return
+        self._mark_starting(work, +1)
+        try:
             self.pool.submit(self._start, work)
+        except BaseException:
+            self._mark_starting(work, -1)
+            raise
+
+    def _mark_starting(self, work: Work, delta: int) -> None:
+        """Count ``work``'s rows as waiting for their look-up (+1) or past it (-1)."""
+        if not work.plan.prepared:
+            return
+        with self._starting_lock:
+            for _, space in work.plan.prepared:
+                starting = self._starting.get(space)
+                if starting is None:
+                    starting = self._starting[space] = np.zeros(self.reader.num_rows, np.int32)
+                np.add.at(starting, work.rows, delta)
+
+    def starting(self, space: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        """Per row of ``space``, the batches submitted that will look it up and have not yet
+        (lock-free: the arena asks with its lock held).
+
+        The scheduler stops counting a row as a future use when it cuts the row into a batch;
+        the batch pins it only at its look-up, on a pool thread, later. In between the row is
+        needed next of all, and an eviction then would decode it again at once.
+        """
+        starting = self._starting.get(space)
+        if starting is None:
+            return np.zeros(rows.size, np.int32)
+        out = np.zeros(rows.size, np.int32)
+        ok = rows < starting.size
+        out[ok] = starting[rows[ok]]
+        return out
 
     # -- step 1 and 2: gather, look up, claim ------------------------------------------------
     def _start(self, work: Work) -> None:
@@ -224,6 +317,7 @@ class Fetcher:
                 loads += self._lookup(work, ci, dec, space)
         except BaseException as exc:  # the batch fails, its job raises; nothing hangs
             work.error = exc
+        self._mark_starting(work, -1)  # its rows are pinned now, or claimed for decoding
         for load in loads:
             self._dispatch(load)
         with self._lock:
@@ -234,6 +328,8 @@ class Fetcher:
 
     def _lookup(self, work: Work, ci: int, dec: Decoder, space: int) -> list[_Load]:
         rows = work.rows
+        if self.access_log is not None:
+            self.access_log.looked_up(work, space, rows)
         found = self.arena.get(space, rows)
         work.offsets[ci][:] = found.offsets
         work.shapes[ci][:] = found.shapes
@@ -458,6 +554,8 @@ class Fetcher:
 
     def release(self, work: Work) -> None:
         """Drop the pins a batch holds on its values."""
+        if self.access_log is not None:
+            self.access_log.released(work)
         for offsets in work.offsets:
             held = offsets[offsets >= 0]
             if held.size:

@@ -15,7 +15,9 @@ Data flow, per dataset::
 * **Future uses** (the arena's eviction inputs), per arena space, kept incrementally with
   array operations: ``uses[row]``, the open jobs that still need the row this epoch (in the
   sampler's remaining set, or queued); ``next_round[row]``, the round of its next queued use
-  (inf if none). Rows leave both when their batch starts preparing (then they are pinned).
+  (inf if none). Rows leave both when they are cut into a batch; until that batch's look-up
+  pins them, the fetcher counts them (``Fetcher.starting``) and ``score`` ranks them as
+  needed before any queued row.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
   fast jobs go on alone. Nobody waits for anybody.
 * **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
@@ -559,14 +561,21 @@ class DatasetScheduler:
         mark[rows] = False
 
     def score(self, space: int, rows: npt.NDArray[np.int64]) -> tuple[Any, Any]:
-        """The arena's eviction inputs: (round of next queued use, future uses) per row."""
+        """The arena's eviction inputs: (round of next queued use, future uses) per row.
+
+        A row of a batch cut and submitted but not yet looked up (so not pinned yet) is
+        counted as a use due before every queued one (round -1).
+        """
         nxt, uses = self.next_round.get(space), self.uses.get(space)
-        if nxt is None or uses is None:
-            return np.full(rows.size, np.inf), np.zeros(rows.size)
-        ok = rows < nxt.size
         n = np.full(rows.size, np.inf)
         u = np.zeros(rows.size)
-        n[ok], u[ok] = nxt[rows[ok]], uses[rows[ok]]
+        if nxt is not None and uses is not None:
+            ok = rows < nxt.size
+            n[ok], u[ok] = nxt[rows[ok]], uses[rows[ok]]
+        starting = self.fetcher.starting(space, rows)
+        if starting.any():
+            n[starting > 0] = -1
+            u += starting
         return n, u
 
     # -- the scheduling thread ---------------------------------------------------------------------

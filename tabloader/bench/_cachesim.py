@@ -51,6 +51,7 @@ __all__ = [
     "Policy",
     "Scenario",
     "Stream",
+    "belady_pinned",
     "generate_stream",
     "simulate",
 ]
@@ -293,6 +294,60 @@ def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
             del cached[victim]
             cached[row] = nu
             heapq.heappush(heap, (-nu, row))
+    return reads
+
+
+def belady_pinned(
+    kind: np.ndarray, space: np.ndarray, row: np.ndarray, capacity: int, *, pins: bool = True
+) -> int:
+    """Belady's MIN on a recorded :class:`~tabloader.fetch.AccessLog`: the reads (decodes) of
+    a cache of ``capacity`` values that knows every future request.
+
+    With ``pins`` a value that a batch holds (from its look-up to its release) is never
+    evicted, as in the arena: a value that needs a slot while every cached one is held is not
+    cached. When full, the unheld value whose next look-up is farthest makes room, unless the
+    new value's own next look-up is farther: then the new one is not cached. Without ``pins``
+    this is exact MIN, a lower bound of any cache of that size on these requests.
+
+    Raises:
+        ValueError: ``capacity`` is below 1.
+    """
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if row.size == 0:
+        return 0
+    key = space.astype(np.int64) * (int(row.max()) + 1) + row.astype(np.int64)
+    looks = kind == 1  # AccessLog.LOOKUP
+    nxt = _next_use(key[looks]).tolist()
+    if not pins:
+        return _belady(key[looks].tolist(), nxt, capacity)
+    held: dict[int, int] = {}  # value -> batches holding it
+    next_of: dict[int, int] = {}  # value -> its next look-up (index among look-ups)
+    version: dict[int, int] = {}  # heap entries of an older version are stale
+    cached: set[int] = set()
+    heap: list[tuple[int, int, int]] = []  # (-next look-up, value, version): unheld ones
+    reads = j = 0
+    for is_look, x in zip(looks.tolist(), key.tolist(), strict=True):
+        if not is_look:
+            held[x] = held.get(x, 0) - 1
+            if held[x] == 0 and x in cached:
+                version[x] = version.get(x, 0) + 1
+                heapq.heappush(heap, (-next_of[x], x, version[x]))
+            continue
+        next_of[x] = nxt[j]
+        j += 1
+        held[x] = held.get(x, 0) + 1
+        version[x] = version.get(x, 0) + 1  # held now: not a victim until released
+        if x in cached:
+            continue
+        reads += 1
+        if len(cached) >= capacity:
+            while heap and (version[heap[0][1]] != heap[0][2] or heap[0][1] not in cached):
+                heapq.heappop(heap)  # stale
+            if not heap or -heap[0][0] < next_of[x]:
+                continue  # every cached value is held, or needed sooner: x is not cached
+            cached.discard(heapq.heappop(heap)[1])
+        cached.add(x)
     return reads
 
 

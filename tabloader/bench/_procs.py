@@ -95,10 +95,19 @@ class ServiceProcess:
     """``tabloader --catalog ROOT serve`` in a child process, for one benchmark run.
 
     Started by the benchmark (not auto-started by a client) so that its cache and workers are
-    the run's, and stopped with SIGTERM by ``stop()``.
+    the run's, and stopped with SIGTERM by ``stop()`` (after which its ``access_log``, if
+    asked for, is written).
     """
 
-    def __init__(self, root: Path, *, cache_bytes: int, workers: int, log: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        cache_bytes: int,
+        workers: int,
+        log: Path,
+        access_log: Path | None = None,
+    ) -> None:
         from catalog.errors import ServiceError
         from tabloader.service.client import RemoteLoader
 
@@ -109,6 +118,7 @@ class ServiceProcess:
                 [
                     *(sys.executable, "-m", "tabloader", "--catalog", str(self.root), "serve"),
                     *("--cache-bytes", str(cache_bytes), "--workers", str(workers)),
+                    *(() if access_log is None else ("--access-log", str(access_log))),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=out,

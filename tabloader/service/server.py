@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import signal
 import threading
 import time
@@ -61,6 +62,8 @@ class Service:
         node, leader: the Ray node this service is the loader of, and the cluster leader's
             actor handle (:mod:`tabloader.cluster.node`): every job is then fed by the leader,
             and the catalog is opened only for the moment of a lookup.
+        access_log: record the engine's look-ups and releases to this ``.npz`` file when the
+            service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
 
     Raises:
         ServiceError: a service already runs for the catalog.
@@ -76,6 +79,7 @@ class Service:
         idle_exit: float | None = None,
         node: str | None = None,
         leader: Any = None,
+        access_log: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = Path(root).absolute()
         self.node = node
@@ -99,6 +103,7 @@ class Service:
                     cache_bytes=cache_bytes,
                     workers=workers,
                     staging_bytes=STAGING_BLOCK * STAGING_BLOCKS,
+                    access_log=access_log,
                 )
             except BaseException:
                 self.catalog.close()
@@ -172,7 +177,7 @@ class _Handler:
         self.session = session
         self.stream: JobStream | None = None
         # ticket -> pins, staging offset, staging block (-1: staged in the arena, or nothing)
-        self.out: dict[int, tuple[list[np.ndarray], int, int]] = {}
+        self.out: dict[int, tuple[list[np.ndarray], int, int, Any]] = {}  # ..., and its Work
         self.lock = threading.Lock()
         self.closed = False
         self.joined: tuple[str, int] | None = None  # a fed job: (job, rank) on the leader
@@ -341,6 +346,7 @@ class _Handler:
             if staging < 0:
                 for held in pins:
                     arena.release(held)
+                self._released(batch["work"])
                 raise LoaderError(
                     f"A batch needs {used} bytes of staging in the cache, more than a slab "
                     "or all free slots; raise the service's cache size or lower batch_size."
@@ -360,7 +366,7 @@ class _Handler:
                 for k in col.get("staged", {}):
                     col["staged"][k] += staging
         with self.lock:
-            self.out[ticket] = (pins, staging, block)
+            self.out[ticket] = (pins, staging, block, batch["work"])
             closed = self.closed
         if closed:
             self._release([ticket])
@@ -374,15 +380,22 @@ class _Handler:
                 held = self.out.pop(int(t), None)
             if held is None:
                 continue
-            pins, staging, block = held
+            pins, staging, block, work = held
             for offsets in pins:
                 if offsets.size:
                     arena.release(offsets)
+            self._released(work)
             if block >= 0:
                 with self.service.blocks_lock:
                     self.service.blocks.append(block)
             elif staging >= 0:
                 arena.discard(np.array([staging], np.int64))
+
+    def _released(self, work: Any) -> None:
+        """A handed-over batch's pins are gone (for the loader's access log, if it keeps one)."""
+        log = self.service.loader.access_log
+        if log is not None:
+            log.released(work)
 
     def close(self) -> None:
         with self.lock:

@@ -86,6 +86,10 @@ def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
         assert run["results"]["dataloader"]["decodes"] == sum(sets)
         service = run["results"]["service"]
         assert union <= service["decodes"] <= 1.05 * union
+        for competitor in ("service", "threads"):  # replayed from their own access logs
+            belady = run["results"][competitor]["belady"]
+            assert belady["capacity_rows"] > 0
+            assert union <= belady["decodes_unpinned"] <= belady["decodes"] <= sum(sets)
         copies = service["copies"]
         assert copies["images"] == sum(sets)
         assert copies["prepared_bytes"] == sum(sets) * SIZE * SIZE * 3
@@ -109,6 +113,28 @@ def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
         assert 0 < overhead["p50_us"] <= overhead["p99_us"]
     pids += overhead["service_pids"]
     assert_cleaned_up(tmp_path, pids)
+
+
+def test_e2e_late_is_checked_against_belady():
+    """In ``late`` the service's decodes are checked against Belady's MIN on its requests."""
+    service = {
+        "decodes": 120,
+        "belady": {"capacity_rows": 40, "decodes": 110, "decodes_unpinned": 105},
+        "copies": {"copied_bytes": 1, "prepared_bytes": 1},
+        "jobs": {},
+    }
+    runs = {"late": {"union": 100, "results": {"service": service}, "fastest_alone_rows_per_s": 0}}
+    overhead = {"p50_us": 1.0, "p99_us": 2.0}
+    targets = {t["target"]: t for t in e2e._targets(runs, overhead, 1 << 20)}
+    assert targets["service decodes / union"]["result"] == "FAIL"
+    bound = targets["Belady's MIN / union (40-row arena, service's requests and pins)"]
+    assert bound["value"] == 1.1
+    check = targets["service decodes / Belady's MIN"]
+    assert check["value"] == pytest.approx(120 / 110)
+    assert check["result"] == "FAIL"
+    service["decodes"] = 112
+    targets = {t["target"]: t for t in e2e._targets(runs, overhead, 1 << 20)}
+    assert targets["service decodes / Belady's MIN"]["result"] == "PASS"
 
 
 def test_train_counts_decodes_and_epochs_and_cleans_up(tmp_path):

@@ -628,3 +628,79 @@ def test_jobs_that_only_gather_sample_independently(images):
         for stream in (pix, lab):
             ids = [i for b in stream for i in b["_id"].tolist()]
             assert sorted(ids) == list(range(images.job("lab").num_rows))
+
+
+def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
+    """A batch cut from a job's queue waits for a pool thread before its look-up pins its
+    rows; meanwhile the scheduler no longer counts them as future uses. An eviction in that
+    window must take other rows: the batch would decode its rows again at once."""
+    images.sql("REGISTER JOB a SELECT image FROM imgs WHERE _id < 8 WITH (image_size = 16)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WHERE _id < 8 WITH (image_size = 16)")
+    one_row = 16 * 16 * 3
+    with Loader(images, cache_bytes=12 * one_row, workers=1, decode="threads") as loader:
+        a = loader.open("a", batch_size=4, epochs=1)
+        assert sorted(i for batch in a for i in batch["_id"]) == list(range(8))
+        a.close()
+        assert loader.stats()["decodes"] == 8  # all 8 cached, 4 slots free
+        gate = threading.Event()
+        loader._pool.submit(gate.wait, 30)  # the only pool thread: b's batches wait behind it
+        try:
+            b = loader.open("b", batch_size=4, prefetch=2, epochs=1)
+            group = loader._schedulers["imgs"]
+
+            def submitted() -> bool:
+                with group.cond:
+                    return len(group.jobs["b"].ranks[0].batches) == 2
+
+            wait_until(submitted, "b's two batches submitted")
+            # other values of the same size take the 4 free slots, then evict 4 rows:
+            # released probes (needed by nobody), not b's rows
+            arena = loader._arena
+            probe = arena.space("probe", num_rows=8, fixed=True)
+            for row in range(8):
+                off = arena.put(probe, row, np.full((16, 16, 3), row, np.uint8))
+                arena.release(np.array([off]))
+        finally:
+            gate.set()
+        assert sorted(i for batch in b for i in batch["_id"]) == list(range(8))
+        b.close()
+        assert loader.stats()["decodes"] == 8  # b decoded nothing again
+        assert arena.stats().evictions == 4
+
+
+def test_access_log_records_every_look_up_and_its_release(images, tmp_path):
+    from tabloader.bench._cachesim import belady_pinned
+    from tabloader.fetch import AccessLog
+
+    images.sql("REGISTER JOB x SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB y SELECT image FROM imgs WHERE label < 2 WITH (image_size = 16)")
+    images.sql("REGISTER JOB z SELECT label FROM imgs")  # gathers only: nothing to log
+    path = tmp_path / "access.npz"
+    with Loader(images, cache_bytes=20 * 16 * 16 * 3, workers=2, access_log=path) as loader:
+        specs = {"x": (4, 2), "y": (3, 1), "z": (4, 1)}  # batch size, epochs
+        streams = [
+            loader.open(j, batch_size=b, prefetch=2, epochs=e) for j, (b, e) in specs.items()
+        ]
+        for stream in streams:  # at most 2 x 2 x 4 rows held: the 20-row arena never overflows
+            for _ in stream:
+                pass
+            stream.close()
+        decodes = loader.stats()["decodes"]
+    with np.load(path) as log:
+        kind, space, row = log["kind"], log["space"], log["row"]
+    looks = kind == AccessLog.LOOKUP
+    x, y = (sorted(images.job(j).ids) for j in ("x", "y"))
+    assert Counter(row[looks].tolist()) == Counter(2 * x + y)
+    assert len(np.unique(space)) == 1  # one column prepared one way
+    held = Counter()
+    for is_look, r in zip(looks.tolist(), row.tolist(), strict=True):
+        held[r] += 1 if is_look else -1
+        assert held[r] >= 0, "released before its look-up"
+    assert not +held  # every look-up released
+    assert belady_pinned(kind, space, row, 10**6) == len(x)  # room for all: one read each
+    assert belady_pinned(kind, space, row, 20) <= decodes
+
+
+def test_access_log_needs_an_existing_directory(images, tmp_path):
+    with pytest.raises(LoaderError, match="access_log=.*directory does not exist"):
+        Loader(images, access_log=tmp_path / "missing" / "access.npz")

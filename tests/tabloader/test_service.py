@@ -556,3 +556,25 @@ def test_relative_paths_of_a_client_mean_its_own_directory(service, cat_dir, els
     )
     assert out.returncode == 1
     assert f"No such file or directory: '{elsewhere / 'missing'}'" in out.stderr
+
+
+def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp_path):
+    """``serve --access-log``: written when the service stops, each look-up released once
+    (by the client's release of its batch, as the pins were)."""
+    path = tmp_path / "access.npz"
+    proc = start_service(cat_dir, "--access-log", str(path))
+    try:
+        with (
+            RemoteLoader(cat_dir, start=False) as remote,
+            remote.open("a", batch_size=4, epochs=1) as stream,
+        ):
+            seen = [i for b in stream for i in b["_id"].tolist()]
+            expected = rows_of(remote, "label < 3")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+    assert sorted(seen) == expected
+    with np.load(path) as log:
+        kind, row = log["kind"], log["row"]
+    assert sorted(row[kind == 1].tolist()) == expected
+    assert sorted(row[kind == 0].tolist()) == expected

@@ -14,6 +14,7 @@ from tabloader.bench._cachesim import (
     Policy,
     Scenario,
     Stream,
+    belady_pinned,
     generate_stream,
     simulate,
 )
@@ -110,3 +111,36 @@ def test_lookahead_spans_refcnt_to_belady(cls):
         assert _refcnt(st, rows, cap, nxt, 0) == refcnt
         assert _refcnt(st, rows, cap, nxt, len(rows)) == belady < refcnt
         assert belady <= simulate(st, Policy.LOOKAHEAD, cap) <= refcnt
+
+
+def access_log(*events: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """("+", row): a batch looks the row up; ("-", row): it releases it (space 0)."""
+    kind = np.array([1 if e == "+" else 0 for e, _ in events], np.int64)
+    row = np.array([r for _, r in events], np.int64)
+    return kind, np.zeros_like(row), row
+
+
+def test_belady_pinned_keeps_what_batches_hold():
+    # b is looked up while a is held: a cache of one value cannot take b, so b is read twice
+    kind, space, row = access_log(("+", 0), ("+", 1), ("-", 0), ("-", 1), ("+", 1), ("-", 1))
+    assert belady_pinned(kind, space, row, 1) == 3
+    assert belady_pinned(kind, space, row, 1, pins=False) == 2  # MIN: evict a for b
+    assert belady_pinned(kind, space, row, 2) == 2
+    # a value needed later than every cached one is not cached (MIN's bypass)
+    kind, space, row = access_log(*[(e, r) for r in (0, 1, 0) for e in "+-"])
+    assert belady_pinned(kind, space, row, 1) == 2  # 1 is not cached: 0 stays for its reuse
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        belady_pinned(kind, space, row, 0)
+
+
+def test_belady_pinned_without_holds_is_min_on_the_look_ups():
+    rows = [1, 2, 3, 1, 2, 4, 1, 2, 3, 4]
+    kind, space, row = access_log(*[(e, r) for r in rows for e in "+-"])
+    for capacity in (1, 2, 3, 4, 10):
+        expected = simulate(stream_of(rows), Policy.BELADY, capacity)
+        assert belady_pinned(kind, space, row, capacity) == expected
+        assert belady_pinned(kind, space, row, capacity, pins=False) == expected
+    # the same row in two spaces is two values
+    two = belady_pinned(np.array([1, 0, 1, 0]), np.array([0, 0, 1, 1]), np.array([5, 5, 5, 5]), 1)
+    assert two == 2
+    assert belady_pinned(*access_log(), 3) == 0
