@@ -14,6 +14,7 @@ errors and counters cross the pipe.
 from __future__ import annotations
 
 import functools
+import logging
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.spawn
@@ -30,13 +31,15 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from catalog.errors import StorageError
+from catalog.errors import LoaderError, StorageError
 from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
 
 __all__ = ["DecodePool", "decode_rows"]
 
 Errors = dict[int, BaseException]
+
+logger = logging.getLogger(__name__)
 
 
 def decode_rows(
@@ -121,14 +124,53 @@ class DecodePool:
         size: its size in bytes.
         processes: how many.
 
-    The processes start on first use, from a ``forkserver`` (never ``fork``: the loader has
-    threads and a DuckDB connection) that has imported this module once.
+    The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
+    DuckDB connection) that has imported this module once: on first use, or ahead of it with
+    :meth:`start`. Starting them takes about a second on a busy machine (the forkserver
+    imports this module, each process maps the arena), which a loader's first batch would
+    otherwise wait for.
     """
 
     def __init__(self, segment: str, size: int, processes: int) -> None:
         self._segment, self._size, self.processes = segment, size, processes
         self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()  # creating the pool (``start``'s thread and submits)
+        self._closed = False
+        self._starting: threading.Thread | None = None
         self._specs: dict[int, tuple[DatasetReader, int, bytes]] = {}  # id(reader) -> ...
+
+    def start(self) -> None:
+        """Start every process now, in a background thread (``submit`` need not wait)."""
+        self._starting = threading.Thread(
+            target=self._start_all, name="tabloader-decode-start", daemon=True
+        )
+        self._starting.start()
+
+    def _start_all(self) -> None:
+        try:
+            pool = self._executor()
+            # With a forkserver the executor starts a process per task while none is idle:
+            # one no-op task each starts them all.
+            for _ in range(self.processes):
+                pool.submit(os.getpid)
+        except Exception as exc:  # closed meanwhile, or a start that failed: the first
+            # submit starts them (and reports what fails)
+            logger.debug("decode processes not started ahead: %r", exc)
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise LoaderError("The decode processes are stopped; create a new Loader.")
+            if self._pool is None or self._pool._broken:  # a process died (killed, crashed)
+                ctx = _DecodeContext()
+                ctx.set_forkserver_preload([__name__])
+                self._pool = ProcessPoolExecutor(
+                    self.processes,
+                    mp_context=ctx,
+                    initializer=_attach,
+                    initargs=(self._segment, self._size, os.getpid()),
+                )
+            return self._pool
 
     def submit(
         self,
@@ -140,27 +182,23 @@ class DecodePool:
         """Decode ``rows`` into the slots at ``offsets``; the future's result is
         ``(errors by position, counters)``.
         """
-        if self._pool is None or self._pool._broken:  # a process died (killed, crashed)
-            ctx = _DecodeContext()
-            ctx.set_forkserver_preload([__name__])
-            self._pool = ProcessPoolExecutor(
-                self.processes,
-                mp_context=ctx,
-                initializer=_attach,
-                initargs=(self._segment, self._size, os.getpid()),
-            )
+        pool = self._executor()
         known = self._specs.get(id(reader))
         if known is None:  # pickled once per reader (kept: its id stays unique); workers
             spec = pickle.dumps(reader.spec())  # workers cache it by key
             known = self._specs[id(reader)] = (reader, len(self._specs), spec)
         _, key, spec = known
-        return self._pool.submit(_decode_into, key, spec, dec, rows, offsets)
+        return pool.submit(_decode_into, key, spec, dec, rows, offsets)
 
     def close(self) -> None:
         """Stop the processes (queued decodes are cancelled)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if self._starting is not None:  # it submits a few no-ops at most, then ends
+            self._starting.join()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class TabloaderDecodeProcess(multiprocessing.context.ForkServerProcess):

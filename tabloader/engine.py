@@ -137,6 +137,7 @@ class Loader:
                     logger.warning("%s Decoding in threads instead.", exc)
                 else:
                     self._procs = DecodePool(self._segment.name, self._segment.size, self.workers)
+                    self._procs.start()  # in the background: ready by the first batch
             self._arena = Arena(
                 cache_bytes,
                 score=self._score,

@@ -16,7 +16,7 @@ import pytest
 
 from catalog.errors import CacheError, LoaderError, RowReadError
 from tabloader.engine import Loader
-from tabloader.prep import decode_image
+from tabloader.prep import decode_image, decoder_for
 from tabloader.service.shm import SHM_DIR, Segment, remove_stale, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
@@ -66,6 +66,32 @@ def test_a_killed_decode_process_is_replaced(images):
         assert len(epoch(loader, "k", batch_size=8)) == images.job("k").num_rows
         assert loader._procs._pool is not pool
         assert loader._arena.stats().pinned == 0
+
+
+def test_decode_processes_start_with_the_loader_not_with_its_first_batch(images):
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        procs = loader._procs
+        for _ in range(6000):  # bounded: they start in the background
+            pool = procs._pool
+            if pool is not None and len(pool._processes) == 2:
+                break
+            threading.Event().wait(0.01)
+        assert pool is not None
+        assert len(pool._processes) == 2  # before any job was opened
+        starting = procs._starting
+    assert starting is not None
+    assert not starting.is_alive()  # close() waited for it
+
+
+def test_a_closed_decode_pool_refuses_work(images):
+    ds = images.dataset("imgs")
+    dec = decoder_for(ds.schema.field("image"), image_size=16)
+    loader = Loader(images, cache_bytes=8 << 20, workers=2)
+    procs = loader._procs
+    loader.close()
+    with pytest.raises(LoaderError, match="decode processes are stopped; create a new Loader"):
+        procs.submit(ds.reader, dec, np.arange(2), np.zeros(2, np.int64))
+    assert procs._pool is None  # nothing started again
 
 
 def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkeypatch):
