@@ -149,6 +149,7 @@ class Loader:
                 self.catalog.close()
             raise
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tabloader-io")
+        _warm_pyarrow()
         self._schedulers: dict[str, DatasetScheduler] = {}
         self._versions: dict[str, int] = {}
         self._space_owner: dict[int, DatasetScheduler] = {}
@@ -392,6 +393,7 @@ class Loader:
             sched.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._release_memory()
+        _join_warm_up()
         if self._owns_catalog:
             self.catalog.close()
         if self.access_log is not None and self._access_log_path is not None:
@@ -409,6 +411,39 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_WARM_LOCK = threading.Lock()
+_warm_thread: threading.Thread | None = None
+
+
+def _warm_pyarrow() -> None:
+    """Import, in a background thread, what pyarrow imports on its first numpy conversion.
+
+    pyarrow asks its pandas shim about every array it converts from or to numpy (``pa.array``,
+    ``to_numpy``), and the first time that imports pandas: 0.2-0.4 s of one thread, which the
+    first batch of a loader (reading a label column) would wait for. Once per process;
+    ``Loader.close`` waits for it (no tabloader thread outlives the loaders).
+    """
+    global _warm_thread
+    with _WARM_LOCK:
+        if _warm_thread is not None:
+            return
+
+        def run() -> None:
+            import pyarrow as pa
+            import pyarrow.compute  # ``take``'s kernels
+
+            pa.array(np.zeros(1, np.int64)).to_numpy()
+
+        # not a daemon: an import cut off at exit can crash the interpreter's finalization
+        _warm_thread = threading.Thread(target=run, name="tabloader-warm-pyarrow")
+        _warm_thread.start()
+
+
+def _join_warm_up() -> None:
+    if _warm_thread is not None:
+        _warm_thread.join()
 
 
 def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:

@@ -595,6 +595,24 @@ def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder, make):
     assert proc.stderr == ""
 
 
+def test_what_pyarrow_imports_on_first_use_is_imported_with_the_loader(tmp_path):
+    """pyarrow imports pandas on its first numpy conversion (0.2-0.4 s): the loader does it
+    in the background when created, not in its first batch; an exit right after is quiet."""
+    catalog.connect(tmp_path / "cat", create=True).close()
+    script = textwrap.dedent(f"""
+        import sys
+        from tabloader.engine import Loader
+        assert "pandas" not in sys.modules
+        Loader({str(tmp_path / "cat")!r}, cache_bytes=1 << 20).close()  # no job, no batch
+        print("pandas" in sys.modules)
+        Loader({str(tmp_path / "cat")!r}, cache_bytes=1 << 20)  # never closed: exits at once
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+    assert proc.stderr == ""
+
+
 def test_epochs_count_from_zero_also_after_a_resume(images):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     n = images.job("a").num_rows
