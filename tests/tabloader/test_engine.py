@@ -229,6 +229,55 @@ def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
     assert tabloader_threads() == []
 
 
+def test_a_batch_starts_its_decodes_before_it_gathers(images, monkeypatch):
+    from tabloader.fetch import Fetcher
+
+    events: list[tuple[str, int]] = []
+    gather, dispatch = Fetcher._gather, Fetcher._dispatch
+
+    def gathering(self, work):
+        events.append(("gather", id(work)))
+        return gather(self, work)
+
+    def dispatching(self, load):
+        events.append(("dispatch", id(load.waiters[0][0])))
+        dispatch(self, load)
+
+    monkeypatch.setattr(Fetcher, "_gather", gathering)
+    monkeypatch.setattr(Fetcher, "_dispatch", dispatching)
+    images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
+    with (
+        Loader(images, cache_bytes=1 << 20, workers=2) as loader,
+        loader.open("a", batch_size=4, epochs=1) as stream,
+    ):
+        assert sum(len(b["_id"]) for b in stream) == images.job("a").num_rows
+    batches = {w for _, w in events}
+    assert batches
+    for work in batches:
+        mine = [e for e, w in events if w == work]
+        assert mine.index("dispatch") < mine.index("gather"), mine
+
+
+def test_a_failing_gather_fails_the_batch_whose_decodes_were_started(images, monkeypatch):
+    images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
+
+    def broken(self, ids, columns):
+        raise OSError("disk on fire")
+
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        monkeypatch.setattr(type(images.dataset("imgs").reader), "gather", broken)
+        stream = loader.open("a", batch_size=4)
+        with pytest.raises(OSError, match="disk on fire"):
+            stream.next_batch()
+        stream.close()
+        for _ in range(3000):  # the decodes started for it land and release (bounded)
+            if loader._arena.stats().pinned == 0:
+                break
+            time.sleep(0.01)
+        assert loader._arena.stats().pinned == 0
+    assert tabloader_threads() == []
+
+
 def test_deterministic_for_a_seed(images):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     orders = []
