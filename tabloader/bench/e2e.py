@@ -15,8 +15,8 @@ run, on the same data and scenario:
 
 Every process of a run gets ready first (imports, connections, workers started where a user's
 code starts them) and then starts at one instant; wall time runs from there to the last job's
-end. CPU seconds include every process of the competitor (the service's decode processes, the
-DataLoaders' workers).
+end. CPU seconds include every process of the competitor (the decode processes of the service
+and of the in-process mode, the DataLoaders' workers), from the start on (not the imports).
 
 Scenarios (each job runs one epoch of its subset):
 
@@ -76,6 +76,7 @@ from tabloader.bench._procs import (
     mark_halfway,
     run_jobs,
     rusage,
+    tree_cpu_s,
     wait_for_start,
     write_result,
 )
@@ -210,7 +211,8 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
         sampler="independent" if spec["competitor"] == "independent" else "dependent",
         access_log=spec.get("access_log"),
     )
-    cpu0 = rusage()[0]
+    # the decode processes are the forkserver's children, not ours: /proc sees them
+    cpu0 = tree_cpu_s(os.getpid())
     t0 = time.perf_counter()
 
     def run_job(job: dict[str, Any]) -> None:
@@ -247,9 +249,10 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise errors[0]
     stats = eng.stats()
+    cpu = tree_cpu_s(os.getpid())  # while the decode processes live
     eng.close()
     cat.close()
-    cpu, rss = rusage()
+    rss = rusage()[1]
     return {
         "wall_s": wall,
         "cpu_s": cpu - cpu0,
@@ -263,7 +266,6 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
 def _job_child(spec: dict[str, Any]) -> None:
     """One job in its own process: through the service, or with its own DataLoader."""
     job = spec["job"]
-    cpu0 = rusage()[0]
     if spec["kind"] == "service":
         from tabloader.service.client import RemoteLoader
         from tabloader.torch import to_tensors
@@ -297,6 +299,7 @@ def _job_child(spec: dict[str, Any]) -> None:
         )
         batches = loader.__iter__
         rows_of = lambda b: len(b[2])  # noqa: E731
+    cpu0 = rusage()[0]  # after the imports (torch: a second or more), as the service's
     wait_for_start(spec)
     if job["late"]:
         while not halfway_reached(spec):
