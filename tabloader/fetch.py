@@ -238,6 +238,7 @@ class Fetcher:
         self.counters = Counters()
         self._lock = threading.Lock()
         self._flat: dict[str, npt.NDArray[Any] | None] = {}
+        self._flat_lock = threading.Lock()  # reading a column whole, once
         self._loading: dict[int, npt.NDArray[np.int64]] = {}  # space -> row -> load id (-1)
         # space -> row -> batches submitted whose look-up has not pinned the row yet: their
         # scheduler no longer counts them as future uses, the arena must not evict them
@@ -249,7 +250,7 @@ class Fetcher:
 
     def set_readers(self, reader: DatasetReader, table: DatasetReader) -> None:
         """Read a newer version of the dataset (rows were appended)."""
-        with self._lock:
+        with self._lock, self._flat_lock:  # a column being read whole is of the old version
             self.reader, self.table = reader, table
             self._flat.clear()
             for space, loading in self._loading.items():
@@ -401,7 +402,8 @@ class Fetcher:
         """The whole column as one array when it is fixed-width, null-free and small."""
         if dec.column in self._flat:
             return self._flat[dec.column]
-        with self._lock:
+        # not the fetcher's lock: every lookup and landing would wait for this first read
+        with self._flat_lock:
             if dec.column not in self._flat:
                 self._flat[dec.column] = self._read_flat(dec)
             return self._flat[dec.column]

@@ -278,6 +278,34 @@ def test_a_failing_gather_fails_the_batch_whose_decodes_were_started(images, mon
     assert tabloader_threads() == []
 
 
+def test_reading_a_column_whole_holds_no_lock_that_decodes_need(images, monkeypatch):
+    """The first batch reads its label column whole (once); meanwhile the other batches look
+    up, claim and land their decodes, which take the fetcher's lock."""
+    from tabloader.fetch import Fetcher
+
+    reading, gate = threading.Event(), threading.Event()
+    read_flat = Fetcher._read_flat
+
+    def slow(self, dec):
+        reading.set()
+        gate.wait(30)
+        return read_flat(self, dec)
+
+    monkeypatch.setattr(Fetcher, "_read_flat", slow)
+    images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        stream = loader.open("a", batch_size=4, epochs=1)
+        assert reading.wait(30)
+        fetcher = loader._schedulers["imgs"].fetcher
+        free = fetcher._lock.acquire(timeout=5)
+        if free:
+            fetcher._lock.release()
+        gate.set()
+        assert sum(len(b["_id"]) for b in stream) == images.job("a").num_rows
+        stream.close()
+    assert free, "the fetcher's lock was held while a column was read whole"
+
+
 def test_deterministic_for_a_seed(images):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     orders = []
