@@ -149,9 +149,12 @@ class DecodePool:
     def _start_all(self) -> None:
         try:
             pool = self._executor()
-            # With a forkserver the executor starts a process per task while none is idle:
-            # one no-op task each starts them all.
-            for _ in range(self.processes):
+            # With a forkserver the executor starts a process per task while none is idle: a
+            # no-op task each starts them all (one more when a no-op was done before the next
+            # came: that process was idle).
+            for _ in range(2 * self.processes):
+                if len(pool._processes or ()) >= self.processes:
+                    break
                 pool.submit(os.getpid)
         except Exception as exc:  # closed meanwhile, or a start that failed: the first
             # submit starts them (and reports what fails)
