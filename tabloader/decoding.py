@@ -146,6 +146,11 @@ class DecodePool:
         )
         self._starting.start()
 
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Return once ``start``'s background start is done (or ``timeout`` seconds)."""
+        if self._starting is not None:
+            self._starting.join(timeout)
+
     def _start_all(self) -> None:
         try:
             pool = self._executor()

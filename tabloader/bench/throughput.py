@@ -168,12 +168,16 @@ def _spdl_images(cat: Any, size: int, workers: int) -> dict[str, Any]:
 
 
 def _tabloader_job(
-    cat: Any, job: str, workers: int, batch_size: int, **open_kw: Any
+    cat: Any, job: str, workers: int, batch_size: int, *, steady: bool = False, **open_kw: Any
 ) -> dict[str, Any]:
+    """One epoch of ``job`` (``steady``: after the loader's background start, as the
+    in-memory ``TensorDataset`` it is compared with has none)."""
     from tabloader.engine import Loader
     from tabloader.torch import JobDataset
 
     with Loader(cat, cache_bytes=1 << 30, workers=workers) as loader:
+        if steady:
+            loader.wait_ready()
         ds = JobDataset(job, loader=loader, batch_size=batch_size, **open_kw)
         out = _timed(iter(ds), lambda b: len(b["_id"]))
         stats = loader.stats()
@@ -283,7 +287,8 @@ def _small(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
     y = torch.from_numpy(table["y"].to_numpy())
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.rounds):
-        runs.setdefault("tabloader", []).append(_tabloader_job(cat, "s0", args.workers, 256))
+        run = _tabloader_job(cat, "s0", args.workers, 256, steady=True)
+        runs.setdefault("tabloader", []).append(run)
         dl = DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True)
         runs.setdefault("dataloader (TensorDataset)", []).append(
             _timed(iter(dl), lambda b: len(b[0]))
@@ -308,6 +313,7 @@ def _four_jobs(args: argparse.Namespace, cat: Any) -> dict[str, Any]:
         for jobs in (["s0"], ["s1", "s2", "s3", "s4"]):
             counts: dict[str, int] = {}
             with Loader(cat, cache_bytes=1 << 24, workers=args.workers) as loader:
+                loader.wait_ready()  # steady state: its processes start in the background
                 threads = [threading.Thread(target=one, args=(loader, j, counts)) for j in jobs]
                 t = time.perf_counter()
                 for th in threads:
@@ -328,6 +334,7 @@ def _paced_latency(cat: Any, workers: int) -> dict[str, Any]:
         Loader(cat, cache_bytes=1 << 24, workers=workers) as loader,
         loader.open("s0", batch_size=256, epochs=1) as stream,
     ):
+        loader.wait_ready()
 
         def paced() -> Iterator[Any]:
             for batch in stream:
