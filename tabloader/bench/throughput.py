@@ -305,7 +305,8 @@ def _four_jobs(args: argparse.Namespace, cat: Any) -> dict[str, Any]:
     from tabloader.engine import Loader
 
     def one(loader: Loader, job: str, out: dict[str, int]) -> None:
-        with loader.open(job, batch_size=256, epochs=1) as stream:
+        # three epochs: one job's single epoch lasts ~60 ms, too short to time reliably
+        with loader.open(job, batch_size=256, epochs=3) as stream:
             out[job] = sum(len(b["_id"]) for b in stream)
 
     results = []
