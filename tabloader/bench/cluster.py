@@ -11,9 +11,8 @@ reads one epoch in a Ray task, sleeping ``--step`` seconds per batch. Side by si
   like ``DistributedSampler(drop_last=True)``) with its own ``torch.utils.data.DataLoader``
   (one worker; same files, same Pillow decode and resize).
 
-Both start from warm Ray workers (torch imported: a cold import takes seconds, and Ray reuses
-workers, so whichever ran second would get them warm). Wall time runs from submitting the
-ranks to the last one's end.
+Every rank gets ready first (imports, its connection or DataLoader worker), then all start at
+one instant (a barrier actor); wall time runs from there to the last rank's end.
 
 Reported: per node, decodes / the union of the rows its ranks read (target <= 1.05); total
 decodes vs the baseline's; wall time ratio; and the leader's sampling cost per round with
@@ -60,26 +59,46 @@ def _where(j: int, jobs: int) -> str:
     return f"label IN ({', '.join(map(str, classes))})"
 
 
+class _Barrier:
+    """Every rank of a run gets ready (imports, connection, workers), then all start at once:
+    wall time runs from that instant (a cold ``import torch`` in a fresh Ray worker took 5 s
+    of a 9 s run)."""
+
+    def __init__(self, n: int) -> None:
+        import asyncio
+
+        self.n, self.count, self.go = n, 0, asyncio.Event()
+
+    async def wait(self) -> float:
+        self.count += 1
+        if self.count >= self.n:
+            self.go.set()
+        await self.go.wait()
+        return time.time()
+
+
 def _rank_tabloader(
-    root: str, job: str, rank: int, world: int, step: float
-) -> tuple[str, list[int]]:
+    root: str, job: str, rank: int, world: int, step: float, barrier: Any
+) -> tuple[str, list[int], float, float]:
     import ray
 
     from tabloader.torch import JobDataset
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     ds = JobDataset(job, catalog=root, epochs=1)
+    _ = ds.epoch  # connected and joined, as a DataLoader's workers are started below
+    start = ray.get(barrier.wait.remote())
     ids: list[int] = []
     for batch in ds:
         ids += batch["_id"].tolist()
         time.sleep(step)
     ds.close()
-    return ray.get_runtime_context().get_node_id(), ids
+    return ray.get_runtime_context().get_node_id(), ids, start, time.time()
 
 
 def _rank_dataloader(
-    root: str, ids: list[int], size: int, batch_size: int, step: float
-) -> tuple[str, list[int]]:
+    root: str, ids: list[int], size: int, batch_size: int, step: float, barrier: Any
+) -> tuple[str, list[int], float, float]:
     import ray
     import torch
 
@@ -91,19 +110,13 @@ def _rank_dataloader(
         num_workers=1,
         drop_last=False,
     )
+    batches = iter(loader)  # its worker starts
+    start = ray.get(barrier.wait.remote())
     read: list[int] = []
-    for _, _, rows in loader:
+    for _, _, rows in batches:
         read += rows.tolist()
         time.sleep(step)
-    return ray.get_runtime_context().get_node_id(), read
-
-
-def _warm(seconds: float) -> int:
-    """Import what a rank imports (torch is seconds cold), in a worker both competitors use."""
-    import tabloader.torch  # noqa: F401
-
-    time.sleep(seconds)  # held, so that the tasks sent together get a worker each
-    return os.getpid()
+    return ray.get_runtime_context().get_node_id(), read, start, time.time()
 
 
 def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,22 +186,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         ray.init(address=sim.address, include_dashboard=False, log_to_driver=False)
         on = [{"resources": {f"node{i}": 0.01}, "num_cpus": 0} for i in range(args.nodes)]
-        warm: Any = ray.remote(_warm)
-        ray.get([warm.options(**on[r]).remote(1.0) for _ in jobs for r in range(args.nodes)])
+        ranks = len(jobs) * args.nodes
+        barrier_cls: Any = ray.remote(num_cpus=0)(_Barrier)
         # tabloader: a loader per node, ranks through JobDataset
         cache = 64 * args.image_size * args.image_size * 3 * 64
         cluster = Cluster(root, workers=1, cache_bytes=max(cache, 32 << 20))
         try:
             cluster.wait_ready()
             task: Any = ray.remote(_rank_tabloader)
-            t0 = time.perf_counter()
+            barrier = barrier_cls.remote(ranks)
             refs = [
-                task.options(**on[r]).remote(root, job, r, args.nodes, args.step)
+                task.options(**on[r]).remote(root, job, r, args.nodes, args.step, barrier)
                 for job in jobs
                 for r in range(args.nodes)
             ]
-            got = ray.get(refs, timeout=3600)
-            wall = time.perf_counter() - t0
+            got, wall = _ended(ray.get(refs, timeout=3600))
             per_node = {
                 n: ray.get(a.stats.remote(), timeout=60)["decodes"]
                 for n, a in cluster.loaders.items()
@@ -199,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         # the baseline: a DataLoader per rank
         task = ray.remote(_rank_dataloader)
         rng = np.random.default_rng(0)
-        t0 = time.perf_counter()
+        barrier = barrier_cls.remote(ranks)
         refs = []
         for job in jobs:
             order = rng.permutation(sets[job])
@@ -208,15 +220,23 @@ def run(args: argparse.Namespace) -> int:
                 part = order[r * share : (r + 1) * share].tolist()
                 refs.append(
                     task.options(**on[r]).remote(
-                        root, part, args.image_size, args.batch_size, args.step
+                        root, part, args.image_size, args.batch_size, args.step, barrier
                     )
                 )
-        got_dl = ray.get(refs, timeout=3600)
-        results["dataloader"] = {"wall_s": time.perf_counter() - t0, "got": got_dl}
+        got_dl, wall_dl = _ended(ray.get(refs, timeout=3600))
+        results["dataloader"] = {"wall_s": wall_dl, "got": got_dl}
     finally:
         ray.shutdown()
         sim.shutdown()  # type: ignore[no-untyped-call]
     return _report(args, jobs, results)
+
+
+def _ended(
+    out: list[tuple[str, list[int], float, float]],
+) -> tuple[list[tuple[str, list[int]]], float]:
+    """(node, ids) per rank, and the wall time from the common start to the last end."""
+    start = max(o[2] for o in out)
+    return [(o[0], o[1]) for o in out], max(o[3] for o in out) - start
 
 
 def _report(args: argparse.Namespace, jobs: list[str], results: dict[str, Any]) -> int:
