@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 import catalog
-from catalog.errors import CatalogLockedError, LoaderError, ServiceError
+from catalog.errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
 
 if TYPE_CHECKING:
     from catalog import Catalog, Dataset, Job
@@ -194,9 +194,12 @@ class NodeFeed:
                 ),
                 timeout=LEADER_WAIT_S,
             )
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._ranks.pop((job.name, rank), None)
+            cause = getattr(exc, "cause", None)  # the leader's own error, raised there
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, TabloaderError):
+                raise cause from None
             raise
 
     def leave(self, job: str, rank: int, *, failed: bool, reason: str = "") -> None:

@@ -210,8 +210,27 @@ def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
         assert isinstance(status["decodes"], int)
         assert status["decodes"] > 0
         assert set(status["nodes"]) <= set(nodes)
+        error = ray.get(open_twice.options(**on(0)).remote(root), timeout=TIMEOUT)
+        assert re.search(r"Rank 1 of job 'b' joined with world_size=3.*the same way", error)
     finally:
         cluster.close()
+
+
+@ray.remote(num_cpus=0)
+def open_twice(root):
+    """Two ranks of one job that disagree on the world size: the leader's error, as is."""
+    from catalog.errors import SamplingError
+    from tabloader.service.client import RemoteLoader
+
+    remote = RemoteLoader(root)
+    first = remote.open("b", rank=0, world_size=2)
+    try:
+        remote.open("b", rank=1, world_size=3)
+    except SamplingError as exc:
+        return str(exc)
+    finally:
+        first.close()
+    return "no error"
 
 
 @ray.remote(num_cpus=0, max_retries=0)
