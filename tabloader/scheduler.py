@@ -116,7 +116,6 @@ class JobState:
     warned_pending: bool = False
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
-    fed_rows: int = 0  # fed: rows received so far, all epochs
     gone: str | None = None  # fed: why the cluster job left (its ranks fail with it)
 
     def __post_init__(self) -> None:
@@ -407,14 +406,8 @@ class DatasetScheduler:
                     "restart the job."
                 )
             job.left -= rows.size
-            job.fed_rows += rows.size
-            job.q_rows = np.concatenate((job.q_rows, rows))
-            job.q_rounds = np.concatenate((job.q_rounds, rounds))
-            job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, epoch, np.int64)))
-            self._count_uses(job, rows, +1)
-            for space in self._spaces(job):
-                nxt = self.next_round[space]
-                nxt[rows] = np.minimum(nxt[rows], rounds)
+            self._count_uses(job, rows, +1)  # a sampled job counted its epoch's rows at start
+            self._queue_locked(job, rows, rounds)
             self._activate_locked(job)
             self._wake_job(job)
 
@@ -647,14 +640,19 @@ class DatasetScheduler:
         base, self.round = self.round, self.round + k
         rounds = np.arange(base, base + k, dtype=np.int64)
         for j in want:
-            rows = ids[j.name]
             j.left -= k
-            j.q_rows = np.concatenate((j.q_rows, rows))
-            j.q_rounds = np.concatenate((j.q_rounds, rounds))
-            j.q_epochs = np.concatenate((j.q_epochs, np.full(k, j.epoch, np.int64)))
-            for space in self._spaces(j):
-                nxt = self.next_round[space]
-                nxt[rows] = np.minimum(nxt[rows], rounds)
+            self._queue_locked(j, ids[j.name], rounds)
+
+    def _queue_locked(
+        self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
+    ) -> None:
+        """Append ``rows`` of the job's current epoch, used in ``rounds``, to its queue."""
+        job.q_rows = np.concatenate((job.q_rows, rows))
+        job.q_rounds = np.concatenate((job.q_rounds, rounds))
+        job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, job.epoch, np.int64)))
+        for space in self._spaces(job):
+            nxt = self.next_round[space]
+            nxt[rows] = np.minimum(nxt[rows], rounds)
 
     def _pop_locked(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
         """The first ``n`` rows of the job's queue leave it."""
