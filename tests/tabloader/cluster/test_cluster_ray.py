@@ -168,9 +168,10 @@ def on(i):
     return {"resources": {f"node{i}": 0.01}}
 
 
-def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
-    two_nodes, tmp_path, image_folder
-):
+@pytest.fixture
+def image_cluster(two_nodes, tmp_path, image_folder):
+    """The two nodes serving a catalog of the generated JPEGs: (root, job sets, node ids,
+    the running ``Cluster``), stopped after the test."""
     from tabloader.cluster.actor import Cluster
 
     root = str(tmp_path / "cat")
@@ -180,40 +181,45 @@ def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(
     try:
         infos = cluster.wait_ready(timeout=TIMEOUT)
         assert set(infos) == set(nodes)
-        refs = {
-            (job, r): read_epoch.options(**on(r)).remote(root, job, r, 2)
-            for job in ("a", "b")
-            for r in range(2)
-        }
-        got = {k: ray.get(ref, timeout=TIMEOUT) for k, ref in refs.items()}
-        for job in ("a", "b"):
-            parts = [got[(job, r)][1] for r in range(2)]
-            assert got[(job, 0)][0] == nodes[0]
-            assert got[(job, 1)][0] == nodes[1]
-            quota = len(sets[job]) // (4 * 2) * 4
-            assert [len(p) for p in parts] == [quota, quota], job  # equal rows per rank
-            rows = parts[0] + parts[1]
-            assert len(set(rows)) == len(rows)  # exactly once across its ranks
-            assert set(rows) <= sets[job]
-            assert len(sets[job]) - len(rows) < 4 * 2
-        for i, node in enumerate(nodes):
-            needed = set(got[("a", i)][1]) | set(got[("b", i)][1])
-            stats = ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)
-            assert len(needed) <= stats["decodes"] <= 1.05 * len(needed), (i, stats)
-        # the shared rows were mostly read on one node for both jobs (random placement: half;
-        # a job whose ranks joined first reads its first rounds alone)
-        both = sets["a"] & sets["b"]
-        where = {x: {i for i in range(2) for j in "ab" if x in got[(j, i)][1]} for x in both}
-        read = [w for w in where.values() if w]
-        assert sum(len(w) == 1 for w in read) >= 0.7 * len(read)
-        status = cluster.status()
-        assert isinstance(status["decodes"], int)
-        assert status["decodes"] > 0
-        assert set(status["nodes"]) <= set(nodes)
-        error = ray.get(open_twice.options(**on(0)).remote(root), timeout=TIMEOUT)
-        assert re.search(r"Rank 1 of job 'b' joined with world_size=3.*the same way", error)
+        yield root, sets, nodes, cluster
     finally:
         cluster.close()
+
+
+def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(image_cluster):
+    root, sets, nodes, cluster = image_cluster
+    refs = {
+        (job, r): read_epoch.options(**on(r)).remote(root, job, r, 2)
+        for job in ("a", "b")
+        for r in range(2)
+    }
+    got = {k: ray.get(ref, timeout=TIMEOUT) for k, ref in refs.items()}
+    for job in ("a", "b"):
+        parts = [got[(job, r)][1] for r in range(2)]
+        assert got[(job, 0)][0] == nodes[0]
+        assert got[(job, 1)][0] == nodes[1]
+        quota = len(sets[job]) // (4 * 2) * 4
+        assert [len(p) for p in parts] == [quota, quota], job  # equal rows per rank
+        rows = parts[0] + parts[1]
+        assert len(set(rows)) == len(rows)  # exactly once across its ranks
+        assert set(rows) <= sets[job]
+        assert len(sets[job]) - len(rows) < 4 * 2
+    for i, node in enumerate(nodes):
+        needed = set(got[("a", i)][1]) | set(got[("b", i)][1])
+        stats = ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)
+        assert len(needed) <= stats["decodes"] <= 1.05 * len(needed), (i, stats)
+    # the shared rows were mostly read on one node for both jobs (random placement: half;
+    # a job whose ranks joined first reads its first rounds alone)
+    both = sets["a"] & sets["b"]
+    where = {x: {i for i in range(2) for j in "ab" if x in got[(j, i)][1]} for x in both}
+    read = [w for w in where.values() if w]
+    assert sum(len(w) == 1 for w in read) >= 0.7 * len(read)
+    status = cluster.status()
+    assert isinstance(status["decodes"], int)
+    assert status["decodes"] > 0
+    assert set(status["nodes"]) <= set(nodes)
+    error = ray.get(open_twice.options(**on(0)).remote(root), timeout=TIMEOUT)
+    assert re.search(r"Rank 1 of job 'b' joined with world_size=3.*the same way", error)
 
 
 @ray.remote(num_cpus=0)
@@ -266,61 +272,50 @@ def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_lead
     return node, out, None
 
 
-def test_a_dead_rank_takes_only_its_job_a_restarted_leader_or_loader_resumes(
-    two_nodes, tmp_path, image_folder
-):
-    from tabloader.cluster.actor import Cluster
-
-    root = str(tmp_path / "cat")
-    sets = image_catalog(root, image_folder)
-    nodes = node_ids()
-    cluster = Cluster(root, leader_options={"lookahead": 16, "round_rows": 8}, workers=1)
-    try:
-        cluster.wait_ready(timeout=TIMEOUT)
-        # job a: rank 1 dies after 2 batches; its rank 0 fails, job b goes on
-        a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=5)
-        a1 = read_until.options(**on(1)).remote(root, "a", 1, 2, epochs=5, die_after=2)
-        b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=2)
-        with pytest.raises(ray.exceptions.RayError):  # the worker died of its SIGKILL
-            ray.get(a1, timeout=TIMEOUT)
-        node, _, error = ray.get(a0, timeout=TIMEOUT)
-        assert node == nodes[0]
-        assert error is not None
-        assert re.search(r"left the cluster: rank 1 .* died mid-run", error), error
-        node, epochs, error = ray.get(b, timeout=TIMEOUT)
-        assert error is None
-        assert node == nodes[1]
-        assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2
-        status = cluster.status()
-        assert "a" in status["gone"]
-        assert status["jobs"] == []
-        for node in nodes:  # the dead rank's job left its node: its pins are released
-            assert ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)["jobs"] == {}
-        # the leader dies mid-epoch: Ray restarts it from its checkpoint
-        b = read_until.options(**on(0)).remote(root, "b", 0, 1, epochs=2, kill_leader_after=4)
-        node, epochs, error = ray.get(b, timeout=TIMEOUT)
-        assert error is None, error
-        assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2  # exactly once
-        assert cluster.status()["generation"] >= 1  # it did restart
-        # a node's loader dies mid-epoch: its rank fails, Ray restarts it and it serves again
-        b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=50)
-        leader = cluster.leader
-        while not ray.get(leader.status.remote(), timeout=TIMEOUT)["jobs"]:
-            time.sleep(0.1)
-        ray.kill(cluster.loaders[nodes[1]], no_restart=False)
-        _, _, error = ray.get(b, timeout=TIMEOUT)
-        assert error is not None
-        assert "ServiceError" in error
-        deadline = time.monotonic() + TIMEOUT
-        while "restarted" not in cluster.status()["gone"].get("b", ""):
-            assert time.monotonic() < deadline, "the restarted loader never took its job off"
-            time.sleep(0.2)
-        b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=1)
-        _, epochs, error = ray.get(b, timeout=TIMEOUT)
-        assert error is None, error
-        assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])]
-    finally:
-        cluster.close()
+def test_a_dead_rank_takes_only_its_job_a_restarted_leader_or_loader_resumes(image_cluster):
+    root, sets, nodes, cluster = image_cluster
+    # job a: rank 1 dies after 2 batches; its rank 0 fails, job b goes on
+    a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=5)
+    a1 = read_until.options(**on(1)).remote(root, "a", 1, 2, epochs=5, die_after=2)
+    b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=2)
+    with pytest.raises(ray.exceptions.RayError):  # the worker died of its SIGKILL
+        ray.get(a1, timeout=TIMEOUT)
+    node, _, error = ray.get(a0, timeout=TIMEOUT)
+    assert node == nodes[0]
+    assert error is not None
+    assert re.search(r"left the cluster: rank 1 .* died mid-run", error), error
+    node, epochs, error = ray.get(b, timeout=TIMEOUT)
+    assert error is None
+    assert node == nodes[1]
+    assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2
+    status = cluster.status()
+    assert "a" in status["gone"]
+    assert status["jobs"] == []
+    for node in nodes:  # the dead rank's job left its node: its pins are released
+        assert ray.get(cluster.loaders[node].stats.remote(), timeout=TIMEOUT)["jobs"] == {}
+    # the leader dies mid-epoch: Ray restarts it from its checkpoint
+    b = read_until.options(**on(0)).remote(root, "b", 0, 1, epochs=2, kill_leader_after=4)
+    node, epochs, error = ray.get(b, timeout=TIMEOUT)
+    assert error is None, error
+    assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])] * 2  # exactly once
+    assert cluster.status()["generation"] >= 1  # it did restart
+    # a node's loader dies mid-epoch: its rank fails, Ray restarts it and it serves again
+    b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=50)
+    leader = cluster.leader
+    while not ray.get(leader.status.remote(), timeout=TIMEOUT)["jobs"]:
+        time.sleep(0.1)
+    ray.kill(cluster.loaders[nodes[1]], no_restart=False)
+    _, _, error = ray.get(b, timeout=TIMEOUT)
+    assert error is not None
+    assert "ServiceError" in error
+    deadline = time.monotonic() + TIMEOUT
+    while "restarted" not in cluster.status()["gone"].get("b", ""):
+        assert time.monotonic() < deadline, "the restarted loader never took its job off"
+        time.sleep(0.2)
+    b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=1)
+    _, epochs, error = ray.get(b, timeout=TIMEOUT)
+    assert error is None, error
+    assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])]
 
 
 def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_folder):
