@@ -318,7 +318,10 @@ class Fetcher:
             work.error = exc
         self._mark_starting(work, -1)  # its rows are pinned now, or claimed for decoding
         for load in loads:
-            self._dispatch(load)
+            try:
+                self._dispatch(load)
+            except BaseException as exc:  # every batch waiting for these rows fails with it
+                self._fail(load, exc)
         if work.error is None:  # gathered while the decodes run (a first read of a label
             # column reads a record batch at a time: 30-170 ms for 2,000 images here)
             try:
@@ -428,10 +431,16 @@ class Fetcher:
             return
         offsets, fresh = self.arena.reserve(load.space, load.rows, _fixed_shape(size))
         todo = np.flatnonzero(fresh)
-        if todo.size == 0:
-            self.pool.submit(self._landed_elsewhere, load, offsets, todo, None)
-            return
-        future = self.procs.submit(self.reader, load.decoder, load.rows[todo], offsets[todo])
+        try:
+            if todo.size == 0:
+                self.pool.submit(self._landed_elsewhere, load, offsets, todo, None)
+                return
+            future = self.procs.submit(self.reader, load.decoder, load.rows[todo], offsets[todo])
+        except BaseException:  # the slots go back: fresh ones freed, stored ones unpinned
+            self.arena.discard(offsets[todo])
+            held = offsets[offsets >= 0]
+            self.arena.release(np.setdiff1d(held, offsets[todo]))
+            raise
         future.add_done_callback(
             lambda f: self._submit_or_run(self._landed_elsewhere, load, offsets, todo, f)
         )
@@ -492,6 +501,21 @@ class Fetcher:
                 if k in errs:
                     errors[i] = errs[k]
         self._land(load, offsets, shapes, values, errors)
+
+    def _fail(self, load: _Load, exc: BaseException) -> None:
+        """``load`` could not start: the batches waiting for it fail with ``exc``."""
+        done: list[Work] = []
+        with self._lock:
+            self._loading[load.space][load.rows] = -1
+            del self._loads[load.id]
+            for work, *_ in load.waiters:
+                if work.error is None:
+                    work.error = exc
+                work.waiting -= 1
+                if work.waiting == 0:
+                    done.append(work)
+        for work in done:
+            self._finish(work)
 
     def _land(
         self,

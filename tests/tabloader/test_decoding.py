@@ -114,6 +114,36 @@ def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkey
         assert stats.entries == images.job("j").num_rows
 
 
+def test_a_decode_that_cannot_start_fails_its_batches_instead_of_hanging(images, monkeypatch):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        real = loader._procs.submit
+
+        def refuses(*args):
+            monkeypatch.setattr(loader._procs, "submit", real)  # once
+            raise LoaderError("The decode processes are stopped; create a new Loader.")
+
+        monkeypatch.setattr(loader._procs, "submit", refuses)
+        outcome: list = []
+
+        def run():
+            try:
+                outcome.append(len(epoch(loader, "j", batch_size=4)))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(60)  # bounded: a batch whose decode never started used to wait forever
+        assert not thread.is_alive(), "the epoch hung on a decode that never started"
+        with pytest.raises(LoaderError, match="decode processes are stopped"):
+            raise outcome[0]
+        assert len(epoch(loader, "j", batch_size=4)) == images.job("j").num_rows
+        stats = loader._arena.stats()
+        assert stats.pinned == 0  # the reserved slots went back
+        assert stats.entries == images.job("j").num_rows
+
+
 def test_a_corrupt_image_is_a_row_error_from_a_decode_process(corrupt):
     cat, bad = corrupt
     n = cat.dataset("imgs").num_rows
