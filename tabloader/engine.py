@@ -43,7 +43,7 @@ from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, AccessLog, Fetcher, Plan
-from tabloader.prep import DecodeKind, decoder_for
+from tabloader.prep import DecodeKind, decoder_for, holds_bytes
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler, JobState, OnError
 from tabloader.service.shm import Segment, remove_stale, shm_available
@@ -57,6 +57,17 @@ __all__ = ["JobStream", "Loader", "OnError", "default_loader"]
 logger = logging.getLogger(__name__)
 
 LOOKAHEAD_BATCHES = 4  # default horizon, in batches
+
+
+def _holds_bytes(cat: Catalog) -> bool:
+    """Whether a dataset of ``cat`` has a column of bytes, which a job may decode as images.
+
+    Only then are decode processes started with the loader: a catalog of numbers and strings
+    never needs them, and starting them costs a forkserver and a second of CPU.
+    """
+    return any(
+        holds_bytes(f.type) for name in cat.dataset_names() for f in cat.dataset(name).schema
+    )
 
 
 class Loader:
@@ -137,7 +148,8 @@ class Loader:
                     logger.warning("%s Decoding in threads instead.", exc)
                 else:
                     self._procs = DecodePool(self._segment.name, self._segment.size, self.workers)
-                    self._procs.start()  # in the background: ready by the first batch
+                    if _holds_bytes(self.catalog):  # in the background: ready by the first
+                        self._procs.start()  # batch (else they start at their first use)
             self._arena = Arena(
                 cache_bytes,
                 score=self._score,

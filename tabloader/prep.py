@@ -73,6 +73,7 @@ __all__ = [
     "batch_column",
     "decode_image",
     "decoder_for",
+    "holds_bytes",
 ]
 
 ImageSize = int | tuple[int, int]
@@ -369,6 +370,11 @@ def _is_binary(t: pa.DataType) -> bool:
     )
 
 
+def holds_bytes(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` holds bytes (binary, or an image struct's ``bytes``)."""
+    return _is_binary(t) or _is_hf_image(t)
+
+
 def _is_hf_image(t: pa.DataType) -> bool:
     if not pa.types.is_struct(t):
         return False
@@ -419,10 +425,10 @@ def decoder_for(
             ``image_size`` is invalid.
     """
     t = field.type
-    holds_bytes = _is_binary(t) or _is_hf_image(t)
+    image_bytes = holds_bytes(t)
     if image_columns is not None:
         image = field.name in image_columns
-        if image and not holds_bytes:
+        if image and not image_bytes:
             raise LoaderError(
                 f"column {field.name!r} is {t}, not binary; only binary columns (or "
                 "{bytes, path} image structs) can be decoded as images. Remove it from "

@@ -83,6 +83,23 @@ def test_decode_processes_start_with_the_loader_not_with_its_first_batch(images)
     assert not starting.is_alive()  # close() waited for it
 
 
+def test_a_catalog_without_bytes_starts_no_decode_processes(tmp_path):
+    import pyarrow as pa
+
+    import catalog
+
+    cat = catalog.connect(tmp_path / "cat")
+    cat.import_arrow("nums", pa.table({"x": list(range(64)), "y": [0.5] * 64}))
+    cat.sql("REGISTER JOB j SELECT x, y FROM nums")
+    with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
+        with loader.open("j", batch_size=16, epochs=1) as stream:
+            assert sum(len(b["x"]) for b in stream) == 64
+        assert loader._procs is not None  # made, for a dataset of images imported later
+        assert loader._procs._starting is None
+        assert loader._procs._pool is None  # never started
+    cat.close()
+
+
 def test_a_closed_decode_pool_refuses_work(images):
     ds = images.dataset("imgs")
     dec = decoder_for(ds.schema.field("image"), image_size=16)
