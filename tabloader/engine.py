@@ -5,6 +5,7 @@ The files spell the pipeline, per dataset:
 * :mod:`tabloader.sampling` - which rows each job reads next (dependent sampling);
 * :mod:`tabloader.scheduler` - rounds of the sampler -> each job's queue of row ids -> batches
   to prepare, and the future uses of each row (the arena's eviction inputs);
+* :mod:`tabloader.jobs` - an open job's queue, ranks, epochs and counters;
 * :mod:`tabloader.fetch` - a batch of ids -> the job's own arrays: cheap columns gathered,
   images decoded once into the arena and copied out;
 * :mod:`tabloader.arena` - prepared values in slots of slabs of one buffer;
@@ -43,9 +44,10 @@ from catalog.storage import DatasetReader
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, AccessLog, Fetcher, Plan
+from tabloader.jobs import JobState, OnError
 from tabloader.prep import DecodeKind, decoder_for
 from tabloader.sampling import SAMPLERS, IndependentSampler
-from tabloader.scheduler import DatasetScheduler, JobState, OnError
+from tabloader.scheduler import DatasetScheduler
 from tabloader.service.shm import Segment, remove_stale, shm_available
 from tabloader.stream import JobStream
 
