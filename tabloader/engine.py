@@ -5,8 +5,10 @@ The files spell the pipeline, per dataset:
 * :mod:`tabloader.sampling` - which rows each job reads next (dependent sampling);
 * :mod:`tabloader.scheduler` - rounds of the sampler -> each job's queue of row ids -> batches
   to prepare, and the future uses of each row (the arena's eviction inputs);
+* :mod:`tabloader.jobs` - an open job's queue, ranks, epochs and counters;
 * :mod:`tabloader.fetch` - a batch of ids -> the job's own arrays: cheap columns gathered,
   images decoded once into the arena and copied out;
+* :mod:`tabloader.accounting` - what that work counts, and the arena's access log;
 * :mod:`tabloader.arena` - prepared values in slots of slabs of one buffer;
 * :mod:`tabloader.stream` - the consumer side (``JobStream``);
 
@@ -40,12 +42,14 @@ from catalog.catalog import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
 from catalog.options import option_value
 from catalog.storage import DatasetReader
+from tabloader.accounting import AccessLog
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool
-from tabloader.fetch import MIN_PROCESS_ROWS, AccessLog, Fetcher, Plan
+from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
+from tabloader.jobs import JobState, OnError
 from tabloader.prep import DecodeKind, decoder_for, holds_bytes
 from tabloader.sampling import SAMPLERS, IndependentSampler
-from tabloader.scheduler import DatasetScheduler, JobState, OnError
+from tabloader.scheduler import DatasetScheduler
 from tabloader.service.shm import Segment, remove_stale, shm_available
 from tabloader.stream import JobStream
 
@@ -87,7 +91,7 @@ class Loader:
         staging_bytes: shared memory after the arena's (the loader service stages the small
             columns of the batches it hands over there, never short of room because images
             are pinned).
-        access_log: keep an :class:`~tabloader.fetch.AccessLog` (``self.access_log``) of every
+        access_log: keep an :class:`~tabloader.accounting.AccessLog` (``self.access_log``) of every
             look-up and release of prepared values, and write it to this ``.npz`` file
             (arrays ``kind``, ``space``, ``row``) on ``close()``: what benchmarks replay
             through Belady's MIN for the best any cache of the same size could have done.

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,91 +42,18 @@ import pyarrow as pa
 from catalog.bitmaps import ID_COLUMN
 from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
+from tabloader.accounting import AccessLog, Counters
 from tabloader.arena import Arena
 from tabloader.decoding import DecodePool, decode_rows
 from tabloader.prep import DecodeKind, Decoder, batch_column
 
-__all__ = ["AccessLog", "Counters", "Fetcher", "Plan", "Work"]
+__all__ = ["Fetcher", "Plan", "Work"]
 
 logger = logging.getLogger(__name__)
 
 MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
 MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip through a pipe)
 FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once
-
-
-@dataclass
-class Counters:
-    """Work done for one dataset, in values and in seconds of the pool's threads."""
-
-    reads: int = 0  # payload (binary) values read
-    decodes: int = 0  # images decoded
-    bytes_read: int = 0
-    read_s: float = 0.0  # reading values from storage
-    decode_s: float = 0.0  # decoding and resizing images
-    collate_s: float = 0.0  # copying values into the jobs' batches
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **amounts: float) -> None:
-        """Add to several counters at once."""
-        with self.lock:
-            for name, amount in amounts.items():
-                setattr(self, name, getattr(self, name) + amount)
-
-    def snapshot(self) -> dict[str, float]:
-        """The counters as a dict."""
-        with self.lock:
-            return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "lock"}
-
-
-class AccessLog:
-    """Every look-up of a prepared value and every release of a batch's pins, in order.
-
-    For offline cache bounds (Belady's MIN on the same requests, with the pins the engine
-    held: ``tabloader.bench._cachesim.belady_pinned``); a ``Loader`` keeps one when given
-    ``access_log``. Event ``LOOKUP`` (space, row): a batch asks for the row and holds it from
-    then on; ``RELEASE`` (space, row): the batch lets it go (its values were copied into the
-    job's batch, or the loader service's client released it). One release per batch looked up.
-    """
-
-    LOOKUP = 1
-    RELEASE = 0
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._parts: list[tuple[int, int, npt.NDArray[np.int64]]] = []
-        self._open: set[int] = set()  # id() of the batches looked up and not yet released
-
-    def looked_up(self, work: Work, space: int, rows: npt.NDArray[np.int64]) -> None:
-        with self._lock:
-            self._open.add(id(work))
-            self._parts.append((self.LOOKUP, space, rows.copy()))
-
-    def released(self, work: Work) -> None:
-        """``work`` dropped its pins (a second call, or one for a batch never looked up, is
-        a no-op)."""
-        with self._lock:
-            if id(work) not in self._open:
-                return
-            self._open.discard(id(work))
-            for _, space in work.plan.prepared:
-                self._parts.append((self.RELEASE, space, work.rows.copy()))
-
-    def arrays(self) -> dict[str, npt.NDArray[np.int64]]:
-        """The events so far: ``kind``, ``space`` and ``row``, one entry each."""
-        with self._lock:
-            parts = list(self._parts)
-        sizes = [rows.size for _, _, rows in parts]
-        return {
-            "kind": np.repeat(np.array([k for k, _, _ in parts], np.int64), sizes),
-            "space": np.repeat(np.array([sp for _, sp, _ in parts], np.int64), sizes),
-            "row": np.concatenate([rows for _, _, rows in parts] or [np.empty(0, np.int64)]),
-        }
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the events to ``path`` (``.npz``: arrays ``kind``, ``space``, ``row``)."""
-        events = self.arrays()
-        np.savez(path, kind=events["kind"], space=events["space"], row=events["row"])
 
 
 @dataclass(frozen=True)

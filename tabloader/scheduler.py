@@ -22,33 +22,28 @@ Data flow, per dataset::
   fast jobs go on alone. Nobody waits for anybody.
 * **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
 * **Ranks (DDP).** The ranks of a data-parallel job are one job (one queue, one entry in the
-  sampler: it shares with every other job); each rank is a :class:`RankState`, a plain job
-  has one. Batches are cut from the job's queue as above and dealt round-robin, the k-th of an
-  epoch to rank ``k % world_size``. With more than one rank every rank gets
-  ``n // (batch_size * world_size)`` full batches of an epoch of ``n`` rows and the last
-  ``n % (batch_size * world_size)`` rows (the last in the sampler's order) are dropped, as
-  ``DistributedSampler(drop_last=True)`` does. Lockstep: batches are cut only while the rank
-  whose turn it is has room below ``prefetch``, so a rank ahead waits for the slow one and
-  at most ``prefetch`` batches per rank are in flight. A rank that left has its turns
-  dropped, unprepared.
+  sampler: it shares with every other job); each rank is a :class:`~tabloader.jobs.RankState`,
+  a plain job has one. Batches are cut from the job's queue as above and dealt round-robin,
+  the k-th of an epoch to rank ``k % world_size``; the rows past the last full turn (the
+  last in the sampler's order) are dropped (see :mod:`tabloader.jobs`). Lockstep: batches
+  are cut only while the rank whose turn it is has room below ``prefetch``, so a rank ahead
+  waits for the slow one and at most ``prefetch`` batches per rank are in flight. A rank
+  that left has its turns dropped, unprepared.
 * **Fed jobs (a cluster node).** On a node of a Ray cluster the leader samples for every
   job (:mod:`tabloader.cluster`): each rank there is a job of its own here (``fed``), whose
   queue :meth:`DatasetScheduler.feed` fills with the rows and rounds the leader sent, and whose
   epoch has ``rank_rows`` rows. It takes no part in this scheduler's rounds. A fed job whose
   cluster job is gone (a rank or node failed) raises the reason once it would wait for rows.
-* **Stalls.** Per job, seconds blocked in ``take`` (waiting for data) vs seconds between
-  batches (its own compute).
+
+A job's and a rank's state (queue, positions, counters): :mod:`tabloader.jobs`.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,211 +52,15 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
-from tabloader.fetch import Fetcher, Plan, Work
+from tabloader.fetch import Fetcher, Work
+from tabloader.jobs import NO_ROWS, JobState, OnError, RankState
 
-__all__ = ["DatasetScheduler", "JobState", "OnError", "RankState"]
+__all__ = ["DatasetScheduler"]
 
 logger = logging.getLogger(__name__)
 
 ABANDONED_CHECK_S = 1.0  # how often an idle scheduler looks for streams dropped without close()
 PENDING_WARN_S = 30.0  # a rank waiting this long for a rank that never opened logs a warning
-_EMPTY = np.empty(0, np.int64)
-
-
-class OnError(enum.Enum):
-    """What a job does with a row that fails to read or decode."""
-
-    RAISE = "raise"
-    SKIP = "skip"
-
-
-@dataclass(eq=False)
-class JobState:
-    """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
-
-    ``world_size`` ranks share the queue and take turns (see the module docstring); each
-    :class:`RankState` has its own batches in preparation and counters.
-    """
-
-    name: str
-    ids: BitMap
-    plan: Plan
-    batch_size: int
-    prefetch: int  # batches prepared ahead, per rank
-    horizon: int  # rows sampled ahead (queued + preparing + ready), all ranks
-    on_error: OnError
-    epochs: int | None = None  # stop after this many epochs (None: never)
-    world_size: int = 1
-    sampler: Any = None  # the scheduler's sampler the job is registered in
-    id_array: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
-    epoch: int = 0  # epoch of the rows the sampler hands out next
-    left: int = 0  # rows of that epoch the sampler still has to hand out
-    q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
-    q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
-    q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
-    remote: bool = False  # batches are handed over pinned (the loader service's clients)
-    closed: bool = False
-    ranks: list[RankState] = field(init=False)
-    num_ids: int = field(init=False)
-    # where the job started: its first epoch has ``first_rows`` rows (fewer when resumed)
-    first_epoch: int = 0
-    first_rows: int = 0
-    resumed: tuple[int, BitMap] | None = None  # the state it was opened from (ranks compare)
-    # dealing: the next batch cut is batch ``cut`` (from 0) of epoch ``cut_epoch``
-    cut_epoch: int = 0
-    cut: int = 0
-    # batches cut and not yet behind every rank: (epoch, index, rows), for ``state_dict``;
-    # an epoch's dropped remainder is logged with index ``batches_per_epoch``
-    log: deque[tuple[int, int, npt.NDArray[np.int64]]] = field(default_factory=deque)
-    warned_pending: bool = False
-    fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
-    rank_rows: int = 0  # fed: rows of each epoch
-    gone: str | None = None  # fed: why the cluster job left (its ranks fail with it)
-
-    def __post_init__(self) -> None:
-        self.num_ids = len(self.ids)
-        self.ranks = [RankState(self, r) for r in range(self.world_size)]
-
-    def in_flight(self) -> int:
-        return sum(w.rows.size for r in self.ranks for w in r.batches)
-
-    def all_joined(self) -> bool:
-        """True once every rank has opened (or left): before, no rank gets a batch, so a rank
-        that finishes early never leaves the job before the others have joined it."""
-        return all(r.opened or r.closed for r in self.ranks)
-
-    def batches_per_rank(self, epoch: int) -> int:
-        """Batches each rank gets in ``epoch`` (the last may be short with a single rank)."""
-        if self.fed:
-            return -(-self.rank_rows // self.batch_size)
-        n = self.first_rows if epoch == self.first_epoch else self.num_ids
-        if self.world_size == 1:
-            return -(-n // self.batch_size)
-        return n // (self.batch_size * self.world_size)
-
-    def done_sampling(self) -> bool:
-        """True once the sampler has handed out the job's last epoch."""
-        return self.left == 0 and self.epochs is not None and self.epoch + 1 >= self.epochs
-
-    def room(self) -> int:
-        """Rows below the horizon (negative: up to one batch over it; see ``_sample_locked``)."""
-        if self.done_sampling():
-            return 0
-        return self.horizon - self.q_rows.size - self.in_flight()
-
-    def hungry(self) -> bool:
-        """True if the job has fewer rows ahead than ``prefetch`` batches per rank (it starts a
-        round)."""
-        return (
-            not self.fed
-            and self.room() > 0
-            and self.q_rows.size + self.in_flight()
-            < self.prefetch * self.batch_size * self.world_size
-        )
-
-    def stats(self) -> dict[str, Any]:
-        """The job's counters: its rank's, or the sum over its ranks (and each under ``ranks``)."""
-        per_rank = [r.stats() for r in self.ranks]
-        if self.world_size == 1:
-            return per_rank[0]
-        total = {
-            key: sum(s[key] for s in per_rank)
-            for key in (
-                "batches",
-                "rows",
-                "skipped",
-                "requests",
-                "loaded",
-                "shared",
-                "wait_s",
-                "compute_s",
-                "rows_per_s",
-            )
-        }
-        going = [r for r in self.ranks if not r.closed] or self.ranks
-        busy = total["wait_s"] + total["compute_s"]
-        return {
-            "job": self.name,
-            **total,
-            "epoch": min(r.next_epoch() for r in going),
-            "waiting": total["wait_s"] / busy if busy > 0 else 0.0,
-            "world_size": self.world_size,
-            "ranks": per_rank,
-        }
-
-
-@dataclass(eq=False)
-class RankState:
-    """One rank of a job (a plain job has one): its consumer's batches and counters.
-
-    Its position is (``epoch``, ``taken``): batches taken of that epoch. A rank is *pending*
-    until its stream opens (batches are dealt to it all the same: the others wait for it),
-    then open, then closed.
-    """
-
-    job: JobState = field(repr=False)
-    rank: int
-    batches: deque[Work] = field(default_factory=deque)  # preparing or ready, in order
-    # its consumer waits here, on the scheduler's lock (set by ``DatasetScheduler.add``)
-    cond: threading.Condition = field(init=False, repr=False)
-    opened: bool = False
-    closed: bool = False
-    abandoned: bool = False  # its stream was garbage-collected without close()
-    epoch: int = 0
-    taken: int = 0
-    # counters
-    delivered: int = 0
-    rows: int = 0
-    skipped: int = 0
-    requests: int = 0
-    loaded: int = 0
-    wait_s: float = 0.0  # blocked in take(): waiting for data
-    compute_s: float = 0.0  # between batches: the job's own work
-    last_return: float | None = None
-    started: float = field(default_factory=time.perf_counter)
-
-    def label(self) -> str:
-        """The job's name, and the rank when there are several."""
-        job = self.job
-        if job.world_size == 1:
-            return repr(job.name)
-        return f"{job.name!r} (rank {self.rank} of {job.world_size})"
-
-    def is_open(self) -> bool:
-        return self.opened and not self.closed
-
-    def next_epoch(self) -> int:
-        """The epoch of the rank's next batch."""
-        job = self.job
-        while self.taken >= job.batches_per_rank(self.epoch):
-            if self.epoch != job.first_epoch and job.batches_per_rank(self.epoch) == 0:
-                break  # an empty job: no epoch has a batch
-            self.epoch, self.taken = self.epoch + 1, 0
-        return self.epoch
-
-    def finished(self) -> bool:
-        """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""
-        return self.job.epochs is not None and self.next_epoch() >= self.job.epochs
-
-    def stats(self) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self.started
-        busy = self.wait_s + self.compute_s
-        return {
-            "job": self.job.name,
-            "rank": self.rank,
-            "world_size": self.job.world_size,
-            "batches": self.delivered,
-            "rows": self.rows,
-            "epoch": self.next_epoch(),
-            "skipped": self.skipped,
-            "requests": self.requests,
-            "loaded": self.loaded,
-            "shared": self.requests - self.loaded,
-            "wait_s": self.wait_s,
-            "compute_s": self.compute_s,
-            "waiting": self.wait_s / busy if busy > 0 else 0.0,
-            "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
-        }
 
 
 class DatasetScheduler:
@@ -422,46 +221,7 @@ class DatasetScheduler:
         self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
     ) -> RankState:
         """Rank ``rank`` joins the open ``job``; ``asked`` has the options it was opened with."""
-        name = job.name
-        if job.world_size == 1 and asked.world_size == 1:
-            raise LoaderError(
-                f"Job {name!r} is open already in this loader; close its stream first."
-            )
-        if job.world_size != asked.world_size:
-            raise LoaderError(
-                f"Job {name!r} is open already in this loader with world_size={job.world_size}"
-                f", and this open asks for world_size={asked.world_size}: every rank of a job "
-                "must pass the same world_size (or close the job's streams first)."
-            )
-        joined = job.ranks[rank]
-        if joined.is_open():
-            raise LoaderError(
-                f"Rank {rank} of job {name!r} is open already in this loader: each rank opens "
-                "the job once (close that stream first, or pass another rank)."
-            )
-        if joined.closed:
-            raise LoaderError(
-                f"Rank {rank} of job {name!r} left while its other ranks go on; a rank cannot "
-                "rejoin mid-run: close every rank, then open them all again (with the same "
-                "state_dict() to resume)."
-            )
-        mine = _options(job)
-        theirs = _options(asked)
-        differ = [k for k in mine if mine[k] != theirs[k]]
-        if differ or job.ids != asked.ids:
-            what = ", ".join(f"{k}={theirs[k]!r} (rank 0's: {mine[k]!r})" for k in differ)
-            raise LoaderError(
-                f"Rank {rank} of job {name!r} was opened with other options than its ranks "
-                f"open already: {what or 'the job rows changed (re-registered?)'}; every rank "
-                "must open the job the same way."
-            )
-        state = None if remaining is None else (epoch, BitMap(remaining))
-        if state != job.resumed:
-            raise LoaderError(
-                f"Rank {rank} of job {name!r} was opened with another state than its ranks "
-                "open already; every rank must pass the same state (saved at the same step), "
-                "or none."
-            )
+        joined = job.joining(asked, rank, remaining, epoch)
         joined.opened = True
         joined.started = time.perf_counter()
         self._wake_job(job)  # every rank may have been waiting for this one
@@ -483,7 +243,7 @@ class DatasetScheduler:
         if self.jobs.get(job.name) is job:
             del self.jobs[job.name]
         queued = job.q_rows
-        job.q_rows = job.q_rounds = job.q_epochs = _EMPTY
+        job.q_rows = job.q_rounds = job.q_epochs = NO_ROWS
         job.log.clear()
         self._unqueue(job, queued)
         if not job.fed:  # a fed job has no sampler here
@@ -518,17 +278,14 @@ class DatasetScheduler:
         if not any(r.is_open() for r in job.ranks):
             self._remove_locked(job)
             return
-        self._trim_log(job)
+        job.trim_log()
         self._activate_locked(job)  # it may have been that rank's turn
         self._wake_job(job)  # that rank (closed: its take() raises), and the others: all_joined
         self._poke(job)
 
     # -- future uses (under ``cond``; read lock-free by the arena) -------------------------------
-    def _spaces(self, job: JobState) -> list[int]:
-        return [space for _, space in job.plan.prepared]
-
     def _count_uses(self, job: JobState, rows: npt.NDArray[Any], delta: int) -> None:
-        for space in self._spaces(job):
+        for space in job.spaces():
             counts = self.uses.get(space)
             if counts is None:
                 counts = self.uses[space] = np.zeros(self.num_rows, np.int32)
@@ -541,12 +298,12 @@ class DatasetScheduler:
             return
         mark = self._mark
         mark[rows] = True
-        for space in self._spaces(job):
+        for space in job.spaces():
             np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats rows
             nxt = self.next_round[space]
             nxt[rows] = np.inf
             for other in self.jobs.values():
-                if other.q_rows.size and space in self._spaces(other):
+                if other.q_rows.size and space in other.spaces():
                     hit = mark[other.q_rows]
                     if hit.any():  # reversed: of a row queued twice, the earlier round wins
                         q, r = other.q_rows[hit][::-1], other.q_rounds[hit][::-1]
@@ -650,7 +407,7 @@ class DatasetScheduler:
         job.q_rows = np.concatenate((job.q_rows, rows))
         job.q_rounds = np.concatenate((job.q_rounds, rounds))
         job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, job.epoch, np.int64)))
-        for space in self._spaces(job):
+        for space in job.spaces():
             nxt = self.next_round[space]
             nxt[rows] = np.minimum(nxt[rows], rounds)
 
@@ -702,16 +459,6 @@ class DatasetScheduler:
             rank.requests += rows.size * len(job.plan.columns)
             self.fetcher.submit(work)
 
-    def _trim_log(self, job: JobState) -> None:
-        """Forget the cut batches that every rank still going is past."""
-        marks = [(r.next_epoch(), r.taken * job.world_size) for r in job.ranks if not r.closed]
-        if not marks:
-            job.log.clear()
-            return
-        low = min(marks)
-        while job.log and (job.log[0][0], job.log[0][1]) < low:
-            job.log.popleft()
-
     def landed(self, work: Work) -> None:
         """The fetcher finished ``work`` (the Fetcher's ``on_done``): its rank may take it."""
         with self.cond:
@@ -756,7 +503,7 @@ class DatasetScheduler:
                     self._poke(job)
                     self._wait_locked(rank, t0)
                 rank.taken += 1
-                self._trim_log(job)
+                job.trim_log()
                 self._activate_locked(job)
                 self._poke(job)  # room for the scheduler
             now = time.perf_counter()
@@ -861,15 +608,3 @@ class DatasetScheduler:
         self.cond.notify_all()
         for job in self.jobs.values():
             self._wake_job(job)
-
-
-def _options(job: JobState) -> dict[str, Any]:
-    """What every rank of a job must open it with."""
-    return {
-        "batch_size": job.batch_size,
-        "prefetch": job.prefetch,
-        "lookahead": job.horizon // job.world_size,
-        "on_error": job.on_error.value,
-        "epochs": job.epochs,
-        "image_size": [dec.image_size for dec, _ in job.plan.prepared],
-    }

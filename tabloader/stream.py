@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from catalog.errors import LoaderError
-from tabloader.scheduler import DatasetScheduler, JobState, RankState
+from tabloader.jobs import JobState, RankState
+from tabloader.scheduler import DatasetScheduler
 
 __all__ = ["JobStream"]
 

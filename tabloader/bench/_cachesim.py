@@ -300,7 +300,7 @@ def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
 def belady_pinned(
     kind: np.ndarray, space: np.ndarray, row: np.ndarray, capacity: int, *, pins: bool = True
 ) -> int:
-    """Belady's MIN on a recorded :class:`~tabloader.fetch.AccessLog`: the reads (decodes) of
+    """Belady's MIN on a recorded :class:`~tabloader.accounting.AccessLog`: the reads (decodes) of
     a cache of ``capacity`` values that knows every future request.
 
     With ``pins`` a value that a batch holds (from its look-up to its release) is never

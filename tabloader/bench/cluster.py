@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from tabloader.bench import format_table, write_json
-from tabloader.bench.e2e import MapDataset, prepare
+from tabloader.bench._e2e_children import MapDataset
+from tabloader.bench.e2e import prepare
 
 __all__ = ["add_arguments", "run"]
 

@@ -50,19 +50,19 @@ Targets (``PASS``/``FAIL`` with the ratio, in the table and the JSON):
   waiting for data in its ``take``) grew by less than 1 ms during it (the others are counted
   as ``not_ready`` and left out). Reported with the time of a bare ``numpy`` copy of the same
   bytes out of the mapping: the floor of any one-copy design.
+
+This module is the runner (scenarios, processes, report, targets); what runs in the processes
+it starts is :mod:`tabloader.bench._e2e_children`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +71,10 @@ import numpy as np
 from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, write_json
 from tabloader.bench._cachesim import belady_pinned
-from tabloader.bench._procs import (
-    ServiceProcess,
-    halfway_reached,
-    mark_halfway,
-    run_jobs,
-    rusage,
-    tree_cpu_s,
-    wait_for_start,
-    write_result,
-)
+from tabloader.bench._e2e_children import run_child
+from tabloader.bench._procs import ServiceProcess, run_jobs
 
-__all__ = ["MapDataset", "add_arguments", "bench_cache_bytes", "open_reader", "prepare", "run"]
+__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 TARGETS = {
@@ -93,7 +85,6 @@ TARGETS = {
     "vs_alone": 0.9,
     "copies": 1.0,
 }
-READY_WAIT_S = 1e-3  # an overhead sample whose batch made the service wait longer is left out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,227 +149,6 @@ def _scenarios(
         ],
         "late": [{"name": f"j{i}", "where": every, "step": step, "late": i == 3} for i in range(4)],
     }
-
-
-# -- child processes -------------------------------------------------------------------------
-class MapDataset:
-    """The DataLoaders' map-style dataset: same IPC files, Pillow decode, same resize."""
-
-    def __init__(self, root: str, dataset: str, ids: list[int], size: int) -> None:
-        self.root, self.dataset, self.ids, self.size = root, dataset, ids, size
-        self._reader: Any = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> tuple[Any, int, int]:
-        from tabloader.prep import decode_image
-
-        if self._reader is None:  # opened in each worker process: files only, no DuckDB
-            self._reader = open_reader(self.root, self.dataset)
-        row = self.ids[i]
-        table = self._reader.take([row], ["image", "label"])
-        image = np.array(decode_image(table.column("image")[0].as_buffer(), size=self.size))
-        return image, table.column("label")[0].as_py(), row
-
-
-def open_reader(root: str, dataset: str) -> Any:
-    """The dataset's storage reader from ``reader.json`` (files only, no DuckDB connection)."""
-    spec = json.loads(Path(root, "reader.json").read_text())
-    import pyarrow as pa
-
-    from catalog.storage import DatasetReader, PartInfo
-
-    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(spec["schema"])))
-    return DatasetReader(Path(root), [PartInfo(**p) for p in spec["parts"]], schema)
-
-
-def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """The in-process mode: one ``Loader``, the jobs on threads of this process."""
-    import catalog
-    from tabloader.engine import Loader
-
-    cat = catalog.connect(spec["catalog"], create=True)
-    jobs = spec["jobs"]
-    sizes = {j["name"]: len(cat.job(j["name"]).ids) for j in jobs}
-    progress = {j["name"]: 0 for j in jobs}
-    halfway = threading.Event()
-    first = jobs[0]["name"]
-    results: dict[str, dict[str, float]] = {}
-    errors: list[BaseException] = []
-    eng = Loader(
-        cat,
-        cache_bytes=spec["cache_bytes"],
-        workers=spec["workers"],
-        sampler="independent" if spec["competitor"] == "independent" else "dependent",
-        access_log=spec.get("access_log"),
-    )
-    eng.wait_ready()  # ready first, as the service is before its clients start
-    # the decode processes are the forkserver's children, not ours: /proc sees them
-    cpu0 = tree_cpu_s(os.getpid())
-    t0 = time.perf_counter()
-
-    def run_job(job: dict[str, Any]) -> None:
-        try:
-            if job["late"]:
-                halfway.wait()
-            started = time.perf_counter()
-            stream = eng.open(
-                job["name"],
-                batch_size=spec["batch_size"],
-                epochs=1,
-                image_size=spec["image_size"],
-            )
-            for batch in stream:
-                time.sleep(job["step"])
-                progress[job["name"]] += len(batch["_id"])
-                if job["name"] == first and progress[first] >= sizes[first] // 2:
-                    halfway.set()
-            results[job["name"]] = {
-                "rows": progress[job["name"]],
-                "seconds": time.perf_counter() - started,
-            }
-            stream.close()
-        except BaseException as exc:
-            errors.append(exc)
-            halfway.set()
-
-    threads = [threading.Thread(target=run_job, args=(j,)) for j in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    stats = eng.stats()
-    cpu = tree_cpu_s(os.getpid())  # while the decode processes live
-    eng.close()
-    cat.close()
-    rss = rusage()[1]
-    return {
-        "wall_s": wall,
-        "cpu_s": cpu - cpu0,
-        "peak_rss_mib": rss,
-        "decodes": stats["decodes"],
-        "reads": stats["reads"],
-        "jobs": results,
-    }
-
-
-def _job_child(spec: dict[str, Any]) -> None:
-    """One job in its own process: through the service, or with its own DataLoader."""
-    job = spec["job"]
-    if spec["kind"] == "service":
-        from tabloader.service.client import RemoteLoader
-        from tabloader.torch import to_tensors
-
-        remote = RemoteLoader(spec["catalog"], start=False)
-
-        def batches() -> Any:
-            stream = remote.open(
-                job["name"],
-                batch_size=spec["batch_size"],
-                epochs=1,
-                image_size=spec["image_size"],
-            )
-            with stream:
-                for batch in stream:
-                    yield to_tensors(batch)
-
-        rows_of: Any = lambda b: len(b["_id"])  # noqa: E731
-    else:
-        import torch
-        from torch.utils.data import DataLoader
-
-        ids = np.load(spec["ids_file"]).tolist()
-        data = MapDataset(spec["catalog"], "imgs", ids, spec["image_size"])
-        loader: DataLoader[Any] = DataLoader(
-            data,  # type: ignore[arg-type]
-            batch_size=spec["batch_size"],
-            shuffle=True,
-            num_workers=spec["workers"],
-            generator=torch.Generator().manual_seed(spec["index"]),
-        )
-        batches = loader.__iter__
-        rows_of = lambda b: len(b[2])  # noqa: E731
-    cpu0 = rusage()[0]  # after the imports (torch: a second or more), as the service's
-    wait_for_start(spec)
-    if job["late"]:
-        while not halfway_reached(spec):
-            time.sleep(0.005)
-    started = time.time()
-    rows = 0
-    for batch in batches():
-        time.sleep(job["step"])
-        rows += rows_of(batch)
-        if spec["index"] == 0 and rows >= spec["rows_total"] // 2:
-            mark_halfway(spec)
-    end = time.time()
-    cpu, rss = rusage()
-    result = {
-        "name": job["name"],
-        "start": started,
-        "end": end,
-        "rows": rows,
-        "seconds": end - started,
-        "cpu_s": cpu - cpu0,
-        "peak_rss_mib": rss,
-    }
-    if spec["kind"] == "service":
-        result["copies"] = vars(remote.copies)
-        remote.close()
-    write_result(spec, result)
-
-
-def _overhead_child(spec: dict[str, Any]) -> None:
-    """Time request -> tensors ready for batches the service has prepared (module docstring)."""
-    from tabloader.service.client import RemoteLoader
-    from tabloader.torch import to_tensors
-
-    remote = RemoteLoader(spec["catalog"], start=False)
-    size, batch_size = spec["size"], spec["batch_size"]
-    stream = remote.open("overhead", batch_size=batch_size, image_size=size)
-    wait_for_start(spec)
-    for _ in range(-(-spec["rows"] // batch_size) + 1):  # an epoch: every row decoded once
-        stream.take()
-    samples: list[float] = []
-    not_ready = 0
-    while len(samples) < spec["samples"] and not_ready < spec["samples"]:
-        time.sleep(spec["settle"])
-        waited = stream.stats()["wait_s"]
-        t0 = time.perf_counter()
-        tensors = to_tensors(stream.take())  # type: ignore[arg-type]
-        elapsed = time.perf_counter() - t0
-        if stream.stats()["wait_s"] - waited < READY_WAIT_S:
-            samples.append(elapsed)
-        else:
-            not_ready += 1
-    shape = tuple(tensors["image"].shape)
-    nbytes = math.prod(shape)
-    out = np.empty(shape, np.uint8)
-    source = remote.arena[:nbytes].reshape(shape)
-    floor = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        np.copyto(out, source)
-        floor.append(time.perf_counter() - t0)
-    stream.close()
-    remote.close()
-    us = np.array(samples or [math.nan]) * 1e6
-    write_result(
-        spec,
-        {
-            "end": time.time(),
-            "shape": list(shape),
-            "samples": len(samples),
-            "not_ready": not_ready,
-            "p50_us": float(np.percentile(us, 50)),
-            "p99_us": float(np.percentile(us, 99)),
-            "mean_us": float(us.mean()),
-            "copy_floor_us": float(np.median(floor) * 1e6),
-        },
-    )
 
 
 def _run_threads(spec: dict[str, Any]) -> dict[str, Any]:
@@ -523,20 +293,10 @@ def pa_schema_hex(ds: Any) -> str:
     return str(pa.schema(list(ds.schema)[1:]).serialize().to_pybytes().hex())
 
 
-def _child(spec: dict[str, Any]) -> int:
-    if spec["role"] == "threads":
-        print(json.dumps(_threads_child(spec)))
-    elif spec["role"] == "job":
-        _job_child(spec)
-    else:
-        _overhead_child(spec)
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the scenarios, print the tables and write JSON."""
     if args.child:
-        return _child(json.loads(args.child))
+        return run_child(json.loads(args.child))
     import catalog
     from catalog import _progress
 

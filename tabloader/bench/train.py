@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from tabloader.bench import format_table, write_json
+from tabloader.bench._e2e_children import MapDataset
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
-from tabloader.bench.e2e import MapDataset, bench_cache_bytes, prepare
+from tabloader.bench.e2e import bench_cache_bytes, prepare
 
 __all__ = ["JOADER_TABLE_1", "add_arguments", "run"]
 

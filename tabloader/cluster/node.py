@@ -43,7 +43,8 @@ from catalog.errors import CatalogLockedError, LoaderError, ServiceError, Tabloa
 if TYPE_CHECKING:
     from catalog import Catalog, Dataset, Job
     from tabloader.cluster.leader import WorkList
-    from tabloader.scheduler import DatasetScheduler, JobState
+    from tabloader.jobs import JobState
+    from tabloader.scheduler import DatasetScheduler
     from tabloader.service.server import Service
     from tabloader.stream import JobStream
 

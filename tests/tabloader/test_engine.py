@@ -397,11 +397,11 @@ def guarded(fn, timeout: float = 30.0):
 
 @pytest.mark.parametrize("closer", ["stream", "loader"])
 def test_close_wakes_a_consumer_waiting_for_rows(images, monkeypatch, closer):
-    import tabloader.scheduler
+    import tabloader.jobs
 
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     # the scheduler never samples for the job: its consumer waits for rows that never come
-    monkeypatch.setattr(tabloader.scheduler.JobState, "hungry", lambda self: False)
+    monkeypatch.setattr(tabloader.jobs.JobState, "hungry", lambda self: False)
     loader = Loader(images, cache_bytes=1 << 20)
     stream = loader.open("a", batch_size=4)
     outcome: list[BaseException] = []
@@ -473,15 +473,15 @@ def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_cl
 
 
 def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, monkeypatch):
-    import tabloader.scheduler
+    import tabloader.jobs
     from tabloader.sampling.independent import IndependentSampler
 
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     images.sql("REGISTER JOB b SELECT label FROM imgs")
     rounds = threading.Event()  # no round until set: the consumers wait for rows
-    hungry = tabloader.scheduler.JobState.hungry
+    hungry = tabloader.jobs.JobState.hungry
     monkeypatch.setattr(
-        tabloader.scheduler.JobState, "hungry", lambda self: rounds.is_set() and hungry(self)
+        tabloader.jobs.JobState, "hungry", lambda self: rounds.is_set() and hungry(self)
     )
 
     def broken(self, jobs, k):
@@ -764,8 +764,8 @@ def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
 
 
 def test_access_log_records_every_look_up_and_its_release(images, tmp_path):
+    from tabloader.accounting import AccessLog
     from tabloader.bench._cachesim import belady_pinned
-    from tabloader.fetch import AccessLog
 
     images.sql("REGISTER JOB x SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB y SELECT image FROM imgs WHERE label < 2 WITH (image_size = 16)")

@@ -1,0 +1,314 @@
+"""A job and its ranks: what the scheduler keeps of each open job (:class:`JobState`).
+
+* **A job** is one open job of a dataset: its rows (``ids``), its plan (the columns to gather
+  or prepare), its options (``batch_size``, ``prefetch``, ``horizon``: rows sampled ahead,
+  ``epochs``, ``on_error``) and its *queue*: the rows sampled for it and not yet cut into
+  batches, as arrays (``q_rows``, ``q_rounds``, ``q_epochs``). The sampler is at (``epoch``,
+  ``left``: rows of that epoch still to hand out); the cutting at (``cut_epoch``, ``cut``).
+* **Ranks.** A data-parallel job has ``world_size`` ranks (:class:`RankState`) sharing its
+  queue, a plain job one. Each has its own batches in preparation, its position (``epoch``,
+  ``taken``: batches taken of that epoch) and counters; it is pending until its stream opens,
+  then open, then closed.
+* **Epochs.** Each rank gets ``batches_per_rank(epoch)`` batches of an epoch: every row,
+  the last batch maybe short, with one rank; with several, ``n // (batch_size * world_size)``
+  full ones of an epoch of ``n`` rows, and the last ``n % (batch_size * world_size)`` rows are
+  dropped, as ``DistributedSampler(drop_last=True)`` does. A resumed job's first epoch has
+  only the rows it had left; a fed job's (a cluster node's) epochs have ``rank_rows`` rows.
+* **Stalls.** Per rank, seconds blocked in ``take`` (``wait_s``: waiting for data) vs seconds
+  between batches (``compute_s``: its own compute); a job's ``stats`` sum its ranks'.
+
+How queues are filled and batches cut and dealt: :mod:`tabloader.scheduler`.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+from catalog.errors import LoaderError
+from tabloader.fetch import Plan, Work
+
+__all__ = ["JobState", "OnError", "RankState"]
+
+NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
+
+
+class OnError(enum.Enum):
+    """What a job does with a row that fails to read or decode."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+
+@dataclass(eq=False)
+class JobState:
+    """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
+
+    ``world_size`` ranks share the queue and take turns (see :mod:`tabloader.scheduler`); each
+    :class:`RankState` has its own batches in preparation and counters.
+    """
+
+    name: str
+    ids: BitMap
+    plan: Plan
+    batch_size: int
+    prefetch: int  # batches prepared ahead, per rank
+    horizon: int  # rows sampled ahead (queued + preparing + ready), all ranks
+    on_error: OnError
+    epochs: int | None = None  # stop after this many epochs (None: never)
+    world_size: int = 1
+    sampler: Any = None  # the scheduler's sampler the job is registered in
+    id_array: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
+    epoch: int = 0  # epoch of the rows the sampler hands out next
+    left: int = 0  # rows of that epoch the sampler still has to hand out
+    q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
+    q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
+    q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
+    remote: bool = False  # batches are handed over pinned (the loader service's clients)
+    closed: bool = False
+    ranks: list[RankState] = field(init=False)
+    num_ids: int = field(init=False)
+    # where the job started: its first epoch has ``first_rows`` rows (fewer when resumed)
+    first_epoch: int = 0
+    first_rows: int = 0
+    resumed: tuple[int, BitMap] | None = None  # the state it was opened from (ranks compare)
+    # dealing: the next batch cut is batch ``cut`` (from 0) of epoch ``cut_epoch``
+    cut_epoch: int = 0
+    cut: int = 0
+    # batches cut and not yet behind every rank: (epoch, index, rows), for ``state_dict``;
+    # an epoch's dropped remainder is logged with index ``batches_per_epoch``
+    log: deque[tuple[int, int, npt.NDArray[np.int64]]] = field(default_factory=deque)
+    warned_pending: bool = False
+    fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
+    rank_rows: int = 0  # fed: rows of each epoch
+    gone: str | None = None  # fed: why the cluster job left (its ranks fail with it)
+
+    def __post_init__(self) -> None:
+        self.num_ids = len(self.ids)
+        self.ranks = [RankState(self, r) for r in range(self.world_size)]
+
+    def in_flight(self) -> int:
+        return sum(w.rows.size for r in self.ranks for w in r.batches)
+
+    def all_joined(self) -> bool:
+        """True once every rank has opened (or left): before, no rank gets a batch, so a rank
+        that finishes early never leaves the job before the others have joined it."""
+        return all(r.opened or r.closed for r in self.ranks)
+
+    def batches_per_rank(self, epoch: int) -> int:
+        """Batches each rank gets in ``epoch`` (the last may be short with a single rank)."""
+        if self.fed:
+            return -(-self.rank_rows // self.batch_size)
+        n = self.first_rows if epoch == self.first_epoch else self.num_ids
+        if self.world_size == 1:
+            return -(-n // self.batch_size)
+        return n // (self.batch_size * self.world_size)
+
+    def done_sampling(self) -> bool:
+        """True once the sampler has handed out the job's last epoch."""
+        return self.left == 0 and self.epochs is not None and self.epoch + 1 >= self.epochs
+
+    def room(self) -> int:
+        """Rows below the horizon (negative: up to one batch over it; see ``_sample_locked``)."""
+        if self.done_sampling():
+            return 0
+        return self.horizon - self.q_rows.size - self.in_flight()
+
+    def hungry(self) -> bool:
+        """True if the job has fewer rows ahead than ``prefetch`` batches per rank (it starts a
+        round)."""
+        return (
+            not self.fed
+            and self.room() > 0
+            and self.q_rows.size + self.in_flight()
+            < self.prefetch * self.batch_size * self.world_size
+        )
+
+    def options(self) -> dict[str, Any]:
+        """What every rank of the job must open it with."""
+        return {
+            "batch_size": self.batch_size,
+            "prefetch": self.prefetch,
+            "lookahead": self.horizon // self.world_size,
+            "on_error": self.on_error.value,
+            "epochs": self.epochs,
+            "image_size": [dec.image_size for dec, _ in self.plan.prepared],
+        }
+
+    def spaces(self) -> list[int]:
+        """The arena spaces of the job's prepared columns."""
+        return [space for _, space in self.plan.prepared]
+
+    def joining(
+        self, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
+    ) -> RankState:
+        """The rank ``rank`` of this open job, which ``asked`` (the options it is opened with,
+        and the state: ``remaining`` rows of ``epoch``, or None) may join.
+
+        Raises:
+            LoaderError: the job is open as a plain job, or that rank is open or left, or it
+                is asked for with another world size, other options or another state.
+        """
+        name = self.name
+        if self.world_size == 1 and asked.world_size == 1:
+            raise LoaderError(
+                f"Job {name!r} is open already in this loader; close its stream first."
+            )
+        if self.world_size != asked.world_size:
+            raise LoaderError(
+                f"Job {name!r} is open already in this loader with world_size={self.world_size}"
+                f", and this open asks for world_size={asked.world_size}: every rank of a job "
+                "must pass the same world_size (or close the job's streams first)."
+            )
+        joined = self.ranks[rank]
+        if joined.is_open():
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} is open already in this loader: each rank opens "
+                "the job once (close that stream first, or pass another rank)."
+            )
+        if joined.closed:
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} left while its other ranks go on; a rank cannot "
+                "rejoin mid-run: close every rank, then open them all again (with the same "
+                "state_dict() to resume)."
+            )
+        mine = self.options()
+        theirs = asked.options()
+        differ = [k for k in mine if mine[k] != theirs[k]]
+        if differ or self.ids != asked.ids:
+            what = ", ".join(f"{k}={theirs[k]!r} (rank 0's: {mine[k]!r})" for k in differ)
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} was opened with other options than its ranks "
+                f"open already: {what or 'the job rows changed (re-registered?)'}; every rank "
+                "must open the job the same way."
+            )
+        state = None if remaining is None else (epoch, BitMap(remaining))
+        if state != self.resumed:
+            raise LoaderError(
+                f"Rank {rank} of job {name!r} was opened with another state than its ranks "
+                "open already; every rank must pass the same state (saved at the same step), "
+                "or none."
+            )
+        return joined
+
+    def trim_log(self) -> None:
+        """Forget the cut batches that every rank still going is past."""
+        marks = [(r.next_epoch(), r.taken * self.world_size) for r in self.ranks if not r.closed]
+        if not marks:
+            self.log.clear()
+            return
+        low = min(marks)
+        while self.log and (self.log[0][0], self.log[0][1]) < low:
+            self.log.popleft()
+
+    def stats(self) -> dict[str, Any]:
+        """The job's counters: its rank's, or the sum over its ranks (and each under ``ranks``)."""
+        per_rank = [r.stats() for r in self.ranks]
+        if self.world_size == 1:
+            return per_rank[0]
+        total = {
+            key: sum(s[key] for s in per_rank)
+            for key in (
+                "batches",
+                "rows",
+                "skipped",
+                "requests",
+                "loaded",
+                "shared",
+                "wait_s",
+                "compute_s",
+                "rows_per_s",
+            )
+        }
+        going = [r for r in self.ranks if not r.closed] or self.ranks
+        busy = total["wait_s"] + total["compute_s"]
+        return {
+            "job": self.name,
+            **total,
+            "epoch": min(r.next_epoch() for r in going),
+            "waiting": total["wait_s"] / busy if busy > 0 else 0.0,
+            "world_size": self.world_size,
+            "ranks": per_rank,
+        }
+
+
+@dataclass(eq=False)
+class RankState:
+    """One rank of a job (a plain job has one): its consumer's batches and counters.
+
+    Its position is (``epoch``, ``taken``): batches taken of that epoch. A rank is *pending*
+    until its stream opens (batches are dealt to it all the same: the others wait for it),
+    then open, then closed.
+    """
+
+    job: JobState = field(repr=False)
+    rank: int
+    batches: deque[Work] = field(default_factory=deque)  # preparing or ready, in order
+    # its consumer waits here, on the scheduler's lock (set by ``DatasetScheduler.add``)
+    cond: threading.Condition = field(init=False, repr=False)
+    opened: bool = False
+    closed: bool = False
+    abandoned: bool = False  # its stream was garbage-collected without close()
+    epoch: int = 0
+    taken: int = 0
+    # counters
+    delivered: int = 0
+    rows: int = 0
+    skipped: int = 0
+    requests: int = 0
+    loaded: int = 0
+    wait_s: float = 0.0  # blocked in take(): waiting for data
+    compute_s: float = 0.0  # between batches: the job's own work
+    last_return: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def label(self) -> str:
+        """The job's name, and the rank when there are several."""
+        job = self.job
+        if job.world_size == 1:
+            return repr(job.name)
+        return f"{job.name!r} (rank {self.rank} of {job.world_size})"
+
+    def is_open(self) -> bool:
+        return self.opened and not self.closed
+
+    def next_epoch(self) -> int:
+        """The epoch of the rank's next batch."""
+        job = self.job
+        while self.taken >= job.batches_per_rank(self.epoch):
+            if self.epoch != job.first_epoch and job.batches_per_rank(self.epoch) == 0:
+                break  # an empty job: no epoch has a batch
+            self.epoch, self.taken = self.epoch + 1, 0
+        return self.epoch
+
+    def finished(self) -> bool:
+        """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""
+        return self.job.epochs is not None and self.next_epoch() >= self.job.epochs
+
+    def stats(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.started
+        busy = self.wait_s + self.compute_s
+        return {
+            "job": self.job.name,
+            "rank": self.rank,
+            "world_size": self.job.world_size,
+            "batches": self.delivered,
+            "rows": self.rows,
+            "epoch": self.next_epoch(),
+            "skipped": self.skipped,
+            "requests": self.requests,
+            "loaded": self.loaded,
+            "shared": self.requests - self.loaded,
+            "wait_s": self.wait_s,
+            "compute_s": self.compute_s,
+            "waiting": self.wait_s / busy if busy > 0 else 0.0,
+            "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
+        }
