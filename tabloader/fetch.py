@@ -164,7 +164,8 @@ class Fetcher:
         self.counters = Counters()
         self._lock = threading.Lock()
         self._flat: dict[str, npt.NDArray[Any] | None] = {}
-        self._flat_lock = threading.Lock()  # reading a column whole, once
+        self._flat_reading: set[str] = set()  # columns being read whole, in the background
+        self._flat_lock = threading.Lock()
         self._loading: dict[int, npt.NDArray[np.int64]] = {}  # space -> row -> load id (-1)
         # space -> row -> batches submitted whose look-up has not pinned the row yet: their
         # scheduler no longer counts them as future uses, the arena must not evict them
@@ -179,6 +180,7 @@ class Fetcher:
         with self._lock, self._flat_lock:  # a column being read whole is of the old version
             self.reader, self.table = reader, table
             self._flat.clear()
+            self._flat_reading.clear()
             for space, loading in self._loading.items():
                 grown = np.full(reader.num_rows, -1, np.int64)
                 grown[: loading.size] = loading
@@ -328,21 +330,48 @@ class Fetcher:
         return out
 
     def _flat_column(self, dec: Decoder) -> npt.NDArray[Any] | None:
-        """The whole column as one array when it is fixed-width, null-free and small."""
-        if dec.column in self._flat:
-            return self._flat[dec.column]
-        # not the fetcher's lock: every lookup and landing would wait for this first read
-        with self._flat_lock:
-            if dec.column not in self._flat:
-                self._flat[dec.column] = self._read_flat(dec)
-            return self._flat[dec.column]
+        """The whole column as one array when it is fixed-width, null-free and small; None
+        for another column, and while it is being read.
 
-    def _read_flat(self, dec: Decoder) -> npt.NDArray[Any] | None:
-        t = self.table.schema.field(dec.column).type
+        The first read touches every record batch (30-170 ms for the labels of 2,000 images
+        stored two rows a batch), so it runs in a thread of its own: batches meanwhile gather
+        their rows as any other column's, and no pool thread (which decodes must land on)
+        waits for it.
+        """
+        flat = self._flat.get(dec.column)
+        if flat is not None or dec.column in self._flat:
+            return flat
+        with self._flat_lock:
+            if dec.column in self._flat or dec.column in self._flat_reading:
+                return self._flat.get(dec.column)
+            self._flat_reading.add(dec.column)
+            table = self.table
+        threading.Thread(
+            target=self._read_flat_into,
+            args=(dec, table),
+            name=f"tabloader-read-{dec.column}",
+            daemon=True,
+        ).start()
+        return None
+
+    def _read_flat_into(self, dec: Decoder, table: DatasetReader) -> None:
+        try:
+            flat = self._read_flat(dec, table)
+        except Exception as exc:  # batches gather their rows and report what fails there
+            logger.debug("column %r not read whole: %r", dec.column, exc)
+            flat = None
+        with self._flat_lock:
+            if self.table is table:  # else a newer version came meanwhile: read it again
+                self._flat[dec.column] = flat
+                self._flat_reading.discard(dec.column)
+
+    @staticmethod
+    def _read_flat(dec: Decoder, table: DatasetReader) -> npt.NDArray[Any] | None:
+        t = table.schema.field(dec.column).type
         width = _fixed_width(t)
-        if width is None or width * self.table.num_rows > FLAT_BYTES or not self.table.num_rows:
+        if width is None or width * table.num_rows > FLAT_BYTES or not table.num_rows:
             return None
-        values = self.table.gather(np.arange(self.table.num_rows), (dec.column,))
+        values = table.gather(np.arange(table.num_rows), (dec.column,))
         column = values.column(0).combine_chunks()
         if column.null_count or (pa.types.is_fixed_size_list(t) and column.flatten().null_count):
             return None

@@ -278,31 +278,47 @@ def test_a_failing_gather_fails_the_batch_whose_decodes_were_started(images, mon
     assert tabloader_threads() == []
 
 
-def test_reading_a_column_whole_holds_no_lock_that_decodes_need(images, monkeypatch):
-    """The first batch reads its label column whole (once); meanwhile the other batches look
-    up, claim and land their decodes, which take the fetcher's lock."""
+def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
+    """The first batch starts reading its label column whole (once, in the background);
+    until that read is done, batches gather their labels row by row, and no lock that
+    look-ups, claims and landings take is held."""
     from tabloader.fetch import Fetcher
 
     reading, gate = threading.Event(), threading.Event()
     read_flat = Fetcher._read_flat
 
-    def slow(self, dec):
+    def slow(dec, table):
         reading.set()
-        gate.wait(30)
-        return read_flat(self, dec)
+        gate.wait(60)
+        return read_flat(dec, table)
 
-    monkeypatch.setattr(Fetcher, "_read_flat", slow)
+    monkeypatch.setattr(Fetcher, "_read_flat", staticmethod(slow))
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
+    expected = images.dataset("imgs").take(images.job("a").ids, ["label"]).column("label")
+    labels = dict(zip(images.job("a").ids, expected.to_pylist(), strict=True))
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
-        stream = loader.open("a", batch_size=4, epochs=1)
-        assert reading.wait(30)
-        fetcher = loader._schedulers["imgs"].fetcher
-        free = fetcher._lock.acquire(timeout=5)
-        if free:
-            fetcher._lock.release()
-        gate.set()
-        assert sum(len(b["_id"]) for b in stream) == images.job("a").num_rows
-        stream.close()
+        got: dict[int, int] = {}
+        with loader.open("a", batch_size=4, epochs=1) as stream:
+            assert reading.wait(30)
+            fetcher = loader._schedulers["imgs"].fetcher
+            free = fetcher._lock.acquire(timeout=5)
+            if free:
+                fetcher._lock.release()
+            done = threading.Thread(
+                target=lambda: got.update(
+                    (int(i), int(v))
+                    for b in stream
+                    for i, v in zip(b["_id"], b["label"], strict=True)
+                ),
+                daemon=True,
+            )
+            done.start()
+            done.join(60)  # bounded: the whole epoch, with the read still blocked
+            blocked = not gate.is_set() and fetcher._flat.get("label") is None
+            gate.set()
+            assert not done.is_alive(), "batches waited for the column being read whole"
+        assert blocked
+        assert got == labels
     assert free, "the fetcher's lock was held while a column was read whole"
 
 
@@ -569,21 +585,26 @@ def test_a_dropped_stream_is_closed_and_frees_its_pins(images):
 def test_a_job_reads_only_its_columns(images, monkeypatch):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     reader_cls = type(images.dataset("imgs").reader)
-    asked: list[tuple[str, ...] | None] = []
+    asked: list[tuple[tuple[str, ...] | None, int]] = []
     real = reader_cls.gather
 
     def spy(self, ids, columns):
-        asked.append(columns)
+        asked.append((columns, len(ids)))
         table = real(self, ids, columns)
         assert table.schema.names == list(columns)  # the read fetched that column only
         return table
 
     monkeypatch.setattr(reader_cls, "gather", spy)
+    total = images.dataset("imgs").num_rows
     with Loader(images, cache_bytes=1 << 20) as loader:
         n = sum(len(b["_id"]) for b in loader.open("a", batch_size=8, epochs=1))
         assert loader.stats()["bytes_read"] == 0
     assert n == images.job("a").num_rows
-    assert asked == [("label",)]  # a small fixed-width column is read once, whole
+    assert {columns for columns, _ in asked} == {("label",)}
+    # a small fixed-width column is read whole, once (batches before that read ends gather
+    # their own rows)
+    assert [size for _, size in asked].count(total) == 1
+    assert all(size <= 8 for _, size in asked if size != total)
 
 
 def test_stats_per_job_and_overall(images):
