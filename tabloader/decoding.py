@@ -13,6 +13,7 @@ errors and counters cross the pipe.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import multiprocessing
@@ -158,10 +159,15 @@ class DecodePool:
             # With a forkserver the executor starts a process per task while none is idle: a
             # no-op task each starts them all (one more when a no-op was done before the next
             # came: that process was idle).
+            started = []
             for _ in range(2 * self.processes):
                 if len(pool._processes or ()) >= self.processes:
                     break
-                pool.submit(os.getpid)
+                started.append(pool.submit(_started))
+            # Started is not ready: a process still boots (bootstrap, initializer) when the
+            # executor counts it. ``wait_started`` returns once the no-ops have run; each
+            # holds its process 20 ms, so the next goes to another process.
+            concurrent.futures.wait(started, timeout=60)
         except Exception as exc:  # closed meanwhile, or a start that failed: the first
             # submit starts them (and reports what fails)
             logger.debug("decode processes not started ahead: %r", exc)
@@ -259,6 +265,12 @@ def _attach(segment: str, size: int, owner: int) -> None:
     # A process of the forkserver is not the loader's child: if the loader is killed, nothing
     # tells it, and it would keep the shared memory mapped. It watches the loader instead.
     threading.Thread(target=_exit_with, args=(owner,), daemon=True).start()
+
+
+def _started() -> int:
+    """A no-op task that holds its process a moment, so the next one goes to another."""
+    time.sleep(0.02)
+    return os.getpid()
 
 
 def _exit_with(owner: int) -> None:
