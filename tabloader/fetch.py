@@ -5,9 +5,10 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
 
 1. **Gather** the cheap columns (numbers, strings, lists, raw bytes) with vectorized reads,
    straight into the batch and with no cache (for these a read costs less than caching): a
-   fixed-width column of at most ``FLAT_BYTES`` is read whole once, then each batch is one
-   numpy ``take``; any other column is read with :meth:`DatasetReader.gather` (ids grouped by
-   record batch, each record batch read once, one Arrow ``take`` each).
+   fixed-width column of at most ``FLAT_BYTES`` is read whole once (in a thread of its own),
+   then each batch is one numpy ``take``; any other column, and such a column until that read
+   is done, is read with :meth:`DatasetReader.gather` (ids grouped by record batch, each
+   record batch read once, one Arrow ``take`` each).
 2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
