@@ -83,8 +83,9 @@ class SnapshotCatalog:
     """The catalog's jobs and datasets, each read by opening the catalog for that moment.
 
     Quacks like the part of :class:`~catalog.Catalog` a ``Loader`` and a service use (``job``,
-    ``dataset``, ``sql``, ``exists``, ``root``, ``close``), so that every node of a cluster and
-    the leader can read one catalog (a ``Catalog`` holds the catalog's single lock while open).
+    ``dataset``, ``dataset_names``, ``sql``, ``exists``, ``root``, ``close``), so that every
+    node of a cluster and the leader can read one catalog (a ``Catalog`` holds the catalog's
+    single lock while open).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -134,6 +135,10 @@ class SnapshotCatalog:
     def job(self, name: str) -> Job:
         """The job ``name`` (``Catalog.job``)."""
         return cast("Job", self._cached("job", name, lambda c: c.job(name)))
+
+    def dataset_names(self) -> list[str]:
+        """The datasets' names (``Catalog.dataset_names``)."""
+        return cast("list[str]", self._cached("datasets", "", lambda c: c.dataset_names()))
 
     def dataset(self, name: str) -> Dataset:
         """The dataset ``name`` (``Catalog.dataset``)."""
