@@ -14,6 +14,34 @@ from tabloader.demo import DEMO_JOBS, run_demo
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_example(script: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run ``examples/<script>`` on 120 generated images (2 epochs at 32 px) in ``tmp_path``;
+    it must succeed."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / script),
+            "--catalog",
+            str(tmp_path / "cat"),
+            "--data",
+            str(tmp_path / "data"),
+            "--images",
+            "120",
+            "--epochs",
+            "2",
+            "--image-size",
+            "32",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_demo(cat, tmp_path, capsys):
     sizes = run_demo(cat, data_dir=tmp_path / "data", num_images=80, num_classes=10)
     out = capsys.readouterr().out
@@ -30,26 +58,7 @@ def test_demo(cat, tmp_path, capsys):
 
 
 def test_hparam_search_example(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "hparam_search.py"),
-            "--catalog",
-            str(tmp_path / "cat"),
-            "--data",
-            str(tmp_path / "data"),
-            "--images",
-            "120",
-            "--epochs",
-            "2",
-            "--image-size",
-            "32",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_example("hparam_search.py", tmp_path)
     assert proc.stdout.count("epoch 1:") == 3
     served, decoded = map(
         int, re.search(r"served to jobs: (\d+); decoded: (\d+)", proc.stdout).groups()
@@ -69,29 +78,7 @@ def test_hparam_search_example(tmp_path):
 def test_ray_tune_example_trials_share_decodes(tmp_path):
     """A Ray Tune search (local Ray on loopback) whose trials read through the node loader."""
     pytest.importorskip("ray.tune", reason="ray[tune] is not installed")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "ray_tune_search.py"),
-            "--catalog",
-            str(tmp_path / "cat"),
-            "--data",
-            str(tmp_path / "data"),
-            "--images",
-            "120",
-            "--trials",
-            "3",
-            "--epochs",
-            "2",
-            "--image-size",
-            "32",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_example("ray_tune_search.py", tmp_path, "--trials", "3")
     assert len(re.findall(r"trial_\d: lr [\d.]+, final loss [\d.]+", proc.stdout)) == 3
     served, decoded = map(
         int, re.search(r"images served to trials: (\d+); decoded: (\d+)", proc.stdout).groups()

@@ -45,3 +45,18 @@ def held_for(group, monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(group.fetcher, "submit", gate)
     return held
+
+
+def next_batch_in_thread(stream, outcome: list) -> threading.Thread:
+    """A started (daemon) thread that waits for ``stream``'s next batch; what that raises is
+    appended to ``outcome``."""
+
+    def consume() -> None:
+        try:
+            stream.next_batch()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    return thread

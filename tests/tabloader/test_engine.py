@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _wakeups import counting_waiter, held_for, waiting
+from _wakeups import counting_waiter, held_for, next_batch_in_thread, waiting
 from PIL import Image
 
 import catalog
@@ -421,15 +421,7 @@ def test_close_wakes_a_consumer_waiting_for_rows(images, monkeypatch, closer):
     loader = Loader(images, cache_bytes=1 << 20)
     stream = loader.open("a", batch_size=4)
     outcome: list[BaseException] = []
-
-    def consume() -> None:
-        try:
-            stream.next_batch()
-        except BaseException as exc:
-            outcome.append(exc)
-
-    consumer = threading.Thread(target=consume)
-    consumer.start()
+    consumer = next_batch_in_thread(stream, outcome)
     time.sleep(0.3)  # let it reach the wait (if not, it finds the stream closed: same outcome)
     assert consumer.is_alive()
     (stream if closer == "stream" else loader).close()
@@ -456,15 +448,7 @@ def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_cl
         a = loader.open("a", batch_size=4)
         cond = counting_waiter(group, a)
         outcome: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                a.next_batch()
-            except BaseException as exc:
-                outcome.append(exc)
-
-        consumer = threading.Thread(target=consume, daemon=True)
-        consumer.start()
+        consumer = next_batch_in_thread(a, outcome)
         wait_until(lambda: waiting(cond), "a's consumer waits for its batch")
         for _ in range(20):  # b's batches land (and b's rounds run) while a waits
             b.next_batch()
@@ -509,16 +493,7 @@ def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, m
         group = loader._schedulers["imgs"]
         conds = [counting_waiter(group, s) for s in streams]
         outcome: list[BaseException] = []
-
-        def consume(stream) -> None:
-            try:
-                stream.next_batch()
-            except BaseException as exc:
-                outcome.append(exc)
-
-        consumers = [threading.Thread(target=consume, args=(s,), daemon=True) for s in streams]
-        for t in consumers:
-            t.start()
+        consumers = [next_batch_in_thread(s, outcome) for s in streams]
         wait_until(lambda: all(waiting(c) for c in conds), "both consumers wait for rows")
         rounds.set()  # the scheduler's next look (it polls) runs a round, which fails
         for t in consumers:

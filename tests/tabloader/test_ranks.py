@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from _wakeups import counting_waiter, held_for, waiting
+from _wakeups import counting_waiter, held_for, next_batch_in_thread, waiting
 
 from catalog import LoaderError
 from tabloader.engine import Loader
@@ -350,15 +350,7 @@ def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_
         r1 = loader.open("j", rank=1, **opts)
         cond = counting_waiter(group, r0)
         outcome: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                r0.next_batch()
-            except BaseException as exc:
-                outcome.append(exc)
-
-        consumer = threading.Thread(target=consume, daemon=True)
-        consumer.start()
+        consumer = next_batch_in_thread(r0, outcome)
         wait_until(lambda: waiting(cond), "rank 0 waits for its batch")
         assert {w.job.rank for w in held} == {0, 1}  # dealt to both ranks, none landed
         for work in [w for w in held if w.job.rank == 1]:  # rank 1's land now
