@@ -394,8 +394,7 @@ class Fetcher:
             future = self.procs.submit(self.reader, load.decoder, load.rows[todo], offsets[todo])
         except BaseException:  # the slots go back: fresh ones freed, stored ones unpinned
             self.arena.discard(offsets[todo])
-            held = offsets[offsets >= 0]
-            self.arena.release(np.setdiff1d(held, offsets[todo]))
+            self.arena.release(offsets[(offsets >= 0) & ~fresh])
             raise
         future.add_done_callback(
             lambda f: self._submit_or_run(self._landed_elsewhere, load, offsets, todo, f)
