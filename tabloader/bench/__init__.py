@@ -7,6 +7,7 @@ new benchmark needs to be registered.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 
 from tabloader._format import format_table
 
-__all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "write_json"]
+__all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "positive_int", "write_json"]
 
 BENCHMARKS: dict[str, str] = {
     "catalog": "tabloader.bench.catalog",
@@ -26,6 +27,17 @@ BENCHMARKS: dict[str, str] = {
     "throughput": "tabloader.bench.throughput",
     "train": "tabloader.bench.train",
 }
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: a count of at least 1 (a zero would leave nothing to measure)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count of at least 1")
+    return value
 
 
 def peak_rss_mib() -> float:

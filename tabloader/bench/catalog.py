@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, positive_int, write_json
 
 __all__ = ["add_arguments", "run"]
 
@@ -42,8 +42,12 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench catalog``."""
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--rows", type=int, default=1_280_000, help="metadata rows (1.28M)")
-    parser.add_argument("--image-rows", type=int, default=4000, help="~100 KB rows for take")
+    parser.add_argument(
+        "--rows", type=positive_int, default=1_280_000, help="metadata rows (1.28M)"
+    )
+    parser.add_argument(
+        "--image-rows", type=positive_int, default=4000, help="~100 KB rows for take"
+    )
     parser.add_argument("--big-gib", type=float, default=4.0, help="GiB for the RSS import run")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--out", default="bench-results/catalog.json", help="JSON output")

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._e2e_children import MapDataset
 from tabloader.bench.e2e import prepare
 
@@ -41,15 +41,17 @@ TARGET = 1.05
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench cluster``."""
-    parser.add_argument("--images", type=int, default=800, help="generated JPEGs")
-    parser.add_argument("--image-size", type=int, default=96)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (ranks per job)")
-    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--images", type=positive_int, default=800, help="generated JPEGs")
+    parser.add_argument("--image-size", type=positive_int, default=96)
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument(
+        "--nodes", type=positive_int, default=2, help="simulated nodes (ranks per job)"
+    )
+    parser.add_argument("--jobs", type=positive_int, default=4)
     parser.add_argument("--step", type=float, default=0.02, help="seconds per batch")
-    parser.add_argument("--cost-jobs", type=int, default=8)
-    parser.add_argument("--cost-ranks", type=int, default=4)
-    parser.add_argument("--cost-nodes", type=int, default=4)
+    parser.add_argument("--cost-jobs", type=positive_int, default=8)
+    parser.add_argument("--cost-ranks", type=positive_int, default=4)
+    parser.add_argument("--cost-nodes", type=positive_int, default=4)
     parser.add_argument("--data", default="bench-results/e2e-data", help="image folder cache")
     parser.add_argument("--out", default="bench-results/cluster.json", help="JSON output")
 

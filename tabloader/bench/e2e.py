@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from tabloader.arena import values_that_fit
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._cachesim import belady_pinned
 from tabloader.bench._e2e_children import run_child
 from tabloader.bench._procs import ServiceProcess, run_jobs
@@ -90,13 +90,15 @@ TARGETS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench e2e``."""
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--images", type=int, default=2000, help="generated JPEGs")
-    parser.add_argument("--image-size", type=int, default=96, help="shared resize (pixels)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--images", type=positive_int, default=2000, help="generated JPEGs")
+    parser.add_argument(
+        "--image-size", type=positive_int, default=96, help="shared resize (pixels)"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--step", type=float, default=0.02, help="seconds per batch at 1x")
     parser.add_argument(
         "--speeds-rows",
-        type=int,
+        type=positive_int,
         default=1000,
         help="rows of the 'speeds' jobs (the 4x jobs take long)",
     )
@@ -109,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=os.cpu_count() or 2,
         help="decode workers of each competitor (the DataLoaders split them); default: cores",
     )
@@ -120,9 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="service,dataloader,threads",
         help=f"comma-separated, of {', '.join(COMPETITORS)}",
     )
-    parser.add_argument("--overhead-batch", type=int, default=64, help="rows of a batch")
-    parser.add_argument("--overhead-size", type=int, default=224, help="image side (pixels)")
-    parser.add_argument("--overhead-samples", type=int, default=200, help="batches timed")
+    parser.add_argument("--overhead-batch", type=positive_int, default=64, help="rows of a batch")
+    parser.add_argument(
+        "--overhead-size", type=positive_int, default=224, help="image side (pixels)"
+    )
+    parser.add_argument("--overhead-samples", type=positive_int, default=200, help="batches timed")
     parser.add_argument(
         "--overhead-settle", type=float, default=0.03, help="seconds slept before each request"
     )

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, positive_int, write_json
 
 __all__ = ["add_arguments", "run"]
 
@@ -46,10 +46,14 @@ TARGETS = {"images": 1.2, "small_rows": 1.0, "four_jobs": 0.9}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench throughput``."""
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--images", type=int, default=2000, help="generated JPEGs")
-    parser.add_argument("--rows", type=int, default=200_000, help="rows of the small-row table")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="N")
-    parser.add_argument("--rounds", type=int, default=2, help="alternations of competitors")
+    parser.add_argument("--images", type=positive_int, default=2000, help="generated JPEGs")
+    parser.add_argument(
+        "--rows", type=positive_int, default=200_000, help="rows of the small-row table"
+    )
+    parser.add_argument("--workers", type=positive_int, default=os.cpu_count() or 2, help="N")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=2, help="alternations of competitors"
+    )
     parser.add_argument("--data", default="bench-results/throughput-data", help="image cache")
     parser.add_argument("--out", default="bench-results/throughput.json", help="JSON output")
     parser.add_argument(

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._e2e_children import MapDataset
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
 from tabloader.bench.e2e import bench_cache_bytes, prepare
@@ -47,12 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench train``."""
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--jobs", default="1,2,4,6", help="numbers of jobs trained at once")
-    parser.add_argument("--images", type=int, default=1000, help="generated JPEGs")
+    parser.add_argument("--images", type=positive_int, default=1000, help="generated JPEGs")
     parser.add_argument(
-        "--image-size", type=int, default=None, help="pixels (default: 64 on CPU, 224 on GPU)"
+        "--image-size",
+        type=positive_int,
+        default=None,
+        help="pixels (default: 64 on CPU, 224 on GPU)",
     )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--epochs", type=positive_int, default=1)
     parser.add_argument(
         "--model",
         choices=["auto", "tiny", "resnet18"],
@@ -60,7 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: ResNet18 on a GPU with torchvision, else the small CNN",
     )
     parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 2, help="decode workers (default: cores)"
+        "--workers",
+        type=positive_int,
+        default=os.cpu_count() or 2,
+        help="decode workers (default: cores)",
     )
     parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument("--data", default="bench-results/e2e-data", help="image folder cache")

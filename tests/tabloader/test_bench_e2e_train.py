@@ -172,3 +172,11 @@ def test_train_rejects_bad_job_counts(jobs):
 def test_e2e_rejects_unknown_competitors():
     with pytest.raises(SystemExit, match="Unknown competitor.*dataloders.*use service"):
         e2e.run(parsed(e2e, "--competitors", "service,dataloders"))
+
+
+@pytest.mark.parametrize(("value", "problem"), [("0", "0 is not a count"), ("x", "'x' is not a")])
+def test_benchmark_counts_must_be_positive(capsys, value, problem):
+    """A zero count used to crash the run at its end (nothing timed to report)."""
+    with pytest.raises(SystemExit):
+        parsed(e2e, "--overhead-samples", value)
+    assert f"--overhead-samples: {problem}" in capsys.readouterr().err
