@@ -14,7 +14,7 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
    for every job that wants it: request merging); the rest are claimed and decoded in groups
    of at least ``MIN_DECODE_ROWS`` rows (a batch's claimed rows split over the workers), one
    pool task per group, each reading its rows of a record batch together. Decode and resize
-   run with the GIL released (libjpeg-turbo through simplejpeg, OpenCV).
+   run with the GIL released (libjpeg-turbo through simplejpeg, torch).
 3. **Collate** when the last group a batch waits for lands: copy each value out of the arena
    into the job's own arrays (the one copy of each payload byte: a batch never aliases the
    arena or another job's batch, so in-place writes stay in the job), release the pins, and

@@ -1,7 +1,8 @@
 """Shared preparation: turn stored Arrow values into prepared values, once for every job.
 
-Decoding (Pillow → ``uint8`` HWC) is the expensive, deterministic part of loading an image,
-so it is done once per row and served to every job through :class:`tabloader.cache.RowCache`.
+Decoding (JPEG or any Pillow format → ``uint8`` HWC) is the expensive, deterministic part of
+loading an image, so it is done once per row and served to every job from the engine's
+:class:`~tabloader.arena.Arena`.
 Random augmentation (crop, flip) is per job and does not belong here: jobs never share a
 random draw.
 
@@ -49,6 +50,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import math
 import sys
@@ -56,7 +58,6 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -224,11 +225,15 @@ def _to_rgb_array(img: Image.Image, target: tuple[int, int] | int | None) -> npt
 
 
 def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.NDArray[np.uint8]:
-    """Center square then ``target`` x ``target`` (an int), or exactly (h, w): area filter.
+    """Center square then ``target`` x ``target`` (an int), or exactly (h, w): Pillow's
+    ``BILINEAR`` resize (a triangle filter widened by the scale factor, so that shrinking
+    averages every source pixel: antialiased).
 
-    OpenCV's ``INTER_AREA`` averages the source pixels each output pixel covers (antialiased
-    when shrinking), with SIMD and the GIL released: 0.1 ms where Pillow's bilinear took 0.4
-    (plus 0.2 to copy the array into Pillow's RGBX layout and back).
+    With torch installed, its ``interpolate(mode="bilinear", antialias=True)`` on ``uint8``
+    computes it: a port of Pillow-SIMD's resampler (the same pixels, give or take 1 in about
+    0.2% of the values), with SIMD and the GIL released. Measured on the generated 500x375
+    JPEGs, one thread, 375x375 -> 224x224: 0.36 ms, against 1.10 for Pillow and 1.39 for
+    OpenCV's ``INTER_AREA`` (used before); the whole decode at 224 went from 2.0 to 1.6 ms.
     """
     h, w = arr.shape[:2]
     if isinstance(target, int):
@@ -238,9 +243,31 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
         out_h = out_w = target
     else:
         out_h, out_w = target
+    torch = _torch()
+    if torch is None:
+        image = Image.fromarray(arr).resize((out_w, out_h), Image.Resampling.BILINEAR)
+        return np.asarray(image)
+    arr = np.ascontiguousarray(arr)  # channels-last contiguous: torch's SIMD path
     if arr.shape[:2] == (out_h, out_w):
-        return np.ascontiguousarray(arr)
-    return np.asarray(cv2.resize(arr, (out_w, out_h), interpolation=cv2.INTER_AREA), np.uint8)
+        return arr
+    if not arr.flags.writeable:  # Pillow's arrays: torch wants memory it may write
+        arr = arr.copy()
+    image = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)
+    out = torch.nn.functional.interpolate(
+        image, size=(out_h, out_w), mode="bilinear", antialias=True
+    )
+    return np.asarray(out[0].permute(1, 2, 0).contiguous().numpy())
+
+
+@functools.cache
+def _torch() -> Any:
+    """torch, imported at the first resize (the catalog side never needs it; decode processes
+    preload it), or None where it is not installed (Pillow resizes then)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from catalog.errors import LoaderError, RowReadError
+from tabloader import prep
 from tabloader.prep import DecodeKind, Decoder, batch_column, decode_image, decoder_for
 
 
@@ -88,6 +89,31 @@ def test_center_crop_matches_resize_then_crop(png):
     expected = resized[:, left : left + 224]
     got = decode_image(png, size=224).astype(np.int16)
     assert np.abs(got - expected).mean() < 2.0
+
+
+@pytest.fixture(params=["torch", "pillow"])
+def resizer(request, monkeypatch):
+    """Each way a resize is computed: torch's SIMD port, or Pillow where torch is missing."""
+    if request.param == "pillow":
+        monkeypatch.setattr(prep, "_torch", lambda: None)
+    return request.param
+
+
+@pytest.mark.parametrize("size", [224, 96, (100, 60), (375, 300)])
+def test_resize_is_pillows_bilinear(png, resizer, size):
+    """Either way, the pixels of Pillow's BILINEAR resize of the center square (or the whole
+    image for a (height, width)), give or take 1 in a few values."""
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    if isinstance(size, int):
+        img = pil_image_center_square(png)
+        expected = img.resize((size, size), Image.Resampling.BILINEAR)
+    else:
+        expected = img.resize(size[::-1], Image.Resampling.BILINEAR)
+    got = decode_image(png, size=size).astype(np.int16)
+    diff = np.abs(got - np.asarray(expected, dtype=np.int16))
+    assert got.shape == diff.shape
+    assert diff.max() <= 1
+    assert (diff > 0).mean() < 0.01
 
 
 def test_jpeg_draft_is_deterministic_and_close():
