@@ -44,6 +44,7 @@ from catalog.options import option_value
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog
 from tabloader.arena import Arena
+from tabloader.batchmem import BatchMemory
 from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
 from tabloader.jobs import JobState, OnError
@@ -143,6 +144,7 @@ class Loader:
         self._pid = os.getpid()
         self._segment: Segment | None = None
         self._procs: DecodePool | None = None
+        self._memory = BatchMemory()  # the jobs' image batches, recycled
         try:
             if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
                 remove_stale()
@@ -193,6 +195,7 @@ class Loader:
                 on_done=lambda w: None,
                 workers=self.workers,
                 procs=self._procs,
+                memory=self._memory,
             )
             sched = DatasetScheduler(
                 dataset.name,

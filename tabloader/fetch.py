@@ -45,6 +45,7 @@ from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog, Counters
 from tabloader.arena import Arena
+from tabloader.batchmem import BatchMemory
 from tabloader.decoding import DecodePool, decode_rows
 from tabloader.prep import DecodeKind, Decoder, batch_column
 
@@ -141,6 +142,7 @@ class Fetcher:
         pool: the loader's thread pool.
         workers: its threads (a batch's decodes are split into about that many tasks).
         procs: decode processes for fixed-shape images (None: decode in the pool's threads).
+        memory: where the batches' image arrays are allocated (recycled blocks).
         on_done: called with each finished ``Work`` (its ``result`` or error set).
     """
 
@@ -154,8 +156,10 @@ class Fetcher:
         *,
         workers: int,
         procs: DecodePool | None = None,
+        memory: BatchMemory | None = None,
     ) -> None:
         self.procs = procs
+        self.memory = memory or BatchMemory()
         self.reader = reader
         self.workers = workers
         self.table = table
@@ -605,7 +609,7 @@ class Fetcher:
             # the usual case: every value in the arena, one shape; a slice copy per row
             shape = tuple(shapes[0].tolist())
             n = math.prod(shape)
-            batch = np.empty((offsets.size, *shape), np.uint8)
+            batch = self.memory.empty((offsets.size, *shape))
             flat, buffer = batch.reshape(offsets.size, n), self.arena.buffer
             for k, off in enumerate(offsets.tolist()):
                 flat[k] = buffer[off : off + n]
@@ -619,7 +623,7 @@ class Fetcher:
             else bool((shapes == shapes[0]).all())
         )
         shape = tuple(shapes[first].tolist())
-        out: Any = np.empty((len(positions), *shape), np.uint8) if one_shape else []
+        out: Any = self.memory.empty((len(positions), *shape)) if one_shape else []
         for k, p in enumerate(positions):
             off = int(offsets[p])
             src = work.private[(ci, p)] if off < 0 else view(off, tuple(shapes[p].tolist()))

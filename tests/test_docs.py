@@ -11,6 +11,7 @@ MODULES = [
     "catalog",
     "tabloader",
     "tabloader.arena",
+    "tabloader.batchmem",
     "tabloader.cluster.leader",
     "tabloader.cluster.placement",
     "tabloader.prep",

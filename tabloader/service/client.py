@@ -32,6 +32,7 @@ import pyarrow as pa
 from catalog.catalog import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
 from catalog.sql.dialect import absolute_paths
+from tabloader.batchmem import BatchMemory
 from tabloader.cluster.node import find_service, service_error
 from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
@@ -175,6 +176,7 @@ class RemoteLoader:
         self._segment = Segment(hello["segment"], int(hello["size"]), create=False, readonly=True)
         self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
         self.copies = Copies()  # of every stream of this loader
+        self.memory = BatchMemory()  # the streams' image batches, recycled
         self._copies_lock = threading.Lock()
         self._closed = False
 
@@ -358,7 +360,7 @@ def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any
         views.append(arena[start : start + math.prod(shape)].reshape(shape))
     copied = sum(views[k].nbytes for k in staged)  # the service copied these into staging
     if views and all(s == shapes[0] for s in shapes):
-        out: Any = np.empty((len(views), *shapes[0]), np.uint8)
+        out: Any = loader.memory.empty((len(views), *shapes[0]))
         for k, v in enumerate(views):
             out[k] = v
             copied += v.nbytes
