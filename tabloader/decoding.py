@@ -126,10 +126,10 @@ class DecodePool:
         processes: how many.
 
     The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
-    DuckDB connection) that has imported this module once: on first use, or ahead of it with
-    :meth:`start`. Starting them takes about a second on a busy machine (the forkserver
-    imports this module, each process maps the arena), which a loader's first batch would
-    otherwise wait for.
+    DuckDB connection) that has imported this module and torch (the resize) once: on first
+    use, or ahead of it with :meth:`start`. The first start in a process takes 1.5 s here, 1 s
+    of it importing torch (later loaders of the process reuse the forkserver: 0.05 s), which
+    a loader's first batch would otherwise wait for.
     """
 
     def __init__(self, segment: str, size: int, processes: int) -> None:
