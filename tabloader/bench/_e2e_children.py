@@ -37,7 +37,7 @@ READY_WAIT_S = 1e-3  # an overhead sample whose batch made the service wait long
 
 
 class MapDataset:
-    """The DataLoaders' map-style dataset: same IPC files, Pillow decode, same resize."""
+    """The DataLoaders' map-style dataset: same IPC files, same decode and resize as tabloader."""
 
     def __init__(self, root: str, dataset: str, ids: list[int], size: int) -> None:
         self.root, self.dataset, self.ids, self.size = root, dataset, ids, size

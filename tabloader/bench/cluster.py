@@ -9,7 +9,7 @@ reads one epoch in a Ray task, sleeping ``--step`` seconds per batch. Side by si
   ``JobDataset`` that finds its node's loader;
 * ``dataloader``: each rank reads its equal share of its job's rows (a random permutation cut
   like ``DistributedSampler(drop_last=True)``) with its own ``torch.utils.data.DataLoader``
-  (one worker; same files, same Pillow decode and resize).
+  (one worker; same files, same decode and resize as tabloader).
 
 Every rank gets ready first (imports, its connection or DataLoader worker), then all start at
 one instant (a barrier actor); wall time runs from there to the last rank's end.

@@ -9,7 +9,8 @@ run, on the same data and scenario:
   ``RemoteLoader``, batches made tensors with ``to_tensors`` as ``JobDataset`` does);
 * ``dataloader``: four job processes, each with its own ``torch.utils.data.DataLoader
   (shuffle=True)`` over a map-style dataset that reads the same Arrow IPC storage and decodes
-  with the same Pillow decode and resize; ``--workers`` (default: every core) split between them;
+  and resizes as tabloader does (``tabloader.prep.decode_image``); ``--workers`` (default:
+  every core) split between them;
 * ``threads``: the in-process mode, one ``Loader`` and four jobs on threads of one process;
 * ``independent`` (with ``--competitors``): ``threads`` with the independent sampler (ablation).
 

@@ -8,7 +8,7 @@ epoch with JOADER vs 67.9 with PyTorch's DataLoader), scaled to this machine. Fo
 * ``service``: every job reads its job through one ``tabloader serve`` of the catalog
   (started for the run; ``--workers`` decode processes, ``--cache`` of the images);
 * ``dataloader``: every job has its own ``DataLoader(shuffle=True)`` over the same Arrow IPC
-  storage with the same Pillow decode and resize, ``--workers`` split between the jobs.
+  storage with the same decode and resize as tabloader, ``--workers`` split between the jobs.
 
 The model: on CPU a small convolutional network (three strided 3x3 convolutions, pooling, a
 linear layer) at ``--image-size`` (default 64); where ``torch.cuda.is_available()``,

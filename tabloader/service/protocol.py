@@ -88,9 +88,12 @@ def runtime_dir(catalog_root: Path, node: str | None = None) -> Path:
     a cluster simulated on one machine) share the catalog directory.
 
     Raises:
-        ServiceError: the directory exists but is not ours alone (owner, mode, not a directory).
+        ServiceError: the catalog directory does not exist, or the service directory exists
+            but is not ours alone (owner, mode, not a directory).
     """
     root = Path(catalog_root).resolve()
+    if not root.is_dir():  # checked first: the /tmp fallback below would not notice
+        raise ServiceError(f"no catalog directory at {root}; check the catalog path")
     path = root / ".service"
     if len(os.fsencode(path / "node-0123456789abcdef" / "sock")) > _SOCKET_PATH_MAX:
         base = Path("/tmp") / f"tabloader-{os.getuid()}"

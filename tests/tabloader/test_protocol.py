@@ -214,6 +214,14 @@ def test_runtime_dir_symlink_is_refused(tmp_path):
         runtime_dir(tmp_path)
 
 
+@pytest.mark.parametrize("length", [8, 120])  # short paths, and those that fall back to /tmp
+def test_runtime_dir_of_a_missing_catalog_is_refused(tmp_path, length):
+    missing = tmp_path / ("x" * length)
+    with pytest.raises(ServiceError, match=r"no catalog directory at .*xxxxxxxx; check the"):
+        runtime_dir(missing)
+    assert not missing.exists()
+
+
 def test_long_catalog_path_falls_back_to_tmp(tmp_path):
     root = tmp_path / ("x" * 120)
     root.mkdir()

@@ -73,6 +73,7 @@ def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
     from tabloader.cluster.actor import get_leader, leader_name, start_leader
 
     catalog = tmp_path / "cat"
+    catalog.mkdir()  # the leader keeps its checkpoint in the catalog's service directory
 
     @ray.remote(num_cpus=0)
     def node_id():
