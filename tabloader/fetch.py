@@ -15,10 +15,10 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
    of at least ``MIN_DECODE_ROWS`` rows (a batch's claimed rows split over the workers), one
    pool task per group, each reading its rows of a record batch together. Decode and resize
    run with the GIL released (libjpeg-turbo through simplejpeg, torch).
-3. **Collate** when the last group a batch waits for lands: copy each value out of the arena
-   into the job's own arrays (the one copy of each payload byte: a batch never aliases the
-   arena or another job's batch, so in-place writes stay in the job), release the pins, and
-   hand the batch to its job (``on_done``).
+3. **Collate** when the last group a batch waits for lands (:mod:`tabloader.collate`): copy
+   each value out of the arena into the job's own arrays (the one copy of each payload byte:
+   a batch never aliases the arena or another job's batch, so in-place writes stay in the
+   job), release the pins, and hand the batch to its job (``on_done``).
 
 Errors: a row that fails to read or decode is recorded for every batch that wanted it
 (``RowReadError`` names the row); the batch leaves it out (``skip``) or its job raises it.
@@ -28,7 +28,6 @@ A failing gather fails the whole batch. Nothing failed is cached: the next reque
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,12 +39,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from catalog.bitmaps import ID_COLUMN
 from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog, Counters
 from tabloader.arena import Arena
 from tabloader.batchmem import BatchMemory
+from tabloader.collate import collate, hand_over
 from tabloader.decoding import DecodePool, decode_rows
 from tabloader.prep import DecodeKind, Decoder, batch_column
 
@@ -532,9 +531,9 @@ class Fetcher:
         try:
             if work.error is None and not (work.errors and not work.skip):
                 if work.remote:
-                    work.result, handed_over = self._hand_over(work), True
+                    work.result, handed_over = hand_over(work, self.arena), True
                 else:
-                    work.result = self._collate(work)
+                    work.result = collate(work, self.arena, self.memory)
         except BaseException as exc:
             work.error = exc
         finally:
@@ -552,86 +551,6 @@ class Fetcher:
             if held.size:
                 self.arena.release(held)
             offsets[:] = -1
-
-    def _hand_over(self, work: Work) -> dict[str, Any]:
-        """A batch for another process: the values stay pinned in the arena (its owner copies
-        them out of shared memory and then releases them); rows that failed are left out.
-        """
-        keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
-        gathered = {
-            name: value[keep] if isinstance(value, np.ndarray) else [value[i] for i in keep]
-            for name, value in work.values.items()
-        }
-        prepared = {}
-        for ci, (dec, _) in enumerate(work.plan.prepared):
-            offsets = work.offsets[ci]
-            dropped = np.setdiff1d(np.flatnonzero(offsets >= 0), keep)
-            if dropped.size:
-                self.arena.release(offsets[dropped])
-                offsets[dropped] = -1
-            private = {
-                k: work.private[(ci, p)] for k, p in enumerate(keep) if (ci, p) in work.private
-            }
-            prepared[dec.column] = (offsets[keep], work.shapes[ci][keep], private)
-        return {
-            ID_COLUMN: work.rows[keep],
-            "gathered": gathered,
-            "prepared": prepared,
-            "work": work,
-        }
-
-    def _collate(self, work: Work) -> dict[str, Any] | None:
-        keep = None
-        if work.errors:
-            keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
-            if keep.size == 0:
-                return None
-        batch: dict[str, Any] = {ID_COLUMN: work.rows.copy() if keep is None else work.rows[keep]}
-        prepared = {dec.column: ci for ci, (dec, _) in enumerate(work.plan.prepared)}
-        for name in work.plan.columns:
-            if name in prepared:
-                batch[name] = self._copy_out(work, prepared[name], keep)
-            else:
-                value = work.values[name]
-                if keep is not None:
-                    value = (
-                        value[keep]
-                        if isinstance(value, np.ndarray)
-                        else [value[i] for i in keep.tolist()]
-                    )
-                batch[name] = value
-        return batch
-
-    def _copy_out(self, work: Work, ci: int, keep: npt.NDArray[np.intp] | None) -> Any:
-        """The values of prepared column ``ci``, copied into new arrays (one copy per byte)."""
-        offsets, shapes = work.offsets[ci], work.shapes[ci]
-        if keep is None and (offsets >= 0).all() and (shapes == shapes[0]).all():
-            # the usual case: every value in the arena, one shape; a slice copy per row
-            shape = tuple(shapes[0].tolist())
-            n = math.prod(shape)
-            batch = self.memory.empty((offsets.size, *shape))
-            flat, buffer = batch.reshape(offsets.size, n), self.arena.buffer
-            for k, off in enumerate(offsets.tolist()):
-                flat[k] = buffer[off : off + n]
-            return batch
-        positions = range(work.rows.size) if keep is None else keep.tolist()
-        first = next(iter(positions))
-        view = self.arena.view
-        one_shape = (
-            bool((shapes[positions] == shapes[first]).all())
-            if keep is not None
-            else bool((shapes == shapes[0]).all())
-        )
-        shape = tuple(shapes[first].tolist())
-        out: Any = self.memory.empty((len(positions), *shape)) if one_shape else []
-        for k, p in enumerate(positions):
-            off = int(offsets[p])
-            src = work.private[(ci, p)] if off < 0 else view(off, tuple(shapes[p].tolist()))
-            if one_shape:
-                out[k] = src
-            else:
-                out.append(src.copy())
-        return out
 
 
 def _fixed_shape(size: Any) -> tuple[int, int, int]:

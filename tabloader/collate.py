@@ -1,0 +1,118 @@
+"""Step 3 of preparing a batch (:mod:`tabloader.fetch`): its values, out of the arena.
+
+* :func:`collate` (a job of this process): copy each prepared value out of the arena into the
+  job's own arrays, the one copy of each payload byte. A batch never aliases the arena or
+  another job's batch, so in-place writes stay in the job. Fixed-shape images land in one
+  array from :class:`~tabloader.batchmem.BatchMemory` (recycled blocks, no page faults),
+  variable-size ones in a list of arrays.
+* :func:`hand_over` (a job of the loader service's client): the values stay pinned in the
+  arena, whose shared memory the client maps; it copies them out and then releases them.
+
+Rows that failed (``work.errors``, a batch that ``skip``\\ s them) are left out of both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from catalog.bitmaps import ID_COLUMN
+from tabloader.arena import Arena
+from tabloader.batchmem import BatchMemory
+
+if TYPE_CHECKING:
+    from tabloader.fetch import Work
+
+__all__ = ["collate", "hand_over"]
+
+
+def collate(work: Work, arena: Arena, memory: BatchMemory) -> dict[str, Any] | None:
+    """The job's own batch of ``work`` (None if every row failed); the pins stay for the caller
+    to release."""
+    keep = None
+    if work.errors:
+        keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
+        if keep.size == 0:
+            return None
+    batch: dict[str, Any] = {ID_COLUMN: work.rows.copy() if keep is None else work.rows[keep]}
+    prepared = {dec.column: ci for ci, (dec, _) in enumerate(work.plan.prepared)}
+    for name in work.plan.columns:
+        if name in prepared:
+            batch[name] = _copy_out(work, prepared[name], keep, arena, memory)
+        else:
+            value = work.values[name]
+            if keep is not None:
+                value = (
+                    value[keep]
+                    if isinstance(value, np.ndarray)
+                    else [value[i] for i in keep.tolist()]
+                )
+            batch[name] = value
+    return batch
+
+
+def _copy_out(
+    work: Work,
+    ci: int,
+    keep: npt.NDArray[np.intp] | None,
+    arena: Arena,
+    memory: BatchMemory,
+) -> Any:
+    """The values of prepared column ``ci``, copied into new arrays (one copy per byte)."""
+    offsets, shapes = work.offsets[ci], work.shapes[ci]
+    if keep is None and (offsets >= 0).all() and (shapes == shapes[0]).all():
+        # the usual case: every value in the arena, one shape; a slice copy per row
+        shape = tuple(shapes[0].tolist())
+        n = math.prod(shape)
+        batch = memory.empty((offsets.size, *shape))
+        flat, buffer = batch.reshape(offsets.size, n), arena.buffer
+        for k, off in enumerate(offsets.tolist()):
+            flat[k] = buffer[off : off + n]
+        return batch
+    positions = range(work.rows.size) if keep is None else keep.tolist()
+    first = next(iter(positions))
+    one_shape = (
+        bool((shapes[positions] == shapes[first]).all())
+        if keep is not None
+        else bool((shapes == shapes[0]).all())
+    )
+    shape = tuple(shapes[first].tolist())
+    out: Any = memory.empty((len(positions), *shape)) if one_shape else []
+    for k, p in enumerate(positions):
+        off = int(offsets[p])
+        src = work.private[(ci, p)] if off < 0 else arena.view(off, tuple(shapes[p].tolist()))
+        if one_shape:
+            out[k] = src
+        else:
+            out.append(src.copy())
+    return out
+
+
+def hand_over(work: Work, arena: Arena) -> dict[str, Any]:
+    """``work`` for another process: the values stay pinned in the arena (its owner copies
+    them out of shared memory and then releases them); rows that failed are left out, and
+    their pins released.
+    """
+    keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
+    gathered = {
+        name: value[keep] if isinstance(value, np.ndarray) else [value[i] for i in keep]
+        for name, value in work.values.items()
+    }
+    prepared = {}
+    for ci, (dec, _) in enumerate(work.plan.prepared):
+        offsets = work.offsets[ci]
+        dropped = np.setdiff1d(np.flatnonzero(offsets >= 0), keep)
+        if dropped.size:
+            arena.release(offsets[dropped])
+            offsets[dropped] = -1
+        private = {k: work.private[(ci, p)] for k, p in enumerate(keep) if (ci, p) in work.private}
+        prepared[dec.column] = (offsets[keep], work.shapes[ci][keep], private)
+    return {
+        ID_COLUMN: work.rows[keep],
+        "gathered": gathered,
+        "prepared": prepared,
+        "work": work,
+    }
