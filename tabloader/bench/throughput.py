@@ -287,8 +287,8 @@ def _small(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
     from torch.utils.data import DataLoader, TensorDataset
 
     table = cat.dataset("t").take(list(range(cat.dataset("t").num_rows)), ["x", "y"])
-    x = torch.from_numpy(table["x"].to_numpy())
-    y = torch.from_numpy(table["y"].to_numpy())
+    x = torch.tensor(table["x"].to_numpy())  # a copy: Arrow's buffers are read-only
+    y = torch.tensor(table["y"].to_numpy())
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.rounds):
         run = _tabloader_job(cat, "s0", args.workers, 256, steady=True)
