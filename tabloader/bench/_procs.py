@@ -128,7 +128,8 @@ class ServiceProcess:
         try:
             while True:
                 try:
-                    RemoteLoader(self.root, start=False).close()
+                    with RemoteLoader(self.root, start=False) as remote:
+                        remote.wait_ready()  # its decode processes too, as the threads mode's
                     return
                 except ServiceError:
                     if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -226,11 +226,17 @@ class RemoteLoader:
         """The service's engine counters (as ``Loader.stats()``)."""
         return dict(self._ctl.call("stats")["stats"])
 
+    def wait_ready(self) -> None:
+        """Wait until the service's decode processes have started (as ``Loader.wait_ready()``):
+        for a benchmark that times steady state, as jobs need not."""
+        self._ctl.call("ready")
+
     def close(self) -> None:
         """Disconnect (open streams stay usable until closed)."""
         if not self._closed:
             self._closed = True
             self._ctl.close()
+            self.memory.close()  # the blocks kept for reuse go (a stream still works)
 
     def __enter__(self) -> RemoteLoader:
         return self

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 STAGING_TICKETS = 1 << 16  # staging slots are rows of one arena space, reused round-robin
 STAGING_BLOCK = 64 << 10  # a batch's small columns (ids, labels) fit one block after the arena
 STAGING_BLOCKS = 64
+READY_TIMEOUT_S = 120.0  # the longest a client's wait_ready() waits for the decode processes
 
 
 class Service:
@@ -228,6 +229,10 @@ class _Handler:
         if self.stream is not None:
             return {"stats": _jsonable(self.stream.stats())}
         return {"stats": _jsonable(self.service.loader.stats())}
+
+    def op_ready(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.service.loader.wait_ready(READY_TIMEOUT_S)
+        return {}
 
     # -- a job ---------------------------------------------------------------------------------
     def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -352,6 +352,13 @@ def test_resume_from_a_saved_state_exactly_once(service, cat_dir):
         remote.close()
 
 
+def test_wait_ready_returns_once_the_decode_processes_run(service, cat_dir):
+    with RemoteLoader(cat_dir, start=False) as remote:
+        remote.wait_ready()  # no job opened: the service started them for its image dataset
+        helpers = descendants(service.pid)
+    assert len(helpers) >= 3, helpers  # a forkserver and its two decode processes
+
+
 def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
     stream = remote.open("a", batch_size=4)
