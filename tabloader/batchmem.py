@@ -12,6 +12,12 @@ block. numpy views of the array (slices, reshapes) and tensors made from it
 a ``weakref.finalize`` on it then returns the block. A block is never reused while anything
 can still read or write it, and a job writing into its batch never touches another's.
 
+The finalizer takes no lock: it may run in any thread, at any moment (the garbage collector
+freeing a batch caught in a reference cycle, in the middle of :meth:`BatchMemory.empty` on
+the same thread). It appends the block to a queue (one atomic operation), which ``empty``
+drains under its lock. It holds the pool only by a weak reference: a batch kept after its
+loader is gone keeps its own block alive, not the pool's.
+
 Example:
     >>> mem = BatchMemory()
     >>> a = mem.empty((2, 3))
@@ -23,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import math
 import threading
@@ -34,20 +41,27 @@ import numpy.typing as npt
 
 __all__ = ["BatchMemory"]
 
+Block = npt.NDArray[np.uint8]
+
 
 class BatchMemory:
     """Arrays over recycled blocks; see the module docstring.
 
     Args:
-        keep_bytes: free blocks kept for reuse, at most (more are released when they come
-            back: a job that holds many batches at once does not pin that memory for ever).
+        keep_bytes: free blocks kept for reuse, at most; past it the blocks that came back
+            first are released (a job that held many batches at once, or batches of a size
+            no job asks for any more, do not pin that memory for ever).
     """
 
     def __init__(self, keep_bytes: int = 256 << 20) -> None:
         self.keep_bytes = keep_bytes
-        self._free: dict[int, list[npt.NDArray[np.uint8]]] = {}  # block size -> blocks
+        self._returned: collections.deque[Block] = collections.deque()  # by finalizers
+        self._free: dict[int, list[Block]] = {}  # block size -> blocks, under ``_lock``
+        # the free blocks by id, oldest first (never compared: ``==`` on arrays is per element)
+        self._order: collections.OrderedDict[int, Block] = collections.OrderedDict()
         self._free_bytes = 0
         self._lock = threading.Lock()
+        self._closed = False
         self.reused = 0  # arrays handed out over a block that came back
         self.fresh = 0  # ... over a new block
 
@@ -58,24 +72,53 @@ class BatchMemory:
         if nbytes == 0:
             return np.empty(shape, dtype)
         with self._lock:
+            self._drain_locked()
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
             if block is None:
                 self.fresh += 1
             else:
+                del self._order[id(block)]
                 self._free_bytes -= nbytes
                 self.reused += 1
         if block is None:
             block = np.empty(nbytes, np.uint8)
         lease = (ctypes.c_ubyte * nbytes).from_address(block.ctypes.data)
-        fin = weakref.finalize(lease, self._give_back, block)
+        fin = weakref.finalize(lease, _give_back, weakref.ref(self), block)
         fin.atexit = False  # nothing to give back to at exit
         return np.frombuffer(lease, dtype).reshape(shape)
 
-    def _give_back(self, block: npt.NDArray[np.uint8]) -> None:
-        """The last view of ``block`` died (any thread: the one that dropped it)."""
+    def free_bytes(self) -> int:
+        """Bytes of the blocks kept for reuse now."""
         with self._lock:
-            if self._free_bytes + block.size > self.keep_bytes:
-                return  # released with ``block``
+            self._drain_locked()
+            return self._free_bytes
+
+    def close(self) -> None:
+        """Release the free blocks; blocks that come back later are released too."""
+        with self._lock:
+            self._closed = True
+            self._returned.clear()
+            self._free.clear()
+            self._order.clear()
+            self._free_bytes = 0
+
+    def _drain_locked(self) -> None:
+        while self._returned:
+            block = self._returned.popleft()
             self._free.setdefault(block.size, []).append(block)
+            self._order[id(block)] = block
             self._free_bytes += block.size
+        while self._free_bytes > self.keep_bytes:  # the oldest go first
+            _, old = self._order.popitem(last=False)
+            same = self._free[old.size]
+            del same[next(i for i, b in enumerate(same) if b is old)]
+            self._free_bytes -= old.size
+
+
+def _give_back(pool: weakref.ref[BatchMemory], block: Block) -> None:
+    """The last view of ``block`` died: queue it for its pool (no lock; see the module
+    docstring). With the pool gone or closed, ``block`` is released with this call."""
+    mem = pool()
+    if mem is not None and not mem._closed:
+        mem._returned.append(block)

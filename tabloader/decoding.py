@@ -254,15 +254,16 @@ _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
 def _attach(segment: str, size: int, owner: int) -> None:
-    import torch
-
+    from tabloader.prep import optional_torch
     from tabloader.service.shm import Segment
 
     global _ARENA
     _ARENA = np.frombuffer(Segment(segment, size, create=False).buf, np.uint8)
     # One process per core decodes already: torch's own threads in each resize would only add
     # hand-offs (measured: 0.83 CPU-ms for a 0.42 ms resize with 2 threads, 0.36 with one).
-    torch.set_num_threads(1)
+    torch = optional_torch()
+    if torch is not None:  # else Pillow resizes (torch is an optional dependency)
+        torch.set_num_threads(1)
     # A process of the forkserver is not the loader's child: if the loader is killed, nothing
     # tells it, and it would keep the shared memory mapped. It watches the loader instead.
     threading.Thread(target=_exit_with, args=(owner,), daemon=True).start()

@@ -412,6 +412,7 @@ class Loader:
             sched.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._release_memory()
+        self._memory.close()
         _join_warm_up()
         if self._owns_catalog:
             self.catalog.close()

@@ -52,6 +52,7 @@ from __future__ import annotations
 import enum
 import functools
 import io
+import logging
 import math
 import sys
 from collections.abc import Callable, Collection, Mapping
@@ -231,9 +232,12 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
 
     With torch installed, its ``interpolate(mode="bilinear", antialias=True)`` on ``uint8``
     computes it: a port of Pillow-SIMD's resampler (the same pixels, give or take 1 in about
-    0.2% of the values), with SIMD and the GIL released. Measured on the generated 500x375
-    JPEGs, one thread, 375x375 -> 224x224: 0.36 ms, against 1.10 for Pillow and 1.39 for
-    OpenCV's ``INTER_AREA`` (used before); the whole decode at 224 went from 2.0 to 1.6 ms.
+    0.2% of the values when shrinking, up to 2 in a few % when enlarging), with SIMD and the
+    GIL released. Measured on the generated 500x375 JPEGs, one thread, 375x375 -> 224x224:
+    0.36 ms, against 1.10 for Pillow and 1.39 for OpenCV's ``INTER_AREA`` (used before); the
+    whole decode at 224 went from 2.0 to 1.6 ms. Decode processes run torch on one thread;
+    in the loader's own threads (``decode="threads"``) each resize may use
+    ``torch.get_num_threads()`` threads of its own.
     """
     h, w = arr.shape[:2]
     if isinstance(target, int):
@@ -243,7 +247,7 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
         out_h = out_w = target
     else:
         out_h, out_w = target
-    torch = _torch()
+    torch = optional_torch()
     if torch is None:
         image = Image.fromarray(arr).resize((out_w, out_h), Image.Resampling.BILINEAR)
         return np.asarray(image)
@@ -260,12 +264,19 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
 
 
 @functools.cache
-def _torch() -> Any:
+def optional_torch() -> Any:
     """torch, imported at the first resize (the catalog side never needs it; decode processes
-    preload it), or None where it is not installed (Pillow resizes then)."""
+    preload it), or None where it is not installed or does not import (Pillow resizes then,
+    to the same pixels give or take 1; a broken install is logged once, not raised per row).
+    """
     try:
         import torch
     except ImportError:
+        return None
+    except Exception as exc:  # e.g. an OSError loading its native libraries
+        logging.getLogger(__name__).warning(
+            "torch does not import (%r); images are resized with Pillow", exc
+        )
         return None
     return torch
 

@@ -1,4 +1,4 @@
-"""PyTorch: a registered job as an ``IterableDataset`` of batches (the only module importing torch).
+"""PyTorch: a registered job as an ``IterableDataset`` of batches.
 
 Example:
     >>> from torch.utils.data import DataLoader                      # doctest: +SKIP

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -58,8 +59,7 @@ def test_blocks_past_keep_bytes_are_released():
     mem = BatchMemory(keep_bytes=3 * 1000)
     held = [mem.empty((1000,)) for _ in range(5)]
     del held
-    assert mem._free_bytes == 3000
-    assert len(mem._free[1000]) == 3
+    assert mem.free_bytes() == 3000  # the two that came back first were released
     again = [mem.empty((1000,)) for _ in range(5)]
     assert (mem.fresh, mem.reused) == (7, 3)
     del again
@@ -105,3 +105,59 @@ def test_blocks_come_back_from_other_threads():
     addresses = {g.ctypes.data for g in got}
     assert len(addresses) == 200  # no block handed out twice
     assert mem.fresh + mem.reused == 400
+
+
+def test_blocks_of_a_size_no_longer_asked_for_make_room():
+    mem = BatchMemory(keep_bytes=10_000)
+    old = [mem.empty((1000,)) for _ in range(10)]  # e.g. the batches of another image size
+    del old
+    assert mem.free_bytes() == 10_000
+    for _ in range(5):
+        mem.empty((999,))  # dropped at once: it comes back, an old block makes room
+    assert (mem.fresh, mem.reused) == (11, 4)
+    assert mem.free_bytes() == 9 * 1000 + 999
+
+
+def test_a_batch_the_garbage_collector_frees_inside_empty_does_not_deadlock(monkeypatch):
+    """A batch caught in a reference cycle is freed whenever the collector runs: possibly on
+    a thread inside ``empty``, with the pool's lock held. Its block must still come back."""
+    mem = BatchMemory()
+    gc.disable()
+    try:
+        cycle: list = [mem.empty((64,))]
+        cycle.append(cycle)
+        del cycle
+        drain = mem._drain_locked
+
+        def drain_then_collect() -> None:
+            drain()
+            gc.collect()  # the cycle's batch dies here, its finalizer runs, the lock is held
+
+        monkeypatch.setattr(mem, "_drain_locked", drain_then_collect)
+        got: list[np.ndarray] = []
+        worker = threading.Thread(target=lambda: got.append(mem.empty((64,))), daemon=True)
+        worker.start()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "empty() hung on its own lock"
+        monkeypatch.undo()
+    finally:
+        gc.enable()
+    assert got[0].shape == (64,)
+    assert mem.free_bytes() == 64  # the collected batch's block came back
+
+
+def test_closed_or_gone_pools_release_what_comes_back():
+    mem = BatchMemory()
+    a = mem.empty((100,))
+    mem.close()
+    del a
+    assert mem.free_bytes() == 0
+    other = BatchMemory()
+    kept = other.empty((100,))
+    kept[:] = 3
+    pool = weakref.ref(other)
+    del other
+    gc.collect()
+    assert pool() is None  # a batch still held does not keep its pool alive
+    assert (kept == 3).all()
+    del kept  # its block is released with it, nothing raised

@@ -245,3 +245,52 @@ def test_a_script_without_a_main_guard_runs_once(images, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(n)]
     assert len(runs.read_text().split()) == 1  # the decode processes did not run it
+
+
+WITHOUT_TORCH = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import catalog
+    from tabloader.engine import Loader
+    from tabloader.prep import decode_image
+    cat = catalog.connect(sys.argv[1])
+    raw = cat.dataset("imgs").take(cat.job("j").ids, ["image"]).column("image")
+    expected = {i: decode_image(v.as_buffer(), size=16) for i, v in zip(cat.job("j").ids, raw)}
+    assert "torch" not in sys.modules
+    with Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes") as loader:
+        assert loader._procs is not None
+        got = {
+            int(i): img
+            for b in loader.open("j", batch_size=8, epochs=1)
+            for i, img in zip(b["_id"], b["image"])
+        }
+        assert loader.stats()["decodes"] == len(got)  # in the decode processes
+    assert got.keys() == expected.keys()
+    assert all(np.array_equal(got[i], expected[i]) for i in got)
+    print(len(got))
+    """
+)
+
+
+def test_decode_processes_resize_with_pillow_where_torch_is_missing(images, tmp_path):
+    """torch is an optional dependency: without it the decode processes start, and resize
+    to the same pixels as this process does (Pillow's)."""
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    n = images.job("j").num_rows
+    images.close()
+    blocker = tmp_path / "no-torch" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch is not installed here')\n")
+    script = tmp_path / "no_torch.py"
+    script.write_text(WITHOUT_TORCH)
+    path = os.pathsep.join([str(blocker.parent), *sys.path])
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "cat")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(n)]
