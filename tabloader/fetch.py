@@ -136,7 +136,8 @@ class Fetcher:
 
     Args:
         reader: reads payload columns (``pread``: pages do not stay resident).
-        table: reads gathered columns (memory map: zero-copy record batches).
+        table: reads gathered columns (``reader`` itself beside payloads; for a dataset of
+            small rows a memory map: zero-copy record batches).
         arena: where prepared values live, shared by every dataset of the loader.
         pool: the loader's thread pool.
         workers: its threads (a batch's decodes are split into about that many tasks).

@@ -90,6 +90,8 @@ class JobState:
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
     gone: str | None = None  # fed: why the cluster job left (its ranks fail with it)
+    # rounds of the rows cut from the queue lately (the scheduler's ``_rebase_locked``)
+    cut_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
 
     def __post_init__(self) -> None:
         self.num_ids = len(self.ids)

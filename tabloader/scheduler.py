@@ -20,6 +20,10 @@ Data flow, per dataset::
   needed before any queued row.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
   fast jobs go on alone. Nobody waits for anybody.
+* **Joining.** When a job opens, the jobs of its sampler give back (``give_back``) the rows
+  they sampled ahead that no job has cut into a batch, so the newcomer's first rounds are
+  shared with them instead of drawn alone (four jobs opened 15 ms apart each had 160 rows of
+  its own ahead: their first batches waited for 640 decodes).
 * **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
 * **Ranks (DDP).** The ranks of a data-parallel job are one job (one queue, one entry in the
   sampler: it shares with every other job); each rank is a :class:`~tabloader.jobs.RankState`,
@@ -160,6 +164,7 @@ class DatasetScheduler:
             for r in job.ranks:
                 r.epoch = job.epoch
             self._count_uses(job, bitmap_to_array(remaining), +1)
+            self._rebase_locked(job)
             self.jobs[job.name] = job
             joined = job.ranks[rank]
             joined.opened = True
@@ -292,14 +297,16 @@ class DatasetScheduler:
                 self.next_round[space] = np.full(self.num_rows, np.inf)
             counts[rows.astype(np.intp, copy=False)] += delta
 
-    def _unqueue(self, job: JobState, rows: npt.NDArray[np.int64]) -> None:
-        """``rows`` left ``job``'s queue: one use less; their next queued use is recomputed."""
+    def _unqueue(self, job: JobState, rows: npt.NDArray[np.int64], *, used: bool = True) -> None:
+        """``rows`` left ``job``'s queue: one use less (``used``: cut into a batch; else given
+        back to the sampler, still a future use); their next queued use is recomputed."""
         if rows.size == 0:
             return
         mark = self._mark
         mark[rows] = True
         for space in job.spaces():
-            np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats rows
+            if used:
+                np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats
             nxt = self.next_round[space]
             nxt[rows] = np.inf
             for other in self.jobs.values():
@@ -411,9 +418,47 @@ class DatasetScheduler:
             nxt = self.next_round[space]
             nxt[rows] = np.minimum(nxt[rows], rounds)
 
+    def _rebase_locked(self, new: JobState) -> None:
+        """``new`` opens: the other jobs of its sampler give back the rows sampled ahead that
+        no job has cut into a batch yet, so that the next round, shared with ``new``, hands
+        them out again (jobs opened a moment apart share their first batches, instead of
+        each having up to ``horizon`` rows of its own ahead of the others).
+
+        A job keeps its queue up to the last round some other job has cut rows of: those rows
+        are shared (usually) and prepared or being prepared. The tail given back is chosen by
+        rounds, never by which rows it holds, so every job's order stays uniform (see
+        ``DependentSampler.give_back``). Only rows of the epoch the sampler is in go back.
+        """
+        sampler = new.sampler
+        if not hasattr(sampler, "give_back"):
+            return
+        group = [j for j in self.jobs.values() if j.sampler is sampler and not j.fed]
+        if not group:
+            return
+        floor = min((int(j.q_rounds[0]) for j in group if j.q_rounds.size), default=None)
+        if floor is None:
+            return
+        for j in group:
+            j.cut_rounds = j.cut_rounds[j.cut_rounds >= floor]
+        for j in group:
+            if not j.q_rows.size:
+                continue
+            cut = np.concatenate([NO_ROWS, *(k.cut_rounds for k in group if k is not j)])
+            shared = np.flatnonzero(np.isin(j.q_rounds, cut))
+            earlier = np.flatnonzero(j.q_epochs != j.epoch)  # earlier epochs: at the head
+            keep = 1 + max(shared[-1] if shared.size else -1, earlier[-1] if earlier.size else -1)
+            if keep == j.q_rows.size:
+                continue
+            rows = j.q_rows[keep:]
+            j.q_rows, j.q_rounds, j.q_epochs = j.q_rows[:keep], j.q_rounds[:keep], j.q_epochs[:keep]
+            self._unqueue(j, rows, used=False)
+            sampler.give_back(j.name, rows)
+            j.left += int(rows.size)
+
     def _pop_locked(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
         """The first ``n`` rows of the job's queue leave it."""
         rows = job.q_rows[:n].copy()
+        job.cut_rounds = np.concatenate((job.cut_rounds[-4 * job.horizon :], job.q_rounds[:n]))
         job.q_rows, job.q_rounds, job.q_epochs = (
             job.q_rows[n:],
             job.q_rounds[n:],

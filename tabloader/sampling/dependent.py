@@ -132,6 +132,37 @@ class DependentSampler:
         """The registered job names, in registration order."""
         return list(self._jobs)
 
+    def give_back(self, name: str, rows: np.ndarray) -> None:
+        """Return ``rows``, handed out to ``name`` in its current epoch and not read yet, to
+        ``R_name``: later rounds hand them out again.
+
+        The order stays uniform when the rows given back are chosen without looking at
+        which rows they are (e.g. the tail of a queue, cut at a position): what was handed
+        out before is a uniform prefix, and rounds from ``R_name`` continue it uniformly.
+
+        Raises:
+            SamplingError: ``name`` is not registered, or a row is not one of its ids or is
+                still in ``R_name`` (never handed out this epoch).
+        """
+        job = self._job(name)
+        ids = np.unique(np.asarray(rows, dtype=np.int64))
+        if ids.size == 0:
+            return
+        bit = 1 << job.slot
+        regions = self._regions
+        keys = np.array([*regions.keys, 0], dtype=object)
+        reg = np.frombuffer(regions.reg, dtype=np.int32)
+        inside = ids < reg.size
+        held = np.zeros(ids.size, dtype=bool)
+        held[inside] = [k & bit != 0 for k in keys[reg[ids[inside]]]]
+        if held.any() or not bitmap_from_array(ids.astype(np.uint32)).issubset(job.ids):
+            raise SamplingError(
+                f"give_back({name!r}): rows must be ids of the job handed out this epoch "
+                "(not in its remaining set); pass rows the sampler returned for it."
+            )
+        regions.add_bit(ids.astype(np.uint32), bit)
+        self._count[job.slot] += int(ids.size)
+
     def _job(self, name: str) -> _Job:
         job = self._jobs.get(name)
         if job is None:

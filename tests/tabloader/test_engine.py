@@ -355,6 +355,7 @@ def test_future_uses_match_the_sampler_and_queues(images, sampler):
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 8)")
     images.sql("REGISTER JOB b SELECT image FROM imgs WHERE label > 0 WITH (image_size = 8)")
     images.sql("REGISTER JOB c SELECT label FROM imgs WHERE label IN (1, 3)")
+    images.sql("REGISTER JOB d SELECT image FROM imgs WHERE label < 2 WITH (image_size = 8)")
     with Loader(images, cache_bytes=1 << 20, workers=2, sampler=sampler) as loader:
         a = loader.open("a", batch_size=3, epochs=3)
         b = loader.open("b", batch_size=5)
@@ -362,6 +363,12 @@ def test_future_uses_match_the_sampler_and_queues(images, sampler):
         checked = 0
         for step in range(40):
             stream = (a, b)[step % 2] if step < 30 else a
+            if step == 12:  # a and b give back the rows they sampled ahead (dependent)
+                d = loader.open("d", batch_size=2, lookahead=10)
+            if 12 <= step < 20:
+                next(iter(d))
+            if step == 20:
+                d.close()
             if step == 25:
                 c = loader.open("c", batch_size=2)
             if step == 30:
@@ -795,3 +802,42 @@ def test_access_log_records_every_look_up_and_its_release(images, tmp_path):
 def test_access_log_needs_an_existing_directory(images, tmp_path):
     with pytest.raises(LoaderError, match="access_log=.*directory does not exist"):
         Loader(images, access_log=tmp_path / "missing" / "access.npz")
+
+
+def _rows_after_a_late_open(images, monkeypatch, *, give_back: bool) -> tuple[list, list]:
+    """Job x samples 40 rows ahead, then y opens; both read an epoch at the same pace."""
+    if not give_back:
+        from tabloader.sampling import DependentSampler
+
+        monkeypatch.delattr(DependentSampler, "give_back")
+    for name in ("x", "y"):
+        images.sql(f"REGISTER OR REPLACE JOB {name} SELECT image FROM imgs WITH (image_size = 8)")
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        x = loader.open("x", batch_size=4, prefetch=1, lookahead=40, epochs=1)
+        job = loader._schedulers["imgs"].jobs["x"]
+        wait_until(lambda: job.q_rows.size + job.in_flight() >= 40, "x sampled ahead")
+        y = loader.open("y", batch_size=4, prefetch=1, lookahead=40, epochs=1)
+        xs: list[int] = []
+        ys: list[int] = []
+        for bx, by in zip(x, y, strict=True):  # one consumer: the same pace
+            xs += bx["_id"].tolist()
+            ys += by["_id"].tolist()
+        x.close()
+        y.close()
+    return xs, ys
+
+
+def test_a_job_opened_later_shares_the_rows_another_sampled_ahead(images, monkeypatch):
+    """The rows x sampled ahead (not yet cut into batches) go back when y opens, and the next
+    rounds hand them out to both: y's batches are x's from x's second batch on. Without that,
+    y's first 40 rows would be drawn alone, and x and y would agree only by chance."""
+
+    def near(xs: list[int], ys: list[int]) -> int:  # y's i-th row within x's i+4 +- 4
+        return sum(ys[i] in xs[i : i + 9] for i in range(40))
+
+    xs, ys = _rows_after_a_late_open(images, monkeypatch, give_back=True)
+    n = images.job("x").num_rows
+    assert sorted(xs) == sorted(ys) == list(range(n))  # still exactly once each
+    assert near(xs, ys) >= 30  # DSA: y draws its 4 rows x had at random times
+    xs, ys = _rows_after_a_late_open(images, monkeypatch, give_back=False)
+    assert near(xs, ys) <= 15  # chance: 9 of 60 rows, 6 of 40

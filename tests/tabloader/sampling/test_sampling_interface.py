@@ -126,3 +126,33 @@ def test_large_sparse_ids(sampler_cls):
     s.add_job("a", ids)
     got = s.sample_many(["a"], 8)["a"].tolist()
     check_exactly_once(got, ids)
+
+
+def test_give_back_returns_rows_to_the_job_only():
+    s = DependentSampler(seed=3)
+    s.add_job("a", r(0, 10))
+    s.add_job("b", r(0, 10))
+    got = s.sample_many(["a", "b"], 4)
+    assert got["a"].tolist() == got["b"].tolist()
+    s.give_back("a", got["a"][2:])
+    assert s.remaining("a") == r(0, 10) - BitMap(got["a"][:2].tolist())
+    assert len(s.remaining("b")) == 6
+    assert [s.refcount(int(row)) for row in got["a"][2:]] == [1, 1]
+    rest = s.sample_many(["a"], 8)["a"].tolist()
+    assert sorted(got["a"][:2].tolist() + rest) == list(range(10))  # once each, this epoch
+    assert s.epoch("a") == 0
+
+
+def test_give_back_errors():
+    s = DependentSampler(seed=3)
+    s.add_job("a", r(0, 10))
+    row = s.sample(["a"])["a"]
+    with pytest.raises(SamplingError, match="Unknown job 'zz'"):
+        s.give_back("zz", np.array([row]))
+    with pytest.raises(SamplingError, match=r"give_back\('a'\): rows must be ids of the job"):
+        s.give_back("a", np.array([row, (row + 1) % 10]))  # the second was never handed out
+    with pytest.raises(SamplingError, match=r"give_back\('a'\): rows must be ids of the job"):
+        s.give_back("a", np.array([10]))  # not one of its ids
+    assert len(s.remaining("a")) == 9  # failed calls changed nothing
+    s.give_back("a", np.array([], np.int64))
+    assert len(s.remaining("a")) == 9

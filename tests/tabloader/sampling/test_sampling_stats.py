@@ -182,3 +182,56 @@ def test_late_job_uniform_whatever_the_others_decide():
             s.remove_job("a")
         firsts[s.sample(s.jobs())["b"]] += 1
     assert chi2_pvalue(firsts, np.full(n, trials / n)) > P_MIN
+
+
+def _read_through_a_queue(give_back, seed: int = 11, steps: int = 6000) -> list[int]:
+    """Job ``t`` reads through a queue sampled ahead, as the engine's scheduler does, and at
+    moments fixed in advance gives back rows of the queue that ``give_back(queue, rng)``
+    picks; job ``o`` joins and leaves and sometimes takes part in the rounds. Returns what
+    ``t`` read, checked exactly once per epoch."""
+    target = BitMap(range(29))
+    s = DependentSampler(seed=seed)
+    s.add_job("t", target)
+    rng = np.random.default_rng(seed)
+    queue: list[tuple[int, int]] = []  # (row, epoch)
+    out: list[int] = []
+    for step in range(steps):
+        if step % 40 == 0:
+            if "o" in s.jobs():
+                s.remove_job("o")
+            else:
+                s.add_job("o", BitMap(range(10, 45)))
+        if step % 5 == 0 and queue:  # rows queued of the sampler's epoch may go back
+            now = s.epoch("t")
+            back = give_back([row for row, e in queue if e == now], rng)
+            if back:
+                s.give_back("t", np.array(back))
+                queue = [q for q in queue if not (q[1] == now and q[0] in back)]
+        while len(queue) < 7:
+            jobs = ["t"] + (["o"] if "o" in s.jobs() and rng.random() < 0.6 else [])
+            queue.append((s.sample(jobs)["t"], s.epoch("t")))
+        for _ in range(int(rng.integers(1, 3))):
+            out.append(queue.pop(0)[0])
+    n = len(target)
+    full = len(out) // n * n
+    for e in range(full // n):
+        assert sorted(out[e * n : (e + 1) * n]) == list(target), f"epoch {e}"
+    return out[:full]
+
+
+def test_positions_uniform_when_queued_rows_are_given_back():
+    """``give_back`` of a queue's tail cut at a position chosen without looking at the rows
+    (what the scheduler does when a job opens) keeps the order uniform; giving back by row
+    identity would not, and this check sees it."""
+
+    def tail(rows: list[int], rng: np.random.Generator) -> list[int]:
+        return rows[int(rng.integers(0, len(rows) + 1)) :]
+
+    def high_rows(rows: list[int], rng: np.random.Generator) -> list[int]:
+        return [r for r in rows if r >= 15]  # keeps the low rows first: biased
+
+    ids = BitMap(range(29))
+    obs, exp = position_table(_read_through_a_queue(tail), ids, 4)
+    assert chi2_pvalue(obs, exp) > P_MIN
+    obs, exp = position_table(_read_through_a_queue(high_rows), ids, 4)
+    assert chi2_pvalue(obs, exp) < P_MIN
