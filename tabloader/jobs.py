@@ -202,13 +202,20 @@ class JobState:
         return joined
 
     def trim_log(self) -> None:
-        """Forget the cut batches that every rank still going is past."""
+        """Forget the cut batches that every rank still going is past, but the last turn (a
+        batch each, and an epoch's dropped rows): a service's client reads a batch ahead, and
+        its ``state_dict`` is one step back (``RankState.position``)."""
         marks = [(r.next_epoch(), r.taken * self.world_size) for r in self.ranks if not r.closed]
         if not marks:
             self.log.clear()
             return
         low = min(marks)
-        while self.log and (self.log[0][0], self.log[0][1]) < low:
+        behind = 0
+        for epoch, index, _ in self.log:
+            if (epoch, index) >= low:
+                break
+            behind += 1
+        for _ in range(behind - self.world_size - 1):
             self.log.popleft()
 
     def stats(self) -> dict[str, Any]:
@@ -290,6 +297,16 @@ class RankState:
                 break  # an empty job: no epoch has a batch
             self.epoch, self.taken = self.epoch + 1, 0
         return self.epoch
+
+    def position(self, back: int = 0) -> tuple[int, int]:
+        """(epoch, batches of it taken) of the rank, ``back`` batches ago (at most a turn of
+        the log is kept: ``back`` <= 1)."""
+        epoch, taken = self.next_epoch(), self.taken
+        while back > taken and epoch > self.job.first_epoch:
+            back -= taken
+            epoch -= 1
+            taken = self.job.batches_per_rank(epoch)
+        return epoch, max(taken - back, 0)
 
     def finished(self) -> bool:
         """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""

@@ -522,11 +522,13 @@ class DatasetScheduler:
         epoch.
 
         A batch whose rows were all skipped is not returned: the next one of its epoch is.
+        Stalls are timed here, except for a service's client, which times its own (it reads
+        ahead: ``record_stalls``).
         """
         job = rank.job
         while True:
             t0 = time.perf_counter()
-            if rank.last_return is not None:
+            if rank.last_return is not None and not job.remote:
                 rank.compute_s += t0 - rank.last_return
                 rank.last_return = None
             with self.cond:
@@ -551,12 +553,25 @@ class DatasetScheduler:
                 job.trim_log()
                 self._activate_locked(job)
                 self._poke(job)  # room for the scheduler
-            now = time.perf_counter()
-            rank.wait_s += now - t0
-            rank.last_return = now
+            if not job.remote:
+                now = time.perf_counter()
+                rank.wait_s += now - t0
+                rank.last_return = now
             batch = self._deliver(rank, work)
             if batch is not None:
                 return batch
+
+    def record_stalls(self, rank: RankState, wait_s: float, compute_s: float) -> None:
+        """Add seconds a service's client measured: waiting for batches, and between them."""
+        with self.cond:
+            rank.wait_s += wait_s
+            rank.compute_s += compute_s
+
+    def record_delivery(self, rank: RankState, rows: int) -> None:
+        """A service's client has handed a batch of ``rows`` rows to its job."""
+        with self.cond:
+            rank.delivered += 1
+            rank.rows += rows
 
     def _wait_locked(self, rank: RankState, since: float) -> None:
         """Wait for news; warn once if the job's ranks wait for one that never opened."""
@@ -592,7 +607,7 @@ class DatasetScheduler:
             for e in work.errors.values():
                 logger.warning("job %s skipped a row: %s", rank.label(), e)
         batch = work.result
-        if batch is not None:
+        if batch is not None and not job.remote:  # a service's: once its client has it
             rank.delivered += 1
             rank.rows += len(batch["_id"])
         return batch
@@ -605,11 +620,13 @@ class DatasetScheduler:
                 f"The scheduler of dataset {self.name!r} failed: {self.error!r}"
             ) from self.error
 
-    def state_dict(self, rank: RankState) -> dict[str, Any]:
+    def state_dict(self, rank: RankState, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is at this rank's step: its epoch and the rows of that epoch that
         are not in the batches every rank had taken at that step.
 
         Ranks that save at the same step get the same state, however far the others are.
+        The step is ``undelivered`` batches before the last the rank took (a service's client
+        holds one it read ahead).
         """
         job = rank.job
         if job.fed:
@@ -619,8 +636,8 @@ class DatasetScheduler:
             )
         with self.cond:
             self._check(rank)
-            epoch = rank.next_epoch()
-            behind = rank.taken * job.world_size  # batches of the epoch every rank has had
+            epoch, taken = rank.position(undelivered)
+            behind = taken * job.world_size  # batches of the epoch every rank has had
             parts = [rows for e, k, rows in job.log if e == epoch and k >= behind]
             parts.append(job.q_rows[job.q_epochs == epoch])
             rows = BitMap(np.concatenate(parts).astype(np.uint32))

@@ -88,7 +88,7 @@ class JobStream:
         """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
         return self._scheduler.take(self._rank, epoch)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is: its epoch and the rows of that epoch it has not received yet.
 
         With ranks, the job's state at this rank's step: the rows of the epoch not in the
@@ -97,10 +97,22 @@ class JobStream:
         again with it (and the same ``world_size``) to resume: each row of the epoch is
         delivered once, before or after.
 
+        ``undelivered``: batches taken from this stream that the job has not got (0 or 1: the
+        loader service's client reads one ahead); their rows count as still to come.
+
         Raises:
             LoaderError: the stream is closed.
         """
-        return self._scheduler.state_dict(self._rank)
+        return self._scheduler.state_dict(self._rank, undelivered)
+
+    def record_stalls(self, wait_s: float, compute_s: float) -> None:
+        """Add stall seconds the job measured itself (the service's clients; see ``stats``)."""
+        self._scheduler.record_stalls(self._rank, wait_s, compute_s)
+
+    def record_delivery(self, rows: int) -> None:
+        """Count a batch of ``rows`` rows as delivered: for a stream opened ``remote``, the
+        service's client says when its job got one."""
+        self._scheduler.record_delivery(self._rank, rows)
 
     def stats(self) -> dict[str, Any]:
         """This stream's counters so far (of its rank, for a data-parallel job).

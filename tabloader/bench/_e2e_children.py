@@ -33,8 +33,6 @@ from tabloader.bench._procs import (
 
 __all__ = ["MapDataset", "open_reader", "run_child"]
 
-READY_WAIT_S = 1e-3  # an overhead sample whose batch made the service wait longer is left out
-
 
 class MapDataset:
     """The DataLoaders' map-style dataset: same IPC files, same decode and resize as tabloader."""
@@ -219,17 +217,11 @@ def _overhead_child(spec: dict[str, Any]) -> None:
     for _ in range(-(-spec["rows"] // batch_size) + 1):  # an epoch: every row decoded once
         stream.take()
     samples: list[float] = []
-    not_ready = 0
-    while len(samples) < spec["samples"] and not_ready < spec["samples"]:
-        time.sleep(spec["settle"])
-        waited = stream.stats()["wait_s"]
+    for _ in range(spec["samples"]):
+        time.sleep(spec["settle"])  # the job's compute: the batch read ahead gets ready
         t0 = time.perf_counter()
         tensors = to_tensors(stream.take())  # type: ignore[arg-type]
-        elapsed = time.perf_counter() - t0
-        if stream.stats()["wait_s"] - waited < READY_WAIT_S:
-            samples.append(elapsed)
-        else:
-            not_ready += 1
+        samples.append(time.perf_counter() - t0)
     shape = tuple(tensors["image"].shape)
     nbytes = math.prod(shape)
     out = np.empty(shape, np.uint8)
@@ -248,7 +240,6 @@ def _overhead_child(spec: dict[str, Any]) -> None:
             "end": time.time(),
             "shape": list(shape),
             "samples": len(samples),
-            "not_ready": not_ready,
             "p50_us": float(np.percentile(us, 50)),
             "p99_us": float(np.percentile(us, 99)),
             "mean_us": float(us.mean()),

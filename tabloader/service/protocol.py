@@ -19,8 +19,9 @@ Faults: a failed handshake, a truncated or oversized frame, a message that is no
 or has another version closes that connection with a log line, and nothing else. Each connection
 has its own thread and the handshake a timeout, so a silent client blocks nobody. A watcher
 thread polls the connections whose ``handle()`` runs (it may wait for a batch), so a client that
-hangs up or is killed mid-request has its handler closed at once. A client sees a dead service
-as EOF or a reset, at once, and raises ``ServiceError``.
+hangs up or is killed mid-request has its handler closed at once, and one that sends a request
+meanwhile (a ``leave`` while it reads a batch ahead) has it interrupted. A client sees a dead
+service as EOF or a reset, at once, and raises ``ServiceError``.
 
 One service per catalog: the service holds ``flock`` on ``runtime_dir/lock`` while it lives (the
 kernel drops it when the process dies), so a socket file with no lock holder is stale and two
@@ -69,7 +70,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 1
+PROTOCOL_VERSION: int = 2  # 2: batch replies carry their epoch; clients time their stalls
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
 
 _HANDSHAKE_TIMEOUT = 5.0  # seconds the service waits for a new connection to authenticate
@@ -142,6 +143,12 @@ class Handler(Protocol):
         another thread while ``handle()`` may still wait: it must make that ``handle()`` return.
         """
 
+    def interrupt(self) -> None:
+        """The client sent its next request while ``handle()`` runs (it may wait): make that
+        ``handle()`` return (a client waits for each reply, except a ``RemoteStream`` leaving
+        while it reads ahead). Runs in another thread; the request is read next as usual.
+        """
+
 
 class Listener:
     """The service end: accepts connections and runs a handler per authenticated session.
@@ -169,7 +176,9 @@ class Listener:
         self._conns: set[_Conn] = set()
         self._ids = itertools.count(1)
         self._closed = False
-        self._busy: dict[int, _Conn] = {}  # fd -> connection whose handler is running
+        # fd -> (connection, request) whose handler is running; the request's own object, so a
+        # watcher with an older copy knows that request has been answered
+        self._busy: dict[int, tuple[_Conn, object]] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lock_fd = -1
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -305,8 +314,8 @@ class Listener:
             if self._closed:
                 return
             if busy:
-                self._busy[conn.fd] = conn
-            elif self._busy.get(conn.fd) is conn:
+                self._busy[conn.fd] = (conn, object())
+            elif self._busy.get(conn.fd, (None,))[0] is conn:
                 del self._busy[conn.fd]
             with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
                 os.write(self._wake_w, b"\0")
@@ -323,15 +332,28 @@ class Listener:
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
             for fd in busy:
-                poller.register(fd, select.POLLRDHUP)  # not POLLIN: a request may wait unread
+                poller.register(fd, select.POLLRDHUP | select.POLLIN)
             for fd, events in poller.poll():
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                elif events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
-                    self._set_busy(busy[fd], False)
-                    logger.info("session %d: the client hung up during a request", busy[fd].id)
-                    busy[fd].shutdown()
+                elif not self._answered(fd, busy[fd]):
+                    conn = busy[fd][0]
+                    if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+                        logger.info("session %d: the client hung up during a request", conn.id)
+                        conn.shutdown()
+                    else:  # POLLIN: a request came; unwatched until it is read
+                        conn.interrupt()
+
+    def _answered(self, fd: int, entry: tuple[_Conn, object]) -> bool:
+        """Whether the request of ``entry`` (from the watcher's copy of ``_busy``) has been
+        answered meanwhile (then the event on ``fd`` may be the client's next request, which
+        its connection reads as usual); else it is unwatched from now on."""
+        with self._lock:
+            if self._busy.get(fd) is not entry:
+                return True
+            del self._busy[fd]
+            return False
 
 
 class _Conn:
@@ -350,6 +372,15 @@ class _Conn:
                 return True
         handler.close()  # the Listener closed during the handshake
         return False
+
+    def interrupt(self) -> None:
+        """A request came while the handler runs: the handler's ``interrupt()``."""
+        handler = self.handler
+        if handler is not None:
+            try:
+                handler.interrupt()
+            except Exception:
+                logger.exception("session %d: the handler's interrupt() failed", self.id)
 
     def shutdown(self) -> None:
         """Wake the connection's thread (EOF) and run the handler's close(), once."""
@@ -433,35 +464,69 @@ class Client:
             ServiceError: the service is gone, broke the protocol, or the request is too large.
         """
         with self._call_lock:
-            return self._call_locked(op, args)
+            self._send_locked(op, args)
+            return self._receive_locked(None)
 
     def call_if_idle(self, op: str, **args: Any) -> dict[str, Any] | None:
         """``call``, unless a call is in flight in another thread (then None, sending nothing)."""
         if not self._call_lock.acquire(blocking=False):
             return None
         try:
-            return self._call_locked(op, args)
+            self._send_locked(op, args)
+            return self._receive_locked(None)
         finally:
             self._call_lock.release()
 
-    def _call_locked(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    def send(self, op: str, **args: Any) -> None:
+        """Send a request without waiting: its reply comes with the next ``receive()``.
+
+        The service answers a connection's requests in order; the caller receives each reply
+        before its next ``call`` (``RemoteStream`` reads the next batch ahead this way).
+        """
+        with self._call_lock:
+            self._send_locked(op, args)
+
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
+        """The reply to the oldest request not answered yet (as ``call``).
+
+        Raises:
+            ServiceError: also when ``timeout`` seconds passed (the connection is then closed:
+                a reply may still be on its way).
+        """
+        with self._call_lock:
+            return self._receive_locked(timeout)
+
+    def _send_locked(self, op: str, args: dict[str, Any]) -> None:
         data = _encode({"op": op, **args, "v": PROTOCOL_VERSION})
-        sock = self._sock
-        if sock is None:
-            raise ServiceError(f"this Client of catalog {self._root} is closed; make a new one")
         try:
-            _send(sock, data)
+            _send(self._open_sock(), data)
+        except OSError as exc:
+            raise self._lost(exc) from exc
+
+    def _receive_locked(self, timeout: float | None) -> dict[str, Any]:
+        sock = self._open_sock()
+        try:
+            sock.settimeout(timeout)
             reply = _decode(_recv(sock, MAX_MESSAGE))
+            sock.settimeout(None)
         except (OSError, EOFError, ServiceError) as exc:
-            self.close()
-            raise ServiceError(
-                f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); "
-                "if it stopped, start it again and make a new Client"
-            ) from exc
+            raise self._lost(exc) from exc
         reply.pop("v")
         if "error" in reply:
             _raise_remote(reply["error"])
         return reply
+
+    def _open_sock(self) -> socket.socket:
+        if self._sock is None:
+            raise ServiceError(f"this Client of catalog {self._root} is closed; make a new one")
+        return self._sock
+
+    def _lost(self, exc: BaseException) -> ServiceError:
+        self.close()
+        return ServiceError(
+            f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); "
+            "if it stopped, start it again and make a new Client"
+        )
 
     def close(self) -> None:
         """Close the connection (a call in flight in another thread raises). Idempotent."""

@@ -183,6 +183,7 @@ class _Handler:
         self.closed = False
         self.joined: tuple[str, int] | None = None  # a fed job: (job, rank) on the leader
         self.left = False  # the client asked to leave (else its connection dropped)
+        self.unread: int | None = None  # rows of the batch sent last, until the client asks on
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
@@ -227,6 +228,7 @@ class _Handler:
 
     def op_stats(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.stream is not None:
+            self._record_stalls(msg)
             return {"stats": _jsonable(self.stream.stats())}
         return {"stats": _jsonable(self.service.loader.stats())}
 
@@ -269,13 +271,30 @@ class _Handler:
         return {"job": stream.name}
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The next batch. The request also says the client's job has the batch sent last
+        (a client asks once it has copied it out: it reads one ahead)."""
         self._release(msg.get("release") or [])
         stream = self._stream()
+        self._record_stalls(msg)
+        if self.unread is not None:
+            stream.record_delivery(self.unread)
+            self.unread = None
         epoch = msg.get("epoch")
         batch = stream.take(None if epoch is None else int(epoch))
         if batch is None:
             return {"end": True, "epoch": stream.epoch}
-        return self._deliver(batch)
+        reply = self._deliver(batch)
+        self.unread = len(batch[ID_COLUMN])
+        return reply
+
+    def _record_stalls(self, msg: dict[str, Any]) -> None:
+        """The client's own stall times since its last request (it reads ahead, so the time
+        this service waits for its next batch is mostly the client computing)."""
+        wait, compute = msg.get("wait_s", 0.0), msg.get("compute_s", 0.0)
+        if not all(isinstance(v, (int, float)) and 0 <= v < 1e9 for v in (wait, compute)):
+            raise ServiceError(f"Stall times must be seconds, got {wait!r} and {compute!r}.")
+        if wait or compute:
+            self._stream().record_stalls(float(wait), float(compute))
 
     def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
         self._release(msg.get("release") or [])
@@ -285,7 +304,10 @@ class _Handler:
         return {"epoch": self._stream().epoch}
 
     def op_state(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"state": _state_out(self._stream().state_dict())}
+        ahead = msg.get("ahead", 0)
+        if ahead not in (0, 1) or isinstance(ahead, bool):
+            raise ServiceError(f"'ahead' is the batches a client holds unread, 0 or 1: {ahead!r}.")
+        return {"state": _state_out(self._stream().state_dict(undelivered=ahead))}
 
     def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.left = True
@@ -376,7 +398,7 @@ class _Handler:
         if closed:
             self._release([ticket])
             raise ServiceError("the client left")
-        return {"ticket": ticket, "columns": columns}
+        return {"ticket": ticket, "epoch": batch["work"].epoch, "columns": columns}
 
     def _release(self, tickets: list[Any]) -> None:
         arena = self.service.arena
@@ -401,6 +423,14 @@ class _Handler:
         log = self.service.loader.access_log
         if log is not None:
             log.released(work)
+
+    def interrupt(self) -> None:
+        """The client sent a request while its ``next`` waits: it leaves (the only request a
+        client sends then), so the job's stream closes and the waiting ``take`` returns."""
+        with self.lock:
+            stream = self.stream
+        if stream is not None:
+            stream.close()
 
     def close(self) -> None:
         with self.lock:

@@ -59,6 +59,7 @@ class Echo:
         self.session = session
         self.closed = threading.Event()
         self.blocked = threading.Event()
+        self.interrupted = threading.Event()
         log.append(self)
 
     def handle(self, msg):
@@ -68,14 +69,23 @@ class Echo:
             raise LocalError("only the service knows this class")
         if msg["op"] == "crash":
             raise RuntimeError("boom")
+        if msg["op"] == "slow":
+            time.sleep(0.001)
+            return msg
         if msg["op"] == "block":
             self.blocked.set()
-            self.closed.wait(TIMEOUT)
-            return {}
+            woke = threading.Event()
+            threading.Thread(target=lambda: (self.closed.wait(TIMEOUT), woke.set())).start()
+            threading.Thread(target=lambda: (self.interrupted.wait(TIMEOUT), woke.set())).start()
+            woke.wait(TIMEOUT)
+            return {"interrupted": self.interrupted.is_set()}
         return msg
 
     def close(self) -> None:
         self.closed.set()
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
 
 
 class Service:
@@ -465,6 +475,72 @@ def test_client_gone_during_a_request_closes_its_handler(service, how):
     assert service.handlers[0].closed.wait(TIMEOUT)
     wait_for(lambda: service.listener.sessions == 0)
     check_serves(service.root)
+
+
+def test_a_request_sent_while_one_waits_interrupts_it(service):
+    """A client that sends its next request before the reply (a RemoteStream leaving while it
+    reads ahead) has the waiting ``handle()`` interrupted; both replies come, in order."""
+    client = Client(service.root)
+    try:
+        client.send("block")
+        wait_for(lambda: bool(service.handlers) and service.handlers[0].blocked.is_set())
+        client.send("echo", x=2)
+        assert client.receive(timeout=TIMEOUT) == {"interrupted": True}
+        assert client.receive(timeout=TIMEOUT) == {"op": "echo", "x": 2}
+        assert not service.handlers[0].closed.is_set()  # the connection goes on
+        assert client.call("echo", x=3) == {"op": "echo", "x": 3}
+    finally:
+        client.close()
+
+
+def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkeypatch):
+    """The watcher wakes late (its copy of the busy connections is old): the request a client
+    sends as soon as a reply comes (a RemoteStream reading ahead) is not taken for one sent
+    while a request waits."""
+    real_poll = protocol.select.poll
+
+    class LatePoll:
+        def __init__(self):
+            self.poller = real_poll()
+
+        def register(self, *args):
+            self.poller.register(*args)
+
+        def poll(self, *args):
+            time.sleep(0.003)  # what a loaded machine does to the watcher thread
+            return self.poller.poll(*args)
+
+    real_recv = protocol._recv
+
+    def late_recv(sock, limit):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.006)  # the connection's thread reads the next request late too
+        return real_recv(sock, limit)
+
+    monkeypatch.setattr(protocol.select, "poll", LatePoll)
+    monkeypatch.setattr(protocol, "_recv", late_recv)
+    svc = Service(tmp_path)
+    client = Client(tmp_path)
+    try:
+        client.send("slow", i=0)
+        for i in range(1, 100):
+            assert client.receive(timeout=TIMEOUT) == {"op": "slow", "i": i - 1}
+            client.send("slow", i=i)
+        client.receive(timeout=TIMEOUT)
+        assert not svc.handlers[0].interrupted.is_set()
+    finally:
+        client.close()
+        svc.close()
+
+
+def test_a_reply_not_come_in_time_closes_the_connection(service):
+    client = Client(service.root)
+    client.send("block")
+    with pytest.raises(ServiceError, match=r"lost the tabloader service .*timed out"):
+        client.receive(timeout=0.2)
+    with pytest.raises(ServiceError, match="is closed; make a new one"):
+        client.call("echo")
+    assert service.handlers[0].closed.wait(TIMEOUT)  # the service saw it hang up
 
 
 def test_second_listener_is_refused(service):

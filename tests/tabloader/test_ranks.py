@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 from _wakeups import counting_waiter, held_for, next_batch_in_thread, waiting
+from pyroaring import BitMap
 
 from catalog import LoaderError
 from tabloader.engine import Loader
@@ -483,3 +484,33 @@ def test_future_uses_match_the_queues_with_ranks(images):
         for stream in (*ranks, plain):
             stream.close()
         assert all(not counts.any() for counts in group.uses.values())
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_state_one_undelivered_batch_back_is_the_state_before_it(images, world_size):
+    """What a service's client saves while it holds a batch it read ahead: the state of the
+    step before, across an epoch's end (and its dropped rows) too."""
+    images.sql("REGISTER JOB j SELECT image FROM imgs WHERE label > 0 WITH (image_size = 8)")
+    n = len(images.job("j").ids)
+    steps = 2 * (n // (4 * world_size)) + 2  # into the third epoch
+    epochs = set()
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        ranks = [
+            loader.open("j", batch_size=4, rank=r, world_size=world_size, prefetch=2)
+            for r in range(world_size)
+        ]
+
+        def state(**back: int) -> tuple[int, set[int]]:
+            saved = ranks[0].state_dict(**back)
+            return saved["epoch"], set(BitMap.deserialize(saved["remaining"]))
+
+        before = state()
+        for _ in range(steps):
+            for r in ranks:
+                r.next_batch()
+            assert state(undelivered=1) == before
+            before = state()
+            epochs.add(before[0])
+        for r in ranks:
+            r.close()
+    assert epochs == {0, 1, 2}

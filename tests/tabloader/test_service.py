@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pyroaring import BitMap
 
 import catalog
 import tabloader
@@ -350,6 +351,63 @@ def test_resume_from_a_saved_state_exactly_once(service, cat_dir):
         assert sorted(first + rest) == rows_of(remote, "label < 3")  # none twice, none lost
     finally:
         remote.close()
+
+
+def test_resume_from_a_state_saved_at_an_epochs_end_with_a_batch_read_ahead(service, cat_dir):
+    """The client has read the next epoch's first batch ahead when the job saves at the end of
+    an epoch: the state is that epoch, whole, and nothing is lost."""
+    remote = RemoteLoader(cat_dir, start=False)
+    try:
+        rows = rows_of(remote, "label < 3")
+        s = remote.open("a", batch_size=4)
+        first = [i for b in s.iter_epoch() for i in b["_id"].tolist()]
+        state = s.state_dict()
+        assert s.epoch == 1
+        assert s.stats()["rows"] == len(rows)  # the batch read ahead is not delivered
+        s.close()
+        assert state["epoch"] == 1
+        assert sorted(BitMap.deserialize(state["remaining"])) == rows
+        with remote.open("a", batch_size=4, state=state, epochs=2) as resumed:
+            second = [i for b in resumed for i in b["_id"].tolist()]
+        assert sorted(first) == sorted(second) == rows
+    finally:
+        remote.close()
+
+
+def test_stall_times_count_the_jobs_compute(service, cat_dir):
+    """The client times its job's stalls (it reads ahead: the service's own wait for the next
+    batch overlaps the job's compute) and reports them with its requests."""
+    with RemoteLoader(cat_dir, start=False) as remote, remote.open("a", batch_size=4) as s:
+        s.take()
+        for _ in range(4):
+            time.sleep(0.1)  # the job's compute
+            s.take()
+        stats = s.stats()
+    assert stats["compute_s"] >= 0.4
+    assert stats["batches"] == 5
+
+
+def test_a_stream_closing_while_it_reads_ahead_leaves_and_does_not_hang_up(cat_dir):
+    """Rank 0 reads ahead a batch that waits for rank 1 (lockstep); closing it leaves the job
+    at once (the service stops waiting), not as a client that died mid-request."""
+    proc = start_service(cat_dir, "-v")
+    try:
+        with RemoteLoader(cat_dir, start=False) as remote:
+            ranks = [
+                remote.open("a", batch_size=2, prefetch=1, rank=r, world_size=2) for r in (0, 1)
+            ]
+            ranks[1].take()
+            for _ in range(4):  # rank 0 gets ahead of rank 1 and its read-ahead waits
+                ranks[0].take()
+            ranks[0].close()
+            ranks[1].close()
+            wait_for(lambda: remote.stats()["jobs"] == {}, "the job to leave")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+    log = (cat_dir.parent / "serve.log").read_text()
+    assert log.count(" left job a") == 2
+    assert "hung up during a request" not in log
 
 
 def test_wait_ready_returns_once_the_decode_processes_run(service, cat_dir):
