@@ -57,13 +57,15 @@ from catalog.errors import (
     DatasetNotFoundError,
     ImportFailedError,
     JobNotFoundError,
+    StorageError,
+    UnknownColumnError,
     did_you_mean,
 )
 from catalog.importers import Source
 from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
 from catalog.limits import Limits
-from catalog.model import Dataset, Job, JobInfo
+from catalog.model import Dataset, Job, JobInfo, is_payload
 from catalog.options import check_options
 from catalog.sql.execute import execute
 from catalog.sql.validate import check_columns, check_predicate
@@ -434,6 +436,38 @@ class Catalog(SourceImports):
         """
         names = self.dataset_names() if name is None else [self.dataset(name).name]
         return verify_readers([self.dataset(n).reader for n in names])
+
+    @_synchronized
+    def column(self, name: str, column: str, *, rows: int, of: Dataset | None = None) -> pa.Array:
+        """Queryable column ``column`` of dataset ``name``, ids ``0..rows-1`` in order, as
+        stored (from DuckDB: the loading engine reads a small column of images whole this way,
+        1 ms for 2,000 labels against 30 ms from record batches of two rows each). ``of``:
+        the version the caller reads; the values must be that version's (the table may have
+        been appended to since, not dropped and imported again).
+
+        Raises:
+            DatasetNotFoundError, UnknownColumnError: no such dataset or queryable column.
+            StorageError: the table does not have those rows, or ``of``'s files are gone.
+        """
+        ds = self.dataset(name)
+        if of is not None and ds.files[: len(of.files)] != of.files:
+            raise StorageError(
+                f"Dataset {name} was dropped and imported again since version {of.version} "
+                "was read; open the job again to read the new one."
+            )
+        check_columns([column], ds)
+        field = ds.schema.field(column)
+        if is_payload(field.type):
+            raise UnknownColumnError(f"Column '{column}' of {name} holds bytes, not in DuckDB.")
+        values = self._db.column(name, column, rows)
+        if values.type != field.type:
+            values = values.cast(field.type)
+        if len(values) != rows:
+            raise StorageError(
+                f"The table of dataset {name} has {len(values)} rows below _id {rows}; "
+                "run `tabloader verify` and re-import the dataset."
+            )
+        return values
 
     @_synchronized
     def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:

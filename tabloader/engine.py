@@ -192,6 +192,7 @@ class Loader:
         # and 285 ms against 30 to read those labels whole.
         table = reader if any(holds_bytes(f.type) for f in dataset.schema) else dataset.reader
         if found is None:
+            catalog, name = self.catalog, dataset.name
             fetcher = Fetcher(
                 reader,
                 table,
@@ -201,6 +202,9 @@ class Loader:
                 workers=self.workers,
                 procs=self._procs,
                 memory=self._memory,
+                read_column=lambda column, rows: catalog.column(
+                    name, column, rows=rows, of=dataset
+                ),
             )
             sched = DatasetScheduler(
                 dataset.name,

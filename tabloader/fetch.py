@@ -5,10 +5,11 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
 
 1. **Gather** the cheap columns (numbers, strings, lists, raw bytes) with vectorized reads,
    straight into the batch and with no cache (for these a read costs less than caching): a
-   fixed-width column of at most ``FLAT_BYTES`` is read whole once (in a thread of its own),
-   then each batch is one numpy ``take``; any other column, and such a column until that read
-   is done, is read with :meth:`DatasetReader.gather` (ids grouped by record batch, each
-   record batch read once, one Arrow ``take`` each).
+   fixed-width column of at most ``FLAT_BYTES`` is read whole once (in a thread of its own;
+   from the catalog's DuckDB table, a columnar scan), then each batch is one numpy ``take``;
+   any other column, and such a column until that read is done, is read with
+   :meth:`DatasetReader.gather` (ids grouped by record batch, each record batch read once,
+   one Arrow ``take`` each).
 2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
@@ -143,6 +144,9 @@ class Fetcher:
         workers: its threads (a batch's decodes are split into about that many tasks).
         procs: decode processes for fixed-shape images (None: decode in the pool's threads).
         memory: where the batches' image arrays are allocated (recycled blocks).
+        read_column: ``(column, rows) -> pyarrow.Array``, a cheap column whole from the
+            catalog's table (one columnar scan: 2 ms for the labels of 2,000 images against
+            30 ms through their record batches); None, or a failure, reads ``table``.
         on_done: called with each finished ``Work`` (its ``result`` or error set).
     """
 
@@ -157,8 +161,10 @@ class Fetcher:
         workers: int,
         procs: DecodePool | None = None,
         memory: BatchMemory | None = None,
+        read_column: Callable[[str, int], pa.Array] | None = None,
     ) -> None:
         self.procs = procs
+        self.read_column = read_column
         self.memory = memory or BatchMemory()
         self.reader = reader
         self.workers = workers
@@ -370,14 +376,20 @@ class Fetcher:
                 self._flat[dec.column] = flat
                 self._flat_reading.discard(dec.column)
 
-    @staticmethod
-    def _read_flat(dec: Decoder, table: DatasetReader) -> npt.NDArray[Any] | None:
+    def _read_flat(self, dec: Decoder, table: DatasetReader) -> npt.NDArray[Any] | None:
         t = table.schema.field(dec.column).type
         width = _fixed_width(t)
         if width is None or width * table.num_rows > FLAT_BYTES or not table.num_rows:
             return None
-        values = table.gather(np.arange(table.num_rows), (dec.column,))
-        column = values.column(0).combine_chunks()
+        column = None
+        if self.read_column is not None:
+            try:
+                column = self.read_column(dec.column, table.num_rows)
+            except Exception as exc:  # the Arrow files then (they are checked on first read)
+                logger.debug("column %r not read from the catalog: %r", dec.column, exc)
+        if column is None or column.type != t or len(column) != table.num_rows:
+            values = table.gather(np.arange(table.num_rows), (dec.column,))
+            column = values.column(0).combine_chunks()
         if column.null_count or (pa.types.is_fixed_size_list(t) and column.flatten().null_count):
             return None
         out = batch_column(column, dec)

@@ -41,6 +41,8 @@ import catalog
 from catalog.errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from catalog import Catalog, Dataset, Job
     from tabloader.cluster.leader import WorkList
     from tabloader.jobs import JobState
@@ -139,6 +141,10 @@ class SnapshotCatalog:
     def dataset_names(self) -> list[str]:
         """The datasets' names (``Catalog.dataset_names``)."""
         return cast("list[str]", self._cached("datasets", "", lambda c: c.dataset_names()))
+
+    def column(self, name: str, column: str, *, rows: int, of: Dataset | None = None) -> pa.Array:
+        """A queryable column (``Catalog.column``)."""
+        return cast("pa.Array", self._with(lambda c: c.column(name, column, rows=rows, of=of)))
 
     def dataset(self, name: str) -> Dataset:
         """The dataset ``name`` (``Catalog.dataset``)."""

@@ -269,6 +269,35 @@ def test_payload_stays_out_of_duckdb(cat):
     assert ("PRIMARY KEY",) in pk
 
 
+def test_a_queryable_column_whole_equals_the_stored_one(cat):
+    n = 300
+    table = make_table(n).append_column(
+        "emb", pa.FixedSizeListArray.from_arrays(pa.array(np.arange(4 * n, dtype=np.float32)), 4)
+    )
+    table = table.append_column("day", pa.array(np.arange(n).astype("datetime64[D]")))
+    table = table.append_column("small", pa.array(np.arange(n) % 7, pa.int8()))
+    cat.import_arrow("t", table)
+    cat.import_arrow("t", table.slice(0, 50), append=True)
+    v1 = cat.dataset("t", version=1)
+    for name in ("label", "split", "score", "emb", "day", "small"):
+        got = cat.column("t", name, rows=n)  # version 1's rows, though the table has more
+        assert got.equals(v1.take(list(range(n)), [name]).column(name).combine_chunks()), name
+    assert len(cat.column("t", "label", rows=n + 50)) == n + 50
+    with pytest.raises(UnknownColumnError, match="Column 'image' of t holds bytes"):
+        cat.column("t", "image", rows=n)
+    with pytest.raises(UnknownColumnError, match="Unknown column 'labl'.*Did you mean 'label'"):
+        cat.column("t", "labl", rows=n)
+    with pytest.raises(DatasetNotFoundError):
+        cat.column("nope", "label", rows=n)
+    with pytest.raises(StorageError, match="has 350 rows below _id 400; run `tabloader verify`"):
+        cat.column("t", "label", rows=400)
+    assert cat.column("t", "label", rows=n, of=v1).equals(cat.column("t", "label", rows=n))
+    cat.drop_dataset("t")
+    cat.import_arrow("t", table)
+    with pytest.raises(StorageError, match="t was dropped and imported again since version 1"):
+        cat.column("t", "label", rows=n, of=v1)
+
+
 def test_import_parquet_glob_and_ipc(cat, tmp_path):
     table = make_table(300)
     for i in range(3):

@@ -287,12 +287,12 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
     reading, gate = threading.Event(), threading.Event()
     read_flat = Fetcher._read_flat
 
-    def slow(dec, table):
+    def slow(self, dec, table):
         reading.set()
         gate.wait(60)
-        return read_flat(dec, table)
+        return read_flat(self, dec, table)
 
-    monkeypatch.setattr(Fetcher, "_read_flat", staticmethod(slow))
+    monkeypatch.setattr(Fetcher, "_read_flat", slow)
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
     expected = images.dataset("imgs").take(images.job("a").ids, ["label"]).column("label")
     labels = dict(zip(images.job("a").ids, expected.to_pylist(), strict=True))
@@ -320,6 +320,38 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
         assert blocked
         assert got == labels
     assert free, "the fetcher's lock was held while a column was read whole"
+
+
+@pytest.mark.parametrize("catalog_reads", [True, False])
+def test_a_small_column_is_read_whole_from_the_catalog_else_from_the_files(
+    images, monkeypatch, catalog_reads
+):
+    """The labels of a dataset of images come whole from the catalog's table (one columnar
+    scan); if that read fails, from the Arrow files; the batches get the same labels."""
+    calls: list[tuple[str, str, int]] = []
+    column = catalog.Catalog.column
+
+    def spy(self, name, col, *, rows, of=None):
+        calls.append((name, col, rows))
+        assert of is not None  # the version the loader reads
+        assert of.name == name
+        if not catalog_reads:
+            raise OSError("the catalog cannot be read now")
+        return column(self, name, col, rows=rows, of=of)
+
+    monkeypatch.setattr(catalog.Catalog, "column", spy)
+    images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
+    ds = images.dataset("imgs")
+    stored = ds.take(list(range(ds.num_rows)), ["label"]).column("label").to_numpy()
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        with loader.open("a", batch_size=4, epochs=1) as stream:
+            batches = list(stream)
+        fetcher = loader._schedulers["imgs"].fetcher
+        wait_until(lambda: fetcher._flat.get("label") is not None, "the labels read whole")
+        assert fetcher._flat["label"].tolist() == stored.tolist()
+    assert calls == [("imgs", "label", ds.num_rows)]
+    for b in batches:
+        assert b["label"].tolist() == stored[b["_id"]].tolist()
 
 
 def test_deterministic_for_a_seed(images):
@@ -577,16 +609,23 @@ def test_a_job_reads_only_its_columns(images, monkeypatch):
         return table
 
     monkeypatch.setattr(reader_cls, "gather", spy)
+    whole: list[tuple[str, str, int]] = []
+    column = catalog.Catalog.column
+    monkeypatch.setattr(
+        catalog.Catalog,
+        "column",
+        lambda self, *a, rows, of: whole.append((*a, rows)) or column(self, *a, rows=rows, of=of),
+    )
     total = images.dataset("imgs").num_rows
     with Loader(images, cache_bytes=1 << 20) as loader:
         n = sum(len(b["_id"]) for b in loader.open("a", batch_size=8, epochs=1))
         assert loader.stats()["bytes_read"] == 0
     assert n == images.job("a").num_rows
-    assert {columns for columns, _ in asked} == {("label",)}
-    # a small fixed-width column is read whole, once (batches before that read ends gather
-    # their own rows)
-    assert [size for _, size in asked].count(total) == 1
-    assert all(size <= 8 for _, size in asked if size != total)
+    # a small fixed-width column is read whole, once, from the catalog's table (batches
+    # before that read ends gather their own rows, of that column only)
+    assert whole == [("imgs", "label", total)]
+    assert {columns for columns, _ in asked} <= {("label",)}
+    assert all(size <= 8 for _, size in asked)
 
 
 def test_stats_per_job_and_overall(images):
