@@ -178,6 +178,9 @@ class NodeFeed:
         self._lock = threading.Lock()
         # (job, rank) -> the rank's scheduler and fed job here
         self._ranks: dict[tuple[str, int], tuple[DatasetScheduler, JobState]] = {}
+        # the ranks whose join the leader has answered: a poll sent before that may list the
+        # job as gone from an earlier run of it, which must not fail the new rank
+        self._joined: set[tuple[str, int]] = set()
         self._fed: dict[tuple[str, int, int], int] = {}  # rows queued per (job, rank, epoch)
         self._stop = threading.Event()
         self.error: BaseException | None = None
@@ -213,11 +216,15 @@ class NodeFeed:
             if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, TabloaderError):
                 raise cause from None
             raise
+        with self._lock:
+            if (job.name, rank) in self._ranks:  # not closed meanwhile
+                self._joined.add((job.name, rank))
 
     def leave(self, job: str, rank: int, *, failed: bool, reason: str = "") -> None:
         """Rank ``rank`` of ``job`` left this node (``failed``: its process died mid-run)."""
         with self._lock:
             self._ranks.pop((job, rank), None)
+            self._joined.discard((job, rank))
             for key in [k for k in self._fed if k[:2] == (job, rank)]:
                 del self._fed[key]
         import ray
@@ -255,11 +262,13 @@ class NodeFeed:
                 continue
             last = time.monotonic()
             stats = self._stats()
+            with self._lock:
+                joined = set(self._joined)  # before the poll: the leader saw their joins
             try:
                 lists, gone = ray.get(
                     self.leader.poll.remote(self.node, stats), timeout=LEADER_WAIT_S
                 )
-                self._fail_gone(gone)
+                self._fail_gone(gone, joined)
                 if lists:
                     self._ack_and_feed(lists)
                 elif hungry:
@@ -278,9 +287,9 @@ class NodeFeed:
                 self._fail_all(f"the node's feed from the cluster leader failed ({exc!r})")
                 return
 
-    def _fail_gone(self, gone: dict[str, str]) -> None:
+    def _fail_gone(self, gone: dict[str, str], joined: set[tuple[str, int]]) -> None:
         with self._lock:
-            hit = [(k, v) for k, v in self._ranks.items() if k[0] in gone]
+            hit = [(k, v) for k, v in self._ranks.items() if k[0] in gone and k in joined]
         for (name, _), (sched, fed) in hit:
             sched.fail(fed, gone[name])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -141,3 +143,46 @@ def test_leader_lookahead_is_bounded_for_every_node():
     assert sum(w.num_rows for w in lists) == 20  # no more until the node acknowledges
     leader.ack("n", lists[-1].seq)
     assert sum(w.num_rows for w in leader.poll("n")[0]) == 20
+
+
+def test_a_poll_answered_before_a_rank_joined_does_not_fail_it(loader, monkeypatch):
+    """A job gone from an earlier run is started again: the feed's poll that the leader
+    answered before the new rank's join lists it as gone; that stale answer must not fail the
+    new rank (the next poll, after the join, is the one that counts)."""
+    import threading
+
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)  # calls run in place
+    gone = {"j": "the loader of node n died and restarted"}
+    first, second, joined = threading.Event(), threading.Event(), threading.Event()
+
+    def poll(node, stats=None):
+        answer = dict(gone)
+        if first.is_set():
+            second.set()  # the feed thread handled the first answer before asking again
+        else:
+            first.set()
+            assert joined.wait(10)  # the join is answered while this poll's answer travels
+        return [], answer
+
+    def join(name, **kwargs):
+        gone.pop(name, None)
+        return True
+
+    leader = SimpleNamespace(
+        poll=SimpleNamespace(remote=poll),
+        join=SimpleNamespace(remote=join),
+        leave=SimpleNamespace(remote=lambda *a, **k: None),
+    )
+    stream, _, job = fed(loader)
+    feed = node.NodeFeed(leader, "n", stats=dict)
+    try:
+        assert first.wait(10)
+        feed.join(stream, loader.catalog.job("j"), rank=0, world_size=1)
+        joined.set()
+        assert second.wait(10)
+        assert job.gone is None, job.gone
+    finally:
+        feed.close()
+        stream.close()
