@@ -16,42 +16,27 @@ handler's dict plus ``"v"``, or ``{"v": 1, "error": {"type": "JobNotFoundError",
 ..., "attrs": {"path": ...}}}`` which the client raises as that class from ``catalog.errors``.
 
 Faults: a failed handshake, a truncated or oversized frame, a message that is not a JSON object
-or has another version closes that connection with a log line, and nothing else. Each connection
-has its own thread and the handshake a timeout, so a silent client blocks nobody. A watcher
-thread polls the connections whose ``handle()`` runs (it may wait for a batch), so a client that
-hangs up or is killed mid-request has its handler closed at once, and one that sends a request
-meanwhile (a ``leave`` while it reads a batch ahead) has it interrupted. A client sees a dead
-service as EOF or a reset, at once, and raises ``ServiceError``.
-
-One service per catalog: the service holds ``flock`` on ``runtime_dir/lock`` while it lives (the
-kernel drops it when the process dies), so a socket file with no lock holder is stale and two
-services started at once cannot remove each other's socket. A forked child inherits the lock
-and the sockets: a service starts its worker processes with spawn or forkserver.
+or has another version is refused; a client sees a dead service as EOF or a reset, at once, and
+raises ``ServiceError``. The service end, its connections and their faults:
+:mod:`tabloader.service.listener`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import hmac
-import itertools
 import json
 import logging
 import os
 import secrets
-import select
 import socket
 import stat
 import struct
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from catalog import errors
 from catalog.errors import ServiceError, TabloaderError
@@ -60,9 +45,6 @@ __all__ = [
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
     "Client",
-    "Handler",
-    "Listener",
-    "Session",
     "key_path",
     "runtime_dir",
     "socket_path",
@@ -73,10 +55,8 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION: int = 2  # 2: batch replies carry their epoch; clients time their stalls
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
 
-_HANDSHAKE_TIMEOUT = 5.0  # seconds the service waits for a new connection to authenticate
 _SOCKET_PATH_MAX = 100  # bytes; AF_UNIX allows 107 and a NUL
 _HEADER = struct.Struct("!I")
-_ACCEPT_RETRY = {errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _CHALLENGE, _WELCOME, _FAILURE = b"#TABLOADER-CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 
 
@@ -115,290 +95,6 @@ def socket_path(catalog_root: Path, node: str | None = None) -> Path:
 def key_path(catalog_root: Path, node: str | None = None) -> Path:
     """Return the path of the service's authentication key (32 bytes, mode 0600)."""
     return runtime_dir(catalog_root, node) / "authkey"
-
-
-@dataclass(frozen=True)
-class Session:
-    """One authenticated connection, as its handler sees it.
-
-    Attributes:
-        id: a number unique within the Listener.
-        pid: the client's process id (``SO_PEERCRED``, at connect time).
-    """
-
-    id: int
-    pid: int
-
-
-class Handler(Protocol):
-    """The server logic of one connection (``Listener``'s factory makes one per session)."""
-
-    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Answer one request (``msg`` has ``"v"`` and ``"op"``); raise TabloaderError to refuse."""
-
-    def close(self) -> None:
-        """The connection is gone (EOF, error, client killed, Listener closed); runs once.
-
-        When the Listener closes, or the client hangs up while ``handle()`` runs, it runs in
-        another thread while ``handle()`` may still wait: it must make that ``handle()`` return.
-        """
-
-    def interrupt(self) -> None:
-        """The client sent its next request while ``handle()`` runs (it may wait): make that
-        ``handle()`` return (a client waits for each reply, except a ``RemoteStream`` leaving
-        while it reads ahead). Runs in another thread; the request is read next as usual.
-        """
-
-
-class Listener:
-    """The service end: accepts connections and runs a handler per authenticated session.
-
-    Args:
-        catalog_root: the catalog this service owns.
-        handler: makes the handler of each new session.
-        node: the Ray node whose loader this is (None: the catalog's local service).
-
-    Raises:
-        ServiceError: a service already runs for the catalog, or the runtime dir is not private.
-    """
-
-    def __init__(
-        self,
-        catalog_root: Path,
-        handler: Callable[[Session], Handler],
-        *,
-        node: str | None = None,
-    ) -> None:
-        self._root, self._factory = Path(catalog_root), handler
-        directory = runtime_dir(self._root, node)
-        self._sock_path, self._key_path = directory / "sock", directory / "authkey"
-        self._lock = threading.Lock()
-        self._conns: set[_Conn] = set()
-        self._ids = itertools.count(1)
-        self._closed = False
-        # fd -> (connection, request) whose handler is running; the request's own object, so a
-        # watcher with an older copy knows that request has been answered
-        self._busy: dict[int, tuple[_Conn, object]] = {}
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._lock_fd = -1
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        threading.Thread(target=self._watch, name="tabloader-service-watch", daemon=True).start()
-        try:
-            self._lock_fd = _lock_service(directory / "lock", self._root)
-            self._key = _write_key(self._key_path)
-            if self._sock_path.exists() or self._sock_path.is_symlink():
-                logger.info("removing the stale socket %s (its service is gone)", self._sock_path)
-                self._sock_path.unlink()
-            self._sock.bind(os.fspath(self._sock_path))
-            os.chmod(self._sock_path, 0o600)
-            self._sock.listen(socket.SOMAXCONN)
-        except BaseException:
-            self.close()
-            raise
-        logger.info("listening on %s for catalog %s", self._sock_path, self._root)
-
-    @property
-    def sessions(self) -> int:
-        """The number of authenticated connections open now."""
-        with self._lock:
-            return sum(conn.handler is not None for conn in self._conns)
-
-    def serve_forever(self) -> None:
-        """Accept connections until ``close()``; each one gets its own daemon thread."""
-        while True:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError as exc:
-                if self._closed:
-                    return
-                if exc.errno not in _ACCEPT_RETRY:
-                    raise
-                logger.warning("accept on %s failed (%s); retrying", self._sock_path, exc)
-                time.sleep(0.1)
-                continue
-            conn = _Conn(next(self._ids), sock)
-            with self._lock:
-                if self._closed:
-                    sock.close()
-                    return
-                self._conns.add(conn)
-            name = f"tabloader-session-{conn.id}"
-            threading.Thread(target=self._run, args=(conn,), name=name, daemon=True).start()
-
-    def close(self) -> None:
-        """Stop accepting, close every connection, remove the socket and key files. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            conns = list(self._conns)
-            os.write(self._wake_w, b"\0")  # the watcher closes the pipe, after this
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes serve_forever's accept()
-        self._sock.close()
-        for conn in conns:
-            conn.shutdown()
-        if self._lock_fd < 0:  # refused: the files are another service's
-            return
-        for path in (self._sock_path, self._key_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        os.close(self._lock_fd)  # last: a new service may start once the files are gone
-        logger.info("closed the service socket %s", self._sock_path)
-
-    def _run(self, conn: _Conn) -> None:
-        try:
-            creds = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            pid = struct.unpack("3i", creds)[0]
-            conn.sock.settimeout(_HANDSHAKE_TIMEOUT)
-            try:
-                _deliver_challenge(conn.sock, self._key)
-                _answer_challenge(conn.sock, self._key)
-            except (OSError, EOFError, ServiceError, AuthenticationError) as exc:
-                if not conn.closed:
-                    logger.warning(
-                        "connection %d (pid %d) failed to authenticate (%s); closed",
-                        *(conn.id, pid, _describe(exc)),
-                    )
-                return
-            conn.sock.settimeout(None)
-            if not conn.attach(self._factory(Session(conn.id, pid))):
-                return
-            logger.info("session %d: pid %d connected", conn.id, pid)
-            while self._serve_one(conn):
-                pass
-        except Exception:
-            logger.exception("session %d failed; connection closed", conn.id)
-        finally:
-            conn.shutdown()
-            conn.close()
-            with self._lock:
-                self._conns.discard(conn)
-
-    def _serve_one(self, conn: _Conn) -> bool:
-        assert conn.handler is not None
-        try:
-            msg = _decode(_recv(conn.sock, MAX_MESSAGE))
-        except (OSError, EOFError, ServiceError) as exc:
-            if conn.closed:  # the Listener closed it
-                return False
-            if isinstance(exc, EOFError):
-                logger.info("session %d: the client closed the connection", conn.id)
-                return False
-            logger.warning("session %d: %s; connection closed", conn.id, _describe(exc))
-            if isinstance(exc, _BadMessage):  # a whole frame was read: the client can be told
-                with contextlib.suppress(OSError):
-                    _send(conn.sock, _encode(_error_reply(exc)))
-            return False
-        self._set_busy(conn, True)
-        try:
-            reply = _encode({**conn.handler.handle(msg), "v": PROTOCOL_VERSION})
-        except TabloaderError as exc:
-            reply = _encode(_error_reply(exc))
-        except Exception as exc:
-            logger.exception("session %d: the handler failed on op %r", conn.id, msg.get("op"))
-            error = ServiceError(f"{type(exc).__name__}: {exc} (the service logged the traceback)")
-            reply = _encode(_error_reply(error))
-        finally:
-            self._set_busy(conn, False)
-        try:
-            _send(conn.sock, reply)
-        except OSError as exc:
-            if not conn.closed:
-                logger.info("session %d: the reply was not delivered (%s)", conn.id, exc)
-            return False
-        return True
-
-    def _set_busy(self, conn: _Conn, busy: bool) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            if busy:
-                self._busy[conn.fd] = (conn, object())
-            elif self._busy.get(conn.fd, (None,))[0] is conn:
-                del self._busy[conn.fd]
-            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
-                os.write(self._wake_w, b"\0")
-
-    def _watch(self) -> None:
-        """Close a connection whose client hangs up while its handler runs (handle() may wait)."""
-        while True:
-            with self._lock:
-                if self._closed:
-                    os.close(self._wake_r)
-                    os.close(self._wake_w)
-                    return
-                busy = dict(self._busy)
-            poller = select.poll()
-            poller.register(self._wake_r, select.POLLIN)
-            for fd in busy:
-                poller.register(fd, select.POLLRDHUP | select.POLLIN)
-            for fd, events in poller.poll():
-                if fd == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                elif not self._answered(fd, busy[fd]):
-                    conn = busy[fd][0]
-                    if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
-                        logger.info("session %d: the client hung up during a request", conn.id)
-                        conn.shutdown()
-                    else:  # POLLIN: a request came; unwatched until it is read
-                        conn.interrupt()
-
-    def _answered(self, fd: int, entry: tuple[_Conn, object]) -> bool:
-        """Whether the request of ``entry`` (from the watcher's copy of ``_busy``) has been
-        answered meanwhile (then the event on ``fd`` may be the client's next request, which
-        its connection reads as usual); else it is unwatched from now on."""
-        with self._lock:
-            if self._busy.get(fd) is not entry:
-                return True
-            del self._busy[fd]
-            return False
-
-
-class _Conn:
-    """A server-side connection: its socket, its handler, and closing it once from any thread."""
-
-    def __init__(self, id: int, sock: socket.socket) -> None:
-        self.id, self.sock, self.fd = id, sock, sock.fileno()
-        self.handler: Handler | None = None
-        self.closed = False
-        self._lock = threading.Lock()
-
-    def attach(self, handler: Handler) -> bool:
-        with self._lock:
-            if not self.closed:
-                self.handler = handler
-                return True
-        handler.close()  # the Listener closed during the handshake
-        return False
-
-    def interrupt(self) -> None:
-        """A request came while the handler runs: the handler's ``interrupt()``."""
-        handler = self.handler
-        if handler is not None:
-            try:
-                handler.interrupt()
-            except Exception:
-                logger.exception("session %d: the handler's interrupt() failed", self.id)
-
-    def shutdown(self) -> None:
-        """Wake the connection's thread (EOF) and run the handler's close(), once."""
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
-        if self.handler is not None:
-            try:
-                self.handler.close()
-            except Exception:
-                logger.exception("session %d: the handler's close() failed", self.id)
-
-    def close(self) -> None:
-        with self._lock:  # never while shutdown() uses the descriptor
-            self.sock.close()
 
 
 class Client:
@@ -667,36 +363,3 @@ def _make_private_dir(path: Path) -> None:
     if st.st_mode & 0o077:
         mode = stat.filemode(st.st_mode)
         raise ServiceError(f"{path} is open to others ({mode}); run `chmod 700 {path}`")
-
-
-def _write_key(path: Path) -> bytes:
-    """Write a new key, mode 0600, atomically (a client never reads half a key)."""
-    key = secrets.token_bytes(32)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, key)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return key
-
-
-def _lock_service(path: Path, root: Path) -> int:
-    """Take the catalog's service lock (held until the fd closes) and write our pid in it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise ServiceError(
-            f"a service already runs for catalog {root} (pid {pid}); connect to it with Client, "
-            "or stop it first"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd

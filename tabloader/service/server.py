@@ -38,7 +38,7 @@ from catalog.catalog import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
-from tabloader.service.protocol import Listener, Session
+from tabloader.service.listener import Listener, Session
 from tabloader.stream import JobStream
 
 __all__ = ["Service"]

@@ -24,13 +24,12 @@ from catalog.errors import (
     StorageError,
     TabloaderError,
 )
-from tabloader.service import protocol
+from tabloader.service import listener, protocol
+from tabloader.service.listener import Listener, Session
 from tabloader.service.protocol import (
     MAX_MESSAGE,
     PROTOCOL_VERSION,
     Client,
-    Listener,
-    Session,
     key_path,
     runtime_dir,
     socket_path,
@@ -347,7 +346,7 @@ def test_silent_client_blocks_nobody(service):
 
 
 def test_silent_client_is_dropped_after_the_handshake_timeout(service, caplog, monkeypatch):
-    monkeypatch.setattr(protocol, "_HANDSHAKE_TIMEOUT", 0.2)
+    monkeypatch.setattr(listener, "_HANDSHAKE_TIMEOUT", 0.2)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
         silent.settimeout(TIMEOUT)
         silent.connect(str(socket_path(service.root)))
@@ -497,7 +496,7 @@ def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkey
     """The watcher wakes late (its copy of the busy connections is old): the request a client
     sends as soon as a reply comes (a RemoteStream reading ahead) is not taken for one sent
     while a request waits."""
-    real_poll = protocol.select.poll
+    real_poll = listener.select.poll
 
     class LatePoll:
         def __init__(self):
@@ -510,15 +509,15 @@ def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkey
             time.sleep(0.003)  # what a loaded machine does to the watcher thread
             return self.poller.poll(*args)
 
-    real_recv = protocol._recv
+    real_recv = listener._recv
 
     def late_recv(sock, limit):
         if threading.current_thread() is not threading.main_thread():
             time.sleep(0.006)  # the connection's thread reads the next request late too
         return real_recv(sock, limit)
 
-    monkeypatch.setattr(protocol.select, "poll", LatePoll)
-    monkeypatch.setattr(protocol, "_recv", late_recv)
+    monkeypatch.setattr(listener.select, "poll", LatePoll)
+    monkeypatch.setattr(listener, "_recv", late_recv)
     svc = Service(tmp_path)
     client = Client(tmp_path)
     try:
@@ -553,7 +552,7 @@ def test_second_listener_is_refused(service):
 
 def test_stale_socket_of_a_killed_service_is_replaced(tmp_path):
     code = (
-        "import os, sys\nfrom tabloader.service.protocol import Listener as L\nL(sys.argv[1], id)\n"
+        "import os, sys\nfrom tabloader.service.listener import Listener as L\nL(sys.argv[1], id)\n"
     )
     run_and_kill_itself(code, tmp_path)
     assert stat.S_ISSOCK(socket_path(tmp_path).stat().st_mode)  # left behind
