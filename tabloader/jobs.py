@@ -308,6 +308,22 @@ class RankState:
             taken = self.job.batches_per_rank(epoch)
         return epoch, max(taken - back, 0)
 
+    def state(self, back: int = 0) -> dict[str, Any]:
+        """The job's state at this rank's step ``back`` batches ago (``position``): its epoch
+        and the rows of that epoch not in the batches every rank had taken at that step.
+        The caller holds the scheduler's lock."""
+        job = self.job
+        epoch, taken = self.position(back)
+        behind = taken * job.world_size  # batches of the epoch every rank has had
+        parts = [rows for e, k, rows in job.log if e == epoch and k >= behind]
+        parts.append(job.q_rows[job.q_epochs == epoch])
+        rows = BitMap(np.concatenate(parts).astype(np.uint32))
+        if epoch == job.epoch and job.left > 0:
+            rows |= job.sampler.remaining(job.name)
+        elif epoch > job.epoch:  # nothing of that epoch handed out yet
+            rows = BitMap(job.ids)
+        return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
+
     def finished(self) -> bool:
         """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""
         return self.job.epochs is not None and self.next_epoch() >= self.job.epochs

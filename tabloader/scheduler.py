@@ -12,12 +12,8 @@ Data flow, per dataset::
   batches triggers a round, and every job with at least a batch of room below its *horizon*
   (``lookahead`` rows) takes part, so jobs at about the same pace get the same rows although
   their consumers wake at different moments. Ids are cheap: sampling ahead costs a queue.
-* **Future uses** (the arena's eviction inputs), per arena space, kept incrementally with
-  array operations: ``uses[row]``, the open jobs that still need the row this epoch (in the
-  sampler's remaining set, or queued); ``next_round[row]``, the round of its next queued use
-  (inf if none). Rows leave both when they are cut into a batch; until that batch's look-up
-  pins them, the fetcher counts them (``Fetcher.starting``) and ``score`` ranks them as
-  needed before any queued row.
+* **Future uses** (the arena's eviction inputs) follow each queue change:
+  :mod:`tabloader.uses`.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
   fast jobs go on alone. Nobody waits for anybody.
 * **Joining.** When a job opens, the jobs of its sampler give back (``give_back``) the rows
@@ -58,6 +54,7 @@ from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
 from tabloader.fetch import Fetcher, Work
 from tabloader.jobs import NO_ROWS, JobState, OnError, RankState
+from tabloader.uses import FutureUses
 
 __all__ = ["DatasetScheduler"]
 
@@ -100,9 +97,7 @@ class DatasetScheduler:
         self.gather_sampler = gather_sampler
         self.fetcher = fetcher
         self._close_job = close_job
-        self._mark = np.zeros(num_rows, bool)  # scratch: rows being unqueued
-        self.uses: dict[int, npt.NDArray[np.int32]] = {}  # arena space -> row -> future uses
-        self.next_round: dict[int, npt.NDArray[np.float64]] = {}  # space -> row -> round
+        self.future = FutureUses(num_rows)
         self.round = 0
         self.jobs: dict[str, JobState] = {}
         # One lock for everything above; ``cond`` (on it) is where the scheduling thread
@@ -122,12 +117,7 @@ class DatasetScheduler:
     def grow(self, num_rows: int) -> None:
         """The dataset has ``num_rows`` rows now (appended ones have no uses yet)."""
         with self.cond:
-            for arrays, fill in ((self.uses, 0), (self.next_round, np.inf)):
-                for key, old in arrays.items():
-                    grown = np.full(num_rows, fill, dtype=old.dtype)
-                    grown[: old.size] = old
-                    arrays[key] = grown
-            self._mark = np.zeros(num_rows, bool)
+            self.future.grow(num_rows)
             self.num_rows = num_rows
 
     # -- jobs ------------------------------------------------------------------------------------
@@ -163,7 +153,7 @@ class DatasetScheduler:
             job.first_epoch = job.cut_epoch = job.epoch
             for r in job.ranks:
                 r.epoch = job.epoch
-            self._count_uses(job, bitmap_to_array(remaining), +1)
+            self.future.count(job, bitmap_to_array(remaining), +1)
             self._rebase_locked(job)
             self.jobs[job.name] = job
             joined = job.ranks[rank]
@@ -210,7 +200,7 @@ class DatasetScheduler:
                     "restart the job."
                 )
             job.left -= rows.size
-            self._count_uses(job, rows, +1)  # a sampled job counted its epoch's rows at start
+            self.future.count(job, rows, +1)  # a sampled job counted its epoch's rows at start
             self._queue_locked(job, rows, rounds)
             self._activate_locked(job)
             self._wake_job(job)
@@ -250,10 +240,10 @@ class DatasetScheduler:
         queued = job.q_rows
         job.q_rows = job.q_rounds = job.q_epochs = NO_ROWS
         job.log.clear()
-        self._unqueue(job, queued)
+        self.future.unqueued(job, queued, self.jobs.values())
         if not job.fed:  # a fed job has no sampler here
             if job.left:  # the rows of this epoch that the sampler still had for the job
-                self._count_uses(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
+                self.future.count(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
             job.sampler.remove_job(job.name)
         self._wake_job(job)  # a consumer waiting in take() raises: closed
 
@@ -288,47 +278,13 @@ class DatasetScheduler:
         self._wake_job(job)  # that rank (closed: its take() raises), and the others: all_joined
         self._poke(job)
 
-    # -- future uses (under ``cond``; read lock-free by the arena) -------------------------------
-    def _count_uses(self, job: JobState, rows: npt.NDArray[Any], delta: int) -> None:
-        for space in job.spaces():
-            counts = self.uses.get(space)
-            if counts is None:
-                counts = self.uses[space] = np.zeros(self.num_rows, np.int32)
-                self.next_round[space] = np.full(self.num_rows, np.inf)
-            counts[rows.astype(np.intp, copy=False)] += delta
-
-    def _unqueue(self, job: JobState, rows: npt.NDArray[np.int64], *, used: bool = True) -> None:
-        """``rows`` left ``job``'s queue: one use less (``used``: cut into a batch; else given
-        back to the sampler, still a future use); their next queued use is recomputed."""
-        if rows.size == 0:
-            return
-        mark = self._mark
-        mark[rows] = True
-        for space in job.spaces():
-            if used:
-                np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats
-            nxt = self.next_round[space]
-            nxt[rows] = np.inf
-            for other in self.jobs.values():
-                if other.q_rows.size and space in other.spaces():
-                    hit = mark[other.q_rows]
-                    if hit.any():  # reversed: of a row queued twice, the earlier round wins
-                        q, r = other.q_rows[hit][::-1], other.q_rounds[hit][::-1]
-                        nxt[q] = np.minimum(nxt[q], r)
-        mark[rows] = False
-
     def score(self, space: int, rows: npt.NDArray[np.int64]) -> tuple[Any, Any]:
         """The arena's eviction inputs: (round of next queued use, future uses) per row.
 
         A row of a batch cut and submitted but not yet looked up (so not pinned yet) is
         counted as a use due before every queued one (round -1).
         """
-        nxt, uses = self.next_round.get(space), self.uses.get(space)
-        n = np.full(rows.size, np.inf)
-        u = np.zeros(rows.size)
-        if nxt is not None and uses is not None:
-            ok = rows < nxt.size
-            n[ok], u[ok] = nxt[rows[ok]], uses[rows[ok]]
+        n, u = self.future.of(space, rows)
         starting = self.fetcher.starting(space, rows)
         if starting.any():
             n[starting > 0] = -1
@@ -398,7 +354,7 @@ class DatasetScheduler:
             if j.left == 0:  # the sampler starts the job's next epoch on this call
                 j.epoch += 1
                 j.left = len(j.ids)
-                self._count_uses(j, j.id_array, +1)
+                self.future.count(j, j.id_array, +1)
         k = min(*(j.room() + j.batch_size for j in want), *(j.left for j in want))
         ids = sampler.sample_many([j.name for j in want], k)
         base, self.round = self.round, self.round + k
@@ -414,9 +370,7 @@ class DatasetScheduler:
         job.q_rows = np.concatenate((job.q_rows, rows))
         job.q_rounds = np.concatenate((job.q_rounds, rounds))
         job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, job.epoch, np.int64)))
-        for space in job.spaces():
-            nxt = self.next_round[space]
-            nxt[rows] = np.minimum(nxt[rows], rounds)
+        self.future.queued(job, rows, rounds)
 
     def _rebase_locked(self, new: JobState) -> None:
         """``new`` opens: the other jobs of its sampler give back the rows sampled ahead that
@@ -451,7 +405,7 @@ class DatasetScheduler:
                 continue
             rows = j.q_rows[keep:]
             j.q_rows, j.q_rounds, j.q_epochs = j.q_rows[:keep], j.q_rounds[:keep], j.q_epochs[:keep]
-            self._unqueue(j, rows, used=False)
+            self.future.unqueued(j, rows, self.jobs.values(), used=False)
             sampler.give_back(j.name, rows)
             j.left += int(rows.size)
 
@@ -464,7 +418,7 @@ class DatasetScheduler:
             job.q_rounds[n:],
             job.q_epochs[n:],
         )
-        self._unqueue(job, rows)
+        self.future.unqueued(job, rows, self.jobs.values())
         return rows
 
     def _activate_locked(self, job: JobState) -> None:
@@ -636,16 +590,7 @@ class DatasetScheduler:
             )
         with self.cond:
             self._check(rank)
-            epoch, taken = rank.position(undelivered)
-            behind = taken * job.world_size  # batches of the epoch every rank has had
-            parts = [rows for e, k, rows in job.log if e == epoch and k >= behind]
-            parts.append(job.q_rows[job.q_epochs == epoch])
-            rows = BitMap(np.concatenate(parts).astype(np.uint32))
-            if epoch == job.epoch and job.left > 0:
-                rows |= job.sampler.remaining(job.name)
-            elif epoch > job.epoch:  # nothing of that epoch handed out yet
-                rows = BitMap(job.ids)
-        return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
+            return rank.state(undelivered)
 
     def close(self) -> None:
         with self.cond:
