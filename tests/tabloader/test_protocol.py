@@ -476,6 +476,25 @@ def test_client_gone_during_a_request_closes_its_handler(service, how):
     check_serves(service.root)
 
 
+def test_a_client_gone_while_another_request_waits_closes_its_handler(service):
+    """Requests are watched once they have run ``WATCH_AFTER_S``: a second one that starts
+    while the watcher waits on a first is watched too."""
+    first, second = Client(service.root), Client(service.root)
+    try:
+        thread, _ = blocked_call(first, service)
+        time.sleep(3 * listener.WATCH_AFTER_S)  # the first is watched; nothing else is busy
+        second.send("block")
+        wait_for(lambda: len(service.handlers) == 2 and service.handlers[1].blocked.is_set())
+        second.close()
+        # the watcher closes it within WATCH_AFTER_S; not the block's own TIMEOUT running out
+        assert service.handlers[1].closed.wait(TIMEOUT / 2)
+        assert not service.handlers[0].closed.is_set()
+    finally:
+        first.close()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive()
+
+
 def test_a_request_sent_while_one_waits_interrupts_it(service):
     """A client that sends its next request before the reply (a RemoteStream leaving while it
     reads ahead) has the waiting ``handle()`` interrupted; both replies come, in order."""
@@ -518,6 +537,7 @@ def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkey
 
     monkeypatch.setattr(listener.select, "poll", LatePoll)
     monkeypatch.setattr(listener, "_recv", late_recv)
+    monkeypatch.setattr(listener, "WATCH_AFTER_S", 0.0)  # each request watched at once
     svc = Service(tmp_path)
     client = Client(tmp_path)
     try:
