@@ -163,16 +163,6 @@ class Client:
             self._send_locked(op, args)
             return self._receive_locked(None)
 
-    def call_if_idle(self, op: str, **args: Any) -> dict[str, Any] | None:
-        """``call``, unless a call is in flight in another thread (then None, sending nothing)."""
-        if not self._call_lock.acquire(blocking=False):
-            return None
-        try:
-            self._send_locked(op, args)
-            return self._receive_locked(None)
-        finally:
-            self._call_lock.release()
-
     def send(self, op: str, **args: Any) -> None:
         """Send a request without waiting: its reply comes with the next ``receive()``.
 

@@ -279,8 +279,7 @@ class _Handler:
         if self.unread is not None:
             stream.record_delivery(self.unread)
             self.unread = None
-        epoch = msg.get("epoch")
-        batch = stream.take(None if epoch is None else int(epoch))
+        batch = stream.take(None)  # the client keeps one of a later epoch for its take(epoch)
         if batch is None:
             return {"end": True, "epoch": stream.epoch}
         reply = self._deliver(batch)
