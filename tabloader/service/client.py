@@ -277,7 +277,7 @@ class RemoteStream:
     def epoch(self) -> int:
         """The epoch of the next batch (0-based)."""
         with self._lock:
-            self._ready = ready = self._collect()
+            ready = self._peek()
             if ready is not None and not ready.get("end"):
                 return int(ready["epoch"])
             return int(self._conn.call("epoch")["epoch"])
@@ -316,6 +316,11 @@ class RemoteStream:
         ready, self._ready = self._ready, None
         return ready
 
+    def _peek(self) -> dict[str, Any] | None:
+        """``_collect``, the reply kept for the next ``take``."""
+        self._ready = self._collect()
+        return self._ready
+
     def _timing(self) -> dict[str, float]:
         timing = {"wait_s": self._wait_s, "compute_s": self._compute_s}
         self._wait_s = self._compute_s = 0.0
@@ -344,7 +349,7 @@ class RemoteStream:
         """Where the job is (as ``JobStream.state_dict()``): the batch read ahead is not
         delivered, so its rows are still to come."""
         with self._lock:
-            self._ready = ready = self._collect()
+            ready = self._peek()
             ahead = int(ready is not None and not ready.get("end"))
             state = self._conn.call("state", ahead=ahead)["state"]
         return {**state, "remaining": bytes.fromhex(state["remaining"])}
@@ -352,7 +357,7 @@ class RemoteStream:
     def stats(self) -> dict[str, Any]:
         """The job's counters (as ``JobStream.stats()``)."""
         with self._lock:
-            self._ready = self._collect()
+            self._peek()  # the reply read ahead comes before this one
             return dict(self._conn.call("stats", **self._timing())["stats"])
 
     def close(self) -> None:

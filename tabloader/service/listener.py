@@ -122,9 +122,9 @@ class Listener:
         self._conns: set[_Conn] = set()
         self._ids = itertools.count(1)
         self._closed = False
-        # fd -> (connection, request) whose handler is running; the request's own object (its
-        # start time), so a watcher with an older copy knows that request has been answered
-        self._busy: dict[int, tuple[_Conn, _Request]] = {}
+        # fd -> the request whose handler is running; each its own object, so a watcher with an
+        # older copy knows that request has been answered
+        self._busy: dict[int, _Request] = {}
         # the watcher waits with no timeout (no request is about to be watched): a new request
         # wakes it
         self._wake_on_request = False
@@ -263,12 +263,12 @@ class Listener:
             if self._closed:
                 return
             if busy:
-                self._busy[conn.fd] = (conn, _Request(time.monotonic()))
+                self._busy[conn.fd] = _Request(conn, time.monotonic())
                 if self._wake_on_request:  # else it looks at the busy ones again in time
                     self._wake_on_request = False
                     with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending
                         os.write(self._wake_w, b"\0")
-            elif self._busy.get(conn.fd, (None,))[0] is conn:
+            elif (request := self._busy.get(conn.fd)) is not None and request.conn is conn:
                 del self._busy[conn.fd]
 
     def _watch(self) -> None:
@@ -283,11 +283,11 @@ class Listener:
                     return
                 now = time.monotonic()
                 watched, young = {}, []
-                for fd, entry in self._busy.items():
-                    if now - entry[1].since >= WATCH_AFTER_S:
-                        watched[fd] = entry
+                for fd, request in self._busy.items():
+                    if now - request.since >= WATCH_AFTER_S:
+                        watched[fd] = request
                     else:
-                        young.append(entry[1].since)
+                        young.append(request.since)
                 self._wake_on_request = not young
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
@@ -300,29 +300,22 @@ class Listener:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
                 elif not self._answered(fd, watched[fd]):
-                    conn = watched[fd][0]
+                    conn = watched[fd].conn
                     if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
                         logger.info("session %d: the client hung up during a request", conn.id)
                         conn.shutdown()
                     else:  # POLLIN: a request came; unwatched until it is read
                         conn.interrupt()
 
-    def _answered(self, fd: int, entry: tuple[_Conn, _Request]) -> bool:
-        """Whether the request of ``entry`` (from the watcher's copy of ``_busy``) has been
-        answered meanwhile (then the event on ``fd`` may be the client's next request, which
-        its connection reads as usual); else it is unwatched from now on."""
+    def _answered(self, fd: int, request: _Request) -> bool:
+        """Whether ``request`` (from the watcher's copy of ``_busy``) has been answered
+        meanwhile (then the event on ``fd`` may be the client's next request, which its
+        connection reads as usual); else it is unwatched from now on."""
         with self._lock:
-            if self._busy.get(fd) is not entry:
+            if self._busy.get(fd) is not request:
                 return True
             del self._busy[fd]
             return False
-
-
-@dataclass(eq=False)
-class _Request:
-    """A request being handled (compared by identity: each is its own)."""
-
-    since: float  # time.monotonic() when its handler started
 
 
 class _Conn:
@@ -368,6 +361,14 @@ class _Conn:
     def close(self) -> None:
         with self._lock:  # never while shutdown() uses the descriptor
             self.sock.close()
+
+
+@dataclass(eq=False)
+class _Request:
+    """A request being handled (compared by identity: each is its own)."""
+
+    conn: _Conn
+    since: float  # time.monotonic() when its handler started
 
 
 def _write_key(path: Path) -> bytes:
