@@ -271,18 +271,18 @@ class Arena:
         """
         with self._lock:
             self._tick += 1
-            parts = self._locate_many(np.asarray(offsets, np.int64))
-            for cls, _, index in parts:
-                held = cls.pins.copy()
-                np.subtract.at(held, index, 1)
-                if (held[index] < 0).any():
+            parts = []
+            for cls, _, index in self._locate_many(np.asarray(offsets, np.int64)):
+                slots, drops = np.unique(index, return_counts=True)
+                if (cls.pins[slots] < drops).any():
                     raise CacheError(
                         "Cannot release a slot that holds no pin. Release each offset once "
                         "per get() or put() that returned it."
                     )
-            for cls, _, index in parts:
-                np.subtract.at(cls.pins, index, 1)
-                cls.tick[index] = self._tick
+                parts.append((cls, slots, drops))
+            for cls, slots, drops in parts:
+                cls.pins[slots] -= drops
+                cls.tick[slots] = self._tick
 
     def pin(self, offsets: npt.NDArray[np.int64]) -> None:
         """Add one pin per offset (slots someone holds already, so they cannot be evicted)."""
@@ -442,13 +442,14 @@ class Arena:
         if cid.size == 0:
             return out
         first = int(cid[0])
-        classes = [first] if (cid == first).all() else np.unique(cid).tolist()  # one, usually
-        for c in classes:
+        one = bool((cid == first).all())  # one class, usually
+        for c in [first] if one else np.unique(cid).tolist():
             if c < 0:
                 raise CacheError("an offset is not a slot of this arena.")
             cls = self._by_id[c]
-            sel = np.flatnonzero(cid == c)
-            index = self._slab_pos[slab[sel]] * cls.per_slab + within[sel] // cls.size
+            sel = np.arange(cid.size) if one else np.flatnonzero(cid == c)
+            at = slab if one else slab[sel]
+            index = self._slab_pos[at] * cls.per_slab + (within if one else within[sel]) // cls.size
             out.append((cls, sel, index))
         return out
 

@@ -96,6 +96,13 @@ def hand_over(work: Work, arena: Arena) -> dict[str, Any]:
     them out of shared memory and then releases them); rows that failed are left out, and
     their pins released.
     """
+    if not work.errors:  # usually: every row, nothing to drop (the gathered arrays are the
+        # job's own already)
+        prepared = {
+            dec.column: (work.offsets[ci].copy(), work.shapes[ci].copy(), _private(work, ci))
+            for ci, (dec, _) in enumerate(work.plan.prepared)
+        }
+        return {ID_COLUMN: work.rows, "gathered": work.values, "prepared": prepared, "work": work}
     keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
     gathered = {
         name: value[keep] if isinstance(value, np.ndarray) else [value[i] for i in keep]
@@ -108,11 +115,19 @@ def hand_over(work: Work, arena: Arena) -> dict[str, Any]:
         if dropped.size:
             arena.release(offsets[dropped])
             offsets[dropped] = -1
-        private = {k: work.private[(ci, p)] for k, p in enumerate(keep) if (ci, p) in work.private}
-        prepared[dec.column] = (offsets[keep], work.shapes[ci][keep], private)
+        prepared[dec.column] = (offsets[keep], work.shapes[ci][keep], _private(work, ci, keep))
     return {
         ID_COLUMN: work.rows[keep],
         "gathered": gathered,
         "prepared": prepared,
         "work": work,
     }
+
+
+def _private(work: Work, ci: int, keep: npt.NDArray[np.intp] | None = None) -> dict[int, Any]:
+    """Column ``ci``'s values handed out uncached (no room in the arena), by position among
+    the rows kept (all if ``keep`` is None)."""
+    if not work.private:
+        return {}
+    positions = range(work.rows.size) if keep is None else keep.tolist()
+    return {k: work.private[(ci, p)] for k, p in enumerate(positions) if (ci, p) in work.private}

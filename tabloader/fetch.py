@@ -207,13 +207,17 @@ class Fetcher:
 
         A batch of cheap columns that are all read whole already (a numpy take each, a few
         microseconds) is prepared right here: handing it to a pool thread would cost more,
-        and with many threads the handoffs contend for the GIL.
+        and with many threads the handoffs contend for the GIL. So is a service's batch of
+        such columns and prepared ones (looked up and pinned, its misses sent to decode,
+        nothing copied: its client copies): two thread wake-ups fewer per batch.
         """
         plan = work.plan
-        if not plan.prepared and all(self._flat.get(d.column) is not None for d in plan.gathered):
+        self._mark_starting(work, +1)
+        if (not plan.prepared or work.remote) and all(
+            self._flat.get(d.column) is not None for d in plan.gathered
+        ):
             self._start(work)
             return
-        self._mark_starting(work, +1)
         try:
             self.pool.submit(self._start, work)
         except BaseException:

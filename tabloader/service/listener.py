@@ -7,8 +7,10 @@ has its own thread and the handshake a timeout, so a silent client blocks nobody
 thread polls the connections whose ``handle()`` has run ``WATCH_AFTER_S`` (it may wait for a
 batch), so a client that hangs up or is killed mid-request has its handler closed at once, and
 one that sends a request meanwhile (a ``leave`` while it reads a batch ahead) has it
-interrupted. Requests answered sooner (most) cost the watcher nothing: waking it for each one
-cost the service 0.1-0.2 ms of CPU per batch.
+interrupted. Requests answered sooner (most) cost the watcher nothing: while requests come, it
+looks at the busy ones every ``WATCH_AFTER_S`` (at most 20 wake-ups a second, whatever the
+rate of batches); only the first request after ``IDLE_S`` with none wakes it. Waking it for
+each request cost the service 0.1-0.2 ms of CPU per batch.
 
 One service per catalog: the service holds ``flock`` on ``runtime_dir/lock`` while it lives (the
 kernel drops it when the process dies), so a socket file with no lock holder is stale and two
@@ -60,6 +62,8 @@ _HANDSHAKE_TIMEOUT = 5.0  # seconds the service waits for a new connection to au
 # a request is watched (its client hanging up or sending its next request) once it has run this
 # long: most are answered sooner, and watching one costs a wake-up of the watcher thread
 WATCH_AFTER_S = 0.05
+# with no request for this long, the watcher waits with no timeout: the next request wakes it
+IDLE_S = 1.0
 _ACCEPT_RETRY = {errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -125,9 +129,9 @@ class Listener:
         # fd -> the request whose handler is running; each its own object, so a watcher with an
         # older copy knows that request has been answered
         self._busy: dict[int, _Request] = {}
-        # the watcher waits with no timeout (no request is about to be watched): a new request
-        # wakes it
+        # the watcher waits with no timeout (no request for IDLE_S): a new request wakes it
         self._wake_on_request = False
+        self._last_request = 0.0  # time.monotonic() when the last request started
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lock_fd = -1
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -263,12 +267,13 @@ class Listener:
             if self._closed:
                 return
             if busy:
-                self._busy[conn.fd] = _Request(conn, time.monotonic())
+                self._last_request = time.monotonic()
+                self._busy[conn.fd] = _Request(conn, self._last_request)
                 if self._wake_on_request:  # else it looks at the busy ones again in time
                     self._wake_on_request = False
                     with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending
                         os.write(self._wake_w, b"\0")
-            elif (request := self._busy.get(conn.fd)) is not None and request.conn is conn:
+            elif (mine := self._busy.get(conn.fd)) is not None and mine.conn is conn:
                 del self._busy[conn.fd]
 
     def _watch(self) -> None:
@@ -288,14 +293,19 @@ class Listener:
                         watched[fd] = request
                     else:
                         young.append(request.since)
-                self._wake_on_request = not young
+                # look again when the oldest young request comes of age; while requests come,
+                # every WATCH_AFTER_S (at least 1 ms); else when one comes
+                timeout: float | None = None
+                if young:
+                    timeout = max(0.0, min(young) + WATCH_AFTER_S - now)
+                elif now - self._last_request < IDLE_S:
+                    timeout = max(WATCH_AFTER_S, 0.001)
+                self._wake_on_request = timeout is None
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
             for fd in watched:
                 poller.register(fd, select.POLLRDHUP | select.POLLIN)
-            # look again when the oldest young request comes of age
-            timeout = None if not young else max(0.0, min(young) + WATCH_AFTER_S - now) * 1000
-            for fd, events in poller.poll(timeout):
+            for fd, events in poller.poll(None if timeout is None else timeout * 1000):
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)

@@ -881,3 +881,44 @@ def test_a_job_opened_later_shares_the_rows_another_sampled_ahead(images, monkey
     assert near(xs, ys) >= 30  # DSA: y draws its 4 rows x had at random times
     xs, ys = _rows_after_a_late_open(images, monkeypatch, give_back=False)
     assert near(xs, ys) <= 15  # chance: 9 of 60 rows, 6 of 40
+
+
+def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch):
+    """A batch handed over to the loader service (``remote``) whose rows are in the arena and
+    whose other columns are read whole is looked up and pinned where it is cut: no pool task,
+    no thread wake-up. A job in this process (it copies its batch) still uses the pool."""
+    images.sql("REGISTER JOB r SELECT image, label FROM imgs WITH (image_size = 16)")
+    n = images.job("r").num_rows
+    with Loader(images, cache_bytes=4 * n * 16 * 16 * 3, workers=2, decode="threads") as loader:
+        local = loader.open("r", batch_size=4, epochs=1)
+        assert sorted(i for b in local for i in b["_id"].tolist()) == list(range(n))
+        local.close()  # every row decoded, the labels read whole
+        group = loader._schedulers["imgs"]
+        wait_until(lambda: group.fetcher._flat.get("label") is not None, "labels read whole")
+        tasks: list[str] = []
+        submit = loader._pool.submit
+
+        def counting(fn, *args, **kwargs):
+            tasks.append(getattr(fn, "__name__", repr(fn)))
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(loader._pool, "submit", counting)
+        remote = loader.open("r", batch_size=4, epochs=1, remote=True)
+        table = images.sql("SELECT _id, label FROM imgs").to_pydict()
+        labels = dict(zip(table["_id"], table["label"], strict=True))
+        seen = []
+        while (batch := remote.take()) is not None:
+            offsets, _, private = batch["prepared"]["image"]
+            assert not private
+            assert (offsets >= 0).all()
+            seen += batch["_id"].tolist()
+            assert batch["gathered"]["label"].tolist() == [labels[i] for i in batch["_id"]]
+            loader._arena.release(offsets)
+        remote.close()
+        assert sorted(seen) == list(range(n))
+        assert tasks == []
+        assert loader.stats()["decodes"] == n
+        local = loader.open("r", batch_size=4, epochs=1)
+        assert sum(len(b["_id"]) for b in local) == n
+        local.close()
+        assert "_start" in tasks

@@ -552,6 +552,51 @@ def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkey
         svc.close()
 
 
+class CountingPoll:
+    """``select.poll`` for the watcher, counting its waits."""
+
+    polls = 0
+    real = listener.select.poll
+
+    def __init__(self):
+        self.poller = CountingPoll.real()
+
+    def register(self, *args):
+        self.poller.register(*args)
+
+    def poll(self, *args):
+        CountingPoll.polls += 1
+        return self.poller.poll(*args)
+
+
+def test_the_watcher_wakes_per_interval_not_per_request(tmp_path, monkeypatch):
+    """While requests come, the watcher looks at the busy ones every ``WATCH_AFTER_S``: 100
+    requests 5 ms apart, each answered at once, do not wake it 100 times (woken for each, it
+    was: 92 here). With none for ``IDLE_S`` it waits for the next."""
+    monkeypatch.setattr(listener.select, "poll", CountingPoll)
+    monkeypatch.setattr(listener, "IDLE_S", 0.2)
+    monkeypatch.setattr(CountingPoll, "polls", 0)
+    svc = Service(tmp_path)
+    client = Client(tmp_path)
+    try:
+        client.call("echo", x=0)
+        polls, t0 = CountingPoll.polls, time.monotonic()
+        for i in range(100):
+            assert client.call("echo", i=i) == {"op": "echo", "i": i}
+            time.sleep(0.005)  # a job's step
+        woken = CountingPoll.polls - polls
+        # per interval (and once per request that comes of age), not per request
+        assert woken <= (time.monotonic() - t0) / listener.WATCH_AFTER_S + 10
+        time.sleep(3 * listener.IDLE_S)  # idle: it waits with no timeout
+        polls = CountingPoll.polls
+        time.sleep(3 * listener.WATCH_AFTER_S)
+        assert CountingPoll.polls == polls
+    finally:
+        client.close()
+        svc.close()
+    # and a request after the idle time is watched at once (the hang-up tests above)
+
+
 def test_a_reply_not_come_in_time_closes_the_connection(service):
     client = Client(service.root)
     client.send("block")
