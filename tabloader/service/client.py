@@ -431,24 +431,23 @@ def open_catalog(
 def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
     staged = {int(k): int(v) for k, v in col["staged"].items()}
     shapes = [tuple(s[: 3 if s[2] else 2]) for s in col["shapes"]]
-    views = []
-    for k, (off, shape) in enumerate(zip(col["offsets"], shapes, strict=True)):
-        start = staged.get(k, off)
-        views.append(arena[start : start + math.prod(shape)].reshape(shape))
-    copied = sum(views[k].nbytes for k in staged)  # the service copied these into staging
-    if views and all(s == shapes[0] for s in shapes):
-        out: Any = loader.memory.empty((len(views), *shapes[0]))
-        for k, v in enumerate(views):
-            out[k] = v
-            copied += v.nbytes
+    sizes = [math.prod(s) for s in shapes]
+    starts = [staged.get(k, off) for k, off in enumerate(col["offsets"])]
+    prepared = sum(sizes)
+    copied = prepared + sum(sizes[k] for k in staged)  # ours, and the service's into staging
+    if shapes and all(s == shapes[0] for s in shapes):
+        out: Any = loader.memory.empty((len(shapes), *shapes[0]))
+        rows, n = out.reshape(len(shapes), -1), sizes[0]
+        for k, start in enumerate(starts):
+            rows[k] = arena[start : start + n]
     else:
-        out = []
-        for v in views:
-            out.append(v.copy())
-            copied += v.nbytes
+        out = [
+            arena[start : start + n].reshape(shape).copy()
+            for start, n, shape in zip(starts, sizes, shapes, strict=True)
+        ]
     with loader._copies_lock:
-        loader.copies.images += len(views)
-        loader.copies.prepared_bytes += sum(math.prod(s) for s in shapes)
+        loader.copies.images += len(shapes)
+        loader.copies.prepared_bytes += prepared
         loader.copies.copied_bytes += copied
     return out
 

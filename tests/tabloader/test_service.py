@@ -479,9 +479,11 @@ def test_a_second_service_for_the_catalog_is_refused(service, cat_dir):
     assert "a service already runs" in out.stderr
 
 
-def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir):
+def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir, image_folder):
     """The ids and labels of a handed-over batch are staged in blocks after the arena, which
-    pinned images never take: before, a full arena failed the batch."""
+    pinned images never take: before, a full arena failed the batch. Images with no room in
+    the arena are decoded uncached and staged there too: the right pixels, and two copies
+    of each (the service's into staging, the client's out of it), counted."""
     from tabloader.service.server import Service
 
     service = Service(cat_dir, cache_bytes=1 << 20, workers=2)
@@ -506,6 +508,21 @@ def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir):
             labels = [b["label"] for b in stream]
             expected = rows_of(remote, "label < 2")
         assert np.concatenate(labels).size == len(expected)
+        with (
+            RemoteLoader(cat_dir, start=False) as remote,
+            remote.open("a", batch_size=2, epochs=1) as stream,
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")
+            seen = {i: img for b in stream for i, img in zip(b["_id"], b["image"], strict=True)}
+            paths = remote.sql("SELECT _id, path FROM imgs WHERE label < 3").to_pylist()
+            copies = remote.copies
+        assert sorted(seen) == sorted(row["_id"] for row in paths)
+        for row in paths:
+            expected = decode_image((image_folder / row["path"]).read_bytes(), size=16)
+            assert np.array_equal(seen[row["_id"]], expected)
+        assert copies.prepared_bytes == len(paths) * 16 * 16 * 3
+        assert copies.copied_bytes == 2 * copies.prepared_bytes
     finally:
         service.stop()
         runner.join(TIMEOUT)
