@@ -169,7 +169,9 @@ class Loader:
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tabloader-io")
         _warm_pyarrow()
         self._schedulers: dict[str, DatasetScheduler] = {}
-        self._versions: dict[str, int] = {}
+        self._read: dict[str, Dataset] = {}  # the version each scheduler reads
+        # bumped when a dataset is dropped and imported again: its arena spaces are new ones
+        self._generation: dict[str, int] = {}
         self._space_owner: dict[int, DatasetScheduler] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -183,8 +185,28 @@ class Loader:
         return owner.score(space, rows)
 
     def _scheduler(self, dataset: Dataset) -> DatasetScheduler:
-        """The dataset's scheduler, created (or moved to a newer version) as needed."""
+        """The dataset's scheduler, created (or moved to a newer version) as needed.
+
+        Raises:
+            LoaderError: the dataset was dropped and imported again while jobs of this
+                loader still read the one they opened.
+        """
         found = self._schedulers.get(dataset.name)
+        read = self._read.get(dataset.name)
+        if found is not None and read is not None and not _continues(read, dataset):
+            with found.cond:
+                readers = sorted(found.jobs)
+            if readers:
+                raise LoaderError(
+                    f"Dataset {dataset.name!r} was dropped and imported again while job(s) "
+                    f"{', '.join(readers)} of this loader still read the one dropped; close "
+                    "them (or let them finish), then open the job again."
+                )
+            found.close()  # its cached values are of the old rows: new spaces from here on
+            del self._schedulers[dataset.name]
+            self._space_owner = {k: v for k, v in self._space_owner.items() if v is not found}
+            self._generation[dataset.name] = self._generation.get(dataset.name, 0) + 1
+            found = None
         reader = DatasetReader.from_spec(dataset.reader.spec(), memory_map=False)
         # Cheap columns are read through the memory map when rows are small (zero-copy); beside
         # payloads, with ``pread``: a map faults in the pages around each value it touches (the
@@ -219,10 +241,10 @@ class Loader:
             self._schedulers[dataset.name] = sched
         else:
             sched = found
-            if self._versions[dataset.name] < dataset.version:
+            if self._read[dataset.name].version < dataset.version:
                 sched.fetcher.set_readers(reader, table)
                 sched.grow(dataset.num_rows)
-        self._versions[dataset.name] = dataset.version
+        self._read[dataset.name] = dataset
         return sched
 
     def open(
@@ -369,7 +391,8 @@ class Loader:
             dec = decoder_for(schema.field(c))
             if dec.kind is DecodeKind.IMAGE:
                 dec = decoder_for(schema.field(c), image_size=size)
-                name = f"{dataset.name}/{dec.key}"
+                gen = self._generation.get(dataset.name, 0)
+                name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
                 space = self._arena.space(
                     name, num_rows=dataset.num_rows, fixed=dec.image_size is not None
                 )
@@ -575,3 +598,9 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
             loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
             _DEFAULT_LOADERS[root] = loader
         return loader
+
+
+def _continues(read: Dataset, dataset: Dataset) -> bool:
+    """Whether ``dataset`` is ``read`` or a later version of it (rows appended), not a
+    dataset of the same name imported after a drop (its files are all new)."""
+    return dataset.files[: len(read.files)] == read.files

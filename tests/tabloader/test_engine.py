@@ -922,3 +922,33 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         assert sum(len(b["_id"]) for b in local) == n
         local.close()
         assert "_start" in tasks
+
+
+def test_a_dataset_dropped_and_imported_again_is_read_anew(images, tmp_path):
+    """After DROP and a new import under the same name, a job reads the new rows, never the
+    old dataset's values cached under the same ids; while a job still reads the dropped one,
+    opening a job of the new one is refused."""
+    from tabloader.datagen import make_imagefolder
+
+    other = make_imagefolder(tmp_path / "other", num_images=12, num_classes=2, seed=7)
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB k SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        old = loader.open("j", batch_size=4, epochs=1)
+        assert sum(len(b["_id"]) for b in old) == images.job("j").num_rows  # all cached
+        old.close()
+        keep = loader.open("k", batch_size=4, epochs=None)  # still reads the old rows
+        images.drop_dataset("imgs", cascade=True)
+        images.import_imagefolder("imgs", other)
+        images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+        with pytest.raises(LoaderError, match=r"dropped and imported again while job\(s\) k "):
+            loader.open("j", batch_size=4, epochs=1)
+        keep.close()
+        new = loader.open("j", batch_size=4, epochs=1)
+        seen = {i: img for b in new for i, img in zip(b["_id"].tolist(), b["image"], strict=True)}
+        paths = images.sql("SELECT _id, path FROM imgs").to_pydict()
+        assert sorted(seen) == sorted(paths["_id"]) == list(range(12))
+        for i, path in zip(paths["_id"], paths["path"], strict=True):
+            expected = decode_image((other / path).read_bytes(), size=16)
+            assert np.array_equal(seen[i], expected), i
+        new.close()
