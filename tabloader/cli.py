@@ -315,8 +315,9 @@ def _register_serve(sub: Any) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
-    from tabloader.service.server import Service
+    from tabloader.service.server import Service, yield_to_jobs
 
+    yield_to_jobs()  # before any thread or process starts: they inherit it
     cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
     if args.ray is not None:
         from tabloader.cluster.actor import serve_cluster

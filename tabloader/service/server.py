@@ -19,6 +19,7 @@ No payload byte crosses the socket and nothing is pickled. A client whose connec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -469,6 +470,32 @@ _OPEN_ARGS = (
     "rank",
     "world_size",
 )
+
+
+def yield_to_jobs() -> bool:
+    """Put this process's threads (and the threads and processes they start from now on)
+    under Linux's ``SCHED_BATCH``: same share of the CPU, but a wake-up never preempts a
+    running task.
+
+    A job's request wakes a service thread with a *sync* wake-up (Unix sockets), which puts it
+    on the job's own core and preempts the job there: a job's ``send`` of its next request
+    took 0.7 ms while the service prepared the reply on its core (1.3 involuntary context
+    switches per batch), against 25 us under ``SCHED_BATCH`` (0.2); the job's per-batch
+    overhead went from 2.6-2.7 to 2.1-2.3 ms. The service's threads then run when a core is
+    free, which the job's compute does not wait for (it reads ahead). False where the policy
+    does not exist (not Linux) or is refused.
+    """
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None:
+        return False
+    try:  # each thread has its own policy: those that imports started too (pyarrow's...)
+        for tid in [int(t) for t in os.listdir("/proc/self/task")] or [0]:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+    except OSError as exc:  # pragma: no cover - unprivileged users may always choose it
+        logger.info("SCHED_BATCH refused (%s): the service keeps the default policy", exc)
+        return False
+    return True
 
 
 def _string(msg: dict[str, Any], key: str) -> str:

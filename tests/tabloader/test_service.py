@@ -529,6 +529,45 @@ def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir, image
     assert not runner.is_alive()
 
 
+def scheduling_policies(pid: int) -> dict[str, int]:
+    """``{thread name: scheduling policy}`` of process ``pid`` and its live descendants
+    (``/proc``: the decode processes are the forkserver's children)."""
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry.name))
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        todo += kids.get(p, [])
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.find("(") + 1 : stat.rfind(")")]
+            out[f"{p}/{task.name} {name}"] = int(stat[stat.rfind(")") + 2 :].split()[38])
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_the_service_yields_to_jobs_on_wake_ups(service, cat_dir):
+    """Every thread and decode process of ``tabloader serve`` runs under SCHED_BATCH (a job's
+    request does not preempt the job on its own core); the job keeps the default policy."""
+    with RemoteLoader(cat_dir, start=False) as remote:
+        remote.wait_ready()  # the decode processes started
+        with remote.open("a", batch_size=4, epochs=1) as stream:
+            stream.take()
+            policies = scheduling_policies(service.pid)
+    assert len(policies) > 5  # threads, the forkserver, its decode processes
+    assert set(policies.values()) == {os.SCHED_BATCH}, policies
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
     try:
