@@ -42,12 +42,16 @@ from catalog.database import DAMAGED_FIX, META, Database, disk_full_hint, duckdb
 from catalog.directory import (
     DATA_DIR,
     DB_FILE,
+    ENV_VAR,
     JOBS_DIR,
     PART_FILE_RE,
     check_new_root,
     collect_garbage,
+    default_root,
     migrate,
+    not_a_catalog,
     remove_leftovers,
+    resolve_root,
 )
 from catalog.errors import (
     AlreadyExistsError,
@@ -80,7 +84,6 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-ENV_VAR = "TABLOADER_CATALOG"
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 # The catalogs this process has open, by resolved root (a collected Catalog frees its root).
 _OPEN_ROOTS: weakref.WeakValueDictionary[Path, Catalog] = weakref.WeakValueDictionary()
@@ -98,33 +101,6 @@ def _synchronized(
             return method(self, *args, **kwargs)
 
     return locked
-
-
-def default_root() -> Path:
-    """The default catalog: ``$TABLOADER_CATALOG``, else ``$XDG_DATA_HOME/tabloader/catalog``
-    (``~/.local/share/tabloader/catalog``): one place, whatever the working directory, and
-    never a source folder."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env).absolute()
-    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return (Path(data) / "tabloader" / "catalog").absolute()
-
-
-def resolve_root(path: str | os.PathLike[str] | None) -> Path:
-    """The absolute catalog directory for ``path`` (None: ``default_root()``)."""
-    return Path(path).absolute() if path else default_root()
-
-
-def not_a_catalog(root: Path) -> CatalogError:
-    """The error for a read of a directory that holds no catalog."""
-    where = "does not exist" if not root.exists() else f"has no {DB_FILE}"
-    return CatalogError(
-        f"'{root}' is not a tabloader catalog (it {where}). Give the catalog's directory "
-        f"(--catalog DIR or ${ENV_VAR}), or create one there by importing data: tabloader "
-        f"--catalog {root} import NAME PATH, CREATE DATASET name FROM 'path', or "
-        f"catalog.connect('{root}', create=True)."
-    )
 
 
 def connect(

@@ -1,4 +1,5 @@
-"""The catalog directory: its layout, atomic file writes, and the upkeep done at open.
+"""The catalog directory: where it is, its layout, atomic file writes, and the upkeep done at
+open.
 
 ::
 
@@ -28,19 +29,24 @@ from catalog.errors import CatalogError
 __all__ = [
     "DATA_DIR",
     "DB_FILE",
+    "ENV_VAR",
     "JOBS_DIR",
     "JOB_FILE_RE",
     "PART_FILE_RE",
     "check_new_root",
     "collect_garbage",
+    "default_root",
     "migrate",
     "new_token",
+    "not_a_catalog",
     "remove_leftovers",
+    "resolve_root",
     "write_file",
 ]
 
 logger = logging.getLogger(__name__)
 
+ENV_VAR = "TABLOADER_CATALOG"  # the default catalog directory
 DB_FILE = "catalog.duckdb"
 DATA_DIR = "data"
 JOBS_DIR = "jobs"
@@ -48,6 +54,33 @@ JOBS_DIR = "jobs"
 # Garbage collection deletes nothing else: a catalog directory may hold other files.
 PART_FILE_RE = re.compile(r"(part-v\d{5,}|\.tmp)-[0-9a-f]{12}\.arrow")
 JOB_FILE_RE = re.compile(r"(\.tmp-)?[A-Za-z][A-Za-z0-9_]{0,62}-[0-9a-f]{12}\.roaring")
+
+
+def default_root() -> Path:
+    """The default catalog: ``$TABLOADER_CATALOG``, else ``$XDG_DATA_HOME/tabloader/catalog``
+    (``~/.local/share/tabloader/catalog``): one place, whatever the working directory, and
+    never a source folder."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).absolute()
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return (Path(data) / "tabloader" / "catalog").absolute()
+
+
+def resolve_root(path: str | os.PathLike[str] | None) -> Path:
+    """The absolute catalog directory for ``path`` (None: ``default_root()``)."""
+    return Path(path).absolute() if path else default_root()
+
+
+def not_a_catalog(root: Path) -> CatalogError:
+    """The error for a read of a directory that holds no catalog."""
+    where = "does not exist" if not root.exists() else f"has no {DB_FILE}"
+    return CatalogError(
+        f"'{root}' is not a tabloader catalog (it {where}). Give the catalog's directory "
+        f"(--catalog DIR or ${ENV_VAR}), or create one there by importing data: tabloader "
+        f"--catalog {root} import NAME PATH, CREATE DATASET name FROM 'path', or "
+        f"catalog.connect('{root}', create=True)."
+    )
 
 
 def new_token() -> str:

@@ -115,7 +115,7 @@ def _service(args: argparse.Namespace) -> Any:
 
 
 def _root(args: argparse.Namespace) -> Path:
-    from catalog.catalog import resolve_root
+    from catalog.directory import resolve_root
 
     return resolve_root(args.catalog)
 
@@ -206,8 +206,7 @@ def _ray_argument(p: Any, text: str) -> None:
 def _run_status(args: argparse.Namespace) -> int:
     import json
 
-    from catalog.catalog import not_a_catalog
-    from catalog.directory import DB_FILE
+    from catalog.directory import DB_FILE, not_a_catalog
     from tabloader._format import format_table
 
     root = _root(args)

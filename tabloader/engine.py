@@ -38,7 +38,7 @@ from pyroaring import BitMap
 
 from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
-from catalog.catalog import not_a_catalog, resolve_root
+from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
 from catalog.options import option_value
 from catalog.storage import DatasetReader

@@ -175,8 +175,8 @@ def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:
     """The catalog's loader service (started if none runs), unless this process has the
     catalog open itself: then the service could not open it (the error says to share it).
     """
-    from catalog.catalog import _OPEN_ROOTS, not_a_catalog, resolve_root
-    from catalog.directory import DB_FILE
+    from catalog.catalog import _OPEN_ROOTS
+    from catalog.directory import DB_FILE, not_a_catalog, resolve_root
 
     root = resolve_root(catalog)
     if not (root / DB_FILE).exists():  # no service to start for it: say so, create nothing

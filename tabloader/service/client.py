@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from catalog.catalog import resolve_root
+from catalog.directory import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
 from catalog.sql.dialect import absolute_paths
 from tabloader.batchmem import BatchMemory

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 import catalog
 from catalog.bitmaps import ID_COLUMN
-from catalog.catalog import not_a_catalog
+from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
