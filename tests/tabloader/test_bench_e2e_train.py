@@ -181,3 +181,15 @@ def test_benchmark_counts_must_be_positive(capsys, value, problem):
     with pytest.raises(SystemExit):
         parsed(e2e, "--overhead-samples", value)
     assert f"--overhead-samples: {problem}" in capsys.readouterr().err
+
+
+def test_bench_service_is_the_e2e_benchmark(capsys):
+    """Issue 12 names the loader service's benchmark ``tabloader bench service``."""
+    from tabloader.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "service", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: tabloader bench service")
+    assert "End-to-end benchmark: four training jobs at once" in out
