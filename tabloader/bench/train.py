@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,14 @@ def _model(name: str, device: Any) -> tuple[Any, str]:
     if name in ("auto", "resnet18") and device.type == "cuda":
         try:
             from torchvision.models import resnet18
-        except ImportError:
+        except (ImportError, RuntimeError) as exc:  # RuntimeError: built for another torch
+            problem = (
+                f"torchvision cannot be used with torch {torch.__version__} ({exc}); install "
+                "the torchvision release built for this torch"
+            )
             if name == "resnet18":
-                raise
+                raise SystemExit(f"--model resnet18: {problem}.") from exc
+            print(f"bench train: {problem}; training the small CNN instead.", file=sys.stderr)
         else:
             return resnet18(num_classes=10).to(device), "resnet18"
     if name == "resnet18":

@@ -193,3 +193,43 @@ def test_bench_service_is_the_e2e_benchmark(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: tabloader bench service")
     assert "End-to-end benchmark: four training jobs at once" in out
+
+
+class _Cuda:
+    type = "cuda"
+
+
+@pytest.fixture
+def broken_torchvision(monkeypatch):
+    """torchvision built for another torch: its import fails as it does here with the
+    registry's torchvision 0.28 ("operator torchvision::nms does not exist")."""
+    import importlib.abc
+    import importlib.util
+
+    class Broken(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            return importlib.util.spec_from_loader(name, self) if name == "torchvision" else None
+
+        def exec_module(self, module):
+            raise RuntimeError("operator torchvision::nms does not exist")
+
+    for name in ("torchvision", "torchvision.models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+
+
+def test_train_falls_back_to_the_small_cnn_when_torchvision_does_not_match(
+    broken_torchvision, capsys, monkeypatch
+):
+    import torch
+
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, device: self)  # no GPU here
+    model, name = train._model("auto", _Cuda())
+    assert name == "tiny-cnn"
+    assert isinstance(model, torch.nn.Sequential)
+    assert "torchvision cannot be used with torch" in capsys.readouterr().err
+
+
+def test_train_resnet18_names_a_torchvision_that_does_not_match(broken_torchvision):
+    with pytest.raises(SystemExit, match="resnet18: torchvision cannot be used with torch .*nms"):
+        train._model("resnet18", _Cuda())
