@@ -233,3 +233,19 @@ def test_train_falls_back_to_the_small_cnn_when_torchvision_does_not_match(
 def test_train_resnet18_names_a_torchvision_that_does_not_match(broken_torchvision):
     with pytest.raises(SystemExit, match="resnet18: torchvision cannot be used with torch .*nms"):
         train._model("resnet18", _Cuda())
+
+
+def test_train_resnet18_runs_on_the_cpu_when_asked(monkeypatch):
+    """``--model resnet18`` is torchvision's on any device (auto picks it only on a GPU)."""
+    import types
+
+    import torch
+
+    models = types.ModuleType("torchvision.models")
+    models.resnet18 = lambda num_classes: torch.nn.Linear(4, num_classes)
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.models", models)
+    cpu = torch.device("cpu")
+    model, name = train._model("resnet18", cpu)
+    assert (name, model.out_features) == ("resnet18", 10)
+    assert train._model("auto", cpu)[1] == "tiny-cnn"
