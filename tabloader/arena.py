@@ -103,7 +103,8 @@ class ArenaStats:
         size_bytes: bytes of the slots holding them.
         pinned: slots with at least one pin now.
         hits: rows ``get`` found.
-        misses: rows ``get`` did not find.
+        misses: rows ``get`` did not find (each once: a second look with ``again`` does not
+            count them again); a decode in flight for another batch may serve them.
         puts: values stored.
         uncached: values ``put`` could not store (larger than a slab, or all slots pinned).
         evictions: values evicted to make room.
@@ -240,14 +241,22 @@ class Arena:
             return sid
 
     # -- lookups -----------------------------------------------------------------------------
-    def get(self, space: int, rows: npt.NDArray[np.int64]) -> Found:
-        """The slots of ``rows`` (offset -1 where absent); found ones are pinned."""
+    def get(self, space: int, rows: npt.NDArray[np.int64], *, again: bool = False) -> Found:
+        """The slots of ``rows`` (offset -1 where absent); found ones are pinned.
+
+        ``again``: a second look at rows that just missed (one may have landed since); its
+        finds count as hits and nothing as a miss, so that each row looked up for a batch
+        counts once, as a hit or as a miss.
+        """
         with self._lock:
             offsets = self._where[space][rows]
             shapes = np.zeros((rows.size, 3), np.int32)
             hit = np.flatnonzero(offsets >= 0)
             self._hits += hit.size
-            self._misses += rows.size - hit.size
+            if again:  # they were counted as misses by the first look
+                self._misses -= hit.size
+            else:
+                self._misses += rows.size - hit.size
             if hit.size:
                 self._tick += 1
                 for cls, sel, index in self._locate_many(offsets[hit]):

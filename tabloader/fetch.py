@@ -303,7 +303,7 @@ class Fetcher:
                 work.waiting += 1
             rest = miss[~merged]
             if rest.size:  # a load may have landed since the lookup
-                again = self.arena.get(space, rows[rest])
+                again = self.arena.get(space, rows[rest], again=True)
                 hit = again.offsets >= 0
                 work.offsets[ci][rest[hit]] = again.offsets[hit]
                 work.shapes[ci][rest[hit]] = again.shapes[hit]
