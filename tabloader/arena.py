@@ -102,9 +102,10 @@ class ArenaStats:
         entries: values cached now.
         size_bytes: bytes of the slots holding them.
         pinned: slots with at least one pin now.
-        hits: rows ``get`` found.
-        misses: rows ``get`` did not find (each once: a second look with ``again`` does not
-            count them again); a decode in flight for another batch may serve them.
+        hits: rows ``get`` found, and rows it did not find that a load in flight for another
+            batch serves (``in_flight``): rows looked up and not read again.
+        misses: the other rows looked up: each row looked up for a batch counts once, as a
+            hit or as a miss (a second look with ``again`` does not count it again).
         puts: values stored.
         uncached: values ``put`` could not store (larger than a slab, or all slots pinned).
         evictions: values evicted to make room.
@@ -264,6 +265,13 @@ class Arena:
                     cls.tick[index] = self._tick
                     shapes[hit[sel]] = cls.shape[index]
             return Found(offsets, shapes)
+
+    def in_flight(self, rows: int) -> None:
+        """``rows`` that ``get`` missed are served by a load in flight for another batch:
+        count them as hits (they are not read again)."""
+        with self._lock:
+            self._hits += rows
+            self._misses -= rows
 
     def view(self, offset: int, shape: tuple[int, ...]) -> npt.NDArray[np.uint8]:
         """The value stored at ``offset`` (a read-only view; copy it before handing it out)."""

@@ -221,8 +221,9 @@ def _run_status(args: argparse.Namespace) -> int:
             stats, pid = remote.stats(), remote.service_pid
         finally:
             remote.close()
+    report = status_report(root, pid, stats)
     if args.json:
-        print(json.dumps({"catalog": str(root), "service_pid": pid, **(stats or {})}))
+        print(json.dumps(report))
         return 0
     if stats is None:
         print(
@@ -230,21 +231,60 @@ def _run_status(args: argparse.Namespace) -> int:
             "or run tabloader serve."
         )
         return 0
+    cache, clients = report["cache"], report["clients"]
     print(f"Loader service pid {pid} for catalog {root}")
     print(
-        f"reads {stats['reads']:,}, decodes {stats['decodes']:,}, "
-        f"bytes read {stats['bytes_read']:,}"
+        f"clients: {len(clients)}" + (f" ({'; '.join(map(_client, clients))})" if clients else "")
     )
-    cache = stats["cache"]
     print(
-        f"cache: {cache['size_bytes']:,} of {cache['capacity_bytes']:,} bytes, "
-        f"{cache['entries']:,} values, {cache['pinned']:,} pinned, {cache['hits']:,} hits, "
-        f"{cache['misses']:,} misses, {cache['evictions']:,} evictions"
+        f"reads {report['reads']:,}, decodes {report['decodes']:,}, "
+        f"bytes read {report['bytes_read']:,}"
     )
-    keys = ["dataset", "epoch", "batches", "rows", "shared", "wait_s", "compute_s"]
-    jobs = [{"job": n, **{k: j.get(k) for k in keys}} for n, j in stats["jobs"].items()]
-    print(format_table(jobs, ["job", *keys]) if jobs else "no open jobs")
+    rate = "-" if cache["hit_rate"] is None else f"{cache['hit_rate']:.1%}"
+    print(
+        f"cache: {cache['size_bytes']:,} of {cache['capacity_bytes']:,} bytes "
+        f"({cache['fill']:.1%} full), {cache['entries']:,} values, {cache['pinned']:,} pinned; "
+        f"hit rate {rate} ({cache['hits']:,} hits, {cache['misses']:,} misses), "
+        f"{cache['evictions']:,} evictions"
+    )
+    keys = ["job", "dataset", "ranks", "epoch", "batches", "rows", "rows_per_s", "shared"]
+    keys += ["wait_s", "compute_s"]
+    jobs = [{**j, "ranks": j["world_size"]} for j in report["jobs"]]  # counts: over the ranks
+    print(
+        format_table([{k: j.get(k) for k in keys} for j in jobs], keys) if jobs else "no open jobs"
+    )
     return 0
+
+
+def _client(client: dict[str, Any]) -> str:
+    """``pid 12: cnn, vit[1/2]`` (a rank of a data-parallel job), or ``pid 12: no job``."""
+    jobs = [
+        j["job"] + (f"[{j['rank']}/{j['world_size']}]" if j["world_size"] > 1 else "")
+        for j in client["jobs"]
+    ]
+    return f"pid {client['pid']}: {', '.join(jobs) or 'no job'}"
+
+
+def status_report(root: Path, pid: int | None, stats: dict[str, Any] | None) -> dict[str, Any]:
+    """What ``tabloader status --json`` prints: the service's counters, ``clients`` and
+    ``jobs`` as lists, and the cache's ``hit_rate`` (None before any look-up) and ``fill``
+    (the share of its bytes in use). With no service: ``service_pid`` None, no clients or
+    jobs."""
+    if stats is None:
+        return {"catalog": str(root), "service_pid": None, "clients": [], "jobs": []}
+    cache = stats["cache"]
+    looked_up = cache["hits"] + cache["misses"]
+    return {
+        "catalog": str(root),
+        "service_pid": pid,
+        **stats,
+        "cache": {
+            **cache,
+            "hit_rate": cache["hits"] / looked_up if looked_up else None,
+            "fill": cache["size_bytes"] / cache["capacity_bytes"],
+        },
+        "jobs": list(stats["jobs"].values()),
+    }
 
 
 def _cluster_status(root: Path, args: argparse.Namespace) -> int:

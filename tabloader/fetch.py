@@ -296,6 +296,7 @@ class Fetcher:
                 loading = self._loading[space] = np.full(self.reader.num_rows, -1, np.int64)
             lid = loading[rows[miss]]
             merged = lid >= 0
+            self.arena.in_flight(int(merged.sum()))
             for load_id in np.unique(lid[merged]).tolist():  # another batch decodes them
                 load = self._loads[load_id]
                 pos = miss[lid == load_id]

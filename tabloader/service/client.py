@@ -223,7 +223,8 @@ class RemoteLoader:
         return _result(self._ctl.call("import", name=name, path=path, **options))
 
     def stats(self) -> dict[str, Any]:
-        """The service's engine counters (as ``Loader.stats()``)."""
+        """The service's engine counters (as ``Loader.stats()``), and its ``clients``: the
+        other client processes connected (``Service.clients``)."""
         return dict(self._ctl.call("stats")["stats"])
 
     def wait_ready(self) -> None:

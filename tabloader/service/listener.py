@@ -156,6 +156,11 @@ class Listener:
         with self._lock:
             return sum(conn.handler is not None for conn in self._conns)
 
+    def handlers(self) -> list[Handler]:
+        """The handlers of the authenticated connections open now."""
+        with self._lock:
+            return [conn.handler for conn in self._conns if conn.handler is not None]
+
     def serve_forever(self) -> None:
         """Accept connections until ``close()``; each one gets its own daemon thread."""
         while True:

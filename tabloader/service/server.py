@@ -167,6 +167,20 @@ class Service:
         self.loader.close()
         self.catalog.close()
 
+    def clients(self, *, but: Any = None) -> list[dict[str, Any]]:
+        """The client processes connected now, but the connection ``but`` (the one asking):
+        ``pid``, ``connections`` (a process has one for statements and one per job stream)
+        and the ``jobs`` it reads (job, rank, world_size)."""
+        out: dict[int, dict[str, Any]] = {}
+        for handler in cast("list[_Handler]", self.listener.handlers()):
+            who = None if handler is but else handler.client()
+            if who is not None:
+                pid, job = who
+                client = out.setdefault(pid, {"pid": pid, "connections": 0, "jobs": []})
+                client["connections"] += 1
+                client["jobs"] += [job] if job else []
+        return sorted(out.values(), key=lambda c: c["pid"])
+
     def ticket(self) -> int:
         return next(self._tickets) % STAGING_TICKETS
 
@@ -231,7 +245,21 @@ class _Handler:
         if self.stream is not None:
             self._record_stalls(msg)
             return {"stats": _jsonable(self.stream.stats())}
-        return {"stats": _jsonable(self.service.loader.stats())}
+        stats = {**self.service.loader.stats(), "clients": self.service.clients(but=self)}
+        return {"stats": _jsonable(stats)}
+
+    def client(self) -> tuple[int, dict[str, Any] | None] | None:
+        """This connection's process and the job stream it reads, if any (None: closed)."""
+        if self.closed:
+            return None
+        stream = self.stream
+        if stream is None:
+            return self.session.pid, None
+        return self.session.pid, {
+            "job": stream.name,
+            "rank": stream.rank,
+            "world_size": stream.world_size,
+        }
 
     def op_ready(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.service.loader.wait_ready(READY_TIMEOUT_S)

@@ -206,4 +206,20 @@ def test_status_without_a_service_and_outside_a_catalog(capsys, tmp_path):
     assert code == 0
     assert out.startswith("No loader service runs for catalog")
     code, out, _ = run(capsys, "--catalog", root, "status", "--json")
-    assert (code, json.loads(out)["service_pid"]) == (0, None)
+    assert (code, json.loads(out)) == (
+        0,
+        {"catalog": root, "service_pid": None, "clients": [], "jobs": []},
+    )
+
+
+def test_status_names_the_ranks_of_a_data_parallel_job():
+    from tabloader.cli import _client
+
+    ranks = [{"job": "cnn", "rank": r, "world_size": 2} for r in (0, 1)]
+    client = {
+        "pid": 7,
+        "connections": 3,
+        "jobs": [*ranks, {"job": "vit", "rank": 0, "world_size": 1}],
+    }
+    assert _client(client) == "pid 7: cnn[0/2], cnn[1/2], vit"
+    assert _client({"pid": 8, "connections": 1, "jobs": []}) == "pid 8: no job"

@@ -580,11 +580,24 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
         remote.close()
     assert text.returncode == raw.returncode == 0, text.stderr + raw.stderr
     assert text.stdout.startswith(f"Loader service pid {service.pid} for catalog {cat_dir}")
-    assert any(line.split()[:2] == ["a", "imgs"] for line in text.stdout.splitlines())
+    lines = text.stdout.splitlines()
+    assert lines[1] == f"clients: 1 (pid {os.getpid()}: a)"
+    assert any(line.split()[:3] == ["a", "imgs", "1"] for line in lines)
+    assert re.search(r"\(\d+\.\d% full\).*; hit rate \d+\.\d% \(\d+ hits", text.stdout)
     stats = json.loads(raw.stdout)
     assert stats["service_pid"] == service.pid
     assert stats["decodes"] >= 8  # the first batch was decoded
-    assert stats["jobs"]["a"]["batches"] == 1
+    # this process: a connection for statements, one for its job's stream; not the status
+    job = {"job": "a", "rank": 0, "world_size": 1}
+    assert stats["clients"] == [{"pid": os.getpid(), "connections": 2, "jobs": [job]}]
+    [a] = stats["jobs"]
+    assert (a["job"], a["dataset"], a["batches"], a["epoch"]) == ("a", "imgs", 1, 0)
+    assert a["rows_per_s"] > 0
+    assert a["wait_s"] > 0
+    cache = stats["cache"]
+    assert cache["hit_rate"] == cache["hits"] / (cache["hits"] + cache["misses"])
+    assert cache["misses"] >= stats["decodes"]
+    assert 0 < cache["fill"] < 1
 
 
 SHADOWED = textwrap.dedent(
