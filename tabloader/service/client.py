@@ -197,7 +197,14 @@ class RemoteLoader:
             state = options.get("state")
             if state is not None:
                 options["state"] = {**state, "remaining": bytes(state["remaining"]).hex()}
-            conn.call("open", job=job, **options)
+            opened = conn.call("open", job=job, **options)
+            if opened.get("segment") != self._segment.name:
+                raise ServiceError(
+                    f"The tabloader service of catalog {self.root} this loader was connected "
+                    f"to (pid {self.service_pid}) is gone, and another one runs now; its "
+                    "batches are in memory this loader does not map. Make a new JobDataset or "
+                    "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
+                )
         except BaseException:
             conn.close()
             raise
@@ -231,6 +238,16 @@ class RemoteLoader:
         """Wait until the service's decode processes have started (as ``Loader.wait_ready()``):
         for a benchmark that times steady state, as jobs need not."""
         self._ctl.call("ready")
+
+    def alive(self) -> bool:
+        """Whether the service this loader is connected to still answers."""
+        if self._closed:
+            return False
+        try:
+            self._ctl.call("hello")
+        except ServiceError:
+            return False
+        return True
 
     def close(self) -> None:
         """Disconnect (open streams stay usable until closed)."""
@@ -466,11 +483,14 @@ _LOADERS_LOCK = threading.Lock()
 
 def service_loader(root: str | os.PathLike[str] | None) -> RemoteLoader:
     """This process's connection to the service of catalog ``root`` (default: as ``connect``
-    in ``catalog``), made on first use.
+    in ``catalog``), made on first use, and anew once its service is gone (the next client
+    starts a new one; streams of the old connection keep raising ``ServiceError``).
     """
     path = resolve_root(root)
     with _LOADERS_LOCK:
         loader = _LOADERS.get(path)
-        if loader is None or loader._closed:
+        if loader is None or not loader.alive():
+            if loader is not None:
+                loader.close()
             loader = _LOADERS[path] = RemoteLoader(path)
         return loader

@@ -210,8 +210,9 @@ class Client:
     def _lost(self, exc: BaseException) -> ServiceError:
         self.close()
         return ServiceError(
-            f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); "
-            "if it stopped, start it again and make a new Client"
+            f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); the "
+            "jobs' places in their epochs went with it. Make a new JobDataset or RemoteLoader "
+            "(it starts a new service), with state= a state_dict() you saved to resume"
         )
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from catalog.errors import (
     ServiceError,
 )
 from tabloader.prep import decode_image
-from tabloader.service.client import RemoteLoader
+from tabloader.service.client import RemoteLoader, service_loader
 from tabloader.service.protocol import socket_path
 from tabloader.service.shm import SHM_DIR, shm_available
 
@@ -306,7 +306,7 @@ def test_a_client_that_stops_reading_holds_only_its_prefetch(service, cat_dir):
 KILLED = textwrap.dedent(
     """
     import os, sys
-    from tabloader.service.client import RemoteLoader
+    from tabloader.service.client import RemoteLoader, service_loader
     s = RemoteLoader(sys.argv[1], start=False).open("a", batch_size=4, prefetch=4)
     s.take()
     print("took", flush=True)
@@ -419,6 +419,7 @@ def test_wait_ready_returns_once_the_decode_processes_run(service, cat_dir):
 
 def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
+    cached = service_loader(cat_dir)  # this process's connection, as JobDataset's
     stream = remote.open("a", batch_size=4)
     stream.take()
     helpers = descendants(service.pid)
@@ -426,18 +427,23 @@ def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, 
     service.kill()
     service.wait(TIMEOUT)
     assert segments_of(service.pid)  # left behind by the killed service
-    with pytest.raises(ServiceError, match="service"):
+    with pytest.raises(ServiceError, match="lost the tabloader service .* state_dict"):
         list(stream)  # the batches prefetched before the kill, then the error
     stream.close()
-    remote.close()
     wait_for(lambda: not any(_alive(p) for p in helpers), "the decode processes to exit")
     fresh = start_service(cat_dir)
     try:
         assert not segments_of(service.pid)  # the new service removed them
-        remote = RemoteLoader(cat_dir, start=False)
-        with remote.open("a", batch_size=4, epochs=1) as s:
-            assert sorted(i for b in s for i in b["_id"].tolist()) == rows_of(remote, "label < 3")
+        # The old connection maps the dead service's memory: it must not read the new one's
+        # batches from it (it would deliver the wrong images, silently).
+        with pytest.raises(ServiceError, match="is gone, and another one runs now"):
+            remote.open("a", batch_size=4)
         remote.close()
+        again = service_loader(cat_dir)
+        assert again is not cached and again.service_pid == fresh.pid
+        with again.open("a", batch_size=4, epochs=1) as s:
+            assert sorted(i for b in s for i in b["_id"].tolist()) == rows_of(again, "label < 3")
+        again.close()
     finally:
         fresh.send_signal(signal.SIGTERM)
         assert fresh.wait(TIMEOUT) == 0
@@ -603,7 +609,7 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
 SHADOWED = textwrap.dedent(
     """
     import json, os, sys
-    from tabloader.service.client import RemoteLoader
+    from tabloader.service.client import RemoteLoader, service_loader
     with RemoteLoader(sys.argv[1]) as remote:  # no service runs: this starts one
         table = remote.sql("SELECT count(*) AS n FROM imgs")
         proc = f"/proc/{remote.service_pid}"
