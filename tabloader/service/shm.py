@@ -115,10 +115,17 @@ def remove_stale() -> list[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, not yet reaped by its parent, as a
+    service killed under the client that started it) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill() said it exists
+    return state not in (b"Z", b"X")

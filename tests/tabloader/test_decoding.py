@@ -188,6 +188,22 @@ def test_segments_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
             seg.close()
 
 
+def test_segments_of_an_exited_process_not_yet_reaped_are_removed(tmp_path):
+    """A service killed under the client that started it stays a zombie until reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped
+        os.kill(child.pid, 0)  # still there for kill(), as a live process would be
+        zombie = Segment(f"tabloader-{child.pid}-test-0123abcd", 4096, create=True)
+        try:
+            assert zombie.name in remove_stale()
+        finally:
+            zombie.unlink()
+            zombie.close()
+    finally:
+        child.wait(10)
+
+
 def test_a_memory_filesystem_too_small_is_a_clear_error():
     free = os.statvfs(SHM_DIR)
     too_big = free.f_bavail * free.f_frsize + (1 << 40)
