@@ -85,6 +85,17 @@ class Uniforms:
             self.buf = self.buf[self.i :] + self.rng.random(max(self.BLOCK, k)).tolist()
             self.i = 0
 
+    def take(self, k: int) -> np.ndarray:
+        """The next ``k`` floats as an array: the rest of ``buf``, then straight from the
+        generator (one draw per float, so the stream is the same as through ``buf``)."""
+        head = self.buf[self.i : self.i + k]
+        self.i += len(head)
+        if self.i == len(self.buf):
+            self.buf, self.i = [], 0
+        if len(head) == k:
+            return np.asarray(head, dtype=np.float64)
+        return np.concatenate((np.asarray(head, dtype=np.float64), self.rng.random(k - len(head))))
+
     def state_dict(self) -> dict[str, Any]:
         """Generator state plus the unread part of the buffer."""
         return {

@@ -41,6 +41,8 @@ __all__ = ["DependentSampler"]
 
 logger = logging.getLogger(__name__)
 
+_Part = list[int] | np.ndarray  # some rounds' rows of one job
+
 
 @dataclass
 class _Job:
@@ -197,7 +199,7 @@ class DependentSampler:
             SamplingError: a job is unknown or listed twice.
         """
         out = self._run(jobs, 1)
-        return {name: int(col[0]) for name, col in zip(jobs, out, strict=True)}
+        return {name: int(parts[0][0]) for name, parts in zip(jobs, out, strict=True)}
 
     def sample_many(self, jobs: Sequence[str], n: int) -> dict[str, np.ndarray]:
         """``n`` rounds for the same ``jobs``; identical to ``n`` calls of :meth:`sample`.
@@ -208,7 +210,10 @@ class DependentSampler:
         if n < 0:
             raise SamplingError(f"n must be >= 0, got {n}.")
         out = self._run(jobs, n)
-        return {name: np.asarray(col, dtype=np.int64) for name, col in zip(jobs, out, strict=True)}
+        return {
+            name: np.concatenate(parts, dtype=np.int64) if parts else np.empty(0, dtype=np.int64)
+            for name, parts in zip(jobs, out, strict=True)
+        }
 
     def _restart(self, job: _Job) -> None:
         job.epoch += 1
@@ -220,11 +225,12 @@ class DependentSampler:
         ):
             regions.compact()
 
-    def _run(self, names: Sequence[str], n: int) -> list[list[int]]:
+    def _run(self, names: Sequence[str], n: int) -> list[list[_Part]]:
+        """``n`` rounds for ``names``: per job, its rows in parts (concatenate them)."""
         check_round(self._jobs, names)
         jobs = [self._jobs[name] for name in names]
         m = len(jobs)
-        cols: list[list[int]] = [[] for _ in range(m)]
+        cols: list[list[_Part]] = [[] for _ in range(m)]
         if m == 0 or n == 0:
             return cols
         cnt, seqs = self._count, self._seqs
@@ -238,20 +244,25 @@ class DependentSampler:
             # Every job of a round loses one row, so the order holds until the first job
             # (the smallest) runs out: run that many rounds in one go.
             steps = min(n - done, cnt[order[0]])
-            self._rounds(order, [cols[col_of[slot]] for slot in order], steps)
+            for slot, part in zip(order, self._rounds(order, steps), strict=True):
+                cols[col_of[slot]].append(part)
             done += steps
         return cols
 
-    def _rounds(self, order: tuple[int, ...], out_cols: list[list[int]], n: int) -> None:
-        """Run ``n`` rounds for ``order`` (sorted by ``|R_j|``; nobody runs out)."""
+    def _rounds(self, order: tuple[int, ...], n: int) -> list[_Part]:
+        """Run ``n`` rounds for ``order`` (sorted by ``|R_j|``; nobody runs out).
+
+        Returns:
+            Per job of ``order``, its ``n`` rows.
+        """
         regions = self._regions
         cnt = self._count
         uni = self._uniforms
         m = len(order)
         levels, dec = regions.groups(order)
         if self.vectorize and len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
-            self._rounds_one_region(order, out_cols, n, levels[0][0])
-            return
+            return [self._rounds_one_region(order, n, levels[0][0])] * m
+        out_cols: list[list[int]] = [[] for _ in range(m)]
         prefix = [0]
         for slot in order:
             prefix.append(prefix[-1] | 1 << slot)
@@ -350,63 +361,35 @@ class DependentSampler:
         uni.i = bi
         for t, slot in enumerate(order):
             cnt[slot] = c0[t] - n
+        return list(out_cols)
 
-    def _rounds_one_region(
-        self, order: tuple[int, ...], out_cols: list[list[int]], n: int, r: int
-    ) -> None:
+    def _rounds_one_region(self, order: tuple[int, ...], n: int, r: int) -> np.ndarray:
         """``n`` rounds when every row the jobs need is in region ``r``: vectorized.
 
         Then ``I = R_1 = ... = R_m`` and every job selects ``I`` (``u · |R| < |R|``), so each
         round is one uniform swap-remove pick from ``r`` shared by all jobs, exactly what the
-        general loop does with the same two uniforms per round. ``n`` such picks are drawn at
-        once; when no pick lands on a slot an earlier pick of the call changed (an index drawn
-        twice, or one in the tail the picks swap from: probability about ``n² / |R|``) they
-        are independent and apply as array operations, else the picks run one by one.
+        general loop does with the same two uniforms per round; :meth:`Regions.pick` applies
+        the ``n`` picks with array operations.
+
+        Returns:
+            The ``n`` rows (int64), the same for every job.
         """
         regions, uni = self._regions, self._uniforms
-        arr = regions.rows[r]
-        size = len(arr)
-        uni.ensure(2 * n)
-        u = np.asarray(uni.buf[uni.i + 1 : uni.i + 2 * n : 2])
-        tail = size - np.arange(n)  # the region's size before each pick
-        idx = (u * tail).astype(np.int64)
-        if (idx >= size - n).any() or np.unique(idx).size < n:
-            picks = self._pick_one_by_one(arr, idx, regions.pos)
-        else:
-            rows = np.frombuffer(arr, dtype=np.uint32)
-            picks = rows[idx].astype(np.int64)
-            last = rows[size - 1 : size - n - 1 : -1].copy()  # moved into the holes
-            rows[idx] = last
-            np.frombuffer(regions.pos, dtype=np.uint32)[last] = idx
-            del rows
-            del arr[size - n :]
-        uni.i += 2 * n
+        size = len(regions.rows[r])
+        u = uni.take(2 * n)[1::2]  # the general loop's second uniform of each round
+        idx = (u * (size - np.arange(n))).astype(np.int64)  # the size before each pick
+        picks = regions.pick(r, idx)
         mask = 0
         for slot in order:
             mask |= 1 << slot
         new_key = regions.keys[r] & ~mask
         if new_key:
-            regions._append(regions.region(new_key), picks)
+            regions.append(regions.region(new_key), picks)
         else:
             np.frombuffer(regions.reg, dtype=np.int32)[picks] = -1
-        values = picks.tolist()
-        for col in out_cols:
-            col.extend(values)
         for slot in order:
             self._count[slot] -= n
-
-    @staticmethod
-    def _pick_one_by_one(arr: Any, idx: np.ndarray, pos: Any) -> np.ndarray:
-        """Swap-remove ``arr[idx[0]]``, then ``arr[idx[1]]``... (the picks interact)."""
-        out = []
-        for i in idx.tolist():
-            row = arr[i]
-            last = arr.pop()
-            if i < len(arr):
-                arr[i] = last
-                pos[last] = i
-            out.append(row)
-        return np.asarray(out, dtype=np.int64)
+        return picks
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
