@@ -49,6 +49,7 @@ from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
 from tabloader.jobs import JobState, OnError
 from tabloader.prep import DecodeKind, decoder_for, holds_bytes
+from tabloader.ranks import resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler
 from tabloader.service.shm import Segment, remove_stale, shm_available
@@ -280,7 +281,8 @@ class Loader:
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
                 ranks of the job (DDP). When both are None they are read from ``RANK`` and
-                ``WORLD_SIZE`` in the environment (as torchrun sets them), else 0 and 1.
+                ``WORLD_SIZE`` in the environment (as torchrun sets them; see
+                :mod:`tabloader.ranks` for ``LOCAL_RANK``), else 0 and 1.
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
@@ -315,7 +317,7 @@ class Loader:
         """
         if self._closed:
             raise LoaderError("The loader is closed; create a new Loader.")
-        rank, world_size = _check_rank(rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size)
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
@@ -522,47 +524,6 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
             "job re-registered since? Start it without a state."
         )
     return remaining, epoch
-
-
-def _check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else from ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
-    where = "rank and world_size"
-    if rank is None and world_size is None:
-        env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
-        if env["RANK"] is None and env["WORLD_SIZE"] is None:
-            return 0, 1
-        if env["RANK"] is None or env["WORLD_SIZE"] is None:
-            raise LoaderError(
-                f"The environment has RANK={env['RANK']!r} and WORLD_SIZE="
-                f"{env['WORLD_SIZE']!r}: set both (torchrun does) or neither, or pass rank= "
-                "and world_size= to open()."
-            )
-        where = "RANK and WORLD_SIZE in the environment"
-        rank, world_size = _env_int(env["RANK"]), _env_int(env["WORLD_SIZE"])
-    elif rank is None or world_size is None:
-        raise LoaderError(
-            f"rank={rank!r}, world_size={world_size!r}: pass both (this stream is rank `rank` "
-            "of `world_size` data-parallel ranks), or neither to read RANK and WORLD_SIZE "
-            "from the environment."
-        )
-    ok = all(
-        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (rank, world_size)
-    )
-    if not ok or not 0 <= rank < world_size:
-        raise LoaderError(
-            f"rank={rank!r}, world_size={world_size!r} (from {where}): they must be integers "
-            "with 0 <= rank < world_size; give each data-parallel rank its own rank from 0 to "
-            "world_size - 1."
-        )
-    return int(rank), int(world_size)
-
-
-def _env_int(text: str) -> int | str:
-    """An integer from the environment, or the text as it was (to report it)."""
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}

@@ -34,9 +34,9 @@ from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
 from catalog.sql.dialect import absolute_paths
 from tabloader.batchmem import BatchMemory
 from tabloader.cluster.node import find_service, service_error
-from tabloader.engine import _check_rank
 from tabloader.prep import batch_column, decoder_for
-from tabloader.service.protocol import Client, runtime_dir
+from tabloader.ranks import resolve_rank
+from tabloader.service.protocol import LOG_FILE, Client, runtime_dir
 from tabloader.service.shm import Segment
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     except ServiceError:
         if not start:
             raise
-    log = runtime_dir(root) / "serve.log"
+    log = runtime_dir(root) / LOG_FILE  # its output before it logs there itself, too
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [
@@ -187,7 +187,7 @@ class RemoteLoader:
         environment (as torchrun sets them): the ranks of a job, each in its own process, join
         the service as one job.
         """
-        options["rank"], options["world_size"] = _check_rank(
+        options["rank"], options["world_size"] = resolve_rank(
             options.get("rank"), options.get("world_size")
         )
         conn = Client(self.root, node=self.node)

@@ -173,6 +173,25 @@ def test_rank_and_world_size_from_the_environment(images, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, (1, 2)),  # a one-machine launcher
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, (3, 4)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, (1, 2)),
+    ],
+)
+def test_local_rank_from_the_environment(images, monkeypatch, env, expected):
+    """``RANK`` numbers a job's ranks; ``LOCAL_RANK`` alone (one machine) stands for it."""
+    images.sql("REGISTER JOB j SELECT label FROM imgs")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        stream = loader.open("j", batch_size=5, epochs=1)
+        assert (stream.rank, stream.world_size) == expected
+        stream.close()
+
+
+@pytest.mark.parametrize(
     ("rank", "world_size", "match"),
     [
         (-1, 2, r"rank=-1, world_size=2 \(from rank and world_size\).*0 <= rank < world_size"),
@@ -199,6 +218,23 @@ def test_bad_rank_or_world_size(images, rank, world_size, match):
         ({"RANK": "2", "WORLD_SIZE": "2"}, r"rank=2, world_size=2 \(from RANK and WORLD_SIZE"),
         ({"RANK": "one", "WORLD_SIZE": "2"}, r"rank='one', world_size=2 .*must be integers"),
         ({"WORLD_SIZE": "2"}, r"RANK=None and WORLD_SIZE='2': set both"),
+        ({"LOCAL_RANK": "0"}, r"LOCAL_RANK='0' and LOCAL_WORLD_SIZE=None: set both"),
+        (
+            {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+            r"rank=2, world_size=2 \(from LOCAL_RANK and LOCAL_WORLD_SIZE",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+            r"LOCAL_RANK=1 .* beside RANK=0 .*cannot be above its rank in the job",
+        ),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"},
+            r"LOCAL_WORLD_SIZE=4 beside RANK=1 and WORLD_SIZE=2",
+        ),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "x"},
+            r"rank='x', world_size=2 \(from LOCAL_RANK and LOCAL_WORLD_SIZE.*must be integers",
+        ),
     ],
 )
 def test_bad_environment(images, monkeypatch, env, match):
