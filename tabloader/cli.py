@@ -354,7 +354,7 @@ def _register_serve(sub: Any) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
-    from tabloader.service.server import Service, yield_to_jobs
+    from tabloader.service.server import Service, log_to_file, yield_to_jobs
 
     yield_to_jobs()  # before any thread or process starts: they inherit it
     cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
@@ -379,7 +379,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         idle_exit=args.idle_exit,
         access_log=args.access_log,
     )
-    print(f"tabloader: serving catalog {service.root} (pid {os.getpid()})", file=sys.stderr)
+    log = log_to_file(service.root)
+    print(
+        f"tabloader: serving catalog {service.root} (pid {os.getpid()}); log: {log}",
+        file=sys.stderr,
+    )
     service.serve()
     return 0
 

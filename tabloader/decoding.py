@@ -21,6 +21,7 @@ import multiprocessing.context
 import multiprocessing.spawn
 import os
 import pickle
+import signal
 import threading
 import time
 from collections import OrderedDict
@@ -258,6 +259,9 @@ def _attach(segment: str, size: int, owner: int) -> None:
     from tabloader.service.shm import Segment
 
     global _ARENA
+    # Ctrl-C in a terminal signals the whole process group: the loader (or service) stops
+    # and closes these processes; a KeyboardInterrupt traceback from each would only be noise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _ARENA = np.frombuffer(Segment(segment, size, create=False).buf, np.uint8)
     # One process per core decodes already: torch's own threads in each resize would only add
     # hand-offs (measured: 0.83 CPU-ms for a 0.42 ms resize with 2 threads, 0.36 with one).
@@ -276,14 +280,11 @@ def _started() -> int:
 
 
 def _exit_with(owner: int) -> None:
-    while True:
+    from tabloader.service.shm import process_alive
+
+    while process_alive(owner):  # a zombie owner (killed, not reaped yet) is gone too
         time.sleep(1.0)
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            os._exit(0)
-        except PermissionError:  # pragma: no cover - the pid was reused by another user
-            os._exit(0)
+    os._exit(0)
 
 
 def _decode_into(

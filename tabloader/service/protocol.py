@@ -60,6 +60,9 @@ _HEADER = struct.Struct("!I")
 _CHALLENGE, _WELCOME, _FAILURE = b"#TABLOADER-CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 
 
+LOG_FILE = "service.log"  # the service's log, in its runtime_dir (<catalog>/.service)
+
+
 def runtime_dir(catalog_root: Path, node: str | None = None) -> Path:
     """Return the service's private directory for a catalog, creating it (mode 0700).
 

@@ -40,6 +40,7 @@ from catalog.errors import LoaderError, ServiceError
 from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
 from tabloader.service.listener import Listener, Session
+from tabloader.service.protocol import LOG_FILE, runtime_dir
 from tabloader.stream import JobStream
 
 __all__ = ["Service"]
@@ -499,6 +500,26 @@ _OPEN_ARGS = (
     "rank",
     "world_size",
 )
+
+
+def log_to_file(root: Path) -> Path:
+    """Log every logger's INFO and above to the service's log file (appended, with times
+    and the pid) as well; handlers there already keep the level they had. Returns the path.
+    """
+    path = runtime_dir(root) / LOG_FILE
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s pid %(process)d %(levelname)s %(name)s: %(message)s")
+    )
+    top = logging.getLogger()
+    if top.getEffectiveLevel() > logging.INFO:
+        for other in top.handlers:
+            if other.level == logging.NOTSET:
+                other.setLevel(top.getEffectiveLevel())  # the console shows what it did
+        top.setLevel(logging.INFO)
+    top.addHandler(handler)
+    return path
 
 
 def yield_to_jobs() -> bool:

@@ -101,7 +101,7 @@ def remove_stale() -> list[str]:
         return gone
     for path in SHM_DIR.glob("tabloader-*"):
         m = _NAME.match(path.name)
-        if m is None or _alive(int(m.group(1))):
+        if m is None or process_alive(int(m.group(1))):
             continue
         try:
             if path.stat().st_uid != os.getuid():
@@ -114,7 +114,7 @@ def remove_stale() -> list[str]:
     return gone
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs: a zombie (exited, not yet reaped by its parent, as a
     service killed under the client that started it) counts as gone."""
     try:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _sockets import authenticated_socket, frame, read_to_eof
 
 from catalog.errors import (
     JobNotFoundError,
@@ -24,7 +25,7 @@ from catalog.errors import (
     StorageError,
     TabloaderError,
 )
-from tabloader.service import listener, protocol
+from tabloader.service import listener
 from tabloader.service.listener import Listener, Session
 from tabloader.service.protocol import (
     MAX_MESSAGE,
@@ -123,26 +124,6 @@ def check_serves(root: Path) -> None:
         assert client.call("echo", x=1) == {"op": "echo", "x": 1}
     finally:
         client.close()
-
-
-def authenticated_socket(root: Path) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(TIMEOUT)
-    sock.connect(str(socket_path(root)))
-    key = key_path(root).read_bytes()
-    protocol._answer_challenge(sock, key)
-    protocol._deliver_challenge(sock, key)
-    return sock
-
-
-def read_to_eof(sock: socket.socket) -> bytes:
-    data = b""
-    try:
-        while chunk := sock.recv(1 << 16):  # sock has a timeout: never hangs
-            data += chunk
-    except ConnectionResetError:  # the service closed with our bytes unread
-        pass
-    return data
 
 
 def test_round_trip(service):
@@ -284,10 +265,6 @@ def test_unauthenticated_bytes_close_the_connection(service, caplog, payload, lo
     wait_for(lambda: logged in caplog.text)
     assert service.listener.sessions == 0
     check_serves(service.root)
-
-
-def frame(data: bytes) -> bytes:
-    return struct.pack("!I", len(data)) + data
 
 
 @pytest.mark.parametrize(
