@@ -117,8 +117,11 @@ def translate(
         pid = re.search(r"PID (\d+)", text)
         owner = f" (PID {pid.group(1)})" if pid else ""
         return CatalogLockedError(
-            f"Catalog '{root}' is in use by another process{owner}. Stop that "
-            "process, or send statements to it (for example through its service)."
+            f"Catalog '{root}' is in use by another process{owner}. If that is its tabloader "
+            f"service (`tabloader --catalog {root} status` shows it), send statements through "
+            f"it: `tabloader.connect('{root}')` returns it in Python (`catalog.connect` opens "
+            "the catalog in this process only), and `tabloader sql` uses it. Else stop that "
+            "process."
         )
     fix = f" {fix}" if fix else ""
     return error(f"{what} failed in DuckDB: {text}.{fix}{disk_full_hint(exc, root)}")

@@ -216,6 +216,17 @@ def test_statements_go_through_the_running_service(service, cat_dir):
         assert "d" in cat.sql("SHOW JOBS").column("name").to_pylist()
 
 
+def test_the_catalog_package_opened_beside_a_service_names_the_way_through_it(service, cat_dir):
+    """``catalog.connect`` opens the catalog in this process only; its error says what does
+    reach the service's catalog."""
+    with pytest.raises(
+        CatalogLockedError,
+        match=rf"in use by another process \(PID {service.pid}\)\. If that is its tabloader "
+        r"service .*`tabloader.connect\(.*\)` returns it in Python .*`tabloader sql` uses it",
+    ):
+        catalog.connect(cat_dir)
+
+
 def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir):
     holder = subprocess.Popen(
         [
