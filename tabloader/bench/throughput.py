@@ -9,7 +9,9 @@ measured from each run's first batch on, so worker start-up counts for nobody):
   target), the same DataLoader with tabloader's own decode (for reference), and SPDL's thread
   pipeline with tabloader's decode, N = the machine's cores.
 * **decode**: milliseconds per image of the Pillow-draft and the libjpeg-turbo (simplejpeg)
-  decode + resize, on the same bytes, and the engine's throughput with 1..N workers.
+  decode + resize, on the same bytes; the JPEG libraries alone (simplejpeg, PyTurboJPEG where
+  the system has libturbojpeg, Pillow draft) at the same DCT scale; and the engine's
+  throughput with 1..N workers.
 * **small rows**: 200,000 rows of ``int64`` + ``float64``, batch 256, vs
   ``DataLoader(TensorDataset, batch_size=256, shuffle=True)``; and four such jobs at once on
   threads, total rows/s vs one job alone.
@@ -275,6 +277,68 @@ def _decode_costs(cat: Any, n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
+    """Decode only (no resize), at the DCT scale the shared decode would use for each size:
+    simplejpeg (what tabloader uses), PyTurboJPEG and Pillow ``draft``, all libjpeg-turbo.
+    PyTurboJPEG needs the system's libturbojpeg, or ``$TURBOJPEG_LIB`` (its 2.x the library's
+    3.x, its 1.x the 2.x): where it is missing the row says so."""
+    import math
+
+    import simplejpeg
+    from PIL import Image
+
+    data = [
+        bytes(v.as_buffer()) for v in cat.dataset("imgs").take(list(range(n)), ["image"])["image"]
+    ]
+    turbo: Any = None
+    why = ""
+    try:
+        from turbojpeg import TJPF_RGB, TurboJPEG
+
+        turbo = TurboJPEG(os.environ.get("TURBOJPEG_LIB"))  # None: where the system keeps it
+    except Exception as exc:  # not installed, or no libturbojpeg it can load
+        why = f"not measured: {str(exc).split('.')[0]} (set TURBOJPEG_LIB to its path)"
+
+    def scale(d: bytes, size: int) -> tuple[int, int, float]:
+        h, w = simplejpeg.decode_jpeg_header(d)[:2]
+        return h, w, size / min(h, w)
+
+    def with_simplejpeg(d: bytes, size: int) -> Any:
+        h, w, need = scale(d, size)
+        kw = {"min_height": math.ceil(h * need), "min_width": math.ceil(w * need)}
+        return simplejpeg.decode_jpeg(d, colorspace="RGB", **(kw if need <= 0.5 else {}))
+
+    def with_turbojpeg(d: bytes, size: int) -> Any:
+        h, w, need = scale(d, size)
+        fits = [f for f in turbo.scaling_factors if min(h, w) * f[0] / f[1] >= size]
+        factor = min(fits, key=lambda f: f[0] / f[1]) if need <= 0.5 else None
+        return turbo.decode(d, pixel_format=TJPF_RGB, scaling_factor=factor)
+
+    def with_pillow(d: bytes, size: int) -> Any:
+        with Image.open(io.BytesIO(d)) as img:
+            img.draft("RGB", (size, size))
+            return np.asarray(img.convert("RGB"))
+
+    out: list[dict[str, Any]] = []
+    for size in (224, 112):
+        for name, fn in (
+            ("simplejpeg", with_simplejpeg),
+            ("pyturbojpeg", with_turbojpeg if turbo is not None else None),
+            ("pillow draft", with_pillow),
+        ):
+            if fn is None:
+                out.append({"size": size, "library": name, "ms_per_image": why})
+                continue
+            best = np.inf
+            for _ in range(3):
+                t = time.perf_counter()
+                for d in data:
+                    fn(d, size)
+                best = min(best, (time.perf_counter() - t) / len(data))
+            out.append({"size": size, "library": name, "ms_per_image": f"{best * 1e3:.3f}"})
+    return out
+
+
 def _scaling(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
     counts = sorted({1, 2, args.workers} | ({4, 8} if args.workers >= 8 else set()))
     return [
@@ -355,6 +419,7 @@ def run(args: argparse.Namespace) -> int:
         args.images, args.rows, args.rounds = min(args.images, 300), min(args.rows, 50_000), 1
     image_rows: list[dict[str, Any]] = []
     decode_rows: list[dict[str, Any]] = []
+    libraries: list[dict[str, Any]] = []
     scaling: list[dict[str, Any]] = []
     small_rows: list[dict[str, Any]] = []
     four: dict[str, Any] = {}
@@ -365,6 +430,7 @@ def run(args: argparse.Namespace) -> int:
             if images is not None:
                 image_rows = _images(args, images)
                 decode_rows = _decode_costs(images, min(200, args.images))
+                libraries = _jpeg_libraries(images, min(200, args.images))
                 scaling = _scaling(args, images)
             if args.only != "images":
                 small_rows = _small(args, small)
@@ -409,6 +475,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             format_table([{**d, "ms_per_image": f"{d['ms_per_image']:.3f}"} for d in decode_rows])
         )
+        print("\nJPEG decode only, at the shared decode's DCT scale, one thread")
+        print(format_table(libraries))
         print("\nscaling: one image-224 job, rows/s by workers")
         print(
             format_table(
@@ -451,6 +519,7 @@ def run(args: argparse.Namespace) -> int:
             "args": vars(args),
             "throughput": table,
             "decode": decode_rows,
+            "jpeg_libraries": libraries,
             "scaling": scaling,
             "four_jobs": four,
             "paced_latency": paced,
