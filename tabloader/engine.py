@@ -323,13 +323,12 @@ class Loader:
             options = info.options
             if batch_size is None:
                 batch_size = option_value(options, "batch_size")
+            _check_counts(
+                batch_size=batch_size, prefetch=prefetch, lookahead=lookahead, epochs=epochs
+            )
             if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
                 # 16 processes 25% idle, waiting for the last group of each batch)
-                prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // max(batch_size, 1)))
-            if batch_size < 1 or prefetch < 1:
-                raise LoaderError(
-                    f"batch_size ({batch_size}) and prefetch ({prefetch}) must be at least 1."
-                )
+                prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
             size = image_size if image_size is not None else option_value(options, "image_size")
             if on_error is None:
                 on_error = option_value(options, "on_error")
@@ -524,6 +523,15 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
             "job re-registered since? Start it without a state."
         )
     return remaining, epoch
+
+
+def _check_counts(**counts: Any) -> None:
+    """Each of ``counts`` is None (its default) or an integer of at least 1: a bad one from a
+    client must fail its ``open``, not the dataset's scheduler that every job shares."""
+    for name, value in counts.items():
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+        if value is not None and not ok:
+            raise LoaderError(f"{name}={value!r}: it must be an integer of at least 1.")
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -217,8 +218,22 @@ def test_open_errors(images):
     with Loader(images, cache_bytes=1 << 20) as loader:
         with pytest.raises(JobNotFoundError, match="Unknown job 'aa' in .*Did you mean 'a'"):
             loader.open("aa")
-        with pytest.raises(LoaderError, match="batch_size .* must be at least 1"):
-            loader.open("a", batch_size=0)
+        for bad in (
+            {"batch_size": 0},
+            {"batch_size": "8"},
+            {"batch_size": 2.0},
+            {"prefetch": -1},
+            {"prefetch": True},
+            {"lookahead": 0},
+            {"epochs": 0},
+            {"epochs": [1]},
+        ):
+            ((name, value),) = bad.items()
+            with pytest.raises(
+                LoaderError, match=rf"{name}={re.escape(repr(value))}: .*integer of at least 1"
+            ):
+                loader.open("a", **bad)
+        assert loader.stats()["jobs"] == {}
         kept = loader.open("a")  # noqa: F841 (a dropped stream is closed)
         with pytest.raises(LoaderError, match="Job 'a' is open already in this loader"):
             loader.open("a")

@@ -28,11 +28,18 @@ from catalog.errors import (
     CatalogLockedError,
     ImportFailedError,
     JobNotFoundError,
+    LoaderError,
     ServiceError,
 )
 from tabloader.prep import decode_image
 from tabloader.service.client import RemoteLoader, service_loader
-from tabloader.service.protocol import MAX_MESSAGE, PROTOCOL_VERSION, runtime_dir, socket_path
+from tabloader.service.protocol import (
+    MAX_MESSAGE,
+    PROTOCOL_VERSION,
+    Client,
+    runtime_dir,
+    socket_path,
+)
 from tabloader.service.shm import SHM_DIR, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
@@ -612,6 +619,23 @@ def test_garbage_on_the_services_socket_is_logged_and_serving_goes_on(service, c
     for line in ("failed to authenticate", "over the limit", "is not JSON", "truncated message"):
         assert line in text, text
     assert re.search(r"^\d{4}-\d\d-\d\d .* pid \d+ INFO ", text, re.M), text
+
+
+def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_dir):
+    """Option values no JobDataset would send (a list for epochs...): the engine shares one
+    scheduler per dataset, so one that got through would stop every job of the dataset."""
+    for bad in ({"epochs": [1]}, {"batch_size": "x"}, {"prefetch": {"n": 1}}):
+        conn = Client(cat_dir)
+        try:
+            with pytest.raises(LoaderError, match="must be an integer of at least 1"):
+                conn.call("open", job="a", **bad)
+        finally:
+            conn.close()
+    remote = RemoteLoader(cat_dir, start=False)
+    with remote.open("a", batch_size=4, epochs=1) as stream:
+        assert sorted(i for b in stream for i in b["_id"].tolist()) == rows_of(remote, "label < 3")
+    remote.close()
+    assert "failed" not in (runtime_dir(cat_dir) / "service.log").read_text()
 
 
 def test_a_second_service_for_the_catalog_is_refused(service, cat_dir):
