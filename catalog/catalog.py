@@ -2,7 +2,8 @@
 
 The catalog's work is split by concern; this module composes it:
 
-* ``catalog.directory``: the directory layout, cleanup and migration at open;
+* ``catalog.directory``: the directory layout and names, cleanup and migration at open, and
+  the one ``Catalog`` of a directory in a process;
 * ``catalog.database``: the DuckDB connection and the one boundary that translates its errors;
 * ``catalog.cache``: the ``Dataset`` cache;
 * ``catalog.imports``: the ``import_*`` methods and the atomic import;
@@ -23,14 +24,11 @@ import functools
 import json
 import logging
 import os
-import re
 import threading
-import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import duckdb
@@ -45,18 +43,20 @@ from catalog.directory import (
     ENV_VAR,
     JOBS_DIR,
     PART_FILE_RE,
+    check_name,
     check_new_root,
+    claim_root,
     collect_garbage,
     default_root,
     migrate,
     not_a_catalog,
+    release_root,
     remove_leftovers,
     resolve_root,
 )
 from catalog.errors import (
     AlreadyExistsError,
     CatalogError,
-    CatalogLockedError,
     DatasetInUseError,
     DatasetNotFoundError,
     ImportFailedError,
@@ -83,11 +83,6 @@ __all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "connect", "default_root", "r
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
-
-NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
-# The catalogs this process has open, by resolved root (a collected Catalog frees its root).
-_OPEN_ROOTS: weakref.WeakValueDictionary[Path, Catalog] = weakref.WeakValueDictionary()
-_OPEN_LOCK = threading.Lock()
 
 
 def _synchronized(
@@ -166,12 +161,12 @@ class Catalog(SourceImports):
             raise CatalogError(f"Catalog path '{self.root}' is a file; give a directory.")
         self.path = self.root / DB_FILE
         self._state: _Opened | None = None
-        self._claim_root()
+        self._key = claim_root(self.root, self)  # one Catalog per directory in a process
         try:
             if create or self.path.exists():
                 self._open()
         except BaseException:
-            self._release_root()
+            release_root(self._key, self)
             raise
 
     @property
@@ -199,27 +194,6 @@ class Catalog(SourceImports):
     @property
     def _bitmaps(self) -> JobBitmaps:
         return self._opened().bitmaps
-
-    def _claim_root(self) -> None:
-        """Refuse a root this process has open already: the two would not see each other.
-
-        The first would serve stale cached metadata after the second changes the catalog,
-        and the second's cleanup at open would delete the first's unfinished import.
-        """
-        self._key = self.root.resolve()
-        with _OPEN_LOCK:
-            if _OPEN_ROOTS.get(self._key) is not None:
-                raise CatalogLockedError(
-                    f"Catalog '{self.root}' is open already in this process. Reuse that "
-                    "Catalog object (pass it as catalog= to Loader or JobDataset), or close() "
-                    "it before opening the catalog again."
-                )
-            _OPEN_ROOTS[self._key] = self
-
-    def _release_root(self) -> None:
-        with _OPEN_LOCK:
-            if _OPEN_ROOTS.get(self._key) is self:
-                del _OPEN_ROOTS[self._key]
 
     def _open(self) -> None:
         with self._os_errors():
@@ -271,7 +245,7 @@ class Catalog(SourceImports):
         """Close the DuckDB connection; the catalog can then be opened again, here or elsewhere."""
         if self._state is not None:
             self._state.db.close()
-        self._release_root()
+        release_root(self._key, self)
 
     def __enter__(self) -> Catalog:
         return self
@@ -303,13 +277,6 @@ class Catalog(SourceImports):
         return self._db.query(sql)
 
     # -- names ---------------------------------------------------------------------------------
-    def _check_new_name(self, name: str, kind: str) -> None:
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise CatalogError(
-                f"Invalid {kind} name {name!r}: use a letter followed by letters, digits or "
-                "underscores (at most 63 characters)."
-            )
-
     def _check_name_case(self, name: str, kind: str) -> None:
         """Refuse a name that differs only in case from a stored one (a ~0.3 ms query).
 
@@ -350,7 +317,7 @@ class Catalog(SourceImports):
 
         The first import into a directory that holds no catalog creates it.
         """
-        self._check_new_name(name, "dataset")
+        check_name(name, "dataset")
         if self._state is None and not append:
             self._open()
         self._check_name_case(name, "dataset")
@@ -559,7 +526,7 @@ class Catalog(SourceImports):
             UnknownColumnError, ForbiddenExpressionError: bad columns or predicate.
             OptionError: an unknown option, or a value of the wrong type or out of range.
         """
-        self._check_new_name(name, "job")
+        check_name(name, "job")
         ds = self.dataset(dataset)
         cols = check_columns(columns, ds)
         predicate = check_predicate(where, ds, limits=self.limits) if where is not None else None

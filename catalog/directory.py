@@ -7,10 +7,11 @@ open.
     data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``catalog.storage``)
     jobs/<job>-<token>.roaring     a job's row ids (see ``catalog.job_bitmaps``)
 
-At open, files that no committed row references (leftovers of an interrupted import or job)
-are deleted (``collect_garbage``), and a catalog of an older tabloader is upgraded
-(``migrate``). Only files named as tabloader names them are ever deleted, and a new catalog
-is not created in a directory whose ``data/`` or ``jobs/`` folder already holds files.
+Dataset and job names (``NAME_RE``) name folders and files. At open, files that no committed
+row references (leftovers of an interrupted import or job) are deleted (``collect_garbage``),
+and a catalog of an older tabloader is upgraded (``migrate``). Only files named as tabloader
+names them are ever deleted, and a new catalog is not created in a directory whose ``data/``
+or ``jobs/`` folder already holds files. A process opens a directory once (``claim_root``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import uuid
+import weakref
 import zlib
 from pathlib import Path
+from typing import Any
 
 from catalog.database import META, Database
-from catalog.errors import CatalogError
+from catalog.errors import CatalogError, CatalogLockedError
 
 __all__ = [
     "DATA_DIR",
@@ -32,13 +36,18 @@ __all__ = [
     "ENV_VAR",
     "JOBS_DIR",
     "JOB_FILE_RE",
+    "NAME_RE",
     "PART_FILE_RE",
+    "check_name",
     "check_new_root",
+    "claim_root",
     "collect_garbage",
     "default_root",
+    "is_open",
     "migrate",
     "new_token",
     "not_a_catalog",
+    "release_root",
     "remove_leftovers",
     "resolve_root",
     "write_file",
@@ -50,10 +59,15 @@ ENV_VAR = "TABLOADER_CATALOG"  # the default catalog directory
 DB_FILE = "catalog.duckdb"
 DATA_DIR = "data"
 JOBS_DIR = "jobs"
+NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # a dataset's or a job's
 # The names of the files tabloader writes, each made unique by a token (``new_token``).
 # Garbage collection deletes nothing else: a catalog directory may hold other files.
 PART_FILE_RE = re.compile(r"(part-v\d{5,}|\.tmp)-[0-9a-f]{12}\.arrow")
-JOB_FILE_RE = re.compile(r"(\.tmp-)?[A-Za-z][A-Za-z0-9_]{0,62}-[0-9a-f]{12}\.roaring")
+JOB_FILE_RE = re.compile(rf"(\.tmp-)?{NAME_RE.pattern}-[0-9a-f]{{12}}\.roaring")
+
+# The catalogs this process has open, by resolved root (a collected Catalog frees its root).
+_OPEN_ROOTS: weakref.WeakValueDictionary[Path, Any] = weakref.WeakValueDictionary()
+_OPEN_LOCK = threading.Lock()
 
 
 def default_root() -> Path:
@@ -70,6 +84,55 @@ def default_root() -> Path:
 def resolve_root(path: str | os.PathLike[str] | None) -> Path:
     """The absolute catalog directory for ``path`` (None: ``default_root()``)."""
     return Path(path).absolute() if path else default_root()
+
+
+def claim_root(root: Path, owner: object) -> Path:
+    """Record that ``owner`` (a ``Catalog``) has ``root`` open; returns the key to release.
+
+    A root this process has open already is refused: the two would not see each other. The
+    first would serve stale cached metadata after the second changes the catalog, and the
+    second's cleanup at open would delete the first's unfinished import.
+
+    Raises:
+        CatalogLockedError: another ``Catalog`` of this process has ``root`` open.
+    """
+    key = root.resolve()
+    with _OPEN_LOCK:
+        if _OPEN_ROOTS.get(key) is not None:
+            raise CatalogLockedError(
+                f"Catalog '{root}' is open already in this process. Reuse that "
+                "Catalog object (pass it as catalog= to Loader or JobDataset), or close() "
+                "it before opening the catalog again."
+            )
+        _OPEN_ROOTS[key] = owner
+    return key
+
+
+def is_open(root: Path) -> bool:
+    """Whether a ``Catalog`` of this process has ``root`` open."""
+    with _OPEN_LOCK:
+        return _OPEN_ROOTS.get(root.resolve()) is not None
+
+
+def release_root(key: Path, owner: object) -> None:
+    """``owner`` closed the root it claimed as ``key`` (no-op if it holds none)."""
+    with _OPEN_LOCK:
+        if _OPEN_ROOTS.get(key) is owner:
+            del _OPEN_ROOTS[key]
+
+
+def check_name(name: str, kind: str) -> None:
+    """Refuse a new dataset or job (``kind``) name that is not a letter followed by letters,
+    digits or underscores (at most 63 characters).
+
+    Raises:
+        CatalogError: it is not.
+    """
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise CatalogError(
+            f"Invalid {kind} name {name!r}: use a letter followed by letters, digits or "
+            "underscores (at most 63 characters)."
+        )
 
 
 def not_a_catalog(root: Path) -> CatalogError:

@@ -23,6 +23,8 @@ Layout
   (dtype ``uint8``): ``view(offset, shape)`` is the value. Per class, numpy arrays hold each
   slot's space, row, shape, pin count and last-use tick; per *space* (one dataset column
   prepared one way, e.g. ``imgs/image@224``) an array maps row id -> slot (-1 if absent).
+* The slabs, slot classes and offset arithmetic are the allocator's (:mod:`tabloader.slabs`);
+  this module decides what the slots hold, pins them and evicts.
 
 Eviction (when a class needs a slot and has none free and no slab is free): among the class's
 unpinned slots, the value whose next use is farthest (lookahead: Belady inside the sampler's
@@ -64,6 +66,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import CacheError
+from tabloader.slabs import Slabs, SlotClass, default_slab, size_class
 
 __all__ = [
     "Arena",
@@ -77,9 +80,6 @@ __all__ = [
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 
-MIN_SLAB = 64 << 10
-MAX_SLAB = 16 << 20
-MIN_SLOT = 64
 EVICT_BATCH = 16  # most victims chosen per scoring pass
 
 
@@ -134,43 +134,6 @@ class Found(NamedTuple):
     shapes: npt.NDArray[np.int32]
 
 
-class _Class:
-    """The slots of one byte size, over the slabs given to it."""
-
-    def __init__(self, id_: int, size: int, per_slab: int) -> None:
-        self.id = id_
-        self.size = size
-        self.per_slab = per_slab
-        self.slabs: list[int] = []  # slab ids, in slot-index order (-1: given back)
-        n = 0
-        self.space = np.full(n, -1, np.int32)  # -1: the slot is free
-        self.row = np.full(n, -1, np.int64)
-        self.shape = np.zeros((n, 3), np.int32)
-        self.ndim = np.zeros(n, np.int8)
-        self.pins = np.zeros(n, np.int32)
-        self.tick = np.zeros(n, np.int64)
-        self.free: list[int] = []  # free slot indices (a stack)
-
-    def add_slab(self, slab: int) -> int:
-        """Take ``slab``; returns its position (slot indices ``pos * per_slab ...``)."""
-        try:
-            pos = self.slabs.index(-1)
-            self.slabs[pos] = slab
-        except ValueError:
-            pos = len(self.slabs)
-            self.slabs.append(slab)
-            for name in ("space", "row", "shape", "ndim", "pins", "tick"):
-                old = getattr(self, name)
-                grown = np.zeros((old.shape[0] + self.per_slab, *old.shape[1:]), old.dtype)
-                if name in ("space", "row"):
-                    grown[:] = -1
-                grown[: old.shape[0]] = old
-                setattr(self, name, grown)
-        first = pos * self.per_slab
-        self.free.extend(range(first + self.per_slab - 1, first - 1, -1))
-        return pos
-
-
 class Arena:
     """Prepared values in slots of slabs of one buffer; see the module docstring.
 
@@ -201,23 +164,19 @@ class Arena:
                 "budget in bytes, e.g. 4 << 30 for 4 GiB."
             )
         if slab_bytes is None:
-            slab_bytes = _default_slab(capacity_bytes)
+            slab_bytes = default_slab(capacity_bytes)
         self.slab_bytes = slab_bytes
         self.num_slabs = max(1, capacity_bytes // slab_bytes)
+        self._slabs = Slabs(self.num_slabs, slab_bytes)
         size = self.num_slabs * slab_bytes
         self.buffer: npt.NDArray[np.uint8] = (
             np.zeros(size, np.uint8) if buffer is None else np.frombuffer(buffer, np.uint8, size)
         )
         self._score = score
         self._lock = threading.Lock()
-        self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
-        self._classes: dict[int, _Class] = {}
         self._spaces: dict[str, int] = {}
         self._where: list[npt.NDArray[np.int64]] = []  # space -> row -> offset (-1: absent)
         self._fixed: list[bool] = []  # space -> values of one shape
-        self._slab_pos = np.zeros(self.num_slabs, np.int64)  # slab -> position in its class
-        self._slab_cid = np.full(self.num_slabs, -1, np.int64)  # slab -> class id (-1: free)
-        self._by_id: list[_Class] = []
         self._tick = 0
         self._hits = self._misses = self._puts = self._uncached = self._evictions = 0
         self._warned_big = self._warned_pinned = False
@@ -260,7 +219,7 @@ class Arena:
                 self._misses += rows.size - hit.size
             if hit.size:
                 self._tick += 1
-                for cls, sel, index in self._locate_many(offsets[hit]):
+                for cls, sel, index in self._slabs.locate_many(offsets[hit]):
                     np.add.at(cls.pins, index, 1)
                     cls.tick[index] = self._tick
                     shapes[hit[sel]] = cls.shape[index]
@@ -289,7 +248,7 @@ class Arena:
         with self._lock:
             self._tick += 1
             parts = []
-            for cls, _, index in self._locate_many(np.asarray(offsets, np.int64)):
+            for cls, _, index in self._slabs.locate_many(np.asarray(offsets, np.int64)):
                 slots, drops = np.unique(index, return_counts=True)
                 if (cls.pins[slots] < drops).any():
                     raise CacheError(
@@ -304,13 +263,13 @@ class Arena:
     def pin(self, offsets: npt.NDArray[np.int64]) -> None:
         """Add one pin per offset (slots someone holds already, so they cannot be evicted)."""
         with self._lock:
-            for cls, _, index in self._locate_many(np.asarray(offsets, np.int64)):
+            for cls, _, index in self._slabs.locate_many(np.asarray(offsets, np.int64)):
                 np.add.at(cls.pins, index, 1)
 
     def pins(self, offset: int) -> int:
         """How many pins the slot at ``offset`` holds now."""
         with self._lock:
-            cls, index = self._locate(offset)
+            cls, index = self._slabs.locate(offset)
             return int(cls.pins[index])
 
     # -- storing -----------------------------------------------------------------------------
@@ -347,17 +306,13 @@ class Arena:
         fresh = np.zeros(rows.size, bool)
         warning: Warning | None = None
         with self._lock:
-            size = _size_class(nbytes, exact=self._fixed[space])
+            cls = self._slabs.class_for(size_class(nbytes, exact=self._fixed[space]))
             where = self._where[space]
-            cls = self._classes.get(size)
-            if cls is None and size <= self.slab_bytes:
-                cls = self._classes[size] = _Class(len(self._by_id), size, self.slab_bytes // size)
-                self._by_id.append(cls)
             existing = where[rows]
             have = np.flatnonzero(existing >= 0)
             if have.size:  # stored already (two loads of a row raced): pinned again
                 offsets[have] = existing[have]
-                for c, _, index in self._locate_many(existing[have]):
+                for c, _, index in self._slabs.locate_many(existing[have]):
                     np.add.at(c.pins, index, pins)
             want = np.flatnonzero(existing < 0)
             taken: list[int] = []
@@ -382,8 +337,7 @@ class Arena:
                 cls.pins[idx] = pins
                 cls.tick[idx] = np.arange(self._tick + 1, self._tick + 1 + idx.size)
                 self._tick += idx.size
-                slabs = np.asarray(cls.slabs, np.int64)[idx // cls.per_slab]
-                offsets[sel] = slabs * self.slab_bytes + (idx % cls.per_slab) * cls.size
+                offsets[sel] = self._slabs.offsets(cls, idx)
                 fresh[sel] = True
         if warning is not None:  # outside the lock: a warning filter may run any code
             warnings.warn(warning, stacklevel=3)
@@ -403,7 +357,7 @@ class Arena:
                 where[rows] = offsets
                 self._puts += rows.size
                 return out
-            for cls, sel, index in self._locate_many(offsets):
+            for cls, sel, index in self._slabs.locate_many(offsets):
                 for k, i in zip(sel.tolist(), index.tolist(), strict=True):
                     row = int(rows[k])
                     existing = int(where[row])
@@ -411,23 +365,18 @@ class Arena:
                         where[row] = offsets[k]
                         self._puts += 1
                         continue
-                    c, j = self._locate(existing)
+                    c, j = self._slabs.locate(existing)
                     c.pins[j] += cls.pins[i]
-                    self._free_slot(cls, i)
+                    cls.free_slot(i)
                     out[k] = existing
         return out
 
     def discard(self, offsets: npt.NDArray[np.int64]) -> None:
         """Free fresh slots of ``reserve`` that were not filled (a failed decode)."""
         with self._lock:
-            for cls, _, index in self._locate_many(offsets):
+            for cls, _, index in self._slabs.locate_many(offsets):
                 for i in index.tolist():
-                    self._free_slot(cls, i)
-
-    def _free_slot(self, cls: _Class, index: int) -> None:
-        cls.space[index] = cls.row[index] = -1
-        cls.pins[index] = 0
-        cls.free.append(index)
+                    cls.free_slot(i)
 
     def _uncached_warning(self, nbytes: int, too_big: bool) -> Warning | None:
         if too_big and not self._warned_big:
@@ -446,44 +395,13 @@ class Arena:
             )
         return None
 
-    # -- bookkeeping (lock held) ---------------------------------------------------------------
-    def _locate_many(
-        self, offsets: npt.NDArray[np.int64]
-    ) -> list[tuple[_Class, npt.NDArray[np.intp], npt.NDArray[np.intp]]]:
-        """Per class among ``offsets``: (class, positions in ``offsets``, slot indices)."""
-        slab, within = np.divmod(offsets, self.slab_bytes)
-        if slab.size and (slab.min() < 0 or slab.max() >= self.num_slabs):
-            raise CacheError("an offset is not a slot of this arena.")
-        cid = self._slab_cid[slab]
-        out: list[tuple[_Class, npt.NDArray[np.intp], npt.NDArray[np.intp]]] = []
-        if cid.size == 0:
-            return out
-        first = int(cid[0])
-        one = bool((cid == first).all())  # one class, usually
-        for c in [first] if one else np.unique(cid).tolist():
-            if c < 0:
-                raise CacheError("an offset is not a slot of this arena.")
-            cls = self._by_id[c]
-            sel = np.arange(cid.size) if one else np.flatnonzero(cid == c)
-            at = slab if one else slab[sel]
-            index = self._slab_pos[at] * cls.per_slab + (within if one else within[sel]) // cls.size
-            out.append((cls, sel, index))
-        return out
-
-    def _locate(self, offset: int) -> tuple[_Class, int]:
-        ((cls, _, index),) = self._locate_many(np.array([offset], np.int64))
-        return cls, int(index[0])
-
-    def _offset(self, cls: _Class, index: int) -> int:
-        pos, k = divmod(index, cls.per_slab)
-        return cls.slabs[pos] * self.slab_bytes + k * cls.size
-
-    def _slot(self, cls: _Class) -> int:
+    # -- slots and eviction (lock held) -------------------------------------------------------
+    def _slot(self, cls: SlotClass) -> int:
         """A free slot index of ``cls``, evicting or taking a slab if needed; -1 if none."""
         if cls.free:
             return cls.free.pop()
-        if self._free_slabs:
-            self._give_slab(cls, self._free_slabs.pop())
+        if self._slabs.free:
+            self._slabs.give(cls, self._slabs.free.pop())
             return cls.free.pop()
         victims = self._victims(cls)
         if victims:
@@ -494,20 +412,16 @@ class Arena:
         slab = self._victim_slab(cls)
         if slab < 0:
             return -1
-        self._give_slab(cls, slab)
+        self._slabs.give(cls, slab)
         return cls.free.pop()
 
-    def _give_slab(self, cls: _Class, slab: int) -> None:
-        self._slab_pos[slab] = cls.add_slab(slab)
-        self._slab_cid[slab] = cls.id
-
-    def _evict(self, cls: _Class, index: int) -> None:
+    def _evict(self, cls: SlotClass, index: int) -> None:
         self._where[int(cls.space[index])][int(cls.row[index])] = -1
         cls.space[index] = -1
         cls.row[index] = -1
         self._evictions += 1
 
-    def _scores(self, cls: _Class, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+    def _scores(self, cls: SlotClass, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
         """``idx`` (occupied, unpinned slots of ``cls``) ordered best victim first."""
         nxt = np.full(idx.size, np.inf)
         uses = np.zeros(idx.size)
@@ -522,7 +436,7 @@ class Arena:
                     nxt[sel], uses[sel] = self._score(sp, cls.row[idx[sel]])
         return idx[np.lexsort((cls.tick[idx], uses, -nxt))]
 
-    def _victims(self, cls: _Class) -> list[int]:
+    def _victims(self, cls: SlotClass) -> list[int]:
         """The best victims of ``cls``: 1/32 of its unpinned slots (at least one, at most 16).
 
         Scoring every slot costs ~100 us with a thousand slots; evicting a few at a time
@@ -534,17 +448,16 @@ class Arena:
         k = min(EVICT_BATCH, max(1, idx.size // 32))
         return [int(i) for i in self._scores(cls, idx)[:k]]
 
-    def _victim_slab(self, cls: _Class) -> int:
+    def _victim_slab(self, cls: SlotClass) -> int:
         """A slab of another class whose slots are all unpinned, emptied; -1 if none.
 
         Of those, the one whose values have the fewest future uses (ties: the biggest class).
         """
         best, best_key = -1, (math.inf, 0)
-        for slab, cid in enumerate(self._slab_cid.tolist()):
+        for slab, cid in enumerate(self._slabs.owner.tolist()):
             if cid < 0 or cid == cls.id:
                 continue
-            owner = self._by_id[cid]
-            idx = self._slab_slots(owner, slab)
+            owner, idx = self._slabs.slots(slab)
             if owner.pins[idx].any():
                 continue
             used = idx[owner.space[idx] >= 0]
@@ -558,26 +471,18 @@ class Arena:
                 best, best_key = slab, key
         if best < 0:
             return -1
-        owner = self._by_id[int(self._slab_cid[best])]
-        idx = self._slab_slots(owner, best)
+        owner, idx = self._slabs.slots(best)
         for i in idx[owner.space[idx] >= 0].tolist():
             self._evict(owner, i)
-        gone = set(idx.tolist())
-        owner.free = [i for i in owner.free if i not in gone]
-        owner.slabs[int(self._slab_pos[best])] = -1
-        self._slab_cid[best] = -1
+        self._slabs.take_back(best)
         return best
-
-    def _slab_slots(self, cls: _Class, slab: int) -> npt.NDArray[np.intp]:
-        first = int(self._slab_pos[slab]) * cls.per_slab
-        return np.arange(first, first + cls.per_slab)
 
     # -- stats --------------------------------------------------------------------------------
     def stats(self) -> ArenaStats:
         """A consistent snapshot of the counters."""
         with self._lock:
             entries = size = pinned = 0
-            for cls in self._classes.values():
+            for cls in self._slabs.classes.values():
                 used = cls.space >= 0
                 n = int(used.sum())
                 entries += n
@@ -586,7 +491,7 @@ class Arena:
             return ArenaStats(
                 capacity_bytes=self.buffer.size,
                 slab_bytes=self.slab_bytes,
-                slabs_used=self.num_slabs - len(self._free_slabs),
+                slabs_used=self.num_slabs - len(self._slabs.free),
                 entries=entries,
                 size_bytes=size,
                 pinned=pinned,
@@ -598,25 +503,8 @@ class Arena:
             )
 
 
-def _default_slab(capacity_bytes: int) -> int:
-    slab_bytes = min(capacity_bytes, MAX_SLAB, max(MIN_SLAB, capacity_bytes // 64))
-    return max(MIN_SLOT, slab_bytes - slab_bytes % MIN_SLOT)
-
-
 def values_that_fit(capacity_bytes: int, nbytes: int) -> int:
     """How many fixed-shape values of ``nbytes`` an ``Arena(capacity_bytes)`` holds when every
     slab holds them (its capacity in rows, for cache bounds)."""
-    slab = _default_slab(capacity_bytes)
-    return max(1, capacity_bytes // slab) * (slab // _size_class(nbytes, exact=True))
-
-
-def _size_class(nbytes: int, *, exact: bool) -> int:
-    """Slot bytes for a value of ``nbytes``: 64-byte aligned; unless ``exact``, two classes per
-    octave above 4 KiB (variable sizes waste at most 1/3; fixed-shape ones only alignment).
-    """
-    n = max(MIN_SLOT, -(-nbytes // MIN_SLOT) * MIN_SLOT)
-    if exact or n <= 4096:
-        return n
-    top = 1 << (n - 1).bit_length()  # the next power of two
-    mid = top // 4 * 3
-    return mid if n <= mid else top
+    slab = default_slab(capacity_bytes)
+    return max(1, capacity_bytes // slab) * (slab // size_class(nbytes, exact=True))

@@ -3,13 +3,16 @@
 The files spell the pipeline, per dataset:
 
 * :mod:`tabloader.sampling` - which rows each job reads next (dependent sampling);
-* :mod:`tabloader.scheduler` - rounds of the sampler -> each job's queue of row ids -> batches
-  to prepare, and the future uses of each row (the arena's eviction inputs);
+* :mod:`tabloader.queues` - rounds of the sampler -> each job's queue of row ids, and the
+  future uses of each row (the arena's eviction inputs);
+* :mod:`tabloader.scheduler` - each job's queue -> batches to prepare, dealt to its ranks,
+  and handed to its consumer;
 * :mod:`tabloader.jobs` - an open job's queue, ranks, epochs and counters;
 * :mod:`tabloader.fetch` - a batch of ids -> the job's own arrays: cheap columns gathered,
   images decoded once into the arena and copied out;
 * :mod:`tabloader.accounting` - what that work counts, and the arena's access log;
-* :mod:`tabloader.arena` - prepared values in slots of slabs of one buffer;
+* :mod:`tabloader.arena` - prepared values in slots of slabs of one buffer (its allocator:
+  :mod:`tabloader.slabs`);
 * :mod:`tabloader.stream` - the consumer side (``JobStream``);
 
 and this module is the facade: :class:`Loader` opens jobs and wires those together. It does
@@ -49,6 +52,7 @@ from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
 from tabloader.jobs import JobState, OnError
 from tabloader.prep import DecodeKind, decoder_for, holds_bytes
+from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler
@@ -178,6 +182,22 @@ class Loader:
         self._closed = False
         _LIVE_LOADERS.add(self)
 
+    @property
+    def arena(self) -> Arena:
+        """The arena of prepared values (in ``segment`` when that is not None)."""
+        return self._arena
+
+    @property
+    def segment(self) -> Segment | None:
+        """The shared memory the arena lives in, with ``staging_bytes`` after it (None: the
+        arena is private memory, and images are decoded in threads)."""
+        return self._segment
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
     def _score(self, space: int, rows: np.ndarray) -> tuple[Any, Any]:
         """The arena's eviction inputs, from the scheduler of the space's dataset (lock-free)."""
         owner = self._space_owner.get(space)
@@ -229,12 +249,16 @@ class Loader:
                     name, column, rows=rows, of=dataset
                 ),
             )
+            queues = JobQueues(
+                dataset.num_rows,
+                self._sampler_cls(seed=self._seed),
+                gather_sampler=IndependentSampler(seed=self._seed),
+            )
             sched = DatasetScheduler(
                 dataset.name,
                 dataset.num_rows,
-                self._sampler_cls(seed=self._seed),
+                queues,
                 fetcher,
-                gather_sampler=IndependentSampler(seed=self._seed),
                 close_job=lambda job: sched.remove(job),
             )
             fetcher.on_done = sched.landed
@@ -562,7 +586,7 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     root = catalog.root if isinstance(catalog, Catalog) else resolve_root(catalog)
     with _DEFAULT_LOCK:
         loader = _DEFAULT_LOADERS.get(root)
-        if loader is None or loader._closed:
+        if loader is None or loader.closed:
             cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
             loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
             _DEFAULT_LOADERS[root] = loader

@@ -134,6 +134,11 @@ class JobState:
             < self.prefetch * self.batch_size * self.world_size
         )
 
+    def wants_rows(self) -> bool:
+        """True if the open job has fewer rows queued and in flight than its horizon (a fed
+        job's node then asks the cluster leader for more)."""
+        return not self.closed and self.q_rows.size + self.in_flight() < self.horizon
+
     def options(self) -> dict[str, Any]:
         """What every rank of the job must open it with."""
         return {

@@ -8,18 +8,8 @@ Data flow, per dataset::
         -> Work (one per batch) -> gathered, looked up / decoded in the arena, collated
     the job's consumer takes its next finished batch (``take``)
 
-* **Rounds with many jobs.** A job whose queued and in-flight rows fall below ``prefetch``
-  batches triggers a round, and every job with at least a batch of room below its *horizon*
-  (``lookahead`` rows) takes part, so jobs at about the same pace get the same rows although
-  their consumers wake at different moments. Ids are cheap: sampling ahead costs a queue.
-* **Future uses** (the arena's eviction inputs) follow each queue change:
-  :mod:`tabloader.uses`.
-* **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
-  fast jobs go on alone. Nobody waits for anybody.
-* **Joining.** When a job opens, the jobs of its sampler give back (``give_back``) the rows
-  they sampled ahead that no job has cut into a batch, so the newcomer's first rounds are
-  shared with them instead of drawn alone (four jobs opened 15 ms apart each had 160 rows of
-  its own ahead: their first batches waited for 640 decodes).
+* **Rounds and queues** (who takes part in a round, a job's own pace, what jobs give back
+  when another opens, the future uses of each row): :mod:`tabloader.queues`.
 * **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
 * **Ranks (DDP).** The ranks of a data-parallel job are one job (one queue, one entry in the
   sampler: it shares with every other job); each rank is a :class:`~tabloader.jobs.RankState`,
@@ -32,8 +22,8 @@ Data flow, per dataset::
 * **Fed jobs (a cluster node).** On a node of a Ray cluster the leader samples for every
   job (:mod:`tabloader.cluster`): each rank there is a job of its own here (``fed``), whose
   queue :meth:`DatasetScheduler.feed` fills with the rows and rounds the leader sent, and whose
-  epoch has ``rank_rows`` rows. It takes no part in this scheduler's rounds. A fed job whose
-  cluster job is gone (a rank or node failed) raises the reason once it would wait for rows.
+  epoch has ``rank_rows`` rows. It takes no part in the rounds. A fed job whose cluster job
+  is gone (a rank or node failed) raises the reason once it would wait for rows.
 
 A job's and a rank's state (queue, positions, counters): :mod:`tabloader.jobs`.
 """
@@ -50,11 +40,10 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
 from tabloader.fetch import Fetcher, Work
-from tabloader.jobs import NO_ROWS, JobState, OnError, RankState
-from tabloader.uses import FutureUses
+from tabloader.jobs import JobState, OnError, RankState
+from tabloader.queues import JobQueues
 
 __all__ = ["DatasetScheduler"]
 
@@ -65,18 +54,12 @@ PENDING_WARN_S = 30.0  # a rank waiting this long for a rank that never opened l
 
 
 class DatasetScheduler:
-    """One dataset's sampler, jobs, future uses and scheduling thread.
+    """One dataset's jobs, their batches and its scheduling thread.
 
     Args:
         name: the dataset.
         num_rows: rows of the dataset version read.
-        sampler: the sampler of the jobs that prepare values in the arena (dependent
-            sampling: they share decodes).
-        gather_sampler: the sampler of the jobs that only gather cheap columns. Those read
-            straight from storage whatever the others do, so nothing is gained by asking for
-            the same rows at the same time; an independent sampler is vectorized
-            (0.04 us a row) where dependent rounds for jobs that joined at different moments
-            go round by round (0.6 us a row for four jobs).
+        queues: the dataset's jobs, samplers, queues and future uses (empty).
         fetcher: prepares the batches.
         close_job: how the owner closes a job whose streams were all dropped without close().
     """
@@ -85,21 +68,17 @@ class DatasetScheduler:
         self,
         name: str,
         num_rows: int,
-        sampler: Any,
+        queues: JobQueues,
         fetcher: Fetcher,
         *,
-        gather_sampler: Any,
         close_job: Callable[[JobState], None],
     ) -> None:
         self.name = name
         self.num_rows = num_rows
-        self.sampler = sampler
-        self.gather_sampler = gather_sampler
+        self.queues = queues
+        self.jobs = queues.jobs  # the open jobs, by name (``queues`` adds and removes them)
         self.fetcher = fetcher
         self._close_job = close_job
-        self.future = FutureUses(num_rows)
-        self.round = 0
-        self.jobs: dict[str, JobState] = {}
         # One lock for everything above; ``cond`` (on it) is where the scheduling thread
         # waits, each rank's ``cond`` (on it too) where that rank's consumer waits: a landed
         # batch wakes its own consumer only, not every consumer of the dataset (on few cores
@@ -117,7 +96,7 @@ class DatasetScheduler:
     def grow(self, num_rows: int) -> None:
         """The dataset has ``num_rows`` rows now (appended ones have no uses yet)."""
         with self.cond:
-            self.future.grow(num_rows)
+            self.queues.grow(num_rows)
             self.num_rows = num_rows
 
     # -- jobs ------------------------------------------------------------------------------------
@@ -137,38 +116,17 @@ class DatasetScheduler:
             current = self.jobs.get(job.name)
             if current is not None:
                 return self._attach_locked(current, job, rank, remaining, epoch)
-            if job.fed:
-                return self._add_fed_locked(job)
-            job.sampler = self.sampler if job.plan.prepared else self.gather_sampler
             for r in job.ranks:
                 r.cond = threading.Condition(self.lock)
-            if remaining is None:
-                job.sampler.add_job(job.name, job.ids)
-                remaining = job.ids
+            if job.fed:
+                self.queues.open_fed(job)
+                rank = 0
             else:
-                job.sampler.add_job(job.name, job.ids, remaining=remaining, epoch=epoch)
-                job.epoch = epoch
-                job.resumed = (epoch, BitMap(remaining))
-            job.left = job.first_rows = len(remaining)
-            job.first_epoch = job.cut_epoch = job.epoch
-            for r in job.ranks:
-                r.epoch = job.epoch
-            self.future.count(job, bitmap_to_array(remaining), +1)
-            self._rebase_locked(job)
-            self.jobs[job.name] = job
+                self.queues.open(job, remaining=remaining, epoch=epoch)
+                self.cond.notify()  # a round for the new job
             joined = job.ranks[rank]
             joined.opened = True
-            self.cond.notify()  # a round for the new job
             return joined
-
-    def _add_fed_locked(self, job: JobState) -> RankState:
-        job.left = job.first_rows = 0  # nothing received of epoch 0 yet: see ``feed``
-        job.epoch = -1
-        joined = job.ranks[0]
-        joined.cond = threading.Condition(self.lock)
-        self.jobs[job.name] = job
-        joined.opened = True
-        return joined
 
     def feed(
         self,
@@ -177,31 +135,16 @@ class DatasetScheduler:
         rows: npt.NDArray[np.int64],
         rounds: npt.NDArray[np.int64],
     ) -> None:
-        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds.
+        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds
+        (:meth:`JobQueues.feed`) and start preparing its batches.
 
         Raises:
-            LoaderError: rows of an epoch come before the previous epoch is complete, or more
-                rows than the epoch has (the leader and this node disagree).
+            LoaderError: the leader and this node disagree on the job's epochs.
         """
         with self.cond:
             if job.closed or (job.epochs is not None and epoch >= job.epochs):
                 return  # past the epochs the job reads: nothing to load
-            if epoch != job.epoch:
-                if job.left or epoch < job.epoch:
-                    raise LoaderError(
-                        f"Job {job.name!r} got rows of epoch {epoch} from the cluster leader "
-                        f"while epoch {job.epoch} misses {job.left} rows; restart the job."
-                    )
-                job.epoch, job.left = epoch, job.rank_rows
-            if rows.size > job.left:
-                raise LoaderError(
-                    f"Job {job.name!r} got {rows.size} rows of epoch {epoch} from the cluster "
-                    f"leader, {job.left} more than its {job.rank_rows} a rank reads per epoch; "
-                    "restart the job."
-                )
-            job.left -= rows.size
-            self.future.count(job, rows, +1)  # a sampled job counted its epoch's rows at start
-            self._queue_locked(job, rows, rounds)
+            self.queues.feed(job, epoch, rows, rounds)
             self._activate_locked(job)
             self._wake_job(job)
 
@@ -235,16 +178,7 @@ class DatasetScheduler:
         for r in job.ranks:
             r.closed = True
             self._drop_batches(r)
-        if self.jobs.get(job.name) is job:
-            del self.jobs[job.name]
-        queued = job.q_rows
-        job.q_rows = job.q_rounds = job.q_epochs = NO_ROWS
-        job.log.clear()
-        self.future.unqueued(job, queued, self.jobs.values())
-        if not job.fed:  # a fed job has no sampler here
-            if job.left:  # the rows of this epoch that the sampler still had for the job
-                self.future.count(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
-            job.sampler.remove_job(job.name)
+        self.queues.close(job)
         self._wake_job(job)  # a consumer waiting in take() raises: closed
 
     def _drop_batches(self, rank: RankState) -> None:
@@ -284,7 +218,7 @@ class DatasetScheduler:
         A row of a batch cut and submitted but not yet looked up (so not pinned yet) is
         counted as a use due before every queued one (round -1).
         """
-        n, u = self.future.of(space, rows)
+        n, u = self.queues.future.of(space, rows)
         starting = self.fetcher.starting(space, rows)
         if starting.any():
             n[starting > 0] = -1
@@ -304,7 +238,7 @@ class DatasetScheduler:
                         self.cond.wait(ABANDONED_CHECK_S)
                     if self.closed:
                         return
-                    self._sample_locked()
+                    self.queues.sample()
                     for job in self.jobs.values():
                         self._activate_locked(job)  # their batches wake them as they land
         except BaseException as exc:  # surfaces in every consumer of this dataset
@@ -332,95 +266,6 @@ class DatasetScheduler:
                     self._leave_locked(r)
         return found
 
-    def _sample_locked(self) -> None:
-        """One ``sample_many`` call per sampler for every job at or below its horizon.
-
-        A job exactly at its horizon takes part too (its queue may pass the horizon by one
-        batch): jobs at the same pace on different threads are rarely all below it at the
-        same instant, and a job that missed a call holds rows the others do not, which splits
-        their shared region and sends the dependent sampler's later rounds one by one instead
-        of vectorized.
-        """
-        want = [
-            j for j in self.jobs.values() if not j.fed and not j.done_sampling() and j.room() >= 0
-        ]
-        for sampler in (self.sampler, self.gather_sampler):
-            group = [j for j in want if j.sampler is sampler]
-            if group:
-                self._sample_group(sampler, group)
-
-    def _sample_group(self, sampler: Any, want: list[JobState]) -> None:
-        for j in want:
-            if j.left == 0:  # the sampler starts the job's next epoch on this call
-                j.epoch += 1
-                j.left = len(j.ids)
-                self.future.count(j, j.id_array, +1)
-        k = min(*(j.room() + j.batch_size for j in want), *(j.left for j in want))
-        ids = sampler.sample_many([j.name for j in want], k)
-        base, self.round = self.round, self.round + k
-        rounds = np.arange(base, base + k, dtype=np.int64)
-        for j in want:
-            j.left -= k
-            self._queue_locked(j, ids[j.name], rounds)
-
-    def _queue_locked(
-        self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
-    ) -> None:
-        """Append ``rows`` of the job's current epoch, used in ``rounds``, to its queue."""
-        job.q_rows = np.concatenate((job.q_rows, rows))
-        job.q_rounds = np.concatenate((job.q_rounds, rounds))
-        job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, job.epoch, np.int64)))
-        self.future.queued(job, rows, rounds)
-
-    def _rebase_locked(self, new: JobState) -> None:
-        """``new`` opens: the other jobs of its sampler give back the rows sampled ahead that
-        no job has cut into a batch yet, so that the next round, shared with ``new``, hands
-        them out again (jobs opened a moment apart share their first batches, instead of
-        each having up to ``horizon`` rows of its own ahead of the others).
-
-        A job keeps its queue up to the last round some other job has cut rows of: those rows
-        are shared (usually) and prepared or being prepared. The tail given back is chosen by
-        rounds, never by which rows it holds, so every job's order stays uniform (see
-        ``DependentSampler.give_back``). Only rows of the epoch the sampler is in go back.
-        """
-        sampler = new.sampler
-        if not hasattr(sampler, "give_back"):
-            return
-        group = [j for j in self.jobs.values() if j.sampler is sampler and not j.fed]
-        if not group:
-            return
-        floor = min((int(j.q_rounds[0]) for j in group if j.q_rounds.size), default=None)
-        if floor is None:
-            return
-        for j in group:
-            j.cut_rounds = j.cut_rounds[j.cut_rounds >= floor]
-        for j in group:
-            if not j.q_rows.size:
-                continue
-            cut = np.concatenate([NO_ROWS, *(k.cut_rounds for k in group if k is not j)])
-            shared = np.flatnonzero(np.isin(j.q_rounds, cut))
-            earlier = np.flatnonzero(j.q_epochs != j.epoch)  # earlier epochs: at the head
-            keep = 1 + max(shared[-1] if shared.size else -1, earlier[-1] if earlier.size else -1)
-            if keep == j.q_rows.size:
-                continue
-            rows = j.q_rows[keep:]
-            j.q_rows, j.q_rounds, j.q_epochs = j.q_rows[:keep], j.q_rounds[:keep], j.q_epochs[:keep]
-            self.future.unqueued(j, rows, self.jobs.values(), used=False)
-            sampler.give_back(j.name, rows)
-            j.left += int(rows.size)
-
-    def _pop_locked(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
-        """The first ``n`` rows of the job's queue leave it."""
-        rows = job.q_rows[:n].copy()
-        job.cut_rounds = np.concatenate((job.cut_rounds[-4 * job.horizon :], job.q_rounds[:n]))
-        job.q_rows, job.q_rounds, job.q_epochs = (
-            job.q_rows[n:],
-            job.q_rounds[n:],
-            job.q_epochs[n:],
-        )
-        self.future.unqueued(job, rows, self.jobs.values())
-        return rows
-
     def _activate_locked(self, job: JobState) -> None:
         """Cut the job's next batches from its queue, deal them to its ranks in turn and start
         preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
@@ -437,7 +282,7 @@ class DatasetScheduler:
             if job.cut >= full:  # the epoch's last rows, fewer than a batch per rank: dropped
                 rest = np.flatnonzero(job.q_epochs != epoch)
                 same = int(rest[0]) if rest.size else job.q_rows.size
-                job.log.append((epoch, full, self._pop_locked(job, same)))
+                job.log.append((epoch, full, self.queues.pop(job, same)))
                 continue
             rank = job.ranks[job.cut % job.world_size]
             if not rank.closed and len(rank.batches) >= job.prefetch:
@@ -446,7 +291,7 @@ class DatasetScheduler:
             complete = other.size > 0 or epoch < job.epoch or job.left == 0
             if n < job.batch_size and not complete:
                 return
-            rows = self._pop_locked(job, n)
+            rows = self.queues.pop(job, n)
             job.log.append((epoch, job.cut, rows))
             job.cut += 1
             if rank.closed:  # that rank left: its share is dropped, unprepared

@@ -6,6 +6,9 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from catalog.errors import LoaderError
 from tabloader.jobs import JobState, RankState
 from tabloader.scheduler import DatasetScheduler
@@ -53,10 +56,26 @@ class JobStream:
         return self._job.world_size
 
     @property
+    def batch_size(self) -> int:
+        """Rows per batch."""
+        return self._job.batch_size
+
+    @property
+    def epochs(self) -> int | None:
+        """The epochs the stream delivers (None: no end)."""
+        return self._job.epochs
+
+    @property
     def epoch(self) -> int:
         """The epoch of this stream's next batch (0-based)."""
         with self._scheduler.cond:
             return self._rank.next_epoch()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream has delivered its ``epochs`` (never with ``epochs=None``)."""
+        with self._scheduler.cond:
+            return self._rank.finished()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while (batch := self._scheduler.take(self._rank, None)) is not None:
@@ -126,6 +145,26 @@ class JobStream:
         """
         with self._scheduler.cond:
             return self._rank.stats()
+
+    # -- a stream opened ``fed`` (on a node of a Ray cluster: its rows come from the leader) --
+    def feed(self, epoch: int, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]) -> None:
+        """Queue ``rows`` of ``epoch`` that the cluster leader sent, with their rounds.
+
+        Raises:
+            LoaderError: the leader and this node disagree on the job's epochs.
+        """
+        self._scheduler.feed(self._job, epoch, rows, rounds)
+
+    def fail(self, reason: str) -> None:
+        """The cluster job is gone: the stream raises ``reason`` once it would wait for rows
+        (the batches it has are still delivered)."""
+        self._scheduler.fail(self._job, reason)
+
+    def wants_rows(self) -> bool:
+        """Whether the stream is open with fewer rows queued and in flight than its horizon
+        (its node asks the leader for more)."""
+        with self._scheduler.cond:
+            return self._job.wants_rows()
 
     def close(self) -> None:
         """Leave: unregister from sampling; batches in preparation release their pins.

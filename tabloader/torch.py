@@ -175,13 +175,12 @@ def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:
     """The catalog's loader service (started if none runs), unless this process has the
     catalog open itself: then the service could not open it (the error says to share it).
     """
-    from catalog.catalog import _OPEN_ROOTS
-    from catalog.directory import DB_FILE, not_a_catalog, resolve_root
+    from catalog.directory import DB_FILE, is_open, not_a_catalog, resolve_root
 
     root = resolve_root(catalog)
     if not (root / DB_FILE).exists():  # no service to start for it: say so, create nothing
         raise not_a_catalog(root)
-    if _OPEN_ROOTS.get(root.resolve()) is not None:
+    if is_open(root):
         raise CatalogLockedError(
             f"Catalog '{root}' is open already in this process. Pass that Catalog object as "
             "catalog= to JobDataset (jobs then load in this process), or close() it so that "

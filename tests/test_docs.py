@@ -13,8 +13,10 @@ MODULES = [
     "tabloader.arena",
     "tabloader.batchmem",
     "tabloader.cluster.leader",
+    "tabloader.cluster.membership",
     "tabloader.cluster.placement",
     "tabloader.prep",
+    "tabloader.slabs",
     "tabloader.sampling",
     "tabloader.sampling.dependent",
 ]

@@ -21,13 +21,14 @@ handed out and not acknowledged are sampled again, so a node's loader must drop 
 had not acknowledged when the leader restarts (the lists carry the leader's ``generation``).
 Rounds never straddle an epoch: a job's rows of one step all belong to one epoch.
 
-Membership (what the node loaders report): each rank joins (:meth:`join`) from its node and the
-job starts once all its ranks have joined (DDP's rendezvous). A rank that leaves (:meth:`leave`)
-normally loses its share (as a local rank does); one that failed takes its job off the leader,
-and the job is listed as *gone* (:meth:`poll`) so that its other ranks, on every node, fail
-with the reason instead of waiting. A node that leaves the cluster (:meth:`remove_node`) takes
-the jobs with a rank on it; the others go on. :meth:`acked` lets a node that lost an
-acknowledgement's answer (the leader restarted) tell whether it took effect.
+Membership (what the node loaders report; :mod:`tabloader.cluster.membership`): each rank joins
+(:meth:`join`) from its node and the job starts once all its ranks have joined (DDP's
+rendezvous). A rank that leaves (:meth:`leave`) normally loses its share (as a local rank does);
+one that failed takes its job off the leader, and the job is listed as *gone* (:meth:`poll`) so
+that its other ranks, on every node, fail with the reason instead of waiting. A node that leaves
+the cluster (:meth:`remove_node`) takes the jobs with a rank on it; the others go on.
+:meth:`acked` lets a node that lost an acknowledgement's answer (the leader restarted) tell
+whether it took effect.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array
 from catalog.errors import SamplingError
+from tabloader.cluster.membership import Membership
 from tabloader.cluster.placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
 
@@ -112,18 +114,6 @@ class _Job:
     later: list[_EpochPart] = field(default_factory=list)  # restored epochs after ``epoch``
 
 
-@dataclass
-class _Pending:
-    """A job whose ranks are joining: the node of each rank joined so far."""
-
-    world_size: int
-    batch_size: int
-    ids: BitMap
-    dataset: str
-    epochs: int | None = None
-    nodes: dict[int, str] = field(default_factory=dict)
-
-
 class Leader:
     """Samples for every job, places rows on nodes and hands each node its work lists.
 
@@ -171,9 +161,7 @@ class Leader:
         self._fetched: dict[str, int] = {}  # node -> highest seq handed out
         self._seq = 0
         self._round = 0
-        self._pending: dict[str, _Pending] = {}  # jobs waiting for ranks to join
-        self._left: dict[str, set[int]] = {}  # active job -> ranks that left normally
-        self._gone: dict[str, str] = {}  # jobs taken off because a rank or node failed
+        self._members = Membership()  # ranks joining, left, and jobs gone
         self._node_stats: dict[str, dict[str, Any]] = {}  # node -> its loader's counters
 
     # ------------------------------------------------------------------ jobs
@@ -261,7 +249,7 @@ class Leader:
         self._samplers[job.group].remove_job(name)
         self._placers[job.group].remove_job(name)
         del self._jobs[name]
-        self._left.pop(name, None)
+        self._members.ended(name)
         for node, lists in self._lists.items():
             self._lists[node] = [
                 WorkList(w.node, w.seq, w.generation, tuple(a for a in w.items if a.job != name))
@@ -314,55 +302,31 @@ class Leader:
                 f"ranks joined); rank {rank} cannot join it again: stop every rank and start "
                 "them all again."
             )
-        self._gone.pop(name, None)
-        pending = self._pending.setdefault(
-            name, _Pending(world_size, batch_size, BitMap(ids), dataset, epochs)
+        joined = self._members.join(
+            name,
+            rank=rank,
+            world_size=world_size,
+            node=node,
+            batch_size=batch_size,
+            ids=ids,
+            dataset=dataset,
+            epochs=epochs,
         )
-        theirs = (world_size, batch_size, BitMap(ids))
-        if theirs != (pending.world_size, pending.batch_size, pending.ids):
-            raise SamplingError(
-                f"Rank {rank} of job {name!r} joined with world_size={world_size}, "
-                f"batch_size={batch_size} and {len(ids)} rows, its other ranks with "
-                f"{pending.world_size}, {pending.batch_size} and {len(pending.ids)}: every "
-                "rank must open the job the same way."
-            )
-        if not 0 <= rank < world_size or rank in pending.nodes:
-            raise SamplingError(
-                f"Rank {rank} of job {name!r} (world_size {world_size}) joined already or is "
-                "out of range; give each rank its own RANK in 0..WORLD_SIZE-1."
-            )
-        pending.nodes[rank] = node
-        if len(pending.nodes) < world_size:
+        if joined is None:
             return False
-        del self._pending[name]
-        nodes = [pending.nodes[r] for r in range(world_size)]
-        self.add_job(name, pending.ids, nodes=nodes, batch_size=batch_size, dataset=dataset)
+        nodes = [joined.nodes[r] for r in range(world_size)]
+        self.add_job(name, joined.ids, nodes=nodes, batch_size=batch_size, dataset=dataset)
         if epochs is not None:
             self._jobs[name].last_epoch = epochs - 1
-        self._left[name] = set()
         return True
 
     def leave(self, name: str, *, rank: int, failed: bool = False, reason: str = "") -> None:
         """Rank ``rank`` of ``name`` is gone: normally (its share of the epoch is dropped; the
         job ends with its last rank) or ``failed`` (the job leaves and its other ranks fail
         with ``reason``). Unknown jobs are ignored (the job ended already)."""
-        pending = self._pending.get(name)
-        if pending is not None:
-            pending.nodes.pop(rank, None)
-            if failed or not pending.nodes:
-                del self._pending[name]
-            if failed:
-                self._gone[name] = reason or f"rank {rank} of job {name!r} failed"
-            return
-        if name not in self._jobs:
-            return
-        if failed:
-            self._gone[name] = reason or f"rank {rank} of job {name!r} failed"
-            self.remove_job(name)
-            return
-        left = self._left.setdefault(name, set())
-        left.add(rank)
-        if len(left) >= len(self._jobs[name].nodes):
+        job = self._jobs.get(name)
+        ranks = None if job is None else len(job.nodes)
+        if self._members.leave(name, rank=rank, ranks=ranks, failed=failed, reason=reason):
             self.remove_job(name)
 
     def remove_node(self, node: str, reason: str = "") -> list[str]:
@@ -370,7 +334,7 @@ class Leader:
         ``reason``); the others go on. Returns the jobs taken off."""
         why = reason or f"node {node} left the cluster"
         names = [n for n, j in self._jobs.items() if node in j.nodes]
-        names += [n for n, p in self._pending.items() if node in p.nodes.values()]
+        names += self._members.pending_on(node)
         for name in names:
             self.leave(name, rank=-1, failed=True, reason=why)
         self._lists.pop(node, None)
@@ -387,7 +351,7 @@ class Leader:
         if stats is not None:
             self._node_stats[node] = stats
         lists = self.work(node) if node in self._lists else []
-        return lists, dict(self._gone)
+        return lists, dict(self._members.gone)
 
     def acked(self, node: str) -> dict[tuple[str, int, int], int]:
         """Rows acknowledged per ``(job, rank, epoch)`` for the ranks on ``node``."""
@@ -410,12 +374,12 @@ class Leader:
                     "dataset": j.group,
                     "epoch": j.epoch,
                     "ranks": list(j.nodes),
-                    "left": sorted(self._left.get(j.name, ())),
+                    "left": sorted(self._members.left.get(j.name, ())),
                 }
                 for j in self._jobs.values()
             ],
-            "pending": {n: len(p.nodes) for n, p in self._pending.items()},
-            "gone": dict(self._gone),
+            "pending": {n: len(p.nodes) for n, p in self._members.pending.items()},
+            "gone": dict(self._members.gone),
             "nodes": dict(self._node_stats),
         }
 
@@ -555,7 +519,7 @@ class Leader:
                     "dataset": job.group,
                     "nodes": list(job.nodes),
                     "batch_size": job.batch_size,
-                    "left": sorted(self._left.get(job.name, ())),
+                    "left": sorted(self._members.left.get(job.name, ())),
                     "last_epoch": job.last_epoch,
                     "ids": job.ids.serialize(),
                     # the epoch that starts next when no epoch is owed
@@ -574,7 +538,7 @@ class Leader:
             "lookahead": self.lookahead,
             "round_rows": self.round_rows,
             "slack": self.slack,
-            "gone": dict(self._gone),
+            "gone": dict(self._members.gone),
             "jobs": jobs,
         }
 
@@ -611,7 +575,7 @@ class Leader:
                 parts=parts,
                 epoch=int(j["epoch"]),
             )
-            leader._left[j["name"]] = set(j.get("left", ()))
+            leader._members.left[j["name"]] = set(j.get("left", ()))
             leader._jobs[j["name"]].last_epoch = j.get("last_epoch")
-        leader._gone = dict(state.get("gone", {}))
+        leader._members.gone = dict(state.get("gone", {}))
         return leader

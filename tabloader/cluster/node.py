@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
     from catalog import Catalog, Dataset, Job
     from tabloader.cluster.leader import WorkList
-    from tabloader.jobs import JobState
-    from tabloader.scheduler import DatasetScheduler
     from tabloader.service.server import Service
     from tabloader.stream import JobStream
 
@@ -176,8 +174,7 @@ class NodeFeed:
         self.node = node
         self._stats = stats
         self._lock = threading.Lock()
-        # (job, rank) -> the rank's scheduler and fed job here
-        self._ranks: dict[tuple[str, int], tuple[DatasetScheduler, JobState]] = {}
+        self._ranks: dict[tuple[str, int], JobStream] = {}  # (job, rank) -> its fed stream here
         # the ranks whose join the leader has answered: a poll sent before that may list the
         # job as gone from an earlier run of it, which must not fail the new rank
         self._joined: set[tuple[str, int]] = set()
@@ -192,9 +189,8 @@ class NodeFeed:
         """Rank ``rank`` of ``job`` opened ``stream`` (a fed stream) on this node."""
         import ray
 
-        fed = stream._job
         with self._lock:
-            self._ranks[(job.name, rank)] = (stream._scheduler, fed)
+            self._ranks[(job.name, rank)] = stream
         try:
             ray.get(
                 self.leader.join.remote(
@@ -202,10 +198,10 @@ class NodeFeed:
                     rank=rank,
                     world_size=world_size,
                     node=self.node,
-                    batch_size=fed.batch_size,
+                    batch_size=stream.batch_size,
                     ids=job.ids.serialize(),
                     dataset=f"{job.dataset}@{job.dataset_version}",
-                    epochs=fed.epochs,
+                    epochs=stream.epochs,
                 ),
                 timeout=LEADER_WAIT_S,
             )
@@ -246,10 +242,8 @@ class NodeFeed:
     # -- the feed thread -----------------------------------------------------------------------
     def _hungry(self) -> bool:
         with self._lock:
-            ranks = list(self._ranks.values())
-        return any(
-            not fed.closed and fed.q_rows.size + fed.in_flight() < fed.horizon for _, fed in ranks
-        )
+            streams = list(self._ranks.values())
+        return any(stream.wants_rows() for stream in streams)
 
     def _run(self) -> None:
         import ray
@@ -290,14 +284,14 @@ class NodeFeed:
     def _fail_gone(self, gone: dict[str, str], joined: set[tuple[str, int]]) -> None:
         with self._lock:
             hit = [(k, v) for k, v in self._ranks.items() if k[0] in gone and k in joined]
-        for (name, _), (sched, fed) in hit:
-            sched.fail(fed, gone[name])
+        for (name, _), stream in hit:
+            stream.fail(gone[name])
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:
-            ranks = list(self._ranks.values())
-        for sched, fed in ranks:
-            sched.fail(fed, reason)
+            streams = list(self._ranks.values())
+        for stream in streams:
+            stream.fail(reason)
 
     def _ack_and_feed(self, lists: list[WorkList]) -> None:
         import ray
@@ -318,11 +312,10 @@ class NodeFeed:
                     self._fed[key] = self._fed.get(key, 0) + item.rows.size
                 if found is None:  # the rank left: its share is dropped
                     continue
-                sched, fed = found
                 try:
-                    sched.feed(fed, item.epoch, item.rows.astype(np.int64), item.rounds)
+                    found.feed(item.epoch, item.rows.astype(np.int64), item.rounds)
                 except LoaderError as exc:
-                    sched.fail(fed, str(exc))
+                    found.fail(str(exc))
 
     def _took_effect(
         self, lists: list[WorkList], recorded: dict[tuple[str, int, int], int]

@@ -36,7 +36,14 @@ from tabloader.batchmem import BatchMemory
 from tabloader.cluster.node import find_service, service_error
 from tabloader.prep import batch_column, decoder_for
 from tabloader.ranks import resolve_rank
-from tabloader.service.protocol import LOG_FILE, Client, runtime_dir
+from tabloader.service.protocol import (
+    LOG_FILE,
+    Client,
+    runtime_dir,
+    state_from_wire,
+    state_to_wire,
+    table_from_wire,
+)
 from tabloader.service.shm import Segment
 
 if TYPE_CHECKING:
@@ -196,7 +203,7 @@ class RemoteLoader:
                 options["image_size"] = list(options["image_size"])
             state = options.get("state")
             if state is not None:
-                options["state"] = {**state, "remaining": bytes(state["remaining"]).hex()}
+                options["state"] = state_to_wire(state)
             opened = conn.call("open", job=job, **options)
             if opened.get("segment") != self._segment.name:
                 raise ServiceError(
@@ -238,6 +245,13 @@ class RemoteLoader:
         """Wait until the service's decode processes have started (as ``Loader.wait_ready()``):
         for a benchmark that times steady state, as jobs need not."""
         self._ctl.call("ready")
+
+    def count_copies(self, images: int, prepared_bytes: int, copied_bytes: int) -> None:
+        """Add a batch's images to ``copies`` (its streams may run on several threads)."""
+        with self._copies_lock:
+            self.copies.images += images
+            self.copies.prepared_bytes += prepared_bytes
+            self.copies.copied_bytes += copied_bytes
 
     def alive(self) -> bool:
         """Whether the service this loader is connected to still answers."""
@@ -370,7 +384,7 @@ class RemoteStream:
             ready = self._peek()
             ahead = int(ready is not None and not ready.get("end"))
             state = self._conn.call("state", ahead=ahead)["state"]
-        return {**state, "remaining": bytes.fromhex(state["remaining"])}
+        return state_from_wire(state)
 
     def stats(self) -> dict[str, Any]:
         """The job's counters (as ``JobStream.stats()``)."""
@@ -463,17 +477,14 @@ def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any
             arena[start : start + n].reshape(shape).copy()
             for start, n, shape in zip(starts, sizes, shapes, strict=True)
         ]
-    with loader._copies_lock:
-        loader.copies.images += len(shapes)
-        loader.copies.prepared_bytes += prepared
-        loader.copies.copied_bytes += copied
+    loader.count_copies(len(shapes), prepared, copied)
     return out
 
 
 def _result(reply: dict[str, Any]) -> Any:
     kind = reply.get("kind")
     if kind == "table":
-        return pa.ipc.open_stream(pa.py_buffer(bytes.fromhex(reply["ipc"]))).read_all()
+        return table_from_wire(reply["ipc"])
     return reply.get("text")
 
 

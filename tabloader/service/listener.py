@@ -42,16 +42,16 @@ from catalog.errors import ServiceError, TabloaderError
 from tabloader.service.protocol import (
     MAX_MESSAGE,
     PROTOCOL_VERSION,
-    _answer_challenge,
-    _BadMessage,
-    _decode,
-    _deliver_challenge,
-    _describe,
-    _encode,
-    _error_reply,
-    _recv,
-    _send,
+    BadMessage,
+    answer_challenge,
+    decode,
+    deliver_challenge,
+    describe,
+    encode,
+    error_reply,
+    recv_frame,
     runtime_dir,
+    send_frame,
 )
 
 __all__ = ["Handler", "Listener", "Session"]
@@ -210,13 +210,13 @@ class Listener:
             pid = struct.unpack("3i", creds)[0]
             conn.sock.settimeout(_HANDSHAKE_TIMEOUT)
             try:
-                _deliver_challenge(conn.sock, self._key)
-                _answer_challenge(conn.sock, self._key)
+                deliver_challenge(conn.sock, self._key)
+                answer_challenge(conn.sock, self._key)
             except (OSError, EOFError, ServiceError, AuthenticationError) as exc:
                 if not conn.closed:
                     logger.warning(
                         "connection %d (pid %d) failed to authenticate (%s); closed",
-                        *(conn.id, pid, _describe(exc)),
+                        *(conn.id, pid, describe(exc)),
                     )
                 return
             conn.sock.settimeout(None)
@@ -236,31 +236,31 @@ class Listener:
     def _serve_one(self, conn: _Conn) -> bool:
         assert conn.handler is not None
         try:
-            msg = _decode(_recv(conn.sock, MAX_MESSAGE))
+            msg = decode(recv_frame(conn.sock, MAX_MESSAGE))
         except (OSError, EOFError, ServiceError) as exc:
             if conn.closed:  # the Listener closed it
                 return False
             if isinstance(exc, EOFError):
                 logger.info("session %d: the client closed the connection", conn.id)
                 return False
-            logger.warning("session %d: %s; connection closed", conn.id, _describe(exc))
-            if isinstance(exc, _BadMessage):  # a whole frame was read: the client can be told
+            logger.warning("session %d: %s; connection closed", conn.id, describe(exc))
+            if isinstance(exc, BadMessage):  # a whole frame was read: the client can be told
                 with contextlib.suppress(OSError):
-                    _send(conn.sock, _encode(_error_reply(exc)))
+                    send_frame(conn.sock, encode(error_reply(exc)))
             return False
         self._set_busy(conn, True)
         try:
-            reply = _encode({**conn.handler.handle(msg), "v": PROTOCOL_VERSION})
+            reply = encode({**conn.handler.handle(msg), "v": PROTOCOL_VERSION})
         except TabloaderError as exc:
-            reply = _encode(_error_reply(exc))
+            reply = encode(error_reply(exc))
         except Exception as exc:
             logger.exception("session %d: the handler failed on op %r", conn.id, msg.get("op"))
             error = ServiceError(f"{type(exc).__name__}: {exc} (the service logged the traceback)")
-            reply = _encode(_error_reply(error))
+            reply = encode(error_reply(error))
         finally:
             self._set_busy(conn, False)
         try:
-            _send(conn.sock, reply)
+            send_frame(conn.sock, reply)
         except OSError as exc:
             if not conn.closed:
                 logger.info("session %d: the reply was not delivered (%s)", conn.id, exc)

@@ -38,16 +38,31 @@ from multiprocessing import AuthenticationError
 from pathlib import Path
 from typing import Any, NoReturn
 
+import pyarrow as pa
+
 from catalog import errors
-from catalog.errors import ServiceError, TabloaderError
+from catalog.errors import LoaderError, ServiceError, TabloaderError
 
 __all__ = [
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
+    "BadMessage",
     "Client",
+    "answer_challenge",
+    "decode",
+    "deliver_challenge",
+    "describe",
+    "encode",
+    "error_reply",
     "key_path",
+    "recv_frame",
     "runtime_dir",
+    "send_frame",
     "socket_path",
+    "state_from_wire",
+    "state_to_wire",
+    "table_from_wire",
+    "table_to_wire",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,8 +146,8 @@ class Client:
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 raise ServiceError(none) from exc
             try:
-                _answer_challenge(self._sock, key)
-                _deliver_challenge(self._sock, key)
+                answer_challenge(self._sock, key)
+                deliver_challenge(self._sock, key)
             except AuthenticationError as exc:
                 raise ServiceError(
                     f"the tabloader service for catalog {self._root} and this process disagree "
@@ -142,7 +157,7 @@ class Client:
             self._sock.settimeout(None)
         except (OSError, EOFError) as exc:
             self.close()
-            why = _describe(exc)
+            why = describe(exc)
             raise ServiceError(f"cannot connect to the tabloader service at {path}: {why}") from exc
         except BaseException:
             self.close()
@@ -186,9 +201,9 @@ class Client:
             return self._receive_locked(timeout)
 
     def _send_locked(self, op: str, args: dict[str, Any]) -> None:
-        data = _encode({"op": op, **args, "v": PROTOCOL_VERSION})
+        data = encode({"op": op, **args, "v": PROTOCOL_VERSION})
         try:
-            _send(self._open_sock(), data)
+            send_frame(self._open_sock(), data)
         except OSError as exc:
             raise self._lost(exc) from exc
 
@@ -196,7 +211,7 @@ class Client:
         sock = self._open_sock()
         try:
             sock.settimeout(timeout)
-            reply = _decode(_recv(sock, MAX_MESSAGE))
+            reply = decode(recv_frame(sock, MAX_MESSAGE))
             sock.settimeout(None)
         except (OSError, EOFError, ServiceError) as exc:
             raise self._lost(exc) from exc
@@ -213,7 +228,7 @@ class Client:
     def _lost(self, exc: BaseException) -> ServiceError:
         self.close()
         return ServiceError(
-            f"lost the tabloader service for catalog {self._root} ({_describe(exc)}); the "
+            f"lost the tabloader service for catalog {self._root} ({describe(exc)}); the "
             "jobs' places in their epochs went with it. Make a new JobDataset or RemoteLoader "
             "(it starts a new service), with state= a state_dict() you saved to resume"
         )
@@ -228,15 +243,17 @@ class Client:
                 self._sock = None
 
 
-class _BadMessage(ServiceError):
+class BadMessage(ServiceError):
     """A whole frame arrived but is not a JSON object of this protocol version."""
 
 
-def _send(sock: socket.socket, data: bytes) -> None:
+def send_frame(sock: socket.socket, data: bytes) -> None:
+    """Send one message's bytes (``encode``) with its length prefix."""
     sock.sendall(_HEADER.pack(len(data)) + data, socket.MSG_NOSIGNAL)  # EPIPE, never SIGPIPE
 
 
-def _recv(sock: socket.socket, limit: int) -> bytearray:
+def recv_frame(sock: socket.socket, limit: int) -> bytearray:
+    """Read one frame of at most ``limit`` bytes (EOFError: the peer closed before it)."""
     header = _recv_exact(sock, _HEADER.size)
     if not header:
         raise EOFError
@@ -263,36 +280,70 @@ def _recv_exact(sock: socket.socket, size: int) -> bytearray:
     return buf
 
 
-def _encode(msg: dict[str, Any]) -> bytes:
+# -- values in messages (JSON has no bytes: those travel as hex) ---------------------------------
+def state_to_wire(state: dict[str, Any]) -> dict[str, Any]:
+    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap in hex."""
+    return {**state, "remaining": bytes(state["remaining"]).hex()}
+
+
+def state_from_wire(state: Any) -> dict[str, Any]:
+    """The job state that ``state_to_wire`` put in a message.
+
+    Raises:
+        LoaderError: ``state`` is not one.
+    """
+    try:
+        return {**state, "remaining": bytes.fromhex(state["remaining"])}
+    except (TypeError, KeyError, ValueError) as exc:
+        raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
+
+
+def table_to_wire(table: pa.Table) -> str:
+    """A statement's result table for a message: an Arrow IPC stream, in hex."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return str(sink.getvalue().to_pybytes().hex())
+
+
+def table_from_wire(text: str) -> pa.Table:
+    """The table that ``table_to_wire`` put in a message."""
+    return pa.ipc.open_stream(pa.py_buffer(bytes.fromhex(text))).read_all()
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """``msg`` (with its ``"v"``) as a frame's bytes."""
     data = json.dumps(msg).encode()
     if len(data) > MAX_MESSAGE:
         raise ServiceError(f"a message of {len(data)} bytes is over MAX_MESSAGE ({MAX_MESSAGE})")
     return data
 
 
-def _decode(data: bytes | bytearray) -> dict[str, Any]:
+def decode(data: bytes | bytearray) -> dict[str, Any]:
+    """The message in a frame's bytes (BadMessage: not a JSON object of this version)."""
     try:
         msg = json.loads(data)
     except (ValueError, RecursionError) as exc:
-        raise _BadMessage(f"a message is not JSON ({exc})") from None
+        raise BadMessage(f"a message is not JSON ({exc})") from None
     if not isinstance(msg, dict):
-        raise _BadMessage(f"a message is a JSON {type(msg).__name__}, not an object")
+        raise BadMessage(f"a message is a JSON {type(msg).__name__}, not an object")
     version = msg.get("v")
     if type(version) is not int or version != PROTOCOL_VERSION:
-        raise _BadMessage(
+        raise BadMessage(
             f"a message has protocol version {version!r}, this end speaks {PROTOCOL_VERSION}; "
             "run the service and its clients from the same tabloader"
         )
     return msg
 
 
-def _error_reply(exc: TabloaderError) -> dict[str, Any]:
+def error_reply(exc: TabloaderError) -> dict[str, Any]:
+    """The reply that the client raises as ``exc`` (its class, message and plain attributes)."""
     attrs = {
         k: v
         for k, v in vars(exc).items()
         if not k.startswith("_") and isinstance(v, str | int | float | bool | None)
     }
-    name = "ServiceError" if isinstance(exc, _BadMessage) else type(exc).__name__
+    name = "ServiceError" if isinstance(exc, BadMessage) else type(exc).__name__
     error = {"type": name, "message": str(exc), "attrs": attrs}
     return {"error": error, "v": PROTOCOL_VERSION}
 
@@ -313,27 +364,28 @@ def _raise_remote(error: Any) -> NoReturn:
     raise exc
 
 
-def _deliver_challenge(sock: socket.socket, key: bytes) -> None:
+def deliver_challenge(sock: socket.socket, key: bytes) -> None:
     """Check that the peer holds ``key`` (``multiprocessing.connection.deliver_challenge``)."""
     nonce = secrets.token_bytes(32)
-    _send(sock, _CHALLENGE + nonce)
-    ok = hmac.compare_digest(_recv(sock, 256), hmac.digest(key, nonce, "sha256"))
-    _send(sock, _WELCOME if ok else _FAILURE)
+    send_frame(sock, _CHALLENGE + nonce)
+    ok = hmac.compare_digest(recv_frame(sock, 256), hmac.digest(key, nonce, "sha256"))
+    send_frame(sock, _WELCOME if ok else _FAILURE)
     if not ok:
         raise AuthenticationError("the digest received was wrong")
 
 
-def _answer_challenge(sock: socket.socket, key: bytes) -> None:
+def answer_challenge(sock: socket.socket, key: bytes) -> None:
     """Prove to the peer that we hold ``key`` (``multiprocessing.connection.answer_challenge``)."""
-    challenge = _recv(sock, 256)
+    challenge = recv_frame(sock, 256)
     if not challenge.startswith(_CHALLENGE):
         raise AuthenticationError("the peer sent no challenge")
-    _send(sock, hmac.digest(key, bytes(challenge[len(_CHALLENGE) :]), "sha256"))
-    if _recv(sock, 256) != _WELCOME:
+    send_frame(sock, hmac.digest(key, bytes(challenge[len(_CHALLENGE) :]), "sha256"))
+    if recv_frame(sock, 256) != _WELCOME:
         raise AuthenticationError("the digest sent was rejected")
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """A connection's fault in a few words, for a log line or an error message."""
     if isinstance(exc, EOFError):
         return "end of file"
     if isinstance(exc, TimeoutError):

@@ -40,7 +40,13 @@ from catalog.errors import LoaderError, ServiceError
 from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
 from tabloader.service.listener import Listener, Session
-from tabloader.service.protocol import LOG_FILE, runtime_dir
+from tabloader.service.protocol import (
+    LOG_FILE,
+    runtime_dir,
+    state_from_wire,
+    state_to_wire,
+    table_to_wire,
+)
 from tabloader.stream import JobStream
 
 __all__ = ["Service"]
@@ -114,13 +120,14 @@ class Service:
         except BaseException:
             self.listener.close()
             raise
-        if self.loader._segment is None:
+        segment = self.loader.segment
+        if segment is None:
             self.close()
             raise ServiceError(
                 "The loader service needs shared memory (/dev/shm with room for the cache); "
                 "lower --cache-bytes, or use a Loader in-process."
             )
-        arena = self.loader._arena
+        arena = self.loader.arena
         self.arena = arena
         self.staging = arena.space("_staging", num_rows=STAGING_TICKETS)
         # Blocks of the segment after the arena: pinned images can never take them, so a
@@ -128,11 +135,10 @@ class Service:
         self.blocks = list(range(STAGING_BLOCKS - 1, -1, -1))
         self.blocks_at = arena.buffer.size
         self.blocks_view = np.frombuffer(
-            self.loader._segment.buf, np.uint8, STAGING_BLOCK * STAGING_BLOCKS, self.blocks_at
+            segment.buf, np.uint8, STAGING_BLOCK * STAGING_BLOCKS, self.blocks_at
         )
         self.blocks_lock = threading.Lock()
-        segment = self.loader._segment
-        self.segment = None if segment is None else (segment.name, segment.size)
+        self.segment = (segment.name, segment.size)
         if leader is not None and node is not None:
             self.feed = NodeFeed(leader, node, lambda: node_stats(self))
 
@@ -210,9 +216,7 @@ class _Handler:
 
     # -- statements --------------------------------------------------------------------------
     def op_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
-        import os
-
-        name, size = self.service.segment or (None, 0)
+        name, size = self.service.segment
         return {
             "pid": os.getpid(),
             "catalog": str(self.service.root),
@@ -272,7 +276,7 @@ class _Handler:
             raise LoaderError("This connection has a job open already; open another connection.")
         kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
         if "state" in kw:
-            kw["state"] = _state_in(kw["state"])
+            kw["state"] = state_from_wire(kw["state"])
         if isinstance(kw.get("image_size"), list):
             kw["image_size"] = tuple(kw["image_size"])
         if "rank" not in kw and "world_size" not in kw:  # the client's, never this process's
@@ -298,7 +302,7 @@ class _Handler:
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        segment, _ = self.service.segment or (None, 0)
+        segment, _ = self.service.segment
         return {"job": stream.name, "segment": segment}  # the client checks it maps this one
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +341,7 @@ class _Handler:
         ahead = msg.get("ahead", 0)
         if ahead not in (0, 1) or isinstance(ahead, bool):
             raise ServiceError(f"'ahead' is the batches a client holds unread, 0 or 1: {ahead!r}.")
-        return {"state": _state_out(self._stream().state_dict(undelivered=ahead))}
+        return {"state": state_to_wire(self._stream().state_dict(undelivered=ahead))}
 
     def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.left = True
@@ -470,7 +474,7 @@ class _Handler:
             stream = self.stream
             tickets = list(self.out)
         if stream is not None:
-            finished = stream._rank.finished()
+            finished = stream.finished
             stream.close()  # a take() waiting in handle() returns (raises: closed)
             logger.info("client pid %d left job %s", self.session.pid, stream.name)
             feed = self.service.feed
@@ -570,24 +574,10 @@ def _result(result: Any) -> dict[str, Any]:
     from tabloader.cli import describe_result
 
     if isinstance(result, pa.Table):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, result.schema) as writer:
-            writer.write_table(result)
-        return {"kind": "table", "ipc": sink.getvalue().to_pybytes().hex()}
+        return {"kind": "table", "ipc": table_to_wire(result)}
     if result is None:
         return {"kind": "none"}
     return {"kind": "text", "text": describe_result(result)}
-
-
-def _state_out(state: dict[str, Any]) -> dict[str, Any]:
-    return {**state, "remaining": state["remaining"].hex()}
-
-
-def _state_in(state: Any) -> dict[str, Any]:
-    try:
-        return {**state, "remaining": bytes.fromhex(state["remaining"])}
-    except (TypeError, KeyError, ValueError) as exc:
-        raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
 
 
 def _jsonable(value: Any) -> Any:

@@ -18,8 +18,8 @@ def authenticated_socket(root: Path, node: str | None = None) -> socket.socket:
     sock.settimeout(TIMEOUT)
     sock.connect(str(socket_path(root, node)))
     key = key_path(root, node).read_bytes()
-    protocol._answer_challenge(sock, key)
-    protocol._deliver_challenge(sock, key)
+    protocol.answer_challenge(sock, key)
+    protocol.deliver_challenge(sock, key)
     return sock
 
 

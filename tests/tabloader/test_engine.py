@@ -402,8 +402,8 @@ def test_deterministic_for_a_seed(images):
 def expected_uses(group) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Recomputed from scratch: future uses (remaining sets plus queued rows, not yet in a
     batch being prepared) and each row's next queued round, per arena space."""
-    uses = {key: np.zeros_like(counts) for key, counts in group.future.uses.items()}
-    nxt = {key: np.full(counts.size, np.inf) for key, counts in group.future.uses.items()}
+    uses = {key: np.zeros_like(counts) for key, counts in group.queues.future.uses.items()}
+    nxt = {key: np.full(counts.size, np.inf) for key, counts in group.queues.future.uses.items()}
     for job in group.jobs.values():
         rows = job.q_rows.tolist()
         if job.left:
@@ -444,16 +444,16 @@ def test_future_uses_match_the_sampler_and_queues(images, sampler):
                 next(iter(stream))
             with group.cond:
                 want, want_next = expected_uses(group)
-                for key, counts in group.future.uses.items():
+                for key, counts in group.queues.future.uses.items():
                     assert counts.tolist() == want[key].tolist(), (step, key)
-                    nxt = group.future.next_round[key]
+                    nxt = group.queues.future.next_round[key]
                     assert nxt.tolist() == want_next[key].tolist(), (step, key)
                     checked += int(counts.sum()) + int(np.isfinite(want_next[key]).sum())
         assert checked > 0
         a.close()
         c.close()
-        assert all(not counts.any() for counts in group.future.uses.values())
-        assert all(np.isinf(nxt).all() for nxt in group.future.next_round.values())
+        assert all(not counts.any() for counts in group.queues.future.uses.values())
+        assert all(np.isinf(nxt).all() for nxt in group.queues.future.next_round.values())
 
 
 def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
@@ -794,8 +794,8 @@ def test_jobs_that_only_gather_sample_independently(images):
         sched = loader._schedulers["imgs"]
         assert type(pix._job.sampler).__name__ == "DependentSampler"
         assert type(lab._job.sampler).__name__ == "IndependentSampler"
-        assert sched.sampler.jobs() == ["pix"]
-        assert sched.gather_sampler.jobs() == ["lab"]
+        assert sched.queues.sampler.jobs() == ["pix"]
+        assert sched.queues.gather_sampler.jobs() == ["lab"]
         for stream in (pix, lab):
             ids = [i for b in stream for i in b["_id"].tolist()]
             assert sorted(ids) == list(range(images.job("lab").num_rows))

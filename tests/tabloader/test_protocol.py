@@ -505,7 +505,7 @@ def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkey
             time.sleep(0.003)  # what a loaded machine does to the watcher thread
             return self.poller.poll(*args)
 
-    real_recv = listener._recv
+    real_recv = listener.recv_frame
 
     def late_recv(sock, limit):
         if threading.current_thread() is not threading.main_thread():
@@ -513,7 +513,7 @@ def test_a_request_sent_right_after_a_reply_is_not_an_interrupt(tmp_path, monkey
         return real_recv(sock, limit)
 
     monkeypatch.setattr(listener.select, "poll", LatePoll)
-    monkeypatch.setattr(listener, "_recv", late_recv)
+    monkeypatch.setattr(listener, "recv_frame", late_recv)
     monkeypatch.setattr(listener, "WATCH_AFTER_S", 0.0)  # each request watched at once
     svc = Service(tmp_path)
     client = Client(tmp_path)

@@ -107,8 +107,8 @@ def test_ranks_get_disjoint_equal_shares_and_a_random_remainder_is_dropped(
         seen = run_ranks(loader, "j", world_size, epochs, batch_size=batch_size)
         group = loader._schedulers["imgs"]
         assert "j" not in group.jobs  # it left with its last rank
-        assert all(not counts.any() for counts in group.future.uses.values())
-        assert all(np.isinf(nxt).all() for nxt in group.future.next_round.values())
+        assert all(not counts.any() for counts in group.queues.future.uses.values())
+        assert all(np.isinf(nxt).all() for nxt in group.queues.future.next_round.values())
     dropped = [
         check_epoch([seen[r][e] for r in range(world_size)], rows, batch_size)
         for e in range(epochs)
@@ -506,7 +506,7 @@ def test_future_uses_match_the_queues_with_ranks(images):
             for stream in (*ranks, plain):
                 stream.next_batch()
             with group.cond:
-                for space, counts in group.future.uses.items():
+                for space, counts in group.queues.future.uses.items():
                     want = np.zeros_like(counts)
                     nxt = np.full(counts.size, np.inf)
                     for job in group.jobs.values():
@@ -516,10 +516,10 @@ def test_future_uses_match_the_queues_with_ranks(images):
                         np.add.at(want, np.array(queued, dtype=np.intp), 1)
                         np.minimum.at(nxt, job.q_rows, job.q_rounds)
                     assert counts.tolist() == want.tolist(), step
-                    assert group.future.next_round[space].tolist() == nxt.tolist(), step
+                    assert group.queues.future.next_round[space].tolist() == nxt.tolist(), step
         for stream in (*ranks, plain):
             stream.close()
-        assert all(not counts.any() for counts in group.future.uses.values())
+        assert all(not counts.any() for counts in group.queues.future.uses.values())
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -239,7 +239,7 @@ def test_acked_counts_per_rank_survive_a_restore():
     leader.leave("c", rank=0)
     restored = Leader.from_state_dict(pickle.loads(pickle.dumps(leader.state_dict())))
     assert {k: v for k, v in restored.acked("n0").items() if v} == expect
-    assert restored._left["c"] == {0}
+    assert [j["left"] for j in restored.status()["jobs"] if j["job"] == "c"] == [[0]]
 
 
 def test_no_rows_sampled_past_a_jobs_last_epoch():

@@ -28,20 +28,20 @@ def fed(loader, *, rank=0, world_size=1, epochs=None, batch_size=4):
     stream = loader.open(
         "j", fed=True, rank=rank, world_size=world_size, batch_size=batch_size, epochs=epochs
     )
-    return stream, stream._scheduler, stream._job
+    return stream, stream._job
 
 
 def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
     """The leader's lists for one rank: each epoch exactly its rows, in the leader's order,
     in batches (the last short with one rank), and nothing past ``epochs``."""
-    stream, sched, job = fed(loader, epochs=2)
+    stream, job = fed(loader, epochs=2)
     leader = Leader(seed=1, lookahead=1000, round_rows=7)
     leader.join("j", rank=0, world_size=1, node="n", batch_size=4, ids=job.ids, epochs=3)
     lists, _ = leader.poll("n")
     sent: dict[int, list[int]] = {}
     for w in lists:
         for a in w.items:
-            sched.feed(job, a.epoch, a.rows, a.rounds)
+            stream.feed(a.epoch, a.rows, a.rounds)
             sent.setdefault(a.epoch, []).extend(a.rows.tolist())
     assert sorted(sent) == [0, 1, 2]  # the leader sent three epochs; the job reads two
     for epoch in (0, 1):
@@ -53,28 +53,28 @@ def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
 
 
 def test_data_parallel_ranks_read_whole_batches_of_their_quota(loader):
-    stream, sched, job = fed(loader, rank=1, world_size=2)
+    stream, job = fed(loader, rank=1, world_size=2)
     assert stream.name == "j[rank 1]"
     assert job.rank_rows == 30 // (4 * 2) * 4  # 12: the remainder of the epoch is dropped
-    sched.feed(job, 0, np.arange(12, dtype=np.int64), np.arange(12, dtype=np.int64))
+    stream.feed(0, np.arange(12, dtype=np.int64), np.arange(12, dtype=np.int64))
     assert [len(b["_id"]) for b in stream.iter_epoch()] == [4, 4, 4]
 
 
 def test_feed_refuses_what_the_leader_and_node_disagree_on(loader):
-    _, sched, job = fed(loader)
+    stream, _ = fed(loader)
     rows = np.arange(20, dtype=np.int64)
-    sched.feed(job, 0, rows, rows)
+    stream.feed(0, rows, rows)
     with pytest.raises(LoaderError, match="got rows of epoch 1 .* while epoch 0 misses 10 rows"):
-        sched.feed(job, 1, rows, rows)
+        stream.feed(1, rows, rows)
     with pytest.raises(LoaderError, match="got 20 rows of epoch 0 .* 10 more than its 30"):
-        sched.feed(job, 0, rows, rows)
+        stream.feed(0, rows, rows)
 
 
 def test_a_gone_job_raises_once_its_rank_would_wait(loader):
-    stream, sched, job = fed(loader)
+    stream, _ = fed(loader)
     rows = np.arange(8, dtype=np.int64)
-    sched.feed(job, 0, rows, rows)
-    sched.fail(job, "rank 1 (pid 7, node abc) died mid-run")
+    stream.feed(0, rows, rows)
+    stream.fail("rank 1 (pid 7, node abc) died mid-run")
     assert len(stream.take()["_id"]) == 4  # the batches it has are still delivered
     assert len(stream.take()["_id"]) == 4
     with pytest.raises(LoaderError, match=r"left the cluster: rank 1 \(pid 7.*start every rank"):
@@ -84,7 +84,7 @@ def test_a_gone_job_raises_once_its_rank_would_wait(loader):
 def test_fed_jobs_have_no_local_state(loader):
     with pytest.raises(LoaderError, match="leader keeps each job's progress"):
         loader.open("j", fed=True, state={"job": "j", "epoch": 0, "remaining": b""})
-    stream, _, _ = fed(loader)
+    stream, _ = fed(loader)
     with pytest.raises(LoaderError, match="whose leader keeps the job's progress"):
         stream.state_dict()
 
@@ -175,7 +175,7 @@ def test_a_poll_answered_before_a_rank_joined_does_not_fail_it(loader, monkeypat
         join=SimpleNamespace(remote=join),
         leave=SimpleNamespace(remote=lambda *a, **k: None),
     )
-    stream, _, job = fed(loader)
+    stream, job = fed(loader)
     feed = node.NodeFeed(leader, "n", stats=dict)
     try:
         assert first.wait(10)

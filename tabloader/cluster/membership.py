@@ -1,0 +1,127 @@
+"""The leader's membership book: which ranks of each job have joined, left normally, or failed.
+
+A job's ranks join one by one from their nodes; the job starts once all of them have (DDP's
+rendezvous), and every rank must join with the same world size, batch size and rows. A rank
+that leaves normally loses its share (the job ends with its last rank); one that fails takes
+its job off the leader, and the job is listed as *gone*, with the reason, so that its other
+ranks, on every node, fail with it instead of waiting. A job that joins again under the name
+is no longer gone. The leader (:class:`~tabloader.cluster.leader.Leader`) acts on what this
+book answers: it starts and removes the jobs.
+
+Example:
+    >>> from pyroaring import BitMap
+    >>> book = Membership()
+    >>> book.join("j", rank=1, world_size=2, node="n1", batch_size=4, ids=BitMap(range(8)))
+    >>> book.join("j", rank=0, world_size=2, node="n0", batch_size=4, ids=BitMap(range(8))).nodes
+    {1: 'n1', 0: 'n0'}
+    >>> book.leave("j", rank=0, ranks=2), book.leave("j", rank=1, ranks=2)
+    (False, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyroaring import BitMap
+
+from catalog.errors import SamplingError
+
+__all__ = ["Membership", "Pending"]
+
+
+@dataclass
+class Pending:
+    """A job whose ranks are joining: the node of each rank joined so far."""
+
+    world_size: int
+    batch_size: int
+    ids: BitMap
+    dataset: str
+    epochs: int | None = None
+    nodes: dict[int, str] = field(default_factory=dict)
+
+
+class Membership:
+    """Jobs whose ranks are joining, ranks of running jobs that left, and jobs gone."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Pending] = {}  # jobs waiting for ranks to join
+        self.left: dict[str, set[int]] = {}  # running job -> ranks that left normally
+        self.gone: dict[str, str] = {}  # jobs taken off because a rank or node failed
+
+    def join(
+        self,
+        name: str,
+        *,
+        rank: int,
+        world_size: int,
+        node: str,
+        batch_size: int,
+        ids: BitMap,
+        dataset: str = "",
+        epochs: int | None = None,
+    ) -> Pending | None:
+        """Rank ``rank`` of job ``name`` joins from ``node``; the job's ranks once every rank
+        has joined (the job then runs), else None.
+
+        Raises:
+            SamplingError: the rank joined already, or the ranks disagree (world size, batch
+                size, rows).
+        """
+        self.gone.pop(name, None)
+        pending = self.pending.setdefault(
+            name, Pending(world_size, batch_size, BitMap(ids), dataset, epochs)
+        )
+        theirs = (world_size, batch_size, BitMap(ids))
+        if theirs != (pending.world_size, pending.batch_size, pending.ids):
+            raise SamplingError(
+                f"Rank {rank} of job {name!r} joined with world_size={world_size}, "
+                f"batch_size={batch_size} and {len(ids)} rows, its other ranks with "
+                f"{pending.world_size}, {pending.batch_size} and {len(pending.ids)}: every "
+                "rank must open the job the same way."
+            )
+        if not 0 <= rank < world_size or rank in pending.nodes:
+            raise SamplingError(
+                f"Rank {rank} of job {name!r} (world_size {world_size}) joined already or is "
+                "out of range; give each rank its own RANK in 0..WORLD_SIZE-1."
+            )
+        pending.nodes[rank] = node
+        if len(pending.nodes) < world_size:
+            return None
+        del self.pending[name]
+        self.left[name] = set()
+        return pending
+
+    def leave(
+        self, name: str, *, rank: int, ranks: int | None, failed: bool = False, reason: str = ""
+    ) -> bool:
+        """Rank ``rank`` of ``name`` is gone, normally or ``failed`` (the job is then gone with
+        ``reason``). ``ranks``: the running job's number of ranks (None: it does not run).
+
+        Returns True if the running job must be taken off: a rank failed, or its last rank left.
+        """
+        why = reason or f"rank {rank} of job {name!r} failed"
+        pending = self.pending.get(name)
+        if pending is not None:
+            pending.nodes.pop(rank, None)
+            if failed or not pending.nodes:
+                del self.pending[name]
+            if failed:
+                self.gone[name] = why
+            return False
+        if ranks is None:
+            return False  # the job ended already
+        if failed:
+            self.gone[name] = why
+            return True
+        left = self.left.setdefault(name, set())
+        left.add(rank)
+        return len(left) >= ranks
+
+    def ended(self, name: str) -> None:
+        """The running job ``name`` was taken off the leader."""
+        self.left.pop(name, None)
+
+    def pending_on(self, node: str) -> list[str]:
+        """The jobs waiting for ranks of which one joined from ``node``."""
+        return [n for n, p in self.pending.items() if node in p.nodes.values()]

@@ -1,0 +1,223 @@
+"""A dataset's open jobs and their queues of row ids: filled by sampling rounds, cut at the head.
+
+* **Rounds with many jobs.** A job whose queued and in-flight rows fall below ``prefetch``
+  batches triggers a round, and every job with at least a batch of room below its *horizon*
+  (``lookahead`` rows) takes part, so jobs at about the same pace get the same rows although
+  their consumers wake at different moments. Ids are cheap: sampling ahead costs a queue.
+* **Future uses** (the arena's eviction inputs) follow each queue change:
+  :mod:`tabloader.uses`.
+* **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
+  fast jobs go on alone. Nobody waits for anybody.
+* **Joining.** When a job opens, the jobs of its sampler give back (``give_back``) the rows
+  they sampled ahead that no job has cut into a batch, so the newcomer's first rounds are
+  shared with them instead of drawn alone (four jobs opened 15 ms apart each had 160 rows of
+  its own ahead: their first batches waited for 640 decodes).
+* **Fed jobs** (a node of a Ray cluster) take no part in rounds: :meth:`JobQueues.feed` queues
+  the rows and rounds the cluster leader sent.
+
+The queues are the job's (``q_rows``, ``q_rounds``, ``q_epochs`` of
+:class:`~tabloader.jobs.JobState`); this module keeps them, the samplers and the future uses
+consistent. Its caller, the dataset's :class:`~tabloader.scheduler.DatasetScheduler`, holds its
+lock around every call and cuts the batches (:meth:`JobQueues.pop`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+from catalog.bitmaps import bitmap_to_array
+from catalog.errors import LoaderError
+from tabloader.jobs import NO_ROWS, JobState
+from tabloader.uses import FutureUses
+
+__all__ = ["JobQueues"]
+
+
+class JobQueues:
+    """The open jobs of one dataset, their samplers, queues and future uses.
+
+    Args:
+        num_rows: rows of the dataset version read.
+        sampler: the sampler of the jobs that prepare values in the arena (dependent
+            sampling: they share decodes).
+        gather_sampler: the sampler of the jobs that only gather cheap columns. Those read
+            straight from storage whatever the others do, so nothing is gained by asking for
+            the same rows at the same time; an independent sampler is vectorized
+            (0.04 us a row) where dependent rounds for jobs that joined at different moments
+            go round by round (0.6 us a row for four jobs).
+    """
+
+    def __init__(self, num_rows: int, sampler: Any, *, gather_sampler: Any) -> None:
+        self.sampler = sampler
+        self.gather_sampler = gather_sampler
+        self.future = FutureUses(num_rows)
+        self.round = 0  # the next round number
+        self.jobs: dict[str, JobState] = {}  # the open jobs, by name
+
+    def grow(self, num_rows: int) -> None:
+        """The dataset has ``num_rows`` rows now (appended ones have no uses yet)."""
+        self.future.grow(num_rows)
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def open(self, job: JobState, *, remaining: BitMap | None, epoch: int) -> None:
+        """Register ``job`` with its sampler, fresh or resumed (``remaining`` rows of
+        ``epoch``); the other jobs of that sampler give back what they sampled ahead."""
+        job.sampler = self.sampler if job.plan.prepared else self.gather_sampler
+        if remaining is None:
+            job.sampler.add_job(job.name, job.ids)
+            remaining = job.ids
+        else:
+            job.sampler.add_job(job.name, job.ids, remaining=remaining, epoch=epoch)
+            job.epoch = epoch
+            job.resumed = (epoch, BitMap(remaining))
+        job.left = job.first_rows = len(remaining)
+        job.first_epoch = job.cut_epoch = job.epoch
+        for r in job.ranks:
+            r.epoch = job.epoch
+        self.future.count(job, bitmap_to_array(remaining), +1)
+        self._rebase(job)
+        self.jobs[job.name] = job
+
+    def open_fed(self, job: JobState) -> None:
+        """Register the fed ``job``: no sampler, nothing received of epoch 0 yet (``feed``)."""
+        job.left = job.first_rows = 0
+        job.epoch = -1
+        self.jobs[job.name] = job
+
+    def close(self, job: JobState) -> None:
+        """``job`` leaves: its queued rows and remaining uses go, the sampler forgets it."""
+        if self.jobs.get(job.name) is job:
+            del self.jobs[job.name]
+        queued = job.q_rows
+        job.q_rows = job.q_rounds = job.q_epochs = NO_ROWS
+        job.log.clear()
+        self.future.unqueued(job, queued, self.jobs.values())
+        if not job.fed:  # a fed job has no sampler here
+            if job.left:  # the rows of this epoch that the sampler still had for the job
+                self.future.count(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
+            job.sampler.remove_job(job.name)
+
+    # -- filling the queues ------------------------------------------------------------------------
+    def feed(
+        self,
+        job: JobState,
+        epoch: int,
+        rows: npt.NDArray[np.int64],
+        rounds: npt.NDArray[np.int64],
+    ) -> None:
+        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds.
+
+        Raises:
+            LoaderError: rows of an epoch come before the previous epoch is complete, or more
+                rows than the epoch has (the leader and this node disagree).
+        """
+        if epoch != job.epoch:
+            if job.left or epoch < job.epoch:
+                raise LoaderError(
+                    f"Job {job.name!r} got rows of epoch {epoch} from the cluster leader "
+                    f"while epoch {job.epoch} misses {job.left} rows; restart the job."
+                )
+            job.epoch, job.left = epoch, job.rank_rows
+        if rows.size > job.left:
+            raise LoaderError(
+                f"Job {job.name!r} got {rows.size} rows of epoch {epoch} from the cluster "
+                f"leader, {job.left} more than its {job.rank_rows} a rank reads per epoch; "
+                "restart the job."
+            )
+        job.left -= rows.size
+        self.future.count(job, rows, +1)  # a sampled job counted its epoch's rows at start
+        self._queue(job, rows, rounds)
+
+    def sample(self) -> None:
+        """One ``sample_many`` call per sampler for every job at or below its horizon.
+
+        A job exactly at its horizon takes part too (its queue may pass the horizon by one
+        batch): jobs at the same pace on different threads are rarely all below it at the
+        same instant, and a job that missed a call holds rows the others do not, which splits
+        their shared region and sends the dependent sampler's later rounds one by one instead
+        of vectorized.
+        """
+        want = [
+            j for j in self.jobs.values() if not j.fed and not j.done_sampling() and j.room() >= 0
+        ]
+        for sampler in (self.sampler, self.gather_sampler):
+            group = [j for j in want if j.sampler is sampler]
+            if group:
+                self._sample_group(sampler, group)
+
+    def _sample_group(self, sampler: Any, want: list[JobState]) -> None:
+        for j in want:
+            if j.left == 0:  # the sampler starts the job's next epoch on this call
+                j.epoch += 1
+                j.left = len(j.ids)
+                self.future.count(j, j.id_array, +1)
+        k = min(*(j.room() + j.batch_size for j in want), *(j.left for j in want))
+        ids = sampler.sample_many([j.name for j in want], k)
+        base, self.round = self.round, self.round + k
+        rounds = np.arange(base, base + k, dtype=np.int64)
+        for j in want:
+            j.left -= k
+            self._queue(j, ids[j.name], rounds)
+
+    def _queue(
+        self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
+    ) -> None:
+        """Append ``rows`` of the job's current epoch, used in ``rounds``, to its queue."""
+        job.q_rows = np.concatenate((job.q_rows, rows))
+        job.q_rounds = np.concatenate((job.q_rounds, rounds))
+        job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, job.epoch, np.int64)))
+        self.future.queued(job, rows, rounds)
+
+    def _rebase(self, new: JobState) -> None:
+        """``new`` opens: the other jobs of its sampler give back the rows sampled ahead that
+        no job has cut into a batch yet, so that the next round, shared with ``new``, hands
+        them out again (jobs opened a moment apart share their first batches, instead of
+        each having up to ``horizon`` rows of its own ahead of the others).
+
+        A job keeps its queue up to the last round some other job has cut rows of: those rows
+        are shared (usually) and prepared or being prepared. The tail given back is chosen by
+        rounds, never by which rows it holds, so every job's order stays uniform (see
+        ``DependentSampler.give_back``). Only rows of the epoch the sampler is in go back.
+        """
+        sampler = new.sampler
+        if not hasattr(sampler, "give_back"):
+            return
+        group = [j for j in self.jobs.values() if j.sampler is sampler and not j.fed]
+        if not group:
+            return
+        floor = min((int(j.q_rounds[0]) for j in group if j.q_rounds.size), default=None)
+        if floor is None:
+            return
+        for j in group:
+            j.cut_rounds = j.cut_rounds[j.cut_rounds >= floor]
+        for j in group:
+            if not j.q_rows.size:
+                continue
+            cut = np.concatenate([NO_ROWS, *(k.cut_rounds for k in group if k is not j)])
+            shared = np.flatnonzero(np.isin(j.q_rounds, cut))
+            earlier = np.flatnonzero(j.q_epochs != j.epoch)  # earlier epochs: at the head
+            keep = 1 + max(shared[-1] if shared.size else -1, earlier[-1] if earlier.size else -1)
+            if keep == j.q_rows.size:
+                continue
+            rows = j.q_rows[keep:]
+            j.q_rows, j.q_rounds, j.q_epochs = j.q_rows[:keep], j.q_rounds[:keep], j.q_epochs[:keep]
+            self.future.unqueued(j, rows, self.jobs.values(), used=False)
+            sampler.give_back(j.name, rows)
+            j.left += int(rows.size)
+
+    # -- cutting -----------------------------------------------------------------------------------
+    def pop(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
+        """The first ``n`` rows of the job's queue leave it (cut into a batch, or dropped)."""
+        rows = job.q_rows[:n].copy()
+        job.cut_rounds = np.concatenate((job.cut_rounds[-4 * job.horizon :], job.q_rounds[:n]))
+        job.q_rows, job.q_rounds, job.q_epochs = (
+            job.q_rows[n:],
+            job.q_rounds[n:],
+            job.q_epochs[n:],
+        )
+        self.future.unqueued(job, rows, self.jobs.values())
+        return rows
