@@ -64,13 +64,11 @@ def _copy_out(
     """The values of prepared column ``ci``, copied into new arrays (one copy per byte)."""
     offsets, shapes = work.offsets[ci], work.shapes[ci]
     if keep is None and (offsets >= 0).all() and (shapes == shapes[0]).all():
-        # the usual case: every value in the arena, one shape; a slice copy per row
+        # the usual case: every value in the arena, one shape: a gather of slots
         shape = tuple(shapes[0].tolist())
         n = math.prod(shape)
         batch = memory.empty((offsets.size, *shape))
-        flat, buffer = batch.reshape(offsets.size, n), arena.buffer
-        for k, off in enumerate(offsets.tolist()):
-            flat[k] = buffer[off : off + n]
+        _gather(arena.buffer, offsets, batch.reshape(offsets.size, n))
         return batch
     positions = range(work.rows.size) if keep is None else keep.tolist()
     first = next(iter(positions))
@@ -89,6 +87,32 @@ def _copy_out(
         else:
             out.append(src.copy())
     return out
+
+
+def _gather(
+    buffer: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], out: npt.NDArray[np.uint8]
+) -> None:
+    """``out[k] = buffer[offsets[k] : offsets[k] + n]`` for each ``k`` (``out`` is ``(k, n)``).
+
+    Where every offset lies on one grid of ``n`` bytes, the buffer seen from there is a
+    ``(rows, n)`` array and the batch is one ``np.take`` of its rows, the GIL released for the
+    whole copy: 9% faster than a copy per row for 64 x 224 x 224 x 3, 25% for
+    256 x 112 x 112 x 3 here. Slots of one slab are on such a grid when the slot size is ``n``
+    (a fixed shape of a multiple of 64 bytes, as those two); slots of several slabs only when
+    the slab size is a multiple of ``n`` too, which it usually is not. Otherwise a copy per
+    row (about 0.3 us of Python each).
+    """
+    n = out.shape[1]
+    start = int(offsets[0]) % n if n else 0
+    # the last offset first: off the grid, as most batches spanning slabs are, costs 0.3 us
+    if n and int(offsets[-1]) % n == start and not ((offsets - start) % n).any():
+        rows = (buffer.size - start) // n
+        grid = buffer[start : start + rows * n].reshape(rows, n)
+        # "clip" as the indices are slots of this buffer; "raise" would copy ``out`` first
+        np.take(grid, (offsets - start) // n, axis=0, out=out, mode="clip")
+        return
+    for k, off in enumerate(offsets.tolist()):
+        out[k] = buffer[off : off + n]
 
 
 def hand_over(work: Work, arena: Arena) -> dict[str, Any]:

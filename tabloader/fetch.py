@@ -29,6 +29,7 @@ A failing gather fails the whole batch. Nothing failed is cached: the next reque
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -431,13 +432,49 @@ class Fetcher:
         """Decode ``load`` in this thread and store the values in the arena."""
         values, errors, counters = decode_rows(self.reader, load.decoder, load.rows)
         self.counters.add(**counters)
-        offsets = np.full(load.rows.size, -1, np.int64)
-        shapes = np.zeros((load.rows.size, 3), np.int32)
-        for i, value in enumerate(values):  # eviction and copies outside the fetcher's lock
-            if value is not None:
-                offsets[i] = self.arena.put(load.space, int(load.rows[i]), value)
-                shapes[i, : value.ndim] = value.shape
+        offsets, shapes = self._store(load, values)  # outside the fetcher's lock
         self._land(load, offsets, shapes, values, errors)
+
+    def _store(
+        self, load: _Load, values: list[npt.NDArray[np.uint8] | None]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        """Put a group's decoded values into the arena: their offsets (pinned; -1 where not
+        stored) and shapes.
+
+        Fixed-shape values (``image_size``) take one ``reserve`` and one ``publish`` for the
+        group, then a copy each: an arena ``put`` per value spent 25-55 us a row here besides
+        the copy, with the GIL held; the group's two calls 4-28 us a row. Values of other
+        shapes (full-size images) are put one at a time.
+        """
+        n = load.rows.size
+        offsets = np.full(n, -1, np.int64)
+        shapes = np.zeros((n, 3), np.int32)
+        rest = [(i, value) for i, value in enumerate(values) if value is not None]
+        size = load.decoder.image_size
+        if size is not None:
+            shape = _fixed_shape(size)
+            same = [(i, v) for i, v in rest if v.shape == shape and v.dtype == np.uint8]
+            rest = [(i, v) for i, v in rest if v.shape != shape or v.dtype != np.uint8]
+            if same:
+                at = np.array([i for i, _ in same], np.intp)
+                rows = load.rows[at]
+                slots, fresh = self.arena.reserve(load.space, rows, shape)
+                try:
+                    buffer, nbytes = self.arena.buffer, math.prod(shape)
+                    for k in np.flatnonzero(fresh).tolist():  # not those stored already
+                        slot = int(slots[k])
+                        buffer[slot : slot + nbytes] = same[k][1].reshape(-1)
+                except BaseException:  # the slots go back: fresh ones freed, others unpinned
+                    self.arena.discard(slots[fresh])
+                    self.arena.release(slots[(slots >= 0) & ~fresh])
+                    raise
+                slots[fresh] = self.arena.publish(load.space, rows[fresh], slots[fresh])
+                offsets[at] = slots
+                shapes[at] = shape
+        for i, value in rest:
+            offsets[i] = self.arena.put(load.space, int(load.rows[i]), value)
+            shapes[i, : value.ndim] = value.shape
+        return offsets, shapes
 
     def _landed_elsewhere(
         self,
