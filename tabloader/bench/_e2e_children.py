@@ -8,6 +8,10 @@ The runner starts them as ``python -m tabloader.bench.e2e --child JSON`` (throug
 * ``threads``: the in-process mode, one ``Loader`` and the jobs on threads; prints its result;
 * ``job``: one job through the service or with its own ``DataLoader`` over :class:`MapDataset`;
 * ``overhead``: times request -> tensors ready for batches the service has prepared.
+
+Stall accounting: a tabloader job reports the seconds its stream counted (``stats()``:
+``wait_s`` blocked waiting for a batch, ``compute_s`` between batches); a DataLoader job
+counts the same around its ``next()`` with :class:`StallClock`.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,7 +36,52 @@ from tabloader.bench._procs import (
     write_result,
 )
 
-__all__ = ["MapDataset", "open_reader", "run_child"]
+__all__ = ["MapDataset", "StallClock", "dataset_seconds", "open_reader", "run_child", "stalls_of"]
+
+T = TypeVar("T")
+
+
+class StallClock:
+    """A job's stalls where no engine counts them (a DataLoader): seconds blocked in ``next()``
+    (``wait_s``) and between batches (``compute_s``: the job's own work), as a tabloader
+    stream counts them (``JobStream.stats()``).
+
+    Example:
+        >>> clock = StallClock()
+        >>> [b for b in clock.timed(range(3))]
+        [0, 1, 2]
+        >>> sorted(clock.stats())
+        ['compute_s', 'wait_s']
+    """
+
+    def __init__(self) -> None:
+        self.wait_s = self.compute_s = 0.0
+
+    def timed(self, batches: Iterable[T]) -> Iterator[T]:
+        """``batches``, timed."""
+        it = iter(batches)
+        returned = None
+        while True:
+            start = time.perf_counter()
+            if returned is not None:
+                self.compute_s += start - returned
+            try:
+                batch = next(it)
+            except StopIteration:
+                self.wait_s += time.perf_counter() - start
+                return
+            returned = time.perf_counter()
+            self.wait_s += returned - start
+            yield batch
+
+    def stats(self) -> dict[str, float]:
+        """``wait_s`` and ``compute_s`` so far."""
+        return {"wait_s": self.wait_s, "compute_s": self.compute_s}
+
+
+def stalls_of(stats: dict[str, Any]) -> dict[str, float]:
+    """``wait_s`` and ``compute_s`` of a stream's ``stats()`` (a job's, or a clock's)."""
+    return {"wait_s": float(stats["wait_s"]), "compute_s": float(stats["compute_s"])}
 
 
 class MapDataset:
@@ -110,6 +160,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
             results[job["name"]] = {
                 "rows": progress[job["name"]],
                 "seconds": time.perf_counter() - started,
+                **stalls_of(stream.stats()),
             }
             stream.close()
         except BaseException as exc:
@@ -136,6 +187,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
         "decodes": stats["decodes"],
         "reads": stats["reads"],
         "jobs": results,
+        "dataset_s": dataset_seconds(stats),
     }
 
 
@@ -147,6 +199,7 @@ def _job_child(spec: dict[str, Any]) -> None:
         from tabloader.torch import to_tensors
 
         remote = RemoteLoader(spec["catalog"], start=False)
+        stalls: dict[str, float] = {}
 
         def batches() -> Any:
             stream = remote.open(
@@ -158,8 +211,10 @@ def _job_child(spec: dict[str, Any]) -> None:
             with stream:
                 for batch in stream:
                     yield to_tensors(batch)
+                stalls.update(stalls_of(stream.stats()))  # as the service counted them
 
         rows_of: Any = lambda b: len(b["_id"])  # noqa: E731
+        stalls_now: Any = lambda: stalls  # noqa: E731
     else:
         import torch
         from torch.utils.data import DataLoader
@@ -173,8 +228,10 @@ def _job_child(spec: dict[str, Any]) -> None:
             num_workers=spec["workers"],
             generator=torch.Generator().manual_seed(spec["index"]),
         )
-        batches = loader.__iter__
+        clock = StallClock()
+        batches = lambda: clock.timed(loader)  # noqa: E731
         rows_of = lambda b: len(b[2])  # noqa: E731
+        stalls_now = clock.stats
     cpu0 = rusage()[0]  # after the imports (torch: a second or more), as the service's
     wait_for_start(spec)
     if job["late"]:
@@ -197,6 +254,7 @@ def _job_child(spec: dict[str, Any]) -> None:
         "seconds": end - started,
         "cpu_s": cpu - cpu0,
         "peak_rss_mib": rss,
+        **stalls_of(stalls_now()),
     }
     if spec["kind"] == "service":
         result["copies"] = vars(remote.copies)
@@ -246,6 +304,16 @@ def _overhead_child(spec: dict[str, Any]) -> None:
             "copy_floor_us": float(np.median(floor) * 1e6),
         },
     )
+
+
+def dataset_seconds(stats: dict[str, Any]) -> dict[str, float]:
+    """Seconds of an engine's threads (and decode processes) spent reading, decoding and
+    collating, over its datasets (``Loader.stats()["datasets"]``, also the service's)."""
+    datasets = stats.get("datasets") or {}
+    return {
+        k: round(sum(float(d.get(k, 0.0)) for d in datasets.values()), 4)
+        for k in ("read_s", "decode_s", "collate_s")
+    }
 
 
 def run_child(spec: dict[str, Any]) -> int:

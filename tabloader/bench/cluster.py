@@ -15,9 +15,11 @@ Every rank gets ready first (imports, its connection or DataLoader worker), then
 one instant (a barrier actor); wall time runs from there to the last rank's end.
 
 Reported: per node, decodes / the union of the rows its ranks read (target <= 1.05); total
-decodes vs the baseline's; wall time ratio; and the leader's sampling cost per round with
+decodes vs the baseline's; wall time ratio; the leader's sampling cost per round with
 ``--cost-jobs`` jobs x ``--cost-ranks`` ranks over ``--cost-nodes`` nodes (in-process, no
-Ray).
+Ray); and a line of stall accounting per competitor: the ranks' seconds waiting for data vs
+computing (as the node loaders counted them; a DataLoader rank times its ``next()``), and the
+node loaders' seconds reading, decoding and collating.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._e2e_children import MapDataset
-from tabloader.bench.e2e import prepare
+from tabloader.bench._e2e_children import MapDataset, StallClock, dataset_seconds, stalls_of
+from tabloader.bench.e2e import prepare, stall_row
 
 __all__ = ["add_arguments", "run"]
 
@@ -82,7 +84,7 @@ class _Barrier:
 
 def _rank_tabloader(
     root: str, job: str, rank: int, world: int, step: float, barrier: Any
-) -> tuple[str, list[int], float, float]:
+) -> dict[str, Any]:
     import ray
 
     from tabloader.torch import JobDataset
@@ -95,13 +97,24 @@ def _rank_tabloader(
     for batch in ds:
         ids += batch["_id"].tolist()
         time.sleep(step)
+    end = time.time()
+    stalls = stalls_of(ds.stats())  # this rank's, as its node's loader counted them
+    loader = ds.loader.stats()  # the node loader's counters, as this rank ends
     ds.close()
-    return ray.get_runtime_context().get_node_id(), ids, start, time.time()
+    return {
+        "node": ray.get_runtime_context().get_node_id(),
+        "job": job,
+        "ids": ids,
+        "start": start,
+        "end": end,
+        **stalls,
+        "dataset_s": dataset_seconds(loader),
+    }
 
 
 def _rank_dataloader(
-    root: str, ids: list[int], size: int, batch_size: int, step: float, barrier: Any
-) -> tuple[str, list[int], float, float]:
+    root: str, job: str, ids: list[int], size: int, batch_size: int, step: float, barrier: Any
+) -> dict[str, Any]:
     import ray
     import torch
 
@@ -116,10 +129,18 @@ def _rank_dataloader(
     batches = iter(loader)  # its worker starts
     start = ray.get(barrier.wait.remote())
     read: list[int] = []
-    for _, _, rows in batches:
+    clock = StallClock()  # no engine counts a DataLoader's stalls: the rank times them
+    for _, _, rows in clock.timed(batches):
         read += rows.tolist()
         time.sleep(step)
-    return ray.get_runtime_context().get_node_id(), read, start, time.time()
+    return {
+        "node": ray.get_runtime_context().get_node_id(),
+        "job": job,
+        "ids": read,
+        "start": start,
+        "end": time.time(),
+        **clock.stats(),
+    }
 
 
 def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
@@ -203,14 +224,20 @@ def run(args: argparse.Namespace) -> int:
                 for job in jobs
                 for r in range(args.nodes)
             ]
-            got, wall = _ended(ray.get(refs, timeout=3600))
+            ranks_tl = ray.get(refs, timeout=3600)
+            got, wall = _ended(ranks_tl)
             per_node = {
                 n: ray.get(a.stats.remote(), timeout=60)["decodes"]
                 for n, a in cluster.loaders.items()
             }
         finally:
             cluster.close()
-        results["tabloader"] = {"wall_s": wall, "got": got, "decodes": per_node}
+        results["tabloader"] = {
+            "wall_s": wall,
+            "got": got,
+            "decodes": per_node,
+            "stalls": _stalls(ranks_tl),
+        }
         # the baseline: a DataLoader per rank
         task = ray.remote(_rank_dataloader)
         rng = np.random.default_rng(0)
@@ -223,23 +250,46 @@ def run(args: argparse.Namespace) -> int:
                 part = order[r * share : (r + 1) * share].tolist()
                 refs.append(
                     task.options(**on[r]).remote(
-                        root, part, args.image_size, args.batch_size, args.step, barrier
+                        root, job, part, args.image_size, args.batch_size, args.step, barrier
                     )
                 )
-        got_dl, wall_dl = _ended(ray.get(refs, timeout=3600))
-        results["dataloader"] = {"wall_s": wall_dl, "got": got_dl}
+        ranks_dl = ray.get(refs, timeout=3600)
+        got_dl, wall_dl = _ended(ranks_dl)
+        results["dataloader"] = {"wall_s": wall_dl, "got": got_dl, "stalls": _stalls(ranks_dl)}
     finally:
         ray.shutdown()
         sim.shutdown()  # type: ignore[no-untyped-call]
     return _report(args, jobs, results)
 
 
-def _ended(
-    out: list[tuple[str, list[int], float, float]],
-) -> tuple[list[tuple[str, list[int]]], float]:
+def _ended(out: list[dict[str, Any]]) -> tuple[list[tuple[str, list[int]]], float]:
     """(node, ids) per rank, and the wall time from the common start to the last end."""
-    start = max(o[2] for o in out)
-    return [(o[0], o[1]) for o in out], max(o[3] for o in out) - start
+    start = max(o["start"] for o in out)
+    return [(o["node"], o["ids"]) for o in out], max(o["end"] for o in out) - start
+
+
+def _stalls(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A competitor's stall accounting: per job (its ranks summed) ``wait_s`` and
+    ``compute_s``, each rank's, and the node loaders' ``read_s``, ``decode_s``, ``collate_s``
+    summed over the nodes (each node's from the last of its ranks to end; None for
+    DataLoaders)."""
+    jobs: dict[str, dict[str, float]] = {}
+    for r in ranks:
+        job = jobs.setdefault(r["job"], {"wait_s": 0.0, "compute_s": 0.0})
+        job["wait_s"] += r["wait_s"]
+        job["compute_s"] += r["compute_s"]
+    dataset_s = None
+    if all("dataset_s" in r for r in ranks):
+        last = {r["node"]: r for r in sorted(ranks, key=lambda r: r["end"])}
+        dataset_s = {
+            k: round(sum(r["dataset_s"][k] for r in last.values()), 4)
+            for k in ("read_s", "decode_s", "collate_s")
+        }
+    return {
+        "jobs": jobs,
+        "ranks": [{k: r[k] for k in ("job", "node", "wait_s", "compute_s")} for r in ranks],
+        "dataset_s": dataset_s,
+    }
 
 
 def _report(args: argparse.Namespace, jobs: list[str], results: dict[str, Any]) -> int:
@@ -280,11 +330,23 @@ def _report(args: argparse.Namespace, jobs: list[str], results: dict[str, Any]) 
         {"check": "leader checkpoint per ack, p50 ms", "value": cost["checkpoint_ms_p50"]},
     ]
     print(format_table(summary, ["check", "value"]))
+    stalls = [
+        {"competitor": name, **stall_row(results[name]["stalls"])}
+        for name in ("tabloader", "dataloader")
+    ]
+    print()
+    print(
+        "stalls: ranks' seconds waiting for data vs computing (summed; per job wait/compute), "
+        "and the node loaders' seconds reading, decoding, collating"
+    )
+    print(format_table(stalls))
     write_json(
         args.out,
         {
             "nodes": rows_out,
             "summary": summary,
+            "stalls": stalls,
+            "ranks": {name: results[name]["stalls"] for name in ("tabloader", "dataloader")},
             "leader": cost,
             "args": {k: v for k, v in vars(args).items() if k != "func"},
         },

@@ -57,6 +57,14 @@ Targets (``PASS``/``FAIL`` with the ratio, in the table and the JSON):
   sample counts. Reported with the time of a bare ``numpy`` copy of the same bytes out of the
   mapping: the floor of any one-copy design.
 
+Stall accounting, a line per scenario and competitor (the reported run): the jobs' seconds
+blocked waiting for their next batch vs computing between batches (summed, the share of
+waiting, and each job's ``wait/compute``), as the loader counted them (``JobStream.stats()``,
+the service's for its clients) and for the DataLoaders as each job timed its ``next()``; and
+the loader's seconds reading, decoding and collating (``Loader.stats()["datasets"]``). In the
+JSON: ``stalls``, and each job's ``wait_s``/``compute_s`` and the run's ``dataset_s`` under
+``runs``.
+
 This module is the runner (scenarios, processes, report, targets); what runs in the processes
 it starts is :mod:`tabloader.bench._e2e_children`.
 """
@@ -77,10 +85,10 @@ import numpy as np
 from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._cachesim import belady_pinned
-from tabloader.bench._e2e_children import run_child
+from tabloader.bench._e2e_children import dataset_seconds, run_child
 from tabloader.bench._procs import ServiceProcess, run_jobs
 
-__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run"]
+__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run", "stall_row"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 TARGETS = {
@@ -205,6 +213,7 @@ def _run_processes(
         out = run_jobs("tabloader.bench.e2e", specs)
         decodes = reads = sum(r["rows"] for r in out["results"])
         service_cpu, service_rss, pids = 0.0, 0.0, []
+        dataset_s = None  # a DataLoader counts no read or decode seconds
     else:
         with ServiceProcess(
             root,
@@ -219,6 +228,7 @@ def _run_processes(
             service_cpu, service_rss = service.usage()
             service_cpu -= cpu0
         decodes, reads = stats["decodes"], stats["reads"]
+        dataset_s = dataset_seconds(stats)
         pids = [service.proc.pid]
     results = out["results"]
     result: dict[str, Any] = {
@@ -227,7 +237,11 @@ def _run_processes(
         "peak_rss_mib": max([service_rss] + [r["peak_rss_mib"] for r in results]),
         "decodes": decodes,
         "reads": reads,
-        "jobs": {r["name"]: {"rows": r["rows"], "seconds": r["seconds"]} for r in results},
+        "jobs": {
+            r["name"]: {k: r[k] for k in ("rows", "seconds", "wait_s", "compute_s")}
+            for r in results
+        },
+        "dataset_s": dataset_s,
         "service_pids": pids,
     }
     if kind == "service":
@@ -336,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
         for s in (False, True)
     )
     rows: list[dict[str, Any]] = []
+    stalls: list[dict[str, Any]] = []
     runs: dict[str, Any] = {}
     for scenario in [s for s in args.scenarios.split(",") if s]:
         jobs = _scenarios(n, args.step, args.speeds_rows, args.speeds_step)[scenario]
@@ -423,6 +438,7 @@ def run(args: argparse.Namespace) -> int:
                 j0 = r["jobs"][jobs[0]["name"]]
                 row["fastest/alone"] = (j0["rows"] / j0["seconds"]) / alone
             rows.append(row)
+            stalls.append({"scenario": scenario, "competitor": c, **stall_row(r)})
     overhead = _overhead(args, root, n)
     targets = _targets(runs, overhead, cache_bytes)
     print(
@@ -433,6 +449,12 @@ def run(args: argparse.Namespace) -> int:
         f" {os.cpu_count()} cores"
     )
     print(format_table(rows))
+    print()
+    print(
+        "stalls (the reported runs): jobs' seconds waiting for data vs computing (summed; "
+        "per job wait/compute), and the loader's seconds reading, decoding, collating"
+    )
+    print(format_table(stalls))
     print()
     print(format_table(targets))
     print()
@@ -450,12 +472,38 @@ def run(args: argparse.Namespace) -> int:
             "args": {k: v for k, v in vars(args).items() if k != "child"},
             "cores": os.cpu_count(),
             "rows": rows,
+            "stalls": stalls,
             "targets": targets,
             "overhead": overhead,
             "runs": runs,
         },
     )
     return 0
+
+
+def stall_row(result: dict[str, Any]) -> dict[str, Any]:
+    """One line of stall accounting for a competitor's run: its jobs' ``wait_s`` and
+    ``compute_s`` summed, the share of waiting, each job's ``wait/compute`` and the loader's
+    ``read_s``, ``decode_s``, ``collate_s`` (``dataset_s``; blank for DataLoaders, which count
+    none).
+
+    Example:
+        >>> j0, j1 = {"wait_s": 1.0, "compute_s": 3.0}, {"wait_s": 0.5, "compute_s": 0.5}
+        >>> row = stall_row({"jobs": {"j0": j0, "j1": j1}, "dataset_s": None})
+        >>> row["wait_s"], row["waiting"], row["per job wait/compute"], row["decode_s"]
+        (1.5, '30%', '1.00/3.00 0.50/0.50', '')
+    """
+    jobs = list(result["jobs"].values())
+    wait = sum(j["wait_s"] for j in jobs)
+    compute = sum(j["compute_s"] for j in jobs)
+    dataset = result.get("dataset_s") or {}
+    return {
+        "wait_s": round(wait, 3),
+        "compute_s": round(compute, 3),
+        "waiting": f"{wait / (wait + compute):.0%}" if wait + compute > 0 else "",
+        "per job wait/compute": " ".join(f"{j['wait_s']:.2f}/{j['compute_s']:.2f}" for j in jobs),
+        **{k: dataset.get(k, "") for k in ("read_s", "decode_s", "collate_s")},
+    }
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -16,7 +16,9 @@ torchvision's ResNet18 (10 classes) if torchvision is installed, else the small 
 the GPU; ``--model resnet18`` or ``tiny`` chooses on any device. Each job uses ``cores / N``
 intra-op threads (both competitors alike). Reported per N: each job's epoch time (from the
 common start, after every process got ready), their mean and max, decodes, and the
-DataLoaders' time over the service's.
+DataLoaders' time over the service's; and a line of stall accounting per N and competitor:
+the jobs' seconds waiting for data vs training (as the service counted them; a DataLoader job
+times its ``next()``), and the service's seconds reading, decoding and collating.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._e2e_children import MapDataset
+from tabloader.bench._e2e_children import MapDataset, StallClock, dataset_seconds, stalls_of
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
-from tabloader.bench.e2e import bench_cache_bytes, prepare
+from tabloader.bench.e2e import bench_cache_bytes, prepare, stall_row
 
 __all__ = ["JOADER_TABLE_1", "add_arguments", "run"]
 
@@ -145,8 +147,10 @@ def _child(spec: dict[str, Any]) -> None:
             generator=torch.Generator().manual_seed(spec["index"]),
         )
 
+        clock = StallClock()  # no engine counts a DataLoader's stalls: the job times them
+
         def epoch_batches() -> Any:
-            for image, label, _row in loader:
+            for image, label, _row in clock.timed(loader):
                 yield image, label
 
     go = wait_for_start(spec)
@@ -174,8 +178,11 @@ def _child(spec: dict[str, Any]) -> None:
         epochs.append(now - started)
         started = now
     if spec["kind"] == "service":
+        stalls = stalls_of(stream.stats())  # as the service counted them
         stream.close()
         remote.close()
+    else:
+        stalls = clock.stats()
     cpu, rss = rusage()
     write_result(
         spec,
@@ -188,6 +195,7 @@ def _child(spec: dict[str, Any]) -> None:
             "peak_rss_mib": rss,
             "model": model_name,
             "device": str(device),
+            **stalls,
         },
     )
 
@@ -212,6 +220,7 @@ def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int
     if kind == "dataloader":
         out = run_jobs("tabloader.bench.train", specs)
         decodes, service_cpu, pids = rows * n * args.epochs, 0.0, []
+        dataset_s = None  # a DataLoader counts no read or decode seconds
     else:
         cache = bench_cache_bytes(
             int(args.cache * rows),
@@ -226,7 +235,8 @@ def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int
         ) as service:
             cpu0 = service.usage()[0]  # its start-up is not the run's
             out = run_jobs("tabloader.bench.train", specs)
-            decodes = int(service.stats()["decodes"])
+            stats = service.stats()
+            decodes, dataset_s = int(stats["decodes"]), dataset_seconds(stats)
             service_cpu = service.usage()[0] - cpu0
         pids = [service.proc.pid]
     results = out["results"]
@@ -240,6 +250,11 @@ def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int
         "loss": [r["loss"] for r in results],
         "model": results[0]["model"],
         "device": results[0]["device"],
+        "jobs": {
+            s["job"]: {"wait_s": r["wait_s"], "compute_s": r["compute_s"]}
+            for s, r in zip(specs, results, strict=True)
+        },
+        "dataset_s": dataset_s,
         "service_pids": pids,
     }
 
@@ -273,11 +288,14 @@ def run(args: argparse.Namespace) -> int:
         for i in range(max(counts)):
             cat.sql(f"REGISTER OR REPLACE JOB train{i} SELECT image, label FROM imgs")
     table: list[dict[str, Any]] = []
+    stalls: list[dict[str, Any]] = []
     runs = []
     for jobs in counts:
         service = _run_mode("service", jobs, args, root, n)
         dataloader = _run_mode("dataloader", jobs, args, root, n)
         runs.append({"jobs": jobs, "service": service, "dataloader": dataloader})
+        for mode, result in (("service", service), ("dataloader", dataloader)):
+            stalls.append({"jobs": jobs, "competitor": mode, **stall_row(result)})
         table.append(
             {
                 "jobs": jobs,
@@ -298,6 +316,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.workers} decode workers, on {device}; epoch time = mean over the jobs"
     )
     print(format_table([*table, JOADER_TABLE_1]))
+    print()
+    print(
+        "stalls: jobs' seconds waiting for data vs training (summed; per job wait/compute), "
+        "and the service's seconds reading, decoding, collating"
+    )
+    print(format_table(stalls))
     write_json(
         args.out,
         {
@@ -305,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
             "args": {k: v for k, v in vars(args).items() if k != "child"},
             "device": device,
             "rows": table,
+            "stalls": stalls,
             "reference": JOADER_TABLE_1,
             "runs": runs,
         },

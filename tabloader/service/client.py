@@ -320,7 +320,8 @@ class RemoteStream:
             start = time.perf_counter()
             if self._returned is not None:
                 self._compute_s += start - self._returned
-            reply = self._collect()
+            reply = self._collect()  # counts its own wait for a reply read ahead
+            start = time.perf_counter()
             if reply is None:
                 reply = self._conn.call("next", **self._timing())
             if reply.get("end"):

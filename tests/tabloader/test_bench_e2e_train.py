@@ -64,6 +64,29 @@ def assert_cleaned_up(tmp_path: Path, service_pids: list[int]) -> None:
             assert mine not in cmdline, cmdline.replace(b"\0", b" ")
 
 
+def assert_stalls(result: dict, row: dict, *, loader: bool) -> None:
+    """A competitor's stall accounting: every job waited for its first batch, and its waiting
+    and computing are parts of its epoch; the loader's (none for DataLoaders) read and
+    decoded; the printed line is the JSON's."""
+    for job in result["jobs"].values():
+        assert job["wait_s"] > 0
+        assert job["compute_s"] >= 0
+        if "seconds" in job:  # the epoch, as the job timed its loop
+            assert job["wait_s"] + job["compute_s"] <= job["seconds"] * 1.01 + 0.01
+    assert row["wait_s"] == round(sum(j["wait_s"] for j in result["jobs"].values()), 3)
+    assert row["compute_s"] == round(sum(j["compute_s"] for j in result["jobs"].values()), 3)
+    assert len(row["per job wait/compute"].split()) == len(result["jobs"])
+    if loader:
+        seconds = result["dataset_s"]
+        assert seconds["read_s"] > 0
+        assert seconds["decode_s"] > 0
+        assert seconds["collate_s"] >= 0
+        assert {k: row[k] for k in seconds} == seconds
+    else:
+        assert result["dataset_s"] is None
+        assert row["read_s"] == row["decode_s"] == row["collate_s"] == ""
+
+
 def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
     data = bench(
         tmp_path,
@@ -74,7 +97,10 @@ def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
         *("--overhead-settle", "0.01", "--repeat", "2"),
     )
     assert "service decodes / union" in data["stdout"]
+    assert "stalls (the reported runs)" in data["stdout"]
     assert set(data["runs"]) == {"same", "speeds"}
+    stalls = {(row["scenario"], row["competitor"]): row for row in data["stalls"]}
+    assert len(stalls) == len(data["stalls"]) == 6  # a line per scenario and competitor
     pids = []
     for name, run in data["runs"].items():
         sets, union = run["sets"], run["union"]
@@ -85,6 +111,7 @@ def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
             walls = result["wall_s_runs"]  # two runs each: the lower is the median of two
             assert len(walls) == 2
             assert result["wall_s"] == min(walls) > 0
+            assert_stalls(result, stalls[name, competitor], loader=competitor != "dataloader")
         assert run["results"]["dataloader"]["decodes"] == sum(sets)
         service = run["results"]["service"]
         assert union <= service["decodes"] <= 1.05 * union
@@ -141,8 +168,11 @@ def test_e2e_late_is_checked_against_belady():
 def test_train_counts_decodes_and_epochs_and_cleans_up(tmp_path):
     data = bench(tmp_path, "train", *("--jobs", "1,2", "--image-size", str(SIZE)))
     assert "JOADER" in data["stdout"]
+    assert "stalls: jobs' seconds waiting for data vs training" in data["stdout"]
     assert data["reference"]["dataloader/service"] == pytest.approx(67.9 / 37.6)
     assert [r["jobs"] for r in data["runs"]] == [1, 2]
+    stalls = {(row["jobs"], row["competitor"]): row for row in data["stalls"]}
+    assert list(stalls) == [(1, "service"), (1, "dataloader"), (2, "service"), (2, "dataloader")]
     pids = []
     for run in data["runs"]:
         jobs = run["jobs"]
@@ -152,6 +182,9 @@ def test_train_counts_decodes_and_epochs_and_cleans_up(tmp_path):
             assert len(run[mode]["epoch_s"]) == jobs
             assert all(s > 0 for s in run[mode]["epoch_s"])
             assert run[mode]["model"] == "tiny-cnn" or run[mode]["device"].startswith("cuda")
+            assert list(run[mode]["jobs"]) == [f"train{i}" for i in range(jobs)]
+            assert all(j["compute_s"] > 0 for j in run[mode]["jobs"].values())  # it trained
+            assert_stalls(run[mode], stalls[jobs, mode], loader=mode == "service")
         pids += run["service"]["service_pids"]
     assert_cleaned_up(tmp_path, pids)
 

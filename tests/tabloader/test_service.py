@@ -470,6 +470,20 @@ def test_stall_times_count_the_jobs_compute(service, cat_dir):
     assert stats["batches"] == 5
 
 
+def test_a_jobs_waits_and_compute_fit_in_its_time(service, cat_dir):
+    """A job that never computes waits for every batch: its waits add up to about its time,
+    never more (a wait for a batch read ahead is counted once)."""
+    with RemoteLoader(cat_dir, start=False) as remote, remote.open("c0", batch_size=2) as s:
+        t0 = time.perf_counter()
+        for _ in s.iter_epoch():
+            pass
+        elapsed = time.perf_counter() - t0
+        stats = s.stats()
+    assert stats["batches"] >= 10
+    assert stats["wait_s"] > 0
+    assert stats["wait_s"] + stats["compute_s"] <= elapsed * 1.05 + 0.01
+
+
 def test_a_stream_closing_while_it_reads_ahead_leaves_and_does_not_hang_up(cat_dir):
     """Rank 0 reads ahead a batch that waits for rank 1 (lockstep); closing it leaves the job
     at once (the service stops waiting), not as a client that died mid-request."""

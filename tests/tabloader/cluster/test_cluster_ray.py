@@ -430,6 +430,20 @@ def test_bench_cluster_reports_decodes_per_node(tmp_path):
     summary = {row["check"]: row["value"] for row in result["summary"]}
     assert summary["total decodes, DataLoader per rank"] == 2 * (120 * 7 // 10 // 16 * 16)
     assert result["leader"]["ms_per_round_p50"] > 0
+    assert "stalls: ranks' seconds waiting for data vs computing" in proc.stdout
+    stalls = {row["competitor"]: row for row in result["stalls"]}
+    assert list(stalls) == ["tabloader", "dataloader"]
+    for name, row in stalls.items():
+        ranks = result["ranks"][name]
+        assert len(ranks["ranks"]) == 2 * 2  # 2 jobs x 2 nodes
+        assert all(r["wait_s"] > 0 and r["compute_s"] >= 0 for r in ranks["ranks"])
+        assert set(ranks["jobs"]) == {"cluster_0", "cluster_1"}
+        assert row["wait_s"] == round(sum(j["wait_s"] for j in ranks["jobs"].values()), 3)
+    seconds = result["ranks"]["tabloader"]["dataset_s"]  # the node loaders read and decoded
+    assert seconds["read_s"] > 0
+    assert seconds["decode_s"] > 0
+    assert stalls["tabloader"]["decode_s"] == seconds["decode_s"]
+    assert result["ranks"]["dataloader"]["dataset_s"] is None
 
 
 @pytest.mark.slow
