@@ -4,12 +4,8 @@ One pool task per batch (:meth:`Fetcher.submit`), then one per group of rows to 
 task looks up and dispatches first, step 2, and gathers while the decodes run, step 1):
 
 1. **Gather** the cheap columns (numbers, strings, lists, raw bytes) with vectorized reads,
-   straight into the batch and with no cache (for these a read costs less than caching): a
-   fixed-width column of at most ``FLAT_BYTES`` is read whole once (in a thread of its own;
-   from the catalog's DuckDB table, a columnar scan), then each batch is one numpy ``take``;
-   any other column, and such a column until that read is done, is read with
-   :meth:`DatasetReader.gather` (ids grouped by record batch, each record batch read once,
-   one Arrow ``take`` each).
+   straight into the batch and with no cache (for these a read costs less than caching; see
+   :mod:`tabloader.gather`).
 2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
@@ -48,7 +44,8 @@ from tabloader.arena import Arena
 from tabloader.batchmem import BatchMemory
 from tabloader.collate import collate, hand_over
 from tabloader.decoding import DecodePool, decode_rows
-from tabloader.prep import DecodeKind, Decoder, batch_column
+from tabloader.gather import Gatherer
+from tabloader.prep import Decoder
 
 __all__ = ["Fetcher", "Plan", "Work"]
 
@@ -56,7 +53,6 @@ logger = logging.getLogger(__name__)
 
 MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
 MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip through a pipe)
-FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once
 
 
 @dataclass(frozen=True)
@@ -165,19 +161,15 @@ class Fetcher:
         read_column: Callable[[str, int], pa.Array] | None = None,
     ) -> None:
         self.procs = procs
-        self.read_column = read_column
         self.memory = memory or BatchMemory()
         self.reader = reader
         self.workers = workers
-        self.table = table
         self.arena = arena
         self.pool = pool
         self.on_done = on_done
         self.counters = Counters()
+        self.gatherer = Gatherer(table, self.counters, read_column)
         self._lock = threading.Lock()
-        self._flat: dict[str, npt.NDArray[Any] | None] = {}
-        self._flat_reading: set[str] = set()  # columns being read whole, in the background
-        self._flat_lock = threading.Lock()
         self._loading: dict[int, npt.NDArray[np.int64]] = {}  # space -> row -> load id (-1)
         # space -> row -> batches submitted whose look-up has not pinned the row yet: their
         # scheduler no longer counts them as future uses, the arena must not evict them
@@ -189,10 +181,9 @@ class Fetcher:
 
     def set_readers(self, reader: DatasetReader, table: DatasetReader) -> None:
         """Read a newer version of the dataset (rows were appended)."""
-        with self._lock, self._flat_lock:  # a column being read whole is of the old version
-            self.reader, self.table = reader, table
-            self._flat.clear()
-            self._flat_reading.clear()
+        self.gatherer.set_table(table)
+        with self._lock:
+            self.reader = reader
             for space, loading in self._loading.items():
                 grown = np.full(reader.num_rows, -1, np.int64)
                 grown[: loading.size] = loading
@@ -214,9 +205,7 @@ class Fetcher:
         """
         plan = work.plan
         self._mark_starting(work, +1)
-        if (not plan.prepared or work.remote) and all(
-            self._flat.get(d.column) is not None for d in plan.gathered
-        ):
+        if (not plan.prepared or work.remote) and self.gatherer.all_flat(plan.gathered):
             self._start(work)
             return
         try:
@@ -270,7 +259,7 @@ class Fetcher:
             # column reads a record batch at a time: 30-170 ms for 2,000 images here)
             try:
                 t0 = time.perf_counter()
-                work.values = self._gather(work)
+                work.values = self.gatherer.gather(work.rows, work.plan.gathered)
                 self.counters.add(read_s=time.perf_counter() - t0)
             except BaseException as exc:
                 work.error = exc
@@ -324,82 +313,6 @@ class Fetcher:
                     new.append(load)
                 work.loaded += int(claim.size)
         return new
-
-    def _gather(self, work: Work) -> dict[str, Any]:
-        rows, out = work.rows, {}
-        rest: list[Decoder] = []
-        for dec in work.plan.gathered:
-            flat = self._flat_column(dec)
-            if flat is not None:
-                out[dec.column] = flat[rows]  # a new array: the job's own
-            else:
-                rest.append(dec)
-        if rest:
-            table = self.table.gather(rows, tuple(d.column for d in rest))
-            for dec in rest:
-                values = table.column(dec.column).combine_chunks()
-                out[dec.column] = batch_column(values, dec)
-                if dec.kind is DecodeKind.BYTES:
-                    self.counters.add(
-                        reads=len(values) - values.null_count,
-                        bytes_read=values.buffers()[2].size if len(values) else 0,
-                    )
-        return out
-
-    def _flat_column(self, dec: Decoder) -> npt.NDArray[Any] | None:
-        """The whole column as one array when it is fixed-width, null-free and small; None
-        for another column, and while it is being read.
-
-        The first read touches every record batch (30-170 ms for the labels of 2,000 images
-        stored two rows a batch), so it runs in a thread of its own: batches meanwhile gather
-        their rows as any other column's, and no pool thread (which decodes must land on)
-        waits for it.
-        """
-        flat = self._flat.get(dec.column)
-        if flat is not None or dec.column in self._flat:
-            return flat
-        with self._flat_lock:
-            if dec.column in self._flat or dec.column in self._flat_reading:
-                return self._flat.get(dec.column)
-            self._flat_reading.add(dec.column)
-            table = self.table
-        threading.Thread(
-            target=self._read_flat_into,
-            args=(dec, table),
-            name=f"tabloader-read-{dec.column}",
-            daemon=True,
-        ).start()
-        return None
-
-    def _read_flat_into(self, dec: Decoder, table: DatasetReader) -> None:
-        try:
-            flat = self._read_flat(dec, table)
-        except Exception as exc:  # batches gather their rows and report what fails there
-            logger.debug("column %r not read whole: %r", dec.column, exc)
-            flat = None
-        with self._flat_lock:
-            if self.table is table:  # else a newer version came meanwhile: read it again
-                self._flat[dec.column] = flat
-                self._flat_reading.discard(dec.column)
-
-    def _read_flat(self, dec: Decoder, table: DatasetReader) -> npt.NDArray[Any] | None:
-        t = table.schema.field(dec.column).type
-        width = _fixed_width(t)
-        if width is None or width * table.num_rows > FLAT_BYTES or not table.num_rows:
-            return None
-        column = None
-        if self.read_column is not None:
-            try:
-                column = self.read_column(dec.column, table.num_rows)
-            except Exception as exc:  # the Arrow files then (they are checked on first read)
-                logger.debug("column %r not read from the catalog: %r", dec.column, exc)
-        if column is None or column.type != t or len(column) != table.num_rows:
-            values = table.gather(np.arange(table.num_rows), (dec.column,))
-            column = values.column(0).combine_chunks()
-        if column.null_count or (pa.types.is_fixed_size_list(t) and column.flatten().null_count):
-            return None
-        out = batch_column(column, dec)
-        return out if isinstance(out, np.ndarray) else None
 
     # -- decoding (one task per group of rows) ------------------------------------------------
     def _dispatch(self, load: _Load) -> None:
@@ -611,15 +524,3 @@ class Fetcher:
 def _fixed_shape(size: Any) -> tuple[int, int, int]:
     """The (H, W, 3) of images resized to ``image_size`` ``size`` (an int: a square)."""
     return (size, size, 3) if isinstance(size, int) else (*size, 3)
-
-
-def _fixed_width(t: pa.DataType) -> int | None:
-    """Bytes per value of a fixed-width numeric column (or fixed-size list of one), else None."""
-    if pa.types.is_fixed_size_list(t):
-        inner = _fixed_width(t.value_type)
-        return None if inner is None else inner * t.list_size
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return int(t.bit_width // 8)
-    if pa.types.is_boolean(t):
-        return 1
-    return None

@@ -12,6 +12,7 @@ MODULES = [
     "tabloader",
     "tabloader.arena",
     "tabloader.batchmem",
+    "tabloader.bench.stalls",
     "tabloader.cluster.leader",
     "tabloader.cluster.membership",
     "tabloader.cluster.placement",

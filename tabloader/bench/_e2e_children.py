@@ -11,7 +11,7 @@ The runner starts them as ``python -m tabloader.bench.e2e --child JSON`` (throug
 
 Stall accounting: a tabloader job reports the seconds its stream counted (``stats()``:
 ``wait_s`` blocked waiting for a batch, ``compute_s`` between batches); a DataLoader job
-counts the same around its ``next()`` with :class:`StallClock`.
+counts the same around its ``next()`` (:mod:`tabloader.bench.stalls`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,53 +34,11 @@ from tabloader.bench._procs import (
     wait_for_start,
     write_result,
 )
+from tabloader.bench.stalls import StallClock, dataset_seconds, stalls_of
 
-__all__ = ["MapDataset", "StallClock", "dataset_seconds", "open_reader", "run_child", "stalls_of"]
+__all__ = ["MapDataset", "open_reader", "run_child"]
 
 T = TypeVar("T")
-
-
-class StallClock:
-    """A job's stalls where no engine counts them (a DataLoader): seconds blocked in ``next()``
-    (``wait_s``) and between batches (``compute_s``: the job's own work), as a tabloader
-    stream counts them (``JobStream.stats()``).
-
-    Example:
-        >>> clock = StallClock()
-        >>> [b for b in clock.timed(range(3))]
-        [0, 1, 2]
-        >>> sorted(clock.stats())
-        ['compute_s', 'wait_s']
-    """
-
-    def __init__(self) -> None:
-        self.wait_s = self.compute_s = 0.0
-
-    def timed(self, batches: Iterable[T]) -> Iterator[T]:
-        """``batches``, timed."""
-        it = iter(batches)
-        returned = None
-        while True:
-            start = time.perf_counter()
-            if returned is not None:
-                self.compute_s += start - returned
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.wait_s += time.perf_counter() - start
-                return
-            returned = time.perf_counter()
-            self.wait_s += returned - start
-            yield batch
-
-    def stats(self) -> dict[str, float]:
-        """``wait_s`` and ``compute_s`` so far."""
-        return {"wait_s": self.wait_s, "compute_s": self.compute_s}
-
-
-def stalls_of(stats: dict[str, Any]) -> dict[str, float]:
-    """``wait_s`` and ``compute_s`` of a stream's ``stats()`` (a job's, or a clock's)."""
-    return {"wait_s": float(stats["wait_s"]), "compute_s": float(stats["compute_s"])}
 
 
 class MapDataset:
@@ -304,16 +261,6 @@ def _overhead_child(spec: dict[str, Any]) -> None:
             "copy_floor_us": float(np.median(floor) * 1e6),
         },
     )
-
-
-def dataset_seconds(stats: dict[str, Any]) -> dict[str, float]:
-    """Seconds of an engine's threads (and decode processes) spent reading, decoding and
-    collating, over its datasets (``Loader.stats()["datasets"]``, also the service's)."""
-    datasets = stats.get("datasets") or {}
-    return {
-        k: round(sum(float(d.get(k, 0.0)) for d in datasets.values()), 4)
-        for k in ("read_s", "decode_s", "collate_s")
-    }
 
 
 def run_child(spec: dict[str, Any]) -> int:

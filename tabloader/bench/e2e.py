@@ -85,10 +85,11 @@ import numpy as np
 from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._cachesim import belady_pinned
-from tabloader.bench._e2e_children import dataset_seconds, run_child
+from tabloader.bench._e2e_children import run_child
 from tabloader.bench._procs import ServiceProcess, run_jobs
+from tabloader.bench.stalls import dataset_seconds, stall_row
 
-__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run", "stall_row"]
+__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 TARGETS = {
@@ -479,31 +480,6 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     return 0
-
-
-def stall_row(result: dict[str, Any]) -> dict[str, Any]:
-    """One line of stall accounting for a competitor's run: its jobs' ``wait_s`` and
-    ``compute_s`` summed, the share of waiting, each job's ``wait/compute`` and the loader's
-    ``read_s``, ``decode_s``, ``collate_s`` (``dataset_s``; blank for DataLoaders, which count
-    none).
-
-    Example:
-        >>> j0, j1 = {"wait_s": 1.0, "compute_s": 3.0}, {"wait_s": 0.5, "compute_s": 0.5}
-        >>> row = stall_row({"jobs": {"j0": j0, "j1": j1}, "dataset_s": None})
-        >>> row["wait_s"], row["waiting"], row["per job wait/compute"], row["decode_s"]
-        (1.5, '30%', '1.00/3.00 0.50/0.50', '')
-    """
-    jobs = list(result["jobs"].values())
-    wait = sum(j["wait_s"] for j in jobs)
-    compute = sum(j["compute_s"] for j in jobs)
-    dataset = result.get("dataset_s") or {}
-    return {
-        "wait_s": round(wait, 3),
-        "compute_s": round(compute, 3),
-        "waiting": f"{wait / (wait + compute):.0%}" if wait + compute > 0 else "",
-        "per job wait/compute": " ".join(f"{j['wait_s']:.2f}/{j['compute_s']:.2f}" for j in jobs),
-        **{k: dataset.get(k, "") for k in ("read_s", "decode_s", "collate_s")},
-    }
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -264,19 +264,20 @@ def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
 
 def test_a_batch_starts_its_decodes_before_it_gathers(images, monkeypatch):
     from tabloader.fetch import Fetcher
+    from tabloader.gather import Gatherer
 
-    events: list[tuple[str, int]] = []
-    gather, dispatch = Fetcher._gather, Fetcher._dispatch
+    events: list[tuple[str, int]] = []  # (step, id of the batch's rows)
+    gather, dispatch = Gatherer.gather, Fetcher._dispatch
 
-    def gathering(self, work):
-        events.append(("gather", id(work)))
-        return gather(self, work)
+    def gathering(self, rows, decoders):
+        events.append(("gather", id(rows)))
+        return gather(self, rows, decoders)
 
     def dispatching(self, load):
-        events.append(("dispatch", id(load.waiters[0][0])))
+        events.append(("dispatch", id(load.waiters[0][0].rows)))
         dispatch(self, load)
 
-    monkeypatch.setattr(Fetcher, "_gather", gathering)
+    monkeypatch.setattr(Gatherer, "gather", gathering)
     monkeypatch.setattr(Fetcher, "_dispatch", dispatching)
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
     with (
@@ -315,17 +316,17 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
     """The first batch starts reading its label column whole (once, in the background);
     until that read is done, batches gather their labels row by row, and no lock that
     look-ups, claims and landings take is held."""
-    from tabloader.fetch import Fetcher
+    from tabloader.gather import Gatherer
 
     reading, gate = threading.Event(), threading.Event()
-    read_flat = Fetcher._read_flat
+    read_flat = Gatherer._read_flat
 
     def slow(self, dec, table):
         reading.set()
         gate.wait(60)
         return read_flat(self, dec, table)
 
-    monkeypatch.setattr(Fetcher, "_read_flat", slow)
+    monkeypatch.setattr(Gatherer, "_read_flat", slow)
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
     expected = images.dataset("imgs").take(images.job("a").ids, ["label"]).column("label")
     labels = dict(zip(images.job("a").ids, expected.to_pylist(), strict=True))
@@ -347,7 +348,7 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
             )
             done.start()
             done.join(60)  # bounded: the whole epoch, with the read still blocked
-            blocked = not gate.is_set() and fetcher._flat.get("label") is None
+            blocked = not gate.is_set() and fetcher.gatherer._flat.get("label") is None
             gate.set()
             assert not done.is_alive(), "batches waited for the column being read whole"
         assert blocked
@@ -380,8 +381,8 @@ def test_a_small_column_is_read_whole_from_the_catalog_else_from_the_files(
         with loader.open("a", batch_size=4, epochs=1) as stream:
             batches = list(stream)
         fetcher = loader._schedulers["imgs"].fetcher
-        wait_until(lambda: fetcher._flat.get("label") is not None, "the labels read whole")
-        assert fetcher._flat["label"].tolist() == stored.tolist()
+        wait_until(lambda: fetcher.gatherer._flat.get("label") is not None, "the labels read whole")
+        assert fetcher.gatherer._flat["label"].tolist() == stored.tolist()
     assert calls == [("imgs", "label", ds.num_rows)]
     for b in batches:
         assert b["label"].tolist() == stored[b["_id"]].tolist()
@@ -927,7 +928,7 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         assert sorted(i for b in local for i in b["_id"].tolist()) == list(range(n))
         local.close()  # every row decoded, the labels read whole
         group = loader._schedulers["imgs"]
-        wait_until(lambda: group.fetcher._flat.get("label") is not None, "labels read whole")
+        wait_until(lambda: group.fetcher.gatherer._flat.get("label") is not None, "labels read whole")
         tasks: list[str] = []
         submit = loader._pool.submit
 
