@@ -296,7 +296,9 @@ def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
         from turbojpeg import TJPF_RGB, TurboJPEG
 
         turbo = TurboJPEG(os.environ.get("TURBOJPEG_LIB"))  # None: where the system keeps it
-    except Exception as exc:  # not installed, or no libturbojpeg it can load
+    except ImportError:
+        why = "not measured: pip install PyTurboJPEG (it needs the system's libturbojpeg)"
+    except Exception as exc:  # no libturbojpeg it can load
         why = f"not measured: {str(exc).split('.')[0]} (set TURBOJPEG_LIB to its path)"
 
     def scale(d: bytes, size: int) -> tuple[int, int, float]:
