@@ -204,14 +204,16 @@ class RemoteLoader:
             state = options.get("state")
             if state is not None:
                 options["state"] = state_to_wire(state)
-            opened = conn.call("open", job=job, **options)
-            if opened.get("segment") != self._segment.name:
+            # The service answering must be the one whose memory this loader maps (checked
+            # before the job opens there: a refused open leaves nothing behind).
+            if conn.call("hello").get("segment") != self._segment.name:
                 raise ServiceError(
                     f"The tabloader service of catalog {self.root} this loader was connected "
                     f"to (pid {self.service_pid}) is gone, and another one runs now; its "
                     "batches are in memory this loader does not map. Make a new JobDataset or "
                     "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
                 )
+            conn.call("open", job=job, **options)
         except BaseException:
             conn.close()
             raise

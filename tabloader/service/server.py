@@ -302,8 +302,7 @@ class _Handler:
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        segment, _ = self.service.segment
-        return {"job": stream.name, "segment": segment}  # the client checks it maps this one
+        return {"job": stream.name}
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The next batch. The request also says the client's job has the batch sent last

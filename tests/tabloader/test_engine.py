@@ -928,7 +928,9 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         assert sorted(i for b in local for i in b["_id"].tolist()) == list(range(n))
         local.close()  # every row decoded, the labels read whole
         group = loader._schedulers["imgs"]
-        wait_until(lambda: group.fetcher.gatherer._flat.get("label") is not None, "labels read whole")
+        wait_until(
+            lambda: group.fetcher.gatherer._flat.get("label") is not None, "labels read whole"
+        )
         tasks: list[str] = []
         submit = loader._pool.submit
 

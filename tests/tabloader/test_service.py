@@ -539,6 +539,7 @@ def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, 
         again = service_loader(cat_dir)
         assert again is not cached
         assert again.service_pid == fresh.pid
+        assert again.stats()["jobs"] == {}  # the refused open left nothing open there
         with again.open("a", batch_size=4, epochs=1) as s:
             assert sorted(i for b in s for i in b["_id"].tolist()) == rows_of(again, "label < 3")
         again.close()
