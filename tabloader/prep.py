@@ -168,15 +168,31 @@ def _decode_jpeg(
             h, w = simplejpeg.decode_jpeg_header(data)[:2]
         except Exception:
             return None
-        th, tw = (target, target) if isinstance(target, int) else target
-        need = target / min(h, w) if isinstance(target, int) else max(th / h, tw / w)
-        if need <= 0.5:  # scales above 1/2 decode slower than full size (no SIMD IDCT)
-            kw = {"min_height": math.ceil(h * need), "min_width": math.ceil(w * need)}
+        least = dct_least_size((h, w), target)
+        if least is not None:
+            kw = {"min_height": least[0], "min_width": least[1]}
     try:
         arr = simplejpeg.decode_jpeg(data, colorspace="RGB", **kw)
     except Exception:
         return None
     return arr if target is None else _resize(arr, target)
+
+
+def dct_least_size(src: tuple[int, int], target: tuple[int, int] | int) -> tuple[int, int] | None:
+    """The (height, width) a JPEG of ``src`` (height, width) must keep at least when decoded
+    scaled in the DCT domain for ``target``; None: decode it at full size (the target is
+    above half the source: scales above 1/2 decode slower than full size, no SIMD IDCT).
+
+    Example:
+        >>> dct_least_size((240, 320), 60), dct_least_size((240, 320), 224)
+        ((60, 80), None)
+    """
+    h, w = src
+    th, tw = (target, target) if isinstance(target, int) else target
+    need = target / min(h, w) if isinstance(target, int) else max(th / h, tw / w)
+    if need > 0.5:
+        return None
+    return math.ceil(h * need), math.ceil(w * need)
 
 
 def _check_size(size: object) -> tuple[int, int] | int | None:

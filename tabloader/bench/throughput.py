@@ -262,34 +262,46 @@ def _images(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _jpegs(cat: Any, n: int) -> list[bytes]:
+    """The encoded bytes of the first ``n`` images."""
+    return [
+        bytes(v.as_buffer()) for v in cat.dataset("imgs").take(list(range(n)), ["image"])["image"]
+    ]
+
+
+def _ms_per_image(fn: Callable[[bytes, int], Any], data: list[bytes], size: int) -> float:
+    """Milliseconds per image of ``fn(image, size)`` over ``data``, the best of 3 passes."""
+    best = np.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        for d in data:
+            fn(d, size)
+        best = min(best, (time.perf_counter() - t) / len(data))
+    return float(best * 1e3)
+
+
 def _decode_costs(cat: Any, n: int) -> list[dict[str, Any]]:
-    data = [v.as_buffer() for v in cat.dataset("imgs").take(list(range(n)), ["image"])["image"]]
+    data = _jpegs(cat, n)
     out = []
     for size in (224, 112):
         for how in ("pillow", "tabloader"):
-            best = np.inf
-            for _ in range(3):
-                t = time.perf_counter()
-                for d in data:
-                    decode(d, size, how)
-                best = min(best, (time.perf_counter() - t) / len(data))
-            out.append({"size": size, "decode": how, "ms_per_image": best * 1e3})
+            ms = _ms_per_image(lambda d, s: decode(d, s, how), data, size)  # noqa: B023 (run here)
+            out.append({"size": size, "decode": how, "ms_per_image": ms})
     return out
 
 
 def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
-    """Decode only (no resize), at the DCT scale the shared decode would use for each size:
-    simplejpeg (what tabloader uses), PyTurboJPEG and Pillow ``draft``, all libjpeg-turbo.
-    PyTurboJPEG needs the system's libturbojpeg, or ``$TURBOJPEG_LIB`` (its 2.x the library's
-    3.x, its 1.x the 2.x): where it is missing the row says so."""
-    import math
-
+    """Decode only (no resize), at the DCT scale the shared decode uses for each size
+    (``prep.dct_least_size``): simplejpeg (what tabloader uses), PyTurboJPEG and Pillow
+    ``draft``, all libjpeg-turbo. PyTurboJPEG needs the system's libturbojpeg, or
+    ``$TURBOJPEG_LIB`` (its 2.x the library's 3.x, its 1.x the 2.x): where it is missing the
+    row says so."""
     import simplejpeg
     from PIL import Image
 
-    data = [
-        bytes(v.as_buffer()) for v in cat.dataset("imgs").take(list(range(n)), ["image"])["image"]
-    ]
+    from tabloader.prep import dct_least_size
+
+    data = _jpegs(cat, n)
     turbo: Any = None
     why = ""
     try:
@@ -301,19 +313,24 @@ def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
     except Exception as exc:  # no libturbojpeg it can load
         why = f"not measured: {str(exc).split('.')[0]} (set TURBOJPEG_LIB to its path)"
 
-    def scale(d: bytes, size: int) -> tuple[int, int, float]:
+    def least(d: bytes, size: int) -> tuple[int, int] | None:
         h, w = simplejpeg.decode_jpeg_header(d)[:2]
-        return h, w, size / min(h, w)
+        return dct_least_size((h, w), size)
 
     def with_simplejpeg(d: bytes, size: int) -> Any:
-        h, w, need = scale(d, size)
-        kw = {"min_height": math.ceil(h * need), "min_width": math.ceil(w * need)}
-        return simplejpeg.decode_jpeg(d, colorspace="RGB", **(kw if need <= 0.5 else {}))
+        at = least(d, size)
+        kw = {} if at is None else {"min_height": at[0], "min_width": at[1]}
+        return simplejpeg.decode_jpeg(d, colorspace="RGB", **kw)
 
     def with_turbojpeg(d: bytes, size: int) -> Any:
-        h, w, need = scale(d, size)
-        fits = [f for f in turbo.scaling_factors if min(h, w) * f[0] / f[1] >= size]
-        factor = min(fits, key=lambda f: f[0] / f[1]) if need <= 0.5 else None
+        h, w = simplejpeg.decode_jpeg_header(d)[:2]
+        at = dct_least_size((h, w), size)
+        fits = [
+            f
+            for f in turbo.scaling_factors
+            if at and h * f[0] / f[1] >= at[0] and w * f[0] / f[1] >= at[1]
+        ]
+        factor = min(fits, key=lambda f: f[0] / f[1]) if fits else None
         return turbo.decode(d, pixel_format=TJPF_RGB, scaling_factor=factor)
 
     def with_pillow(d: bytes, size: int) -> Any:
@@ -328,16 +345,8 @@ def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
             ("pyturbojpeg", with_turbojpeg if turbo is not None else None),
             ("pillow draft", with_pillow),
         ):
-            if fn is None:
-                out.append({"size": size, "library": name, "ms_per_image": why})
-                continue
-            best = np.inf
-            for _ in range(3):
-                t = time.perf_counter()
-                for d in data:
-                    fn(d, size)
-                best = min(best, (time.perf_counter() - t) / len(data))
-            out.append({"size": size, "library": name, "ms_per_image": f"{best * 1e3:.3f}"})
+            ms = why if fn is None else f"{_ms_per_image(fn, data, size):.3f}"
+            out.append({"size": size, "library": name, "ms_per_image": ms})
     return out
 
 
