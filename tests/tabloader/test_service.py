@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -335,18 +336,26 @@ def test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job(service, cat_dir, tm
     """The real launcher: ``torchrun --standalone --nproc_per_node 2`` and DDP over gloo."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
-    run = subprocess.run(
+    torchrun = subprocess.Popen(
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
             *("--nproc_per_node", "2", str(script), str(cat_dir)),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT * 3,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    try:
+        stdout, stderr = torchrun.communicate(timeout=TIMEOUT * 3)
+    finally:
+        if torchrun.poll() is None:  # a hang: its ranks (each in a session of its own) too
+            for pid in [*descendants(torchrun.pid), torchrun.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            torchrun.communicate()
+    assert torchrun.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     assert out["pid"] == service.pid
     r0, r1 = out["ids"]
     remote = RemoteLoader(cat_dir, start=False)
