@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from catalog.augment import parse_augment
 from catalog.errors import OptionError
 
 __all__ = [
@@ -41,6 +42,8 @@ class JobOption:
         maximum: the largest value of an ``int`` option.
         choices: the values of a ``str`` option.
         example: a good value, shown in the fix of an error.
+        parse: for a ``str`` option with a grammar of its own: text -> its canonical text
+            (raising ``OptionError``), instead of ``choices``.
     """
 
     name: str
@@ -51,6 +54,7 @@ class JobOption:
     maximum: int | None = None
     choices: tuple[str, ...] = ()
     example: Any = None
+    parse: Callable[[Any], str] | None = None
 
     def check(self, value: Any) -> Any:
         """Return ``value`` typed, or raise ``OptionError`` naming the key, value and fix."""
@@ -67,6 +71,8 @@ class JobOption:
                     f"number from {self.minimum} to {self.maximum}, {fix}."
                 )
             return int(value)
+        if self.parse is not None:
+            return self.parse(value)
         if not isinstance(value, str) or value.lower() not in self.choices:
             raise OptionError(
                 f"Job option {self.name} = {_sql(value)} is not one of "
@@ -115,6 +121,25 @@ JOB_OPTIONS: dict[str, JobOption] = {
             example=0,
         ),
         JobOption(
+            "augment",
+            str,
+            None,
+            "the job's own random transforms of image columns, drawn per row and epoch "
+            "(see catalog.augment)",
+            example="RandomResizedCrop(224), RandomHorizontalFlip()",
+            parse=lambda text: parse_augment(text).text,
+        ),
+        JobOption(
+            "decode_size",
+            int,
+            None,
+            "the largest shorter side an augmented job's shared decode keeps (FFCV's maximum "
+            "resolution; default: as decoded)",
+            minimum=1,
+            maximum=1 << 15,
+            example=256,
+        ),
+        JobOption(
             "on_error",
             str,
             "raise",
@@ -144,9 +169,18 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
                 f"Unknown job option '{key}'.{hint} Job options: {', '.join(JOB_OPTIONS)}."
             )
         out[option.name] = option.check(value)
+    batch = out.get("batch_size", JOB_OPTIONS["batch_size"].default)
+    if out.get("augment") is not None:
+        spec = parse_augment(out["augment"])
+        need = batch * spec.output_bytes
+        if need > BATCH_BYTES_LIMIT:
+            raise OptionError(
+                f"Job option augment makes one batch of {batch} images {need / 2**30:.1f} GiB "
+                f"({spec.output_bytes} bytes each), over the {BATCH_BYTES_LIMIT >> 30} GiB "
+                "limit for one batch; use a smaller output size or batch_size."
+            )
     size = out.get("image_size")
     if size is not None:
-        batch = out.get("batch_size", JOB_OPTIONS["batch_size"].default)
         need = batch * size * size * 3
         if need > BATCH_BYTES_LIMIT:
             largest = math.isqrt(BATCH_BYTES_LIMIT // (3 * batch))

@@ -14,6 +14,7 @@ Rows that failed (``work.errors``, a batch that ``skip``\\ s them) are left out 
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +41,11 @@ def collate(work: Work, arena: Arena, memory: BatchMemory) -> dict[str, Any] | N
     batch: dict[str, Any] = {ID_COLUMN: work.rows.copy() if keep is None else work.rows[keep]}
     prepared = {dec.column: ci for ci, (dec, _) in enumerate(work.plan.prepared)}
     for name in work.plan.columns:
-        if name in prepared:
+        if name in prepared and name in work.plan.augment:
+            t0 = time.perf_counter()
+            batch[name] = _augment_out(work, prepared[name], keep, arena, memory)
+            work.augment_s += time.perf_counter() - t0
+        elif name in prepared:
             batch[name] = _copy_out(work, prepared[name], keep, arena, memory)
         else:
             value = work.values[name]
@@ -86,6 +91,26 @@ def _copy_out(
             out[k] = src
         else:
             out.append(src.copy())
+    return out
+
+
+def _augment_out(
+    work: Work,
+    ci: int,
+    keep: npt.NDArray[np.intp] | None,
+    arena: Arena,
+    memory: BatchMemory,
+) -> Any:
+    """The job's own augmentation of prepared column ``ci``, each image written straight into
+    its slot of a new batch (the crop-resize is the one copy; see :mod:`tabloader.augment`)."""
+    aug = work.plan.augment[work.plan.prepared[ci][0].column]
+    offsets, shapes = work.offsets[ci], work.shapes[ci]
+    positions = range(work.rows.size) if keep is None else keep.tolist()
+    out = memory.empty((len(positions), *aug.output_shape), aug.dtype)
+    for k, p in enumerate(positions):
+        off = int(offsets[p])
+        src = work.private[(ci, p)] if off < 0 else arena.view(off, tuple(shapes[p].tolist()))
+        aug.apply(src, work.epoch, int(work.rows[p]), out[k])
     return out
 
 

@@ -43,15 +43,16 @@ from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
-from catalog.options import option_value
+from catalog.options import check_options, option_value
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog
 from tabloader.arena import Arena
+from tabloader.augment import Augmenter, default_seed, shared_fit
 from tabloader.batchmem import BatchMemory
 from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
 from tabloader.jobs import JobState, OnError
-from tabloader.prep import DecodeKind, decoder_for, holds_bytes
+from tabloader.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
@@ -280,6 +281,9 @@ class Loader:
         prefetch: int | None = None,
         lookahead: int | None = None,
         image_size: int | tuple[int, int] | None = None,
+        augment: str | None = None,
+        decode_size: int | None = None,
+        seed: int | None = None,
         on_error: str | OnError | None = None,
         epochs: int | None = None,
         state: dict[str, Any] | None = None,
@@ -299,6 +303,13 @@ class Loader:
                 different moments share rounds, at the cost of a longer queue of ids.
             image_size: shared deterministic resize of image columns (default: the job's
                 ``image_size`` option, else full size).
+            augment: the job's own random transforms of its image columns (default: the
+                job's ``augment`` option; see :mod:`catalog.augment`), drawn from (``seed``,
+                epoch, row ``_id``) and run on a shared aspect-kept decode (``decode_size``
+                caps its shorter side; default: the job's option). See ``_plan`` for when an
+                ``image_size`` job shares that decode.
+            seed: the augmentation's seed (default: the job's ``seed`` option, else a hash
+                of the job's name).
             on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default:
                 the job's ``on_error`` option, else ``"raise"``).
             epochs: stop iterating after this many epochs (None: never).
@@ -354,6 +365,13 @@ class Loader:
                 # 16 processes 25% idle, waiting for the last group of each batch)
                 prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
             size = image_size if image_size is not None else option_value(options, "image_size")
+            augmenter, cap = self._augmenter(info, augment, decode_size, seed, batch_size)
+            if augmenter is not None and image_size is not None:
+                raise LoaderError(
+                    f"image_size={image_size!r} and augment both given for job {info.name!r}: "
+                    "augment's operations decide the size; drop image_size (add CenterCrop or "
+                    "Resize((h, w)) to augment instead)."
+                )
             if on_error is None:
                 on_error = option_value(options, "on_error")
             try:
@@ -372,7 +390,7 @@ class Loader:
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
-            plan = self._plan(sched, dataset, list(info.columns), size)
+            plan = self._plan(sched, dataset, list(info.columns), size, augmenter, cap)
         if fed and state is not None:
             raise LoaderError(
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
@@ -407,25 +425,83 @@ class Loader:
         )
         return JobStream(sched, joined)
 
+    def _augmenter(
+        self,
+        info: Job,
+        augment: str | None,
+        decode_size: int | None,
+        seed: int | None,
+        batch_size: int,
+    ) -> tuple[Augmenter | None, int | None]:
+        """The job's augmentation (options given at open are checked as REGISTER checks
+        them) and the cap of its shared decode."""
+        given = {"augment": augment, "decode_size": decode_size, "seed": seed}
+        given = check_options({k: v for k, v in given.items() if v is not None})
+        options = {**info.options, **given, "batch_size": batch_size}
+        check_options({k: v for k, v in options.items() if v is not None})
+        cap = option_value(options, "decode_size")
+        text = option_value(options, "augment")
+        if text is None:
+            return None, cap
+        seed = option_value(options, "seed")
+        return Augmenter(text, default_seed(info.name) if seed is None else seed), cap
+
+    def _shared_need(self, dataset: str, column: str, cap: int | None) -> int | None:
+        """The largest ``need`` of the registered augmented jobs reading ``column`` of
+        ``dataset`` with decode cap ``cap`` (None: no such job): their shared decode."""
+        from catalog.augment import parse_augment
+
+        needs = [
+            parse_augment(j.options["augment"]).need
+            for j in self.catalog.job_infos()
+            if j.dataset == dataset
+            and column in j.columns
+            and j.options.get("augment")
+            and j.options.get("decode_size") == cap
+        ]
+        return max(needs) if needs else None
+
     def _plan(
-        self, sched: DatasetScheduler, dataset: Dataset, columns: list[str], size: Any
+        self,
+        sched: DatasetScheduler,
+        dataset: Dataset,
+        columns: list[str],
+        size: Any,
+        augmenter: Augmenter | None = None,
+        cap: int | None = None,
     ) -> Plan:
+        """How the job's columns are prepared. An augmented job's image columns are decoded
+        aspect-kept (:class:`~tabloader.prep.Fit`) at the largest need of the registered
+        augmented jobs on that column with the same ``decode_size``, so that they all share
+        one decode. An ``image_size`` job (an int: the evaluation recipe) shares that decode
+        too when such a job's need is at least its size: it then gets torchvision's
+        ``Resize(size), CenterCrop(size)`` of it (the same mapping as its own decode; the
+        pixels differ slightly), else its own fixed-size values."""
         schema = dataset.schema
         gathered, prepared = [], []
+        augment: dict[str, Augmenter] = {}
         for c in columns:
             dec = decoder_for(schema.field(c))
             if dec.kind is DecodeKind.IMAGE:
-                dec = decoder_for(schema.field(c), image_size=size)
+                shared = self._shared_need(dataset.name, c, cap)
+                column_size = size
+                if augmenter is not None:
+                    own = shared_fit(augmenter.spec, cap)
+                    column_size = Fit(max(own.least, shared or 0), cap)
+                    augment[c] = augmenter
+                elif isinstance(size, int) and shared is not None and shared >= size:
+                    column_size = Fit(shared, cap)
+                    augment[c] = Augmenter(f"Resize({size}), CenterCrop({size})", 0)
+                dec = decoder_for(schema.field(c), image_size=column_size)
                 gen = self._generation.get(dataset.name, 0)
                 name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
-                space = self._arena.space(
-                    name, num_rows=dataset.num_rows, fixed=dec.image_size is not None
-                )
+                fixed = dec.image_size is not None and not isinstance(dec.image_size, Fit)
+                space = self._arena.space(name, num_rows=dataset.num_rows, fixed=fixed)
                 self._space_owner[space] = sched
                 prepared.append((dec, space))
             else:
                 gathered.append(dec)
-        return Plan(tuple(columns), tuple(gathered), tuple(prepared))
+        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment)
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""

@@ -28,9 +28,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,11 +41,12 @@ from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog, Counters
 from tabloader.arena import Arena
+from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
 from tabloader.collate import collate, hand_over
 from tabloader.decoding import DecodePool, decode_rows
 from tabloader.gather import Gatherer
-from tabloader.prep import Decoder
+from tabloader.prep import Decoder, Fit
 
 __all__ = ["Fetcher", "Plan", "Work"]
 
@@ -57,17 +58,20 @@ MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip throu
 
 @dataclass(frozen=True)
 class Plan:
-    """How a job's columns are prepared: gathered, or decoded into an arena space."""
+    """How a job's columns are prepared: gathered, or decoded into an arena space (and then
+    augmented for the job, when ``augment`` is set: every prepared column is an image)."""
 
     columns: tuple[str, ...]  # output order (``_id`` first, not listed)
     gathered: tuple[Decoder, ...]
     prepared: tuple[tuple[Decoder, int], ...]  # (decoder, arena space)
+    augment: Mapping[str, Augmenter] = field(default_factory=dict)  # by prepared column
 
 
 class Work:
     """One batch of one job in preparation (one Python object per batch, not per row)."""
 
     __slots__ = (
+        "augment_s",
         "epoch",
         "error",
         "errors",
@@ -111,6 +115,7 @@ class Work:
         self.error: BaseException | None = None  # the whole batch failed
         self.waiting = 1  # decode groups not landed yet, + 1 until the lookups are done
         self.loaded = 0  # values this batch read or decoded itself
+        self.augment_s = 0.0  # seconds of the job's own augmentation in collate
         self.result: dict[str, Any] | None = None
         self.ready = False  # set by the job's scheduler once ``on_done`` ran
 
@@ -300,7 +305,8 @@ class Fetcher:
                 work.shapes[ci][rest[hit]] = again.shapes[hit]
                 claim = rest[~hit]
                 claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
-                least = MIN_PROCESS_ROWS if self.procs and dec.image_size else MIN_DECODE_ROWS
+                in_procs = self.procs and dec.image_size and not isinstance(dec.image_size, Fit)
+                least = MIN_PROCESS_ROWS if in_procs else MIN_DECODE_ROWS
                 step = max(least, -(-claim.size // self.workers))
                 for start in range(0, claim.size, step):
                     pos = claim[start : start + step]
@@ -317,7 +323,8 @@ class Fetcher:
     # -- decoding (one task per group of rows) ------------------------------------------------
     def _dispatch(self, load: _Load) -> None:
         size = load.decoder.image_size
-        if self.procs is None or size is None:
+        if self.procs is None or size is None or isinstance(size, Fit):
+            # a decode process fills slots reserved for a known shape: fixed sizes only
             self.pool.submit(self._run_load, load)
             return
         offsets, fresh = self.arena.reserve(load.space, load.rows, _fixed_shape(size))
@@ -364,7 +371,7 @@ class Fetcher:
         shapes = np.zeros((n, 3), np.int32)
         rest = [(i, value) for i, value in enumerate(values) if value is not None]
         size = load.decoder.image_size
-        if size is not None:
+        if size is not None and not isinstance(size, Fit):
             shape = _fixed_shape(size)
             same = [(i, v) for i, v in rest if v.shape == shape and v.dtype == np.uint8]
             rest = [(i, v) for i, v in rest if v.shape != shape or v.dtype != np.uint8]

@@ -239,6 +239,7 @@ class JobState:
                 "shared",
                 "wait_s",
                 "compute_s",
+                "augment_s",
                 "rows_per_s",
             )
         }
@@ -281,6 +282,7 @@ class RankState:
     loaded: int = 0
     wait_s: float = 0.0  # blocked in take(): waiting for data
     compute_s: float = 0.0  # between batches: the job's own work
+    augment_s: float = 0.0  # the job's own augmentation (part of its waiting, or a client's)
     last_return: float | None = None
     started: float = field(default_factory=time.perf_counter)
 
@@ -349,6 +351,7 @@ class RankState:
             "shared": self.requests - self.loaded,
             "wait_s": self.wait_s,
             "compute_s": self.compute_s,
+            "augment_s": self.augment_s,
             "waiting": self.wait_s / busy if busy > 0 else 0.0,
             "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
         }

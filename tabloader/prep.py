@@ -57,7 +57,7 @@ import math
 import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -71,15 +71,30 @@ __all__ = [
     "IMAGE_COLUMN_NAMES",
     "DecodeKind",
     "Decoder",
+    "Fit",
     "ImageSize",
     "batch_column",
     "decode_image",
     "decoder_for",
     "holds_bytes",
+    "resize_hw",
 ]
 
-ImageSize = int | tuple[int, int]
-"""``224``: shorter side to 224, then center crop 224x224; ``(h, w)``: exactly hxw."""
+
+class Fit(NamedTuple):
+    """An aspect-preserving decode size, the shared prefix of augmented jobs: the smallest
+    DCT-domain scale whose shorter side is still at least ``least`` (a full-size decode when
+    that is above half), then, where ``cap`` is set and the shorter side is larger than it, a
+    resize down to shorter side ``cap`` (FFCV's maximum resolution). Cache key suffix
+    ``min{least}`` (``min{least}max{cap}``)."""
+
+    least: int
+    cap: int | None = None
+
+
+ImageSize = int | tuple[int, int] | Fit
+"""``224``: shorter side to 224, then center crop 224x224; ``(h, w)``: exactly hxw; a
+:class:`Fit`: aspect kept (see there)."""
 
 IMAGE_COLUMN_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp", "picture", "photo"})
 """Binary columns decoded as images by default (case-insensitive)."""
@@ -150,9 +165,7 @@ def decode_image(
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
-def _decode_jpeg(
-    data: memoryview, target: tuple[int, int] | int | None
-) -> npt.NDArray[np.uint8] | None:
+def _decode_jpeg(data: memoryview, target: _Target | None) -> npt.NDArray[np.uint8] | None:
     """Decode a JPEG with libjpeg-turbo (simplejpeg), scaled in the DCT domain; None if it can't.
 
     When the target is at most half the source, simplejpeg picks the smallest of
@@ -168,7 +181,7 @@ def _decode_jpeg(
             h, w = simplejpeg.decode_jpeg_header(data)[:2]
         except Exception:
             return None
-        least = dct_least_size((h, w), target)
+        least = dct_least_size((h, w), target.least if isinstance(target, Fit) else target)
         if least is not None:
             kw = {"min_height": least[0], "min_width": least[1]}
     try:
@@ -195,9 +208,16 @@ def dct_least_size(src: tuple[int, int], target: tuple[int, int] | int) -> tuple
     return math.ceil(h * need), math.ceil(w * need)
 
 
-def _check_size(size: object) -> tuple[int, int] | int | None:
+_Target = tuple[int, int] | int | Fit
+
+
+def _check_size(size: object) -> _Target | None:
     if size is None:
         return None
+    if isinstance(size, Fit):
+        if isinstance(size.least, int) and size.least > 0 and (size.cap is None or size.cap > 0):
+            return size
+        raise LoaderError(f"image size {size!r}: least and cap must be positive ints.")
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
         return size
     if (
@@ -212,16 +232,18 @@ def _check_size(size: object) -> tuple[int, int] | int | None:
     )
 
 
-def _draft_request(src: tuple[int, int], target: tuple[int, int] | int) -> tuple[int, int]:
+def _draft_request(src: tuple[int, int], target: _Target) -> tuple[int, int]:
     """The (w, h) the image must keep at least, for ``Image.draft``."""
     w, h = src
+    if isinstance(target, Fit):
+        target = target.least
     if isinstance(target, int):
         m = min(w, h)
         return (math.ceil(w * target / m), math.ceil(h * target / m))
     return (target[1], target[0])
 
 
-def _to_rgb_array(img: Image.Image, target: tuple[int, int] | int | None) -> npt.NDArray[Any]:
+def _to_rgb_array(img: Image.Image, target: _Target | None) -> npt.NDArray[Any]:
     mode = img.mode
     if mode.startswith("I;16") or mode in ("I", "F"):
         # Pillow's convert("RGB") clips 16-bit values at 255: keep the high byte instead.
@@ -241,8 +263,9 @@ def _to_rgb_array(img: Image.Image, target: tuple[int, int] | int | None) -> npt
     return arr if target is None else _resize(arr, target)
 
 
-def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.NDArray[np.uint8]:
-    """Center square then ``target`` x ``target`` (an int), or exactly (h, w): Pillow's
+def _resize(arr: npt.NDArray[np.uint8], target: _Target) -> npt.NDArray[np.uint8]:
+    """Center square then ``target`` x ``target`` (an int), exactly (h, w), or a
+    :class:`Fit`'s cap (aspect kept; nothing to do under the cap): Pillow's
     ``BILINEAR`` resize (a triangle filter widened by the scale factor, so that shrinking
     averages every source pixel: antialiased).
 
@@ -256,13 +279,35 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
     ``torch.get_num_threads()`` threads of its own.
     """
     h, w = arr.shape[:2]
-    if isinstance(target, int):
+    if isinstance(target, Fit):
+        m = min(h, w)
+        if target.cap is None or m <= target.cap:
+            return arr
+        out_h, out_w = (
+            (target.cap, round(w * target.cap / h))
+            if h == m
+            else (
+                round(h * target.cap / w),
+                target.cap,
+            )
+        )
+    elif isinstance(target, int):
         m = min(h, w)
         y, x = (h - m) // 2, (w - m) // 2
         arr = arr[y : y + m, x : x + m]
         out_h = out_w = target
     else:
         out_h, out_w = target
+    return resize_hw(arr, out_h, out_w)
+
+
+def resize_hw(
+    arr: npt.NDArray[np.uint8], out_h: int, out_w: int, *, contiguous: bool = True
+) -> npt.NDArray[np.uint8]:
+    """``arr`` (uint8 H x W x 3, any strides) resized to exactly ``out_h`` x ``out_w``,
+    bilinear with antialiasing (see ``_resize``); the GIL is released (torch or Pillow).
+    ``contiguous=False`` may return a strided view (torch's channels-first result seen as
+    HWC), for a caller that copies it anyway: the transpose then happens in that copy."""
     torch = optional_torch()
     if torch is None:
         image = Image.fromarray(arr).resize((out_w, out_h), Image.Resampling.BILINEAR)
@@ -276,7 +321,8 @@ def _resize(arr: npt.NDArray[np.uint8], target: tuple[int, int] | int) -> npt.ND
     out = torch.nn.functional.interpolate(
         image, size=(out_h, out_w), mode="bilinear", antialias=True
     )
-    return np.asarray(out[0].permute(1, 2, 0).contiguous().numpy())
+    hwc = out[0].permute(1, 2, 0)
+    return np.asarray((hwc.contiguous() if contiguous else hwc).numpy())
 
 
 @functools.cache
@@ -328,6 +374,8 @@ class Decoder:
             key = self.column
         elif size is None:
             key = f"{self.column}@rgb"
+        elif isinstance(size, Fit):
+            key = f"{self.column}@min{size.least}" + (f"max{size.cap}" if size.cap else "")
         elif isinstance(size, int):
             key = f"{self.column}@{size}"
         else:

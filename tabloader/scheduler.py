@@ -360,11 +360,15 @@ class DatasetScheduler:
             if batch is not None:
                 return batch
 
-    def record_stalls(self, rank: RankState, wait_s: float, compute_s: float) -> None:
-        """Add seconds a service's client measured: waiting for batches, and between them."""
+    def record_stalls(
+        self, rank: RankState, wait_s: float, compute_s: float, augment_s: float = 0.0
+    ) -> None:
+        """Add seconds a service's client measured: waiting for batches, between them, and
+        augmenting them (its own threads)."""
         with self.cond:
             rank.wait_s += wait_s
             rank.compute_s += compute_s
+            rank.augment_s += augment_s
 
     def record_delivery(self, rank: RankState, rows: int) -> None:
         """A service's client has handed a batch of ``rows`` rows to its job."""
@@ -406,6 +410,7 @@ class DatasetScheduler:
             for e in work.errors.values():
                 logger.warning("job %s skipped a row: %s", rank.label(), e)
         batch = work.result
+        rank.augment_s += work.augment_s
         if batch is not None and not job.remote:  # a service's: once its client has it
             rank.delivered += 1
             rank.rows += len(batch["_id"])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -12,6 +12,9 @@ import numpy.typing as npt
 from catalog.errors import LoaderError
 from tabloader.jobs import JobState, RankState
 from tabloader.scheduler import DatasetScheduler
+
+if TYPE_CHECKING:
+    from tabloader.augment import Augmenter
 
 __all__ = ["JobStream"]
 
@@ -124,9 +127,15 @@ class JobStream:
         """
         return self._scheduler.state_dict(self._rank, undelivered)
 
-    def record_stalls(self, wait_s: float, compute_s: float) -> None:
+    def record_stalls(self, wait_s: float, compute_s: float, augment_s: float = 0.0) -> None:
         """Add stall seconds the job measured itself (the service's clients; see ``stats``)."""
-        self._scheduler.record_stalls(self._rank, wait_s, compute_s)
+        self._scheduler.record_stalls(self._rank, wait_s, compute_s, augment_s)
+
+    @property
+    def augment(self) -> Mapping[str, Augmenter]:
+        """The job's own augmentation of its image columns, by column (empty: the shared
+        values as they are)."""
+        return self._job.plan.augment
 
     def record_delivery(self, rows: int) -> None:
         """Count a batch of ``rows`` rows as delivered: for a stream opened ``remote``, the

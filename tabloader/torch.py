@@ -15,7 +15,6 @@ threads, shared by every job of the process.
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from catalog import Catalog
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import option_value
+from tabloader.augment import default_seed, from_torchvision
 from tabloader.engine import JobStream, Loader, default_loader
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
@@ -64,6 +64,12 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         seed: seed of this job's generator (its augmentations); default the job's ``seed``
             option, else a hash of the job name (so two jobs never draw the same sequence).
         image_size: shared deterministic resize (default: the job's ``image_size`` option).
+        augment: the job's own random transforms, run by the loader per image on a shared
+            decode (default: the job's ``augment`` option): a text such as
+            ``"RandomResizedCrop(224), RandomHorizontalFlip()"`` (see :mod:`catalog.augment`)
+            or a ``torchvision.transforms.v2.Compose`` of the same ops. Draws come from
+            (``seed``, epoch, row ``_id``): reproducible, across resumes too.
+        decode_size: cap of the shared decode's shorter side (default: the job's option).
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default: the
             job's ``on_error`` option, else ``"raise"``).
@@ -88,6 +94,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         transform: Transform | None = None,
         seed: int | None = None,
         image_size: int | tuple[int, int] | None = None,
+        augment: Any = None,
+        decode_size: int | None = None,
         prefetch: int | None = None,
         on_error: str | None = None,
         epochs: int | None = None,
@@ -101,11 +109,15 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self.loader: Loader | RemoteLoader = loader
         options = self.loader.job_options(job)
         self.transform = transform
+        self._seed = seed  # None: the job's option, else its name's (tabloader.augment)
         if seed is None:  # the job's option, else one of its own: jobs never share draws
             seed = option_value(options, "seed")
             if seed is None:
-                seed = zlib.crc32(job.encode())
+                seed = default_seed(job)
         self.generator = torch.Generator().manual_seed(int(seed))
+        if augment is not None and not isinstance(augment, str):
+            augment = from_torchvision(augment)
+        self._augment, self._decode_size = augment, decode_size
         self._batch_size, self._image_size = batch_size, image_size
         self._prefetch, self._on_error, self._epochs = prefetch, on_error, epochs
         self._rank, self._world_size = rank, world_size
@@ -119,6 +131,9 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 state=self._state,
                 batch_size=self._batch_size,
                 image_size=self._image_size,
+                augment=self._augment,
+                decode_size=self._decode_size,
+                seed=self._seed,
                 prefetch=self._prefetch,
                 on_error=self._on_error,
                 epochs=self._epochs,

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from catalog.bitmaps import ID_COLUMN
 from catalog.directory import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
 from catalog.sql.dialect import absolute_paths
+from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
 from tabloader.cluster.node import find_service, service_error
 from tabloader.prep import batch_column, decoder_for
@@ -184,6 +187,7 @@ class RemoteLoader:
         self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
         self.copies = Copies()  # of every stream of this loader
         self.memory = BatchMemory()  # the streams' image batches, recycled
+        self._augment_pool: ThreadPoolExecutor | None = None
         self._copies_lock = threading.Lock()
         self._closed = False
 
@@ -213,11 +217,13 @@ class RemoteLoader:
                     "batches are in memory this loader does not map. Make a new JobDataset or "
                     "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
                 )
-            conn.call("open", job=job, **options)
+            opened = conn.call("open", job=job, **options)
         except BaseException:
             conn.close()
             raise
-        return RemoteStream(self, conn, job, options["rank"], options["world_size"])
+        stream = RemoteStream(self, conn, job, options["rank"], options["world_size"])
+        stream.augment = {c: Augmenter(t, s) for c, (t, s) in opened.get("augment", {}).items()}
+        return stream
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
@@ -248,6 +254,17 @@ class RemoteLoader:
         for a benchmark that times steady state, as jobs need not."""
         self._ctl.call("ready")
 
+    @property
+    def augment_pool(self) -> ThreadPoolExecutor:
+        """The threads that run this process's jobs' augmentation (made on first use; one
+        per CPU, at most 8)."""
+        with self._copies_lock:
+            if self._augment_pool is None:
+                self._augment_pool = ThreadPoolExecutor(
+                    min(8, os.cpu_count() or 1), thread_name_prefix="tabloader-augment"
+                )
+            return self._augment_pool
+
     def count_copies(self, images: int, prepared_bytes: int, copied_bytes: int) -> None:
         """Add a batch's images to ``copies`` (its streams may run on several threads)."""
         with self._copies_lock:
@@ -271,6 +288,8 @@ class RemoteLoader:
             self._closed = True
             self._ctl.close()
             self.memory.close()  # the blocks kept for reuse go (a stream still works)
+            if self._augment_pool is not None:
+                self._augment_pool.shutdown(wait=False)
 
     def __enter__(self) -> RemoteLoader:
         return self
@@ -305,7 +324,10 @@ class RemoteStream:
         self._ahead = False  # a "next" request is out, its reply not read
         self._ready: dict[str, Any] | None = None  # a batch reply read, not delivered yet
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
+        self._augment_s = 0.0
         self._returned: float | None = None  # when take() last returned
+        # the job's own augmentation by image column, run here (``RemoteLoader.open`` sets it)
+        self.augment: dict[str, Augmenter] = {}
 
     @property
     def epoch(self) -> int:
@@ -331,7 +353,7 @@ class RemoteStream:
             elif epoch is not None and int(reply["epoch"]) != epoch:
                 self._ready, batch = reply, None  # of a later epoch: kept for its take
             else:
-                batch = self._build(reply["columns"])
+                batch = self._build(reply["columns"], int(reply["epoch"]))
                 self._wait_s += time.perf_counter() - start  # the copy counts as waiting
                 self._conn.send("next", release=[int(reply["ticket"])], **self._timing())
                 self._ahead = True
@@ -358,7 +380,9 @@ class RemoteStream:
 
     def _timing(self) -> dict[str, float]:
         timing = {"wait_s": self._wait_s, "compute_s": self._compute_s}
-        self._wait_s = self._compute_s = 0.0
+        if self._augment_s:
+            timing["augment_s"] = self._augment_s
+        self._wait_s = self._compute_s = self._augment_s = 0.0
         return timing
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -421,7 +445,7 @@ class RemoteStream:
         self.close()
 
     # -- copying out of shared memory -----------------------------------------------------------
-    def _build(self, columns: list[dict[str, Any]]) -> dict[str, Any]:
+    def _build(self, columns: list[dict[str, Any]], epoch: int) -> dict[str, Any]:
         arena = self._loader.arena
         batch: dict[str, Any] = {}
         for col in columns:
@@ -437,6 +461,11 @@ class RemoteStream:
                 ).read_all()
                 values = table.column(0).combine_chunks()
                 batch[col["name"]] = batch_column(values, decoder_for(table.schema.field(0)))
+            elif col["name"] in self.augment:
+                t0 = time.perf_counter()
+                aug = self.augment[col["name"]]
+                batch[col["name"]] = _augmented(arena, col, self._loader, aug, batch, epoch)
+                self._augment_s += time.perf_counter() - t0
             else:
                 batch[col["name"]] = _images(arena, col, self._loader)
         return batch
@@ -463,11 +492,43 @@ def open_catalog(
             raise locked from None
 
 
-def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
+def _located(col: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
+    """An images column's values: their shapes, sizes and starts in the mapping."""
     staged = {int(k): int(v) for k, v in col["staged"].items()}
     shapes = [tuple(s[: 3 if s[2] else 2]) for s in col["shapes"]]
     sizes = [math.prod(s) for s in shapes]
     starts = [staged.get(k, off) for k, off in enumerate(col["offsets"])]
+    return shapes, sizes, starts
+
+
+def _augmented(
+    arena: np.ndarray,
+    col: dict[str, Any],
+    loader: RemoteLoader,
+    aug: Augmenter,
+    batch: dict[str, Any],
+    epoch: int,
+) -> Any:
+    """The job's own augmentation of an images column, each image read from the mapping and
+    written into its slot of the batch (the one copy), in this process's augmentation threads
+    (the GIL released in the resizes): never on the training loop's thread alone."""
+    shapes, sizes, starts = _located(col)
+    ids = batch[ID_COLUMN].tolist()
+    out = loader.memory.empty((len(shapes), *aug.output_shape), aug.dtype)
+
+    def one(k: int) -> None:
+        src = arena[starts[k] : starts[k] + sizes[k]].reshape(shapes[k])
+        aug.apply(src, epoch, ids[k], out[k])
+
+    list(loader.augment_pool.map(one, range(len(shapes))))
+    staged = sum(sizes[int(k)] for k in col["staged"])
+    loader.count_copies(len(shapes), sum(sizes), out.nbytes + staged)
+    return out
+
+
+def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
+    shapes, sizes, starts = _located(col)
+    staged = {int(k) for k in col["staged"]}
     prepared = sum(sizes)
     copied = prepared + sum(sizes[k] for k in staged)  # ours, and the service's into staging
     if shapes and all(s == shapes[0] for s in shapes):

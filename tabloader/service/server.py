@@ -302,7 +302,8 @@ class _Handler:
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        return {"job": stream.name}
+        augment = {c: [a.spec.text, a.seed] for c, a in stream.augment.items()}
+        return {"job": stream.name, "augment": augment}
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The next batch. The request also says the client's job has the batch sent last
@@ -324,10 +325,12 @@ class _Handler:
         """The client's own stall times since its last request (it reads ahead, so the time
         this service waits for its next batch is mostly the client computing)."""
         wait, compute = msg.get("wait_s", 0.0), msg.get("compute_s", 0.0)
-        if not all(isinstance(v, (int, float)) and 0 <= v < 1e9 for v in (wait, compute)):
-            raise ServiceError(f"Stall times must be seconds, got {wait!r} and {compute!r}.")
-        if wait or compute:
-            self._stream().record_stalls(float(wait), float(compute))
+        augment = msg.get("augment_s", 0.0)
+        times = (wait, compute, augment)
+        if not all(isinstance(v, (int, float)) and 0 <= v < 1e9 for v in times):
+            raise ServiceError(f"Stall times must be seconds, got {times!r}.")
+        if wait or compute or augment:
+            self._stream().record_stalls(float(wait), float(compute), float(augment))
 
     def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
         self._release(msg.get("release") or [])
@@ -497,6 +500,9 @@ _OPEN_ARGS = (
     "prefetch",
     "lookahead",
     "image_size",
+    "augment",
+    "decode_size",
+    "seed",
     "on_error",
     "epochs",
     "state",
