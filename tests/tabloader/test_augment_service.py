@@ -1,0 +1,82 @@
+"""Augmented jobs through the loader service: the client augments in its own threads, and a
+row's batch is the same across a service restart and a resume."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+from test_service import TIMEOUT, start_service
+
+import catalog
+from tabloader.augment import Augmenter, default_seed
+from tabloader.prep import Fit, decode_image
+from tabloader.service.client import RemoteLoader
+
+TRAIN = "RandomResizedCrop(20, scale=(0.2, 1.0)), RandomHorizontalFlip(), Normalize(0.5, 0.5)"
+
+
+@pytest.fixture
+def aug_dir(tmp_path, image_folder):
+    root = tmp_path / "cat"
+    with catalog.connect(root) as cat:
+        cat.import_imagefolder("imgs", image_folder)
+        cat.sql(f"REGISTER JOB tr SELECT image, label FROM imgs WITH (augment = '{TRAIN}')")
+        cat.sql("REGISTER JOB ev SELECT image FROM imgs WHERE label < 2 WITH (image_size = 20)")
+        ds = cat.dataset("imgs")
+        raw = ds.take(list(range(ds.num_rows)), ["image"]).column("image").to_pylist()
+    return root, raw
+
+
+def stop(proc, sig=signal.SIGTERM):
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    proc.wait(TIMEOUT)
+
+
+def read(remote, job, **kw):
+    out = {}
+    with remote.open(job, batch_size=8, **kw) as s:
+        for _ in range(kw.get("epochs", 2)):
+            e = s.epoch
+            for b in s.iter_epoch():
+                for i, img in zip(b["_id"].tolist(), b["image"], strict=True):
+                    out[(e, i)] = img.copy()
+    return out
+
+
+def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
+    root, raw = aug_dir
+    proc = start_service(root)
+    try:
+        remote = RemoteLoader(root, start=False)
+        first = read(remote, "tr", epochs=2)
+        ev = read(remote, "ev", epochs=1)
+        stats = remote.stats()
+        with remote.open("tr", batch_size=8, epochs=2) as s:
+            head = [(0, s.take()), (0, s.take())]
+            state = s.state_dict()
+        remote.close()
+    finally:
+        stop(proc, signal.SIGKILL)  # the service dies; a new one serves the rest
+    proc = start_service(root)
+    try:
+        remote = RemoteLoader(root, start=False)
+        rest = read(remote, "tr", epochs=2, state=state)
+        remote.close()
+    finally:
+        stop(proc)
+    assert stats["decodes"] == len(raw)  # the evaluation job read the training job's decodes
+    assert all(v.shape == (20, 20, 3) and v.dtype == np.uint8 for v in ev.values())
+    # the reference: the job's augmentation of the shared decode, computed here
+    aug = Augmenter(TRAIN, seed=default_seed("tr"))
+    for (e, r), img in first.items():
+        want = np.empty(aug.output_shape, aug.dtype)
+        aug.apply(decode_image(raw[r], size=Fit(20)), e, r, want)
+        assert img.shape == (3, 20, 20) and (img == want).all()
+    resumed = {(0, i): img for _, b in head for i, img in zip(b["_id"].tolist(), b["image"])}
+    resumed.update(rest)
+    assert resumed.keys() == first.keys()
+    assert all((resumed[k] == first[k]).all() for k in first)
+
