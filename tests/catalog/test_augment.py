@@ -18,10 +18,12 @@ def test_every_operation_parses_with_torchvisions_defaults():
     rrc, _, _, crop, flip, norm = spec.ops
     assert rrc.arg("scale") == (0.08, 1.0)
     assert rrc.arg("ratio") == (3 / 4, 4 / 3)
-    assert crop.arg("padding") is None and crop.arg("pad_if_needed") is False
+    assert crop.arg("padding") is None
+    assert crop.arg("pad_if_needed") is False
     assert crop.arg("fill") == 0
     assert flip.arg("p") == 0.5
-    assert norm.arg("mean") == (0.5,) * 3 and norm.arg("std") == (0.25,) * 3
+    assert norm.arg("mean") == (0.5,) * 3
+    assert norm.arg("std") == (0.25,) * 3
 
 
 def test_canonical_text_parses_back_to_the_same_spec():

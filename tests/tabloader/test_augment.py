@@ -121,13 +121,17 @@ def test_center_crop_resize_and_pad_are_torchvisions():
     assert (out == src[top : top + 10, left : left + 12]).all()
     big = np.empty((34, 41, 3), np.uint8)  # larger than the image: zero-padded, split evenly
     Augmenter("CenterCrop((34, 41))", 0).apply(src, 0, 0, big)
-    assert (big[2:32] == src).all() and not big[:2].any() and not big[32:].any()
+    assert (big[2:32] == src).all()
+    assert not big[:2].any()
+    assert not big[32:].any()
     resized = Augmenter("Resize(15), CenterCrop((15, 20))", 0)
     assert resized.draw((30, 41), 0, 0) == [None, None]
     out = np.empty((15, 20, 3), np.uint8)
     resized.apply(src, 0, 0, out)  # shorter side 15, the longer int(15 * 41 / 30) = 20
     ref = torch.nn.functional.interpolate(
-        torch.from_numpy(src.copy()).permute(2, 0, 1)[None], (15, 20), mode="bilinear",
+        torch.from_numpy(src.copy()).permute(2, 0, 1)[None],
+        (15, 20),
+        mode="bilinear",
         antialias=True,
     )[0].permute(1, 2, 0)
     assert (out == ref.numpy()).all()
@@ -141,7 +145,8 @@ def test_random_crop_pads_with_fill_and_stays_inside():
     for r in range(300):
         aug.apply(src, 0, r, out)
         i, j = aug.draw((8, 8), 0, r)[0]
-        assert 0 <= i <= 4 and 0 <= j <= 4
+        assert 0 <= i <= 4
+        assert 0 <= j <= 4
         corners.add((i, j))
         assert (out == 9).any() == ((i, j) != (2, 2))  # only the unshifted crop has no padding
     assert len(corners) == 25  # every offset of the padded image
@@ -157,7 +162,8 @@ def test_flip_and_normalize_write_float_channels_first():
     out = np.empty(aug.output_shape, aug.dtype)
     aug.apply(src, 0, 0, out)
     want = (src[:, ::-1].transpose(2, 0, 1) / 255.0 - np.array([0, 0.5, 1])[:, None, None]) / 0.5
-    assert out.dtype == np.float32 and out.shape == (3, 6, 9)
+    assert out.dtype == np.float32
+    assert out.shape == (3, 6, 9)
     np.testing.assert_allclose(out, want, atol=1e-5)
 
 
@@ -182,7 +188,8 @@ def test_from_torchvision_converts_the_supported_ops_and_refuses_others():
         "RandomCrop",
         "Normalize",
     ]
-    assert spec.ops[0].arg("size") == (224, 224) and spec.ops[2].arg("padding") == (4,) * 4
+    assert spec.ops[0].arg("size") == (224, 224)
+    assert spec.ops[2].arg("padding") == (4,) * 4
     jitter = types.SimpleNamespace(transforms=[op("ColorJitter")])
     with pytest.raises(OptionError, match=r"torchvision's ColorJitter is not supported; .*Resize"):
         from_torchvision(jitter)
@@ -194,7 +201,9 @@ TRAIN = "RandomResizedCrop(24, scale=(0.2, 1.0)), RandomHorizontalFlip()"
 
 @pytest.fixture
 def jobs(images):
-    images.sql(f"REGISTER JOB tr SELECT image, label FROM imgs WITH (augment = '{TRAIN}', seed = 1)")
+    images.sql(
+        f"REGISTER JOB tr SELECT image, label FROM imgs WITH (augment = '{TRAIN}', seed = 1)"
+    )
     images.sql(
         f"REGISTER JOB tr2 SELECT image FROM imgs WHERE label < 2 WITH (augment = '{TRAIN}', "
         "seed = 2)"
@@ -274,7 +283,8 @@ def test_an_evaluation_job_shares_the_training_jobs_decodes(jobs):
         images = [b["image"] for b in ev]
         list(tr)
         assert loader.stats()["decodes"] == ds.num_rows
-        assert ev.stats()["augment_s"] > 0 and tr.stats()["augment_s"] > 0
+        assert ev.stats()["augment_s"] > 0
+        assert tr.stats()["augment_s"] > 0
     assert all(i.shape[1:] == (24, 24, 3) for i in images)
 
 

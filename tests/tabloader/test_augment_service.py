@@ -74,9 +74,11 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
     for (e, r), img in first.items():
         want = np.empty(aug.output_shape, aug.dtype)
         aug.apply(decode_image(raw[r], size=Fit(20)), e, r, want)
-        assert img.shape == (3, 20, 20) and (img == want).all()
-    resumed = {(0, i): img for _, b in head for i, img in zip(b["_id"].tolist(), b["image"])}
+        assert img.shape == (3, 20, 20)
+        assert (img == want).all()
+    resumed = {
+        (0, i): img for _, b in head for i, img in zip(b["_id"].tolist(), b["image"], strict=True)
+    }
     resumed.update(rest)
     assert resumed.keys() == first.keys()
     assert all((resumed[k] == first[k]).all() for k in first)
-
