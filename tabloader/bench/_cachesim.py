@@ -20,7 +20,7 @@ job) and the sum of the set sizes (no sharing at all).
 Policies
 --------
 ``LRU``, ``RefCnt`` and ``Lookahead`` replay the stream through the eviction policy objects
-of :mod:`tabloader.eviction` (:class:`_Cache`), the ones the arena ranks its slots by:
+of :mod:`tabloader.eviction` (:class:`PolicyCache`), the ones the arena ranks its slots by:
 ``Lookahead`` is :data:`~tabloader.eviction.ARENA_POLICY` itself, so the benchmark measures
 the code that runs. Each cached row has a next use (known when it falls inside the window:
 the sampler runs ``LOOKAHEAD_FACTOR`` times as many rounds ahead as the cache holds rows;
@@ -58,10 +58,12 @@ __all__ = [
     "POLICIES",
     "JobSpec",
     "Policy",
+    "PolicyCache",
     "Scenario",
     "Stream",
     "belady_pinned",
     "generate_stream",
+    "replay",
     "simulate",
 ]
 
@@ -229,13 +231,13 @@ def simulate(stream: Stream, policy: Policy, capacity: int, *, seed: int = 0) ->
     if policy is Policy.BELADY:
         return _belady(rows, _next_use(stream.rows).tolist(), capacity)
     if policy is Policy.LRU:
-        return _replay(stream, LeastRecent(), capacity, 0, pins=False)
+        return replay(stream, LeastRecent(), capacity, 0, pins=False)
     if policy is Policy.REFCNT:
-        return _replay(stream, FewestUses(), capacity, 0)
+        return replay(stream, FewestUses(), capacity, 0)
     if policy is Policy.LOOKAHEAD:
         per_round = float(np.diff(stream.rounds).mean()) if len(stream.rounds) > 1 else 0.0
         window = int(LOOKAHEAD_FACTOR * capacity * per_round)
-        return _replay(stream, ARENA_POLICY, capacity, window)
+        return replay(stream, ARENA_POLICY, capacity, window)
     return _simple(rows, policy, capacity, seed)
 
 
@@ -360,7 +362,7 @@ def belady_pinned(
     return reads
 
 
-class _Cache:
+class PolicyCache:
     """Cached rows ranked by an eviction policy's keys (a heap of key tuples, stale entries
     skipped): the simulator's view of the arena's choice, through the same policy object.
 
@@ -409,17 +411,17 @@ class _Cache:
         return row
 
 
-def _replay(
+def replay(
     stream: Stream, policy: EvictionPolicy, capacity: int, window: int, *, pins: bool = True
 ) -> int:
-    """Replay ``stream`` through a :class:`_Cache` of ``capacity`` rows ranked by ``policy``.
+    """Replay ``stream`` through a :class:`PolicyCache` of ``capacity`` rows ranked by ``policy``.
 
     A row's next use is known when it lies within ``window`` requests of the current one
     (the sampler's horizon; otherwise inf); its uses are the jobs' remaining requests of it
     this epoch; its last use is the position of its last request. With ``pins`` the rest of
     the current round is pinned, as the engine's batches pin their rows (the textbook LRU
-    baseline runs without). The requested row is cached before the eviction, so it may be the victim
-    (not kept).
+    baseline runs without). The requested row is cached before the eviction, so it may be
+    the victim (not kept). Returns the number of reads.
     """
     rows = stream.rows.tolist()
     n = len(rows)
@@ -428,7 +430,7 @@ def _replay(
     counts = stream.counts.tolist()
     bounds = stream.rounds.tolist()
     events = list(stream.ref_events)
-    cache = _Cache(policy)
+    cache = PolicyCache(policy)
     state = cache.state
     reveal: list[tuple[int, int, int]] = []  # (when the next use enters the window, row, it)
     true_next: dict[int, int] = {}  # row -> its next request, known or not

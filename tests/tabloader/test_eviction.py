@@ -9,7 +9,7 @@ import pytest
 
 from catalog.errors import CacheError
 from tabloader.arena import Arena
-from tabloader.bench._cachesim import Policy, Stream, _Cache, simulate
+from tabloader.bench._cachesim import Policy, PolicyCache, Stream, simulate
 from tabloader.eviction import (
     ARENA_POLICY,
     EvictionPolicy,
@@ -56,7 +56,7 @@ def arena_victims(policy: EvictionPolicy, next_use: np.ndarray, uses: np.ndarray
 
 
 def simulator_victims(policy: EvictionPolicy, next_use, uses, last_use) -> list[int]:
-    cache = _Cache(policy)
+    cache = PolicyCache(policy)
     for row in range(SLOTS):
         cache.put(row, float(next_use[row]), int(uses[row]), int(last_use[row]))
     return [cache.evict(set()) for _ in range(SLOTS)]

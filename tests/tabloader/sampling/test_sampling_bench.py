@@ -94,7 +94,7 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
 @pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
 def test_lookahead_spans_refcnt_to_belady(cls):
     """Window 0 knows no next use (RefCnt); a window past the end knows them all (Belady)."""
-    from tabloader.bench._cachesim import _replay
+    from tabloader.bench._cachesim import replay
     from tabloader.eviction import ARENA_POLICY
 
     sc = Scenario(
@@ -108,8 +108,8 @@ def test_lookahead_spans_refcnt_to_belady(cls):
     st = generate_stream(sc, cls(seed=3))
     for cap in (20, 60):
         refcnt, belady = simulate(st, Policy.REFCNT, cap), simulate(st, Policy.BELADY, cap)
-        assert _replay(st, ARENA_POLICY, cap, 0) == refcnt
-        assert _replay(st, ARENA_POLICY, cap, len(st.rows)) == belady < refcnt
+        assert replay(st, ARENA_POLICY, cap, 0) == refcnt
+        assert replay(st, ARENA_POLICY, cap, len(st.rows)) == belady < refcnt
         assert belady <= simulate(st, Policy.LOOKAHEAD, cap) <= refcnt
 
 
