@@ -26,9 +26,11 @@ Layout
 * The slabs, slot classes and offset arithmetic are the allocator's (:mod:`tabloader.slabs`);
   this module decides what the slots hold, pins them and evicts.
 
-Eviction (when a class needs a slot and has none free and no slab is free): among the class's
-unpinned slots, the value whose next use is farthest (lookahead: Belady inside the sampler's
-horizon), then the one with the fewest future uses (RefCnt), then the least recently used.
+Eviction (when a class needs a slot and has none free and no slab is free): the class's
+unpinned slots are ranked by the eviction policy (:mod:`tabloader.eviction`; by default
+:data:`~tabloader.eviction.ARENA_POLICY`: the value whose next use is farthest (lookahead:
+Belady inside the sampler's horizon), then the one with the fewest future uses (RefCnt), then
+the least recently used), the same object ``bench sampling``'s simulator replays.
 ``score(space, rows) -> (next_use, uses)`` supplies the first two, vectorized; it is called
 with the arena's lock held, so it must not take a lock that an arena caller may hold (the
 engine's scores are lock-free numpy reads). A class with no evictable slot takes a whole slab
@@ -66,6 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import CacheError
+from tabloader.eviction import ARENA_POLICY, EvictionPolicy
 from tabloader.slabs import Slabs, SlotClass, default_slab, size_class
 
 __all__ = [
@@ -139,13 +142,17 @@ class Arena:
 
     Args:
         capacity_bytes: the buffer's size (rounded down to whole slabs, at least one).
-        score: ``score(space, rows) -> (next_use, uses)`` for eviction; None: LRU.
+        score: ``score(space, rows) -> (next_use, uses)`` for eviction; None: every next use
+            unknown and no uses (LRU under the default policy).
+        policy: ranks eviction candidates by (next use, uses, last use); default
+            :data:`~tabloader.eviction.ARENA_POLICY`.
         slab_bytes: bytes per slab (default: capacity / 64, clamped to 64 KiB..16 MiB and
             at most the capacity).
         buffer: the memory to use (e.g. a shared-memory segment); default a private array.
 
     Raises:
-        CacheError: ``capacity_bytes`` is not a positive int.
+        CacheError: ``capacity_bytes`` is not a positive int, or ``policy`` is not an
+            :class:`~tabloader.eviction.EvictionPolicy`.
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class Arena:
         capacity_bytes: int,
         *,
         score: ScoreFn | None = None,
+        policy: EvictionPolicy = ARENA_POLICY,
         slab_bytes: int | None = None,
         buffer: Any = None,
     ) -> None:
@@ -162,6 +170,11 @@ class Arena:
             raise CacheError(
                 f"capacity_bytes must be positive, got {capacity_bytes}; give the cache a "
                 "budget in bytes, e.g. 4 << 30 for 4 GiB."
+            )
+        if not isinstance(policy, EvictionPolicy):
+            raise CacheError(
+                f"policy must be a tabloader.eviction.EvictionPolicy, got {policy!r}; pass "
+                "e.g. tabloader.eviction.FewestUses(), or leave it out for the default."
             )
         if slab_bytes is None:
             slab_bytes = default_slab(capacity_bytes)
@@ -173,6 +186,7 @@ class Arena:
             np.zeros(size, np.uint8) if buffer is None else np.frombuffer(buffer, np.uint8, size)
         )
         self._score = score
+        self.policy = policy
         self._lock = threading.Lock()
         self._spaces: dict[str, int] = {}
         self._where: list[npt.NDArray[np.int64]] = []  # space -> row -> offset (-1: absent)
@@ -434,7 +448,7 @@ class Arena:
                 for sp in np.unique(spaces).tolist():
                     sel = spaces == sp
                     nxt[sel], uses[sel] = self._score(sp, cls.row[idx[sel]])
-        return idx[np.lexsort((cls.tick[idx], uses, -nxt))]
+        return idx[self.policy.order(nxt, uses, cls.tick[idx])]
 
     def _victims(self, cls: SlotClass) -> list[int]:
         """The best victims of ``cls``: 1/32 of its unpinned slots (at least one, at most 16).

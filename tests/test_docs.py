@@ -16,6 +16,7 @@ MODULES = [
     "tabloader.cluster.leader",
     "tabloader.cluster.membership",
     "tabloader.cluster.placement",
+    "tabloader.eviction",
     "tabloader.prep",
     "tabloader.slabs",
     "tabloader.sampling",

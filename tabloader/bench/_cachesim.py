@@ -19,29 +19,38 @@ job) and the sum of the set sizes (no sharing at all).
 
 Policies
 --------
-``LRU``, ``FIFO``, ``Random``, ``MinIO`` (fill once, never evict), ``RefCnt`` (evict the
-lowest number of jobs still needing the row this epoch, zero first, oldest first among
-equals; a row whose count is zero and that does not fit is not kept), ``Lookahead`` (the
-sampler runs ``LOOKAHEAD_FACTOR`` times as many rounds ahead as the cache holds rows, so the
-next use of a cached row is known when it falls inside that window: evict the
-farthest known next use, or, when some cached rows have no next use inside the window, the
-one of those that RefCnt would evict) and ``Belady`` (MIN, offline on the same stream, allowed
-to bypass: optimal, a lower bound of every other policy).
+``LRU``, ``RefCnt`` and ``Lookahead`` replay the stream through the eviction policy objects
+of :mod:`tabloader.eviction` (:class:`PolicyCache`), the ones the arena ranks its slots by:
+``Lookahead`` is :data:`~tabloader.eviction.ARENA_POLICY` itself, so the benchmark measures
+the code that runs. Each cached row has a next use (known when it falls inside the window:
+the sampler runs ``LOOKAHEAD_FACTOR`` times as many rounds ahead as the cache holds rows;
+else inf), a count of uses (jobs still needing it this epoch) and a last use (its last
+request). ``Lookahead`` evicts the farthest next use (unknown ones first), then the fewest
+uses, then the least recent; ``RefCnt`` (:class:`~tabloader.eviction.FewestUses`) the fewest
+uses (zero first), then the least recent; ``LRU``
+(:class:`~tabloader.eviction.LeastRecent`) the least recent, without the round's pins (the
+textbook baseline). The requested row may be its own victim: a row that ranks first is not
+kept. ``FIFO``, ``Random`` and ``MinIO`` (fill once, never evict) are plain loops: the arena
+has no such policy. ``Belady`` is MIN, offline on the same stream and allowed to bypass:
+optimal, a lower bound of every other policy. It stays a separate computation, as it is no
+online policy (it reads every future request, not a horizon); with a window spanning the
+whole stream ``Lookahead`` equals it (checked in the tests).
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
+import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 from pyroaring import BitMap
 
+from tabloader.eviction import ARENA_POLICY, EvictionPolicy, FewestUses, LeastRecent
 from tabloader.sampling import Sampler
 
 __all__ = [
@@ -49,10 +58,12 @@ __all__ = [
     "POLICIES",
     "JobSpec",
     "Policy",
+    "PolicyCache",
     "Scenario",
     "Stream",
     "belady_pinned",
     "generate_stream",
+    "replay",
     "simulate",
 ]
 
@@ -219,16 +230,19 @@ def simulate(stream: Stream, policy: Policy, capacity: int, *, seed: int = 0) ->
     rows = stream.rows.tolist()
     if policy is Policy.BELADY:
         return _belady(rows, _next_use(stream.rows).tolist(), capacity)
+    if policy is Policy.LRU:
+        return replay(stream, LeastRecent(), capacity, 0, pins=False)
     if policy is Policy.REFCNT:
-        return _refcnt(stream, rows, capacity)
+        return replay(stream, FewestUses(), capacity, 0)
     if policy is Policy.LOOKAHEAD:
         per_round = float(np.diff(stream.rounds).mean()) if len(stream.rounds) > 1 else 0.0
         window = int(LOOKAHEAD_FACTOR * capacity * per_round)
-        return _refcnt(stream, rows, capacity, _next_use(stream.rows).tolist(), window)
+        return replay(stream, ARENA_POLICY, capacity, window)
     return _simple(rows, policy, capacity, seed)
 
 
 def _simple(rows: Sequence[int], policy: Policy, capacity: int, seed: int) -> int:
+    """FIFO, Random and MinIO: no eviction inputs, so no policy object."""
     reads = 0
     if policy is Policy.RANDOM:
         rng = random.Random(seed)
@@ -256,11 +270,8 @@ def _simple(rows: Sequence[int], policy: Policy, capacity: int, seed: int) -> in
                     kept.add(row)
         return reads
     cache: OrderedDict[int, None] = OrderedDict()
-    lru = policy is Policy.LRU
-    for row in rows:
+    for row in rows:  # FIFO
         if row in cache:
-            if lru:
-                cache.move_to_end(row)
             continue
         reads += 1
         cache[row] = None
@@ -351,93 +362,111 @@ def belady_pinned(
     return reads
 
 
-def _refcnt(
-    stream: Stream,
-    rows: Sequence[int],
-    capacity: int,
-    nxt: Sequence[int] | None = None,
-    window: int = 0,
+class PolicyCache:
+    """Cached rows ranked by an eviction policy's keys (a heap of key tuples, stale entries
+    skipped): the simulator's view of the arena's choice, through the same policy object.
+
+    Each row has a ``next_use`` (inf: not known), ``uses`` and ``last_use``, as the arena's
+    candidates do (:mod:`tabloader.eviction`).
+    """
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self.state: dict[int, tuple[float, int, int, int]] = {}  # row -> (next, uses, last, ver)
+        self._heap: list[tuple[tuple[float, ...], int, int]] = []  # (keys, version, row)
+        self._version = 0
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def __contains__(self, row: int) -> bool:
+        return row in self.state
+
+    def put(self, row: int, next_use: float, uses: int, last_use: int) -> None:
+        """Cache ``row`` (or update it) with these eviction inputs."""
+        self._version += 1
+        self.state[row] = (next_use, uses, last_use, self._version)
+        keys = self.policy.keys(next_use, uses, last_use)
+        heapq.heappush(self._heap, (keys, self._version, row))
+        if len(self._heap) > 4 * len(self.state) + 64:  # drop the stale entries
+            self._heap = [e for e in self._heap if self.state.get(e[2], (0, 0, 0, -1))[3] == e[1]]
+            heapq.heapify(self._heap)
+
+    def evict(self, pinned: set[int]) -> int:
+        """Remove and return the policy's best victim among the rows not in ``pinned``."""
+        held = []
+        heap, state = self._heap, self.state
+        while True:
+            entry = heapq.heappop(heap)
+            _, version, row = entry
+            if state.get(row, (0, 0, 0, -1))[3] != version:
+                continue  # stale
+            if row in pinned:
+                held.append(entry)
+                continue
+            break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        del state[row]
+        return row
+
+
+def replay(
+    stream: Stream, policy: EvictionPolicy, capacity: int, window: int, *, pins: bool = True
 ) -> int:
-    """RefCnt; with ``nxt`` (next use of each request), lookahead over ``window`` requests."""
+    """Replay ``stream`` through a :class:`PolicyCache` of ``capacity`` rows ranked by ``policy``.
+
+    A row's next use is known when it lies within ``window`` requests of the current one
+    (the sampler's horizon; otherwise inf); its uses are the jobs' remaining requests of it
+    this epoch; its last use is the position of its last request. With ``pins`` the rest of
+    the current round is pinned, as the engine's batches pin their rows (the textbook LRU
+    baseline runs without). The requested row is cached before the eviction, so it may be
+    the victim (not kept). Returns the number of reads.
+    """
+    rows = stream.rows.tolist()
+    n = len(rows)
+    nxt = _next_use(stream.rows).tolist()
     ref = np.zeros(stream.universe, dtype=np.int64)
     counts = stream.counts.tolist()
     bounds = stream.rounds.tolist()
     events = list(stream.ref_events)
-    buckets: dict[int, OrderedDict[int, None]] = {}
-    level: dict[int, int] = {}  # cached row -> its bucket
-    reads = 0
-    ev = 0
-
-    def settle(row: int, new: int) -> None:
-        old = level.get(row)
-        if old is None or old == new:
-            return
-        del buckets[old][row]
-        buckets.setdefault(new, OrderedDict())[row] = None
-        level[row] = new
-
-    refs: Callable[[int], int] = lambda row: int(ref[row])  # noqa: E731
-    next_use: dict[int, int] = {}  # cached row -> its next request
-    heap: list[tuple[int, int]] = []  # (-next use, row), lazily invalidated
+    cache = PolicyCache(policy)
+    state = cache.state
+    reveal: list[tuple[int, int, int]] = []  # (when the next use enters the window, row, it)
+    true_next: dict[int, int] = {}  # row -> its next request, known or not
+    inf = math.inf
+    reads = ev = 0
     for rnd in range(len(bounds) - 1):
         a, b = bounds[rnd], bounds[rnd + 1]
         while ev < len(events) and events[ev][0] <= a:
             _, ids, delta = events[ev]
             ref[ids] += delta
-            for row in ids[np.isin(ids, np.fromiter(level, np.int64, len(level)))].tolist():
-                settle(row, refs(row))
+            cached = ids[np.isin(ids, np.fromiter(state, np.int64, len(state)))]
+            for row, uses in zip(cached.tolist(), ref[cached].tolist(), strict=True):
+                nu, _, last, _ = state[row]
+                cache.put(row, nu, uses, last)
             ev += 1
-        pinned = set(rows[a:b])
+        pinned = set(rows[a:b]) if pins else set()
         for i in range(a, b):
             row = rows[i]
             pinned.discard(row)
-            new = refs(row) - counts[i]
-            ref[row] = new
-            if nxt is not None:
-                next_use[row] = nxt[i]
-                heapq.heappush(heap, (-nxt[i], row))
-            if row in level:
-                settle(row, new)
+            uses = int(ref[row]) - counts[i]
+            ref[row] = uses
+            nu = nxt[i]
+            if nu < n and nu > i + window:
+                heapq.heappush(reveal, (nu - window, row, nu))
+            hit = row in state
+            true_next[row] = nu
+            cache.put(row, nu if nu <= i + window and nu < n else inf, uses, i)
+            if hit:
                 continue
             reads += 1
-            level[row] = new
-            buckets.setdefault(new, OrderedDict())[row] = None
-            if len(level) <= capacity:
+            if len(state) <= capacity:
                 continue
-            if nxt is None:
-                _evict_lowest(buckets, level, pinned)
-                continue
-            while True:  # the cached row used farthest in the future (stale entries dropped)
-                neg, victim = heap[0]
-                if victim in level and next_use.get(victim) == -neg:
-                    break
-                heapq.heappop(heap)
-            if -neg > i + window:  # unknown next uses: RefCnt among the rows beyond the window
-                beyond = i + window
-                victim = _evict_lowest(
-                    buckets, level, pinned, functools.partial(_after, next_use, beyond)
-                )
-            else:
-                del buckets[level.pop(victim)][victim]
-            del next_use[victim]
+            while reveal and reveal[0][0] <= i:  # next uses now within the window
+                _, r, nu = heapq.heappop(reveal)
+                if r in state and true_next[r] == nu:
+                    _, uses, last, _ = state[r]
+                    cache.put(r, nu, uses, last)
+            cache.evict(pinned)
     return reads
-
-
-def _after(next_use: dict[int, int], limit: int, row: int) -> bool:
-    return next_use[row] > limit
-
-
-def _evict_lowest(
-    buckets: dict[int, OrderedDict[int, None]],
-    level: dict[int, int],
-    pinned: set[int],
-    eligible: Callable[[int], bool] = lambda row: True,
-) -> int:
-    """Evict the eligible row of lowest count (oldest first); return it."""
-    for key in sorted(buckets):
-        for row in buckets[key]:
-            if row not in pinned and eligible(row):
-                del buckets[key][row]
-                del level[row]
-                return row
-    raise AssertionError("no row to evict")

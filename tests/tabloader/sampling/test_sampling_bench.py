@@ -94,7 +94,8 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
 @pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
 def test_lookahead_spans_refcnt_to_belady(cls):
     """Window 0 knows no next use (RefCnt); a window past the end knows them all (Belady)."""
-    from tabloader.bench._cachesim import _next_use, _refcnt
+    from tabloader.bench._cachesim import replay
+    from tabloader.eviction import ARENA_POLICY
 
     sc = Scenario(
         "t",
@@ -105,11 +106,10 @@ def test_lookahead_spans_refcnt_to_belady(cls):
         ),
     )
     st = generate_stream(sc, cls(seed=3))
-    rows, nxt = st.rows.tolist(), _next_use(st.rows).tolist()
     for cap in (20, 60):
         refcnt, belady = simulate(st, Policy.REFCNT, cap), simulate(st, Policy.BELADY, cap)
-        assert _refcnt(st, rows, cap, nxt, 0) == refcnt
-        assert _refcnt(st, rows, cap, nxt, len(rows)) == belady < refcnt
+        assert replay(st, ARENA_POLICY, cap, 0) == refcnt
+        assert replay(st, ARENA_POLICY, cap, len(st.rows)) == belady < refcnt
         assert belady <= simulate(st, Policy.LOOKAHEAD, cap) <= refcnt
 
 

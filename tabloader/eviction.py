@@ -1,0 +1,102 @@
+"""Eviction policies: which cached value makes room, from its next use, uses and last use.
+
+A policy sees three numbers per candidate (a cached value that nothing pins):
+
+* ``next_use``: when the value is needed next (larger = later; ``inf``: not known to be
+  needed, e.g. beyond the sampler's horizon). The arena gets the round of the next queued use
+  from the scheduler; the cache simulator (:mod:`tabloader.bench._cachesim`) the position of
+  the next request when it falls inside its lookahead window.
+* ``uses``: how many jobs still need the value this epoch (its reference count).
+* ``last_use``: when it was last used (larger = more recent).
+
+A policy is defined by one method, :meth:`EvictionPolicy.keys`: the sort keys of a candidate,
+most significant first; the candidate of the smallest keys is evicted first. ``keys`` works
+on scalars and on numpy arrays alike, so the arena ranks a whole slot class at once
+(:meth:`EvictionPolicy.order`, a ``lexsort`` of the keys) and the simulator keeps a heap of
+per-row key tuples: both rank by the same object, so the benchmark measures the code that
+runs. The arena's policy is :data:`ARENA_POLICY` (:class:`FarthestNextUse`).
+
+Belady's MIN is not a policy here: it needs every future request (not a horizon), and it may
+decline to cache the incoming value. With all next uses known, :class:`FarthestNextUse` is
+MIN; the simulator keeps MIN as a separate offline computation over the whole stream (a
+bound for every policy, checked against this one in the tests).
+
+Example:
+    >>> import numpy as np
+    >>> ARENA_POLICY.order(np.array([5.0, 9, 9, np.inf]), np.array([0, 3, 1, 2]),
+    ...                    np.array([1, 2, 3, 4])).tolist()
+    [3, 2, 1, 0]
+    >>> ARENA_POLICY.keys(9.0, 1, 3)
+    (-9.0, 1, 3)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "ARENA_POLICY",
+    "EvictionPolicy",
+    "FarthestNextUse",
+    "FewestUses",
+    "LeastRecent",
+]
+
+
+class EvictionPolicy:
+    """Ranks eviction candidates by :meth:`keys`; subclasses define ``keys``."""
+
+    name = "policy"
+
+    def keys(self, next_use: Any, uses: Any, last_use: Any) -> tuple[Any, ...]:
+        """The sort keys of candidates (scalars or arrays), most significant first: the
+        smallest keys are evicted first."""
+        raise NotImplementedError
+
+    def order(
+        self, next_use: npt.ArrayLike, uses: npt.ArrayLike, last_use: npt.ArrayLike
+    ) -> npt.NDArray[np.intp]:
+        """Candidate positions, best victim first (ties keep the given order)."""
+        keys = self.keys(np.asarray(next_use), np.asarray(uses), np.asarray(last_use))
+        return np.lexsort(keys[::-1]).astype(np.intp, copy=False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class FarthestNextUse(EvictionPolicy):
+    """The arena's policy: the farthest next use (unknown ones first), then the fewest future
+    uses (RefCnt: zero first), then the least recent use.
+
+    Inside the sampler's horizon this is Belady's MIN; beyond it (``inf``), RefCnt.
+    """
+
+    name = "farthest next use"
+
+    def keys(self, next_use: Any, uses: Any, last_use: Any) -> tuple[Any, ...]:
+        return (-next_use, uses, last_use)
+
+
+class FewestUses(EvictionPolicy):
+    """RefCnt without lookahead: the fewest future uses (zero first), then the least recent."""
+
+    name = "fewest uses"
+
+    def keys(self, next_use: Any, uses: Any, last_use: Any) -> tuple[Any, ...]:
+        return (uses, last_use)
+
+
+class LeastRecent(EvictionPolicy):
+    """LRU: the least recently used (the arena's policy when it is given no scores)."""
+
+    name = "least recent"
+
+    def keys(self, next_use: Any, uses: Any, last_use: Any) -> tuple[Any, ...]:
+        return (last_use,)
+
+
+ARENA_POLICY: EvictionPolicy = FarthestNextUse()
+"""The policy an :class:`~tabloader.arena.Arena` uses unless given another."""
