@@ -390,7 +390,7 @@ class Loader:
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
-            plan = self._plan(sched, dataset, list(info.columns), size, augmenter, cap)
+            plan = self._plan(sched, dataset, info, size, augmenter, cap)
         if fed and state is not None:
             raise LoaderError(
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
@@ -446,18 +446,20 @@ class Loader:
         seed = option_value(options, "seed")
         return Augmenter(text, default_seed(info.name) if seed is None else seed), cap
 
-    def _shared_need(self, dataset: str, column: str, cap: int | None) -> int | None:
+    def _shared_need(self, job: Job, column: str, cap: int | None) -> int | None:
         """The largest ``need`` of the registered augmented jobs reading ``column`` of
-        ``dataset`` with decode cap ``cap`` (None: no such job): their shared decode."""
+        ``job``'s dataset with decode cap ``cap`` and rows in common with ``job`` (None: no
+        such job): the decode they share."""
         from catalog.augment import parse_augment
 
         needs = [
             parse_augment(j.options["augment"]).need
             for j in self.catalog.job_infos()
-            if j.dataset == dataset
+            if j.dataset == job.dataset
             and column in j.columns
             and j.options.get("augment")
             and j.options.get("decode_size") == cap
+            and (j.name == job.name or self.catalog.job(j.name).ids.intersect(job.ids))
         ]
         return max(needs) if needs else None
 
@@ -465,25 +467,28 @@ class Loader:
         self,
         sched: DatasetScheduler,
         dataset: Dataset,
-        columns: list[str],
+        job: Job,
         size: Any,
         augmenter: Augmenter | None = None,
         cap: int | None = None,
     ) -> Plan:
         """How the job's columns are prepared. An augmented job's image columns are decoded
         aspect-kept (:class:`~tabloader.prep.Fit`) at the largest need of the registered
-        augmented jobs on that column with the same ``decode_size``, so that they all share
-        one decode. An ``image_size`` job (an int: the evaluation recipe) shares that decode
-        too when such a job's need is at least its size: it then gets torchvision's
-        ``Resize(size), CenterCrop(size)`` of it (the same mapping as its own decode; the
-        pixels differ slightly), else its own fixed-size values."""
+        augmented jobs that read that column with the same ``decode_size`` and share rows
+        with the job, so that they share one decode. An ``image_size`` job (an int: the
+        evaluation recipe) shares that decode too when such a job's need is at least its
+        size: it then gets torchvision's ``Resize(size), CenterCrop(size)`` of it (the same
+        mapping as its own decode; the pixels differ slightly). Otherwise (no such job: an
+        evaluation split apart from the training rows, say) it keeps its own fixed-size
+        values, smaller in the arena and resized once."""
         schema = dataset.schema
+        columns = list(job.columns)
         gathered, prepared = [], []
         augment: dict[str, Augmenter] = {}
         for c in columns:
             dec = decoder_for(schema.field(c))
             if dec.kind is DecodeKind.IMAGE:
-                shared = self._shared_need(dataset.name, c, cap)
+                shared = self._shared_need(job, c, cap)
                 column_size = size
                 if augmenter is not None:
                     own = shared_fit(augmenter.spec, cap)

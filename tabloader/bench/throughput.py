@@ -3,7 +3,8 @@
 Side by side in one run (competitors alternate, each one's best round is kept; throughput is
 measured from each run's first batch on, so worker start-up counts for nobody):
 
-* **images** (generated JPEGs, about 500x375), ``image_size`` 224 and 112, batch 64: a
+* **images** (generated JPEGs, about 500x375), ``image_size`` 224 and 112, and the training
+  recipe (:mod:`.recipe`: a job with ``augment`` vs DataLoaders doing it per sample), batch 64: a
   ``JobDataset`` epoch vs ``DataLoader(num_workers=N, shuffle=True)`` over the same Arrow
   files with a tuned Pillow decode (``draft`` + the same resize, as a user writes it; the
   target), the same DataLoader with tabloader's own decode (for reference), and SPDL's thread
@@ -39,10 +40,11 @@ from typing import Any
 import numpy as np
 
 from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench.recipe import RECIPE, recipe_competitors
 
 __all__ = ["add_arguments", "run"]
 
-TARGETS = {"images": 1.2, "small_rows": 1.0, "four_jobs": 0.9}
+TARGETS = {"images": 1.2, "recipe": 1.2, "small_rows": 1.0, "four_jobs": 0.9}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,13 +103,16 @@ class _ImageRows:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> tuple[Any, int]:
+    def raw(self, i: int) -> Any:
+        """Row ``i``'s image bytes."""
         if self._reader is None:  # opened in the worker process: files only, no DuckDB
             from catalog.storage import DatasetReader
 
             self._reader = DatasetReader(Path(self.root), self.parts, self.schema)
-        data = self._reader.take([i], ["image"]).column("image")[0].as_buffer()
-        return decode(data, self.size, self.how), i
+        return self._reader.take([i], ["image"]).column("image")[0].as_buffer()
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return decode(self.raw(i), self.size, self.how), i
 
 
 def decode(data: Any, size: int, how: str) -> Any:
@@ -137,10 +142,15 @@ def _image_dataset(cat: Any, size: int, how: str) -> _ImageRows:
 
 
 def _dataloader_images(cat: Any, size: int, how: str, workers: int) -> dict[str, Any]:
+    """``how``: a decode (``decode``), or ``recipe-<variant>`` (:mod:`.recipe`)."""
     import torch
     from torch.utils.data import DataLoader
 
+    from tabloader.bench.recipe import RecipeRows
+
     dataset: Any = _image_dataset(cat, size, how)
+    if how.startswith("recipe-"):
+        dataset = RecipeRows(dataset, how.removeprefix("recipe-"))
     loader: Any = DataLoader(
         dataset,
         batch_size=64,
@@ -189,6 +199,8 @@ def _tabloader_job(
         stats = loader.stats()
         ds.close()
     job_stats: dict[str, Any] = next(iter(stats["jobs"].values()), {}) if stats["jobs"] else {}
+    cache = stats["cache"]
+    out["bytes_per_cached_image"] = cache.size_bytes / cache.entries if cache.entries else 0
     out["stalls"] = {
         "wait_s": job_stats.get("wait_s"),
         "compute_s": job_stats.get("compute_s"),
@@ -220,6 +232,10 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
         images.import_imagefolder("imgs", folder)
         for size in (224, 112):
             images.sql(f"REGISTER JOB img{size} SELECT image FROM imgs WITH (image_size = {size})")
+        # the recipe on a dataset of its own: beside it, the image_size jobs would share its
+        # aspect-kept decode (engine ``_plan``) instead of their center crops
+        images.import_imagefolder("recipe_imgs", folder)
+        images.sql(f"REGISTER JOB recipe SELECT image FROM recipe_imgs WITH (augment = '{RECIPE}')")
     rng = np.random.default_rng(0)
     small = catalog.connect(tmp / "small", create=True)
     small.import_arrow(
@@ -232,13 +248,19 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
 
 # -- scenarios -------------------------------------------------------------------------------
 def _images(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+    """Image 224 and 112 (shared resize + center crop), and the training recipe."""
     rows = []
-    for size in (224, 112):
+    for size in (224, 112, 0):  # 0: the recipe
         runs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(args.rounds):
-            runs.setdefault("tabloader", []).append(
-                _tabloader_job(cat, f"img{size}", args.workers, 64)
-            )
+            job = f"img{size}" if size else "recipe"
+            runs.setdefault("tabloader", []).append(_tabloader_job(cat, job, args.workers, 64))
+            if not size:
+                for how in recipe_competitors():
+                    runs.setdefault(f"dataloader (pillow draft, {how})", []).append(
+                        _dataloader_images(cat, 224, f"recipe-{how}", args.workers)
+                    )
+                continue
             runs.setdefault("dataloader (pillow draft)", []).append(
                 _dataloader_images(cat, size, "pillow", args.workers)
             )
@@ -249,11 +271,11 @@ def _images(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
                 _spdl_images(cat, size, args.workers)
             )
         best = {name: _best(r) for name, r in runs.items()}
-        base = best["dataloader (pillow draft)"]["rows_per_s"]
+        base = next(r for n, r in best.items() if n.startswith("dataloader (pillow"))["rows_per_s"]
         for name, r in best.items():
             rows.append(
                 {
-                    "scenario": f"image {size}",
+                    "scenario": f"image {size}" if size else f"recipe ({RECIPE})",
                     "competitor": name,
                     **r,
                     "ratio": r.get("rows_per_s", 0.0) / base if base else None,
@@ -496,6 +518,16 @@ def run(args: argparse.Namespace) -> int:
         )
         checks["images 224"] = _ratio(image_rows, "image 224")
         checks["images 112"] = _ratio(image_rows, "image 112")
+        checks["recipe"] = _ratio(image_rows, f"recipe ({RECIPE})")
+        kept = {
+            r["scenario"]: r["bytes_per_cached_image"]
+            for r in image_rows
+            if r["competitor"] == "tabloader"
+        }
+        print(
+            f"\narena bytes per cached image: {kept[f'recipe ({RECIPE})']:.0f} for the recipe's "
+            f"shared aspect-kept decode, {kept['image 224']:.0f} for the 224 center crop"
+        )
     if args.only != "images":
         print(
             f"\nfour small-row jobs at once: {four['four_jobs_rows_per_s']:.0f} rows/s in total, "
@@ -510,6 +542,7 @@ def run(args: argparse.Namespace) -> int:
     targets = {
         "images 224": TARGETS["images"],
         "images 112": TARGETS["images"],
+        "recipe": TARGETS["recipe"],
         "small rows": TARGETS["small_rows"],
         "four jobs": TARGETS["four_jobs"],
     }
