@@ -14,6 +14,7 @@ errors and counters cross the pipe.
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import functools
 import logging
 import multiprocessing
@@ -23,8 +24,11 @@ import multiprocessing.spawn
 import multiprocessing.util
 import os
 import pickle
+import select
 import shutil
 import signal
+import sys
+import termios
 import threading
 import time
 from collections import OrderedDict
@@ -41,7 +45,7 @@ from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
 from tabloader.service.shm import Segment, process_alive
 
-__all__ = ["DecodePool", "decode_rows"]
+__all__ = ["DecodePool", "PipeSemaphore", "decode_rows"]
 
 Errors = dict[int, BaseException]
 
@@ -243,7 +247,72 @@ class TabloaderDecodeProcess(multiprocessing.context.ForkServerProcess):
 
 
 class _DecodeContext(multiprocessing.context.ForkServerContext):
+    """The forkserver, with locks of no name for the pool's queues (see ``PipeSemaphore``)."""
+
     Process = TabloaderDecodeProcess
+
+    def Lock(self) -> Any:
+        return PipeSemaphore(1)
+
+    def BoundedSemaphore(self, value: int = 1) -> Any:
+        return PipeSemaphore(value)
+
+
+class PipeSemaphore:
+    """A semaphore shared by processes, with no name: its count is the bytes in a pipe.
+
+    multiprocessing's locks are POSIX semaphores that a process started from a forkserver opens
+    by name (``/dev/shm/sem.mp-*``): a killed owner leaves them to its resource tracker, which
+    a process-group kill (Ray's, a terminal's) takes too. A pipe is passed by descriptor as the
+    process starts, and goes with the last process that holds it. Both ends are non-blocking
+    (``acquire`` waits in ``select``): a byte is taken or not, by one process or thread.
+    """
+
+    def __init__(self, value: int, fds: tuple[int, int] | None = None) -> None:
+        if fds is None:
+            fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            os.write(fds[1], b"\0" * value)
+        self._r, self._w = fds
+        self._semlock = self  # what multiprocessing.Queue asks for full() and qsize()
+        multiprocessing.util.Finalize(self, _close_all, (fds,))
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return bool(os.read(self._r, 1))
+            except BlockingIOError:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
+                    return False
+                select.select([self._r], [], [], left)
+
+    def release(self) -> None:
+        os.write(self._w, b"\0")
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _get_value(self) -> int:
+        return int.from_bytes(fcntl.ioctl(self._r, termios.FIONREAD, b"\0" * 4), sys.byteorder)
+
+    def _is_zero(self) -> bool:
+        return self._get_value() == 0
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _pipe_semaphore, (_Inherited(self._r), _Inherited(self._w))
+
+
+def _pipe_semaphore(r: int, w: int) -> PipeSemaphore:
+    return PipeSemaphore(0, (r, w))
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _without_main(get: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
