@@ -1,9 +1,8 @@
 """``tabloader serve``: one process per catalog owns the catalog and the engine; jobs are clients.
 
 Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, JSON). Data
-plane: the engine's arena lives in a shared-memory segment (:mod:`tabloader.service.shm`) of no
-name, that clients map read-only from a descriptor received on the socket. A job's batch reaches
-its client as a *ticket*:
+plane: the arena is shared memory of no name (:mod:`tabloader.service.shm`), which clients map
+read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
 * its images stay where the shared decode put them, pinned in the arena; the reply lists each
   value's ``(offset, shape)``;
@@ -405,17 +404,18 @@ class _Handler:
                 block = service.blocks.pop() if service.blocks else -1
             if block >= 0:
                 staging = service.blocks_at + block * STAGING_BLOCK
-        if used and block < 0:
-            found, _ = arena.reserve(service.staging, np.array([ticket]), (used,))
-            staging = int(found[0])
-            if staging < 0:
-                for held in pins:
-                    arena.release(held)
-                self._released(batch["work"])
-                raise LoaderError(
-                    f"A batch needs {used} bytes of staging in the cache, more than a slab "
-                    "or all free slots; raise the service's cache size or lower batch_size."
-                )
+        if used > arena.slab_bytes and block < 0:  # whole slabs, their values evicted
+            staging = arena.reserve_run(used)
+        elif used and block < 0:
+            staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
+        if used and staging < 0:
+            for held in pins:
+                arena.release(held)
+            self._released(batch["work"])
+            raise LoaderError(
+                f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
+                "part; raise the service's cache size or lower batch_size."
+            )
         if used:
             target = (
                 service.blocks_view[block * STAGING_BLOCK :]

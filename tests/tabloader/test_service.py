@@ -368,6 +368,28 @@ def test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job(service, cat_dir, tm
     assert len(set(rows_a) - set(r0) - set(r1)) == len(rows_a) % 8
 
 
+def test_a_small_cache_evicts_for_a_batch_larger_than_a_slab(cat_dir):
+    """1 MiB of cache: 64 KiB slabs, and a 160x160 image (75 KiB) is never cached, so each
+    batch carries its images in staging (300 KiB for 4): whole slabs, their values evicted."""
+    with catalog.connect(cat_dir) as cat:
+        cat.sql("REGISTER JOB big SELECT image, label FROM imgs WITH (image_size = 160)")
+        rows = sorted(cat.job("big").ids)
+    proc = start_service(cat_dir, "--cache-bytes", str(1 << 20))
+    try:
+        with RemoteLoader(cat_dir, start=False) as remote:
+            with remote.open("big", batch_size=4, epochs=2) as stream:
+                epochs: list[list[int]] = [[], []]
+                for e in (0, 1):
+                    for b in stream.iter_epoch():
+                        assert b["image"].shape[1:] == (160, 160, 3)
+                        epochs[e] += b["_id"].tolist()
+            assert sorted(epochs[0]) == sorted(epochs[1]) == rows
+            wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the staging to go")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
 def test_a_client_that_stops_reading_holds_only_its_prefetch(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
     try:
