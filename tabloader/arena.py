@@ -35,6 +35,8 @@ the least recently used), the same object ``bench sampling``'s simulator replays
 with the arena's lock held, so it must not take a lock that an arena caller may hold (the
 engine's scores are lock-free numpy reads). A class with no evictable slot takes a whole slab
 from another class whose slots are all unpinned (the one whose values are needed least).
+Room for more than a slab (the service's staging of a batch) is a run of whole consecutive
+slabs that hold no pinned value (``reserve_run``): their values are evicted.
 
 Pins: ``get`` and ``put`` pin what they return; ``release`` unpins. A pinned slot is never
 evicted. In the engine a pin lasts from a batch's lookup until its values are copied into the
@@ -84,6 +86,7 @@ ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayL
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 
 EVICT_BATCH = 16  # most victims chosen per scoring pass
+_RUN = -2  # the owner of a slab held by a run of ``reserve_run``
 
 
 class CacheOvershootWarning(RuntimeWarning):
@@ -194,6 +197,7 @@ class Arena:
         self._tick = 0
         self._hits = self._misses = self._puts = self._uncached = self._evictions = 0
         self._warned_big = self._warned_pinned = False
+        self._runs: dict[int, list[int]] = {}  # offset -> slabs of a run of ``reserve_run``
 
     # -- spaces ------------------------------------------------------------------------------
     def space(self, name: str, *, num_rows: int, fixed: bool = False) -> int:
@@ -385,10 +389,54 @@ class Arena:
                     out[k] = existing
         return out
 
-    def discard(self, offsets: npt.NDArray[np.int64]) -> None:
-        """Free fresh slots of ``reserve`` that were not filled (a failed decode)."""
+    def reserve_run(self, nbytes: int) -> int:
+        """The offset of ``nbytes`` in whole consecutive slabs (room for more than a slab, as
+        a batch's staging), held until :meth:`discard`; -1 if no run of slabs that are free or
+        hold only unpinned values is that long. The run's values are evicted: the run with the
+        fewest values is taken.
+        """
+        k = -(-nbytes // self.slab_bytes)
         with self._lock:
-            for cls, _, index in self._slabs.locate_many(offsets):
+            cost = np.zeros(self.num_slabs)  # values to evict per slab (inf: pinned, a run)
+            for slab, cid in enumerate(self._slabs.owner.tolist()):
+                if cid == _RUN:
+                    cost[slab] = np.inf
+                elif cid >= 0:
+                    owner, idx = self._slabs.slots(slab)
+                    pinned = owner.pins[idx].any()
+                    cost[slab] = np.inf if pinned else (owner.space[idx] >= 0).sum()
+            if k > self.num_slabs:
+                return -1
+            sums = np.convolve(cost, np.ones(k), "valid")
+            first = int(np.argmin(sums))
+            if not np.isfinite(sums[first]):
+                return -1
+            run = list(range(first, first + k))
+            for slab in run:
+                if self._slabs.owner[slab] >= 0:
+                    owner, idx = self._slabs.slots(slab)
+                    for i in idx[owner.space[idx] >= 0].tolist():
+                        self._evict(owner, i)
+                    self._slabs.take_back(slab)
+                else:
+                    self._slabs.free.remove(slab)
+                self._slabs.owner[slab] = _RUN
+            self._runs[first * self.slab_bytes] = run
+            return first * self.slab_bytes
+
+    def discard(self, offsets: npt.NDArray[np.int64]) -> None:
+        """Free fresh slots of ``reserve`` that were not filled (a failed decode), and runs of
+        :meth:`reserve_run`."""
+        with self._lock:
+            slots = []
+            for offset in offsets.tolist():
+                run = self._runs.pop(offset, None)
+                if run is None:
+                    slots.append(offset)
+                    continue
+                self._slabs.owner[run] = -1
+                self._slabs.free.extend(reversed(run))
+            for cls, _, index in self._slabs.locate_many(np.array(slots, np.int64)):
                 for i in index.tolist():
                     cls.free_slot(i)
 
@@ -502,6 +550,7 @@ class Arena:
                 entries += n
                 size += n * cls.size
                 pinned += int((cls.pins > 0).sum())
+            pinned += len(self._runs)  # held like a pinned value
             return ArenaStats(
                 capacity_bytes=self.buffer.size,
                 slab_bytes=self.slab_bytes,

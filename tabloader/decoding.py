@@ -14,14 +14,21 @@ errors and counters cross the pipe.
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import functools
 import logging
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.reduction
 import multiprocessing.spawn
+import multiprocessing.util
 import os
 import pickle
+import select
+import shutil
 import signal
+import sys
+import termios
 import threading
 import time
 from collections import OrderedDict
@@ -36,8 +43,9 @@ import pyarrow as pa
 from catalog.errors import LoaderError, StorageError
 from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
+from tabloader.service.shm import Segment, process_alive
 
-__all__ = ["DecodePool", "decode_rows"]
+__all__ = ["DecodePool", "PipeSemaphore", "decode_rows"]
 
 Errors = dict[int, BaseException]
 
@@ -122,8 +130,7 @@ class DecodePool:
     """Processes that decode rows into a shared-memory arena; see the module docstring.
 
     Args:
-        segment: the name of the arena's segment (:class:`~tabloader.service.shm.Segment`).
-        size: its size in bytes.
+        segment: the arena's segment (its descriptor is handed to each process as it starts).
         processes: how many.
 
     The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
@@ -133,8 +140,8 @@ class DecodePool:
     a loader's first batch would otherwise wait for.
     """
 
-    def __init__(self, segment: str, size: int, processes: int) -> None:
-        self._segment, self._size, self.processes = segment, size, processes
+    def __init__(self, segment: Segment, processes: int) -> None:
+        self._segment, self.processes = segment, processes
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()  # creating the pool (``start``'s thread and submits)
         self._closed = False
@@ -179,11 +186,14 @@ class DecodePool:
             if self._pool is None or self._pool._broken:  # a process died (killed, crashed)
                 ctx = _DecodeContext()
                 ctx.set_forkserver_preload([__name__, "torch"])  # torch: the resize
+                # (the pool's temporary folder holds the forkserver's socket)
+                tempdir = multiprocessing.util.get_temp_dir()
+                args: tuple[Any, ...] = (_Inherited(self._segment.fd), self._segment.size)
                 self._pool = ProcessPoolExecutor(
                     self.processes,
                     mp_context=ctx,
                     initializer=_attach,
-                    initargs=(self._segment, self._size, os.getpid()),
+                    initargs=(*args, os.getpid(), tempdir),
                 )
             return self._pool
 
@@ -216,12 +226,93 @@ class DecodePool:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+class _Inherited:
+    """A descriptor that a process receives as it starts: pickled (only) while multiprocessing
+    starts one, it travels with the process (``SCM_RIGHTS`` to the forkserver), never by name."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        multiprocessing.context.assert_spawning(self)  # else DupFd would start a fd server
+        return _inherited, (multiprocessing.reduction.DupFd(self.fd),)
+
+
+def _inherited(dup: Any) -> int:
+    return int(dup.detach())
+
+
 class TabloaderDecodeProcess(multiprocessing.context.ForkServerProcess):
     """A decode process: by this class's name, it does not run the main script (below)."""
 
 
 class _DecodeContext(multiprocessing.context.ForkServerContext):
+    """The forkserver, with locks of no name for the pool's queues (see ``PipeSemaphore``)."""
+
     Process = TabloaderDecodeProcess
+
+    def Lock(self) -> Any:
+        return PipeSemaphore(1)
+
+    def BoundedSemaphore(self, value: int = 1) -> Any:
+        return PipeSemaphore(value)
+
+
+class PipeSemaphore:
+    """A semaphore shared by processes, with no name: its count is the bytes in a pipe.
+
+    multiprocessing's locks are POSIX semaphores that a process started from a forkserver opens
+    by name (``/dev/shm/sem.mp-*``): a killed owner leaves them to its resource tracker, which
+    a process-group kill (Ray's, a terminal's) takes too. A pipe is passed by descriptor as the
+    process starts, and goes with the last process that holds it. Both ends are non-blocking
+    (``acquire`` waits in ``select``): a byte is taken or not, by one process or thread.
+    """
+
+    def __init__(self, value: int, fds: tuple[int, int] | None = None) -> None:
+        if fds is None:
+            fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            os.write(fds[1], b"\0" * value)
+        self._r, self._w = fds
+        self._semlock = self  # what multiprocessing.Queue asks for full() and qsize()
+        multiprocessing.util.Finalize(self, _close_all, (fds,))
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return bool(os.read(self._r, 1))
+            except BlockingIOError:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
+                    return False
+                select.select([self._r], [], [], left)
+
+    def release(self) -> None:
+        os.write(self._w, b"\0")
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _get_value(self) -> int:
+        return int.from_bytes(fcntl.ioctl(self._r, termios.FIONREAD, b"\0" * 4), sys.byteorder)
+
+    def _is_zero(self) -> bool:
+        return self._get_value() == 0
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _pipe_semaphore, (_Inherited(self._r), _Inherited(self._w))
+
+
+def _pipe_semaphore(r: int, w: int) -> PipeSemaphore:
+    return PipeSemaphore(0, (r, w))
+
+
+def _close_all(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _without_main(get: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
@@ -254,15 +345,14 @@ _ARENA: Any = None
 _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
-def _attach(segment: str, size: int, owner: int) -> None:
+def _attach(fd: int, size: int, owner: int, tempdir: str) -> None:
     from tabloader.prep import optional_torch
-    from tabloader.service.shm import Segment
 
     global _ARENA
     # Ctrl-C in a terminal signals the whole process group: the loader (or service) stops
     # and closes these processes; a KeyboardInterrupt traceback from each would only be noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _ARENA = np.frombuffer(Segment(segment, size, create=False).buf, np.uint8)
+    _ARENA = np.frombuffer(Segment.attach(fd, size).buf, np.uint8)
     # One process per core decodes already: torch's own threads in each resize would only add
     # hand-offs (measured: 0.83 CPU-ms for a 0.42 ms resize with 2 threads, 0.36 with one).
     torch = optional_torch()
@@ -270,7 +360,7 @@ def _attach(segment: str, size: int, owner: int) -> None:
         torch.set_num_threads(1)
     # A process of the forkserver is not the loader's child: if the loader is killed, nothing
     # tells it, and it would keep the shared memory mapped. It watches the loader instead.
-    threading.Thread(target=_exit_with, args=(owner,), daemon=True).start()
+    threading.Thread(target=_exit_with, args=(owner, tempdir), daemon=True).start()
 
 
 def _started() -> int:
@@ -279,11 +369,12 @@ def _started() -> int:
     return os.getpid()
 
 
-def _exit_with(owner: int) -> None:
-    from tabloader.service.shm import process_alive
-
+def _exit_with(owner: int, tempdir: str) -> None:
     while process_alive(owner):  # a zombie owner (killed, not reaped yet) is gone too
         time.sleep(1.0)
+    # A killed loader leaves multiprocessing's temporary folder (``pymp-*``, the forkserver's
+    # socket); nobody else would remove it. (A loader that exits removes it itself.)
+    shutil.rmtree(tempdir, ignore_errors=True)
     os._exit(0)
 
 

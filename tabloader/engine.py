@@ -57,7 +57,7 @@ from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler
-from tabloader.service.shm import Segment, remove_stale, shm_available
+from tabloader.service.shm import Segment, shm_available
 from tabloader.stream import JobStream
 
 if TYPE_CHECKING:
@@ -153,13 +153,12 @@ class Loader:
         self._memory = BatchMemory()  # the jobs' image batches, recycled
         try:
             if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
-                remove_stale()
                 try:
                     self._segment = Segment.new("arena", max(cache_bytes, 1) + staging_bytes)
                 except CacheError as exc:  # /dev/shm too small: private memory, threads
                     logger.warning("%s Decoding in threads instead.", exc)
                 else:
-                    self._procs = DecodePool(self._segment.name, self._segment.size, self.workers)
+                    self._procs = DecodePool(self._segment, self.workers)
                     if _holds_bytes(self.catalog):  # in the background: ready by the first
                         self._procs.start()  # batch (else they start at their first use)
             self._arena = Arena(
@@ -569,7 +568,6 @@ class Loader:
         if self._procs is not None:
             self._procs.close()
         if self._segment is not None:
-            self._segment.unlink()
             self._segment.close()
 
     def __enter__(self) -> Loader:

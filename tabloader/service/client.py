@@ -147,6 +147,19 @@ def _node_client(root: Path, node: str) -> Client:
             time.sleep(0.1)
 
 
+def _map_segment(ctl: Client) -> Segment:
+    """The service's arena, mapped read-only from the descriptor it sends (no name to open)."""
+    reply, fds = ctl.call_fds("segment")
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise ServiceError(
+            f"the tabloader service sent {len(fds)} descriptors for its shared memory, not 1; "
+            "is it another version of tabloader? Restart it (`tabloader serve`)."
+        )
+    return Segment.attach(fds[0], int(reply["size"]), str(reply["segment"]), readonly=True)
+
+
 @dataclass
 class Copies:
     """Image payload bytes copied to deliver batches, counted (``tabloader bench e2e`` reads it).
@@ -181,9 +194,12 @@ class RemoteLoader:
             if self.node is None
             else _node_client(self.root, self.node)
         )
-        hello = self._ctl.call("hello")
-        self.service_pid = int(hello["pid"])
-        self._segment = Segment(hello["segment"], int(hello["size"]), create=False, readonly=True)
+        try:
+            self.service_pid = int(self._ctl.call("hello")["pid"])
+            self._segment = _map_segment(self._ctl)
+        except BaseException:
+            self._ctl.close()
+            raise
         self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
         self.copies = Copies()  # of every stream of this loader
         self.memory = BatchMemory()  # the streams' image batches, recycled

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from catalog.errors import ServiceError, TabloaderError
 from tabloader.service.protocol import (
+    FDS,
     MAX_MESSAGE,
     PROTOCOL_VERSION,
     BadMessage,
@@ -249,8 +250,11 @@ class Listener:
                     send_frame(conn.sock, encode(error_reply(exc)))
             return False
         self._set_busy(conn, True)
+        fds: list[int] = []  # descriptors that go with the reply: ours to close
         try:
-            reply = encode({**conn.handler.handle(msg), "v": PROTOCOL_VERSION})
+            answer = conn.handler.handle(msg)
+            fds = answer.pop(FDS, fds)
+            reply = encode({**answer, "v": PROTOCOL_VERSION})
         except TabloaderError as exc:
             reply = encode(error_reply(exc))
         except Exception as exc:
@@ -260,11 +264,14 @@ class Listener:
         finally:
             self._set_busy(conn, False)
         try:
-            send_frame(conn.sock, reply)
+            send_frame(conn.sock, reply, fds)
         except OSError as exc:
             if not conn.closed:
                 logger.info("session %d: the reply was not delivered (%s)", conn.id, exc)
             return False
+        finally:
+            for fd in fds:
+                os.close(fd)
         return True
 
     def _set_busy(self, conn: _Conn, busy: bool) -> None:

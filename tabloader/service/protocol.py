@@ -15,6 +15,10 @@ Wire format: a 4-byte big-endian length, then that many bytes of UTF-8 JSON, an 
 handler's dict plus ``"v"``, or ``{"v": 1, "error": {"type": "JobNotFoundError", "message":
 ..., "attrs": {"path": ...}}}`` which the client raises as that class from ``catalog.errors``.
 
+Descriptors: a reply may carry open file descriptors (``FDS``: the service's shared memory,
+read-only), sent with the first bytes of its frame (``SCM_RIGHTS``); only the peer of this
+authenticated connection receives them, and no name is ever made for them.
+
 Faults: a failed handshake, a truncated or oversized frame, a message that is not a JSON object
 or has another version is refused; a client sees a dead service as EOF or a reset, at once, and
 raises ``ServiceError``. The service end, its connections and their faults:
@@ -44,6 +48,7 @@ from catalog import errors
 from catalog.errors import LoaderError, ServiceError, TabloaderError
 
 __all__ = [
+    "FDS",
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
     "BadMessage",
@@ -67,11 +72,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 2  # 2: batch replies carry their epoch; clients time their stalls
+PROTOCOL_VERSION: int = 3  # 3: shared memory by descriptor; 2: batch replies carry epochs
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
 
 _SOCKET_PATH_MAX = 100  # bytes; AF_UNIX allows 107 and a NUL
 _HEADER = struct.Struct("!I")
+FDS = "_fds"  # a handler's reply: the descriptors to send with it (the listener closes them)
+_MAX_FDS = 4
 _CHALLENGE, _WELCOME, _FAILURE = b"#TABLOADER-CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 
 
@@ -200,6 +207,19 @@ class Client:
         with self._call_lock:
             return self._receive_locked(timeout)
 
+    def call_fds(self, op: str, **args: Any) -> tuple[dict[str, Any], list[int]]:
+        """``call``, for a reply that carries descriptors: the reply and them (the caller's
+        to close)."""
+        fds: list[int] = []
+        with self._call_lock:
+            self._send_locked(op, args)
+            try:
+                return self._receive_locked(None, fds), fds
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+
     def _send_locked(self, op: str, args: dict[str, Any]) -> None:
         data = encode({"op": op, **args, "v": PROTOCOL_VERSION})
         try:
@@ -207,11 +227,13 @@ class Client:
         except OSError as exc:
             raise self._lost(exc) from exc
 
-    def _receive_locked(self, timeout: float | None) -> dict[str, Any]:
+    def _receive_locked(
+        self, timeout: float | None, fds: list[int] | None = None
+    ) -> dict[str, Any]:
         sock = self._open_sock()
         try:
             sock.settimeout(timeout)
-            reply = decode(recv_frame(sock, MAX_MESSAGE))
+            reply = decode(recv_frame(sock, MAX_MESSAGE, fds))
             sock.settimeout(None)
         except (OSError, EOFError, ServiceError) as exc:
             raise self._lost(exc) from exc
@@ -247,14 +269,24 @@ class BadMessage(ServiceError):
     """A whole frame arrived but is not a JSON object of this protocol version."""
 
 
-def send_frame(sock: socket.socket, data: bytes) -> None:
-    """Send one message's bytes (``encode``) with its length prefix."""
-    sock.sendall(_HEADER.pack(len(data)) + data, socket.MSG_NOSIGNAL)  # EPIPE, never SIGPIPE
+def send_frame(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
+    """Send one message's bytes (``encode``) with its length prefix, and ``fds`` with them."""
+    frame = _HEADER.pack(len(data)) + data
+    sent = socket.send_fds(sock, [frame], fds, socket.MSG_NOSIGNAL) if fds else 0
+    sock.sendall(frame[sent:], socket.MSG_NOSIGNAL)  # EPIPE, never SIGPIPE
 
 
-def recv_frame(sock: socket.socket, limit: int) -> bytearray:
-    """Read one frame of at most ``limit`` bytes (EOFError: the peer closed before it)."""
-    header = _recv_exact(sock, _HEADER.size)
+def recv_frame(sock: socket.socket, limit: int, fds: list[int] | None = None) -> bytearray:
+    """Read one frame of at most ``limit`` bytes (EOFError: the peer closed before it); the
+    descriptors sent with it are appended to ``fds`` (None: any are closed unread)."""
+    if fds is None:
+        header = _recv_exact(sock, _HEADER.size)
+    else:
+        first, got, flags, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+        fds += got
+        if flags & socket.MSG_CTRUNC:
+            raise ServiceError("a reply carried more descriptors than this client takes")
+        header = bytearray(first) + _recv_exact(sock, _HEADER.size - len(first))
     if not header:
         raise EOFError
     if len(header) < _HEADER.size:

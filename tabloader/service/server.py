@@ -1,8 +1,8 @@
 """``tabloader serve``: one process per catalog owns the catalog and the engine; jobs are clients.
 
 Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, JSON). Data
-plane: the engine's arena lives in a shared-memory segment (:mod:`tabloader.service.shm`) that
-clients map read-only. A job's batch reaches its client as a *ticket*:
+plane: the arena is shared memory of no name (:mod:`tabloader.service.shm`), which clients map
+read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
 * its images stay where the shared decode put them, pinned in the arena; the reply lists each
   value's ``(offset, shape)``;
@@ -41,6 +41,7 @@ from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
 from tabloader.service.listener import Listener, Session
 from tabloader.service.protocol import (
+    FDS,
     LOG_FILE,
     runtime_dir,
     state_from_wire,
@@ -138,7 +139,7 @@ class Service:
             segment.buf, np.uint8, STAGING_BLOCK * STAGING_BLOCKS, self.blocks_at
         )
         self.blocks_lock = threading.Lock()
-        self.segment = (segment.name, segment.size)
+        self.segment = segment
         if leader is not None and node is not None:
             self.feed = NodeFeed(leader, node, lambda: node_stats(self))
 
@@ -216,13 +217,16 @@ class _Handler:
 
     # -- statements --------------------------------------------------------------------------
     def op_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
-        name, size = self.service.segment
         return {
             "pid": os.getpid(),
             "catalog": str(self.service.root),
-            "segment": name,
-            "size": size,
+            "segment": self.service.segment.name,
         }
+
+    def op_segment(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The arena's shared memory: its name and size, and a read-only descriptor of it."""
+        segment = self.service.segment
+        return {"segment": segment.name, "size": segment.size, FDS: [segment.readonly_fd()]}
 
     def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
         statement = _string(msg, "statement")
@@ -403,17 +407,18 @@ class _Handler:
                 block = service.blocks.pop() if service.blocks else -1
             if block >= 0:
                 staging = service.blocks_at + block * STAGING_BLOCK
-        if used and block < 0:
-            found, _ = arena.reserve(service.staging, np.array([ticket]), (used,))
-            staging = int(found[0])
-            if staging < 0:
-                for held in pins:
-                    arena.release(held)
-                self._released(batch["work"])
-                raise LoaderError(
-                    f"A batch needs {used} bytes of staging in the cache, more than a slab "
-                    "or all free slots; raise the service's cache size or lower batch_size."
-                )
+        if used > arena.slab_bytes and block < 0:  # whole slabs, their values evicted
+            staging = arena.reserve_run(used)
+        elif used and block < 0:
+            staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
+        if used and staging < 0:
+            for held in pins:
+                arena.release(held)
+            self._released(batch["work"])
+            raise LoaderError(
+                f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
+                "part; raise the service's cache size or lower batch_size."
+            )
         if used:
             target = (
                 service.blocks_view[block * STAGING_BLOCK :]

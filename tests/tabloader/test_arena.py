@@ -187,3 +187,24 @@ def test_the_arena_can_live_in_shared_memory():
     finally:
         seg.close()
         seg.unlink()
+
+
+SLAB = 64 << 10
+
+
+def test_a_run_of_whole_slabs_evicts_unpinned_values_and_skips_pinned_ones():
+    arena = Arena(8 * SLAB, slab_bytes=SLAB)
+    space = arena.space("s", num_rows=1000)
+    per_slab = SLAB // 1024
+    offsets = [arena.put(space, r, np.full(1024, r % 251, np.uint8)) for r in range(8 * per_slab)]
+    pinned = offsets[2 * per_slab]  # one value of slab 2 stays pinned
+    arena.release(np.array([o for o in offsets if o != pinned], np.int64))
+    run = arena.reserve_run(3 * SLAB - 1)  # three slabs, none of them slab 2
+    assert run >= 3 * SLAB
+    assert arena.stats().evictions == 3 * per_slab
+    assert arena.reserve_run(5 * SLAB) == -1  # no five slabs apart from slab 2 and the run
+    arena.buffer[run : run + 3 * SLAB] = 7  # the run is the caller's
+    assert arena.view(pinned, (1024,)).tolist() == [(2 * per_slab) % 251] * 1024
+    arena.discard(np.array([run], np.int64))
+    assert arena.stats().pinned == 1
+    assert arena.reserve_run(5 * SLAB) >= 3 * SLAB  # its slabs are free again

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pytest
+from _shm import named_shm_of
 
 from catalog.errors import CacheError, LoaderError, RowReadError
 from tabloader.engine import Loader
 from tabloader.prep import decode_image, decoder_for
-from tabloader.service.shm import SHM_DIR, Segment, remove_stale, shm_available
+from tabloader.service.shm import SHM_DIR, Segment, process_alive, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -35,13 +38,14 @@ def test_processes_decode_the_same_pixels_as_threads_into_shared_memory(images):
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
         segment = loader._segment
         assert segment is not None
-        assert segment.path.exists()
+        # No name to leak: only the descriptor, which the decode processes inherited
+        assert os.readlink(f"/proc/self/fd/{segment.fd}").endswith("(deleted)")
         procs = epoch(loader, "j", batch_size=8)
         assert loader.stats()["decodes"] == len(procs)  # counted from the processes
         pids = {p.pid for p in loader._procs._pool._processes.values()}
         assert pids
         assert os.getpid() not in pids
-    assert not segment.path.exists()  # removed at close
+    assert segment.fd == -1  # closed: the memory goes when the last mapping does
     assert threads.keys() == procs.keys() == set(images.job("j").ids)
     raw = images.dataset("imgs").take(sorted(procs), ["image"]).column("image")
     for row, value in zip(sorted(procs), raw, strict=True):
@@ -175,41 +179,11 @@ def test_a_corrupt_image_is_a_row_error_from_a_decode_process(corrupt):
         assert loader._arena.stats().pinned == 0
 
 
-def test_segments_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
-    mine = Segment.new("test", 4096)
-    dead = Segment(f"tabloader-{2**22 + 12345}-test-0123abcd", 4096, create=True)
-    try:
-        assert dead.name in remove_stale()
-        assert not (SHM_DIR / dead.name).exists()
-        assert mine.path.exists()
-    finally:
-        for seg in (mine, dead):
-            seg.unlink()
-            seg.close()
-
-
-def test_segments_of_an_exited_process_not_yet_reaped_are_removed(tmp_path):
-    """A service killed under the client that started it stays a zombie until reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    try:
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped
-        os.kill(child.pid, 0)  # still there for kill(), as a live process would be
-        zombie = Segment(f"tabloader-{child.pid}-test-0123abcd", 4096, create=True)
-        try:
-            assert zombie.name in remove_stale()
-        finally:
-            zombie.unlink()
-            zombie.close()
-    finally:
-        child.wait(10)
-
-
 def test_a_memory_filesystem_too_small_is_a_clear_error():
     free = os.statvfs(SHM_DIR)
     too_big = free.f_bavail * free.f_frsize + (1 << 40)
     with pytest.raises(CacheError, match="Cannot allocate .* shared memory .* lower the cache"):
         Segment.new("test", too_big)
-    assert not any(SHM_DIR.glob(f"tabloader-{os.getpid()}-test-*"))
 
 
 def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monkeypatch, caplog):
@@ -310,3 +284,56 @@ def test_decode_processes_resize_with_pillow_where_torch_is_missing(images, tmp_
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [str(n)]
+
+
+KILLED = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import catalog
+    from tabloader.engine import Loader
+    cat = catalog.connect(sys.argv[1])
+    loader = Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes")
+    stream = loader.open("j", batch_size=8)
+    stream.next_batch()  # mid-epoch
+    pids = list(loader._procs._pool._processes)
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        json.dump(pids, f)
+    os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+    time.sleep(600)  # until killed
+    """
+)
+
+
+def test_a_killed_loader_leaves_nothing_in_shared_memory_or_the_temporary_folder(images, tmp_path):
+    """SIGKILL runs no clean-up code: the arena has no name to leave, the decode processes
+    exit by themselves, and the last of them removes multiprocessing's temporary folder."""
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    images.close()
+    tmp, out = tmp_path / "tmp", tmp_path / "pids.json"
+    tmp.mkdir()
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "cat"), str(out)],
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    try:
+        wait_for(lambda: out.exists() or proc.poll() is not None, "the loader's first batch")
+        assert proc.poll() is None
+        pids = json.loads(out.read_text())
+        assert pids
+        named = named_shm_of(proc.pid, *pids)
+        assert not named  # neither the arena nor the pool's locks have a name
+        assert list(tmp.iterdir())  # multiprocessing's folder (the forkserver's socket)
+    finally:
+        proc.kill()
+        proc.wait(60)
+    wait_for(lambda: not any(process_alive(p) for p in pids), "the decode processes to exit")
+    assert not list(tmp.iterdir())
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

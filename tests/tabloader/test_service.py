@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _shm import named_shm_of
 from _sockets import authenticated_socket, frame, read_to_eof
 from pyroaring import BitMap
 
@@ -41,9 +42,11 @@ from tabloader.service.protocol import (
     runtime_dir,
     socket_path,
 )
-from tabloader.service.shm import SHM_DIR, shm_available
+from tabloader.service.shm import shm_available
 
-pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
+pytestmark = pytest.mark.skipif(
+    not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"
+)
 
 TIMEOUT = 60
 
@@ -63,9 +66,11 @@ def cat_dir(tmp_path, image_folder):
     return root
 
 
-def start_service(root: Path, *extra: str, new_session: bool = False) -> subprocess.Popen:
+def start_service(
+    root: Path, *extra: str, new_session: bool = False, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """``tabloader serve`` in the foreground of a child (of its own process group, as a
-    terminal's, with ``new_session``), once it answers."""
+    terminal's, with ``new_session``; with ``env`` added to its environment), once it answers."""
     log = root.parent / "serve.log"
     with open(log, "ab") as err:
         proc = subprocess.Popen(
@@ -75,6 +80,7 @@ def start_service(root: Path, *extra: str, new_session: bool = False) -> subproc
             ],
             stderr=err,
             start_new_session=new_session,
+            env={**os.environ, **(env or {})},
         )
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
@@ -95,10 +101,6 @@ def service(cat_dir):
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(TIMEOUT)
-
-
-def segments_of(pid: int) -> list[Path]:
-    return list(SHM_DIR.glob(f"tabloader-{pid}-*"))
 
 
 def wait_for(predicate, what: str) -> None:
@@ -141,7 +143,6 @@ def test_two_training_scripts_share_one_service_exactly_once_each(cat_dir, tmp_p
     assert outs[0]["pid"] == outs[1]["pid"]
     service_pid = outs[0]["pid"]
     wait_for(lambda: not _alive(service_pid), "the idle service to stop")
-    assert not segments_of(service_pid)
     assert not socket_path(cat_dir).exists()
     with catalog.connect(cat_dir) as cat:
         for job, out in zip("ab", outs, strict=True):
@@ -367,6 +368,28 @@ def test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job(service, cat_dir, tm
     assert len(set(rows_a) - set(r0) - set(r1)) == len(rows_a) % 8
 
 
+def test_a_small_cache_evicts_for_a_batch_larger_than_a_slab(cat_dir):
+    """1 MiB of cache: 64 KiB slabs, and a 160x160 image (75 KiB) is never cached, so each
+    batch carries its images in staging (300 KiB for 4): whole slabs, their values evicted."""
+    with catalog.connect(cat_dir) as cat:
+        cat.sql("REGISTER JOB big SELECT image, label FROM imgs WITH (image_size = 160)")
+        rows = sorted(cat.job("big").ids)
+    proc = start_service(cat_dir, "--cache-bytes", str(1 << 20))
+    try:
+        with RemoteLoader(cat_dir, start=False) as remote:
+            with remote.open("big", batch_size=4, epochs=2) as stream:
+                epochs: list[list[int]] = [[], []]
+                for e in (0, 1):
+                    for b in stream.iter_epoch():
+                        assert b["image"].shape[1:] == (160, 160, 3)
+                        epochs[e] += b["_id"].tolist()
+            assert sorted(epochs[0]) == sorted(epochs[1]) == rows
+            wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the staging to go")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
 def test_a_client_that_stops_reading_holds_only_its_prefetch(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
     try:
@@ -523,23 +546,35 @@ def test_wait_ready_returns_once_the_decode_processes_run(service, cat_dir):
     assert len(helpers) >= 3, helpers  # a forkserver and its two decode processes
 
 
-def test_a_killed_service_fails_its_clients_and_the_next_one_cleans_up(service, cat_dir):
-    remote = RemoteLoader(cat_dir, start=False)
-    cached = service_loader(cat_dir)  # this process's connection, as JobDataset's
-    stream = remote.open("a", batch_size=4)
-    stream.take()
-    helpers = descendants(service.pid)
-    assert len(helpers) >= 3  # a forkserver and its two decode processes
-    service.kill()
-    service.wait(TIMEOUT)
-    assert segments_of(service.pid)  # left behind by the killed service
+def test_a_killed_service_leaves_nothing_behind_and_fails_its_clients(cat_dir, tmp_path):
+    """SIGKILL (the OOM killer's signal) mid-epoch: no clean-up code runs in the service, yet
+    nothing of it stays in /dev/shm or the temporary folder, with no other service to clean."""
+    tmp = tmp_path / "tmp"  # the service's $TMPDIR: what it makes there is its alone
+    tmp.mkdir()
+    service = start_service(cat_dir, env={"TMPDIR": str(tmp)})
+    try:
+        remote = RemoteLoader(cat_dir, start=False)
+        cached = service_loader(cat_dir)  # this process's connection, as JobDataset's
+        stream = remote.open("a", batch_size=4)
+        stream.take()
+        helpers = descendants(service.pid)
+        assert len(helpers) >= 3  # a forkserver and its two decode processes
+        named = named_shm_of(service.pid, *helpers, os.getpid())
+        assert not named  # neither the arena nor the pool's locks have a name
+        assert list(tmp.iterdir())  # multiprocessing's folder (the forkserver's socket)
+        service.kill()
+        service.wait(TIMEOUT)
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(TIMEOUT)
     with pytest.raises(ServiceError, match="lost the tabloader service .* state_dict"):
         list(stream)  # the batches prefetched before the kill, then the error
     stream.close()
     wait_for(lambda: not any(_alive(p) for p in helpers), "the decode processes to exit")
+    assert not list(tmp.iterdir())
     fresh = start_service(cat_dir)
     try:
-        assert not segments_of(service.pid)  # the new service removed them
         # The old connection maps the dead service's memory: it must not read the new one's
         # batches from it (it would deliver the wrong images, silently).
         with pytest.raises(ServiceError, match="is gone, and another one runs now"):
@@ -577,7 +612,6 @@ def test_sigterm_stops_the_service_cleanly(cat_dir):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(TIMEOUT) == 0
     assert not socket_path(cat_dir).exists()
-    assert not segments_of(proc.pid)
     with pytest.raises(ServiceError, match="no tabloader service runs"):
         RemoteLoader(cat_dir, start=False)
 
@@ -593,6 +627,7 @@ def test_ctrl_c_stops_a_foreground_service_quietly(cat_dir):
         assert stream.take() is not None  # the decode processes run
         helpers = descendants(proc.pid)
         assert len(helpers) >= 3
+        assert not named_shm_of(proc.pid, *helpers)  # nothing to leave behind
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(TIMEOUT) == 0
     finally:
@@ -605,7 +640,6 @@ def test_ctrl_c_stops_a_foreground_service_quietly(cat_dir):
     remote.close()
     wait_for(lambda: not any(_alive(p) for p in helpers), "the decode processes to exit")
     assert not socket_path(cat_dir).exists()
-    assert not segments_of(proc.pid)
     err = (cat_dir.parent / "serve.log").read_text()
     assert "serving catalog" in err
     assert "Traceback" not in err, err

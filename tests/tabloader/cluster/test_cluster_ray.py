@@ -38,35 +38,11 @@ def two_nodes(monkeypatch, tmp_path):
     assert cluster.address.startswith("127.0.0.1:"), cluster.address
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-    before = set(Path("/dev/shm").glob("sem.mp-*"))
     try:
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
-        remove_orphan_semaphores(before)
-        from tabloader.service.shm import remove_stale
-
-        remove_stale()  # the arenas of the loaders killed (what a new loader would remove)
-
-
-def remove_orphan_semaphores(before):
-    """Remove the POSIX semaphores this test's processes left that no live process maps.
-
-    A loader killed by Ray (the fault tests kill them) leaves its decode pool's semaphores:
-    Ray kills the worker's children with it, the multiprocessing resource tracker that would
-    have unlinked them included (README, known limits)."""
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped |= {
-                line.split()[-1] for line in maps.read_text().splitlines() if "sem.mp-" in line
-            }
-        except OSError:  # the process ended meanwhile, or is not ours to read
-            continue
-    for sem in set(Path("/dev/shm").glob("sem.mp-*")) - before:
-        if str(sem) not in mapped:
-            sem.unlink(missing_ok=True)
 
 
 def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
