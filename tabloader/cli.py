@@ -330,14 +330,12 @@ def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
     p.add_argument(
         "--cache-bytes",
-        type=int,
         default=None,
-        help="shared-memory cache size (default: $TABLOADER_CACHE_BYTES or 1 GiB)",
+        help="shared-memory cache size: bytes or e.g. 2GiB (default: $TABLOADER_CACHE_BYTES "
+        "or 1 GiB)",
     )
-    p.add_argument("--workers", type=int, default=None, help="decode processes (default: cores)")
-    p.add_argument(
-        "--idle-exit", type=float, default=None, help="stop this many seconds after the last client"
-    )
+    p.add_argument("--workers", default=None, help="decode processes (default: cores)")
+    p.add_argument("--idle-exit", default=None, help="stop this many seconds after the last client")
     _ray_argument(
         p,
         "serve the Ray cluster at ADDRESS (default: auto): a leader and a loader on every "
@@ -356,8 +354,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     from tabloader.service.server import Service, log_to_file, yield_to_jobs
 
+    cache = _flag("cache_bytes", args.cache_bytes)
+    workers = _flag("workers", args.workers)
+    idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     yield_to_jobs()  # before any thread or process starts: they inherit it
-    cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
     if args.ray is not None:
         from tabloader.cluster.actor import serve_cluster
 
@@ -370,13 +370,13 @@ def _run_serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-        serve_cluster(root, args.ray, ready=ready, cache_bytes=cache, workers=args.workers)
+        serve_cluster(root, args.ray, ready=ready, cache_bytes=cache, workers=workers)
         return 0
     service = Service(
         _root(args),
         cache_bytes=cache,
-        workers=args.workers,
-        idle_exit=args.idle_exit,
+        workers=workers,
+        idle_exit=idle_exit,
         access_log=args.access_log,
     )
     log = log_to_file(service.root)
@@ -386,6 +386,15 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     service.serve()
     return 0
+
+
+def _flag(name: str, value: str | None) -> Any:
+    """Setting ``name`` from its flag (``value``), else its environment variable, else its
+    default, checked by ``catalog.settings``."""
+    from catalog.settings import SETTINGS
+
+    setting = SETTINGS[name]
+    return setting.check(value, setting.flag) if value is not None else setting.resolve()
 
 
 # -- demo --------------------------------------------------------------------------------------

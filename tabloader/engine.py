@@ -43,14 +43,15 @@ from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
-from catalog.options import option_value
+from catalog.options import check_open, option_value
+from catalog.settings import SETTINGS, check_counts, physical_memory, setting
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog
 from tabloader.arena import Arena
 from tabloader.batchmem import BatchMemory
 from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
-from tabloader.jobs import JobState, OnError
+from tabloader.jobs import JobState, OnError, fit_prefetch
 from tabloader.prep import DecodeKind, decoder_for, holds_bytes
 from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
@@ -126,6 +127,8 @@ class Loader:
             raise LoaderError(
                 f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
             )
+        if isinstance(cache_bytes, int) and cache_bytes > physical_memory():  # a clear error,
+            SETTINGS["cache_bytes"].check(cache_bytes, "cache_bytes", LoaderError)  # not numpy's
         self._sampler_cls = SAMPLERS[sampler]
         self._access_log_path = None if access_log is None else Path(access_log)
         if self._access_log_path is not None and not self._access_log_path.parent.is_dir():
@@ -345,15 +348,14 @@ class Loader:
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
-            if batch_size is None:
-                batch_size = option_value(options, "batch_size")
-            _check_counts(
-                batch_size=batch_size, prefetch=prefetch, lookahead=lookahead, epochs=epochs
-            )
+            checked = check_open(options, batch_size=batch_size, image_size=image_size)
+            batch_size = option_value(checked, "batch_size")
+            check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
+            given = prefetch
             if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
                 # 16 processes 25% idle, waiting for the last group of each batch)
                 prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
-            size = image_size if image_size is not None else option_value(options, "image_size")
+            size = checked.get("image_size")
             if on_error is None:
                 on_error = option_value(options, "on_error")
             try:
@@ -373,12 +375,16 @@ class Loader:
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
             plan = self._plan(sched, dataset, list(info.columns), size)
+        local = 1 if fed else world_size  # a fed rank is a job of its own here
+        if remote:  # the service's cache holds its clients' prepared batches, pinned
+            prefetch = fit_prefetch(
+                self._arena.buffer.size, plan, batch_size * local, prefetch, given
+            )
         if fed and state is not None:
             raise LoaderError(
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
                 "open the job without state."
             )
-        local = 1 if fed else world_size  # a fed rank is a job of its own here
         state_obj = JobState(
             info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
             info.ids,
@@ -549,15 +555,6 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
     return remaining, epoch
 
 
-def _check_counts(**counts: Any) -> None:
-    """Each of ``counts`` is None (its default) or an integer of at least 1: a bad one from a
-    client must fail its ``open``, not the dataset's scheduler that every job shares."""
-    for name, value in counts.items():
-        ok = isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
-        if value is not None and not ok:
-            raise LoaderError(f"{name}={value!r}: it must be an integer of at least 1.")
-
-
 _DEFAULT_LOADERS: dict[Path, Loader] = {}
 _DEFAULT_LOCK = threading.Lock()
 _LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()  # closed at exit
@@ -587,7 +584,7 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     with _DEFAULT_LOCK:
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader.closed:
-            cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
+            cache = setting("cache_bytes")
             loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
             _DEFAULT_LOADERS[root] = loader
         return loader

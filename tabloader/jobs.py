@@ -23,6 +23,7 @@ How queues are filled and batches cut and dealt: :mod:`tabloader.scheduler`.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections import deque
@@ -34,9 +35,10 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
+from catalog.limits import format_bytes
 from tabloader.fetch import Plan, Work
 
-__all__ = ["JobState", "OnError", "RankState"]
+__all__ = ["JobState", "OnError", "RankState", "fit_prefetch"]
 
 NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
 
@@ -352,3 +354,21 @@ class RankState:
             "waiting": self.wait_s / busy if busy > 0 else 0.0,
             "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
         }
+
+
+def fit_prefetch(capacity: int, plan: Plan, rows: int, prefetch: int, given: int | None) -> int:
+    """The prefetch of a service's job: its batches of ``rows`` rows (over its ranks) stay
+    pinned in a cache of ``capacity`` bytes from prepared to released (``prefetch`` ahead,
+    one at the client, one it reads ahead). A default ``prefetch`` (``given`` None) is lowered
+    to fit; a job whose batches do not fit is refused (``LoaderError``)."""
+    sizes = [d.image_size for d, _ in plan.prepared if d.image_size is not None]
+    one = rows * sum(3 * (s * s if isinstance(s, int) else math.prod(s)) for s in sizes)
+    fits = capacity // one - 2 if one else prefetch
+    if fits >= (prefetch if given is not None else 1):
+        return min(prefetch, fits)
+    raise LoaderError(
+        f"A batch of this job takes {format_bytes(one)} of decoded images (over its ranks); "
+        f"{(given or 1) + 2} of them are held at once, more than the service's cache of "
+        f"{format_bytes(capacity)}: lower batch_size, image_size or prefetch, or "
+        "start the service with a larger --cache-bytes."
+    )

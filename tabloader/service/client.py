@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from catalog.directory import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
+from catalog.settings import setting
 from catalog.sql.dialect import absolute_paths
 from tabloader.batchmem import BatchMemory
 from tabloader.cluster.node import find_service, service_error
@@ -100,7 +101,7 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
                 str(root),
                 "serve",
                 "--idle-exit",
-                os.environ.get("TABLOADER_IDLE_EXIT", "30"),
+                str(setting("idle_exit")),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,

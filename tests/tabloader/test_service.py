@@ -30,6 +30,7 @@ from catalog.errors import (
     ImportFailedError,
     JobNotFoundError,
     LoaderError,
+    OptionError,
     ServiceError,
 )
 from tabloader.prep import decode_image
@@ -648,10 +649,19 @@ def test_garbage_on_the_services_socket_is_logged_and_serving_goes_on(service, c
 def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_dir):
     """Option values no JobDataset would send (a list for epochs...): the engine shares one
     scheduler per dataset, so one that got through would stop every job of the dataset."""
-    for bad in ({"epochs": [1]}, {"batch_size": "x"}, {"prefetch": {"n": 1}}):
+    for bad, error, message in (
+        ({"epochs": [1]}, LoaderError, r"epochs \[1\] is not a whole number"),
+        ({"batch_size": "x"}, OptionError, "batch_size = 'x' is not an integer"),
+        ({"prefetch": {"n": 1}}, LoaderError, "prefetch {'n': 1} is not a whole number"),
+        ({"image_size": 100000}, OptionError, r"image_size = 100000 is out of range"),
+        ({"batch_size": 65536, "image_size": 512}, OptionError, "over the 4 GiB limit"),
+        # within REGISTER's bounds, but more than this service's cache (16 MiB) holds
+        ({"batch_size": 64, "image_size": 256}, LoaderError, r"12\.0 MiB of decoded images"),
+        ({"image_size": 128, "prefetch": 9}, LoaderError, r"11 of them .* cache of 16\.0 MiB"),
+    ):
         conn = Client(cat_dir)
         try:
-            with pytest.raises(LoaderError, match="must be an integer of at least 1"):
+            with pytest.raises(error, match=message):
                 conn.call("open", job="a", **bad)
         finally:
             conn.close()
