@@ -167,6 +167,13 @@ class JobState:
                 is asked for with another world size, other options or another state.
         """
         name = self.name
+        if self.world_size == 1 and asked.world_size == 1 and asked.remote:
+            raise LoaderError(
+                f"Job {name!r} is open already in the loader service, by another process or "
+                "another stream of this one (`tabloader status` lists the clients and their "
+                "jobs): close it there or end that process first, or register this one under "
+                "another job name."
+            )
         if self.world_size == 1 and asked.world_size == 1:
             raise LoaderError(
                 f"Job {name!r} is open already in this loader; close its stream first."
@@ -238,6 +245,7 @@ class JobState:
                 "skipped",
                 "requests",
                 "loaded",
+                "decoded",
                 "shared",
                 "wait_s",
                 "compute_s",
@@ -281,6 +289,7 @@ class RankState:
     skipped: int = 0
     requests: int = 0
     loaded: int = 0
+    decoded: int = 0  # of ``loaded``: the images this rank's batches decoded themselves
     wait_s: float = 0.0  # blocked in take(): waiting for data
     compute_s: float = 0.0  # between batches: the job's own work
     last_return: float | None = None
@@ -348,6 +357,7 @@ class RankState:
             "skipped": self.skipped,
             "requests": self.requests,
             "loaded": self.loaded,
+            "decoded": self.decoded,
             "shared": self.requests - self.loaded,
             "wait_s": self.wait_s,
             "compute_s": self.compute_s,

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import catalog
 import tabloader
 from tabloader.cli import main
 
@@ -250,3 +251,19 @@ def test_serve_refuses_bad_sizes_in_one_line(capsys, monkeypatch, tmp_path, argv
     assert err.count("\n") == 1, err
     assert err.startswith("CatalogError: "), err
     assert re.search(message, err), err
+
+
+def test_names_and_values_with_terminal_escapes_are_printed_inert(capsys, tmp_path):
+    red = "\x1b[31m"
+    with catalog.connect(tmp_path / "cat") as cat:
+        cat.import_arrow("t", pa.table({"s": [f"{red}red", "plain\x07"]}))
+    root = str(tmp_path / "cat")
+    assert main(["--catalog", root, "sql", f'SELECT s AS "x{red}" FROM t']) == 0
+    assert main(["--catalog", root, "sql", f'DESCRIBE "t{red}"']) == 1
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert "\x07" not in out
+    assert "\\x1b[31mred" in out
+    assert "x\\x1b[31m" in out  # the column's name
+    assert "plain\\x07" in out
+    assert "t\\x1b[31m" in err  # a name in an error message

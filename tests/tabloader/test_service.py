@@ -916,3 +916,64 @@ def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp
         kind, row = log["kind"], log["row"]
     assert sorted(row[kind == 1].tolist()) == expected
     assert sorted(row[kind == 0].tolist()) == expected
+
+
+def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys):
+    """SIGSTOP: the service holds the catalog but answers nobody. ``status`` and ``sql`` say
+    so with its pid, instead of "no service" or "locked, see status"."""
+    from tabloader.cli import main
+
+    proc = start_service(cat_dir)
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        for argv in (["status"], ["sql", "SHOW JOBS"], ["verify"]):
+            assert main(["--catalog", str(cat_dir), *argv]) == 1
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert re.search(
+                rf"^ServiceStuckError: .*: pid {proc.pid} does not answer \(stopped or hung\); "
+                rf"resume it with `kill -CONT {proc.pid}`, or end it with `kill {proc.pid}`",
+                err,
+            ), err
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+def test_verify_beside_a_service_says_to_stop_it(service, cat_dir, capsys):
+    from tabloader.cli import main
+
+    assert main(["--catalog", str(cat_dir), "verify"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(
+        rf"^CatalogLockedError: tabloader verify reads catalog .* itself, and its loader service "
+        rf"\(pid {service.pid}\) holds it: stop the service \(`kill {service.pid}`",
+        err,
+    ), err
+
+
+def test_a_job_held_by_another_client_says_so(service, cat_dir):
+    first, second = Client(cat_dir), Client(cat_dir)
+    try:
+        first.call("open", job="a")
+        with pytest.raises(
+            LoaderError,
+            match=r"Job 'a' is open already in the loader service, by another process or another "
+            r"stream of this one \(`tabloader status` lists the clients and their jobs\): close",
+        ):
+            second.call("open", job="a")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
+    log = runtime_dir(cat_dir) / "service.log"
+    log.write_text("2020-01-01 pid 1 ERROR an old service: OLD LINE\n")
+    monkeypatch.setenv("TABLOADER_CACHE_BYTES", "abc")
+    with pytest.raises(
+        ServiceError, match=r"did not start: CatalogError: \$TABLOADER_CACHE_BYTES"
+    ) as info:
+        RemoteLoader(cat_dir)
+    assert "OLD LINE" not in str(info.value)
