@@ -50,6 +50,7 @@ __all__ = [
     "RowReadError",
     "SamplingError",
     "ServiceError",
+    "ServiceStuckError",
     "StatementError",
     "StorageError",
     "TabloaderError",
@@ -195,6 +196,10 @@ class RowReadError(LoaderError):
 
 class ServiceError(TabloaderError):
     """The loader service cannot be reached, refused the connection, or broke the protocol."""
+
+
+class ServiceStuckError(ServiceError):
+    """The loader service runs (it holds the catalog's service lock) but does not answer."""
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -17,8 +17,6 @@ have fixed bounds (``catalog.sql.dialect``).
 
 from __future__ import annotations
 
-import math
-import os
 import re
 import threading
 from collections.abc import Iterator
@@ -69,11 +67,9 @@ def format_bytes(n: float) -> str:
 
 
 def _default_memory() -> int:
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        total = 8 << 30
-    return min(4 << 30, total // 2)
+    from catalog.settings import physical_memory
+
+    return min(4 << 30, physical_memory() // 2)
 
 
 @dataclass(frozen=True)
@@ -92,20 +88,13 @@ class Limits:
     def resolve(
         cls, memory_limit: int | str | None = None, statement_timeout: float | None = None
     ) -> Limits:
-        """The limits from the arguments, else the environment, else the defaults."""
-        memory = memory_limit if memory_limit is not None else os.environ.get(MEMORY_ENV)
-        timeout: Any = statement_timeout
-        if timeout is None:
-            timeout = os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S
-        try:
-            seconds = float(timeout)
-        except ValueError:
-            seconds = math.nan
-        if not seconds > 0:
-            raise CatalogError(
-                f"statement_timeout {timeout!r} is not a positive number of seconds; e.g. 60."
-            )
-        return cls(parse_bytes(memory) if memory is not None else _default_memory(), float(seconds))
+        """The limits from the arguments, else the environment, else the defaults (checked
+        by ``catalog.settings``)."""
+        from catalog.settings import setting
+
+        memory = setting("memory_limit", memory_limit)
+        seconds = setting("statement_timeout", statement_timeout)
+        return cls(_default_memory() if memory is None else memory, seconds)
 
     @property
     def memory_fix(self) -> str:

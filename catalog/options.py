@@ -21,6 +21,7 @@ __all__ = [
     "BATCH_BYTES_LIMIT",
     "JOB_OPTIONS",
     "JobOption",
+    "check_open",
     "check_options",
     "option_value",
 ]
@@ -170,6 +171,11 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
             )
         out[option.name] = option.check(value)
     batch = out.get("batch_size", JOB_OPTIONS["batch_size"].default)
+    if out.get("augment") is not None and out.get("image_size") is not None:
+        raise OptionError(
+            "Job options augment and image_size are both set: augment's operations decide "
+            "the size; drop image_size (add CenterCrop or Resize((h, w)) to augment instead)."
+        )
     if out.get("augment") is not None:
         spec = parse_augment(out["augment"])
         need = batch * spec.output_bytes
@@ -181,16 +187,21 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
             )
     size = out.get("image_size")
     if size is not None:
-        need = batch * size * size * 3
-        if need > BATCH_BYTES_LIMIT:
-            largest = math.isqrt(BATCH_BYTES_LIMIT // (3 * batch))
-            raise OptionError(
-                f"Job option image_size = {size} makes one batch of {batch} images "
-                f"{need / 2**30:.1f} GiB ({size}x{size}x3 bytes each), over the "
-                f"{BATCH_BYTES_LIMIT >> 30} GiB limit for one batch; use image_size <= "
-                f"{largest} with batch_size = {batch}, or a smaller batch_size."
-            )
+        _check_batch_bytes(batch, size, size)
     return out
+
+
+def _check_batch_bytes(batch: int, height: int, width: int) -> None:
+    """Refuse a batch of ``batch`` images of ``height`` x ``width`` over ``BATCH_BYTES_LIMIT``."""
+    need = batch * height * width * 3
+    if need > BATCH_BYTES_LIMIT:
+        largest = math.isqrt(BATCH_BYTES_LIMIT // (3 * batch))
+        raise OptionError(
+            f"Job option image_size = {height if height == width else (height, width)} makes "
+            f"one batch of {batch} images {need / 2**30:.1f} GiB ({height}x{width}x3 bytes "
+            f"each), over the {BATCH_BYTES_LIMIT >> 30} GiB limit for one batch; use "
+            f"image_size <= {largest} with batch_size = {batch}, or a smaller batch_size."
+        )
 
 
 def option_value(options: Mapping[str, Any], name: str) -> Any:
@@ -201,3 +212,32 @@ def option_value(options: Mapping[str, Any], name: str) -> Any:
     option = JOB_OPTIONS[name]
     value = options.get(name)
     return option.default if value is None else option.check(value)
+
+
+def check_open(options: Mapping[str, Any], **given: Any) -> dict[str, Any]:
+    """A job's stored ``options`` with the values ``given`` at open (None: not given) laid over
+    them, checked as ``REGISTER`` checks them: an open cannot ask for what ``REGISTER`` would
+    refuse. ``image_size`` may also be a ``(height, width)`` pair at open.
+
+    Raises:
+        OptionError: as ``check_options``, naming the open argument.
+    """
+    given = {k: v for k, v in given.items() if v is not None}
+    merged = {**options, **given}
+    if "augment" in given and "image_size" not in given:  # one replaces the other
+        merged.pop("image_size", None)
+    if "image_size" in given and "augment" not in given:
+        merged.pop("augment", None)
+    pair = merged.get("image_size")
+    if isinstance(pair, tuple | list) and len(pair) == 2:
+        merged.pop("image_size")
+    try:
+        out = check_options(merged)
+        if "image_size" not in out and pair is not None:
+            height, width = (JOB_OPTIONS["image_size"].check(side) for side in pair)
+            _check_batch_bytes(option_value(out, "batch_size"), height, width)
+            out["image_size"] = (height, width)
+    except OptionError as exc:
+        args = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise OptionError(f"open({args}): {exc}") from None
+    return out

@@ -126,10 +126,10 @@ def main() -> None:
     union = len(jobs[0].ids.union(*(j.ids for j in jobs[1:])))
     total = sum(s["rows"] for s in served.values())
     print(f"\n{len(JOBS)} jobs, {args.epochs} epochs, {time.perf_counter() - start:.1f} s")
-    for name, s in served.items():  # values: the image and the label of each row
+    for name, s in served.items():  # decoded: the images this job's batches decoded
         print(
-            f"  {name:11} {s['requests']} values: {s['loaded']} read and decoded by this job, "
-            f"{s['shared']} served from the cache or another job's read"
+            f"  {name:11} {s['rows']} images: {s['decoded']} decoded by this job, "
+            f"{s['rows'] - s['decoded']} served from the cache or another job's decode"
         )
     print(
         f"images served to jobs: {total}; decoded: {stats['decodes']} (the union of the "

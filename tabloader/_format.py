@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any
 
-__all__ = ["format_table"]
+__all__ = ["format_table", "printable"]
+
+# C0 and C1 control characters but the newline and the tab: a name or value holding a terminal
+# escape ("\x1b[31m") must not drive the terminal it is printed on.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: Any) -> str:
+    """``str(text)`` with each control character (but newline and tab) shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 
 WIDTH = 60  # a longer cell (a job's predicate) wraps onto more lines, whole
@@ -16,16 +26,17 @@ def _cell(v: Any) -> list[str]:
         return [f"{v:.4g}"]
     if isinstance(v, bytes):
         return [f"<{len(v)} bytes>"]
-    text = "" if v is None else str(v)
+    text = "" if v is None else printable(v)
     return textwrap.wrap(text, WIDTH, break_on_hyphens=False) or [""]
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     """Format dict rows as an aligned plain-text table."""
     if not rows:
-        return "(no rows)" if columns is None else "  ".join(columns) + "\n(no rows)"
-    columns = columns or list(rows[0])
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+        return "(no rows)" if columns is None else printable("  ".join(columns)) + "\n(no rows)"
+    keys = columns or list(rows[0])
+    cells = [[_cell(r.get(c)) for c in keys] for r in rows]
+    columns = [printable(c) for c in keys]
     widths = [
         max(len(c), *(len(line) for row in cells for line in row[i])) for i, c in enumerate(columns)
     ]

@@ -25,6 +25,15 @@ def _open_catalog(args: argparse.Namespace, *, create: bool = False) -> Any:
     return catalog.connect(args.catalog, create=create)
 
 
+def _print(text: Any, **kwargs: Any) -> None:
+    """``print`` for every line the CLI writes: control characters of names and values (a
+    terminal escape in a dataset name, a SELECTed string) are shown, not sent to the terminal.
+    """
+    from tabloader._format import printable
+
+    print(printable(text), **kwargs)
+
+
 def describe_result(result: Any) -> str:
     """A statement's result as text: a table, a dataset or job summary, or OK."""
     import pyarrow as pa
@@ -49,7 +58,7 @@ def describe_result(result: Any) -> str:
 
 def print_result(result: Any) -> None:
     """Print a statement's result (see ``describe_result``)."""
-    print(describe_result(result))
+    _print(describe_result(result))
 
 
 # -- sql ---------------------------------------------------------------------------------------
@@ -100,9 +109,13 @@ def _register_sql(sub: Any) -> None:
 
 
 def _service(args: argparse.Namespace) -> Any:
-    """The running service of the catalog (statements go through it), or None."""
+    """The running service of the catalog (statements go through it), or None.
+
+    Raises:
+        ServiceStuckError: a service runs but does not answer (stopped or hung).
+    """
     from catalog.directory import DB_FILE
-    from catalog.errors import ServiceError
+    from catalog.errors import ServiceError, ServiceStuckError
     from tabloader.service.client import RemoteLoader
 
     root = _root(args)
@@ -110,6 +123,8 @@ def _service(args: argparse.Namespace) -> Any:
         return None
     try:
         return RemoteLoader(root, start=False)
+    except ServiceStuckError:  # it runs (and holds the catalog) but does not answer: say so
+        raise
     except ServiceError:
         return None
 
@@ -184,9 +199,20 @@ def _register_verify(sub: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
+    from catalog.errors import CatalogLockedError
+
+    remote = _service(args)
+    if remote is not None:  # it holds the catalog, and cannot verify it for us
+        pid = remote.service_pid
+        remote.close()
+        raise CatalogLockedError(
+            f"tabloader verify reads catalog {_root(args)} itself, and its loader service (pid "
+            f"{pid}) holds it: stop the service (`kill {pid}`; one started by a job also ends "
+            "30 s after its last client leaves), then run verify again."
+        )
     with _open_catalog(args) as cat:
         report = cat.verify(args.dataset)
-    print(report)
+    _print(report)
     return 0 if report.ok else 1
 
 
@@ -223,25 +249,25 @@ def _run_status(args: argparse.Namespace) -> int:
             remote.close()
     report = status_report(root, pid, stats)
     if args.json:
-        print(json.dumps(report))
+        _print(json.dumps(report))
         return 0
     if stats is None:
-        print(
+        _print(
             f"No loader service runs for catalog {root}: the first JobDataset starts one, "
             "or run tabloader serve."
         )
         return 0
     cache, clients = report["cache"], report["clients"]
-    print(f"Loader service pid {pid} for catalog {root}")
-    print(
+    _print(f"Loader service pid {pid} for catalog {root}")
+    _print(
         f"clients: {len(clients)}" + (f" ({'; '.join(map(_client, clients))})" if clients else "")
     )
-    print(
+    _print(
         f"reads {report['reads']:,}, decodes {report['decodes']:,}, "
         f"bytes read {report['bytes_read']:,}"
     )
     rate = "-" if cache["hit_rate"] is None else f"{cache['hit_rate']:.1%}"
-    print(
+    _print(
         f"cache: {cache['size_bytes']:,} of {cache['capacity_bytes']:,} bytes "
         f"({cache['fill']:.1%} full), {cache['entries']:,} values, {cache['pinned']:,} pinned; "
         f"hit rate {rate} ({cache['hits']:,} hits, {cache['misses']:,} misses), "
@@ -250,7 +276,7 @@ def _run_status(args: argparse.Namespace) -> int:
     keys = ["job", "dataset", "ranks", "epoch", "batches", "rows", "rows_per_s", "shared"]
     keys += ["wait_s", "compute_s"]
     jobs = [{**j, "ranks": j["world_size"]} for j in report["jobs"]]  # counts: over the ranks
-    print(
+    _print(
         format_table([{k: j.get(k) for k in keys} for j in jobs], keys) if jobs else "no open jobs"
     )
     return 0
@@ -295,10 +321,10 @@ def _cluster_status(root: Path, args: argparse.Namespace) -> int:
 
     status = cluster_status(root, args.ray)
     if args.json:
-        print(json.dumps({"catalog": str(root), **status}))
+        _print(json.dumps({"catalog": str(root), **status}))
         return 0
     nodes = status["nodes"]
-    print(
+    _print(
         f"Ray cluster loaders for catalog {root}: {len(nodes)} node(s), leader generation "
         f"{status['generation']}; reads {status['reads']:,}, decodes {status['decodes']:,}"
     )
@@ -314,14 +340,14 @@ def _cluster_status(root: Path, args: argparse.Namespace) -> int:
         for n, s in sorted(nodes.items())
     ]
     if rows:
-        print(format_table(rows, list(rows[0])))
+        _print(format_table(rows, list(rows[0])))
     jobs = [
         {"job": j["job"], "epoch": j["epoch"], "ranks": len(j["ranks"]), "left": len(j["left"])}
         for j in status["jobs"]
     ]
-    print(format_table(jobs, ["job", "epoch", "ranks", "left"]) if jobs else "no jobs")
+    _print(format_table(jobs, ["job", "epoch", "ranks", "left"]) if jobs else "no jobs")
     for name, why in status["gone"].items():
-        print(f"job {name} left the cluster: {why}")
+        _print(f"job {name} left the cluster: {why}")
     return 0
 
 
@@ -330,14 +356,12 @@ def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
     p.add_argument(
         "--cache-bytes",
-        type=int,
         default=None,
-        help="shared-memory cache size (default: $TABLOADER_CACHE_BYTES or 1 GiB)",
+        help="shared-memory cache size: bytes or e.g. 2GiB (default: $TABLOADER_CACHE_BYTES "
+        "or 1 GiB)",
     )
-    p.add_argument("--workers", type=int, default=None, help="decode processes (default: cores)")
-    p.add_argument(
-        "--idle-exit", type=float, default=None, help="stop this many seconds after the last client"
-    )
+    p.add_argument("--workers", default=None, help="decode processes (default: cores)")
+    p.add_argument("--idle-exit", default=None, help="stop this many seconds after the last client")
     _ray_argument(
         p,
         "serve the Ray cluster at ADDRESS (default: auto): a leader and a loader on every "
@@ -356,36 +380,47 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     from tabloader.service.server import Service, log_to_file, yield_to_jobs
 
+    cache = _flag("cache_bytes", args.cache_bytes)
+    workers = _flag("workers", args.workers)
+    idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     yield_to_jobs()  # before any thread or process starts: they inherit it
-    cache = args.cache_bytes or int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
     if args.ray is not None:
         from tabloader.cluster.actor import serve_cluster
 
         root = _root(args).resolve()
 
         def ready(nodes: int) -> None:
-            print(
+            _print(
                 f"tabloader: serving catalog {root} on {nodes} Ray node(s) (pid {os.getpid()})",
                 file=sys.stderr,
                 flush=True,
             )
 
-        serve_cluster(root, args.ray, ready=ready, cache_bytes=cache, workers=args.workers)
+        serve_cluster(root, args.ray, ready=ready, cache_bytes=cache, workers=workers)
         return 0
     service = Service(
         _root(args),
         cache_bytes=cache,
-        workers=args.workers,
-        idle_exit=args.idle_exit,
+        workers=workers,
+        idle_exit=idle_exit,
         access_log=args.access_log,
     )
     log = log_to_file(service.root)
-    print(
+    _print(
         f"tabloader: serving catalog {service.root} (pid {os.getpid()}); log: {log}",
         file=sys.stderr,
     )
     service.serve()
     return 0
+
+
+def _flag(name: str, value: str | None) -> Any:
+    """Setting ``name`` from its flag (``value``), else its environment variable, else its
+    default, checked by ``catalog.settings``."""
+    from catalog.settings import SETTINGS
+
+    setting = SETTINGS[name]
+    return setting.check(value, setting.flag) if value is not None else setting.resolve()
 
 
 # -- demo --------------------------------------------------------------------------------------
@@ -510,8 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         message = " ".join(str(exc).split())
-        print(f"{type(exc).__name__}: {message}", file=sys.stderr)
+        _print(f"{type(exc).__name__}: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
+        _print("Interrupted.", file=sys.stderr)
         return 130

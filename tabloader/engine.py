@@ -43,15 +43,17 @@ from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
-from catalog.options import check_options, option_value
+from catalog.options import check_open, option_value
+from catalog.settings import SETTINGS, check_counts, physical_memory, setting
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog
 from tabloader.arena import Arena
-from tabloader.augment import Augmenter, default_seed, shared_fit
+from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
 from tabloader.decoding import DecodePool
 from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
-from tabloader.jobs import JobState, OnError
+from tabloader.jobs import JobState, OnError, fit_prefetch
+from tabloader.planning import column_plan, job_augmenter
 from tabloader.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
@@ -127,6 +129,8 @@ class Loader:
             raise LoaderError(
                 f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
             )
+        if isinstance(cache_bytes, int) and cache_bytes > physical_memory():  # a clear error,
+            SETTINGS["cache_bytes"].check(cache_bytes, "cache_bytes", LoaderError)  # not numpy's
         self._sampler_cls = SAMPLERS[sampler]
         self._access_log_path = None if access_log is None else Path(access_log)
         if self._access_log_path is not None and not self._access_log_path.parent.is_dir():
@@ -355,22 +359,22 @@ class Loader:
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             options = info.options
-            if batch_size is None:
-                batch_size = option_value(options, "batch_size")
-            _check_counts(
-                batch_size=batch_size, prefetch=prefetch, lookahead=lookahead, epochs=epochs
+            checked = check_open(
+                options,
+                batch_size=batch_size,
+                image_size=image_size,
+                augment=augment,
+                decode_size=decode_size,
+                seed=seed,
             )
+            batch_size = option_value(checked, "batch_size")
+            check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
+            given = prefetch
             if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
                 # 16 processes 25% idle, waiting for the last group of each batch)
                 prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
-            size = image_size if image_size is not None else option_value(options, "image_size")
-            augmenter, cap = self._augmenter(info, augment, decode_size, seed, batch_size)
-            if augmenter is not None and image_size is not None:
-                raise LoaderError(
-                    f"image_size={image_size!r} and augment both given for job {info.name!r}: "
-                    "augment's operations decide the size; drop image_size (add CenterCrop or "
-                    "Resize((h, w)) to augment instead)."
-                )
+            size = checked.get("image_size")
+            augmenter, cap = job_augmenter(info.name, checked)
             if on_error is None:
                 on_error = option_value(options, "on_error")
             try:
@@ -390,12 +394,16 @@ class Loader:
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
             plan = self._plan(sched, dataset, info, size, augmenter, cap)
+        local = 1 if fed else world_size  # a fed rank is a job of its own here
+        if remote:  # the service's cache holds its clients' prepared batches, pinned
+            prefetch = fit_prefetch(
+                self._arena.buffer.size, plan, batch_size * local, prefetch, given
+            )
         if fed and state is not None:
             raise LoaderError(
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
                 "open the job without state."
             )
-        local = 1 if fed else world_size  # a fed rank is a job of its own here
         state_obj = JobState(
             info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
             info.ids,
@@ -424,44 +432,6 @@ class Loader:
         )
         return JobStream(sched, joined)
 
-    def _augmenter(
-        self,
-        info: Job,
-        augment: str | None,
-        decode_size: int | None,
-        seed: int | None,
-        batch_size: int,
-    ) -> tuple[Augmenter | None, int | None]:
-        """The job's augmentation (options given at open are checked as REGISTER checks
-        them) and the cap of its shared decode."""
-        given = {"augment": augment, "decode_size": decode_size, "seed": seed}
-        given = check_options({k: v for k, v in given.items() if v is not None})
-        options = {**info.options, **given, "batch_size": batch_size}
-        check_options({k: v for k, v in options.items() if v is not None})
-        cap = option_value(options, "decode_size")
-        text = option_value(options, "augment")
-        if text is None:
-            return None, cap
-        seed = option_value(options, "seed")
-        return Augmenter(text, default_seed(info.name) if seed is None else seed), cap
-
-    def _shared_need(self, job: Job, column: str, cap: int | None) -> int | None:
-        """The largest ``need`` of the registered augmented jobs reading ``column`` of
-        ``job``'s dataset with decode cap ``cap`` and rows in common with ``job`` (None: no
-        such job): the decode they share."""
-        from catalog.augment import parse_augment
-
-        needs = [
-            parse_augment(j.options["augment"]).need
-            for j in self.catalog.job_infos()
-            if j.dataset == job.dataset
-            and column in j.columns
-            and j.options.get("augment")
-            and j.options.get("decode_size") == cap
-            and (j.name == job.name or self.catalog.job(j.name).ids.intersect(job.ids))
-        ]
-        return max(needs) if needs else None
-
     def _plan(
         self,
         sched: DatasetScheduler,
@@ -471,15 +441,8 @@ class Loader:
         augmenter: Augmenter | None = None,
         cap: int | None = None,
     ) -> Plan:
-        """How the job's columns are prepared. An augmented job's image columns are decoded
-        aspect-kept (:class:`~tabloader.prep.Fit`) at the largest need of the registered
-        augmented jobs that read that column with the same ``decode_size`` and share rows
-        with the job, so that they share one decode. An ``image_size`` job (an int: the
-        evaluation recipe) shares that decode too when such a job's need is at least its
-        size: it then gets torchvision's ``Resize(size), CenterCrop(size)`` of it (the same
-        mapping as its own decode; the pixels differ slightly). Otherwise (no such job: an
-        evaluation split apart from the training rows, say) it keeps its own fixed-size
-        values, smaller in the arena and resized once."""
+        """How the job's columns are prepared: gathered, or decoded into an arena space
+        (image columns: sizes and augmentation as :mod:`tabloader.planning` decides)."""
         schema = dataset.schema
         columns = list(job.columns)
         gathered, prepared = [], []
@@ -487,15 +450,9 @@ class Loader:
         for c in columns:
             dec = decoder_for(schema.field(c))
             if dec.kind is DecodeKind.IMAGE:
-                shared = self._shared_need(job, c, cap)
-                column_size = size
-                if augmenter is not None:
-                    own = shared_fit(augmenter.spec, cap)
-                    column_size = Fit(max(own.least, shared or 0), cap)
-                    augment[c] = augmenter
-                elif isinstance(size, int) and shared is not None and shared >= size:
-                    column_size = Fit(shared, cap)
-                    augment[c] = Augmenter(f"Resize({size}), CenterCrop({size})", 0)
+                column_size, aug = column_plan(self.catalog, job, c, size, augmenter, cap)
+                if aug is not None:
+                    augment[c] = aug
                 dec = decoder_for(schema.field(c), image_size=column_size)
                 gen = self._generation.get(dataset.name, 0)
                 name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
@@ -628,15 +585,6 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
     return remaining, epoch
 
 
-def _check_counts(**counts: Any) -> None:
-    """Each of ``counts`` is None (its default) or an integer of at least 1: a bad one from a
-    client must fail its ``open``, not the dataset's scheduler that every job shares."""
-    for name, value in counts.items():
-        ok = isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
-        if value is not None and not ok:
-            raise LoaderError(f"{name}={value!r}: it must be an integer of at least 1.")
-
-
 _DEFAULT_LOADERS: dict[Path, Loader] = {}
 _DEFAULT_LOCK = threading.Lock()
 _LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()  # closed at exit
@@ -666,7 +614,7 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
     with _DEFAULT_LOCK:
         loader = _DEFAULT_LOADERS.get(root)
         if loader is None or loader.closed:
-            cache = int(os.environ.get("TABLOADER_CACHE_BYTES", 1 << 30))
+            cache = setting("cache_bytes")
             loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
             _DEFAULT_LOADERS[root] = loader
         return loader

@@ -23,6 +23,7 @@ How queues are filled and batches cut and dealt: :mod:`tabloader.scheduler`.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections import deque
@@ -34,9 +35,11 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
+from catalog.limits import format_bytes
 from tabloader.fetch import Plan, Work
+from tabloader.prep import Fit
 
-__all__ = ["JobState", "OnError", "RankState"]
+__all__ = ["JobState", "OnError", "RankState", "fit_prefetch"]
 
 NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
 
@@ -165,6 +168,13 @@ class JobState:
                 is asked for with another world size, other options or another state.
         """
         name = self.name
+        if self.world_size == 1 and asked.world_size == 1 and asked.remote:
+            raise LoaderError(
+                f"Job {name!r} is open already in the loader service, by another process or "
+                "another stream of this one (`tabloader status` lists the clients and their "
+                "jobs): close it there or end that process first, or register this one under "
+                "another job name."
+            )
         if self.world_size == 1 and asked.world_size == 1:
             raise LoaderError(
                 f"Job {name!r} is open already in this loader; close its stream first."
@@ -236,6 +246,7 @@ class JobState:
                 "skipped",
                 "requests",
                 "loaded",
+                "decoded",
                 "shared",
                 "wait_s",
                 "compute_s",
@@ -280,6 +291,7 @@ class RankState:
     skipped: int = 0
     requests: int = 0
     loaded: int = 0
+    decoded: int = 0  # of ``loaded``: the images this rank's batches decoded themselves
     wait_s: float = 0.0  # blocked in take(): waiting for data
     compute_s: float = 0.0  # between batches: the job's own work
     augment_s: float = 0.0  # the job's own augmentation (part of its waiting, or a client's)
@@ -348,6 +360,7 @@ class RankState:
             "skipped": self.skipped,
             "requests": self.requests,
             "loaded": self.loaded,
+            "decoded": self.decoded,
             "shared": self.requests - self.loaded,
             "wait_s": self.wait_s,
             "compute_s": self.compute_s,
@@ -355,3 +368,29 @@ class RankState:
             "waiting": self.wait_s / busy if busy > 0 else 0.0,
             "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
         }
+
+
+def _area(size: Any) -> int:
+    """Pixels of one prepared image of ``size``; for an aspect-kept decode (``Fit``) an
+    estimate: a 4:3 image at its least shorter side (a larger source decodes larger)."""
+    if isinstance(size, Fit):
+        return size.least * size.least * 4 // 3
+    return int(size * size if isinstance(size, int) else math.prod(size))
+
+
+def fit_prefetch(capacity: int, plan: Plan, rows: int, prefetch: int, given: int | None) -> int:
+    """The prefetch of a service's job: its batches of ``rows`` rows (over its ranks) stay
+    pinned in a cache of ``capacity`` bytes from prepared to released (``prefetch`` ahead,
+    one at the client, one it reads ahead). A default ``prefetch`` (``given`` None) is lowered
+    to fit; a job whose batches do not fit is refused (``LoaderError``)."""
+    sizes = [d.image_size for d, _ in plan.prepared if d.image_size is not None]
+    one = rows * sum(3 * _area(s) for s in sizes)
+    fits = capacity // one - 2 if one else prefetch
+    if fits >= (prefetch if given is not None else 1):
+        return min(prefetch, fits)
+    raise LoaderError(
+        f"A batch of this job takes {format_bytes(one)} of decoded images (over its ranks); "
+        f"{(given or 1) + 2} of them are held at once, more than the service's cache of "
+        f"{format_bytes(capacity)}: lower batch_size, image_size or prefetch, or "
+        "start the service with a larger --cache-bytes."
+    )

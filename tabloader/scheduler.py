@@ -308,6 +308,7 @@ class DatasetScheduler:
         with self.cond:
             rank: RankState = work.job
             rank.loaded += work.loaded + work.rows.size * len(work.plan.gathered)
+            rank.decoded += work.loaded
             work.ready = True
             if not rank.closed:
                 if rank.batches and rank.batches[0] is work:  # what its consumer waits for

@@ -104,6 +104,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     ) -> None:
         super().__init__()
         self.job = job
+        self._pid = os.getpid()  # its loader's connection and threads are this process's
         if loader is None:
             loader = default_loader(catalog) if isinstance(catalog, Catalog) else _service(catalog)
         self.loader: Loader | RemoteLoader = loader
@@ -124,7 +125,24 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self._stream: JobStream | RemoteStream | None = None
         self._state: dict[str, Any] | None = None
 
+    def _here(self) -> None:
+        """Refuse use in a process forked from the one that made it (it would share the
+        parent's connection and threads and garble both)."""
+        if os.getpid() != self._pid:
+            raise LoaderError(
+                f"JobDataset {self.job!r} was created in process {self._pid} and is used in "
+                f"process {os.getpid()} (forked from it); create the JobDataset in the child."
+            )
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"A JobDataset (job {self.job!r}) cannot be pickled: it holds its process's "
+            "connection to the loader. Pass the job name (and options) to the other process "
+            "and create the JobDataset there."
+        )
+
     def _open(self) -> JobStream | RemoteStream:
+        self._here()
         if self._stream is None:
             self._stream = self.loader.open(
                 self.job,
@@ -173,6 +191,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next batches continue that epoch exactly."""
+        self._here()
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -181,6 +200,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
 
     def close(self) -> None:
         """Leave the loader (release this job's pins); iterating again reopens the job."""
+        self._here()
         if self._stream is not None:
             self._stream.close()
             self._stream = None

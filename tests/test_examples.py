@@ -65,14 +65,12 @@ def test_hparam_search_example(tmp_path):
     )
     assert decoded < served
     lines = re.findall(
-        r"(\d+) values: (\d+) read and decoded by this job, (\d+) served", proc.stdout
+        r"(\d+) images: (\d+) decoded by this job, (\d+) served from the cache", proc.stdout
     )
     assert len(lines) == 3
-    requests, loaded, shared = (sum(int(line[i]) for line in lines) for i in range(3))
-    assert loaded + shared == requests
-    # every decode was done by one job; besides those, each job reads its own labels (cheap
-    # columns go straight into the batch, uncached): one per row it asked for
-    assert decoded <= loaded <= decoded + requests // 2
+    rows, ours, shared = (sum(int(line[i]) for line in lines) for i in range(3))
+    assert ours + shared == rows == served
+    assert ours == decoded  # every decode was done by exactly one job's batch
 
 
 def test_ray_tune_example_trials_share_decodes(tmp_path):

@@ -32,7 +32,8 @@ import pyarrow as pa
 
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import resolve_root
-from catalog.errors import CatalogLockedError, ServiceError, TabloaderError
+from catalog.errors import CatalogLockedError, ServiceError, ServiceStuckError, TabloaderError
+from catalog.settings import setting
 from catalog.sql.dialect import absolute_paths
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
@@ -89,11 +90,14 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     root = Path(root).absolute()
     try:
         return Client(root)
+    except ServiceStuckError:  # another would not start beside it
+        raise
     except ServiceError:
         if not start:
             raise
     log = runtime_dir(root) / LOG_FILE  # its output before it logs there itself, too
     with open(log, "ab") as out:
+        start_of_ours = out.tell()  # earlier services' lines are not this start's story
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -103,7 +107,7 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
                 str(root),
                 "serve",
                 "--idle-exit",
-                os.environ.get("TABLOADER_IDLE_EXIT", "30"),
+                str(setting("idle_exit")),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -121,7 +125,10 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
                 try:
                     return Client(root)
                 except ServiceError:
-                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    with open(log, "rb") as written:
+                        written.seek(start_of_ours)
+                        ours = written.read().decode(errors="replace")
+                    tail = ours.strip().splitlines()[-3:]
                     raise ServiceError(
                         f"The tabloader service for catalog {root} did not start: "
                         f"{' | '.join(tail) or exc}. See {log}."
@@ -504,6 +511,8 @@ def open_catalog(
     except CatalogLockedError as locked:
         try:
             return RemoteLoader(resolve_root(path), start=False)
+        except ServiceStuckError:
+            raise
         except ServiceError:
             raise locked from None
 

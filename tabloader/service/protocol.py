@@ -28,6 +28,7 @@ raises ``ServiceError``. The service end, its connections and their faults:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -45,7 +46,7 @@ from typing import Any, NoReturn
 import pyarrow as pa
 
 from catalog import errors
-from catalog.errors import LoaderError, ServiceError, TabloaderError
+from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 
 __all__ = [
     "FDS",
@@ -63,6 +64,7 @@ __all__ = [
     "recv_frame",
     "runtime_dir",
     "send_frame",
+    "service_pid",
     "socket_path",
     "state_from_wire",
     "state_to_wire",
@@ -122,6 +124,23 @@ def key_path(catalog_root: Path, node: str | None = None) -> Path:
     return runtime_dir(catalog_root, node) / "authkey"
 
 
+def service_pid(catalog_root: Path, node: str | None = None) -> int | None:
+    """The pid of the process that holds the catalog's service lock (a service that lives,
+    answering or not), else None."""
+    try:
+        fd = os.open(runtime_dir(catalog_root, node) / "lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:  # held: read the pid the holder wrote
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)  # also drops our shared lock, if we got it
+    return None
+
+
 class Client:
     """A connection to the service of a catalog.
 
@@ -164,6 +183,13 @@ class Client:
             self._sock.settimeout(None)
         except (OSError, EOFError) as exc:
             self.close()
+            pid = service_pid(self._root, node) if isinstance(exc, TimeoutError) else None
+            if pid is not None:  # it holds the lock but does not answer: stopped or hung
+                raise ServiceStuckError(
+                    f"The tabloader service of catalog {self._root}: pid {pid} does not answer "
+                    f"(stopped or hung); resume it with `kill -CONT {pid}`, or end it with "
+                    f"`kill {pid}` (a new one starts with the next job)"
+                ) from exc
             why = describe(exc)
             raise ServiceError(f"cannot connect to the tabloader service at {path}: {why}") from exc
         except BaseException:

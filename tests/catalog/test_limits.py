@@ -126,8 +126,10 @@ def test_limits_come_from_the_environment(tmp_path, monkeypatch):
     ("kwargs", "message"),
     [
         ({"memory_limit": "lots"}, r"memory_limit 'lots' is not a size; .* e\.g\. '2GB'"),
-        ({"memory_limit": 0}, "memory_limit 0 is not a size"),
-        ({"statement_timeout": 0}, "statement_timeout 0 is not a positive number of seconds"),
+        ({"memory_limit": 0}, r"memory_limit 0 is below the range: .* from 1\.0 MiB to "),
+        ({"memory_limit": 1 << 60}, r"memory_limit 1152921504606846976 is above the range"),
+        ({"statement_timeout": 0}, r"statement_timeout 0 is below the range: .* e\.g\. 60\."),
+        ({"statement_timeout": "soon"}, "statement_timeout 'soon' is not a number"),
     ],
 )
 def test_bad_limits_are_refused(tmp_path, kwargs, message):

@@ -9,7 +9,13 @@ import pytest
 
 import catalog
 from catalog import OptionError, StatementError
-from catalog.options import BATCH_BYTES_LIMIT, JOB_OPTIONS, check_options, option_value
+from catalog.options import (
+    BATCH_BYTES_LIMIT,
+    JOB_OPTIONS,
+    check_open,
+    check_options,
+    option_value,
+)
 
 
 @pytest.fixture
@@ -84,3 +90,18 @@ def test_a_batch_at_the_limit_is_accepted():
     assert check_options({"image_size": side}) == {"image_size": side}
     with pytest.raises(OptionError, match="image_size <= 6688"):
         check_options({"image_size": side + 1})
+
+
+def test_open_cannot_ask_for_what_register_refuses():
+    stored = check_options({"batch_size": 65536})
+    assert check_open(stored, image_size=None) == {"batch_size": 65536}
+    assert check_open(stored, batch_size=8, image_size=(20, 30)) == {
+        "batch_size": 8,
+        "image_size": (20, 30),
+    }
+    with pytest.raises(OptionError, match=r"open\(image_size=512\): .* 48\.0 GiB .* <= 147"):
+        check_open(stored, image_size=512)
+    with pytest.raises(OptionError, match=r"image_size = \(2000, 3000\) makes one batch"):
+        check_open({}, batch_size=256, image_size=(2000, 3000))  # each side in range
+    with pytest.raises(OptionError, match=r"open\(image_size=\(0, 5\)\): .* out of range"):
+        check_open({}, image_size=(0, 5))

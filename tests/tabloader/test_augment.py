@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from catalog.errors import LoaderError, OptionError
+from catalog.errors import OptionError
 from tabloader.augment import Augmenter, from_torchvision
 from tabloader.engine import Loader
 from tabloader.prep import Fit, decode_image
@@ -301,8 +301,10 @@ def test_options_given_at_open_are_checked_as_register_checks_them(jobs):
             loader.open("ev", augment="Flip()")
         with pytest.raises(OptionError, match=r"augment makes one batch of 65536 images"):
             loader.open("ev", augment="CenterCrop(512)", batch_size=65536)
-        with pytest.raises(LoaderError, match=r"image_size=24 and augment both given"):
-            loader.open("tr", image_size=24)
+        with pytest.raises(OptionError, match=r"augment and image_size are both set"):
+            loader.open("tr", image_size=24, augment="CenterCrop(8)")
+        with loader.open("tr", image_size=24, batch_size=4) as s:  # replaces the augment
+            assert s.take()["image"].shape == (4, 24, 24, 3)
         with pytest.raises(OptionError, match=r"decode_size = 0 is out of range"):
             loader.open("tr", decode_size=0)
         with loader.open("ev", augment="CenterCrop(8)", batch_size=4, epochs=1) as s:

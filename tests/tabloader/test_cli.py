@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import catalog
 import tabloader
 from tabloader.cli import main
 
@@ -223,3 +225,45 @@ def test_status_names_the_ranks_of_a_data_parallel_job():
     }
     assert _client(client) == "pid 7: cnn[0/2], cnn[1/2], vit"
     assert _client({"pid": 8, "connections": 1, "jobs": []}) == "pid 8: no job"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--cache-bytes", str(10**15)], {}, r"--cache-bytes '1000000000000000' is above the"),
+        (["--cache-bytes", "17"], {}, r"--cache-bytes '17' is below the range: .* from 1\.0 MiB"),
+        (["--cache-bytes", "0"], {}, r"--cache-bytes '0' is below the range"),
+        (["--cache-bytes", "lots"], {}, r"--cache-bytes 'lots' is not a size; .* e\.g\. '2GiB'"),
+        ([], {"TABLOADER_CACHE_BYTES": "abc"}, r"\$TABLOADER_CACHE_BYTES 'abc' is not a size"),
+        (["--workers", "0"], {}, r"--workers '0' is below the range: decode processes"),
+        (["--workers", "two"], {}, r"--workers 'two' is not a whole number"),
+        (["--idle-exit", "-1"], {}, r"--idle-exit '-1' is below the range"),
+        (["--idle-exit", "nan"], {}, r"--idle-exit 'nan' is not a number"),
+    ],
+)
+def test_serve_refuses_bad_sizes_in_one_line(capsys, monkeypatch, tmp_path, argv, env, message):
+    """Every size of ``serve`` goes through catalog.settings: one line, before anything starts
+    (no numpy allocation error, no silent default, no traceback)."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["--catalog", str(tmp_path / "cat"), "serve", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("CatalogError: "), err
+    assert re.search(message, err), err
+
+
+def test_names_and_values_with_terminal_escapes_are_printed_inert(capsys, tmp_path):
+    red = "\x1b[31m"
+    with catalog.connect(tmp_path / "cat") as cat:
+        cat.import_arrow("t", pa.table({"s": [f"{red}red", "plain\x07"]}))
+    root = str(tmp_path / "cat")
+    assert main(["--catalog", root, "sql", f'SELECT s AS "x{red}" FROM t']) == 0
+    assert main(["--catalog", root, "sql", f'DESCRIBE "t{red}"']) == 1
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err
+    assert "\x07" not in out
+    assert "\\x1b[31mred" in out
+    assert "x\\x1b[31m" in out  # the column's name
+    assert "plain\\x07" in out
+    assert "t\\x1b[31m" in err  # a name in an error message

@@ -31,6 +31,7 @@ from catalog.errors import (
     ImportFailedError,
     JobNotFoundError,
     LoaderError,
+    OptionError,
     ServiceError,
 )
 from tabloader.prep import decode_image
@@ -682,10 +683,19 @@ def test_garbage_on_the_services_socket_is_logged_and_serving_goes_on(service, c
 def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_dir):
     """Option values no JobDataset would send (a list for epochs...): the engine shares one
     scheduler per dataset, so one that got through would stop every job of the dataset."""
-    for bad in ({"epochs": [1]}, {"batch_size": "x"}, {"prefetch": {"n": 1}}):
+    for bad, error, message in (
+        ({"epochs": [1]}, LoaderError, r"epochs \[1\] is not a whole number"),
+        ({"batch_size": "x"}, OptionError, "batch_size = 'x' is not an integer"),
+        ({"prefetch": {"n": 1}}, LoaderError, "prefetch {'n': 1} is not a whole number"),
+        ({"image_size": 100000}, OptionError, r"image_size = 100000 is out of range"),
+        ({"batch_size": 65536, "image_size": 512}, OptionError, "over the 4 GiB limit"),
+        # within REGISTER's bounds, but more than this service's cache (16 MiB) holds
+        ({"batch_size": 64, "image_size": 256}, LoaderError, r"12\.0 MiB of decoded images"),
+        ({"image_size": 128, "prefetch": 9}, LoaderError, r"11 of them .* cache of 16\.0 MiB"),
+    ):
         conn = Client(cat_dir)
         try:
-            with pytest.raises(LoaderError, match="must be an integer of at least 1"):
+            with pytest.raises(error, match=message):
                 conn.call("open", job="a", **bad)
         finally:
             conn.close()
@@ -940,3 +950,64 @@ def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp
         kind, row = log["kind"], log["row"]
     assert sorted(row[kind == 1].tolist()) == expected
     assert sorted(row[kind == 0].tolist()) == expected
+
+
+def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys):
+    """SIGSTOP: the service holds the catalog but answers nobody. ``status`` and ``sql`` say
+    so with its pid, instead of "no service" or "locked, see status"."""
+    from tabloader.cli import main
+
+    proc = start_service(cat_dir)
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        for argv in (["status"], ["sql", "SHOW JOBS"], ["verify"]):
+            assert main(["--catalog", str(cat_dir), *argv]) == 1
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert re.search(
+                rf"^ServiceStuckError: .*: pid {proc.pid} does not answer \(stopped or hung\); "
+                rf"resume it with `kill -CONT {proc.pid}`, or end it with `kill {proc.pid}`",
+                err,
+            ), err
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+def test_verify_beside_a_service_says_to_stop_it(service, cat_dir, capsys):
+    from tabloader.cli import main
+
+    assert main(["--catalog", str(cat_dir), "verify"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(
+        rf"^CatalogLockedError: tabloader verify reads catalog .* itself, and its loader service "
+        rf"\(pid {service.pid}\) holds it: stop the service \(`kill {service.pid}`",
+        err,
+    ), err
+
+
+def test_a_job_held_by_another_client_says_so(service, cat_dir):
+    first, second = Client(cat_dir), Client(cat_dir)
+    try:
+        first.call("open", job="a")
+        with pytest.raises(
+            LoaderError,
+            match=r"Job 'a' is open already in the loader service, by another process or another "
+            r"stream of this one \(`tabloader status` lists the clients and their jobs\): close",
+        ):
+            second.call("open", job="a")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
+    log = runtime_dir(cat_dir) / "service.log"
+    log.write_text("2020-01-01 pid 1 ERROR an old service: OLD LINE\n")
+    monkeypatch.setenv("TABLOADER_CACHE_BYTES", "abc")
+    with pytest.raises(
+        ServiceError, match=r"did not start: CatalogError: \$TABLOADER_CACHE_BYTES"
+    ) as info:
+        RemoteLoader(cat_dir)
+    assert "OLD LINE" not in str(info.value)

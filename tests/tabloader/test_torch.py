@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
+import re
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -111,3 +116,45 @@ def test_a_catalog_path_open_in_this_process_must_be_shared(loader):
     assert len(epoch_ids(data)) == loader.catalog.job("j").num_rows
     data.close()
     data.loader.close()  # the default loader of that catalog: no threads left behind
+
+
+def _use_in_child(data, out) -> None:
+    try:
+        next(iter(data))
+        out.send(("no error", ""))
+    except BaseException as exc:
+        out.send((type(exc).__name__, str(exc)))
+
+
+def test_a_forked_child_is_told_to_create_its_own_and_the_parent_goes_on(loader):
+    data = JobDataset("j", loader=loader)
+    batches = iter(data)
+    ids = next(batches)["_id"].tolist()  # the parent's stream is open mid-epoch
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_use_in_child, args=(data, send))
+    child.start()
+    try:
+        assert receive.poll(30), "the child did not answer"
+        kind, message = receive.recv()
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(30)
+    assert kind == "LoaderError", message
+    assert re.search(
+        rf"JobDataset 'j' was created in process {os.getpid()} and is used in process \d+ "
+        r"\(forked from it\); create the JobDataset in the child\.",
+        message,
+    )
+    ids += [i for batch in batches for i in batch["_id"].tolist()]
+    assert sorted(ids) == sorted(loader.catalog.job("j").ids)  # the parent's epoch, whole
+    data.close()
+
+
+def test_pickling_says_to_create_it_in_the_other_process(loader):
+    data = JobDataset("j", loader=loader)
+    with pytest.raises(TypeError, match=r"JobDataset \(job 'j'\) cannot be pickled: .* there"):
+        pickle.dumps(data)
+    data.close()
