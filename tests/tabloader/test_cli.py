@@ -223,3 +223,18 @@ def test_status_names_the_ranks_of_a_data_parallel_job():
     }
     assert _client(client) == "pid 7: cnn[0/2], cnn[1/2], vit"
     assert _client({"pid": 8, "connections": 1, "jobs": []}) == "pid 8: no job"
+
+
+def test_import_refuses_links_out_unless_follow_links(capsys, tmp_path):
+    root = str(tmp_path / "cat")
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    (tmp_path / "secret.jpg").write_bytes(b"secret")
+    link = tmp_path / "images" / "cat" / "x.jpg"
+    link.symlink_to(tmp_path / "secret.jpg")
+    code, out, err = run(capsys, "--catalog", root, "import", "d", str(tmp_path / "images"))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"ImportFailedError: '{link}' is a symbolic link to '")
+    assert "--follow-links on the command line" in err
+    args = ("--catalog", root, "import", "d", str(tmp_path / "images"), "--follow-links")
+    code, out, _ = run(capsys, *args)
+    assert (code, "Dataset d version 1: 1 rows" in out) == (0, True)
