@@ -102,8 +102,8 @@ def open_imagefolder(
         raise ImportFailedError(
             f"The folder '{root}' is empty; put images in root/<class>/<file> before importing."
         )
-    for p in entries:
-        if p.is_symlink():
+    for p in entries:  # the links that would be read: class folders (and loose images)
+        if p.is_symlink() and (p.is_dir() or p.suffix.lower() in exts):
             check_inside(p, base, follow_links=follow_links)
     classes = [p.name for p in entries if p.is_dir()]
     loose = [p.name for p in entries if p.is_file() and p.suffix.lower() in exts]
@@ -182,7 +182,8 @@ def _list_class(base: Path, name: str, exts: frozenset[str], follow_links: bool)
             children = [e for e in it if not e.name.startswith(".")]
         for entry in children:
             path = folder / entry.name
-            if entry.is_symlink():
+            image = os.path.splitext(entry.name)[1].lower() in exts
+            if entry.is_symlink() and (image or entry.is_dir()):  # a link that would be read
                 real = str(check_inside(path, base, follow_links=follow_links))
                 if entry.is_dir() and real in ancestors:
                     raise ImportFailedError(
@@ -191,7 +192,7 @@ def _list_class(base: Path, name: str, exts: frozenset[str], follow_links: bool)
                     )
             if entry.is_dir():
                 pending.append((path, (*ancestors, os.path.realpath(path))))
-            elif os.path.splitext(entry.name)[1].lower() in exts:
+            elif image:
                 rel = path.relative_to(base)
                 found.append((rel.parts, rel.as_posix()))
     found.sort()

@@ -230,3 +230,10 @@ def test_import_option_errors(cat, folder, options, message):
     with pytest.raises(StatementError, match=message):
         cat.sql(f"CREATE DATASET d FROM '{folder}' FORMAT {fmt} WITH ({options})")
     _nothing_left(cat)
+
+
+def test_imagefolder_ignores_links_it_would_not_read(cat, folder, outside):
+    (outside / "notes.txt").write_text("not an image")
+    (folder / "notes.txt").symlink_to(outside / "notes.txt")
+    (folder / "cat" / "notes.txt").symlink_to(outside / "notes.txt")
+    assert cat.sql(f"CREATE DATASET d FROM '{folder}'").num_rows == 6
