@@ -47,19 +47,41 @@ class SourceImports:
         return self.import_source(name, open_arrow(data), append=append)
 
     def import_parquet(
-        self, name: str, path_or_glob: str | os.PathLike[str], *, append: bool = False
+        self,
+        name: str,
+        path_or_glob: str | os.PathLike[str],
+        *,
+        append: bool = False,
+        follow_links: bool = False,
     ) -> Dataset:
-        """Import a Parquet file, a directory of Parquet files or a glob."""
-        return self.import_source(name, open_source("parquet", path_or_glob), append=append)
+        """Import a Parquet file, a directory of Parquet files or a glob.
+
+        A symbolic link that leads out of the directory (or the glob's folder) is refused
+        unless ``follow_links``; so for every ``import_*`` that takes a path.
+        """
+        source = open_source("parquet", path_or_glob, follow_links=follow_links)
+        return self.import_source(name, source, append=append)
 
     def import_ipc(
-        self, name: str, path: str | os.PathLike[str], *, append: bool = False
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        append: bool = False,
+        follow_links: bool = False,
     ) -> Dataset:
         """Import Arrow IPC / Feather files (file or stream format; a path or a glob)."""
-        return self.import_source(name, open_source("arrow", path), append=append)
+        source = open_source("arrow", path, follow_links=follow_links)
+        return self.import_source(name, source, append=append)
 
     def import_hf(
-        self, name: str, dataset_or_path: Any, *, split: str | None = None, append: bool = False
+        self,
+        name: str,
+        dataset_or_path: Any,
+        *,
+        split: str | None = None,
+        append: bool = False,
+        follow_links: bool = False,
     ) -> Dataset:
         """Import a HuggingFace ``Dataset``, ``DatasetDict`` or ``save_to_disk`` folder.
 
@@ -69,16 +91,22 @@ class SourceImports:
             split: for a ``DatasetDict``, the split to import; None imports every split with a
                 ``split`` column.
             append: add the rows to an existing dataset with the same schema.
+            follow_links: for a folder, read what its symbolic links lead to outside it.
         """
-        return self.import_source(
-            name, open_source("hf", dataset_or_path, split=split), append=append
-        )
+        source = open_source("hf", dataset_or_path, split=split, follow_links=follow_links)
+        return self.import_source(name, source, append=append)
 
     def import_imagefolder(
-        self, name: str, root: str | os.PathLike[str], *, append: bool = False
+        self,
+        name: str,
+        root: str | os.PathLike[str],
+        *,
+        append: bool = False,
+        follow_links: bool = False,
     ) -> Dataset:
         """Import ``root/<class>/<file>`` images: image, label, label_name, path."""
-        return self.import_source(name, open_source("imagefolder", root), append=append)
+        source = open_source("imagefolder", root, follow_links=follow_links)
+        return self.import_source(name, source, append=append)
 
 
 class Ingest:

@@ -166,6 +166,11 @@ def _register_import(sub: Any) -> None:
     )
     p.add_argument("--split", help="for a HuggingFace DatasetDict: the split to import")
     p.add_argument("--append", action="store_true", help="append rows to an existing dataset")
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="read what symbolic links in the folder lead to outside it (refused by default)",
+    )
 
 
 def _run_import(args: argparse.Namespace) -> int:
@@ -173,6 +178,8 @@ def _run_import(args: argparse.Namespace) -> int:
 
     fmt = args.format or detect_format(args.path)
     options = {"split": args.split} if fmt == "hf" else {}
+    if args.follow_links:
+        options["follow_links"] = True
     remote = _service(args)
     if remote is not None:  # a service owns the catalog: through it
         try:

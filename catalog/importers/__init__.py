@@ -21,11 +21,14 @@ import pyarrow as pa
 from catalog.errors import ImportFailedError
 
 __all__ = [
+    "FOLLOW_LINKS_FIX",
     "IMPORTERS",
     "MAX_FILE_BYTES",
     "Source",
+    "check_inside",
     "check_regular_file",
     "detect_format",
+    "is_inside",
     "open_source",
     "read_regular_file",
 ]
@@ -67,17 +70,63 @@ def check_regular_file(path: Path) -> int:
     return st.st_size
 
 
-def read_regular_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+FOLLOW_LINKS_FIX = (
+    "Copy what it points to into the folder, or follow links on purpose with WITH "
+    "(follow_links = true) (follow_links=True in Python, --follow-links on the command line)."
+)
+
+
+def check_inside(path: Path, root: Path, *, follow_links: bool) -> Path:
+    """The real path of ``path``, a path below ``root``, which must stay inside ``root``.
+
+    Imports read only what they were given: a symbolic link below ``root`` (to a file or a
+    folder, at any depth) that resolves outside ``root`` is refused, unless ``follow_links``.
+    ``root`` itself may be a link: the user named it.
+
+    Raises:
+        ImportFailedError: naming the link, its target and the fix.
+    """
+    real = Path(os.path.realpath(path))
+    if follow_links or is_inside(real, root):
+        return real
+    link = path
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        parts = ()
+    step = root
+    for part in parts:  # the first link on the way that leads out names the culprit
+        step = step / part
+        if step.is_symlink() and not is_inside(step, root):
+            link = step
+            break
+    raise ImportFailedError(
+        f"'{link}' is a symbolic link to '{os.path.realpath(link)}', outside the imported "
+        f"folder '{root}'; imports read only what they were given. {FOLLOW_LINKS_FIX}"
+    )
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` resolves (links followed) to ``root`` or below it."""
+    real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    return real == real_root or real_root in real.parents
+
+
+def read_regular_file(
+    path: Path, *, max_bytes: int = MAX_FILE_BYTES, follow_links: bool = True
+) -> bytes:
     """Read a regular file of at most ``max_bytes`` whole.
 
     It is opened non-blocking and checked with ``fstat`` before reading, so a FIFO (or a file
-    swapped for one) is refused instead of blocking the import.
+    swapped for one) is refused instead of blocking the import. Without ``follow_links`` a
+    ``path`` that is a symbolic link (a file swapped for one after it was checked) is refused.
 
     Raises:
         ImportFailedError: not a regular file, larger than ``max_bytes``, or unreadable.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags if follow_links else flags | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         raise ImportFailedError(
             f"Cannot read '{path}' ({exc.strerror or exc}); the folder changed during the "

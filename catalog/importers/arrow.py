@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from catalog.errors import ImportFailedError
-from catalog.importers import Source, check_regular_file
+from catalog.importers import Source, check_inside, check_regular_file
 
 __all__ = ["expand_paths", "open_arrow", "open_ipc"]
 
@@ -39,24 +40,40 @@ def open_arrow(data: Any) -> Source:
     )
 
 
-def expand_paths(path_or_glob: str | Path, kind: str) -> list[Path]:
-    """Expand a path, a directory (its files, sorted) or a glob into a non-empty list of files."""
+def expand_paths(path_or_glob: str | Path, kind: str, *, follow_links: bool = False) -> list[Path]:
+    """Expand a path, a directory (its files, sorted) or a glob into a non-empty list of files.
+
+    A file of the directory, or a match of the glob, that is (or lies under) a symbolic link
+    leading out of the directory (for a glob: the folder before its first wildcard) is refused,
+    unless ``follow_links``; see ``check_inside``. A single file given by name is read as given.
+    """
     text = str(path_or_glob)
     if any(ch in text for ch in "*?["):
         paths = sorted(Path(p) for p in glob.glob(text, recursive=True))
+        root = _glob_root(text)
     elif Path(text).is_dir():
         paths = sorted(
             p for p in Path(text).iterdir() if p.is_file() and not p.name.startswith(".")
         )
+        root = Path(text)
     else:
-        paths = [Path(text)]
+        paths, root = [Path(text)], None
     if not paths:
         raise ImportFailedError(f"No {kind} files match '{text}'. Check the path or the glob.")
     for p in paths:
+        if root is not None:
+            check_inside(p, root, follow_links=follow_links)
         if not p.exists():
             raise ImportFailedError(f"No such {kind} file: '{p}'. Check the path.")
         check_regular_file(p)  # a directory matched by a glob, a FIFO, a device: refused
     return paths
+
+
+def _glob_root(pattern: str) -> Path:
+    """The folder a glob searches: its path up to the first part with a wildcard."""
+    parts = Path(pattern).parts
+    fixed = list(itertools.takewhile(lambda x: not any(c in x for c in "*?["), parts))
+    return Path(*fixed) if fixed else Path()
 
 
 def _open_one_ipc(path: Path) -> tuple[pa.Schema, int | None, Iterator[pa.RecordBatch]]:
@@ -75,9 +92,12 @@ def _open_one_ipc(path: Path) -> tuple[pa.Schema, int | None, Iterator[pa.Record
         ) from exc
 
 
-def open_ipc(path_or_glob: str | Path) -> Source:
-    """Open Arrow IPC / Feather v2 files (file or stream format), in sorted path order."""
-    paths = expand_paths(path_or_glob, "Arrow IPC")
+def open_ipc(path_or_glob: str | Path, *, follow_links: bool = False) -> Source:
+    """Open Arrow IPC / Feather v2 files (file or stream format), in sorted path order.
+
+    ``follow_links``: read files behind symbolic links that lead out of the folder.
+    """
+    paths = expand_paths(path_or_glob, "Arrow IPC", follow_links=follow_links)
     schema, _, first = _open_one_ipc(paths[0])
 
     def batches() -> Iterator[pa.RecordBatch]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.errors import ImportFailedError, did_you_mean
-from catalog.importers import Source
+from catalog.importers import FOLLOW_LINKS_FIX, Source, check_inside, is_inside
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -42,7 +43,9 @@ logger = logging.getLogger(__name__)
 SPLIT_COLUMN = "split"
 
 
-def open_hf(source: Any, *, split: str | None = None, batch_size: int = 256) -> Source:
+def open_hf(
+    source: Any, *, split: str | None = None, batch_size: int = 256, follow_links: bool = False
+) -> Source:
     """Open a HuggingFace dataset as a streaming ``Source``.
 
     Args:
@@ -52,6 +55,8 @@ def open_hf(source: Any, *, split: str | None = None, batch_size: int = 256) -> 
             dict's order, with an extra string column ``split`` naming the split of each row.
             For a ``Dataset`` it must match the dataset's own split, if the dataset knows it.
         batch_size: rows per record batch.
+        follow_links: for a folder, read files behind symbolic links (or data files named by
+            its ``state.json``) that lead out of it; refused by default.
 
     Returns:
         The source. ``class_names`` holds the names of every ``ClassLabel`` column.
@@ -77,7 +82,7 @@ def open_hf(source: Any, *, split: str | None = None, batch_size: int = 256) -> 
     description = ""
     if isinstance(source, (str, Path)):
         description = str(source)
-        source = _load_from_disk(hf, Path(source))
+        source = _load_from_disk(hf, Path(source), follow_links)
     if isinstance(source, hf.Dataset):
         return _open_dataset(source, split, batch_size, description)
     if isinstance(source, hf.DatasetDict):
@@ -106,7 +111,7 @@ def _import_datasets() -> ModuleType:
     return datasets
 
 
-def _load_from_disk(hf: ModuleType, path: Path) -> Any:
+def _load_from_disk(hf: ModuleType, path: Path, follow_links: bool) -> Any:
     if not path.exists():
         raise ImportFailedError(f"No such directory: '{path}'. Check the path.")
     if not path.is_dir():
@@ -114,13 +119,29 @@ def _load_from_disk(hf: ModuleType, path: Path) -> Any:
             f"'{path}' is a file, not a folder written by datasets' save_to_disk; pass that "
             "folder (or use FORMAT parquet/arrow for a single file)."
         )
+    for folder, dirs, files in os.walk(path):  # links are not followed: each is checked
+        for name in dirs + files:
+            if os.path.islink(os.path.join(folder, name)):
+                check_inside(Path(folder, name), path, follow_links=follow_links)
     try:
-        return hf.load_from_disk(str(path), keep_in_memory=False)
+        loaded = hf.load_from_disk(str(path), keep_in_memory=False)
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         raise ImportFailedError(
             f"'{path}' is not a HuggingFace dataset folder ({exc}). Pass a folder written by "
             "Dataset.save_to_disk or DatasetDict.save_to_disk."
         ) from exc
+    # The data files its state.json names ('../x.arrow' would leave the folder), by split.
+    cache_files = loaded.cache_files
+    groups = cache_files.values() if isinstance(cache_files, dict) else [cache_files]
+    for group in groups:
+        for entry in group:
+            data = Path(entry["filename"])
+            if not follow_links and not is_inside(data, path):
+                raise ImportFailedError(
+                    f"'{path}' names the data file '{data}', outside the folder; imports read "
+                    f"only what they were given. {FOLLOW_LINKS_FIX}"
+                )
+    return loaded
 
 
 def _open_dataset(ds: Any, split: str | None, batch_size: int, description: str) -> Source:

@@ -19,6 +19,10 @@ Decisions on unusual layouts:
   make the row count wrong.
 - A class folder without images keeps its label index (so labels match across folders that share
   class names, e.g. train/ and val/) and is logged.
+- A symbolic link (a class folder, a sub-folder or a file) is followed only if it resolves inside
+  ``root``; one that leads out is an error naming it, unless ``follow_links=True``. A folder link
+  to a folder that contains it is an error (it would be listed endlessly). Each file is checked
+  again when it is read, so a file swapped for a link during the import is refused too.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from catalog.errors import ImportFailedError
-from catalog.importers import Source, read_regular_file
+from catalog.importers import Source, check_inside, read_regular_file
 
 __all__ = ["DEFAULT_EXTENSIONS", "SCHEMA", "open_imagefolder"]
 
@@ -54,6 +58,7 @@ def open_imagefolder(
     *,
     extensions: Iterable[str] = DEFAULT_EXTENSIONS,
     batch_size: int = 64,
+    follow_links: bool = False,
 ) -> Source:
     """Open an image folder ``root/<class>/<file>`` as a streaming ``Source``.
 
@@ -61,6 +66,7 @@ def open_imagefolder(
         root: the folder whose sub-folders are the classes.
         extensions: file extensions to import, with or without the dot, any case.
         batch_size: rows (files) per record batch.
+        follow_links: follow symbolic links that lead out of ``root`` (refused by default).
 
     Returns:
         A source with columns ``image`` (the raw file bytes), ``label`` (index of the class
@@ -69,8 +75,8 @@ def open_imagefolder(
 
     Raises:
         ImportFailedError: ``root`` is missing, not a folder, empty, has no class folders, has
-            images directly in it, or has no image with one of ``extensions``; or a file cannot
-            be read during the import.
+            images directly in it, or has no image with one of ``extensions``; a symbolic link
+            leads out of it; or a file cannot be read during the import.
 
     Example:
         >>> import tempfile, pathlib
@@ -96,6 +102,9 @@ def open_imagefolder(
         raise ImportFailedError(
             f"The folder '{root}' is empty; put images in root/<class>/<file> before importing."
         )
+    for p in entries:  # the links that would be read: class folders (and loose images)
+        if p.is_symlink() and (p.is_dir() or p.suffix.lower() in exts):
+            check_inside(p, base, follow_links=follow_links)
     classes = [p.name for p in entries if p.is_dir()]
     loose = [p.name for p in entries if p.is_file() and p.suffix.lower() in exts]
     if loose:
@@ -116,7 +125,7 @@ def open_imagefolder(
         )
     files: list[tuple[int, str]] = []
     for label, name in enumerate(classes):
-        found = _list_class(base, name, exts)
+        found = _list_class(base, name, exts, follow_links)
         if not found:
             logger.info(
                 "class folder %s/%s has no images; its label %d stays unused", base, name, label
@@ -130,7 +139,7 @@ def open_imagefolder(
     logger.info("found %d images in %d classes under %s", len(files), len(classes), base)
     return Source(
         SCHEMA,
-        _batches(base, classes, files, batch_size),
+        _batches(base, classes, files, batch_size, follow_links),
         num_rows=len(files),
         class_names={"label": classes},
         description=str(root),
@@ -156,30 +165,54 @@ def _shown(names: list[str]) -> str:
     return ", ".join(f"'{n}'" for n in names[:3]) + (", ..." if len(names) > 3 else "")
 
 
-def _list_class(base: Path, name: str, exts: frozenset[str]) -> list[str]:
-    """Relative posix paths of the image files under ``base/name``, sorted, hidden ones skipped."""
+def _list_class(base: Path, name: str, exts: frozenset[str], follow_links: bool) -> list[str]:
+    """Relative posix paths of the image files under ``base/name``, sorted, hidden ones skipped.
+
+    Folder links are followed (once ``check_inside`` allows them), except into a folder that
+    contains them.
+    """
     found: list[tuple[tuple[str, ...], str]] = []
-    top = base / name
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        rel_dir = Path(dirpath).relative_to(base)
-        for fname in filenames:
-            if fname.startswith(".") or os.path.splitext(fname)[1].lower() not in exts:
-                continue
-            rel = rel_dir / fname
-            found.append((rel.parts, rel.as_posix()))
+    real_base = os.path.realpath(base)
+    pending: list[tuple[Path, tuple[str, ...]]] = [
+        (base / name, (real_base, os.path.realpath(base / name)))
+    ]
+    while pending:
+        folder, ancestors = pending.pop()
+        with os.scandir(folder) as it:
+            children = [e for e in it if not e.name.startswith(".")]
+        for entry in children:
+            path = folder / entry.name
+            image = os.path.splitext(entry.name)[1].lower() in exts
+            if entry.is_symlink() and (image or entry.is_dir()):  # a link that would be read
+                real = str(check_inside(path, base, follow_links=follow_links))
+                if entry.is_dir() and real in ancestors:
+                    raise ImportFailedError(
+                        f"'{path}' is a symbolic link to '{real}', a folder that contains it, so "
+                        "the folder would be listed endlessly; remove the link."
+                    )
+            if entry.is_dir():
+                pending.append((path, (*ancestors, os.path.realpath(path))))
+            elif image:
+                rel = path.relative_to(base)
+                found.append((rel.parts, rel.as_posix()))
     found.sort()
     return [rel for _, rel in found]
 
 
 def _batches(
-    base: Path, classes: list[str], files: list[tuple[int, str]], batch_size: int
+    base: Path,
+    classes: list[str],
+    files: list[tuple[int, str]],
+    batch_size: int,
+    follow_links: bool,
 ) -> Iterator[pa.RecordBatch]:
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
         images = []
         for _, rel in chunk:
-            images.append(read_regular_file(base / rel))
+            # Checked again as it is read: the folder may have changed since it was listed.
+            real = check_inside(base / rel, base, follow_links=follow_links)
+            images.append(read_regular_file(real, follow_links=follow_links))
         labels = [label for label, _ in chunk]
         yield pa.RecordBatch.from_arrays(
             [

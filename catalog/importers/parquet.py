@@ -36,9 +36,12 @@ def _batch_rows(f: pq.ParquetFile) -> int:
     return int(min(64 * 1024, max(1, BATCH_BYTES // max(row_bytes, 1))))
 
 
-def open_parquet(path_or_glob: str | Path) -> Source:
-    """Open Parquet file(s), read in batches of about 32 MiB; files must share one schema."""
-    paths = expand_paths(path_or_glob, "Parquet")
+def open_parquet(path_or_glob: str | Path, *, follow_links: bool = False) -> Source:
+    """Open Parquet file(s), read in batches of about 32 MiB; files must share one schema.
+
+    ``follow_links``: read files behind symbolic links that lead out of the folder.
+    """
+    paths = expand_paths(path_or_glob, "Parquet", follow_links=follow_links)
     files = [_open(p) for p in paths]
     schema = files[0].schema_arrow
     for p, f in zip(paths[1:], files[1:], strict=False):

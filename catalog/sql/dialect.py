@@ -3,7 +3,8 @@
 ::
 
     CREATE DATASET name FROM 'path' [FORMAT imagefolder|parquet|arrow|hf]
-    APPEND TO DATASET name FROM 'path' [FORMAT ...]
+        [WITH (follow_links = true, split = 'train')]
+    APPEND TO DATASET name FROM 'path' [FORMAT ...] [WITH (...)]
     REGISTER [OR REPLACE] JOB name SELECT cols FROM dataset [WHERE predicate]
         [WITH (key = value, ...)]
     UNREGISTER JOB [IF EXISTS] name
@@ -59,15 +60,15 @@ _CLOSERS = {sqlglot.TokenType.R_PAREN, sqlglot.TokenType.R_BRACKET, sqlglot.Toke
 
 
 class CreateDataset(exp.Expression):
-    """``CREATE DATASET this FROM path [FORMAT format]``."""
+    """``CREATE DATASET this FROM path [FORMAT format] [WITH (options)]``."""
 
-    arg_types = {"this": True, "path": True, "format": False}
+    arg_types = {"this": True, "path": True, "format": False, "options": False}
 
 
 class AppendDataset(exp.Expression):
-    """``APPEND TO DATASET this FROM path [FORMAT format]``."""
+    """``APPEND TO DATASET this FROM path [FORMAT format] [WITH (options)]``."""
 
-    arg_types = {"this": True, "path": True, "format": False}
+    arg_types = {"this": True, "path": True, "format": False, "options": False}
 
 
 class RegisterJob(exp.Expression):
@@ -187,7 +188,8 @@ class TabloaderParser(DuckDBParser):
             fmt = self._parse_var(any_token=True)
             if fmt is None or fmt.name.lower() not in FORMATS:
                 self.raise_error(f"Expected a FORMAT among {', '.join(FORMATS)}")
-        return self.expression(cls(this=name, path=path, format=fmt))
+        options = self._parse_options() if self._match(sqlglot.TokenType.WITH) else None
+        return self.expression(cls(this=name, path=path, format=fmt, options=options))
 
     def _parse_options(self) -> exp.Tuple:
         def option() -> exp.Expression | None:

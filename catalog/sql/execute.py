@@ -107,8 +107,25 @@ def execute(catalog: StatementTarget, text: str) -> Any:
 def _import(catalog: StatementTarget, stmt: exp.Expression, *, append: bool) -> Any:
     path = stmt.args["path"].name
     fmt = stmt.args.get("format")
-    source = open_source(fmt.name.lower() if fmt else detect_format(path), path)
+    name = fmt.name.lower() if fmt else detect_format(path)
+    options = _import_options(_options(stmt.args.get("options")), name)
+    source = open_source(name, path, **options)
     return catalog.import_source(stmt.this.name, source, append=append)
+
+
+def _import_options(options: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """Check the WITH options of CREATE / APPEND TO DATASET for FORMAT ``fmt``."""
+    known = ["follow_links", *(["split"] if fmt == "hf" else [])]
+    for key, value in options.items():
+        if key not in known:
+            raise StatementError(
+                f"Unknown option '{key}' for an import of FORMAT {fmt}; use {' or '.join(known)}."
+            )
+        if key == "follow_links" and not isinstance(value, bool):
+            raise StatementError(f"Option follow_links must be TRUE or FALSE, not {value!r}.")
+        if key == "split" and not isinstance(value, str):
+            raise StatementError(f"Option split must be a 'string', not {value!r}.")
+    return options
 
 
 def _register(catalog: StatementTarget, stmt: RegisterJob) -> Any:

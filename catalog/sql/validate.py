@@ -6,6 +6,12 @@ over the dataset's queryable columns. Subqueries, table functions, ``read_*``, `
 anything else are refused with the position and the fix. Read-only SELECT pass-through may use
 any expression but no table function, and it runs on a connection whose external access is off
 (see ``catalog.database``), inside a transaction that is rolled back.
+
+SELECT reads dataset tables and the CTEs in scope, nothing else. Each table reference is
+resolved as DuckDB binds it (``bound_cte``) and checked against sqlglot's scope analysis, so
+a CTE named after a system view unlocks that name only where DuckDB would read the CTE: not
+outside the subquery that defines it, not in its own body, not in an earlier CTE, and not in
+the anchor of a recursive one.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from sqlglot import exp
+from sqlglot.errors import OptimizeError
+from sqlglot.optimizer.scope import traverse_scope
 
 from catalog.bitmaps import ID_COLUMN
 from catalog.errors import (
@@ -31,9 +39,11 @@ __all__ = [
     "PREDICATE_FUNCTION_CALLS",
     "PREDICATE_FUNCTION_NODES",
     "PREDICATE_NODES",
+    "bound_cte",
     "check_columns",
     "check_predicate",
     "check_query",
+    "check_tables",
     "position",
 ]
 
@@ -300,11 +310,8 @@ def check_query(
         )
     if isinstance(query, exp.Select) and query.args.get("into"):
         raise StatementError("SELECT ... INTO is not allowed; SELECT is read-only.")
-    ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
-    allowed = None if tables is None else {t.lower() for t in tables} | ctes
+    check_tables(query, tables)
     for node in query.walk():
-        if isinstance(node, exp.Table):
-            _check_table(node, allowed)
         if isinstance(node, exp.Func):
             name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
             if name.upper() in FORBIDDEN_FUNCTIONS or name.upper().startswith(FORBIDDEN_PREFIXES):
@@ -319,19 +326,112 @@ def check_query(
     return query.sql(dialect="duckdb")
 
 
-def _check_table(node: exp.Table, allowed: set[str] | None) -> None:
-    fix = "Query the dataset tables by name (SHOW DATASETS lists them)."
+def check_tables(query: exp.Query, tables: Collection[str] | None) -> None:
+    """Refuse ``query`` unless every table it names is a dataset table or a CTE in scope.
+
+    Each reference is resolved as DuckDB binds it (``bound_cte``) and by sqlglot's scope
+    analysis (``traverse_scope``): it may be a CTE only where both find that CTE in scope;
+    otherwise it must be a dataset, by its name alone (no schema). System views
+    (``pg_settings``, ``duckdb_tables``...), other schemas, table functions, files and any
+    table that sqlglot cannot place in a scope are refused.
+
+    Args:
+        query: the parsed SELECT.
+        tables: the dataset names; None allows any unqualified table name.
+    """
+    datasets = None if tables is None else {t.lower() for t in tables}
+    try:
+        scopes = traverse_scope(query)
+    except OptimizeError as exc:
+        raise ForbiddenExpressionError(
+            f"Cannot tell which tables this query reads ({exc}). {_TABLES_FIX}"
+        ) from exc
+    placed: set[int] = set()
+    for scope in scopes:
+        ctes = {name.lower() for name in scope.cte_sources}
+        for table in scope.tables:
+            placed.add(id(table))
+            _check_table(table, table.name.lower() in ctes, datasets)
+    for table in query.find_all(exp.Table):
+        if id(table) not in placed:
+            raise _forbid(
+                table,
+                f"Cannot tell which table '{table.sql(dialect='duckdb')[:60]}' refers to here.",
+                _TABLES_FIX,
+            )
+
+
+_TABLES_FIX = "Query the dataset tables by name (SHOW DATASETS lists them)."
+
+
+def bound_cte(table: exp.Table) -> exp.CTE | None:
+    """The CTE that DuckDB binds the unqualified ``table`` to, or None for a catalog table.
+
+    DuckDB's rules: the CTEs of a WITH are visible in the query it prefixes (subqueries
+    included) and in the bodies of the CTEs after them in the same WITH; the nearest WITH
+    wins. A CTE does not see itself, except in ``WITH RECURSIVE`` when its body is
+    ``anchor UNION [ALL] step``: ``step`` sees it, ``anchor`` does not (it reads the table
+    of that name; so does every arm of INTERSECT or EXCEPT).
+    """
+    name = table.name.lower()
+    child: exp.Expr = table
+    inside: exp.CTE | None = None  # the CTE whose body ``child`` is in, one level down
+    node = table.parent
+    while node is not None:
+        if isinstance(node, exp.CTE):
+            inside = node
+        with_ = node.args.get("with_")
+        if isinstance(with_, exp.With):
+            ctes: list[exp.CTE] = list(with_.expressions)
+            if child is with_ and inside is not None:  # in the body of one of its CTEs
+                before = ctes[: next(i for i, c in enumerate(ctes) if c is inside)]
+                if inside.alias.lower() == name and _in_recursive_step(table, inside, with_):
+                    return inside
+                ctes = before
+            for cte in reversed(ctes):
+                if cte.alias.lower() == name:
+                    return cte
+        child, node = node, node.parent
+    return None
+
+
+def _in_recursive_step(table: exp.Table, cte: exp.CTE, with_: exp.With) -> bool:
+    body = cte.this
+    if not with_.args.get("recursive") or not isinstance(body, exp.Union):
+        return False
+    node: exp.Expr | None = table
+    while node is not None and node.parent is not body:
+        node = node.parent
+    return node is not None and node is body.expression
+
+
+def _check_table(node: exp.Table, scoped_cte: bool, datasets: set[str] | None) -> None:
+    """Accept ``node`` as a CTE (both resolutions agree) or a dataset table, else refuse it."""
     if not isinstance(node.this, exp.Identifier):
-        raise _forbid(node, "Table functions are not allowed.", fix)
-    if node.args.get("db") or node.args.get("catalog"):
+        raise _forbid(node, "Table functions are not allowed.", _TABLES_FIX)
+    name = node.name.lower()
+    if node.args.get("catalog") or node.args.get("db"):
+        bare = datasets is not None and name in datasets and node.db.lower() == "main"
         raise _forbid(
             node,
-            f"Table '{node.sql(dialect='duckdb')}' is not a dataset; schemas are off limits.",
-            fix,
+            f"Table '{node.sql(dialect='duckdb')}' names a schema; schemas are off limits.",
+            f"Write the dataset name alone ('{node.name}')." if bare else _TABLES_FIX,
         )
-    if allowed is not None and node.name.lower() not in allowed:
+    if datasets is None or name in datasets:
+        return  # a dataset table; or, if a CTE shadows it, that CTE: either is allowed
+    cte = bound_cte(node)
+    if cte is not None and scoped_cte:
+        return
+    if (cte is not None) != scoped_cte:
         raise _forbid(
             node,
-            f"Unknown dataset '{node.name}'.{did_you_mean(node.name, sorted(allowed))}",
-            fix,
+            f"Cannot tell whether '{node.name}' means a CTE or a table here.",
+            "Give the CTE a name that no table has, and refer to it only after its "
+            "definition (in WITH RECURSIVE, from the step after UNION).",
         )
+    raise _forbid(
+        node,
+        f"Unknown dataset '{node.name}': no dataset, and no CTE in scope here, has that "
+        f"name.{did_you_mean(node.name, sorted(datasets))}",
+        _TABLES_FIX,
+    )

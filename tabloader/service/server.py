@@ -239,6 +239,8 @@ class _Handler:
         name, path = _string(msg, "name"), _string(msg, "path")
         fmt = msg.get("format") or detect_format(path)
         options = {"split": msg["split"]} if fmt == "hf" and msg.get("split") else {}
+        if msg.get("follow_links") is True:
+            options["follow_links"] = True
         with self.service.lock:
             return _result(
                 self.service.catalog.import_source(

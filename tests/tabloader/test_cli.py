@@ -267,3 +267,18 @@ def test_names_and_values_with_terminal_escapes_are_printed_inert(capsys, tmp_pa
     assert "x\\x1b[31m" in out  # the column's name
     assert "plain\\x07" in out
     assert "t\\x1b[31m" in err  # a name in an error message
+
+
+def test_import_refuses_links_out_unless_follow_links(capsys, tmp_path):
+    root = str(tmp_path / "cat")
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    (tmp_path / "secret.jpg").write_bytes(b"secret")
+    link = tmp_path / "images" / "cat" / "x.jpg"
+    link.symlink_to(tmp_path / "secret.jpg")
+    code, out, err = run(capsys, "--catalog", root, "import", "d", str(tmp_path / "images"))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"ImportFailedError: '{link}' is a symbolic link to '")
+    assert "--follow-links on the command line" in err
+    args = ("--catalog", root, "import", "d", str(tmp_path / "images"), "--follow-links")
+    code, out, _ = run(capsys, *args)
+    assert (code, "Dataset d version 1: 1 rows" in out) == (0, True)
