@@ -110,3 +110,50 @@ def test_a_rank_that_ends_after_its_share_of_an_epoch_is_no_death(service, cat_d
             victim.kill()
             victim.communicate(timeout=TIMEOUT)
         remote.close()
+
+
+REBIND = textwrap.dedent(
+    """
+    import gc, sys
+    from tabloader.torch import JobDataset
+    collect, cycle = sys.argv[2] == "collect", sys.argv[3] == "cycle"
+    for i in range(50):  # a notebook cell run again and again, never closing
+        ds = JobDataset("a", catalog=sys.argv[1], batch_size=4)
+        it = iter(ds)
+        batch = next(it)  # mid-epoch: its stream is open, a batch read ahead
+        assert batch["image"].shape[1:] == (16, 16, 3)
+        if cycle:  # held in a reference cycle: only the collector frees it
+            ds.me = ds
+        del it
+        if collect:
+            gc.collect()
+    print("ok", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("collect", "cycle"), [("collect", "cycle"), ("no", "no"), ("no", "cycle")]
+)
+def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
+    service,  # noqa: F811
+    cat_dir,  # noqa: F811
+    tmp_path,
+    collect,
+    cycle,
+):
+    script = tmp_path / "rebind.py"
+    script.write_text(REBIND)
+    run = subprocess.run(
+        [sys.executable, str(script), str(cat_dir), collect, cycle],
+        capture_output=True,
+        timeout=TIMEOUT * 4,
+    )
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert run.stdout.strip() == b"ok"
+    remote = RemoteLoader(cat_dir, start=False)
+    try:  # nothing of the dropped streams holds the service
+        wait_for(lambda: "a" not in remote.stats()["jobs"], "the last stream to leave")
+        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
+    finally:
+        remote.close()
