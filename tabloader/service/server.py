@@ -477,7 +477,8 @@ class _Handler:
             # unread) ended normally, as one that said it leaves; other ends are deaths
             undelivered = int(self.unread is not None)
             ended = self.left or stream.share_done(undelivered=undelivered)
-            who = f"rank {stream.rank} (pid {self.session.pid}"
+            rank = stream.rank if self.joined is None else self.joined[1]  # fed: the job's
+            who = f"rank {rank} (pid {self.session.pid}"
             feed = self.service.feed
             if feed is None and not self.left:
                 stream.lost(f"{who})", undelivered=undelivered)  # closes it
@@ -485,10 +486,9 @@ class _Handler:
                 stream.close()  # a take() waiting in handle() returns (raises: closed)
             logger.info("client pid %d left job %s", self.session.pid, stream.name)
             if feed is not None and self.joined is not None:
-                job, rank = self.joined
                 node = (self.service.node or "")[:16]
                 feed.leave(
-                    job,
+                    self.joined[0],
                     rank,
                     failed=not ended,
                     reason="" if ended else f"{who}, node {node}) died mid-run",
