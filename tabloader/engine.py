@@ -476,11 +476,6 @@ class Loader:
         if self.access_log is not None and self._access_log_path is not None:
             self.access_log.save(self._access_log_path)
 
-    def decode_pids(self) -> list[int]:
-        """The process ids of the loader's decode processes now (none: decoding in threads,
-        or not started yet). A process that dies is replaced; its rows are decoded again."""
-        return [] if self._procs is None else self._procs.pids()
-
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until what the loader starts in the background (its decode processes,
         pyarrow's first conversion) is done: a benchmark that times steady state calls it;

@@ -106,7 +106,7 @@ def test_a_decode_process_killed_mid_epoch_costs_no_row(images, monkeypatch, on_
     killed = []
 
     def kill():
-        pids = loader.decode_pids()
+        pids = loader._procs.pids()
         assert pids
         assert os.getpid() not in pids
         os.kill(pids[0], signal.SIGKILL)
@@ -117,10 +117,10 @@ def test_a_decode_process_killed_mid_epoch_costs_no_row(images, monkeypatch, on_
         _with_decoder(loader, monkeypatch, lambda **kw: Slow(**kw, delay=0.05))
         got = _epoch_once(loader, on_error, kill)
         for _ in range(1000):  # the executor notices (bounded wait)
-            if killed[0] not in loader.decode_pids():
+            if killed[0] not in loader._procs.pids():
                 break
             threading.Event().wait(0.01)
-        assert killed[0] not in loader.decode_pids()
+        assert killed[0] not in loader._procs.pids()
         assert len(_epoch_once(loader, on_error)) == images.job("j").num_rows  # replaced
     assert got.keys() == set(images.job("j").ids)  # none skipped for the fault
     _assert_decoded(images, got)
