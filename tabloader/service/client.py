@@ -48,6 +48,7 @@ from tabloader.service.protocol import (
     state_to_wire,
     table_from_wire,
 )
+from tabloader.service.reopen import Ahead, forget, register, settle
 from tabloader.service.shm import Segment
 
 if TYPE_CHECKING:
@@ -224,6 +225,7 @@ class RemoteLoader:
         options["rank"], options["world_size"] = resolve_rank(
             options.get("rank"), options.get("world_size")
         )
+        settle((self.root, self.node, job, options["rank"]))  # a stream of it dropped here
         conn = Client(self.root, node=self.node)
         try:
             if "image_size" in options and isinstance(options["image_size"], tuple):
@@ -344,7 +346,9 @@ class RemoteStream:
         self._loader, self._conn, self.name = loader, conn, name
         self.rank, self.world_size = rank, world_size  # of the job's data-parallel ranks
         self._lock = threading.Lock()
-        self._ahead = False  # a "next" request is out, its reply not read
+        self._ahead_out = Ahead()  # a "next" request is out, its reply not read
+        self._key = (loader.root, loader.node, name, rank)
+        self._finalizer = register(self._key, self, conn, self._ahead_out)
         self._ready: dict[str, Any] | None = None  # a batch reply read, not delivered yet
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
         self._augment_s = 0.0
@@ -447,6 +451,8 @@ class RemoteStream:
         batch read ahead and not come yet is given up), unless a ``take`` blocks in another
         thread for ``CLOSE_WAIT_S``: a connection that just drops is a client that died (on a
         Ray cluster, its job's other ranks then fail)."""
+        self._finalizer.detach()
+        forget(self._key, self)
         if self._lock.acquire(timeout=self.CLOSE_WAIT_S):
             try:
                 self._conn.send("leave", **self._timing())
@@ -460,6 +466,14 @@ class RemoteStream:
             finally:
                 self._lock.release()
         self._conn.close()
+
+    @property
+    def _ahead(self) -> bool:
+        return self._ahead_out.value
+
+    @_ahead.setter
+    def _ahead(self, value: bool) -> None:
+        self._ahead_out.value = value
 
     def __enter__(self) -> RemoteStream:
         return self

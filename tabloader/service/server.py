@@ -483,21 +483,25 @@ class _Handler:
             stream = self.stream
             tickets = list(self.out)
         if stream is not None:
-            finished = stream.finished
-            stream.close()  # a take() waiting in handle() returns (raises: closed)
-            logger.info("client pid %d left job %s", self.session.pid, stream.name)
+            # a client that hangs up after its share of an epoch (its batch read ahead
+            # unread) ended normally, as one that said it leaves; other ends are deaths
+            undelivered = int(self.unread is not None)
+            ended = self.left or stream.share_done(undelivered=undelivered)
+            rank = stream.rank if self.joined is None else self.joined[1]  # fed: the job's
+            who = f"rank {rank} (pid {self.session.pid}"
             feed = self.service.feed
+            if feed is None and not self.left:
+                stream.lost(f"{who})", undelivered=undelivered)  # closes it
+            else:
+                stream.close()  # a take() waiting in handle() returns (raises: closed)
+            logger.info("client pid %d left job %s", self.session.pid, stream.name)
             if feed is not None and self.joined is not None:
-                failed = not (self.left or finished)
-                job, rank = self.joined
+                node = (self.service.node or "")[:16]
                 feed.leave(
-                    job,
+                    self.joined[0],
                     rank,
-                    failed=failed,
-                    reason=f"rank {rank} (pid {self.session.pid}, node "
-                    f"{(self.service.node or '')[:16]}) died mid-run"
-                    if failed
-                    else "",
+                    failed=not ended,
+                    reason="" if ended else f"{who}, node {node}) died mid-run",
                 )
         self._release(tickets)
 
