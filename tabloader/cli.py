@@ -25,6 +25,13 @@ def _open_catalog(args: argparse.Namespace, *, create: bool = False) -> Any:
     return catalog.connect(args.catalog, create=create)
 
 
+def _connect(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """``tabloader.connect`` of ``--catalog``: through its service while one runs."""
+    from tabloader.service.connection import connect
+
+    return connect(args.catalog, create=create)
+
+
 def _print(text: Any, **kwargs: Any) -> None:
     """``print`` for every line the CLI writes: control characters of names and values (a
     terminal escape in a dataset name, a SELECTed string) are shown, not sent to the terminal.
@@ -140,15 +147,7 @@ def _run_sql(args: argparse.Namespace) -> int:
 
     text = sys.stdin.read() if args.statement == "-" else args.statement
     statements = split_statements(text) if args.statement == "-" else [text]
-    remote = _service(args)
-    if remote is not None:  # a service owns the catalog: through it
-        try:
-            for statement in statements:
-                print_result(remote.sql(statement))
-        finally:
-            remote.close()
-        return 0
-    with _open_catalog(args) as cat:
+    with _connect(args) as cat:  # through the service while one runs
         for statement in statements:
             print_result(cat.sql(statement))
     return 0
@@ -174,24 +173,21 @@ def _register_import(sub: Any) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    from catalog.importers import detect_format, open_source
+    from catalog.importers import detect_format
 
     fmt = args.format or detect_format(args.path)
     options = {"split": args.split} if fmt == "hf" else {}
-    if args.follow_links:
-        options["follow_links"] = True
-    remote = _service(args)
-    if remote is not None:  # a service owns the catalog: through it
-        try:
-            print_result(
-                remote.import_path(args.name, args.path, format=fmt, append=args.append, **options)
-            )
-        finally:
-            remote.close()
-        return 0
-    with _open_catalog(args, create=True) as cat:
+    with _connect(args, create=True) as cat:  # through the service while one runs
+        method = {
+            "arrow": cat.import_ipc,
+            "hf": cat.import_hf,
+            "imagefolder": cat.import_imagefolder,
+            "parquet": cat.import_parquet,
+        }[fmt]
         print_result(
-            cat.import_source(args.name, open_source(fmt, args.path, **options), append=args.append)
+            method(
+                args.name, args.path, append=args.append, follow_links=args.follow_links, **options
+            )
         )
     return 0
 
@@ -206,18 +202,7 @@ def _register_verify(sub: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from catalog.errors import CatalogLockedError
-
-    remote = _service(args)
-    if remote is not None:  # it holds the catalog, and cannot verify it for us
-        pid = remote.service_pid
-        remote.close()
-        raise CatalogLockedError(
-            f"tabloader verify reads catalog {_root(args)} itself, and its loader service (pid "
-            f"{pid}) holds it: stop the service (`kill {pid}`; one started by a job also ends "
-            "30 s after its last client leaves), then run verify again."
-        )
-    with _open_catalog(args) as cat:
+    with _connect(args) as cat:  # a service holding the catalog: an error naming the fix
         report = cat.verify(args.dataset)
     _print(report)
     return 0 if report.ok else 1
