@@ -990,7 +990,7 @@ def test_verify_beside_a_service_says_to_stop_it(service, cat_dir, capsys):
     assert main(["--catalog", str(cat_dir), "verify"]) == 1
     err = capsys.readouterr().err
     assert re.search(
-        rf"^CatalogLockedError: tabloader verify reads catalog .* itself, and its loader service "
+        rf"^CatalogLockedError: verify reads catalog .* itself, and its loader service "
         rf"\(pid {service.pid}\) holds it: stop the service \(`kill {service.pid}`",
         err,
     ), err
