@@ -151,3 +151,28 @@ def test_without_a_service_the_catalog_is_opened_here(empty):
             cat.sql("REGISTER JOB a SELECT label FROM imgs WHERE label = 1")
             ids = [i for b in loader.open("a", batch_size=8, epochs=1) for i in b["_id"]]
         assert sorted(ids) == sorted(cat.job("a").ids)
+
+
+BAD_ARGUMENTS = [
+    ("names", {"kind": "tables"}, r"'kind' is 'datasets' or 'jobs', got 'tables'"),
+    ("job", {"name": 3}, r"needs a string 'name', got 3"),
+    ("dataset", {"name": "imgs", "version": "1"}, r"'version' has the wrong type: '1'"),
+    ("register_job", {"name": "j", "dataset": "imgs", "replace": 1}, r"'replace' has the"),
+    ("register_job", {"name": "j", "dataset": "imgs", "options": [1]}, r"'options' has"),
+    ("drop_dataset", {"name": "imgs", "cascade": "yes"}, r"'cascade' has the wrong type"),
+]
+
+
+def test_the_services_catalog_operations_refuse_bad_arguments(served):
+    from catalog.errors import ServiceError
+    from tabloader.service.client import dial
+
+    root, _ = served
+    client = dial(root, start=False)
+    try:
+        for op, args, error in BAD_ARGUMENTS:
+            with pytest.raises(ServiceError, match=error):
+                client.call(op, **args)
+        assert client.call("names", kind="datasets")["names"] == ["imgs"]  # still connected
+    finally:
+        client.close()
