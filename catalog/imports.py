@@ -91,7 +91,10 @@ class SourceImports:
             split: for a ``DatasetDict``, the split to import; None imports every split with a
                 ``split`` column.
             append: add the rows to an existing dataset with the same schema.
-            follow_links: for a folder, read what its symbolic links lead to outside it.
+            follow_links: read what lies outside what was given: what the folder's symbolic
+                links lead to outside it, and image files named by path outside the folder
+                (for an in-memory dataset: absolute paths, or relative ones leading out of the
+                current directory). See ``catalog.importers.hf.open_hf``.
         """
         source = open_source("hf", dataset_or_path, split=split, follow_links=follow_links)
         return self.import_source(name, source, append=append)

@@ -7,7 +7,11 @@ Python objects for rows. Two feature types are rewritten on the way:
 - ``ClassLabel`` columns stay ``int64`` and their names go to ``Source.class_names``.
 - ``Image`` columns (stored by HF as ``struct<bytes, path>``) become a ``binary`` column of the
   encoded image bytes. When only a path is stored, the file's bytes are read; nothing is decoded,
-  so a corrupt image is found when it is decoded for training, not here.
+  so a corrupt image is found when it is decoded for training, not here. Imports read only what
+  they were given: for a ``save_to_disk`` folder such a path (a relative one is resolved against
+  the folder) must lead inside the folder; for an in-memory dataset it must be relative and stay
+  inside the current directory (no absolute path, no ``..`` or link out of it). Other paths are
+  refused, naming the row, the column, the path and where it leads, unless ``follow_links=True``.
 
 Both rewrites also apply inside ``List``/``Sequence`` and dict features. A shuffled or selected
 dataset (one with an indices mapping) is read in its visible order, one batch of indices at a
@@ -24,14 +28,22 @@ import importlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.errors import ImportFailedError, did_you_mean
-from catalog.importers import FOLLOW_LINKS_FIX, Source, check_inside, is_inside
+from catalog.importers import (
+    FOLLOW_LINKS_FIX,
+    Source,
+    check_inside,
+    is_inside,
+    read_regular_file,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -55,8 +67,11 @@ def open_hf(
             dict's order, with an extra string column ``split`` naming the split of each row.
             For a ``Dataset`` it must match the dataset's own split, if the dataset knows it.
         batch_size: rows per record batch.
-        follow_links: for a folder, read files behind symbolic links (or data files named by
-            its ``state.json``) that lead out of it; refused by default.
+        follow_links: read what lies outside what was given: for a folder, files behind
+            symbolic links, data files named by its ``state.json`` and image files named by
+            path that lead out of it; for an in-memory dataset, image files named by an
+            absolute path or by a relative one that leads out of the current directory.
+            Refused by default.
 
     Returns:
         The source. ``class_names`` holds the names of every ``ClassLabel`` column.
@@ -64,7 +79,9 @@ def open_hf(
     Raises:
         ImportFailedError: ``datasets`` is not installed, the path is not a ``save_to_disk``
             folder, the object is not a dataset, the split is unknown, the splits of a
-            ``DatasetDict`` differ in features, or an image file referenced by path is missing.
+            ``DatasetDict`` differ in features, or an image file referenced by path is missing
+            or (without ``follow_links``) outside the folder or the current directory. These
+            last two are raised while the batches are read.
 
     Example:
         >>> import datasets
@@ -80,13 +97,15 @@ def open_hf(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ImportFailedError(f"batch_size must be a positive integer, not {batch_size!r}.")
     description = ""
+    paths = _Paths(None, follow_links)
     if isinstance(source, (str, Path)):
         description = str(source)
+        paths = _Paths(Path(source), follow_links)
         source = _load_from_disk(hf, Path(source), follow_links)
     if isinstance(source, hf.Dataset):
-        return _open_dataset(source, split, batch_size, description)
+        return _open_dataset(source, split, batch_size, description, paths)
     if isinstance(source, hf.DatasetDict):
-        return _open_dataset_dict(source, split, batch_size, description)
+        return _open_dataset_dict(source, split, batch_size, description, paths)
     if isinstance(source, (hf.IterableDataset, hf.IterableDatasetDict)):
         raise ImportFailedError(
             f"Cannot import a streaming datasets.{type(source).__name__}: its rows are not known "
@@ -98,6 +117,19 @@ def open_hf(
         "dataset; pass a datasets.Dataset, a datasets.DatasetDict or the path of a save_to_disk "
         "folder (for pyarrow tables use FORMAT arrow)."
     )
+
+
+@dataclass(frozen=True)
+class _Paths:
+    """Where image files named by path may be read from, and which rows are being read.
+
+    ``root`` is the ``save_to_disk`` folder (None for an in-memory dataset); ``split`` names
+    the split in errors.
+    """
+
+    root: Path | None
+    follow_links: bool
+    split: str | None = None
 
 
 def _import_datasets() -> ModuleType:
@@ -144,27 +176,32 @@ def _load_from_disk(hf: ModuleType, path: Path, follow_links: bool) -> Any:
     return loaded
 
 
-def _open_dataset(ds: Any, split: str | None, batch_size: int, description: str) -> Source:
+def _open_dataset(
+    ds: Any, split: str | None, batch_size: int, description: str, paths: _Paths
+) -> Source:
     own = None if ds.split is None else str(ds.split)
     if split is not None and own is not None and split != own:
         raise ImportFailedError(
             f"split={split!r} was asked, but this Dataset is the '{own}' split; pass "
             f"split='{own}' or split=None (or pass the DatasetDict that holds '{split}')."
         )
-    schema = _convert_batch(_empty_batch(ds), ds.features).schema
+    paths = _Paths(paths.root, paths.follow_links, own)
+    schema = _convert_batch(_empty_batch(ds), ds.features, paths, 0).schema
     description = description or f"datasets.Dataset ({ds.num_rows} rows)"
     if own is not None and not description.endswith(f"[{own}]"):
         description = f"{description} [{own}]"
     return Source(
         schema,
-        _guarded(_converted(ds, batch_size, None), description),
+        _guarded(_converted(ds, batch_size, None, paths), description),
         num_rows=ds.num_rows,
         class_names=_class_names(ds.features),
         description=description,
     )
 
 
-def _open_dataset_dict(dd: Any, split: str | None, batch_size: int, description: str) -> Source:
+def _open_dataset_dict(
+    dd: Any, split: str | None, batch_size: int, description: str, paths: _Paths
+) -> Source:
     names = [str(name) for name in dd]
     where = description or "datasets.DatasetDict"
     if not names:
@@ -177,7 +214,7 @@ def _open_dataset_dict(dd: Any, split: str | None, batch_size: int, description:
                 f"Unknown split '{split}' in {where}.{did_you_mean(split, names)} Its splits are: "
                 f"{', '.join(names)}."
             )
-        return _open_dataset(dd[split], None, batch_size, f"{where} [{split}]")
+        return _open_dataset(dd[split], None, batch_size, f"{where} [{split}]", paths)
     first = dd[names[0]]
     for name in names[1:]:
         if dd[name].features != first.features:
@@ -192,13 +229,13 @@ def _open_dataset_dict(dd: Any, split: str | None, batch_size: int, description:
             f"{where} already has a column '{SPLIT_COLUMN}', which the import of every split "
             f"adds; rename that column, or pass split= one of {', '.join(names)}."
         )
-    base = _convert_batch(_empty_batch(first), first.features).schema
+    base = _convert_batch(_empty_batch(first), first.features, paths, 0).schema
     schema = base.append(pa.field(SPLIT_COLUMN, pa.string()))
     description = f"{where} [{', '.join(names)}]"
 
     def batches() -> Iterator[pa.RecordBatch]:
         for name in names:
-            yield from _converted(dd[name], batch_size, name)
+            yield from _converted(dd[name], batch_size, name, paths)
 
     return Source(
         schema,
@@ -225,12 +262,18 @@ def _raw_batches(ds: Any, batch_size: int) -> Iterator[pa.RecordBatch]:
         yield from table.combine_chunks().to_batches(max_chunksize=batch_size)
 
 
-def _converted(ds: Any, batch_size: int, split: str | None) -> Iterator[pa.RecordBatch]:
+def _converted(
+    ds: Any, batch_size: int, split: str | None, paths: _Paths
+) -> Iterator[pa.RecordBatch]:
     features = ds.features
+    if split is not None:
+        paths = _Paths(paths.root, paths.follow_links, split)
+    first_row = 0
     for raw in _raw_batches(ds, batch_size):
         if raw.num_rows == 0:
             continue
-        batch = _convert_batch(raw.replace_schema_metadata(None), features)
+        batch = _convert_batch(raw.replace_schema_metadata(None), features, paths, first_row)
+        first_row += raw.num_rows
         if split is not None:
             batch = batch.append_column(
                 SPLIT_COLUMN, pa.repeat(pa.scalar(split, pa.string()), batch.num_rows)
@@ -260,27 +303,37 @@ def _class_names(features: Any) -> dict[str, list[str]]:
     return names
 
 
-def _convert_batch(batch: pa.RecordBatch, features: Any) -> pa.RecordBatch:
+def _convert_batch(
+    batch: pa.RecordBatch, features: Any, paths: _Paths, first_row: int
+) -> pa.RecordBatch:
+    """Convert one batch whose first row is row ``first_row`` of the dataset."""
     names = batch.schema.names
-    columns = [_convert(batch.column(i), features.get(name), name) for i, name in enumerate(names)]
+    rows = pa.array(np.arange(first_row, first_row + batch.num_rows, dtype=np.int64))
+    columns = [
+        _convert(batch.column(i), features.get(name), name, paths, rows)
+        for i, name in enumerate(names)
+    ]
     return pa.RecordBatch.from_arrays(columns, names=names)
 
 
-def _convert(array: pa.Array, feature: Any, column: str) -> pa.Array:
-    """Rewrite ``Image`` to binary and ``ClassLabel`` to int64, recursively in lists and dicts."""
+def _convert(array: pa.Array, feature: Any, column: str, paths: _Paths, rows: pa.Array) -> pa.Array:
+    """Rewrite ``Image`` to binary and ``ClassLabel`` to int64, recursively in lists and dicts.
+
+    ``rows`` holds the dataset row of each value of ``array`` (for errors).
+    """
     import datasets
 
     if feature is None:
         return array
     if isinstance(feature, datasets.Image):
-        return _image_bytes(array, column)
+        return _image_bytes(array, column, paths, rows)
     if isinstance(feature, datasets.ClassLabel):
         return array.cast(pa.int64())
     if isinstance(feature, dict) and pa.types.is_struct(array.type):
         children = array.flatten()
         names = [array.type.field(i).name for i in range(array.type.num_fields)]
         converted = [
-            _convert(child, feature.get(name), f"{column}.{name}")
+            _convert(child, feature.get(name), f"{column}.{name}", paths, rows)
             for child, name in zip(children, names, strict=True)
         ]
         return pa.StructArray.from_arrays(converted, names=names, mask=array.is_null())
@@ -288,7 +341,8 @@ def _convert(array: pa.Array, feature: Any, column: str) -> pa.Array:
     if inner is not None and (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         if not _needs_conversion(inner):
             return array
-        values = _convert(array.flatten(), inner, column)
+        inner_rows = rows.take(pc.list_parent_indices(array))
+        values = _convert(array.flatten(), inner, column, paths, inner_rows)
         offsets = pc.subtract(array.offsets, array.offsets[0])
         cls = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
         return cls.from_arrays(offsets, values, mask=array.is_null())
@@ -306,7 +360,7 @@ def _needs_conversion(feature: Any) -> bool:
     return inner is not None and _needs_conversion(inner)
 
 
-def _image_bytes(array: pa.Array, column: str) -> pa.Array:
+def _image_bytes(array: pa.Array, column: str, paths: _Paths, rows: pa.Array) -> pa.Array:
     """HF image storage ``struct<bytes, path>`` -> ``binary`` of the encoded image bytes."""
     if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
         return array.cast(pa.binary())
@@ -318,25 +372,56 @@ def _image_bytes(array: pa.Array, column: str) -> pa.Array:
     names = [array.type.field(i).name for i in range(array.type.num_fields)]
     children = dict(zip(names, array.flatten(), strict=True))
     data = children["bytes"]
-    paths = children.get("path")
-    if paths is None:
+    stored = children.get("path")
+    if stored is None:
         return data.cast(pa.binary())
-    need = pc.and_(data.is_null(), paths.is_valid())
+    need = pc.and_(data.is_null(), stored.is_valid())
     if not pc.any(need).as_py():
         return data.cast(pa.binary())
     values = data.to_pylist()
-    for i, path in enumerate(paths.to_pylist()):
+    for i, path in enumerate(stored.to_pylist()):
         if values[i] is None and path is not None:
-            values[i] = _read_image_file(path, column)
+            values[i] = _read_image_file(path, _where(column, rows[i].as_py(), paths), paths)
     return pa.array(values, pa.binary())
 
 
-def _read_image_file(path: str, column: str) -> bytes:
+def _inside_cwd(given: Path, target: Path, cwd: Path) -> bool:
+    return not given.is_absolute() and is_inside(target, cwd)
+
+
+def _where(column: str, row: int, paths: _Paths) -> str:
+    split = "" if paths.split is None else f" of split '{paths.split}'"
+    return f"Image column '{column}', row {row}{split},"
+
+
+def _read_image_file(path: str, where: str, paths: _Paths) -> bytes:
+    """The bytes of the image file ``path``, which must lead where ``paths`` allows."""
+    given = Path(path)
+    base = paths.root if paths.root is not None else Path.cwd()
+    target = Path(os.path.realpath(base / given))  # an absolute ``given`` replaces ``base``
+    outside_root = paths.root is not None and not is_inside(target, paths.root)
+    if not paths.follow_links and outside_root:
+        raise ImportFailedError(
+            f"{where} stores only the path '{path}', which leads to '{target}', outside the "
+            f"imported folder '{paths.root}'; imports read only what they were given. Embed the "
+            "image bytes in the dataset or copy the file into the folder, or read it on purpose "
+            "with WITH (follow_links = true) (follow_links=True in Python, --follow-links on "
+            "the command line)."
+        )
+    if not paths.follow_links and paths.root is None and not _inside_cwd(given, target, base):
+        kind = "an absolute path" if given.is_absolute() else "out of the current directory"
+        raise ImportFailedError(
+            f"{where} stores only the path '{path}', {kind}, which leads to '{target}'; imports "
+            "of an in-memory dataset read only relative paths inside the current directory. "
+            "Embed the image bytes in the dataset (images as bytes or PIL images, not paths), "
+            "or read such paths on purpose with follow_links=True."
+        )
     try:
-        return Path(path).read_bytes()
+        os.stat(target)
     except OSError as exc:
         raise ImportFailedError(
-            f"Image column '{column}' stores only the path '{path}', which cannot be read "
+            f"{where} stores only the path '{path}', which cannot be read "
             f"({exc.strerror or exc}). Restore the file, or embed the image bytes in the dataset "
             "before importing."
         ) from exc
+    return read_regular_file(target, follow_links=paths.follow_links)

@@ -20,6 +20,7 @@ from tabloader._format import format_table
 __all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "positive_int", "write_json"]
 
 BENCHMARKS: dict[str, str] = {
+    "accuracy": "tabloader.bench.accuracy",
     "catalog": "tabloader.bench.catalog",
     "cluster": "tabloader.bench.cluster",
     "sampling": "tabloader.bench.sampling",

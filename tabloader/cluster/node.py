@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from catalog import Catalog, Dataset, Job
+    from catalog.model import JobInfo
     from tabloader.cluster.leader import WorkList
     from tabloader.service.server import Service
     from tabloader.stream import JobStream
@@ -83,9 +84,9 @@ class SnapshotCatalog:
     """The catalog's jobs and datasets, each read by opening the catalog for that moment.
 
     Quacks like the part of :class:`~catalog.Catalog` a ``Loader`` and a service use (``job``,
-    ``dataset``, ``dataset_names``, ``sql``, ``exists``, ``root``, ``close``), so that every
-    node of a cluster and the leader can read one catalog (a ``Catalog`` holds the catalog's
-    single lock while open).
+    ``job_infos``, ``dataset``, ``dataset_names``, ``sql``, ``exists``, ``root``, ``close``),
+    so that every node of a cluster and the leader can read one catalog (a ``Catalog`` holds
+    the catalog's single lock while open).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -135,6 +136,10 @@ class SnapshotCatalog:
     def job(self, name: str) -> Job:
         """The job ``name`` (``Catalog.job``)."""
         return cast("Job", self._cached("job", name, lambda c: c.job(name)))
+
+    def job_infos(self) -> list[JobInfo]:
+        """What is stored about every job (``Catalog.job_infos``)."""
+        return cast("list[JobInfo]", self._cached("job_infos", "", lambda c: c.job_infos()))
 
     def dataset_names(self) -> list[str]:
         """The datasets' names (``Catalog.dataset_names``)."""

@@ -3,7 +3,9 @@
 Every importer that takes a path (image folders, Parquet and Arrow IPC folders and globs,
 HuggingFace ``save_to_disk`` folders) refuses a link leading out of the imported folder,
 naming the link and its target, unless ``WITH (follow_links = true)``. Links that stay inside
-are followed. A refused import leaves nothing behind.
+are followed. HuggingFace image columns that store only a path are held to the same rule (an
+in-memory dataset: relative paths inside the current directory). A refused import leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -237,3 +239,160 @@ def test_imagefolder_ignores_links_it_would_not_read(cat, folder, outside):
     (folder / "notes.txt").symlink_to(outside / "notes.txt")
     (folder / "cat" / "notes.txt").symlink_to(outside / "notes.txt")
     assert cat.sql(f"CREATE DATASET d FROM '{folder}'").num_rows == 6
+
+
+# HuggingFace image columns that store only a path: the path must lead inside the folder
+# (save_to_disk) or, for an in-memory dataset, be relative and stay in the current directory.
+
+HF_FOLDER_FIX = (
+    r"imports read only what they were given\. Embed the image bytes in the dataset or copy the "
+    r"file into the folder, or read it on purpose with WITH \(follow_links = true\)"
+)
+HF_MEMORY_FIX = (
+    r"imports of an in-memory dataset read only relative paths inside the current directory\. "
+    r"Embed the image bytes in the dataset .*, or read such paths on purpose with "
+    r"follow_links=True\.$"
+)
+
+
+def _image_paths(paths: list[str | None]):
+    """An in-memory dataset whose Image column stores only paths (``{"bytes": None, ...}``)."""
+    datasets = pytest.importorskip("datasets")
+    return datasets.Dataset.from_dict(
+        {
+            "n": list(range(len(paths))),
+            "image": [None if p is None else {"bytes": None, "path": p} for p in paths],
+        },
+        features=datasets.Features({"n": datasets.Value("int64"), "image": datasets.Image()}),
+    )
+
+
+def _hostile_folder(saved: Path, paths: list[str | None]) -> Path:
+    """A save_to_disk folder whose Image column stores only ``paths``.
+
+    ``save_to_disk`` embeds the bytes of image files, so the folder is written with a plain
+    ``struct<bytes, path>`` column and its features are then relabelled ``Image``.
+    """
+    import json
+
+    datasets = pytest.importorskip("datasets")
+    raw = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+    datasets.Dataset.from_dict(
+        {
+            "n": list(range(len(paths))),
+            "image": [None if p is None else {"bytes": None, "path": p} for p in paths],
+        },
+        features=datasets.Features({"n": datasets.Value("int64"), "image": raw}),
+    ).save_to_disk(str(saved))
+    info = json.loads((saved / "dataset_info.json").read_text())
+    info["features"]["image"] = {"_type": "Image"}
+    (saved / "dataset_info.json").write_text(json.dumps(info))
+    return saved
+
+
+def test_hf_folder_refuses_an_image_path_out_and_reads_it_when_asked(cat, tmp_path, outside):
+    secret = outside / "secret.jpg"
+    saved = _hostile_folder(tmp_path / "hf", [None, str(secret)])
+    with pytest.raises(
+        ImportFailedError,
+        match=f"^Image column 'image', row 1, stores only the path '{re.escape(str(secret))}', "
+        f"which leads to '{re.escape(str(secret))}', outside the imported folder "
+        f"'{re.escape(str(saved))}'; {HF_FOLDER_FIX}",
+    ):
+        cat.sql(f"CREATE DATASET h FROM '{saved}'")
+    _nothing_left(cat)
+    ds = cat.sql(f"CREATE DATASET h FROM '{saved}' FORMAT hf WITH (follow_links = true)")
+    assert ds.take([0, 1]).to_pydict()["image"] == [None, SECRET]
+
+
+def test_hf_folder_resolves_relative_image_paths_against_the_folder(
+    cat, tmp_path, outside, monkeypatch
+):
+    saved = tmp_path / "hf"
+    saved.mkdir()
+    (saved / "a.jpg").write_bytes(b"inside")
+    _hostile_folder(saved, ["a.jpg", "./sub/../a.jpg"])
+    monkeypatch.chdir(outside)  # not the folder: relative paths are not read from here
+    (outside / "a.jpg").write_bytes(b"the current directory")
+    ds = cat.import_hf("h", saved)
+    assert ds.take([0, 1]).to_pydict()["image"] == [b"inside", b"inside"]
+    cat.drop_dataset("h")
+    _hostile_folder(tmp_path / "hf2", [None, "../outside/secret.jpg"])
+    with pytest.raises(
+        ImportFailedError,
+        match=r"^Image column 'image', row 1, stores only the path '\.\./outside/secret\.jpg', "
+        f"which leads to '{re.escape(str(outside / 'secret.jpg'))}', outside the imported "
+        f"folder '.*hf2'; {HF_FOLDER_FIX}",
+    ):
+        cat.import_hf("h", tmp_path / "hf2")
+    _nothing_left(cat)
+
+
+def test_hf_folder_refuses_an_image_path_through_a_link_out(cat, tmp_path, outside):
+    saved = tmp_path / "hf"
+    saved.mkdir()
+    (tmp_path / "elsewhere").symlink_to(outside)  # the link is beside the folder, not in it
+    _hostile_folder(saved, ["../elsewhere/secret.jpg"])
+    with pytest.raises(
+        ImportFailedError,
+        match=f"row 0, stores only the path '../elsewhere/secret.jpg', which leads to "
+        f"'{re.escape(str(outside / 'secret.jpg'))}', outside the imported folder",
+    ):
+        cat.import_hf("h", saved)
+    _nothing_left(cat)
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot", "link"])
+def test_hf_in_memory_refuses_paths_out_and_reads_them_when_asked(
+    cat, tmp_path, outside, monkeypatch, kind
+):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    (here / "mine.jpg").write_bytes(b"mine")
+    (here / "out").symlink_to(outside)
+    path = {
+        "absolute": str(outside / "secret.jpg"),
+        "dotdot": "../outside/secret.jpg",
+        "link": "out/secret.jpg",
+    }[kind]
+    what = "an absolute path" if kind == "absolute" else "out of the current directory"
+    ds = _image_paths(["mine.jpg", "mine.jpg", None, path, "mine.jpg"])
+    # Two rows a batch: the refusal comes after a batch was written, which must not remain.
+    source = open_source("hf", ds, batch_size=2)
+    with pytest.raises(
+        ImportFailedError,
+        match=f"^Image column 'image', row 3, stores only the path '{re.escape(path)}', {what}, "
+        f"which leads to '{re.escape(str(outside / 'secret.jpg'))}'; {HF_MEMORY_FIX}",
+    ):
+        cat.import_source("h", source)
+    _nothing_left(cat)
+    got = cat.import_hf("h", ds, follow_links=True).take([0, 2, 3]).to_pydict()["image"]
+    assert got == [b"mine", None, SECRET]
+
+
+def test_hf_in_memory_reads_relative_paths_inside_the_current_directory(cat, tmp_path, monkeypatch):
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.jpg").write_bytes(b"a")
+    (tmp_path / "b.jpg").write_bytes(b"b")
+    (tmp_path / "again").symlink_to("img")  # a link that stays inside
+    monkeypatch.chdir(tmp_path)
+    ds = cat.import_hf("h", _image_paths(["img/a.jpg", "img/../b.jpg", "again/a.jpg"]))
+    assert ds.take([0, 1, 2]).to_pydict()["image"] == [b"a", b"b", b"a"]
+
+
+def test_hf_refusal_names_the_row_and_split_of_a_nested_image(cat, tmp_path, outside):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"frames": datasets.List(datasets.Image())})
+    red = {"bytes": b"red", "path": None}
+    bad = {"bytes": None, "path": str(outside / "secret.jpg")}
+    split = datasets.Dataset.from_dict(
+        {"frames": [[red], [], [red, red], [red, bad]]}, features=features
+    )
+    dd = datasets.DatasetDict({"train": split.select([0, 1]), "test": split})
+    with pytest.raises(
+        ImportFailedError,
+        match=r"^Image column 'frames', row 3 of split 'test', stores only the path '.*secret",
+    ):
+        cat.import_hf("h", dd)
+    _nothing_left(cat)

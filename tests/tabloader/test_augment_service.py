@@ -57,6 +57,10 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
         with remote.open("tr", batch_size=8, epochs=2) as s:
             head = [(0, s.take()), (0, s.take())]
             state = s.state_dict()
+            # the job's own augmentation (this process's threads) is counted apart from waiting
+            assert s.stats()["augment_s"] > 0
+            (seen,) = [j for j in remote.stats()["jobs"].values() if j["job"] == "tr"]
+            assert seen["augment_s"] > 0
         remote.close()
     finally:
         stop(proc, signal.SIGKILL)  # the service dies; a new one serves the rest

@@ -939,6 +939,48 @@ def test_relative_paths_of_a_client_mean_its_own_directory(service, cat_dir, els
     assert f"No such file or directory: '{elsewhere / 'missing'}'" in out.stderr
 
 
+def test_an_import_through_the_service_refuses_a_link_out_unless_follow_links(
+    service, cat_dir, elsewhere, tmp_path
+):
+    """``follow_links`` reaches the service's import (``import_path``, ``tabloader import
+    --follow-links`` and ``WITH (follow_links = true)``); a refusal leaves nothing behind."""
+    secret = tmp_path / "secret"
+    first_class = min(p for p in (elsewhere / "more").iterdir() if p.is_dir())
+    shutil.copytree(first_class, secret)  # a class folder outside, linked in as one more class
+    (elsewhere / "more" / "linked").symlink_to(secret)
+    link_out = re.escape(f"'{elsewhere / 'more' / 'linked'}' is a symbolic link to '{secret}'")
+    data = cat_dir / "data"
+    before = sorted(data.rglob("*"))
+    run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir)]
+    with RemoteLoader(cat_dir, start=False) as remote:
+        with pytest.raises(ImportFailedError, match=f"^{link_out}, outside the imported folder"):
+            remote.import_path("more", "more")
+        with pytest.raises(ImportFailedError, match=f"^{link_out}, outside the imported folder"):
+            remote.sql("CREATE DATASET more FROM 'more'")
+        out = subprocess.run(
+            [*run, "import", "more", "more"], capture_output=True, text=True, timeout=TIMEOUT
+        )
+        assert out.returncode == 1
+        assert re.search(f"{link_out}, outside the imported folder", out.stderr), out.stderr
+        assert "more" not in remote.sql("SHOW DATASETS").column("name").to_pylist()
+        assert sorted(data.rglob("*")) == before
+        linked = len(os.listdir(secret))
+        assert remote.import_path("more", "more", follow_links=True).startswith(
+            f"Dataset more version 1: {60 + linked} rows"
+        )
+        assert remote.sql("CREATE DATASET more2 FROM 'more' WITH (follow_links = true)").startswith(
+            f"Dataset more2 version 1: {60 + linked} rows"
+        )
+    out = subprocess.run(
+        [*run, "import", "more3", "more", "--follow-links"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert (out.returncode, out.stdout.split(":")[0]) == (0, "Dataset more3 version 1"), out.stderr
+    assert service.poll() is None  # the import went through the service, which still runs
+
+
 def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp_path):
     """``serve --access-log``: written when the service stops, each look-up released once
     (by the client's release of its batch, as the pins were)."""
