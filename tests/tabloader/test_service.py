@@ -942,7 +942,7 @@ def test_relative_paths_of_a_client_mean_its_own_directory(service, cat_dir, els
 def test_an_import_through_the_service_refuses_a_link_out_unless_follow_links(
     service, cat_dir, elsewhere, tmp_path
 ):
-    """``follow_links`` reaches the service's import (``import_path``, ``tabloader import
+    """``follow_links`` reaches the service's import (``import_imagefolder``, ``tabloader import
     --follow-links`` and ``WITH (follow_links = true)``); a refusal leaves nothing behind."""
     secret = tmp_path / "secret"
     first_class = min(p for p in (elsewhere / "more").iterdir() if p.is_dir())
@@ -952,25 +952,23 @@ def test_an_import_through_the_service_refuses_a_link_out_unless_follow_links(
     data = cat_dir / "data"
     before = sorted(data.rglob("*"))
     run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir)]
-    with RemoteLoader(cat_dir, start=False) as remote:
+    with tabloader.connect(cat_dir) as cat:
+        assert cat.service_pid == service.pid
         with pytest.raises(ImportFailedError, match=f"^{link_out}, outside the imported folder"):
-            remote.import_path("more", "more")
+            cat.import_imagefolder("more", "more")
         with pytest.raises(ImportFailedError, match=f"^{link_out}, outside the imported folder"):
-            remote.sql("CREATE DATASET more FROM 'more'")
+            cat.sql("CREATE DATASET more FROM 'more'")
         out = subprocess.run(
             [*run, "import", "more", "more"], capture_output=True, text=True, timeout=TIMEOUT
         )
         assert out.returncode == 1
         assert re.search(f"{link_out}, outside the imported folder", out.stderr), out.stderr
-        assert "more" not in remote.sql("SHOW DATASETS").column("name").to_pylist()
+        assert "more" not in cat.dataset_names()
         assert sorted(data.rglob("*")) == before
         linked = len(os.listdir(secret))
-        assert remote.import_path("more", "more", follow_links=True).startswith(
-            f"Dataset more version 1: {60 + linked} rows"
-        )
-        assert remote.sql("CREATE DATASET more2 FROM 'more' WITH (follow_links = true)").startswith(
-            f"Dataset more2 version 1: {60 + linked} rows"
-        )
+        assert cat.import_imagefolder("more", "more", follow_links=True).num_rows == 60 + linked
+        more2 = cat.sql("CREATE DATASET more2 FROM 'more' WITH (follow_links = true)")
+        assert (more2.name, more2.version, more2.num_rows) == ("more2", 1, 60 + linked)
     out = subprocess.run(
         [*run, "import", "more3", "more", "--follow-links"],
         capture_output=True,
