@@ -17,6 +17,11 @@ ranks joining and leaving, nodes leaving), atomically; Ray restarts a dead leade
 (``max_restarts``) and the new one resumes from that file, owing each job exactly the rows
 not acknowledged (the nodes' side: :mod:`tabloader.cluster.node`). :func:`start_cluster`
 removes the file of an earlier cluster's leader before starting a new one.
+
+Address record: while a :class:`Cluster` serves the catalog, ``ray-leader.json`` in the same
+directory holds the Ray address and the pid of the process that runs it (written at start,
+removed at close), so ``tabloader status`` finds the cluster without ``--ray``
+(:func:`recorded_leader`; a record whose process is gone is stale and removed).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ __all__ = [
     "cluster_status",
     "get_leader",
     "leader_name",
+    "record_leader",
+    "recorded_leader",
     "serve_cluster",
     "start_leader",
     "state_json",
@@ -174,6 +181,44 @@ def checkpoint_path(catalog: str | os.PathLike[str]) -> Path:
     return runtime_dir(Path(catalog).expanduser().resolve()) / "leader-state.json"
 
 
+def _record_path(catalog: str | os.PathLike[str]) -> Path:
+    return checkpoint_path(catalog).with_name("ray-leader.json")
+
+
+def record_leader(catalog: str | os.PathLike[str], address: str | None) -> None:
+    """Record that this process serves ``catalog`` on the Ray cluster at ``address`` (None:
+    remove the record)."""
+    path = _record_path(catalog)
+    if address is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.replace(path)
+
+
+def recorded_leader(catalog: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``{"address", "pid"}`` of the Ray cluster that serves ``catalog`` (``record_leader``),
+    or None: no record, or a stale one (its process is gone; then removed)."""
+    path = _record_path(catalog)
+    try:
+        record = json.loads(path.read_text())
+        address, pid = str(record["address"]), int(record["pid"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):  # damaged: nobody can use it
+        path.unlink(missing_ok=True)
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        path.unlink(missing_ok=True)
+        return None
+    except PermissionError:  # it lives, as another user
+        pass
+    return {"address": address, "pid": pid}
+
+
 def state_json(leader: Leader) -> str:
     """The leader's checkpoint as JSON (what the actor writes after each acknowledgement)."""
     return json.dumps(_encode(leader.state_dict()))
@@ -271,6 +316,9 @@ class Cluster:
             logger.info("removing the checkpoint of an earlier leader, %s", stale)
             stale.unlink()
         self.leader = start_leader(self.root, **{**LEADER_DEFAULTS, **(leader_options or {})})
+        import ray
+
+        record_leader(self.root, ray.get_runtime_context().gcs_address)
         self.service = service
         self.loaders: dict[str, Any] = {}  # node id -> its NodeLoader actor
         self.sync()
@@ -331,6 +379,7 @@ class Cluster:
             ray.kill(actor, no_restart=True)
         self.loaders.clear()
         checkpoint_path(self.root).unlink(missing_ok=True)
+        record_leader(self.root, None)
 
 
 def with_totals(status: dict[str, Any]) -> dict[str, Any]:

@@ -5,11 +5,12 @@
 ``JobStream``. A batch's values are copied out of the service's shared memory (mapped
 read-only) into the job's own arrays, then released (see :mod:`tabloader.service.server`).
 
-If no service runs for the catalog, :func:`connect` starts one in the background (a detached
+If no service runs for the catalog, :func:`dial` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
 30 s) and waits for it; two scripts that start at once end up with one service. It runs in
-``/``, whoever started it, so paths go to it absolute (``RemoteLoader.sql`` and
-``import_path`` resolve relative ones against the client's working directory).
+``/``, whoever started it, so paths go to it absolute (:mod:`tabloader.service.connection`
+resolves relative ones against the client's working directory). Statements and the catalog's
+other calls go through :func:`tabloader.connect`, which uses the service while one runs.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ import pyarrow as pa
 
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import resolve_root
-from catalog.errors import CatalogLockedError, ServiceError, ServiceStuckError, TabloaderError
+from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
 from catalog.settings import setting
-from catalog.sql.dialect import absolute_paths
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
 from tabloader.cluster.node import find_service, service_error
@@ -46,15 +46,14 @@ from tabloader.service.protocol import (
     runtime_dir,
     state_from_wire,
     state_to_wire,
-    table_from_wire,
 )
 from tabloader.service.reopen import Ahead, forget, register, settle
 from tabloader.service.shm import Segment
 
 if TYPE_CHECKING:
-    from catalog import Catalog
+    pass
 
-__all__ = ["Copies", "RemoteLoader", "RemoteStream", "connect", "open_catalog", "service_loader"]
+__all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
 START_TIMEOUT_S = 60.0
 # The started service's program: ``tabloader`` in an interpreter without its working directory
@@ -81,8 +80,8 @@ def _service_env() -> dict[str, str]:
     return env
 
 
-def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
-    """A connection to the service of catalog ``root``, started in the background if needed.
+def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
+    """A socket connection to the service of catalog ``root``, started in the background if needed.
 
     Raises:
         ServiceError: none runs (and ``start`` is False), or the one started failed (its log
@@ -198,7 +197,7 @@ class RemoteLoader:
         self.root = Path(root).absolute()
         self.node = find_service(self.root)  # a Ray worker's node, when a cluster serves it
         self._ctl = (
-            connect(self.root, start=start)
+            dial(self.root, start=start)
             if self.node is None
             else _node_client(self.root, self.node)
         )
@@ -253,21 +252,6 @@ class RemoteLoader:
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
         return dict(self._ctl.call("options", job=job)["options"])
-
-    def sql(self, statement: str) -> Any:
-        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None.
-
-        A relative path (``CREATE DATASET d FROM 'dir'``) means one in this process's working
-        directory: it is sent absolute.
-        """
-        return _result(self._ctl.call("sql", statement=absolute_paths(statement)))
-
-    def import_path(self, name: str, path: str | os.PathLike[str], **options: Any) -> Any:
-        """Import a dataset from a path the service can read (as ``tabloader import``); a
-        relative one means one in this process's working directory.
-        """
-        path = str(Path(path).absolute())
-        return _result(self._ctl.call("import", name=name, path=path, **options))
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``), and its ``clients``: the
@@ -508,29 +492,6 @@ class RemoteStream:
         return batch
 
 
-def open_catalog(
-    path: str | os.PathLike[str] | None = None, **options: Any
-) -> Catalog | RemoteLoader:
-    """The catalog at ``path``: opened in this process if no other holds it (``options`` as
-    ``catalog.connect``), else its running service, through which ``sql()`` statements go
-    (``tabloader.connect``).
-
-    Raises:
-        CatalogLockedError: another process holds the catalog and it is not a service.
-    """
-    import catalog
-
-    try:
-        return catalog.connect(path, **options)
-    except CatalogLockedError as locked:
-        try:
-            return RemoteLoader(resolve_root(path), start=False)
-        except ServiceStuckError:
-            raise
-        except ServiceError:
-            raise locked from None
-
-
 def _located(col: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
     """An images column's values: their shapes, sizes and starts in the mapping."""
     staged = {int(k): int(v) for k, v in col["staged"].items()}
@@ -582,13 +543,6 @@ def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any
         ]
     loader.count_copies(len(shapes), prepared, copied)
     return out
-
-
-def _result(reply: dict[str, Any]) -> Any:
-    kind = reply.get("kind")
-    if kind == "table":
-        return table_from_wire(reply["ipc"])
-    return reply.get("text")
 
 
 _LOADERS: dict[Path, RemoteLoader] = {}

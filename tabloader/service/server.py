@@ -39,14 +39,16 @@ from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
+from tabloader.service.catalog_ops import CatalogOps, Statements
+from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import Listener, Session
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
+    result_to_wire,
     runtime_dir,
     state_from_wire,
     state_to_wire,
-    table_to_wire,
 )
 from tabloader.stream import JobStream
 
@@ -193,8 +195,8 @@ class Service:
         return next(self._tickets) % STAGING_TICKETS
 
 
-class _Handler:
-    """One client connection: statements, or one job's stream."""
+class _Handler(CatalogOps):
+    """One client connection: statements (and ``CatalogOps``), or one job's stream."""
 
     def __init__(self, service: Service, session: Session) -> None:
         self.service = service
@@ -231,7 +233,7 @@ class _Handler:
     def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
         statement = _string(msg, "statement")
         with self.service.lock:
-            return _result(self.service.catalog.sql(statement))
+            return result_to_wire(Statements(self.service).sql(statement))
 
     def op_import(self, msg: dict[str, Any]) -> dict[str, Any]:
         from catalog.importers import detect_format, open_source
@@ -242,7 +244,7 @@ class _Handler:
         if msg.get("follow_links") is True:
             options["follow_links"] = True
         with self.service.lock:
-            return _result(
+            return result_to_wire(
                 self.service.catalog.import_source(
                     name, open_source(fmt, path, **options), append=bool(msg.get("append"))
                 )
@@ -568,13 +570,6 @@ def yield_to_jobs() -> bool:
     return True
 
 
-def _string(msg: dict[str, Any], key: str) -> str:
-    value = msg.get(key)
-    if not isinstance(value, str):
-        raise ServiceError(f"The request needs a string {key!r}, got {value!r}.")
-    return value
-
-
 def _raw(name: str, value: np.ndarray, offset: int) -> dict[str, Any]:
     return {
         "name": name,
@@ -583,17 +578,6 @@ def _raw(name: str, value: np.ndarray, offset: int) -> dict[str, Any]:
         "shape": list(value.shape),
         "offset": offset,
     }
-
-
-def _result(result: Any) -> dict[str, Any]:
-    """A statement's result for the wire: a table as Arrow IPC (hex), else its summary text."""
-    from tabloader.cli import describe_result
-
-    if isinstance(result, pa.Table):
-        return {"kind": "table", "ipc": table_to_wire(result)}
-    if result is None:
-        return {"kind": "none"}
-    return {"kind": "text", "text": describe_result(result)}
 
 
 def _jsonable(value: Any) -> Any:

@@ -322,7 +322,8 @@ def test_a_rank_that_ends_after_its_share_of_an_epoch_does_not_fail_its_peer(ima
 def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_folder):
     """``tabloader serve --ray ADDRESS`` starts a loader on a node that joins later, takes a
     node that leaves off the leader (its job with it) while the others go on, and stops
-    cleanly; ``status --ray`` reports the cluster."""
+    cleanly; ``status`` finds the cluster recorded under the catalog (no ``--ray``) and
+    reports it; the record goes when the cluster stops."""
     import json
     import signal
     import subprocess
@@ -330,7 +331,7 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
     import time
 
     from catalog.errors import ServiceError
-    from tabloader.cluster.actor import cluster_status, get_leader
+    from tabloader.cluster.actor import cluster_status, get_leader, recorded_leader
 
     root = str(tmp_path / "cat")
     sets = image_catalog(root, image_folder)
@@ -376,19 +377,23 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
         while "b" not in ray.get(leader.status.remote(), timeout=TIMEOUT)["gone"]:
             assert time.monotonic() < deadline, "the leader never heard the node left"
             time.sleep(0.2)
+        assert recorded_leader(root) == {"address": two_nodes.address, "pid": serve.pid}
         out = subprocess.run(
-            [*base, "status", "--ray", two_nodes.address, "--json"],
+            [*base, "status", "--json"],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
             check=True,
         )
-        status = json.loads(out.stdout)
+        report = json.loads(out.stdout)
+        assert report["service_pid"] is None  # no local service: the cluster's loaders
+        status = report["ray"]
+        assert (status["address"], status["pid"]) == (two_nodes.address, serve.pid)
         assert isinstance(status["decodes"], int)
         assert status["decodes"] >= len(sets["a"])
         assert "left the cluster" in status["gone"]["b"]
         text = subprocess.run(
-            [*base, "status", "--ray", two_nodes.address],
+            [*base, "status"],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
@@ -401,6 +406,7 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
         assert rc == 0, log.read_text()[-3000:]
     with pytest.raises(ValueError, match="Failed to look up actor"):
         get_leader(root)
+    assert recorded_leader(root) is None
 
 
 @pytest.mark.slow
