@@ -59,7 +59,7 @@ from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler
-from tabloader.service.shm import Segment, shm_available
+from tabloader.shm import Segment, shm_available
 from tabloader.stream import JobStream
 from tabloader.work import Plan
 

@@ -17,7 +17,7 @@ import pytest
 
 from tabloader.bench import e2e, train
 from tabloader.service.protocol import socket_path
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
