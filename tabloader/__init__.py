@@ -20,12 +20,17 @@ from __future__ import annotations
 
 from catalog import *  # noqa: F403  (re-exported: the catalog's public names)
 from catalog import __all__ as _catalog_all
+from tabloader.cluster.node import RayNodes as _RayNodes
 from tabloader.engine import JobStream as JobStream
 from tabloader.engine import Loader as Loader
 from tabloader.engine import OnError as OnError
 from tabloader.engine import default_loader as default_loader
 from tabloader.service.connection import Connection as Connection
 from tabloader.service.connection import connect as connect  # type: ignore[assignment]  # (replaces catalog's)
+from tabloader.service.plugins import set_locator as _set_locator
+
+# A rank in a Ray worker of a cluster serving its catalog reads from its node's loader.
+_set_locator(_RayNodes())
 
 __version__ = "0.1.0"
 

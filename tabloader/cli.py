@@ -41,30 +41,10 @@ def _print(text: Any, **kwargs: Any) -> None:
     print(printable(text), **kwargs)
 
 
-def describe_result(result: Any) -> str:
-    """A statement's result as text: a table, a dataset or job summary, or OK."""
-    import pyarrow as pa
-
-    from catalog import Dataset, Job
-    from tabloader._format import format_table
-
-    if isinstance(result, pa.Table):
-        return format_table(result.to_pylist(), result.column_names)
-    if isinstance(result, Dataset):
-        return (
-            f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
-            f"columns {', '.join(result.columns)}"
-        )
-    if isinstance(result, Job):
-        return (
-            f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
-            f"{result.num_rows:,} rows, columns {', '.join(result.columns)}"
-        )
-    return "OK" if result is None else str(result)
-
-
 def print_result(result: Any) -> None:
-    """Print a statement's result (see ``describe_result``)."""
+    """Print a statement's result (see ``tabloader._format.describe_result``)."""
+    from tabloader._format import describe_result
+
     _print(describe_result(result))
 
 

@@ -35,9 +35,9 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
-from catalog.limits import format_bytes
-from tabloader.fetch import Plan, Work
+from catalog.settings import format_bytes
 from tabloader.prep import Fit
+from tabloader.work import Plan, Work
 
 __all__ = ["JobState", "OnError", "RankState", "fit_prefetch"]
 

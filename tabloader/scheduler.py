@@ -41,9 +41,10 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
-from tabloader.fetch import Fetcher, Work
+from tabloader.fetch import Fetcher
 from tabloader.jobs import JobState, OnError, RankState
 from tabloader.queues import JobQueues
+from tabloader.work import Work
 
 __all__ = ["DatasetScheduler"]
 

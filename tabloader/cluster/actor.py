@@ -1,9 +1,9 @@
 """The leader as a named Ray actor: one per catalog, found by every node's loader by name.
 
 The actor wraps a :class:`~tabloader.cluster.leader.Leader`; its name is derived from the
-catalog's resolved path (:func:`leader_name`), so every process of the cluster that knows the
-catalog finds the same leader with :func:`get_leader`, and :func:`start_leader` started twice
-returns the running one. It asks for no CPU (sampling is light and the node's CPUs are the
+catalog's resolved path (:mod:`tabloader.cluster.names`), so every process of the cluster that
+knows the catalog finds the same leader, and :func:`start_leader` started twice returns the
+running one. It asks for no CPU (sampling is light and the node's CPUs are the
 loaders' and the trainers'). Ray is imported only when these functions run, so the rest of
 tabloader works without it (``pip install 'tabloader[ray]'``).
 
@@ -35,20 +35,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import xxhash
 from pyroaring import BitMap
 
 from tabloader.cluster.leader import Leader, WorkList
+from tabloader.cluster.names import NAMESPACE, get_leader, leader_name, loader_name
 
 __all__ = [
     "LEADER_DEFAULTS",
-    "NAMESPACE",
     "Cluster",
     "LeaderActor",
     "checkpoint_path",
     "cluster_status",
-    "get_leader",
-    "leader_name",
     "record_leader",
     "recorded_leader",
     "serve_cluster",
@@ -58,15 +55,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-NAMESPACE = "tabloader"
-"""The Ray namespace of the leader actors (named actors are found within a namespace)."""
-
-
-def leader_name(catalog: str | os.PathLike[str]) -> str:
-    """The actor name of the leader of ``catalog``: ``tabloader-leader-<hash of its path>``."""
-    path = str(Path(catalog).expanduser().resolve())
-    return f"tabloader-leader-{xxhash.xxh64_hexdigest(path.encode())[:12]}"
 
 
 class LeaderActor:
@@ -275,18 +263,6 @@ def start_leader(
     ).remote(path, options)
 
 
-def get_leader(catalog: str | os.PathLike[str]) -> Any:
-    """The running leader actor of ``catalog``.
-
-    Raises:
-        ValueError: no leader runs for ``catalog`` (Ray's error: start one with
-            :func:`start_leader`).
-    """
-    import ray
-
-    return ray.get_actor(leader_name(catalog), namespace=NAMESPACE)
-
-
 LEADER_DEFAULTS = {"lookahead": 512, "round_rows": 64}
 """A cluster leader's defaults: rows sampled ahead per job, rows per job and round."""
 
@@ -328,7 +304,7 @@ class Cluster:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from tabloader.cluster.node import NodeLoader, loader_name
+        from tabloader.cluster.node import NodeLoader
 
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
         for node in sorted(alive - set(self.loaders)):

@@ -16,14 +16,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, cast
+import threading
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from catalog.errors import DatasetInUseError, ServiceError
 from tabloader.service.protocol import dataset_to_wire, job_to_wire, result_to_wire
 
 if TYPE_CHECKING:
+    from catalog import Catalog
     from catalog.sql.execute import StatementTarget
-    from tabloader.service.server import Service
+    from tabloader.engine import Loader
+
+
+class ServiceView(Protocol):
+    """What these handlers use of the server's ``Service`` (no import of the server: it
+    imports this module)."""
+
+    catalog: Catalog
+    loader: Loader
+    lock: threading.RLock | threading.Lock
+
 
 __all__ = ["CatalogOps", "Statements", "string_arg"]
 
@@ -48,7 +60,7 @@ class Statements:
     DROP DATASET of a dataset that jobs open in this service read is refused (their readers
     would lose their files mid-epoch)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceView) -> None:
         self._service = service
 
     def __getattr__(self, name: str) -> Any:
@@ -75,7 +87,7 @@ class Statements:
 class CatalogOps:
     """The catalog's ``op_*`` handlers of one service connection (see the module docstring)."""
 
-    service: Service
+    service: Any  # the server's Service (this module cannot import it; see ServiceView)
 
     def op_dataset(self, msg: dict[str, Any]) -> dict[str, Any]:
         name, version = string_arg(msg, "name"), _optional(msg, "version", int)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,9 +37,9 @@ from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
 from catalog.settings import setting
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
-from tabloader.cluster.node import find_service, service_error
 from tabloader.prep import batch_column, decoder_for
 from tabloader.ranks import resolve_rank
+from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
     Client,
@@ -48,10 +48,7 @@ from tabloader.service.protocol import (
     state_to_wire,
 )
 from tabloader.service.reopen import Ahead, forget, register, settle
-from tabloader.service.shm import Segment
-
-if TYPE_CHECKING:
-    pass
+from tabloader.shm import Segment
 
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
@@ -142,15 +139,15 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             time.sleep(0.05)
 
 
-def _node_client(root: Path, node: str) -> Client:
-    """A connection to the loader of Ray node ``node``, waiting while it starts."""
+def _node_client(root: Path, node: str, found: Locator) -> Client:
+    """A connection to node ``node``'s loader (``found`` named it), waiting while it starts."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
             return Client(root, node=node)
         except ServiceError:
             if time.monotonic() > deadline:
-                raise service_error(node, root) from None
+                raise found.missing(node, root) from None
             time.sleep(0.1)
 
 
@@ -185,8 +182,8 @@ class RemoteLoader:
     """The loader service of catalog ``root``, from this process.
 
     In a Ray worker of a cluster whose leader serves the catalog (``tabloader serve --ray``),
-    the service is the loader of the worker's node (:mod:`tabloader.cluster.node`; ``node``
-    is then its id), which is never started from here.
+    the service is the loader of the worker's node (a :mod:`~tabloader.service.plugins` locator
+    names it; ``node`` is then its id), which is never started from here.
 
     Args:
         root: the catalog directory.
@@ -195,11 +192,12 @@ class RemoteLoader:
 
     def __init__(self, root: str | os.PathLike[str], *, start: bool = True) -> None:
         self.root = Path(root).absolute()
-        self.node = find_service(self.root)  # a Ray worker's node, when a cluster serves it
+        found = locator()  # a Ray worker's node, when a cluster serves the catalog
+        self.node = None if found is None else found.node(self.root)
         self._ctl = (
             dial(self.root, start=start)
-            if self.node is None
-            else _node_client(self.root, self.node)
+            if found is None or self.node is None
+            else _node_client(self.root, self.node, found)
         )
         try:
             self.service_pid = int(self._ctl.call("hello")["pid"])

@@ -1,7 +1,7 @@
 """``tabloader serve``: one process per catalog owns the catalog and the engine; jobs are clients.
 
 Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, JSON). Data
-plane: the arena is shared memory of no name (:mod:`tabloader.service.shm`), which clients map
+plane: the arena is shared memory of no name (:mod:`tabloader.shm`), which clients map
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
 * its images stay where the shared decode put them, pinned in the arena; the reply lists each
@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,11 +38,11 @@ import catalog
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
-from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
 from tabloader.service.catalog_ops import CatalogOps, Statements
 from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import Listener, Session
+from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
@@ -71,9 +72,11 @@ class Service:
         workers: decode processes and reader threads.
         idle_exit: stop this many seconds after the last client left (None: never); what a
             service started in the background by a client uses.
-        node, leader: the Ray node this service is the loader of, and the cluster leader's
-            actor handle (:mod:`tabloader.cluster.node`): every job is then fed by the leader,
-            and the catalog is opened only for the moment of a lookup.
+        node: the Ray node this service is the loader of (names its runtime directory).
+        opened: the catalog to read instead of opening it here (a node's loader reads one
+            opened only for the moment of a lookup).
+        feed: makes, given the service, the :class:`~tabloader.service.plugins.Feed` of every
+            job opened here (a node's loader: the cluster's leader); None: jobs sample here.
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
 
@@ -90,7 +93,8 @@ class Service:
         workers: int | None = None,
         idle_exit: float | None = None,
         node: str | None = None,
-        leader: Any = None,
+        opened: catalog.Catalog | None = None,
+        feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = Path(root).absolute()
@@ -100,13 +104,9 @@ class Service:
         self.lock = threading.RLock()  # the catalog: one statement or open at a time
         self._tickets = itertools.count()
         self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
-        self.feed: NodeFeed | None = None
+        self.feed: Feed | None = None
         try:
-            self.catalog = (
-                catalog.connect(self.root)
-                if leader is None
-                else cast("catalog.Catalog", SnapshotCatalog(self.root))
-            )
+            self.catalog = catalog.connect(self.root) if opened is None else opened
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -142,8 +142,8 @@ class Service:
         )
         self.blocks_lock = threading.Lock()
         self.segment = segment
-        if leader is not None and node is not None:
-            self.feed = NodeFeed(leader, node, lambda: node_stats(self))
+        if feed is not None:
+            self.feed = feed(self)
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""

@@ -18,7 +18,7 @@ import pytest
 from tabloader.bench import _e2e_children, e2e, train
 from tabloader.bench._e2e_targets import targets as e2e_targets
 from tabloader.service.protocol import socket_path
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 

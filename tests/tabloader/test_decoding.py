@@ -21,7 +21,7 @@ from _shm import named_shm_of
 from catalog.errors import CacheError, LoaderError, RowReadError
 from tabloader.engine import Loader
 from tabloader.prep import decode_image, decoder_for
-from tabloader.service.shm import SHM_DIR, Segment, process_alive, shm_available
+from tabloader.shm import SHM_DIR, Segment, process_alive, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 

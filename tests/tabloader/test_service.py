@@ -44,7 +44,7 @@ from tabloader.service.protocol import (
     runtime_dir,
     socket_path,
 )
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(
     not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"

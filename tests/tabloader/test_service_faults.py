@@ -12,7 +12,7 @@ from test_service import TIMEOUT, cat_dir, rows_of, service, wait_for  # noqa: F
 
 from catalog.errors import LoaderError
 from tabloader.service.client import RemoteLoader
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 

@@ -46,7 +46,8 @@ def two_nodes(monkeypatch, tmp_path):
 
 
 def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
-    from tabloader.cluster.actor import get_leader, leader_name, start_leader
+    from tabloader.cluster.actor import start_leader
+    from tabloader.cluster.names import get_leader, leader_name
 
     catalog = tmp_path / "cat"
     catalog.mkdir()  # the leader keeps its checkpoint in the catalog's service directory
@@ -223,7 +224,7 @@ def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_lead
     import signal
     import time
 
-    from tabloader.cluster.actor import get_leader
+    from tabloader.cluster.names import get_leader
     from tabloader.service.client import RemoteLoader
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -331,7 +332,8 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
     import time
 
     from catalog.errors import ServiceError
-    from tabloader.cluster.actor import cluster_status, get_leader, recorded_leader
+    from tabloader.cluster.actor import cluster_status, recorded_leader
+    from tabloader.cluster.names import get_leader
 
     root = str(tmp_path / "cat")
     sets = image_catalog(root, image_folder)
