@@ -152,7 +152,7 @@ class Service:
                 signal.signal(sig, lambda *_: self._stop.set())
         accept = threading.Thread(target=self.listener.serve_forever, daemon=True)
         accept.start()
-        logger.info("serving catalog %s (socket %s)", self.root, self.listener)
+        logger.info("serving catalog %s", self.root)  # the listener logs its socket
         idle_since = time.monotonic()
         try:
             while not self._stop.wait(0.2):
