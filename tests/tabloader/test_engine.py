@@ -720,7 +720,7 @@ def test_bad_on_error_policy(images):
     with (
         Loader(images, cache_bytes=1 << 20) as loader,
         pytest.raises(
-            LoaderError, match="on_error='ignore' is not a policy; use 'raise' or 'skip'"
+            OptionError, match=r"open\(on_error='ignore'\): .* is not one of 'raise', 'skip'"
         ),
     ):
         loader.open("a", on_error="ignore")
