@@ -298,13 +298,9 @@ class Loader:
             job: the job name (or ``Job``).
             spec: the job's options (default: the ones it was registered with).
             **options: job options (``catalog.options.JOB_OPTIONS``: ``batch_size``,
-                ``image_size`` (here also a ``(height, width)`` pair), ``augment``,
-                ``decode_size``, ``seed``, ``on_error``...) laid over ``spec`` as
-                ``JobSpec.from_options`` does; None: not given. ``augment``: the job's own
-                random transforms of its image columns (see :mod:`catalog.augment`), drawn
-                from (``seed``, epoch, row ``_id``; ``seed`` defaults to a hash of the job's
-                name) on a shared aspect-kept decode; see ``_plan`` for when an
-                ``image_size`` job shares that decode.
+                ``image_size``, here also ``(height, width)``, ``augment``...) laid over
+                ``spec`` (``JobSpec.from_options``; None: not given). ``augment``'s draws come
+                from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
             prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
                 every worker busy, at least 2).
             lookahead: rows sampled ahead (default 4 batches), per rank; more lets jobs at
@@ -318,8 +314,7 @@ class Loader:
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
-                (``DatasetScheduler.feed``); this loader opens just this rank, as a job of its
-                own that reads its ``rank_share`` of each epoch (``n`` with one rank).
+                (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
 
         Data-parallel ranks: the ranks of one job in one loader are one job (one entry in
         the sampler, so it still shares reads and decodes with every other job). The first
@@ -351,7 +346,7 @@ class Loader:
         rank, world_size = resolve_rank(rank, world_size)
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
-            if isinstance(options.get("on_error"), OnError):
+            if isinstance(options.get("on_error"), OnError):  # its value, as a WITH option
                 options["on_error"] = options["on_error"].value
             spec = JobSpec.from_options(info.options if spec is None else spec.values, **options)
             batch_size = spec.batch_size

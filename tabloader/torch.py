@@ -163,6 +163,11 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             yield self.transform(tensors, self.generator) if self.transform else tensors
 
     @property
+    def spec(self) -> JobSpec:
+        """The job's options: the ones it was registered with, those given here laid over."""
+        return self._open().spec
+
+    @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
         return self._open().epoch
