@@ -234,11 +234,8 @@ class RemoteLoader:
         ranks of a job, each in its own process, join the service as one job.
         """
         rank, world_size = resolve_rank(rank, world_size)
-        spec = JobSpec.from_options(
-            self.job_options(job) if spec is None else spec.values, **options
-        )
         args: dict[str, Any] = {"prefetch": prefetch, "lookahead": lookahead, "epochs": epochs}
-        args.update(rank=rank, world_size=world_size, spec=spec.to_wire())
+        args.update(rank=rank, world_size=world_size)
         if state is not None:
             args["state"] = state_to_wire(state)
         settle((self.root, self.node, job, rank))  # a stream of it dropped here
@@ -253,12 +250,13 @@ class RemoteLoader:
                     "batches are in memory this loader does not map. Make a new JobDataset or "
                     "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
                 )
-            opened = conn.call("open", job=job, **args)
+            stored = conn.call("options", job=job)["options"] if spec is None else spec.values
+            spec = JobSpec.from_options(stored, **options)
+            opened = conn.call("open", job=job, spec=spec.to_wire(), **args)
         except BaseException:
             conn.close()
             raise
-        stream = RemoteStream(self, conn, job, rank, world_size)
-        stream.spec = spec
+        stream = RemoteStream(self, conn, job, rank, world_size, spec)
         stream.augment = {c: Augmenter(t, s) for c, (t, s) in opened.get("augment", {}).items()}
         return stream
 
@@ -338,11 +336,17 @@ class RemoteStream:
     CLOSE_WAIT_S = 2.0  # close() waits this long for a batch read ahead, then just hangs up
 
     def __init__(
-        self, loader: RemoteLoader, conn: Client, name: str, rank: int = 0, world_size: int = 1
+        self,
+        loader: RemoteLoader,
+        conn: Client,
+        name: str,
+        rank: int = 0,
+        world_size: int = 1,
+        spec: JobSpec | None = None,
     ) -> None:
         self._loader, self._conn, self.name = loader, conn, name
         self.rank, self.world_size = rank, world_size  # of the job's data-parallel ranks
-        self.spec = JobSpec()  # the job's options it was opened with (``RemoteLoader.open``)
+        self.spec = JobSpec() if spec is None else spec  # the job's options it was opened with
         self._lock = threading.Lock()
         self._ahead_out = Ahead()  # a "next" request is out, its reply not read
         self._key = (loader.root, loader.node, name, rank)

@@ -718,7 +718,7 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
             conn.close()
     remote = RemoteLoader(cat_dir, start=False)
     with pytest.raises(OptionError, match=r"open\(batchsize=4\): .*Did you mean 'batch_size'"):
-        remote.open("a", batchsize=4)  # refused here, before a connection
+        remote.open("a", batchsize=4)  # refused by the client
     with remote.open("a", batch_size=4, epochs=1) as stream:
         assert sorted(i for b in stream for i in b["_id"].tolist()) == rows_of(remote, "label < 3")
         assert stream.spec.values == {"image_size": 16, "batch_size": 4}  # REGISTER's + open's
