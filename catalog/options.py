@@ -1,9 +1,11 @@
 """Job options: the one table of the ``WITH (key = value)`` keys a job may carry.
 
 ``REGISTER JOB`` checks every option against ``JOB_OPTIONS`` (its type, its range, and for
-``image_size`` the memory one batch of such images takes) and stores it typed; the loader
-reads a job's options through ``option_value``, so the defaults live here too. An unknown key
-is refused with the closest known one.
+``image_size`` the memory one batch of such images takes) and stores it typed. An open lays
+its own values over them into a ``JobSpec``, which carries them to the engine (over the
+service's wire and into a Ray cluster too) and gives each option's default from here. An
+unknown key is refused with the closest known one. Adding an option is one row here plus the
+code that uses it: no signature names the options one by one.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from catalog.augment import parse_augment
@@ -20,8 +23,9 @@ from catalog.errors import OptionError
 __all__ = [
     "BATCH_BYTES_LIMIT",
     "JOB_OPTIONS",
+    "SPEC_VERSION",
     "JobOption",
-    "check_open",
+    "JobSpec",
     "check_options",
     "option_value",
 ]
@@ -214,30 +218,123 @@ def option_value(options: Mapping[str, Any], name: str) -> Any:
     return option.default if value is None else option.check(value)
 
 
-def check_open(options: Mapping[str, Any], **given: Any) -> dict[str, Any]:
-    """A job's stored ``options`` with the values ``given`` at open (None: not given) laid over
-    them, checked as ``REGISTER`` checks them: an open cannot ask for what ``REGISTER`` would
-    refuse. ``image_size`` may also be a ``(height, width)`` pair at open.
+SPEC_VERSION = 1
+"""The version of ``JobSpec.to_wire()``'s form: ``JobSpec.from_wire`` refuses any other."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job's options, checked against ``JOB_OPTIONS``: what carries them from ``REGISTER``
+    through an open (``Loader.open``, the service's wire, a Ray cluster) to the engine.
+
+    Every option of the table is an attribute: ``spec.batch_size`` is the value set, else the
+    table's default. Nothing here names an option: a row added to ``JOB_OPTIONS`` is carried
+    end to end as it is.
+
+    Attributes:
+        values: the options set, checked and typed (``image_size`` may be a
+            ``(height, width)`` pair, which only an open can ask for).
 
     Raises:
-        OptionError: as ``check_options``, naming the open argument.
+        OptionError: as ``check_options``.
     """
-    given = {k: v for k, v in given.items() if v is not None}
-    merged = {**options, **given}
-    if "augment" in given and "image_size" not in given:  # one replaces the other
-        merged.pop("image_size", None)
-    if "image_size" in given and "augment" not in given:
-        merged.pop("augment", None)
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", MappingProxyType(_check_spec(self.values)))
+
+    def __getattr__(self, name: str) -> Any:
+        option = JOB_OPTIONS.get(name)
+        if option is None:  # also what copy and pickle look for before ``values`` is set
+            raise AttributeError(
+                f"JobSpec has no option {name!r}; options: {', '.join(JOB_OPTIONS)}."
+            )
+        return self.values.get(name, option.default)
+
+    def __repr__(self) -> str:
+        return f"JobSpec({', '.join(f'{k}={v!r}' for k, v in self.values.items())})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return JobSpec, (dict(self.values),)
+
+    def resolved(self) -> dict[str, Any]:
+        """Every option of the table: its value set, else its default."""
+        return {name: getattr(self, name) for name in JOB_OPTIONS}
+
+    @classmethod
+    def from_options(cls, stored: Mapping[str, Any], **overrides: Any) -> JobSpec:
+        """A job's ``stored`` options with the ``overrides`` given at open (None: not given)
+        laid over them, checked as ``REGISTER`` checks them: an open cannot ask for what
+        ``REGISTER`` would refuse. ``augment`` given replaces a stored ``image_size`` and the
+        other way round.
+
+        Raises:
+            OptionError: as ``check_options`` (an unknown name with the closest known one),
+                naming the open's arguments.
+        """
+        given = {k: v for k, v in overrides.items() if v is not None}
+        merged = {**stored, **given}
+        if "augment" in given and "image_size" not in given:  # one replaces the other
+            merged.pop("image_size", None)
+        if "image_size" in given and "augment" not in given:
+            merged.pop("augment", None)
+        try:
+            return cls(merged)
+        except OptionError as exc:
+            args = ", ".join(f"{k}={v!r}" for k, v in given.items())
+            raise OptionError(f"open({args}): {exc}") from None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The spec as JSON values: ``{"v": SPEC_VERSION, "options": {...}}`` (the options set;
+        tuples become lists)."""
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in self.values.items()}
+        return {"v": SPEC_VERSION, "options": options}
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> JobSpec:
+        """The spec that ``to_wire()`` made, checked again.
+
+        Raises:
+            OptionError: not that form, another ``SPEC_VERSION``, or options that the table
+                refuses (an unknown one with the closest known one).
+        """
+        if not isinstance(wire, Mapping) or set(wire) != {"v", "options"}:
+            raise OptionError(
+                f"Not a job spec: {str(wire)[:80]}; send JobSpec.to_wire()'s "
+                f"{{'v': {SPEC_VERSION}, 'options': {{...}}}}."
+            )
+        version, options = wire["v"], wire["options"]
+        if type(version) is not int or version != SPEC_VERSION:
+            raise OptionError(
+                f"A job spec of version {version!r}; this tabloader reads version "
+                f"{SPEC_VERSION}: run the same tabloader on both ends (restart the service "
+                "after an upgrade)."
+            )
+        if not isinstance(options, Mapping):
+            raise OptionError(f"A job spec's options are {type(options).__name__}, not a dict.")
+        try:
+            return cls({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+        except OptionError as exc:
+            raise OptionError(f"A job spec: {exc}") from None
+
+
+def _check_spec(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``check_options`` that also takes a ``(height, width)`` pair for ``image_size``."""
+    merged = dict(values)
     pair = merged.get("image_size")
     if isinstance(pair, tuple | list) and len(pair) == 2:
         merged.pop("image_size")
-    try:
-        out = check_options(merged)
-        if "image_size" not in out and pair is not None:
-            height, width = (JOB_OPTIONS["image_size"].check(side) for side in pair)
-            _check_batch_bytes(option_value(out, "batch_size"), height, width)
-            out["image_size"] = (height, width)
-    except OptionError as exc:
-        args = ", ".join(f"{k}={v!r}" for k, v in given.items())
-        raise OptionError(f"open({args}): {exc}") from None
+    else:
+        pair = None
+    out = check_options(merged)
+    if pair is not None:
+        if out.get("augment") is not None:
+            raise OptionError(
+                "Job options augment and image_size are both set: augment's operations decide "
+                "the size; drop image_size."
+            )
+        height, width = (JOB_OPTIONS["image_size"].check(side) for side in pair)
+        _check_batch_bytes(option_value(out, "batch_size"), height, width)
+        out["image_size"] = (height, width)
     return out

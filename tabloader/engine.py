@@ -43,7 +43,7 @@ from catalog import Catalog, connect
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
-from catalog.options import check_open, option_value
+from catalog.options import JobSpec
 from catalog.settings import SETTINGS, check_counts, physical_memory, setting
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog
@@ -56,7 +56,7 @@ from tabloader.jobs import JobState, OnError, fit_prefetch
 from tabloader.planning import column_plan, job_augmenter
 from tabloader.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.queues import JobQueues
-from tabloader.ranks import resolve_rank
+from tabloader.ranks import rank_share, resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler
 from tabloader.shm import Segment, shm_available
@@ -281,41 +281,30 @@ class Loader:
         self,
         job: str | Job,
         *,
-        batch_size: int | None = None,
+        spec: JobSpec | None = None,
         prefetch: int | None = None,
         lookahead: int | None = None,
-        image_size: int | tuple[int, int] | None = None,
-        augment: str | None = None,
-        decode_size: int | None = None,
-        seed: int | None = None,
-        on_error: str | OnError | None = None,
         epochs: int | None = None,
         state: dict[str, Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         remote: bool = False,
         fed: bool = False,
+        **options: Any,
     ) -> JobStream:
         """Start consuming a registered job (or one rank of it, for data-parallel training).
 
         Args:
             job: the job name (or ``Job``).
-            batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
+            spec: the job's options (default: the ones it was registered with).
+            **options: job options (``catalog.options.JOB_OPTIONS``: ``batch_size``,
+                ``image_size``, here also ``(height, width)``, ``augment``...) laid over
+                ``spec`` (``JobSpec.from_options``; None: not given). ``augment``'s draws come
+                from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
             prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
                 every worker busy, at least 2).
             lookahead: rows sampled ahead (default 4 batches), per rank; more lets jobs at
                 different moments share rounds, at the cost of a longer queue of ids.
-            image_size: shared deterministic resize of image columns (default: the job's
-                ``image_size`` option, else full size).
-            augment: the job's own random transforms of its image columns (default: the
-                job's ``augment`` option; see :mod:`catalog.augment`), drawn from (``seed``,
-                epoch, row ``_id``) and run on a shared aspect-kept decode (``decode_size``
-                caps its shorter side; default: the job's option). See ``_plan`` for when an
-                ``image_size`` job shares that decode.
-            seed: the augmentation's seed (default: the job's ``seed`` option, else a hash
-                of the job's name).
-            on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default:
-                the job's ``on_error`` option, else ``"raise"``).
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
@@ -325,9 +314,7 @@ class Loader:
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
-                (``DatasetScheduler.feed``); this loader opens just this rank, as a job of its
-                own that reads ``n // (batch_size * world_size) * batch_size`` rows per epoch
-                (``n`` with one rank).
+                (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
 
         Data-parallel ranks: the ranks of one job in one loader are one job (one entry in
         the sampler, so it still shares reads and decodes with every other job). The first
@@ -359,32 +346,18 @@ class Loader:
         rank, world_size = resolve_rank(rank, world_size)
         with self._lock:
             info = job if not isinstance(job, str) else self.catalog.job(job)
-            options = info.options
-            checked = check_open(
-                options,
-                batch_size=batch_size,
-                image_size=image_size,
-                augment=augment,
-                decode_size=decode_size,
-                seed=seed,
-            )
-            batch_size = option_value(checked, "batch_size")
+            if isinstance(options.get("on_error"), OnError):  # its value, as a WITH option
+                options["on_error"] = options["on_error"].value
+            spec = JobSpec.from_options(info.options if spec is None else spec.values, **options)
+            batch_size = spec.batch_size
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
             if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
                 # 16 processes 25% idle, waiting for the last group of each batch)
                 prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
-            size = checked.get("image_size")
-            augmenter, cap = job_augmenter(info.name, checked)
-            if on_error is None:
-                on_error = option_value(options, "on_error")
-            try:
-                mode = OnError(on_error)
-            except ValueError:
-                raise LoaderError(
-                    f"on_error={on_error!r} is not a policy; use 'raise' or 'skip'."
-                ) from None
-            if world_size > 1 and len(info.ids) < batch_size * world_size:
+            augmenter, cap = job_augmenter(info.name, dict(spec.values))
+            share = rank_share(len(info.ids), batch_size, world_size)
+            if share == 0 and world_size > 1:
                 raise LoaderError(
                     f"Job {info.name!r} has {len(info.ids)} rows, fewer than batch_size "
                     f"({batch_size}) x world_size ({world_size}): no rank would get a batch; "
@@ -394,7 +367,7 @@ class Loader:
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
-            plan = self._plan(sched, dataset, info, size, augmenter, cap)
+            plan = self._plan(sched, dataset, info, spec.image_size, augmenter, cap)
         local = 1 if fed else world_size  # a fed rank is a job of its own here
         if remote:  # the service's cache holds its clients' prepared batches, pinned
             prefetch = fit_prefetch(
@@ -412,15 +385,14 @@ class Loader:
             batch_size,
             prefetch=prefetch,
             horizon=local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
-            on_error=mode,
+            on_error=OnError(spec.on_error),
             epochs=epochs,
             world_size=local,
             id_array=bitmap_to_array(info.ids).astype(np.int64),
             remote=remote,
             fed=fed,
-            rank_rows=len(info.ids)
-            if world_size == 1
-            else len(info.ids) // (batch_size * world_size) * batch_size,
+            rank_rows=share,
+            spec=spec,
         )
         remaining, epoch = (None, 0) if state is None else _check_state(state, info)
         joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)

@@ -10,8 +10,8 @@
   ``taken``: batches taken of that epoch) and counters; it is pending until its stream opens,
   then open, then closed.
 * **Epochs.** Each rank gets ``batches_per_rank(epoch)`` batches of an epoch: every row,
-  the last batch maybe short, with one rank; with several, ``n // (batch_size * world_size)``
-  full ones of an epoch of ``n`` rows, and the last ``n % (batch_size * world_size)`` rows are
+  the last batch maybe short, with one rank; with several, each rank gets
+  :func:`~tabloader.ranks.rank_share` rows of an epoch in full batches and the rest is
   dropped, as ``DistributedSampler(drop_last=True)`` does. A resumed job's first epoch has
   only the rows it had left; a fed job's (a cluster node's) epochs have ``rank_rows`` rows.
 * **Stalls.** Per rank, seconds blocked in ``take`` (``wait_s``: waiting for data) vs seconds
@@ -35,8 +35,10 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
+from catalog.options import JobSpec
 from catalog.settings import format_bytes
 from tabloader.prep import Fit
+from tabloader.ranks import rank_share
 from tabloader.work import Plan, Work
 
 __all__ = ["JobState", "OnError", "RankState", "fit_prefetch"]
@@ -92,6 +94,7 @@ class JobState:
     warned_pending: bool = False
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
+    spec: JobSpec = field(default_factory=JobSpec)  # the options it was opened with
     gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
     # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
     gone_from: int | None = None
@@ -115,9 +118,7 @@ class JobState:
         if self.fed:
             return -(-self.rank_rows // self.batch_size)
         n = self.first_rows if epoch == self.first_epoch else self.num_ids
-        if self.world_size == 1:
-            return -(-n // self.batch_size)
-        return n // (self.batch_size * self.world_size)
+        return -(-rank_share(n, self.batch_size, self.world_size) // self.batch_size)
 
     def done_sampling(self) -> bool:
         """True once the sampler has handed out the job's last epoch."""
@@ -147,12 +148,10 @@ class JobState:
     def options(self) -> dict[str, Any]:
         """What every rank of the job must open it with."""
         return {
-            "batch_size": self.batch_size,
+            **self.spec.resolved(),
             "prefetch": self.prefetch,
             "lookahead": self.horizon // self.world_size,
-            "on_error": self.on_error.value,
             "epochs": self.epochs,
-            "image_size": [dec.image_size for dec, _ in self.plan.prepared],
         }
 
     def spaces(self) -> list[int]:

@@ -17,7 +17,18 @@ import numpy as np
 
 from catalog.errors import LoaderError
 
-__all__ = ["resolve_rank"]
+__all__ = ["rank_share", "resolve_rank"]
+
+
+def rank_share(rows: int, batch_size: int, world_size: int) -> int:
+    """Rows each of ``world_size`` data-parallel ranks gets of an epoch of ``rows`` rows: all of
+    them with one rank (its last batch may be short); else ``rows // (batch_size *
+    world_size)`` full batches each, the last ``rows % (batch_size * world_size)`` rows
+    dropped, as ``DistributedSampler(drop_last=True)`` does.
+    """
+    if world_size == 1:
+        return rows
+    return rows // (batch_size * world_size) * batch_size
 
 
 def resolve_rank(rank: Any, world_size: Any) -> tuple[int, int]:

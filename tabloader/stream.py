@@ -14,6 +14,7 @@ from tabloader.jobs import JobState, RankState
 from tabloader.scheduler import DatasetScheduler
 
 if TYPE_CHECKING:
+    from catalog.options import JobSpec
     from tabloader.augment import Augmenter
 
 __all__ = ["JobStream"]
@@ -62,6 +63,11 @@ class JobStream:
     def batch_size(self) -> int:
         """Rows per batch."""
         return self._job.batch_size
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job's options it was opened with (``REGISTER``'s, with the open's laid over)."""
+        return self._job.spec
 
     @property
     def epochs(self) -> int | None:

@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from catalog import Catalog
 from catalog.errors import CatalogLockedError, LoaderError
-from catalog.options import option_value
+from catalog.options import JobSpec
 from tabloader.augment import default_seed, from_torchvision
 from tabloader.engine import JobStream, Loader, default_loader
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
@@ -59,20 +59,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             process (the default ``Loader`` of that catalog, shared by its jobs: notebooks,
             tests, jobs on threads).
         loader: a ``Loader`` (or ``RemoteLoader``) to use instead.
-        batch_size: rows per batch (default: the job's ``batch_size`` option, else 32).
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
-        seed: seed of this job's generator (its augmentations); default the job's ``seed``
-            option, else a hash of the job name (so two jobs never draw the same sequence).
-        image_size: shared deterministic resize (default: the job's ``image_size`` option).
-        augment: the job's own random transforms, run by the loader per image on a shared
-            decode (default: the job's ``augment`` option): a text such as
-            ``"RandomResizedCrop(224), RandomHorizontalFlip()"`` (see :mod:`catalog.augment`)
-            or a ``torchvision.transforms.v2.Compose`` of the same ops. Draws come from
-            (``seed``, epoch, row ``_id``): reproducible, across resumes too.
-        decode_size: cap of the shared decode's shorter side (default: the job's option).
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
-        on_error: ``"raise"`` or ``"skip"`` rows that fail to read or decode (default: the
-            job's ``on_error`` option, else ``"raise"``).
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
             the last one.
         rank, world_size: this dataset is rank ``rank`` of ``world_size`` data-parallel ranks
@@ -82,6 +70,23 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             (``DistributedSampler(drop_last=True)``). Ranks in separate processes (torchrun)
             meet in the catalog's service; each must save its ``state_dict()`` at the same
             step (see ``Loader.open``).
+        **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
+            was registered with), checked here:
+
+            * ``batch_size``: rows per batch (default 32).
+            * ``seed``: seed of this job's generator and its augmentations (default: a hash
+              of the job name, so two jobs never draw the same sequence).
+            * ``image_size``: shared deterministic resize (an int or a ``(height, width)``).
+            * ``augment``: the job's own random transforms, run by the loader per image on a
+              shared decode: a text such as ``"RandomResizedCrop(224),
+              RandomHorizontalFlip()"`` (see :mod:`catalog.augment`) or a
+              ``torchvision.transforms.v2.Compose`` of the same ops. Draws come from
+              (``seed``, epoch, row ``_id``): reproducible, across resumes too.
+            * ``decode_size``: cap of the shared decode's shorter side.
+            * ``on_error``: ``"raise"`` or ``"skip"`` rows that fail to read or decode.
+
+    Raises:
+        OptionError: an unknown option (with the closest known one) or a bad value.
     """
 
     def __init__(
@@ -90,17 +95,12 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         *,
         catalog: Catalog | str | os.PathLike[str] | None = None,
         loader: Loader | RemoteLoader | None = None,
-        batch_size: int | None = None,
         transform: Transform | None = None,
-        seed: int | None = None,
-        image_size: int | tuple[int, int] | None = None,
-        augment: Any = None,
-        decode_size: int | None = None,
         prefetch: int | None = None,
-        on_error: str | None = None,
         epochs: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Any,
     ) -> None:
         super().__init__()
         self.job = job
@@ -108,19 +108,15 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if loader is None:
             loader = default_loader(catalog) if isinstance(catalog, Catalog) else _service(catalog)
         self.loader: Loader | RemoteLoader = loader
-        options = self.loader.job_options(job)
         self.transform = transform
-        self._seed = seed  # None: the job's option, else its name's (tabloader.augment)
-        if seed is None:  # the job's option, else one of its own: jobs never share draws
-            seed = option_value(options, "seed")
-            if seed is None:
-                seed = default_seed(job)
+        if options.get("augment") is not None and not isinstance(options["augment"], str):
+            options["augment"] = from_torchvision(options["augment"])
+        spec = JobSpec.from_options(self.loader.job_options(job), **options)
+        self._options = options  # laid over the job's registered ones at each open
+        # the job's seed, else one of its own: jobs never share draws
+        seed = default_seed(job) if spec.seed is None else spec.seed
         self.generator = torch.Generator().manual_seed(int(seed))
-        if augment is not None and not isinstance(augment, str):
-            augment = from_torchvision(augment)
-        self._augment, self._decode_size = augment, decode_size
-        self._batch_size, self._image_size = batch_size, image_size
-        self._prefetch, self._on_error, self._epochs = prefetch, on_error, epochs
+        self._prefetch, self._epochs = prefetch, epochs
         self._rank, self._world_size = rank, world_size
         self._stream: JobStream | RemoteStream | None = None
         self._state: dict[str, Any] | None = None
@@ -147,16 +143,11 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             self._stream = self.loader.open(
                 self.job,
                 state=self._state,
-                batch_size=self._batch_size,
-                image_size=self._image_size,
-                augment=self._augment,
-                decode_size=self._decode_size,
-                seed=self._seed,
                 prefetch=self._prefetch,
-                on_error=self._on_error,
                 epochs=self._epochs,
                 rank=self._rank,
                 world_size=self._world_size,
+                **self._options,
             )
             self._state = None
         return self._stream
@@ -170,6 +161,11 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         for batch in self._open().iter_epoch():
             tensors = to_tensors(batch)
             yield self.transform(tensors, self.generator) if self.transform else tensors
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job's options: the ones it was registered with, those given here laid over."""
+        return self._open().spec
 
     @property
     def epoch(self) -> int:

@@ -34,7 +34,7 @@ whether it took effect.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -44,6 +44,7 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array
 from catalog.errors import SamplingError
+from catalog.options import JobSpec
 from tabloader.cluster.membership import Membership
 from tabloader.cluster.placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
@@ -283,18 +284,19 @@ class Leader:
         rank: int,
         world_size: int,
         node: str,
-        batch_size: int,
+        spec: Mapping[str, Any],
         ids: BitMap,
         dataset: str = "",
         epochs: int | None = None,
     ) -> bool:
-        """Rank ``rank`` of job ``name`` reads on ``node``; True once every rank has joined
-        (the job is then sampled, :meth:`add_job`; ``epochs``: it reads that many, then the
-        leader samples no more for it).
+        """Rank ``rank`` of job ``name`` reads on ``node``, opened with the job options
+        ``spec`` (``JobSpec.to_wire()``); True once every rank has joined (the job is then
+        sampled, :meth:`add_job`; ``epochs``: it reads that many, then the leader samples no
+        more for it).
 
         Raises:
-            SamplingError: the rank joined already, or the ranks disagree (world size, batch
-                size, rows).
+            SamplingError: the rank joined already, or the ranks disagree (world size, job
+                options, rows). OptionError: ``spec`` is not a job spec of this version.
         """
         if name in self._jobs:
             raise SamplingError(
@@ -307,7 +309,7 @@ class Leader:
             rank=rank,
             world_size=world_size,
             node=node,
-            batch_size=batch_size,
+            spec=JobSpec.from_wire(spec),
             ids=ids,
             dataset=dataset,
             epochs=epochs,
@@ -315,7 +317,7 @@ class Leader:
         if joined is None:
             return False
         nodes = [joined.nodes[r] for r in range(world_size)]
-        self.add_job(name, joined.ids, nodes=nodes, batch_size=batch_size, dataset=dataset)
+        self.add_job(name, joined.ids, nodes=nodes, batch_size=joined.batch_size, dataset=dataset)
         if epochs is not None:
             self._jobs[name].last_epoch = epochs - 1
         return True

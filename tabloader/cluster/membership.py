@@ -1,7 +1,8 @@
 """The leader's membership book: which ranks of each job have joined, left normally, or failed.
 
 A job's ranks join one by one from their nodes; the job starts once all of them have (DDP's
-rendezvous), and every rank must join with the same world size, batch size and rows. A rank
+rendezvous), and every rank must join with the same world size, job options (its
+:class:`~catalog.options.JobSpec`) and rows. A rank
 that leaves normally loses its share (the job ends with its last rank); one that fails takes
 its job off the leader, and the job is listed as *gone*, with the reason, so that its other
 ranks, on every node, fail with it instead of waiting. A job that joins again under the name
@@ -10,9 +11,10 @@ book answers: it starts and removes the jobs.
 
 Example:
     >>> from pyroaring import BitMap
-    >>> book = Membership()
-    >>> book.join("j", rank=1, world_size=2, node="n1", batch_size=4, ids=BitMap(range(8)))
-    >>> book.join("j", rank=0, world_size=2, node="n0", batch_size=4, ids=BitMap(range(8))).nodes
+    >>> from catalog.options import JobSpec
+    >>> book, spec = Membership(), JobSpec({"batch_size": 4})
+    >>> book.join("j", rank=1, world_size=2, node="n1", spec=spec, ids=BitMap(range(8)))
+    >>> book.join("j", rank=0, world_size=2, node="n0", spec=spec, ids=BitMap(range(8))).nodes
     {1: 'n1', 0: 'n0'}
     >>> book.leave("j", rank=0, ranks=2), book.leave("j", rank=1, ranks=2)
     (False, True)
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pyroaring import BitMap
 
 from catalog.errors import SamplingError
+from catalog.options import JobSpec
 
 __all__ = ["Membership", "Pending"]
 
@@ -34,11 +37,16 @@ class Pending:
     """A job whose ranks are joining: the node of each rank joined so far."""
 
     world_size: int
-    batch_size: int
+    spec: JobSpec
     ids: BitMap
     dataset: str
     epochs: int | None = None
     nodes: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch."""
+        return int(self.spec.batch_size)
 
 
 class Membership:
@@ -56,29 +64,31 @@ class Membership:
         rank: int,
         world_size: int,
         node: str,
-        batch_size: int,
+        spec: JobSpec,
         ids: BitMap,
         dataset: str = "",
         epochs: int | None = None,
     ) -> Pending | None:
-        """Rank ``rank`` of job ``name`` joins from ``node``; the job's ranks once every rank
-        has joined (the job then runs), else None.
+        """Rank ``rank`` of job ``name`` joins from ``node``, opened with ``spec``; the job's
+        ranks once every rank has joined (the job then runs), else None.
 
         Raises:
-            SamplingError: the rank joined already, or the ranks disagree (world size, batch
-                size, rows).
+            SamplingError: the rank joined already, or the ranks disagree (world size, job
+                options, rows).
         """
         self.gone.pop(name, None)
         pending = self.pending.setdefault(
-            name, Pending(world_size, batch_size, BitMap(ids), dataset, epochs)
+            name, Pending(world_size, spec, BitMap(ids), dataset, epochs)
         )
-        theirs = (world_size, batch_size, BitMap(ids))
-        if theirs != (pending.world_size, pending.batch_size, pending.ids):
+        mine = {"world_size": pending.world_size, **pending.spec.resolved()}
+        theirs = {"world_size": world_size, **spec.resolved()}
+        differ = [f"{k}={theirs[k]!r} (others: {v!r})" for k, v in mine.items() if theirs[k] != v]
+        if BitMap(ids) != pending.ids:
+            differ.append(f"{len(ids)} rows (others: {len(pending.ids)}, or other rows)")
+        if differ:
             raise SamplingError(
-                f"Rank {rank} of job {name!r} joined with world_size={world_size}, "
-                f"batch_size={batch_size} and {len(ids)} rows, its other ranks with "
-                f"{pending.world_size}, {pending.batch_size} and {len(pending.ids)}: every "
-                "rank must open the job the same way."
+                f"Rank {rank} of job {name!r} joined with {', '.join(differ)}: every rank must "
+                "open the job the same way."
             )
         if not 0 <= rank < world_size or rank in pending.nodes:
             raise SamplingError(

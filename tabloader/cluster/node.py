@@ -189,7 +189,7 @@ class NodeFeed:
                     rank=rank,
                     world_size=world_size,
                     node=self.node,
-                    batch_size=stream.batch_size,
+                    spec=stream.spec.to_wire(),
                     ids=job.ids.serialize(),
                     dataset=f"{job.dataset}@{job.dataset_version}",
                     epochs=stream.epochs,

@@ -55,6 +55,7 @@ import numpy.typing as npt
 import xxhash
 
 from catalog.errors import SamplingError
+from tabloader.ranks import rank_share
 
 __all__ = ["DROPPED", "JobPlacement", "Placer", "node_key", "preferred_nodes"]
 
@@ -162,10 +163,7 @@ class JobPlacement:
     @property
     def quota(self) -> int:
         """Rows each rank gets per epoch."""
-        w = self.world_size
-        if w == 1:
-            return self.size
-        return self.size // (self.batch_size * w) * self.batch_size
+        return rank_share(self.size, self.batch_size, self.world_size)
 
     @property
     def placed(self) -> int:

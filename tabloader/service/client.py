@@ -34,6 +34,7 @@ import pyarrow as pa
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import resolve_root
 from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
+from catalog.options import JobSpec
 from catalog.settings import setting
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
@@ -212,24 +213,34 @@ class RemoteLoader:
         self._copies_lock = threading.Lock()
         self._closed = False
 
-    def open(self, job: str, **options: Any) -> RemoteStream:
-        """Open ``job`` in the service; options as ``Loader.open`` (and ``state`` to resume).
+    def open(
+        self,
+        job: str,
+        *,
+        spec: JobSpec | None = None,
+        prefetch: int | None = None,
+        lookahead: int | None = None,
+        epochs: int | None = None,
+        state: dict[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **options: Any,
+    ) -> RemoteStream:
+        """Open ``job`` in the service; arguments and job options as ``Loader.open``.
 
-        ``rank`` and ``world_size`` default to ``RANK`` and ``WORLD_SIZE`` of this process's
-        environment (as torchrun sets them): the ranks of a job, each in its own process, join
-        the service as one job.
+        The options are checked here (against the job's registered ones, fetched from the
+        service) and travel as one ``JobSpec``. ``rank`` and ``world_size`` default to
+        ``RANK`` and ``WORLD_SIZE`` of this process's environment (as torchrun sets them): the
+        ranks of a job, each in its own process, join the service as one job.
         """
-        options["rank"], options["world_size"] = resolve_rank(
-            options.get("rank"), options.get("world_size")
-        )
-        settle((self.root, self.node, job, options["rank"]))  # a stream of it dropped here
+        rank, world_size = resolve_rank(rank, world_size)
+        args: dict[str, Any] = {"prefetch": prefetch, "lookahead": lookahead, "epochs": epochs}
+        args.update(rank=rank, world_size=world_size)
+        if state is not None:
+            args["state"] = state_to_wire(state)
+        settle((self.root, self.node, job, rank))  # a stream of it dropped here
         conn = Client(self.root, node=self.node)
         try:
-            if "image_size" in options and isinstance(options["image_size"], tuple):
-                options["image_size"] = list(options["image_size"])
-            state = options.get("state")
-            if state is not None:
-                options["state"] = state_to_wire(state)
             # The service answering must be the one whose memory this loader maps (checked
             # before the job opens there: a refused open leaves nothing behind).
             if conn.call("hello").get("segment") != self._segment.name:
@@ -239,11 +250,13 @@ class RemoteLoader:
                     "batches are in memory this loader does not map. Make a new JobDataset or "
                     "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
                 )
-            opened = conn.call("open", job=job, **options)
+            stored = conn.call("options", job=job)["options"] if spec is None else spec.values
+            spec = JobSpec.from_options(stored, **options)
+            opened = conn.call("open", job=job, spec=spec.to_wire(), **args)
         except BaseException:
             conn.close()
             raise
-        stream = RemoteStream(self, conn, job, options["rank"], options["world_size"])
+        stream = RemoteStream(self, conn, job, rank, world_size, spec)
         stream.augment = {c: Augmenter(t, s) for c, (t, s) in opened.get("augment", {}).items()}
         return stream
 
@@ -323,10 +336,17 @@ class RemoteStream:
     CLOSE_WAIT_S = 2.0  # close() waits this long for a batch read ahead, then just hangs up
 
     def __init__(
-        self, loader: RemoteLoader, conn: Client, name: str, rank: int = 0, world_size: int = 1
+        self,
+        loader: RemoteLoader,
+        conn: Client,
+        name: str,
+        rank: int = 0,
+        world_size: int = 1,
+        spec: JobSpec | None = None,
     ) -> None:
         self._loader, self._conn, self.name = loader, conn, name
         self.rank, self.world_size = rank, world_size  # of the job's data-parallel ranks
+        self.spec = JobSpec() if spec is None else spec  # the job's options it was opened with
         self._lock = threading.Lock()
         self._ahead_out = Ahead()  # a "next" request is out, its reply not read
         self._key = (loader.root, loader.node, name, rank)

@@ -84,7 +84,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 4  # 4: datasets and jobs as results; 3: shared memory by descriptor
+PROTOCOL_VERSION: int = 5  # 5: an open's job options as one JobSpec; 4: datasets and jobs as
+# results; 3: shared memory by descriptor
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
 
 _SOCKET_PATH_MAX = 100  # bytes; AF_UNIX allows 107 and a NUL

@@ -38,6 +38,7 @@ import catalog
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
+from catalog.options import JobSpec
 from tabloader.engine import Loader
 from tabloader.service.catalog_ops import CatalogOps, Statements
 from tabloader.service.catalog_ops import string_arg as _string
@@ -282,20 +283,25 @@ class _Handler(CatalogOps):
     def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.stream is not None:
             raise LoaderError("This connection has a job open already; open another connection.")
+        unknown = sorted(set(msg) - {"op", "v", "job", "spec", *_OPEN_ARGS})
+        if unknown:
+            raise ServiceError(
+                f"Unknown open argument(s) {', '.join(unknown)}: a job's options travel as "
+                "spec=JobSpec.to_wire(); is the client another tabloader version?"
+            )
         kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
         if "state" in kw:
             kw["state"] = state_from_wire(kw["state"])
-        if isinstance(kw.get("image_size"), list):
-            kw["image_size"] = tuple(kw["image_size"])
+        spec = None if msg.get("spec") is None else JobSpec.from_wire(msg["spec"])
         if "rank" not in kw and "world_size" not in kw:  # the client's, never this process's
             kw["rank"], kw["world_size"] = 0, 1  # RANK/WORLD_SIZE (it may have started us)
         feed = self.service.feed
         with self.service.lock:
             if feed is None:
-                stream = self.service.loader.open(_string(msg, "job"), remote=True, **kw)
+                stream = self.service.loader.open(_string(msg, "job"), spec=spec, remote=True, **kw)
             else:
                 info = self.service.catalog.job(_string(msg, "job"))
-                stream = self.service.loader.open(info, remote=True, fed=True, **kw)
+                stream = self.service.loader.open(info, spec=spec, remote=True, fed=True, **kw)
         if feed is not None:
             rank, world_size = int(kw["rank"]), int(kw["world_size"])
             try:
@@ -508,20 +514,8 @@ class _Handler(CatalogOps):
         self._release(tickets)
 
 
-_OPEN_ARGS = (
-    "batch_size",
-    "prefetch",
-    "lookahead",
-    "image_size",
-    "augment",
-    "decode_size",
-    "seed",
-    "on_error",
-    "epochs",
-    "state",
-    "rank",
-    "world_size",
-)
+# an open's arguments besides its job and its ``spec`` (``JobSpec.to_wire()``): a stream's own
+_OPEN_ARGS = ("prefetch", "lookahead", "epochs", "state", "rank", "world_size")
 
 
 def log_to_file(root: Path) -> Path:

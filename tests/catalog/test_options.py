@@ -12,7 +12,9 @@ from catalog import OptionError, StatementError
 from catalog.options import (
     BATCH_BYTES_LIMIT,
     JOB_OPTIONS,
-    check_open,
+    SPEC_VERSION,
+    JobOption,
+    JobSpec,
     check_options,
     option_value,
 )
@@ -94,14 +96,83 @@ def test_a_batch_at_the_limit_is_accepted():
 
 def test_open_cannot_ask_for_what_register_refuses():
     stored = check_options({"batch_size": 65536})
-    assert check_open(stored, image_size=None) == {"batch_size": 65536}
-    assert check_open(stored, batch_size=8, image_size=(20, 30)) == {
-        "batch_size": 8,
-        "image_size": (20, 30),
-    }
+    assert JobSpec.from_options(stored, image_size=None).values == {"batch_size": 65536}
+    spec = JobSpec.from_options(stored, batch_size=8, image_size=(20, 30))
+    assert spec.values == {"batch_size": 8, "image_size": (20, 30)}
+    assert (spec.batch_size, spec.image_size, spec.on_error) == (8, (20, 30), "raise")
     with pytest.raises(OptionError, match=r"open\(image_size=512\): .* 48\.0 GiB .* <= 147"):
-        check_open(stored, image_size=512)
+        JobSpec.from_options(stored, image_size=512)
     with pytest.raises(OptionError, match=r"image_size = \(2000, 3000\) makes one batch"):
-        check_open({}, batch_size=256, image_size=(2000, 3000))  # each side in range
+        JobSpec.from_options({}, batch_size=256, image_size=(2000, 3000))  # each side in range
     with pytest.raises(OptionError, match=r"open\(image_size=\(0, 5\)\): .* out of range"):
-        check_open({}, image_size=(0, 5))
+        JobSpec.from_options({}, image_size=(0, 5))
+    with pytest.raises(OptionError, match=r"open\(batchsize=8\): .*Did you mean 'batch_size'"):
+        JobSpec.from_options(stored, batchsize=8)
+    with pytest.raises(OptionError, match="augment and image_size are both set"):
+        JobSpec({"augment": "CenterCrop(8)", "image_size": (8, 8)})
+
+
+def test_an_open_replaces_augment_with_image_size_and_the_other_way_round():
+    stored = {"augment": "CenterCrop(8)", "seed": 3}
+    assert JobSpec.from_options(stored, image_size=16).values == {"seed": 3, "image_size": 16}
+    spec = JobSpec.from_options({"image_size": 16}, augment="CenterCrop(8)")
+    assert spec.values == {"augment": "CenterCrop(8)"}
+
+
+def test_the_spec_has_every_option_of_the_table_and_its_defaults():
+    spec = JobSpec()
+    assert spec.resolved() == {name: o.default for name, o in JOB_OPTIONS.items()}
+    assert not set(JOB_OPTIONS) & set(dir(JobSpec))  # no option hides behind a method
+    with pytest.raises(AttributeError, match="JobSpec has no option 'batchsize'"):
+        spec.batchsize  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {},
+        {"batch_size": 7, "image_size": (20, 30), "on_error": "skip", "seed": 2**63 - 1},
+        {"augment": "RandomResizedCrop(64), RandomHorizontalFlip()", "decode_size": 80},
+    ],
+)
+def test_the_spec_goes_over_the_wire_and_back(stored):
+    spec = JobSpec(stored)
+    wire = spec.to_wire()
+    assert json.loads(json.dumps(wire)) == wire  # JSON values only
+    assert wire["v"] == SPEC_VERSION
+    back = JobSpec.from_wire(json.loads(json.dumps(wire)))
+    assert back == spec
+    assert back.resolved() == spec.resolved()
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        ({"v": SPEC_VERSION + 1, "options": {}}, r"version 2; this tabloader reads version 1: "),
+        ({"v": "1", "options": {}}, r"version '1'; this tabloader reads version 1"),
+        ({"options": {}}, r"Not a job spec: .*; send JobSpec\.to_wire\(\)'s"),
+        ({"v": 1, "options": {}, "x": 1}, "Not a job spec"),
+        ([1], "Not a job spec"),
+        ({"v": 1, "options": [1]}, "A job spec's options are list, not a dict"),
+        (
+            {"v": 1, "options": {"batchsize": 8}},
+            r"A job spec: Unknown job option 'batchsize'\. Did you mean 'batch_size'",
+        ),
+        ({"v": 1, "options": {"batch_size": "8"}}, "batch_size = '8' is not an integer"),
+        ({"v": 1, "options": {"image_size": [0, 5]}}, "image_size = 0 is out of range"),
+    ],
+)
+def test_a_wire_spec_of_another_form_or_version_is_refused(wire, message):
+    with pytest.raises(OptionError, match=message):
+        JobSpec.from_wire(wire)
+
+
+def test_an_option_added_to_the_table_is_carried_as_it_is(monkeypatch):
+    row = JobOption("momentum", int, 9, "a test option", minimum=0, maximum=99, example=9)
+    monkeypatch.setitem(JOB_OPTIONS, "momentum", row)
+    assert JobSpec().momentum == 9
+    spec = JobSpec.from_options({"momentum": 5}, batch_size=4)
+    assert (spec.momentum, JobSpec.from_wire(spec.to_wire()).momentum) == (5, 5)
+    assert JobSpec.from_options({"momentum": 5}, momentum=6).momentum == 6
+    with pytest.raises(OptionError, match=r"open\(momentum=100\): .* from 0 to 99"):
+        JobSpec.from_options({}, momentum=100)

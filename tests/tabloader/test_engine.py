@@ -14,6 +14,7 @@ from PIL import Image
 
 import catalog
 from catalog import JobNotFoundError, LoaderError, OptionError, RowReadError
+from catalog.options import JOB_OPTIONS, JobOption
 from tabloader.engine import Loader
 from tabloader.prep import decode_image
 
@@ -715,12 +716,39 @@ def test_a_failing_scheduler_surfaces_in_every_consumer(images, monkeypatch):
     assert tabloader_threads() == []
 
 
+def test_an_unknown_option_at_open_is_refused_with_the_closest(images):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        with pytest.raises(
+            OptionError, match=r"open\(batchsize=8\): Unknown job option 'batchsize'\. Did you"
+        ):
+            loader.open("a", batchsize=8)
+        assert loader.stats()["jobs"] == {}
+
+
+def test_an_option_added_to_the_table_flows_from_register_to_the_stream(images, monkeypatch):
+    """One row in JOB_OPTIONS, and no signature on the way changes."""
+    row = JobOption("momentum", int, 9, "a test option", minimum=0, maximum=99, example=9)
+    monkeypatch.setitem(JOB_OPTIONS, "momentum", row)
+    images.sql("REGISTER JOB a SELECT label FROM imgs WITH (momentum = 5, batch_size = 4)")
+    images.sql("REGISTER JOB b SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        with loader.open("a", epochs=1) as stream:
+            assert (stream.spec.momentum, stream.batch_size) == (5, 4)
+        with loader.open("a", momentum=7, epochs=1) as stream:
+            assert stream.spec.values == {"momentum": 7, "batch_size": 4}
+        with loader.open("b", epochs=1) as stream:
+            assert stream.spec.momentum == 9  # the table's default
+        with pytest.raises(OptionError, match=r"open\(momentum=100\): .* from 0 to 99"):
+            loader.open("b", momentum=100)
+
+
 def test_bad_on_error_policy(images):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     with (
         Loader(images, cache_bytes=1 << 20) as loader,
         pytest.raises(
-            LoaderError, match="on_error='ignore' is not a policy; use 'raise' or 'skip'"
+            OptionError, match=r"open\(on_error='ignore'\): .* is not one of 'raise', 'skip'"
         ),
     ):
         loader.open("a", on_error="ignore")

@@ -14,6 +14,7 @@ from pyroaring import BitMap
 
 from catalog import LoaderError
 from tabloader.engine import Loader
+from tabloader.ranks import rank_share
 
 JOIN_S = 60.0  # a hang guard, not a speed check
 
@@ -114,6 +115,17 @@ def test_ranks_get_disjoint_equal_shares_and_a_random_remainder_is_dropped(
         for e in range(epochs)
     ]
     assert len({frozenset(d) for d in dropped}) > 1  # not always the same rows: random
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch_size", "world_size", "share"),
+    [(10, 4, 1, 10), (10, 4, 2, 4), (16, 4, 2, 8), (17, 4, 2, 8), (7, 4, 2, 0), (60, 4, 3, 20)],
+)
+def test_each_rank_gets_full_batches_of_an_equal_share(rows, batch_size, world_size, share):
+    assert rank_share(rows, batch_size, world_size) == share
+    if world_size > 1:  # DistributedSampler(drop_last=True): full batches, < a round dropped
+        assert share % batch_size == 0
+        assert 0 <= rows - share * world_size < batch_size * world_size
 
 
 def test_a_ddp_job_shares_decodes_with_another_job(images):
@@ -264,6 +276,8 @@ def test_open_errors_of_ranks(images):
             loader.open("j", batch_size=4)
         with pytest.raises(LoaderError, match=r"other options.*batch_size=5 \(rank 0's: 4\)"):
             loader.open("j", batch_size=5, rank=1, world_size=2)
+        with pytest.raises(LoaderError, match=r"other options.*on_error='skip' \(rank 0's: 'r"):
+            loader.open("j", batch_size=4, on_error="skip", rank=1, world_size=2)
         state = {"job": "j", "epoch": 0, "remaining": images.job("j").ids.serialize()}
         with pytest.raises(LoaderError, match="Rank 1 of job 'j' was opened with another state"):
             loader.open("j", batch_size=4, rank=1, world_size=2, state=state)

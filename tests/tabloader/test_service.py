@@ -35,6 +35,7 @@ from catalog.errors import (
     OptionError,
     ServiceError,
 )
+from catalog.options import SPEC_VERSION
 from tabloader.prep import decode_image
 from tabloader.service.client import RemoteLoader, service_loader
 from tabloader.service.protocol import (
@@ -691,15 +692,23 @@ def test_garbage_on_the_services_socket_is_logged_and_serving_goes_on(service, c
 def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_dir):
     """Option values no JobDataset would send (a list for epochs...): the engine shares one
     scheduler per dataset, so one that got through would stop every job of the dataset."""
+
+    def spec(**options):
+        return {"spec": {"v": SPEC_VERSION, "options": options}}
+
     for bad, error, message in (
         ({"epochs": [1]}, LoaderError, r"epochs \[1\] is not a whole number"),
-        ({"batch_size": "x"}, OptionError, "batch_size = 'x' is not an integer"),
+        (spec(batch_size="x"), OptionError, "batch_size = 'x' is not an integer"),
         ({"prefetch": {"n": 1}}, LoaderError, "prefetch {'n': 1} is not a whole number"),
-        ({"image_size": 100000}, OptionError, r"image_size = 100000 is out of range"),
-        ({"batch_size": 65536, "image_size": 512}, OptionError, "over the 4 GiB limit"),
+        (spec(image_size=100000), OptionError, r"image_size = 100000 is out of range"),
+        (spec(batch_size=65536, image_size=512), OptionError, "over the 4 GiB limit"),
+        (spec(batchsize=4), OptionError, r"Unknown job option 'batchsize'\. Did you mean"),
+        ({"spec": {"v": 0, "options": {}}}, OptionError, "A job spec of version 0"),
+        ({"spec": [4]}, OptionError, "Not a job spec"),
+        ({"batch_size": 4}, ServiceError, r"Unknown open argument\(s\) batch_size: .* spec="),
         # within REGISTER's bounds, but more than this service's cache (16 MiB) holds
-        ({"batch_size": 64, "image_size": 256}, LoaderError, r"12\.0 MiB of decoded images"),
-        ({"image_size": 128, "prefetch": 9}, LoaderError, r"11 of them .* cache of 16\.0 MiB"),
+        (spec(batch_size=64, image_size=256), LoaderError, r"12\.0 MiB of decoded images"),
+        (spec(image_size=128) | {"prefetch": 9}, LoaderError, r"11 of them .* cache of 16"),
     ):
         conn = Client(cat_dir)
         try:
@@ -708,8 +717,13 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
         finally:
             conn.close()
     remote = RemoteLoader(cat_dir, start=False)
+    with pytest.raises(OptionError, match=r"open\(batchsize=4\): .*Did you mean 'batch_size'"):
+        remote.open("a", batchsize=4)  # refused by the client
     with remote.open("a", batch_size=4, epochs=1) as stream:
         assert sorted(i for b in stream for i in b["_id"].tolist()) == rows_of(remote, "label < 3")
+        assert stream.spec.values == {"image_size": 16, "batch_size": 4}  # REGISTER's + open's
+    with remote.open("a", batch_size=2, image_size=(8, 6), epochs=1) as stream:
+        assert next(iter(stream))["image"].shape == (2, 8, 6, 3)  # a pair over the wire
     remote.close()
     assert "failed" not in (runtime_dir(cat_dir) / "service.log").read_text()
 

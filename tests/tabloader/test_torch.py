@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import catalog
-from catalog import LoaderError
+from catalog import LoaderError, OptionError
 from tabloader.engine import Loader
 from tabloader.torch import JobDataset
 
@@ -46,6 +46,17 @@ def test_batches_are_dicts_of_tensors_one_epoch_per_iteration(loader):
     second = epoch_ids(data)
     assert sorted(second) == rows
     assert second != [i for b in batches for i in b["_id"].tolist()]  # a new permutation
+    data.close()
+
+
+def test_job_options_pass_through_and_unknown_ones_are_refused(loader):
+    with pytest.raises(OptionError, match=r"open\(imagesize=8\): .*Did you mean 'image_size'"):
+        JobDataset("j", loader=loader, imagesize=8)  # refused at once, not at the first batch
+    data = JobDataset("j", loader=loader, batch_size=4, image_size=(8, 6), on_error="skip")
+    first = next(iter(DataLoader(data, batch_size=None)))
+    assert first["image"].shape == (4, 8, 6, 3)
+    expected = {"batch_size": 4, "image_size": (8, 6), "seed": 3, "on_error": "skip"}
+    assert data.spec.values == expected  # REGISTER's seed, the rest given here
     data.close()
 
 

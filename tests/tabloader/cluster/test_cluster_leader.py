@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from pyroaring import BitMap
 
-from catalog.errors import SamplingError
+from catalog.errors import OptionError, SamplingError
+from catalog.options import JobSpec
 from tabloader.cluster.leader import Leader
 
 # name -> (ids, node of each rank, batch size, dataset)
@@ -16,6 +17,11 @@ JOBS = {
     "c": (range(0, 500), ["n0", "n0", "n1"], 8, "imgs@1"),
     "t": (range(0, 400), ["n1"], 10, "text@1"),
 }
+
+
+def spec(batch_size):
+    """The wire form of a job spec of ``batch_size`` rows per batch (what a node sends)."""
+    return JobSpec({"batch_size": batch_size}).to_wire()
 
 
 def make_leader(**kw):
@@ -173,23 +179,31 @@ def test_errors():
 def test_job_starts_when_every_rank_joined():
     leader = Leader(seed=0, lookahead=40, round_rows=20)
     ids = BitMap(range(40))
-    assert not leader.join("a", rank=1, world_size=2, node="n1", batch_size=5, ids=ids)
+    assert not leader.join("a", rank=1, world_size=2, node="n1", spec=spec(5), ids=ids)
     assert leader.jobs() == []
     assert leader.status()["pending"] == {"a": 1}
     assert leader.poll("n1") == ([], {})  # no rows before every rank joined
-    assert leader.join("a", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+    assert leader.join("a", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
     assert leader._jobs["a"].nodes == ("n0", "n1")
     lists, gone = leader.poll("n1", stats={"decodes": 3})
     assert gone == {}
     assert {a.rank for w in lists for a in w.items} == {1}
     assert leader.status()["nodes"] == {"n1": {"decodes": 3}}
     with pytest.raises(SamplingError, match="runs on the cluster already"):
-        leader.join("a", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
-    leader.join("b", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+        leader.join("a", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
+    leader.join("b", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
     with pytest.raises(SamplingError, match="the same way"):
-        leader.join("b", rank=1, world_size=3, node="n0", batch_size=5, ids=ids)
+        leader.join("b", rank=1, world_size=3, node="n0", spec=spec(5), ids=ids)
     with pytest.raises(SamplingError, match="joined already or is out of range"):
-        leader.join("b", rank=0, world_size=2, node="n0", batch_size=5, ids=ids)
+        leader.join("b", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
+    other = JobSpec({"batch_size": 5, "on_error": "skip"}).to_wire()
+    with pytest.raises(
+        SamplingError, match=r"Rank 1 of job 'b' joined with on_error='skip' \(others: 'raise'\)"
+    ):
+        leader.join("b", rank=1, world_size=2, node="n1", spec=other, ids=ids)
+    with pytest.raises(OptionError, match="A job spec of version 0; this tabloader reads"):
+        leader.join("b", rank=1, world_size=2, node="n1", spec={**spec(5), "v": 0}, ids=ids)
+    assert leader.join("b", rank=1, world_size=2, node="n1", spec=spec(5), ids=ids)
 
 
 def test_failed_rank_takes_its_job_off_and_is_listed_gone():
@@ -200,7 +214,7 @@ def test_failed_rank_takes_its_job_off_and_is_listed_gone():
     assert gone == {"a": "rank 1 died"}
     assert all(a.job != "a" for w in lists for a in w.items)
     # a job that joins again under that name is no longer gone
-    leader.join("a", rank=0, world_size=1, node="n0", batch_size=4, ids=BitMap(range(8)))
+    leader.join("a", rank=0, world_size=1, node="n0", spec=spec(4), ids=BitMap(range(8)))
     assert leader.poll("n0")[1] == {}
 
 
@@ -245,7 +259,7 @@ def test_acked_counts_per_rank_survive_a_restore():
 def test_no_rows_sampled_past_a_jobs_last_epoch():
     leader = Leader(seed=0, lookahead=1000, round_rows=16)
     ids = BitMap(range(40))
-    leader.join("a", rank=0, world_size=1, node="n0", batch_size=4, ids=ids, epochs=2)
+    leader.join("a", rank=0, world_size=1, node="n0", spec=spec(4), ids=ids, epochs=2)
     lists, _ = leader.poll("n0")
     epochs = [a.epoch for w in lists for a in w.items]
     assert sorted(set(epochs)) == [0, 1]

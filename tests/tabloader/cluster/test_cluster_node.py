@@ -11,9 +11,15 @@ from pyroaring import BitMap
 
 import catalog
 from catalog.errors import CatalogLockedError, LoaderError, ServiceError
+from catalog.options import JobSpec
 from tabloader.cluster import node
 from tabloader.cluster.leader import Leader
 from tabloader.engine import Loader
+
+
+def spec(batch_size):
+    """The wire form of a job spec of ``batch_size`` rows per batch (what a node sends)."""
+    return JobSpec({"batch_size": batch_size}).to_wire()
 
 
 @pytest.fixture
@@ -36,7 +42,7 @@ def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
     in batches (the last short with one rank), and nothing past ``epochs``."""
     stream, job = fed(loader, epochs=2)
     leader = Leader(seed=1, lookahead=1000, round_rows=7)
-    leader.join("j", rank=0, world_size=1, node="n", batch_size=4, ids=job.ids, epochs=3)
+    leader.join("j", rank=0, world_size=1, node="n", spec=spec(4), ids=job.ids, epochs=3)
     lists, _ = leader.poll("n")
     sent: dict[int, list[int]] = {}
     for w in lists:
@@ -140,7 +146,7 @@ def test_no_ray_no_cluster(tmp_path):
 def test_leader_lookahead_is_bounded_for_every_node():
     leader = Leader(seed=0, lookahead=20, round_rows=5)
     ids = BitMap(range(100))
-    leader.join("j", rank=0, world_size=1, node="n", batch_size=5, ids=ids)
+    leader.join("j", rank=0, world_size=1, node="n", spec=spec(5), ids=ids)
     lists, _ = leader.poll("n")
     assert sum(w.num_rows for w in lists) == 20  # no more until the node acknowledges
     leader.ack("n", lists[-1].seq)
