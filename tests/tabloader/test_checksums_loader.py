@@ -52,7 +52,7 @@ def test_damaged_rows_raise_or_are_skipped_and_counted(damaged, decode):
     cat, rows, path = damaged
     n = cat.job("j").num_rows
     with Loader(cat, cache_bytes=16 << 20, workers=2, decode=decode) as loader:
-        assert (loader._procs is not None) == (decode == "processes")
+        assert (loader.decode_pool is not None) == (decode == "processes")
         strict = loader.open("j", batch_size=n, epochs=1)
         with pytest.raises(StorageError) as info:
             strict.next_batch()
