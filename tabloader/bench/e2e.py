@@ -84,12 +84,12 @@ import numpy as np
 
 from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._cachesim import belady_pinned
 from tabloader.bench._e2e_children import run_child
 from tabloader.bench._procs import ServiceProcess, run_jobs
+from tabloader.bench.cachesim import belady_pinned
 from tabloader.bench.stalls import dataset_seconds, stall_row
 
-__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run"]
+__all__ = ["add_arguments", "bench_cache_bytes", "check_targets", "prepare", "run"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 TARGETS = {
@@ -441,7 +441,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             stalls.append({"scenario": scenario, "competitor": c, **stall_row(r)})
     overhead = _overhead(args, root, n)
-    targets = _targets(runs, overhead, cache_bytes)
+    targets = check_targets(runs, overhead, cache_bytes)
     print(
         f"{n} images, batch {args.batch_size}, image_size {args.image_size}, step {args.step}s,"
         f" {args.workers} workers, cache: {shared_rows} shared rows ({args.cache:.0%} of the"
@@ -506,9 +506,11 @@ def _belady(access_log: Path, capacity_rows: int) -> dict[str, int]:
     }
 
 
-def _targets(
+def check_targets(
     runs: dict[str, Any], overhead: dict[str, Any], cache_bytes: int
 ) -> list[dict[str, Any]]:
+    """The benchmark's targets checked against its ``runs`` and the service's ``overhead``:
+    one row each (``scenario``, ``target``, ``value``, ``limit``, ``result`` PASS or FAIL)."""
     out: list[dict[str, Any]] = []
 
     def check(scenario: str, what: str, value: float, limit: float, at_least: bool = False) -> None:

@@ -153,7 +153,7 @@ def test_e2e_late_is_checked_against_belady():
     }
     runs = {"late": {"union": 100, "results": {"service": service}, "fastest_alone_rows_per_s": 0}}
     overhead = {"p50_us": 1.0, "p99_us": 2.0}
-    targets = {t["target"]: t for t in e2e._targets(runs, overhead, 1 << 20)}
+    targets = {t["target"]: t for t in e2e.check_targets(runs, overhead, 1 << 20)}
     assert targets["service decodes / union"]["result"] == "FAIL"
     bound = targets["Belady's MIN / union (40-row arena, service's requests and pins)"]
     assert bound["value"] == 1.1
@@ -161,7 +161,7 @@ def test_e2e_late_is_checked_against_belady():
     assert check["value"] == pytest.approx(120 / 110)
     assert check["result"] == "FAIL"
     service["decodes"] = 112
-    targets = {t["target"]: t for t in e2e._targets(runs, overhead, 1 << 20)}
+    targets = {t["target"]: t for t in e2e.check_targets(runs, overhead, 1 << 20)}
     assert targets["service decodes / Belady's MIN"]["result"] == "PASS"
 
 
@@ -257,7 +257,7 @@ def test_train_falls_back_to_the_small_cnn_when_torchvision_does_not_match(
     import torch
 
     monkeypatch.setattr(torch.nn.Module, "to", lambda self, device: self)  # no GPU here
-    model, name = train._model("auto", _Cuda())
+    model, name = train.build_model("auto", _Cuda())
     assert name == "tiny-cnn"
     assert isinstance(model, torch.nn.Sequential)
     assert "torchvision cannot be used with torch" in capsys.readouterr().err
@@ -265,7 +265,7 @@ def test_train_falls_back_to_the_small_cnn_when_torchvision_does_not_match(
 
 def test_train_resnet18_names_a_torchvision_that_does_not_match(broken_torchvision):
     with pytest.raises(SystemExit, match="resnet18: torchvision cannot be used with torch .*nms"):
-        train._model("resnet18", _Cuda())
+        train.build_model("resnet18", _Cuda())
 
 
 def test_train_resnet18_runs_on_the_cpu_when_asked(monkeypatch):
@@ -279,6 +279,6 @@ def test_train_resnet18_runs_on_the_cpu_when_asked(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
     monkeypatch.setitem(sys.modules, "torchvision.models", models)
     cpu = torch.device("cpu")
-    model, name = train._model("resnet18", cpu)
+    model, name = train.build_model("resnet18", cpu)
     assert (name, model.out_features) == ("resnet18", 10)
-    assert train._model("auto", cpu)[1] == "tiny-cnn"
+    assert train.build_model("auto", cpu)[1] == "tiny-cnn"

@@ -857,7 +857,7 @@ def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
 
 def test_access_log_records_every_look_up_and_its_release(images, tmp_path):
     from tabloader.accounting import AccessLog
-    from tabloader.bench._cachesim import belady_pinned
+    from tabloader.bench.cachesim import belady_pinned
 
     images.sql("REGISTER JOB x SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB y SELECT image FROM imgs WHERE label < 2 WITH (image_size = 16)")

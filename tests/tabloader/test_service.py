@@ -263,7 +263,7 @@ RANK_SCRIPT = textwrap.dedent(
     from tabloader.torch import JobDataset
     ds = JobDataset("a", catalog=sys.argv[1], batch_size=4)  # RANK, WORLD_SIZE: environment
     ids = [i for batch in ds for i in batch["_id"].tolist()]
-    print(json.dumps({"ids": ids, "rank": ds._open().rank, "pid": ds.loader.service_pid}))
+    print(json.dumps({"ids": ids, "rank": ds.stats()["rank"], "pid": ds.loader.service_pid}))
     """
 )
 

@@ -28,7 +28,7 @@ def fed(loader, *, rank=0, world_size=1, epochs=None, batch_size=4):
     stream = loader.open(
         "j", fed=True, rank=rank, world_size=world_size, batch_size=batch_size, epochs=epochs
     )
-    return stream, stream._job
+    return stream, stream.rank_state.job
 
 
 def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
@@ -114,10 +114,11 @@ def test_a_rank_on_a_node_without_loader_is_told_how_to_start_one(tmp_path, monk
     from tabloader.service import client
 
     monkeypatch.setattr(client, "START_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(client, "find_service", lambda root: "0123456789abcdef0123")
     with pytest.raises(
         ServiceError, match=r"No tabloader loader runs on this Ray node .*serve --ray"
     ):
-        client._node_client(tmp_path, "0123456789abcdef0123")
+        client.RemoteLoader(tmp_path)
 
 
 def test_no_ray_no_cluster(tmp_path):
