@@ -19,9 +19,14 @@ TIMEOUT = 120  # seconds for any answer of the cluster: a hang fails the test
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 
-@pytest.fixture
-def two_nodes(monkeypatch, tmp_path):
-    """A simulated 2-node Ray cluster on loopback, one CPU and one custom resource per node."""
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A simulated 2-node Ray cluster on loopback, one CPU and one custom resource per node.
+
+    One for the module (starting one costs 8-11 s on 2 cores): each test serves its own
+    catalog (its own named leader and loaders) and stops what it started; a test that adds a
+    node removes it.
+    """
     from ray._private import ray_constants
 
     assert not ray_constants.ENABLE_RAY_CLUSTER, "ray was imported before this module"
