@@ -735,11 +735,10 @@ def test_the_scheduler_of_a_dataset_no_job_opened_is_a_clear_error(images):
 
 
 @pytest.mark.parametrize("make", ["default_loader", "Loader"])
-def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder, make):
+def test_exit_with_an_open_stream_is_quiet(tmp_path, image_cat_dir, make):
     """Open loaders close at exit before the thread pools refuse work: a scheduler in the
     middle of a round used to log "cannot schedule new futures after interpreter shutdown"."""
-    with catalog.connect(tmp_path / "cat") as cat:
-        cat.import_imagefolder("imgs", image_folder)
+    with catalog.connect(image_cat_dir) as cat:
         cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
     script = textwrap.dedent(f"""
         import time
