@@ -53,10 +53,9 @@ TIMEOUT = 60
 
 
 @pytest.fixture
-def cat_dir(tmp_path, image_folder):
-    root = tmp_path / "cat"
+def cat_dir(image_cat_dir):
+    root = image_cat_dir
     with catalog.connect(root) as cat:
-        cat.import_imagefolder("imgs", image_folder)
         cat.sql(
             "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
         )
@@ -994,10 +993,13 @@ def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp
     assert sorted(row[kind == 0].tolist()) == expected
 
 
-def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys):
+def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys, monkeypatch):
     """SIGSTOP: the service holds the catalog but answers nobody. ``status`` and ``sql`` say
     so with its pid, instead of "no service" or "locked, see status"."""
     from tabloader.cli import main
+    from tabloader.service import protocol
+
+    monkeypatch.setattr(protocol, "CONNECT_TIMEOUT_S", 1.0)  # three commands wait for it
 
     proc = start_service(cat_dir)
     try:
