@@ -17,7 +17,6 @@ have fixed bounds (``catalog.sql.dialect``).
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,48 +26,22 @@ from typing import Any
 from sqlglot import exp
 from sqlglot.optimizer.simplify import simplify
 
-from catalog.errors import CatalogError, StatementError
+from catalog.errors import StatementError
+from catalog.settings import format_bytes, physical_memory, setting
 
 __all__ = [
     "MEMORY_ENV",
     "TIMEOUT_ENV",
     "Limits",
     "check_sizes",
-    "format_bytes",
-    "parse_bytes",
 ]
 
 MEMORY_ENV = "TABLOADER_MEMORY_LIMIT"
 TIMEOUT_ENV = "TABLOADER_STATEMENT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
-    """Bytes from an int or a string such as ``'512MB'`` or ``'2 GiB'``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-    if m is None or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
-        raise CatalogError(
-            f"{what} {value!r} is not a size; give bytes or a number with a unit, e.g. '2GB'."
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes for a message: ``'4.0 GiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
 
 
 def _default_memory() -> int:
-    from catalog.settings import physical_memory
-
     return min(4 << 30, physical_memory() // 2)
 
 
@@ -90,8 +63,6 @@ class Limits:
     ) -> Limits:
         """The limits from the arguments, else the environment, else the defaults (checked
         by ``catalog.settings``)."""
-        from catalog.settings import setting
-
         memory = setting("memory_limit", memory_limit)
         seconds = setting("statement_timeout", statement_timeout)
         return cls(_default_memory() if memory is None else memory, seconds)

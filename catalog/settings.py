@@ -12,23 +12,48 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from catalog.errors import CatalogError, TabloaderError
-from catalog.limits import format_bytes, parse_bytes
 
 __all__ = [
     "SETTINGS",
     "Setting",
     "check_counts",
+    "format_bytes",
+    "parse_bytes",
     "physical_memory",
     "setting",
     "shared_memory",
 ]
 
 _SHM = "/dev/shm"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
+    """Bytes from an int or a string such as ``'512MB'`` or ``'2 GiB'``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    if m is None or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
+        raise CatalogError(
+            f"{what} {value!r} is not a size; give bytes or a number with a unit, e.g. '2GB'."
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for a message: ``'4.0 GiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
 
 
 def physical_memory() -> int:

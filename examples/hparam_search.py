@@ -110,7 +110,7 @@ def main() -> None:
 
     decoded = args.image_size * args.image_size * 3
     # room for every image (and its label), so later epochs are served from the cache
-    loader = Loader(cat, cache_bytes=args.images * (decoded + 256), workers=2)
+    loader = Loader(cat.catalog, cache_bytes=args.images * (decoded + 256), workers=2)
     served: dict[str, dict] = {}
     start = time.perf_counter()
     threads = [

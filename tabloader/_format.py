@@ -1,4 +1,4 @@
-"""Plain-text tables for the CLI and the benchmarks."""
+"""Plain text for the CLI, the service and the benchmarks: tables, statement results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 import textwrap
 from typing import Any
 
-__all__ = ["format_table", "printable"]
+__all__ = ["describe_result", "format_table", "printable"]
 
 # C0 and C1 control characters but the newline and the tab: a name or value holding a terminal
 # escape ("\x1b[31m") must not drive the terminal it is printed on.
@@ -47,3 +47,24 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
             parts = (cell[k] if k < len(cell) else "" for cell in row)
             lines.append("  ".join(p.ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
+
+def describe_result(result: Any) -> str:
+    """A statement's result as text: a table, a dataset or job summary, or OK."""
+    import pyarrow as pa
+
+    from catalog import Dataset, Job
+
+    if isinstance(result, pa.Table):
+        return format_table(result.to_pylist(), result.column_names)
+    if isinstance(result, Dataset):
+        return (
+            f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
+            f"columns {', '.join(result.columns)}"
+        )
+    if isinstance(result, Job):
+        return (
+            f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
+            f"{result.num_rows:,} rows, columns {', '.join(result.columns)}"
+        )
+    return "OK" if result is None else str(result)

@@ -25,6 +25,13 @@ def _open_catalog(args: argparse.Namespace, *, create: bool = False) -> Any:
     return catalog.connect(args.catalog, create=create)
 
 
+def _connect(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """``tabloader.connect`` of ``--catalog``: through its service while one runs."""
+    from tabloader.service.connection import connect
+
+    return connect(args.catalog, create=create)
+
+
 def _print(text: Any, **kwargs: Any) -> None:
     """``print`` for every line the CLI writes: control characters of names and values (a
     terminal escape in a dataset name, a SELECTed string) are shown, not sent to the terminal.
@@ -34,30 +41,10 @@ def _print(text: Any, **kwargs: Any) -> None:
     print(printable(text), **kwargs)
 
 
-def describe_result(result: Any) -> str:
-    """A statement's result as text: a table, a dataset or job summary, or OK."""
-    import pyarrow as pa
-
-    from catalog import Dataset, Job
-    from tabloader._format import format_table
-
-    if isinstance(result, pa.Table):
-        return format_table(result.to_pylist(), result.column_names)
-    if isinstance(result, Dataset):
-        return (
-            f"Dataset {result.name} version {result.version}: {result.num_rows:,} rows, "
-            f"columns {', '.join(result.columns)}"
-        )
-    if isinstance(result, Job):
-        return (
-            f"Job {result.name} on {result.dataset} (version {result.dataset_version}): "
-            f"{result.num_rows:,} rows, columns {', '.join(result.columns)}"
-        )
-    return "OK" if result is None else str(result)
-
-
 def print_result(result: Any) -> None:
-    """Print a statement's result (see ``describe_result``)."""
+    """Print a statement's result (see ``tabloader._format.describe_result``)."""
+    from tabloader._format import describe_result
+
     _print(describe_result(result))
 
 
@@ -140,15 +127,7 @@ def _run_sql(args: argparse.Namespace) -> int:
 
     text = sys.stdin.read() if args.statement == "-" else args.statement
     statements = split_statements(text) if args.statement == "-" else [text]
-    remote = _service(args)
-    if remote is not None:  # a service owns the catalog: through it
-        try:
-            for statement in statements:
-                print_result(remote.sql(statement))
-        finally:
-            remote.close()
-        return 0
-    with _open_catalog(args) as cat:
+    with _connect(args) as cat:  # through the service while one runs
         for statement in statements:
             print_result(cat.sql(statement))
     return 0
@@ -174,24 +153,21 @@ def _register_import(sub: Any) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    from catalog.importers import detect_format, open_source
+    from catalog.importers import detect_format
 
     fmt = args.format or detect_format(args.path)
     options = {"split": args.split} if fmt == "hf" else {}
-    if args.follow_links:
-        options["follow_links"] = True
-    remote = _service(args)
-    if remote is not None:  # a service owns the catalog: through it
-        try:
-            print_result(
-                remote.import_path(args.name, args.path, format=fmt, append=args.append, **options)
-            )
-        finally:
-            remote.close()
-        return 0
-    with _open_catalog(args, create=True) as cat:
+    with _connect(args, create=True) as cat:  # through the service while one runs
+        method = {
+            "arrow": cat.import_ipc,
+            "hf": cat.import_hf,
+            "imagefolder": cat.import_imagefolder,
+            "parquet": cat.import_parquet,
+        }[fmt]
         print_result(
-            cat.import_source(args.name, open_source(fmt, args.path, **options), append=args.append)
+            method(
+                args.name, args.path, append=args.append, follow_links=args.follow_links, **options
+            )
         )
     return 0
 
@@ -206,18 +182,7 @@ def _register_verify(sub: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from catalog.errors import CatalogLockedError
-
-    remote = _service(args)
-    if remote is not None:  # it holds the catalog, and cannot verify it for us
-        pid = remote.service_pid
-        remote.close()
-        raise CatalogLockedError(
-            f"tabloader verify reads catalog {_root(args)} itself, and its loader service (pid "
-            f"{pid}) holds it: stop the service (`kill {pid}`; one started by a job also ends "
-            "30 s after its last client leaves), then run verify again."
-        )
-    with _open_catalog(args) as cat:
+    with _connect(args) as cat:  # a service holding the catalog: an error naming the fix
         report = cat.verify(args.dataset)
     _print(report)
     return 0 if report.ok else 1
@@ -226,10 +191,16 @@ def _run_verify(args: argparse.Namespace) -> int:
 # -- status ------------------------------------------------------------------------------------
 def _register_status(sub: Any) -> None:
     p = sub.add_parser(
-        "status", help="the catalog's loader service: open jobs, reads, decodes, cache, stalls"
+        "status",
+        help="who serves the catalog (its loader service, a Ray cluster, or nothing): open "
+        "jobs, reads, decodes, cache, stalls",
     )
     p.add_argument("--json", action="store_true", help="the counters as one JSON object")
-    _ray_argument(p, "the catalog's loaders on the Ray cluster at ADDRESS (default: auto)")
+    _ray_argument(
+        p,
+        "the catalog's loaders on the Ray cluster at ADDRESS (default: auto); without it, the "
+        "cluster recorded under the catalog by tabloader serve --ray",
+    )
 
 
 def _ray_argument(p: Any, text: str) -> None:
@@ -240,13 +211,10 @@ def _run_status(args: argparse.Namespace) -> int:
     import json
 
     from catalog.directory import DB_FILE, not_a_catalog
-    from tabloader._format import format_table
 
     root = _root(args)
     if not (root / DB_FILE).exists():
         raise not_a_catalog(root)
-    if args.ray is not None:
-        return _cluster_status(root, args)
     remote = _service(args)
     stats, pid = None, None
     if remote is not None:
@@ -254,18 +222,44 @@ def _run_status(args: argparse.Namespace) -> int:
             stats, pid = remote.stats(), remote.service_pid
         finally:
             remote.close()
-    report = status_report(root, pid, stats)
+    report = {**status_report(root, pid, stats), "ray": _ray_report(root, args.ray)}
     if args.json:
         _print(json.dumps(report))
         return 0
-    if stats is None:
+    if stats is not None:
+        _print_service(report)
+    if report["ray"] is not None:
+        _print_cluster(root, report["ray"])
+    if stats is None and report["ray"] is None:
         _print(
-            f"No loader service runs for catalog {root}: the first JobDataset starts one, "
-            "or run tabloader serve."
+            f"No loader service runs for catalog {root}, and no Ray cluster serves it: the "
+            "first JobDataset starts a service, or run tabloader serve (--ray: on a cluster)."
         )
-        return 0
+    return 0
+
+
+def _ray_report(root: Path, address: str | None) -> dict[str, Any] | None:
+    """The Ray cluster that serves the catalog: at ``address`` (``--ray``; an error if no
+    leader serves it there), else the one recorded under the catalog, if any (``address``,
+    the serving ``pid``, and the leader's status, or its ``error``)."""
+    from tabloader.cluster.actor import cluster_status, recorded_leader
+
+    if address is not None:
+        return {"address": address, "pid": None, **cluster_status(root, address)}
+    record = recorded_leader(root)
+    if record is None:
+        return None
+    try:
+        return {**record, **cluster_status(root, record["address"])}
+    except Exception as exc:  # a cluster that went away under its recording process
+        return {**record, "error": str(exc).strip().splitlines()[0]}
+
+
+def _print_service(report: dict[str, Any]) -> None:
+    from tabloader._format import format_table
+
     cache, clients = report["cache"], report["clients"]
-    _print(f"Loader service pid {pid} for catalog {root}")
+    _print(f"Loader service pid {report['service_pid']} for catalog {report['catalog']}")
     _print(
         f"clients: {len(clients)}" + (f" ({'; '.join(map(_client, clients))})" if clients else "")
     )
@@ -286,7 +280,6 @@ def _run_status(args: argparse.Namespace) -> int:
     _print(
         format_table([{k: j.get(k) for k in keys} for j in jobs], keys) if jobs else "no open jobs"
     )
-    return 0
 
 
 def _client(client: dict[str, Any]) -> str:
@@ -320,20 +313,21 @@ def status_report(root: Path, pid: int | None, stats: dict[str, Any] | None) -> 
     }
 
 
-def _cluster_status(root: Path, args: argparse.Namespace) -> int:
-    import json
-
+def _print_cluster(root: Path, status: dict[str, Any]) -> None:
     from tabloader._format import format_table
-    from tabloader.cluster.actor import cluster_status
 
-    status = cluster_status(root, args.ray)
-    if args.json:
-        _print(json.dumps({"catalog": str(root), **status}))
-        return 0
+    by = f" (served by pid {status['pid']})" if status["pid"] is not None else ""
+    if "error" in status:
+        _print(
+            f"A Ray cluster at {status['address']}{by} is recorded as serving catalog {root}, "
+            f"but does not answer: {status['error']}"
+        )
+        return
     nodes = status["nodes"]
     _print(
-        f"Ray cluster loaders for catalog {root}: {len(nodes)} node(s), leader generation "
-        f"{status['generation']}; reads {status['reads']:,}, decodes {status['decodes']:,}"
+        f"Ray cluster at {status['address']}{by} serves catalog {root}: {len(nodes)} node(s), "
+        f"leader generation {status['generation']}; reads {status['reads']:,}, decodes "
+        f"{status['decodes']:,}"
     )
     rows = [
         {
@@ -352,10 +346,9 @@ def _cluster_status(root: Path, args: argparse.Namespace) -> int:
         {"job": j["job"], "epoch": j["epoch"], "ranks": len(j["ranks"]), "left": len(j["left"])}
         for j in status["jobs"]
     ]
-    _print(format_table(jobs, ["job", "epoch", "ranks", "left"]) if jobs else "no jobs")
+    _print(format_table(jobs, ["job", "epoch", "ranks", "left"]) if jobs else "no cluster jobs")
     for name, why in status["gone"].items():
         _print(f"job {name} left the cluster: {why}")
-    return 0
 
 
 # -- serve -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tabloader.arena import Arena
 from tabloader.batchmem import BatchMemory
 
 if TYPE_CHECKING:
-    from tabloader.fetch import Work
+    from tabloader.work import Work
 
 __all__ = ["collate", "hand_over"]
 

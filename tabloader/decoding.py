@@ -4,7 +4,7 @@ Threads decode and resize with the GIL released, but the Python between those ca
 the stored bytes, bookkeeping, the arena) holds it: on 16 cores the threads of one process
 top out near 8 busy workers (measured: 1,648 rows/s with 8, 1,052 with 16). Decode processes
 have a GIL each. The loader's arena lives in a shared-memory segment
-(:mod:`tabloader.service.shm`); a fixed-shape space's slots are reserved in the loader process,
+(:mod:`tabloader.shm`); a fixed-shape space's slots are reserved in the loader process,
 and a worker reads the rows' bytes from the dataset's files itself (no payload is pickled),
 decodes and resizes them with the same :class:`~tabloader.prep.Decoder` (the same pixels as a
 thread would produce) and writes each value straight into its slot. Only row ids, offsets,
@@ -24,6 +24,7 @@ import multiprocessing.spawn
 import multiprocessing.util
 import os
 import pickle
+import queue
 import select
 import shutil
 import signal
@@ -34,20 +35,26 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from catalog.errors import LoaderError, StorageError
+from catalog.errors import LoaderError, RowReadError, StorageError
 from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
-from tabloader.service.shm import Segment, process_alive
+from tabloader.shm import Segment, process_alive
 
 __all__ = ["DecodePool", "PipeSemaphore", "decode_rows"]
 
 Errors = dict[int, BaseException]
+Result = tuple[Errors, dict[str, float]]
+
+#: A row whose decode alone killed this many decode processes is bad data (``RowReadError``).
+KILLS_PER_ROW = 2
 
 logger = logging.getLogger(__name__)
 
@@ -138,15 +145,26 @@ class DecodePool:
     use, or ahead of it with :meth:`start`. The first start in a process takes 1.5 s here, 1 s
     of it importing torch (later loaders of the process reuse the forkserver: 0.05 s), which
     a loader's first batch would otherwise wait for.
+
+    A process that dies (killed, crashed) is a fault, not bad data: it breaks the executor and
+    every task in flight with it; the executor is replaced and each of those tasks runs again
+    (its slots stay reserved, so every batch waiting for its rows still gets them). A task
+    caught in a second death has its rows decoded one at a time in a process of their own (the
+    quarantine), where a death names its row: a row whose decode alone killed
+    ``KILLS_PER_ROW`` processes fails as bad data (``RowReadError``), so it cannot loop forever.
     """
 
     def __init__(self, segment: Segment, processes: int) -> None:
         self._segment, self.processes = segment, processes
         self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()  # creating the pool (``start``'s thread and submits)
+        self._quarantine: ProcessPoolExecutor | None = None  # one process, one row at a time
+        self._lock = threading.Lock()  # creating the pools (``start``'s thread and submits)
         self._closed = False
         self._starting: threading.Thread | None = None
         self._specs: dict[int, tuple[DatasetReader, int, bytes]] = {}  # id(reader) -> ...
+        self._retries: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._retrier: threading.Thread | None = None
+        self._kills: dict[tuple[int, str, int], int] = {}  # (reader, column, row) -> deaths
 
     @property
     def status(self) -> str:
@@ -163,12 +181,6 @@ class DecodePool:
             return "starting"
         return "idle" if pool is None else "running"
 
-    def pids(self) -> list[int]:
-        """The process ids of the decode processes started now (none while idle or closed)."""
-        with self._lock:
-            pool = self._pool
-        return [] if pool is None else list(pool._processes or ())
-
     def start(self) -> None:
         """Start every process now, in a background thread (``submit`` need not wait)."""
         self._starting = threading.Thread(
@@ -180,6 +192,12 @@ class DecodePool:
         """Return once ``start``'s background start is done (or ``timeout`` seconds)."""
         if self._starting is not None:
             self._starting.join(timeout)
+
+    def pids(self) -> list[int]:
+        """The process ids of the decode processes now (none before their first use)."""
+        with self._lock:
+            pools = [p for p in (self._pool, self._quarantine) if p is not None and not p._broken]
+            return sorted(pid for pool in pools for pid in list(pool._processes or ()))
 
     def _start_all(self) -> None:
         try:
@@ -200,23 +218,28 @@ class DecodePool:
             # submit starts them (and reports what fails)
             logger.debug("decode processes not started ahead: %r", exc)
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _executor(self, quarantine: bool = False) -> ProcessPoolExecutor:
         with self._lock:
             if self._closed:
-                raise LoaderError("The decode processes are stopped; create a new Loader.")
-            if self._pool is None or self._pool._broken:  # a process died (killed, crashed)
+                raise LoaderError(_STOPPED)
+            pool = self._quarantine if quarantine else self._pool
+            if pool is None or pool._broken:  # a process died (killed, crashed)
                 ctx = _DecodeContext()
                 ctx.set_forkserver_preload([__name__, "torch"])  # torch: the resize
                 # (the pool's temporary folder holds the forkserver's socket)
                 tempdir = multiprocessing.util.get_temp_dir()
                 args: tuple[Any, ...] = (_Inherited(self._segment.fd), self._segment.size)
-                self._pool = ProcessPoolExecutor(
-                    self.processes,
+                pool = ProcessPoolExecutor(
+                    1 if quarantine else self.processes,
                     mp_context=ctx,
                     initializer=_attach,
                     initargs=(*args, os.getpid(), tempdir),
                 )
-            return self._pool
+                if quarantine:
+                    self._quarantine = pool
+                else:
+                    self._pool = pool
+            return pool
 
     def submit(
         self,
@@ -224,27 +247,116 @@ class DecodePool:
         dec: Decoder,
         rows: npt.NDArray[np.int64],
         offsets: npt.NDArray[np.int64],
-    ) -> Future[tuple[Errors, dict[str, float]]]:
+    ) -> Future[Result]:
         """Decode ``rows`` into the slots at ``offsets``; the future's result is
         ``(errors by position, counters)``.
         """
-        pool = self._executor()
         known = self._specs.get(id(reader))
         if known is None:  # pickled once per reader (kept: its id stays unique); workers
             spec = pickle.dumps(reader.spec())  # workers cache it by key
             known = self._specs[id(reader)] = (reader, len(self._specs), spec)
         _, key, spec = known
-        return pool.submit(_decode_into, key, spec, dec, rows, offsets)
+        task = _Task(Future(), key, spec, dec, rows, offsets)
+        self._run(task)
+        return task.out
+
+    def _run(self, task: _Task) -> None:
+        future = self._executor().submit(*task.args())
+        future.add_done_callback(functools.partial(self._ran, task))
+
+    def _ran(self, task: _Task, future: Future[Result]) -> None:
+        """In the executor's thread: a task is done, failed, or its process died."""
+        if future.cancelled():  # closing
+            task.out.set_exception(LoaderError(_STOPPED))
+            return
+        exc = future.exception()
+        if exc is None:
+            task.out.set_result(future.result())
+        elif isinstance(exc, BrokenProcessPool) and not self._closed:
+            task.deaths += 1  # run again from another thread: this one ends the old executor
+            with self._lock:
+                if self._retrier is None:
+                    self._retrier = threading.Thread(
+                        target=self._retry, name="tabloader-decode-retry", daemon=True
+                    )
+                    self._retrier.start()
+            self._retries.put(task)
+        else:
+            task.out.set_exception(exc)
+
+    def _retry(self) -> None:
+        while (task := self._retries.get()) is not None:
+            try:
+                if task.deaths < KILLS_PER_ROW:
+                    self._run(task)
+                else:
+                    task.out.set_result(self._isolate(task))
+            except BaseException as exc:  # closed meanwhile: its batches fail, none hangs
+                if not task.out.done():
+                    task.out.set_exception(exc)
+
+    def _isolate(self, task: _Task) -> Result:
+        """Decode ``task``'s rows one at a time in the quarantine process: a death is its row's."""
+        errors: Errors = {}
+        totals: dict[str, float] = {}
+        column = task.dec.column
+        for i, row in enumerate(task.rows.tolist()):
+            mark = (task.key, column, row)
+            while self._kills.get(mark, 0) < KILLS_PER_ROW:
+                one = task.args(slice(i, i + 1))
+                try:
+                    failed, counters = self._executor(quarantine=True).submit(*one).result()
+                except BrokenProcessPool:
+                    self._kills[mark] = self._kills.get(mark, 0) + 1
+                    continue
+                if 0 in failed:
+                    errors[i] = failed[0]
+                for name, value in counters.items():
+                    totals[name] = totals.get(name, 0) + value
+                break
+            else:
+                errors[i] = RowReadError(
+                    f"row {row}, column {column!r}: decoding it killed a decode process "
+                    f"{KILLS_PER_ROW} times, so it counts as bad data; check or replace that "
+                    "value (e.g. open it with PIL).",
+                    row_id=row,
+                    column=column,
+                )
+        return errors, totals
 
     def close(self) -> None:
         """Stop the processes (queued decodes are cancelled)."""
         with self._lock:
             self._closed = True
-            pool, self._pool = self._pool, None
+            pools = [p for p in (self._pool, self._quarantine) if p is not None]
+            self._pool = self._quarantine = None
+            retrier = self._retrier
         if self._starting is not None:  # it submits a few no-ops at most, then ends
             self._starting.join()
-        if pool is not None:
+        for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
+        if retrier is not None:
+            self._retries.put(None)
+            retrier.join()
+
+
+_STOPPED = "The decode processes are stopped; create a new Loader."
+
+
+@dataclass
+class _Task:
+    """One ``submit``: its rows, where they go, and how many process deaths it has seen."""
+
+    out: Future[Result]
+    key: int
+    spec: bytes
+    dec: Decoder
+    rows: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    deaths: int = 0
+
+    def args(self, part: slice = slice(None)) -> tuple[Any, ...]:
+        return (_decode_into, self.key, self.spec, self.dec, self.rows[part], self.offsets[part])
 
 
 class _Inherited:

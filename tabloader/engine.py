@@ -51,7 +51,7 @@ from tabloader.arena import Arena
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
 from tabloader.decoding import DecodePool
-from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher, Plan
+from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher
 from tabloader.jobs import JobState, OnError, fit_prefetch
 from tabloader.planning import column_plan, job_augmenter
 from tabloader.prep import DecodeKind, Fit, decoder_for, holds_bytes
@@ -59,8 +59,9 @@ from tabloader.queues import JobQueues
 from tabloader.ranks import resolve_rank
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.scheduler import DatasetScheduler
-from tabloader.service.shm import Segment, shm_available
+from tabloader.shm import Segment, shm_available
 from tabloader.stream import JobStream
+from tabloader.work import Plan
 
 if TYPE_CHECKING:
     from catalog import Dataset, Job

@@ -28,9 +28,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,83 +40,19 @@ from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
 from tabloader.accounting import AccessLog, Counters
 from tabloader.arena import Arena
-from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
 from tabloader.collate import collate, hand_over
 from tabloader.decoding import DecodePool, decode_rows
 from tabloader.gather import Gatherer
 from tabloader.prep import Decoder, Fit
+from tabloader.work import Work
 
-__all__ = ["Fetcher", "Plan", "Work"]
+__all__ = ["Fetcher"]
 
 logger = logging.getLogger(__name__)
 
 MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
 MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip through a pipe)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a job's columns are prepared: gathered, or decoded into an arena space (and then
-    augmented for the job, when ``augment`` is set: every prepared column is an image)."""
-
-    columns: tuple[str, ...]  # output order (``_id`` first, not listed)
-    gathered: tuple[Decoder, ...]
-    prepared: tuple[tuple[Decoder, int], ...]  # (decoder, arena space)
-    augment: Mapping[str, Augmenter] = field(default_factory=dict)  # by prepared column
-
-
-class Work:
-    """One batch of one job in preparation (one Python object per batch, not per row)."""
-
-    __slots__ = (
-        "augment_s",
-        "epoch",
-        "error",
-        "errors",
-        "job",
-        "loaded",
-        "offsets",
-        "plan",
-        "private",
-        "ready",
-        "remote",
-        "result",
-        "rows",
-        "shapes",
-        "skip",
-        "values",
-        "waiting",
-    )
-
-    def __init__(
-        self,
-        job: Any,
-        rows: npt.NDArray[np.int64],
-        epoch: int,
-        plan: Plan,
-        *,
-        skip: bool,
-        remote: bool = False,
-    ):
-        self.job = job
-        self.remote = remote  # handed over pinned to another process (the loader service)
-        self.rows = rows
-        self.epoch = epoch
-        self.plan = plan
-        self.skip = skip
-        self.values: dict[str, Any] = {}
-        n = len(plan.prepared)
-        self.offsets = [np.full(rows.size, -1, np.int64) for _ in range(n)]
-        self.shapes = [np.zeros((rows.size, 3), np.int32) for _ in range(n)]
-        self.private: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}  # uncached values
-        self.errors: dict[int, BaseException] = {}  # position -> the row's error
-        self.error: BaseException | None = None  # the whole batch failed
-        self.waiting = 1  # decode groups not landed yet, + 1 until the lookups are done
-        self.loaded = 0  # values this batch read or decoded itself
-        self.augment_s = 0.0  # seconds of the job's own augmentation in collate
-        self.result: dict[str, Any] | None = None
-        self.ready = False  # set by the job's scheduler once ``on_done`` ran
 
 
 class _Load:

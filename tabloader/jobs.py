@@ -35,9 +35,9 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
-from catalog.limits import format_bytes
-from tabloader.fetch import Plan, Work
+from catalog.settings import format_bytes
 from tabloader.prep import Fit
+from tabloader.work import Plan, Work
 
 __all__ = ["JobState", "OnError", "RankState", "fit_prefetch"]
 
@@ -92,7 +92,9 @@ class JobState:
     warned_pending: bool = False
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
-    gone: str | None = None  # fed: why the cluster job left (its ranks fail with it)
+    gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
+    # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
+    gone_from: int | None = None
     # rounds of the rows cut from the queue lately (the scheduler's ``_rebase_locked``)
     cut_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
 
@@ -342,6 +344,16 @@ class RankState:
         elif epoch > job.epoch:  # nothing of that epoch handed out yet
             rows = BitMap(job.ids)
         return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
+
+    def share_done(self, back: int = 0) -> int | None:
+        """The epoch whose whole share the rank had taken ``back`` batches ago, and nothing
+        of the next (None: it was mid-epoch, or had taken nothing yet)."""
+        epoch, taken = self.position(back)
+        if taken and taken >= self.job.batches_per_rank(epoch):
+            return epoch
+        if taken == 0 and epoch > self.job.first_epoch:
+            return epoch - 1
+        return None
 
     def finished(self) -> bool:
         """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""

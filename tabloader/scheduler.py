@@ -41,9 +41,10 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
-from tabloader.fetch import Fetcher, Work
+from tabloader.fetch import Fetcher
 from tabloader.jobs import JobState, OnError, RankState
 from tabloader.queues import JobQueues
+from tabloader.work import Work
 
 __all__ = ["DatasetScheduler"]
 
@@ -154,6 +155,23 @@ class DatasetScheduler:
         with self.cond:
             job.gone = reason
             self._wake_job(job)
+
+    def lost(self, rank: RankState, who: str, undelivered: int = 0) -> None:
+        """``rank``'s process ended without close(): it is dropped (``leave``), and the job's
+        other ranks fail with ``who`` at their next batch of the epoch it died in, or of the
+        one after the epoch whose whole share it had (they finish that one). A rank that
+        has read its last epoch, or the job's only rank, just leaves. ``undelivered``: as for
+        ``state_dict``."""
+        with self.cond:
+            job = rank.job
+            if job.world_size > 1 and not (rank.closed or job.gone or rank.finished()):
+                done = rank.share_done(undelivered)
+                if done is None:
+                    epoch = rank.position(undelivered)[0]
+                    job.gone, job.gone_from = f"{who} died mid-epoch {epoch}", epoch
+                else:
+                    job.gone, job.gone_from = f"{who} ended after epoch {done}", done + 1
+            self._leave_locked(rank)
 
     def _attach_locked(
         self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
@@ -271,6 +289,8 @@ class DatasetScheduler:
         preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
         while job.q_rows.size:
             epoch = int(job.q_epochs[0])
+            if job.gone_from is not None and epoch >= job.gone_from:
+                return  # a rank died: its peers get no batch it would have shared
             if epoch != job.cut_epoch:
                 job.cut_epoch, job.cut = epoch, 0
             # rows of this epoch at the head of the queue, counted up to a batch and one: a
@@ -337,16 +357,15 @@ class DatasetScheduler:
                     if rank.finished() or (epoch is not None and rank.next_epoch() != epoch):
                         rank.last_return = time.perf_counter()
                         return None
+                    if job.gone_from is not None and rank.next_epoch() >= job.gone_from:
+                        self._raise_gone(rank)
                     if rank.batches and rank.batches[0].ready and job.all_joined():
                         work = rank.batches.popleft()
                         break
                     if not rank.batches:
                         self._activate_locked(job)
-                        if job.gone is not None and not rank.batches:
-                            raise LoaderError(
-                                f"Job {job.name!r} left the cluster: {job.gone}. Its other "
-                                "ranks stop too; start every rank again."
-                            )
+                        if job.fed and job.gone is not None and not rank.batches:
+                            self._raise_gone(rank)
                     self._poke(job)
                     self._wait_locked(rank, t0)
                 rank.taken += 1
@@ -360,6 +379,20 @@ class DatasetScheduler:
             batch = self._deliver(rank, work)
             if batch is not None:
                 return batch
+
+    @staticmethod
+    def _raise_gone(rank: RankState) -> None:
+        """Raise why the rank's job is gone (a rank of it died, or the cluster job left)."""
+        job = rank.job
+        if job.fed:
+            raise LoaderError(
+                f"Job {job.name!r} left the cluster: {job.gone}. Its other ranks stop too; "
+                "start every rank again."
+            )
+        raise LoaderError(
+            f"Job {rank.label()} lost a rank: {job.gone}. Every rank of a data-parallel job "
+            "reads each epoch together; start every rank again (from a state_dict to resume)."
+        )
 
     def record_stalls(
         self, rank: RankState, wait_s: float, compute_s: float, augment_s: float = 0.0

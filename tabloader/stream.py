@@ -175,6 +175,19 @@ class JobStream:
         (the batches it has are still delivered)."""
         self._scheduler.fail(self._job, reason)
 
+    def lost(self, who: str, *, undelivered: int = 0) -> None:
+        """This rank's process ended without ``close()`` (``who`` names it): the stream closes,
+        and the job's other ranks fail with the reason: at once if it was mid-epoch; after the
+        epoch whose whole share it had otherwise (that is no death: they finish the epoch).
+        ``undelivered``: as for ``state_dict``."""
+        self._scheduler.lost(self._rank, who, undelivered)
+
+    def share_done(self, *, undelivered: int = 0) -> bool:
+        """Whether the rank has read its last epoch, or the whole share of one and nothing of
+        the next (``undelivered``: as for ``state_dict``)."""
+        with self._scheduler.cond:
+            return self._rank.finished() or self._rank.share_done(undelivered) is not None
+
     def wants_rows(self) -> bool:
         """Whether the stream is open with fewer rows queued and in flight than its horizon
         (its node asks the leader for more)."""

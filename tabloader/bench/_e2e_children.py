@@ -36,7 +36,7 @@ from tabloader.bench._procs import (
 )
 from tabloader.bench.stalls import StallClock, dataset_seconds, stalls_of
 
-__all__ = ["MapDataset", "open_reader", "run_child"]
+__all__ = ["MapDataset", "RecipeDataset", "open_reader", "open_size", "run_child"]
 
 T = TypeVar("T")
 
@@ -52,14 +52,88 @@ class MapDataset:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> tuple[Any, int, int]:
-        from tabloader.prep import decode_image
-
         if self._reader is None:  # opened in each worker process: files only, no DuckDB
             self._reader = open_reader(self.root, self.dataset)
         row = self.ids[i]
         table = self._reader.take([row], ["image", "label"])
-        image = np.array(decode_image(table.column("image")[0].as_buffer(), size=self.size))
+        image = self.prepare(table.column("image")[0].as_buffer(), row)
         return image, table.column("label")[0].as_py(), row
+
+    def prepare(self, data: Any, row: int) -> Any:
+        """The image of ``row`` from its encoded bytes ``data``: as tabloader prepares it."""
+        from tabloader.prep import decode_image
+
+        return np.array(decode_image(data, size=self.size))
+
+
+class RecipeDataset(MapDataset):
+    """The ``recipe`` scenarios' DataLoaders, for a job registered with ``options``: each
+    sample decoded with Pillow as a tuned user does (``draft`` to the DCT scale that still
+    covers the size), then the job's training recipe (``augment``, drawn with its ``seed``)
+    with torchvision's ``transforms.v2`` where it is installed, else with Pillow: the crop
+    drawn by torchvision's algorithm (:meth:`tabloader.augment.Augmenter.draw`, on the decoded
+    size), ``resize`` of its box, ``transpose`` to flip. An evaluation job (``image_size``)
+    is ``bench throughput``'s Pillow decode (draft, resize, center crop). ``transforms`` says
+    which was used.
+    """
+
+    def __init__(self, root: str, dataset: str, ids: list[int], options: dict[str, Any]) -> None:
+        from tabloader.augment import Augmenter
+
+        self.augment = None
+        if "augment" in options:
+            self.augment = Augmenter(options["augment"], options.get("seed", 0))
+        size = options["image_size"] if self.augment is None else self.augment.spec.need
+        super().__init__(root, dataset, ids, size)
+        self._tv = None if self.augment is None else _torchvision_recipe(size)
+        self.transforms = (
+            "pillow draft, resize, center crop"
+            if self.augment is None
+            else "pillow draft decode, torchvision.transforms.v2"
+            if self._tv is not None
+            else "pillow draft decode, Augmenter.draw crop, pillow resize(box) + transpose "
+            "(torchvision not installed)"
+        )
+
+    def prepare(self, data: Any, row: int) -> Any:
+        import io
+
+        import torch
+        from PIL import Image
+
+        from tabloader.bench.throughput import decode
+
+        if self.augment is None:
+            return decode(data, self.size, "pillow")
+        img: Any
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (self.size, self.size))
+            img = img.convert("RGB")
+        if self._tv is not None:
+            img = self._tv(img)
+        else:
+            (top, left, h, w), flip = self.augment.draw((img.height, img.width), 0, row)
+            box = (left, top, left + w, top + h)
+            img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
+            if flip:
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(img).copy())
+
+
+def _torchvision_recipe(size: int) -> Any:
+    """``RandomResizedCrop(size)`` + ``RandomHorizontalFlip()`` of torchvision's
+    ``transforms.v2``, or None where torchvision is not installed (or does not import)."""
+    try:
+        from torchvision.transforms import v2
+    except Exception:  # missing, or built for another torch
+        return None
+    return v2.Compose([v2.RandomResizedCrop(size), v2.RandomHorizontalFlip()])
+
+
+def open_size(spec: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    """The ``image_size`` a job is opened with: the run's, unless the job was registered
+    with ``options`` (a recipe's ``augment``, or its own ``image_size``): then the catalog's."""
+    return {} if job.get("options") else {"image_size": spec["image_size"]}
 
 
 def open_reader(root: str, dataset: str) -> Any:
@@ -104,10 +178,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
                 halfway.wait()
             started = time.perf_counter()
             stream = eng.open(
-                job["name"],
-                batch_size=spec["batch_size"],
-                epochs=1,
-                image_size=spec["image_size"],
+                job["name"], batch_size=spec["batch_size"], epochs=1, **open_size(spec, job)
             )
             for batch in stream:
                 time.sleep(job["step"])
@@ -133,6 +204,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise errors[0]
     stats = eng.stats()
+    cache = {"entries": stats["cache"].entries, "size_bytes": stats["cache"].size_bytes}
     cpu = tree_cpu_s(os.getpid())  # while the decode processes live
     eng.close()
     cat.close()
@@ -145,12 +217,14 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
         "reads": stats["reads"],
         "jobs": results,
         "dataset_s": dataset_seconds(stats),
+        "cache": cache,
     }
 
 
 def _job_child(spec: dict[str, Any]) -> None:
     """One job in its own process: through the service, or with its own DataLoader."""
     job = spec["job"]
+    transforms: str | None = None  # a DataLoader's recipe
     if spec["kind"] == "service":
         from tabloader.service.client import RemoteLoader
         from tabloader.torch import to_tensors
@@ -160,10 +234,7 @@ def _job_child(spec: dict[str, Any]) -> None:
 
         def batches() -> Any:
             stream = remote.open(
-                job["name"],
-                batch_size=spec["batch_size"],
-                epochs=1,
-                image_size=spec["image_size"],
+                job["name"], batch_size=spec["batch_size"], epochs=1, **open_size(spec, job)
             )
             with stream:
                 for batch in stream:
@@ -177,7 +248,13 @@ def _job_child(spec: dict[str, Any]) -> None:
         from torch.utils.data import DataLoader
 
         ids = np.load(spec["ids_file"]).tolist()
-        data = MapDataset(spec["catalog"], "imgs", ids, spec["image_size"])
+        data = (
+            RecipeDataset(spec["catalog"], "imgs", ids, job["options"])
+            if job.get("options")
+            else MapDataset(spec["catalog"], "imgs", ids, spec["image_size"])
+        )
+        if isinstance(data, RecipeDataset):
+            transforms = data.transforms
         loader: DataLoader[Any] = DataLoader(
             data,  # type: ignore[arg-type]
             batch_size=spec["batch_size"],
@@ -216,6 +293,8 @@ def _job_child(spec: dict[str, Any]) -> None:
     if spec["kind"] == "service":
         result["copies"] = vars(remote.copies)
         remote.close()
+    elif transforms is not None:
+        result["transforms"] = transforms
     write_result(spec, result)
 
 

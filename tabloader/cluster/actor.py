@@ -1,9 +1,9 @@
 """The leader as a named Ray actor: one per catalog, found by every node's loader by name.
 
 The actor wraps a :class:`~tabloader.cluster.leader.Leader`; its name is derived from the
-catalog's resolved path (:func:`leader_name`), so every process of the cluster that knows the
-catalog finds the same leader with :func:`get_leader`, and :func:`start_leader` started twice
-returns the running one. It asks for no CPU (sampling is light and the node's CPUs are the
+catalog's resolved path (:mod:`tabloader.cluster.names`), so every process of the cluster that
+knows the catalog finds the same leader, and :func:`start_leader` started twice returns the
+running one. It asks for no CPU (sampling is light and the node's CPUs are the
 loaders' and the trainers'). Ray is imported only when these functions run, so the rest of
 tabloader works without it (``pip install 'tabloader[ray]'``).
 
@@ -17,6 +17,11 @@ ranks joining and leaving, nodes leaving), atomically; Ray restarts a dead leade
 (``max_restarts``) and the new one resumes from that file, owing each job exactly the rows
 not acknowledged (the nodes' side: :mod:`tabloader.cluster.node`). :func:`start_cluster`
 removes the file of an earlier cluster's leader before starting a new one.
+
+Address record: while a :class:`Cluster` serves the catalog, ``ray-leader.json`` in the same
+directory holds the Ray address and the pid of the process that runs it (written at start,
+removed at close), so ``tabloader status`` finds the cluster without ``--ray``
+(:func:`recorded_leader`; a record whose process is gone is stale and removed).
 """
 
 from __future__ import annotations
@@ -30,20 +35,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import xxhash
 from pyroaring import BitMap
 
 from tabloader.cluster.leader import Leader, WorkList
+from tabloader.cluster.names import NAMESPACE, get_leader, leader_name, loader_name
 
 __all__ = [
     "LEADER_DEFAULTS",
-    "NAMESPACE",
     "Cluster",
     "LeaderActor",
     "checkpoint_path",
     "cluster_status",
-    "get_leader",
-    "leader_name",
+    "record_leader",
+    "recorded_leader",
     "serve_cluster",
     "start_leader",
     "state_json",
@@ -51,15 +55,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-NAMESPACE = "tabloader"
-"""The Ray namespace of the leader actors (named actors are found within a namespace)."""
-
-
-def leader_name(catalog: str | os.PathLike[str]) -> str:
-    """The actor name of the leader of ``catalog``: ``tabloader-leader-<hash of its path>``."""
-    path = str(Path(catalog).expanduser().resolve())
-    return f"tabloader-leader-{xxhash.xxh64_hexdigest(path.encode())[:12]}"
 
 
 class LeaderActor:
@@ -174,6 +169,44 @@ def checkpoint_path(catalog: str | os.PathLike[str]) -> Path:
     return runtime_dir(Path(catalog).expanduser().resolve()) / "leader-state.json"
 
 
+def _record_path(catalog: str | os.PathLike[str]) -> Path:
+    return checkpoint_path(catalog).with_name("ray-leader.json")
+
+
+def record_leader(catalog: str | os.PathLike[str], address: str | None) -> None:
+    """Record that this process serves ``catalog`` on the Ray cluster at ``address`` (None:
+    remove the record)."""
+    path = _record_path(catalog)
+    if address is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.replace(path)
+
+
+def recorded_leader(catalog: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``{"address", "pid"}`` of the Ray cluster that serves ``catalog`` (``record_leader``),
+    or None: no record, or a stale one (its process is gone; then removed)."""
+    path = _record_path(catalog)
+    try:
+        record = json.loads(path.read_text())
+        address, pid = str(record["address"]), int(record["pid"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):  # damaged: nobody can use it
+        path.unlink(missing_ok=True)
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        path.unlink(missing_ok=True)
+        return None
+    except PermissionError:  # it lives, as another user
+        pass
+    return {"address": address, "pid": pid}
+
+
 def state_json(leader: Leader) -> str:
     """The leader's checkpoint as JSON (what the actor writes after each acknowledgement)."""
     return json.dumps(_encode(leader.state_dict()))
@@ -230,18 +263,6 @@ def start_leader(
     ).remote(path, options)
 
 
-def get_leader(catalog: str | os.PathLike[str]) -> Any:
-    """The running leader actor of ``catalog``.
-
-    Raises:
-        ValueError: no leader runs for ``catalog`` (Ray's error: start one with
-            :func:`start_leader`).
-    """
-    import ray
-
-    return ray.get_actor(leader_name(catalog), namespace=NAMESPACE)
-
-
 LEADER_DEFAULTS = {"lookahead": 512, "round_rows": 64}
 """A cluster leader's defaults: rows sampled ahead per job, rows per job and round."""
 
@@ -271,6 +292,9 @@ class Cluster:
             logger.info("removing the checkpoint of an earlier leader, %s", stale)
             stale.unlink()
         self.leader = start_leader(self.root, **{**LEADER_DEFAULTS, **(leader_options or {})})
+        import ray
+
+        record_leader(self.root, ray.get_runtime_context().gcs_address)
         self.service = service
         self.loaders: dict[str, Any] = {}  # node id -> its NodeLoader actor
         self.sync()
@@ -280,7 +304,7 @@ class Cluster:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from tabloader.cluster.node import NodeLoader, loader_name
+        from tabloader.cluster.node import NodeLoader
 
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
         for node in sorted(alive - set(self.loaders)):
@@ -331,6 +355,7 @@ class Cluster:
             ray.kill(actor, no_restart=True)
         self.loaders.clear()
         checkpoint_path(self.root).unlink(missing_ok=True)
+        record_leader(self.root, None)
 
 
 def with_totals(status: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ import numpy as np
 
 import catalog
 from catalog.errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
+from tabloader.cluster.names import get_leader, node_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,12 +53,9 @@ if TYPE_CHECKING:
 __all__ = [
     "NodeFeed",
     "NodeLoader",
+    "RayNodes",
     "SnapshotCatalog",
-    "find_service",
-    "loader_name",
-    "node_key",
     "node_stats",
-    "service_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,18 +64,6 @@ POLL_S = 0.02  # how often the feed asks the leader while a rank is hungry
 STATS_S = 1.0  # how often a node reports its counters (and learns of gone jobs) when idle
 LOCK_WAIT_S = 30.0  # how long a lookup waits for another opener of the catalog
 LEADER_WAIT_S = 60.0  # how long a node waits for a restarted leader
-
-
-def node_key(node: str) -> str:
-    """The short form of a Ray node id used in paths and actor names."""
-    return node[:16]
-
-
-def loader_name(catalog_root: str | os.PathLike[str], node: str) -> str:
-    """The actor name of ``node``'s loader for the catalog."""
-    from tabloader.cluster.actor import leader_name
-
-    return f"{leader_name(catalog_root).replace('leader', 'loader')}-{node_key(node)}"
 
 
 class SnapshotCatalog:
@@ -373,7 +359,6 @@ class NodeLoader:
     def __init__(self, catalog_root: str, options: dict[str, Any]) -> None:
         import ray
 
-        from tabloader.cluster.actor import get_leader
         from tabloader.service.server import Service
 
         context = ray.get_runtime_context()
@@ -383,7 +368,13 @@ class NodeLoader:
         if context.was_current_actor_reconstructed:  # Ray restarted us: our ranks lost us
             reason = f"the loader of node {node_key(self.node)} died and restarted"
             ray.get(leader.remove_node.remote(self.node, reason), timeout=LEADER_WAIT_S)
-        self.service: Service = Service(self.root, node=self.node, leader=leader, **options)
+        self.service: Service = Service(
+            self.root,
+            node=self.node,
+            opened=cast("Catalog", SnapshotCatalog(self.root)),
+            feed=lambda service: NodeFeed(leader, self.node, lambda: node_stats(service)),
+            **options,
+        )
         self._thread = threading.Thread(target=self.service.serve, daemon=True)
         self._thread.start()
 
@@ -422,29 +413,30 @@ def node_stats(service: Service) -> dict[str, Any]:
     }
 
 
-def find_service(catalog_root: Path) -> str | None:
-    """This process's node id if it runs in a Ray worker of a cluster whose leader serves
-    ``catalog_root`` (its ranks then read from the node's loader), else None."""
-    import sys
+class RayNodes:
+    """The service clients' :class:`~tabloader.service.plugins.Locator` on a Ray cluster: a
+    rank in a Ray worker reads from its node's loader (``tabloader`` registers it)."""
 
-    if "ray" not in sys.modules:  # never import Ray for a process that does not use it
-        return None
-    import ray
+    def node(self, root: Path) -> str | None:
+        """This process's node id if it runs in a Ray worker of a cluster whose leader serves
+        ``root`` (its ranks then read from the node's loader), else None."""
+        import sys
 
-    if not ray.is_initialized():
-        return None
-    from tabloader.cluster.actor import get_leader
+        if "ray" not in sys.modules:  # never import Ray for a process that does not use it
+            return None
+        import ray
 
-    try:
-        get_leader(catalog_root)
-    except ValueError:
-        return None
-    return str(ray.get_runtime_context().get_node_id())
+        if not ray.is_initialized():
+            return None
+        try:
+            get_leader(root)
+        except ValueError:
+            return None
+        return str(ray.get_runtime_context().get_node_id())
 
-
-def service_error(node: str, root: Path) -> ServiceError:
-    """The error of a rank whose node has no loader."""
-    return ServiceError(
-        f"No tabloader loader runs on this Ray node ({node_key(node)}) for catalog {root}; "
-        f"`tabloader --catalog {root} serve --ray` starts one on every node."
-    )
+    def missing(self, node: str, root: Path) -> ServiceError:
+        """The error of a rank whose node has no loader."""
+        return ServiceError(
+            f"No tabloader loader runs on this Ray node ({node_key(node)}) for catalog {root}; "
+            f"`tabloader --catalog {root} serve --ray` starts one on every node."
+        )

@@ -5,11 +5,12 @@
 ``JobStream``. A batch's values are copied out of the service's shared memory (mapped
 read-only) into the job's own arrays, then released (see :mod:`tabloader.service.server`).
 
-If no service runs for the catalog, :func:`connect` starts one in the background (a detached
+If no service runs for the catalog, :func:`dial` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
 30 s) and waits for it; two scripts that start at once end up with one service. It runs in
-``/``, whoever started it, so paths go to it absolute (``RemoteLoader.sql`` and
-``import_path`` resolve relative ones against the client's working directory).
+``/``, whoever started it, so paths go to it absolute (:mod:`tabloader.service.connection`
+resolves relative ones against the client's working directory). Statements and the catalog's
+other calls go through :func:`tabloader.connect`, which uses the service while one runs.
 """
 
 from __future__ import annotations
@@ -25,35 +26,31 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import resolve_root
-from catalog.errors import CatalogLockedError, ServiceError, ServiceStuckError, TabloaderError
+from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
 from catalog.settings import setting
-from catalog.sql.dialect import absolute_paths
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
-from tabloader.cluster.node import find_service, service_error
 from tabloader.prep import batch_column, decoder_for
 from tabloader.ranks import resolve_rank
+from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
     Client,
     runtime_dir,
     state_from_wire,
     state_to_wire,
-    table_from_wire,
 )
-from tabloader.service.shm import Segment
+from tabloader.service.reopen import Ahead, forget, register, settle
+from tabloader.shm import Segment
 
-if TYPE_CHECKING:
-    from catalog import Catalog
-
-__all__ = ["Copies", "RemoteLoader", "RemoteStream", "connect", "open_catalog", "service_loader"]
+__all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
 START_TIMEOUT_S = 60.0
 # The started service's program: ``tabloader`` in an interpreter without its working directory
@@ -80,8 +77,8 @@ def _service_env() -> dict[str, str]:
     return env
 
 
-def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
-    """A connection to the service of catalog ``root``, started in the background if needed.
+def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
+    """A socket connection to the service of catalog ``root``, started in the background if needed.
 
     Raises:
         ServiceError: none runs (and ``start`` is False), or the one started failed (its log
@@ -142,15 +139,15 @@ def connect(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             time.sleep(0.05)
 
 
-def _node_client(root: Path, node: str) -> Client:
-    """A connection to the loader of Ray node ``node``, waiting while it starts."""
+def _node_client(root: Path, node: str, found: Locator) -> Client:
+    """A connection to node ``node``'s loader (``found`` named it), waiting while it starts."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
             return Client(root, node=node)
         except ServiceError:
             if time.monotonic() > deadline:
-                raise service_error(node, root) from None
+                raise found.missing(node, root) from None
             time.sleep(0.1)
 
 
@@ -185,8 +182,8 @@ class RemoteLoader:
     """The loader service of catalog ``root``, from this process.
 
     In a Ray worker of a cluster whose leader serves the catalog (``tabloader serve --ray``),
-    the service is the loader of the worker's node (:mod:`tabloader.cluster.node`; ``node``
-    is then its id), which is never started from here.
+    the service is the loader of the worker's node (a :mod:`~tabloader.service.plugins` locator
+    names it; ``node`` is then its id), which is never started from here.
 
     Args:
         root: the catalog directory.
@@ -195,11 +192,12 @@ class RemoteLoader:
 
     def __init__(self, root: str | os.PathLike[str], *, start: bool = True) -> None:
         self.root = Path(root).absolute()
-        self.node = find_service(self.root)  # a Ray worker's node, when a cluster serves it
+        found = locator()  # a Ray worker's node, when a cluster serves the catalog
+        self.node = None if found is None else found.node(self.root)
         self._ctl = (
-            connect(self.root, start=start)
-            if self.node is None
-            else _node_client(self.root, self.node)
+            dial(self.root, start=start)
+            if found is None or self.node is None
+            else _node_client(self.root, self.node, found)
         )
         try:
             self.service_pid = int(self._ctl.call("hello")["pid"])
@@ -224,6 +222,7 @@ class RemoteLoader:
         options["rank"], options["world_size"] = resolve_rank(
             options.get("rank"), options.get("world_size")
         )
+        settle((self.root, self.node, job, options["rank"]))  # a stream of it dropped here
         conn = Client(self.root, node=self.node)
         try:
             if "image_size" in options and isinstance(options["image_size"], tuple):
@@ -251,21 +250,6 @@ class RemoteLoader:
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
         return dict(self._ctl.call("options", job=job)["options"])
-
-    def sql(self, statement: str) -> Any:
-        """Run a statement in the service: a ``pyarrow.Table``, a summary line, or None.
-
-        A relative path (``CREATE DATASET d FROM 'dir'``) means one in this process's working
-        directory: it is sent absolute.
-        """
-        return _result(self._ctl.call("sql", statement=absolute_paths(statement)))
-
-    def import_path(self, name: str, path: str | os.PathLike[str], **options: Any) -> Any:
-        """Import a dataset from a path the service can read (as ``tabloader import``); a
-        relative one means one in this process's working directory.
-        """
-        path = str(Path(path).absolute())
-        return _result(self._ctl.call("import", name=name, path=path, **options))
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``), and its ``clients``: the
@@ -344,7 +328,9 @@ class RemoteStream:
         self._loader, self._conn, self.name = loader, conn, name
         self.rank, self.world_size = rank, world_size  # of the job's data-parallel ranks
         self._lock = threading.Lock()
-        self._ahead = False  # a "next" request is out, its reply not read
+        self._ahead_out = Ahead()  # a "next" request is out, its reply not read
+        self._key = (loader.root, loader.node, name, rank)
+        self._finalizer = register(self._key, self, conn, self._ahead_out)
         self._ready: dict[str, Any] | None = None  # a batch reply read, not delivered yet
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
         self._augment_s = 0.0
@@ -447,6 +433,8 @@ class RemoteStream:
         batch read ahead and not come yet is given up), unless a ``take`` blocks in another
         thread for ``CLOSE_WAIT_S``: a connection that just drops is a client that died (on a
         Ray cluster, its job's other ranks then fail)."""
+        self._finalizer.detach()
+        forget(self._key, self)
         if self._lock.acquire(timeout=self.CLOSE_WAIT_S):
             try:
                 self._conn.send("leave", **self._timing())
@@ -460,6 +448,14 @@ class RemoteStream:
             finally:
                 self._lock.release()
         self._conn.close()
+
+    @property
+    def _ahead(self) -> bool:
+        return self._ahead_out.value
+
+    @_ahead.setter
+    def _ahead(self, value: bool) -> None:
+        self._ahead_out.value = value
 
     def __enter__(self) -> RemoteStream:
         return self
@@ -492,29 +488,6 @@ class RemoteStream:
             else:
                 batch[col["name"]] = _images(arena, col, self._loader)
         return batch
-
-
-def open_catalog(
-    path: str | os.PathLike[str] | None = None, **options: Any
-) -> Catalog | RemoteLoader:
-    """The catalog at ``path``: opened in this process if no other holds it (``options`` as
-    ``catalog.connect``), else its running service, through which ``sql()`` statements go
-    (``tabloader.connect``).
-
-    Raises:
-        CatalogLockedError: another process holds the catalog and it is not a service.
-    """
-    import catalog
-
-    try:
-        return catalog.connect(path, **options)
-    except CatalogLockedError as locked:
-        try:
-            return RemoteLoader(resolve_root(path), start=False)
-        except ServiceStuckError:
-            raise
-        except ServiceError:
-            raise locked from None
 
 
 def _located(col: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
@@ -568,13 +541,6 @@ def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any
         ]
     loader.count_copies(len(shapes), prepared, copied)
     return out
-
-
-def _result(reply: dict[str, Any]) -> Any:
-    kind = reply.get("kind")
-    if kind == "table":
-        return table_from_wire(reply["ipc"])
-    return reply.get("text")
 
 
 _LOADERS: dict[Path, RemoteLoader] = {}

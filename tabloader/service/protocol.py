@@ -28,6 +28,7 @@ raises ``ServiceError``. The service end, its connections and their faults:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import hmac
@@ -41,12 +42,15 @@ import struct
 import threading
 from multiprocessing import AuthenticationError
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
 from catalog import errors
 from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
+
+if TYPE_CHECKING:
+    from catalog.model import Dataset, Job
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -56,13 +60,19 @@ __all__ = [
     "BadMessage",
     "Client",
     "answer_challenge",
+    "dataset_from_wire",
+    "dataset_to_wire",
     "decode",
     "deliver_challenge",
     "describe",
     "encode",
     "error_reply",
+    "job_from_wire",
+    "job_to_wire",
     "key_path",
     "recv_frame",
+    "result_from_wire",
+    "result_to_wire",
     "runtime_dir",
     "send_frame",
     "service_pid",
@@ -75,7 +85,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 3  # 3: shared memory by descriptor; 2: batch replies carry epochs
+PROTOCOL_VERSION: int = 4  # 4: datasets and jobs as results; 3: shared memory by descriptor
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
 CONNECT_TIMEOUT_S: float = 5.0  # a service that does not answer by then is stopped or hung
 
@@ -370,6 +380,88 @@ def table_to_wire(table: pa.Table) -> str:
 def table_from_wire(text: str) -> pa.Table:
     """The table that ``table_to_wire`` put in a message."""
     return pa.ipc.open_stream(pa.py_buffer(bytes.fromhex(text))).read_all()
+
+
+def dataset_to_wire(ds: Dataset) -> dict[str, Any]:
+    """A dataset version for a message: what a client needs to read its files itself (the
+    parts and schema; no payload byte crosses the socket)."""
+    reader = ds.reader
+    return {
+        "name": ds.name,
+        "version": ds.version,
+        "stored": reader.schema.serialize().to_pybytes().hex(),
+        "class_names": ds.class_names,
+        "description": ds.description,
+        "root": str(reader.root),
+        "parts": [dataclasses.asdict(p) for p in reader.parts],
+    }
+
+
+def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
+    """The ``Dataset`` that ``dataset_to_wire`` put in a message, with a reader of its own."""
+    from catalog.bitmaps import ID_COLUMN
+    from catalog.model import Dataset, is_payload
+    from catalog.storage import DatasetReader, PartInfo
+
+    stored = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(wire["stored"])))
+    parts = [PartInfo(**p) for p in wire["parts"]]
+    reader = DatasetReader(Path(wire["root"]), parts, stored)
+    schema = pa.schema([pa.field(ID_COLUMN, pa.int64(), nullable=False), *stored])
+    queryable = tuple(f.name for f in schema if not is_payload(f.type))
+    return Dataset(
+        wire["name"],
+        int(wire["version"]),
+        reader.num_rows,
+        schema,
+        dict(wire["class_names"]),
+        queryable,
+        str(wire["description"]),
+        reader,
+    )
+
+
+def job_to_wire(job: Job) -> dict[str, Any]:
+    """A job for a message: its bitmap serialized, in hex."""
+    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    return {**fields, "columns": list(job.columns), "ids": job.ids.serialize().hex()}
+
+
+def job_from_wire(wire: dict[str, Any]) -> Job:
+    """The ``Job`` that ``job_to_wire`` put in a message."""
+    from pyroaring import BitMap
+
+    from catalog.model import Job
+
+    ids = BitMap.deserialize(bytes.fromhex(wire["ids"]))
+    return Job(**{**wire, "columns": tuple(wire["columns"]), "ids": ids})
+
+
+def result_to_wire(result: Any) -> dict[str, Any]:
+    """A statement's or import's result for a message: a table (Arrow IPC), a dataset, a job,
+    None, or text."""
+    from catalog.model import Dataset, Job
+
+    if isinstance(result, pa.Table):
+        return {"kind": "table", "ipc": table_to_wire(result)}
+    if isinstance(result, Dataset):
+        return {"kind": "dataset", "dataset": dataset_to_wire(result)}
+    if isinstance(result, Job):
+        return {"kind": "job", "job": job_to_wire(result)}
+    if result is None:
+        return {"kind": "none"}
+    return {"kind": "text", "text": str(result)}
+
+
+def result_from_wire(reply: dict[str, Any]) -> Any:
+    """The result that ``result_to_wire`` put in a message (the same types as in-process)."""
+    kind = reply.get("kind")
+    if kind == "table":
+        return table_from_wire(reply["ipc"])
+    if kind == "dataset":
+        return dataset_from_wire(reply["dataset"])
+    if kind == "job":
+        return job_from_wire(reply["job"])
+    return reply.get("text")
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -1,7 +1,7 @@
 """``tabloader serve``: one process per catalog owns the catalog and the engine; jobs are clients.
 
 Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, JSON). Data
-plane: the arena is shared memory of no name (:mod:`tabloader.service.shm`), which clients map
+plane: the arena is shared memory of no name (:mod:`tabloader.shm`), which clients map
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
 * its images stay where the shared decode put them, pinned in the arena; the reply lists each
@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,16 +38,18 @@ import catalog
 from catalog.bitmaps import ID_COLUMN
 from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
-from tabloader.cluster.node import NodeFeed, SnapshotCatalog, node_stats
 from tabloader.engine import Loader
+from tabloader.service.catalog_ops import CatalogOps, Statements
+from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import Listener, Session
+from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
+    result_to_wire,
     runtime_dir,
     state_from_wire,
     state_to_wire,
-    table_to_wire,
 )
 from tabloader.stream import JobStream
 
@@ -69,9 +72,11 @@ class Service:
         workers: decode processes and reader threads.
         idle_exit: stop this many seconds after the last client left (None: never); what a
             service started in the background by a client uses.
-        node, leader: the Ray node this service is the loader of, and the cluster leader's
-            actor handle (:mod:`tabloader.cluster.node`): every job is then fed by the leader,
-            and the catalog is opened only for the moment of a lookup.
+        node: the Ray node this service is the loader of (names its runtime directory).
+        opened: the catalog to read instead of opening it here (a node's loader reads one
+            opened only for the moment of a lookup).
+        feed: makes, given the service, the :class:`~tabloader.service.plugins.Feed` of every
+            job opened here (a node's loader: the cluster's leader); None: jobs sample here.
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
 
@@ -88,7 +93,8 @@ class Service:
         workers: int | None = None,
         idle_exit: float | None = None,
         node: str | None = None,
-        leader: Any = None,
+        opened: catalog.Catalog | None = None,
+        feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = Path(root).absolute()
@@ -98,13 +104,9 @@ class Service:
         self.lock = threading.RLock()  # the catalog: one statement or open at a time
         self._tickets = itertools.count()
         self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
-        self.feed: NodeFeed | None = None
+        self.feed: Feed | None = None
         try:
-            self.catalog = (
-                catalog.connect(self.root)
-                if leader is None
-                else cast("catalog.Catalog", SnapshotCatalog(self.root))
-            )
+            self.catalog = catalog.connect(self.root) if opened is None else opened
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -140,8 +142,8 @@ class Service:
         )
         self.blocks_lock = threading.Lock()
         self.segment = segment
-        if leader is not None and node is not None:
-            self.feed = NodeFeed(leader, node, lambda: node_stats(self))
+        if feed is not None:
+            self.feed = feed(self)
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
@@ -150,7 +152,7 @@ class Service:
                 signal.signal(sig, lambda *_: self._stop.set())
         accept = threading.Thread(target=self.listener.serve_forever, daemon=True)
         accept.start()
-        logger.info("serving catalog %s (socket %s)", self.root, self.listener)
+        logger.info("serving catalog %s", self.root)  # the listener logs its socket
         idle_since = time.monotonic()
         try:
             while not self._stop.wait(0.2):
@@ -193,8 +195,8 @@ class Service:
         return next(self._tickets) % STAGING_TICKETS
 
 
-class _Handler:
-    """One client connection: statements, or one job's stream."""
+class _Handler(CatalogOps):
+    """One client connection: statements (and ``CatalogOps``), or one job's stream."""
 
     def __init__(self, service: Service, session: Session) -> None:
         self.service = service
@@ -231,7 +233,7 @@ class _Handler:
     def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
         statement = _string(msg, "statement")
         with self.service.lock:
-            return _result(self.service.catalog.sql(statement))
+            return result_to_wire(Statements(self.service).sql(statement))
 
     def op_import(self, msg: dict[str, Any]) -> dict[str, Any]:
         from catalog.importers import detect_format, open_source
@@ -242,7 +244,7 @@ class _Handler:
         if msg.get("follow_links") is True:
             options["follow_links"] = True
         with self.service.lock:
-            return _result(
+            return result_to_wire(
                 self.service.catalog.import_source(
                     name, open_source(fmt, path, **options), append=bool(msg.get("append"))
                 )
@@ -483,21 +485,25 @@ class _Handler:
             stream = self.stream
             tickets = list(self.out)
         if stream is not None:
-            finished = stream.finished
-            stream.close()  # a take() waiting in handle() returns (raises: closed)
-            logger.info("client pid %d left job %s", self.session.pid, stream.name)
+            # a client that hangs up after its share of an epoch (its batch read ahead
+            # unread) ended normally, as one that said it leaves; other ends are deaths
+            undelivered = int(self.unread is not None)
+            ended = self.left or stream.share_done(undelivered=undelivered)
+            rank = stream.rank if self.joined is None else self.joined[1]  # fed: the job's
+            who = f"rank {rank} (pid {self.session.pid}"
             feed = self.service.feed
+            if feed is None and not self.left:
+                stream.lost(f"{who})", undelivered=undelivered)  # closes it
+            else:
+                stream.close()  # a take() waiting in handle() returns (raises: closed)
+            logger.info("client pid %d left job %s", self.session.pid, stream.name)
             if feed is not None and self.joined is not None:
-                failed = not (self.left or finished)
-                job, rank = self.joined
+                node = (self.service.node or "")[:16]
                 feed.leave(
-                    job,
+                    self.joined[0],
                     rank,
-                    failed=failed,
-                    reason=f"rank {rank} (pid {self.session.pid}, node "
-                    f"{(self.service.node or '')[:16]}) died mid-run"
-                    if failed
-                    else "",
+                    failed=not ended,
+                    reason="" if ended else f"{who}, node {node}) died mid-run",
                 )
         self._release(tickets)
 
@@ -564,13 +570,6 @@ def yield_to_jobs() -> bool:
     return True
 
 
-def _string(msg: dict[str, Any], key: str) -> str:
-    value = msg.get(key)
-    if not isinstance(value, str):
-        raise ServiceError(f"The request needs a string {key!r}, got {value!r}.")
-    return value
-
-
 def _raw(name: str, value: np.ndarray, offset: int) -> dict[str, Any]:
     return {
         "name": name,
@@ -579,17 +578,6 @@ def _raw(name: str, value: np.ndarray, offset: int) -> dict[str, Any]:
         "shape": list(value.shape),
         "offset": offset,
     }
-
-
-def _result(result: Any) -> dict[str, Any]:
-    """A statement's result for the wire: a table as Arrow IPC (hex), else its summary text."""
-    from tabloader.cli import describe_result
-
-    if isinstance(result, pa.Table):
-        return {"kind": "table", "ipc": table_to_wire(result)}
-    if result is None:
-        return {"kind": "none"}
-    return {"kind": "text", "text": describe_result(result)}
 
 
 def _jsonable(value: Any) -> Any:

@@ -14,7 +14,8 @@ from sqlglot import exp
 import catalog
 from catalog import CatalogError, ForbiddenExpressionError, StatementError
 from catalog.database import translate
-from catalog.limits import Limits, parse_bytes
+from catalog.limits import Limits
+from catalog.settings import parse_bytes
 from catalog.sql.dialect import MAX_NESTING, MAX_STATEMENT_CHARS
 from catalog.sql.validate import PREDICATE_FUNCTION_CALLS
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tabloader.bench import e2e, train
+from tabloader.bench import _e2e_children, e2e, train
+from tabloader.bench._e2e_targets import targets as e2e_targets
 from tabloader.service.protocol import socket_path
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -156,6 +157,110 @@ def test_e2e_repeats_report_the_median_run_and_every_runs_wall_and_services(wall
     assert got["service_pids"] == [100 + i for i in range(len(walls))]
 
 
+def test_e2e_recipe_scenarios_count_shared_decodes_and_cached_bytes(tmp_path):
+    """``recipe`` and ``recipe-eval``: every job gets its epoch, the service and the threads
+    decode each row once (the evaluation job reads the training jobs' decode), the DataLoaders
+    once per job; the arena's bytes per image: the aspect-kept decode vs the center crop."""
+    data = bench(
+        tmp_path,
+        "e2e",
+        *("--scenarios", "recipe,recipe-eval", "--recipe-size", str(SIZE), "--step", "0"),
+        *("--overhead-batch", "8", "--overhead-size", str(SIZE), "--overhead-samples", "2"),
+        *("--overhead-settle", "0", "--repeat", "1"),
+    )
+    assert set(data["runs"]) == {"recipe", "recipe-eval"}
+    pids = []
+    for name, run in data["runs"].items():
+        sets, union = run["sets"], run["union"]
+        assert sets == [ROWS] * 4
+        assert union == ROWS
+        results = run["results"]
+        assert set(results) == {"service", "dataloader", "threads"}
+        for competitor, result in results.items():
+            delivered = [result["jobs"][f"j{i}"]["rows"] for i in range(4)]
+            assert delivered == sets, (name, competitor)
+        assert results["service"]["decodes"] == results["threads"]["decodes"] == union
+        assert results["dataloader"]["decodes"] == sum(sets)
+        copies = results["service"]["copies"]  # the crop-resize into the batch: the one copy
+        assert copies["images"] == sum(sets)
+        assert copies["copied_bytes"] == sum(sets) * SIZE * SIZE * 3
+        assert copies["prepared_bytes"] > copies["copied_bytes"]  # the shared decode is larger
+        kept = results["service"]["cache"]
+        assert 0 < kept["entries"] <= union
+        assert kept["size_bytes"] / kept["entries"] > SIZE * SIZE * 3
+        pids += results["service"]["service_pids"]
+    alone = data["runs"]["recipe-eval"]["center_crop_alone"]
+    assert alone["jobs"]["j0"]["rows"] == ROWS
+    assert alone["decodes"] == ROWS
+    assert alone["cache"]["size_bytes"] == alone["cache"]["entries"] * SIZE * SIZE * 3
+    assert data["runs"]["recipe"]["center_crop_alone"] is None
+    pids += alone["service_pids"]
+    per_image = data["recipe"]["bytes_per_image"]
+    service = data["runs"]["recipe"]["results"]["service"]["cache"]
+    assert per_image == {
+        "shared_decode": service["size_bytes"] / service["entries"],
+        "center_crop": SIZE * SIZE * 3,
+    }
+    assert "arena bytes per cached image (service)" in data["stdout"]
+    torchvision = _e2e_children._torchvision_recipe(SIZE) is not None
+    which = "torchvision.transforms.v2" if torchvision else "torchvision not installed"
+    assert which in data["recipe"]["transforms"]
+    assert data["recipe"]["transforms"] in data["stdout"]
+    targets = {(t["scenario"], t["target"]): t for t in data["targets"]}
+    for scenario in ("recipe", "recipe-eval"):
+        assert targets[scenario, "service decodes / union"]["result"] == "PASS"
+    assert targets["recipe", "service wall / dataloader wall"]["limit"] == "<= 0.35"
+    assert targets["recipe", "service wall / dataloader wall"]["result"] in ("PASS", "FAIL")
+    report = targets["recipe-eval", "service arena bytes per cached image (center crop, alone)"]
+    assert report["value"] == SIZE * SIZE * 3
+    rows = {(r["scenario"], r["competitor"]): r for r in data["rows"]}
+    assert rows["recipe", "service"]["cache B/img"] == per_image["shared_decode"]
+    assert rows["recipe", "dataloader"]["cache B/img"] == ""
+    assert_cleaned_up(tmp_path, pids)
+
+
+def test_e2e_recipe_dataloader_crops_flips_and_resizes_the_drawn_box(monkeypatch):
+    """The DataLoaders' Pillow recipe applies ``Augmenter.draw``'s box and flip: on an image
+    whose red is its x and green its y, the output's center is the box's center, and red
+    falls from left to right exactly where the draw flipped."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from tabloader.augment import Augmenter
+
+    monkeypatch.setattr(_e2e_children, "_torchvision_recipe", lambda size: None)
+    h, w = 300, 400
+    pixels = np.zeros((h, w, 3), np.uint8)
+    pixels[..., 0] = np.linspace(0, 255, w)[None, :]
+    pixels[..., 1] = np.linspace(0, 255, h)[:, None]
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")  # no DCT draft: the full size
+    text = "RandomResizedCrop(32), RandomHorizontalFlip()"
+    ds = _e2e_children.RecipeDataset("", "imgs", [], {"augment": text, "seed": 7})
+    assert "torchvision not installed" in ds.transforms
+    aug = Augmenter(text, 7)
+    flips = []
+    for row in range(40):
+        out = ds.prepare(png.getvalue(), row).numpy()
+        assert out.shape == (32, 32, 3)
+        (top, left, ch, cw), flip = aug.draw((h, w), 0, row)
+        center = out[15:17, 15:17].mean(axis=(0, 1))
+        assert center[0] == pytest.approx((left + cw / 2) * 255 / (w - 1), abs=4 + 255 / cw)
+        assert center[1] == pytest.approx((top + ch / 2) * 255 / (h - 1), abs=4 + 255 / ch)
+        assert (int(out[16, 0, 0]) > int(out[16, -1, 0])) == flip
+        flips.append(flip)
+    assert 10 <= sum(flips) <= 30  # both ways, about half each
+    assert np.array_equal(ds.prepare(png.getvalue(), 3), ds.prepare(png.getvalue(), 3))
+
+
+@pytest.mark.parametrize("scenarios", ["recipe,recipe-evl", ","])
+def test_e2e_rejects_unknown_scenarios(scenarios):
+    with pytest.raises(SystemExit, match="Unknown scenario.* in --scenarios: use same, "):
+        e2e.run(parsed(e2e, "--scenarios", scenarios))
+
+
 def test_e2e_late_is_checked_against_belady():
     """In ``late`` the service's decodes are checked against Belady's MIN on its requests."""
     service = {
@@ -166,7 +271,7 @@ def test_e2e_late_is_checked_against_belady():
     }
     runs = {"late": {"union": 100, "results": {"service": service}, "fastest_alone_rows_per_s": 0}}
     overhead = {"p50_us": 1.0, "p99_us": 2.0}
-    targets = {t["target"]: t for t in e2e.check_targets(runs, overhead, 1 << 20)}
+    targets = {t["target"]: t for t in e2e_targets(runs, overhead)}
     assert targets["service decodes / union"]["result"] == "FAIL"
     bound = targets["Belady's MIN / union (40-row arena, service's requests and pins)"]
     assert bound["value"] == 1.1
@@ -174,7 +279,7 @@ def test_e2e_late_is_checked_against_belady():
     assert check["value"] == pytest.approx(120 / 110)
     assert check["result"] == "FAIL"
     service["decodes"] = 112
-    targets = {t["target"]: t for t in e2e.check_targets(runs, overhead, 1 << 20)}
+    targets = {t["target"]: t for t in e2e_targets(runs, overhead)}
     assert targets["service decodes / Belady's MIN"]["result"] == "PASS"
 
 

@@ -13,7 +13,7 @@ import catalog
 from catalog.errors import StorageError
 from tabloader.engine import Loader
 from tabloader.prep import decode_image
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 
 @pytest.fixture

@@ -210,7 +210,7 @@ def test_status_without_a_service_and_outside_a_catalog(capsys, tmp_path):
     code, out, _ = run(capsys, "--catalog", root, "status", "--json")
     assert (code, json.loads(out)) == (
         0,
-        {"catalog": root, "service_pid": None, "clients": [], "jobs": []},
+        {"catalog": root, "service_pid": None, "clients": [], "jobs": [], "ray": None},
     )
 
 

@@ -15,12 +15,13 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pytest
+from _faults import KillsOnce, Poisoned, Slow
 from _shm import named_shm_of
 
 from catalog.errors import CacheError, LoaderError, RowReadError
 from tabloader.engine import Loader
 from tabloader.prep import decode_image, decoder_for
-from tabloader.service.shm import SHM_DIR, Segment, process_alive, shm_available
+from tabloader.shm import SHM_DIR, Segment, process_alive, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -74,6 +75,98 @@ def test_a_killed_decode_process_is_replaced(images):
         assert pool.pids()
         assert not set(pool.pids()) & set(killed)  # new processes
         assert loader.arena.stats().pinned == 0
+
+
+def _with_decoder(loader, monkeypatch, make):
+    """Every decode the loader sends to its processes uses ``make(decoder)`` instead."""
+    real = loader.decode_pool.submit
+
+    def submit(reader, dec, rows, offsets):
+        wrapped = make(column=dec.column, kind=dec.kind, image_size=dec.image_size)
+        return real(reader, wrapped, rows, offsets)
+
+    monkeypatch.setattr(loader.decode_pool, "submit", submit)
+
+
+def _epoch_once(loader, on_error, after_first=lambda: None):
+    """One epoch of job ``j``, asserting no row comes twice: ``{row: image}``."""
+    got: dict[int, np.ndarray] = {}
+    with loader.open("j", batch_size=4, epochs=1, on_error=on_error) as stream:
+        for n, batch in enumerate(stream):
+            for i, img in zip(batch["_id"].tolist(), batch["image"], strict=True):
+                assert i not in got, f"row {i} twice"
+                got[i] = img
+            if n == 0:
+                after_first()
+    assert loader.arena.stats().pinned == 0
+    return got
+
+
+def _assert_decoded(images, got, size=16):
+    raw = images.dataset("imgs").take(sorted(got), ["image"]).column("image")
+    for row, value in zip(sorted(got), raw, strict=True):
+        assert np.array_equal(got[row], decode_image(value.as_buffer(), size=size))
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_decode_process_killed_mid_epoch_costs_no_row(images, monkeypatch, on_error):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    killed = []
+
+    def kill():
+        pids = loader.decode_pool.pids()
+        assert pids
+        assert os.getpid() not in pids
+        os.kill(pids[0], signal.SIGKILL)
+        killed.append(pids[0])
+
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        # decodes stay in flight while we kill (60 rows, 2 processes: 1.5 s)
+        _with_decoder(loader, monkeypatch, lambda **kw: Slow(**kw, delay=0.05))
+        got = _epoch_once(loader, on_error, kill)
+        for _ in range(1000):  # the executor notices (bounded wait)
+            if killed[0] not in loader.decode_pool.pids():
+                break
+            threading.Event().wait(0.01)
+        assert killed[0] not in loader.decode_pool.pids()
+        assert len(_epoch_once(loader, on_error)) == images.job("j").num_rows  # replaced
+    assert got.keys() == set(images.job("j").ids)  # none skipped for the fault
+    _assert_decoded(images, got)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_rows_in_flight_when_their_process_dies_are_decoded_again(
+    images, monkeypatch, tmp_path, on_error
+):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    marker = tmp_path / "killed"
+    row = int(images.job("j").ids[7])
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        _with_decoder(
+            loader, monkeypatch, lambda **kw: KillsOnce(**kw, row=row, marker=str(marker))
+        )
+        got = _epoch_once(loader, on_error)
+    assert marker.exists()  # its process died while decoding it
+    assert got.keys() == set(images.job("j").ids)
+    _assert_decoded(images, got)
+
+
+def test_a_row_that_kills_its_decode_process_twice_is_bad_data(images, monkeypatch):
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    ids = images.job("j").ids
+    poison = int(ids[len(ids) // 2])
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        _with_decoder(loader, monkeypatch, lambda **kw: Poisoned(**kw, poison=poison))
+        with pytest.raises(
+            RowReadError,
+            match=f"row {poison}, column 'image': decoding it killed a decode process 2 times, "
+            "so it counts as bad data",
+        ) as err:
+            epoch(loader, "j", batch_size=4)
+        assert err.value.row_id == poison
+        got = _epoch_once(loader, "skip")
+    assert got.keys() == set(ids) - {poison}  # only the poison row is left out
+    _assert_decoded(images, got)
 
 
 def test_decode_processes_start_with_the_loader_not_with_its_first_batch(images):

@@ -17,7 +17,7 @@ from catalog import JobNotFoundError, LoaderError, OptionError, RowReadError
 from tabloader.engine import Loader
 from tabloader.prep import decode_image
 from tabloader.sampling import DependentSampler
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 
 def tabloader_threads() -> list[str]:

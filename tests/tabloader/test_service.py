@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +44,7 @@ from tabloader.service.protocol import (
     runtime_dir,
     socket_path,
 )
-from tabloader.service.shm import shm_available
+from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(
     not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"
@@ -152,8 +153,15 @@ def test_two_training_scripts_share_one_service_exactly_once_each(cat_dir, tmp_p
             assert out["epochs"][0] != out["epochs"][1]  # a new order each epoch
 
 
+def sql(remote: RemoteLoader, statement: str) -> Any:
+    """A statement run in the service of ``remote``'s catalog (``tabloader.connect``)."""
+    with tabloader.connect(remote.root) as cat:
+        assert cat.service_pid == remote.service_pid
+        return cat.sql(statement)
+
+
 def rows_of(remote: RemoteLoader, where: str) -> list[int]:
-    table = remote.sql(f"SELECT _id FROM imgs WHERE {where} ORDER BY _id")
+    table = sql(remote, f"SELECT _id FROM imgs WHERE {where} ORDER BY _id")
     return table.column("_id").to_pylist()
 
 
@@ -181,7 +189,7 @@ def test_batches_equal_the_source_and_jobs_share_decodes(service, cat_dir, image
                 for i, img in zip(batch["_id"].tolist(), batch["image"], strict=True):
                     seen[i] = img.copy()
             stream.close()
-        paths = remote.sql("SELECT _id, path FROM imgs").to_pylist()
+        paths = sql(remote, "SELECT _id, path FROM imgs").to_pylist()
         assert sorted(seen) == rows_of(remote, "true")  # a and b together: every row
         wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
         stats = remote.stats()
@@ -216,11 +224,11 @@ def test_statements_go_through_the_running_service(service, cat_dir):
         with remote.open("c", batch_size=4, epochs=1) as c:  # registered while others train
             labels = np.concatenate([b["label"] for b in c])
         assert (labels == 2).all()
-        assert remote.sql("SELECT count(*) AS n FROM imgs").column("n").to_pylist()[0] > 0
+        assert sql(remote, "SELECT count(*) AS n FROM imgs").column("n").to_pylist()[0] > 0
     finally:
         remote.close()
     with tabloader.connect(cat_dir) as cat:  # the Python API: through the service too
-        assert isinstance(cat, RemoteLoader)
+        assert cat.service_pid is not None
         cat.sql("REGISTER JOB d SELECT label FROM imgs WHERE label = 1")
         assert "d" in cat.sql("SHOW JOBS").column("name").to_pylist()
 
@@ -752,7 +760,7 @@ def test_a_batch_is_staged_even_when_pinned_images_fill_the_arena(cat_dir, image
         ):
             warnings.simplefilter("ignore")
             seen = {i: img for b in stream for i, img in zip(b["_id"], b["image"], strict=True)}
-            paths = remote.sql("SELECT _id, path FROM imgs WHERE label < 3").to_pylist()
+            paths = sql(remote, "SELECT _id, path FROM imgs WHERE label < 3").to_pylist()
             copies = remote.copies
         assert sorted(seen) == sorted(row["_id"] for row in paths)
         for row in paths:
@@ -839,10 +847,10 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
 
 SHADOWED = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, tabloader
     from tabloader.service.client import RemoteLoader, service_loader
     with RemoteLoader(sys.argv[1]) as remote:  # no service runs: this starts one
-        table = remote.sql("SELECT count(*) AS n FROM imgs")
+        table = tabloader.connect(sys.argv[1]).sql("SELECT count(*) AS n FROM imgs")
         proc = f"/proc/{remote.service_pid}"
         env = dict(v.split("=", 1) for v in open(f"{proc}/environ").read().split("\\0") if v)
         n = table.column("n")[0].as_py()
@@ -896,17 +904,18 @@ def elsewhere(tmp_path, image_folder, monkeypatch):
 
 
 def test_relative_paths_of_a_client_mean_its_own_directory(service, cat_dir, elsewhere):
-    with RemoteLoader(cat_dir, start=False) as remote:
-        created = remote.sql("CREATE DATASET more FROM 'more' FORMAT imagefolder")
-        assert created.startswith("Dataset more version 1: 60 rows")
-        assert remote.sql("APPEND TO DATASET more FROM './more'").startswith(
-            "Dataset more version 2: 120 rows"
-        )
-        assert remote.import_path("again", "more").startswith("Dataset again version 1: 60 rows")
+    with tabloader.connect(cat_dir) as cat:
+        assert cat.service_pid == service.pid
+        created = cat.sql("CREATE DATASET more FROM 'more' FORMAT imagefolder")
+        assert (created.name, created.version, created.num_rows) == ("more", 1, 60)
+        appended = cat.sql("APPEND TO DATASET more FROM './more'")
+        assert (appended.version, appended.num_rows) == (2, 120)
+        again = cat.import_imagefolder("again", "more")
+        assert (again.name, again.version, again.num_rows) == ("again", 1, 60)
         with pytest.raises(ImportFailedError, match=re.escape(f"'{elsewhere / 'missing'}'")):
-            remote.sql("CREATE DATASET gone FROM 'missing'")
+            cat.sql("CREATE DATASET gone FROM 'missing'")
         with pytest.raises(ImportFailedError, match=re.escape(f"'{elsewhere / 'missing'}'")):
-            remote.import_path("gone", "missing")
+            cat.import_imagefolder("gone", "missing")
     run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir)]
     out = subprocess.run(
         [*run, "sql", "CREATE DATASET cli FROM 'more'"],
@@ -932,7 +941,7 @@ def test_relative_paths_of_a_client_mean_its_own_directory(service, cat_dir, els
 def test_an_import_through_the_service_refuses_a_link_out_unless_follow_links(
     service, cat_dir, elsewhere, tmp_path
 ):
-    """``follow_links`` reaches the service's import (``import_path``, ``tabloader import
+    """``follow_links`` reaches the service's import (``import_imagefolder``, ``tabloader import
     --follow-links`` and ``WITH (follow_links = true)``); a refusal leaves nothing behind."""
     secret = tmp_path / "secret"
     first_class = min(p for p in (elsewhere / "more").iterdir() if p.is_dir())
@@ -942,25 +951,23 @@ def test_an_import_through_the_service_refuses_a_link_out_unless_follow_links(
     data = cat_dir / "data"
     before = sorted(data.rglob("*"))
     run = [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir)]
-    with RemoteLoader(cat_dir, start=False) as remote:
+    with tabloader.connect(cat_dir) as cat:
+        assert cat.service_pid == service.pid
         with pytest.raises(ImportFailedError, match=f"^{link_out}, outside the imported folder"):
-            remote.import_path("more", "more")
+            cat.import_imagefolder("more", "more")
         with pytest.raises(ImportFailedError, match=f"^{link_out}, outside the imported folder"):
-            remote.sql("CREATE DATASET more FROM 'more'")
+            cat.sql("CREATE DATASET more FROM 'more'")
         out = subprocess.run(
             [*run, "import", "more", "more"], capture_output=True, text=True, timeout=TIMEOUT
         )
         assert out.returncode == 1
         assert re.search(f"{link_out}, outside the imported folder", out.stderr), out.stderr
-        assert "more" not in remote.sql("SHOW DATASETS").column("name").to_pylist()
+        assert "more" not in cat.dataset_names()
         assert sorted(data.rglob("*")) == before
         linked = len(os.listdir(secret))
-        assert remote.import_path("more", "more", follow_links=True).startswith(
-            f"Dataset more version 1: {60 + linked} rows"
-        )
-        assert remote.sql("CREATE DATASET more2 FROM 'more' WITH (follow_links = true)").startswith(
-            f"Dataset more2 version 1: {60 + linked} rows"
-        )
+        assert cat.import_imagefolder("more", "more", follow_links=True).num_rows == 60 + linked
+        more2 = cat.sql("CREATE DATASET more2 FROM 'more' WITH (follow_links = true)")
+        assert (more2.name, more2.version, more2.num_rows) == ("more2", 1, 60 + linked)
     out = subprocess.run(
         [*run, "import", "more3", "more", "--follow-links"],
         capture_output=True,
@@ -1025,7 +1032,7 @@ def test_verify_beside_a_service_says_to_stop_it(service, cat_dir, capsys):
     assert main(["--catalog", str(cat_dir), "verify"]) == 1
     err = capsys.readouterr().err
     assert re.search(
-        rf"^CatalogLockedError: tabloader verify reads catalog .* itself, and its loader service "
+        rf"^CatalogLockedError: verify reads catalog .* itself, and its loader service "
         rf"\(pid {service.pid}\) holds it: stop the service \(`kill {service.pid}`",
         err,
     ), err

@@ -111,29 +111,40 @@ def test_snapshot_catalog_waits_for_the_catalog_then_says_who_holds_it(tmp_path,
 
 
 def test_a_rank_on_a_node_without_loader_is_told_how_to_start_one(tmp_path, monkeypatch):
-    from tabloader.service import client
+    from tabloader.service import client, plugins
+
+    class InAWorker(node.RayNodes):  # a Ray worker of a cluster that serves the catalog
+        def node(self, root):
+            return "0123456789abcdef0123"
 
     monkeypatch.setattr(client, "START_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(client, "find_service", lambda root: "0123456789abcdef0123")
-    with pytest.raises(
-        ServiceError, match=r"No tabloader loader runs on this Ray node .*serve --ray"
-    ):
-        client.RemoteLoader(tmp_path)
+    previous = plugins.locator()
+    assert previous is not None  # importing tabloader registers the Ray one
+    plugins.set_locator(InAWorker())
+    try:
+        with pytest.raises(
+            ServiceError, match=r"No tabloader loader runs on this Ray node .*serve --ray"
+        ):
+            client.RemoteLoader(tmp_path)
+    finally:
+        plugins.set_locator(previous)
 
 
 def test_no_ray_no_cluster(tmp_path):
-    """A process that never imported Ray is never a cluster rank (and Ray is not imported)."""
+    """A process that never imported Ray is never a cluster rank (and Ray is not imported): the
+    locator that ``import tabloader`` registers for the service's clients says so."""
     import subprocess
     import sys
 
     code = (
-        "import sys; from tabloader.cluster.node import find_service; "
-        f"print(find_service({str(tmp_path)!r}), 'ray' in sys.modules)"
+        "import sys, pathlib, tabloader; from tabloader.service.plugins import locator; "
+        f"print(type(locator()).__name__, locator().node(pathlib.Path({str(tmp_path)!r})), "
+        "'ray' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert out.stdout.split() == ["None", "False"]
+    assert out.stdout.split() == ["RayNodes", "None", "False"]
 
 
 def test_leader_lookahead_is_bounded_for_every_node():

@@ -51,7 +51,8 @@ def two_nodes():
 
 
 def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
-    from tabloader.cluster.actor import get_leader, leader_name, start_leader
+    from tabloader.cluster.actor import start_leader
+    from tabloader.cluster.names import get_leader, leader_name
 
     catalog = tmp_path / "cat"
     catalog.mkdir()  # the leader keeps its checkpoint in the catalog's service directory
@@ -228,7 +229,7 @@ def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_lead
     import signal
     import time
 
-    from tabloader.cluster.actor import get_leader
+    from tabloader.cluster.names import get_leader
     from tabloader.service.client import RemoteLoader
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -300,10 +301,35 @@ def test_a_dead_rank_takes_only_its_job_a_restarted_leader_or_loader_resumes(ima
     assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])]
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def read_first_epoch(root, job, rank, world_size):
+    """A rank of a 2-epoch job whose task returns after epoch 0 without close(), as a
+    training function ends."""
+    from tabloader.service.client import RemoteLoader
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+    stream = RemoteLoader(root).open(job, epochs=2)
+    return [int(i) for batch in stream.iter_epoch() for i in batch["_id"]]
+
+
+def test_a_rank_that_ends_after_its_share_of_an_epoch_does_not_fail_its_peer(image_cluster):
+    root, sets, _, cluster = image_cluster
+    a1 = read_first_epoch.options(**on(1)).remote(root, "a", 1, 2)
+    a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=1)
+    theirs = ray.get(a1, timeout=TIMEOUT)
+    _, epochs, error = ray.get(a0, timeout=TIMEOUT)
+    assert error is None, error  # was: "left the cluster: rank 1 ... died mid-run"
+    assert not set(theirs) & set(epochs[0])
+    assert set(theirs) | set(epochs[0]) <= set(sets["a"])
+    assert len(theirs) == len(epochs[0]) > 0
+    assert "a" not in cluster.status()["gone"]
+
+
 def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_folder):
     """``tabloader serve --ray ADDRESS`` starts a loader on a node that joins later, takes a
     node that leaves off the leader (its job with it) while the others go on, and stops
-    cleanly; ``status --ray`` reports the cluster."""
+    cleanly; ``status`` finds the cluster recorded under the catalog (no ``--ray``) and
+    reports it; the record goes when the cluster stops."""
     import json
     import signal
     import subprocess
@@ -311,7 +337,8 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
     import time
 
     from catalog.errors import ServiceError
-    from tabloader.cluster.actor import cluster_status, get_leader
+    from tabloader.cluster.actor import cluster_status, recorded_leader
+    from tabloader.cluster.names import get_leader
 
     root = str(tmp_path / "cat")
     sets = image_catalog(root, image_folder)
@@ -357,19 +384,23 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
         while "b" not in ray.get(leader.status.remote(), timeout=TIMEOUT)["gone"]:
             assert time.monotonic() < deadline, "the leader never heard the node left"
             time.sleep(0.2)
+        assert recorded_leader(root) == {"address": two_nodes.address, "pid": serve.pid}
         out = subprocess.run(
-            [*base, "status", "--ray", two_nodes.address, "--json"],
+            [*base, "status", "--json"],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
             check=True,
         )
-        status = json.loads(out.stdout)
+        report = json.loads(out.stdout)
+        assert report["service_pid"] is None  # no local service: the cluster's loaders
+        status = report["ray"]
+        assert (status["address"], status["pid"]) == (two_nodes.address, serve.pid)
         assert isinstance(status["decodes"], int)
         assert status["decodes"] >= len(sets["a"])
         assert "left the cluster" in status["gone"]["b"]
         text = subprocess.run(
-            [*base, "status", "--ray", two_nodes.address],
+            [*base, "status"],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
@@ -382,6 +413,7 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
         assert rc == 0, log.read_text()[-3000:]
     with pytest.raises(ValueError, match="Failed to look up actor"):
         get_leader(root)
+    assert recorded_leader(root) is None
 
 
 @pytest.mark.slow

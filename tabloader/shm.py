@@ -12,6 +12,30 @@ memory filesystem, which has no size limit, so allocating a cache larger than th
 memory would wake the OOM killer instead of failing. In ``/dev/shm`` the whole size is allocated
 when the segment is made (``posix_fallocate``): a memory filesystem that is too small fails
 then, with an error naming it, instead of killing the process with SIGBUS on a later write.
+
+Layout and contract
+-------------------
+One segment per loader (the service's, or an in-process ``Loader`` decoding in processes)::
+
+    0                                     capacity                      capacity + staging
+    |<- the arena: slabs of slots ------->|<- staging blocks (service) ->|
+         (tabloader.arena, tabloader.slabs)   (tabloader.service.server)
+
+* **Writers.** The loader's process owns the layout: only it decides what a byte range holds
+  (the arena's ``reserve``/``put``/``publish``/``discard``; the service's staging blocks and
+  staging runs). A decode process writes a value only into slots the loader *reserved* for
+  exactly those rows and handed to it, before the loader *publishes* them; it never reads the
+  arena and never writes anywhere else. Staging (ids and small columns of a batch handed to a
+  client) is written by the service into a block (or an arena run) it took for that batch's
+  ticket.
+* **Readers** (the service's clients, mapping the segment read-only) may assume: every
+  ``(offset, shape)`` in a batch reply is a published value (or the reply's own staging), and
+  stays unchanged and in place until the client releases that reply's ticket: the slots are
+  pinned (never evicted, never rewritten) and the staging is the ticket's alone. After the
+  release nothing may be read from those offsets. Values are ``uint8`` arrays, C-contiguous,
+  of the reply's shape.
+* **Identity.** A client compares the segment's ``name`` with the one its service reports:
+  a client of a dead service never reads a new service's memory.
 """
 
 from __future__ import annotations

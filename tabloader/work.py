@@ -1,0 +1,84 @@
+"""The records of a batch in preparation: a job's :class:`Plan` (how its columns are prepared)
+and :class:`Work` (one batch of one job on its way through fetch, accounting and collate).
+
+They live apart from :mod:`tabloader.fetch` so that the modules the fetcher uses
+(:mod:`tabloader.accounting`, :mod:`tabloader.collate`) read them without importing it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tabloader.augment import Augmenter
+from tabloader.prep import Decoder
+
+__all__ = ["Plan", "Work"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a job's columns are prepared: gathered, or decoded into an arena space (and then
+    augmented for the job, when ``augment`` is set: every prepared column is an image)."""
+
+    columns: tuple[str, ...]  # output order (``_id`` first, not listed)
+    gathered: tuple[Decoder, ...]
+    prepared: tuple[tuple[Decoder, int], ...]  # (decoder, arena space)
+    augment: Mapping[str, Augmenter] = field(default_factory=dict)  # by prepared column
+
+
+class Work:
+    """One batch of one job in preparation (one Python object per batch, not per row)."""
+
+    __slots__ = (
+        "augment_s",
+        "epoch",
+        "error",
+        "errors",
+        "job",
+        "loaded",
+        "offsets",
+        "plan",
+        "private",
+        "ready",
+        "remote",
+        "result",
+        "rows",
+        "shapes",
+        "skip",
+        "values",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        job: Any,
+        rows: npt.NDArray[np.int64],
+        epoch: int,
+        plan: Plan,
+        *,
+        skip: bool,
+        remote: bool = False,
+    ):
+        self.job = job
+        self.remote = remote  # handed over pinned to another process (the loader service)
+        self.rows = rows
+        self.epoch = epoch
+        self.plan = plan
+        self.skip = skip
+        self.values: dict[str, Any] = {}
+        n = len(plan.prepared)
+        self.offsets = [np.full(rows.size, -1, np.int64) for _ in range(n)]
+        self.shapes = [np.zeros((rows.size, 3), np.int32) for _ in range(n)]
+        self.private: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}  # uncached values
+        self.errors: dict[int, BaseException] = {}  # position -> the row's error
+        self.error: BaseException | None = None  # the whole batch failed
+        self.waiting = 1  # decode groups not landed yet, + 1 until the lookups are done
+        self.loaded = 0  # values this batch read or decoded itself
+        self.augment_s = 0.0  # seconds of the job's own augmentation in collate
+        self.result: dict[str, Any] | None = None
+        self.ready = False  # set by the job's scheduler once ``on_done`` ran

@@ -1,0 +1,178 @@
+"""``tabloader.connect``: one type, the same answers with the catalog's service running or not."""
+
+from __future__ import annotations
+
+import signal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_service import TIMEOUT, start_service
+
+import catalog
+import tabloader
+from catalog.errors import (
+    CatalogLockedError,
+    DatasetInUseError,
+    JobNotFoundError,
+    UnknownColumnError,
+)
+from tabloader.service.client import RemoteLoader
+
+
+def user_script(root, data) -> dict:
+    """What a user would write, run as is with and without a service; its observations."""
+    seen: dict = {}
+    with tabloader.connect(root) as cat:
+        seen["type"] = type(cat).__name__
+        nums = pa.table({"x": list(range(20)), "name": [f"n{i}" for i in range(20)]})
+        ds = cat.import_arrow("nums", nums)
+        seen["imported"] = (type(ds).__name__, ds.name, ds.version, ds.num_rows, ds.schema)
+        seen["parquet"] = cat.import_parquet("pq", data / "t.parquet").num_rows
+        seen["ipc"] = cat.import_ipc("ipc", data / "t.arrow").columns
+        seen["appended"] = cat.import_arrow("nums", nums.slice(0, 5), append=True).num_rows
+        job = cat.sql("REGISTER JOB small SELECT x FROM nums WHERE x < 5")
+        seen["small"] = (type(job).__name__, job.name, job.columns, sorted(job.ids))
+        seen["small_ids"] = sorted(cat.job("small").ids)
+        big = cat.register_job(
+            "big", "nums", columns=["x"], where="x >= 15", options={"batch_size": 4}
+        )
+        seen["big"] = (big.dataset_version, big.predicate, big.options, sorted(big.ids))
+        seen["big_options"] = cat.job("big").options
+        seen["take"] = cat.dataset("nums").take([24, 3, 1], ["name"]).to_pydict()
+        seen["take_v1"] = cat.dataset("nums", version=1).num_rows
+        seen["images"] = cat.dataset("imgs").take([0], ["label"]).to_pydict()
+        seen["class_names"] = cat.dataset("imgs").class_names
+        seen["jobs"] = [(j.name, j.num_rows) for j in cat.jobs()]
+        seen["datasets"] = [(d.name, d.num_rows) for d in cat.datasets()]
+        seen["select"] = cat.sql("SELECT sum(x) AS s FROM nums").to_pydict()
+        seen["show"] = cat.sql("SHOW JOBS").column("name").to_pylist()
+        with pytest.raises(JobNotFoundError) as missing:
+            cat.job("smal")
+        seen["missing"] = str(missing.value)
+        with pytest.raises(UnknownColumnError) as column:
+            cat.dataset("nums").take([0], ["nmae"])
+        seen["column"] = str(column.value)
+        cat.unregister_job("big")
+        cat.drop_dataset("pq")
+        seen["drop"] = cat.sql("DROP DATASET ipc")
+        seen["after"] = (cat.job_names(), cat.dataset_names())
+    return seen
+
+
+@pytest.fixture
+def empty(tmp_path, image_folder):
+    """A catalog holding only ``imgs`` (a service reads a catalog; it creates none), and
+    files to import."""
+    root = tmp_path / "cat"
+    with catalog.connect(root, create=True) as cat:
+        cat.import_imagefolder("imgs", image_folder)
+    data = tmp_path / "data"
+    data.mkdir()
+    table = pa.table({"y": [1.5, 2.5, 3.5]})
+    pq.write_table(table, data / "t.parquet")
+    with pa.ipc.new_file(data / "t.arrow", table.schema) as writer:
+        writer.write_table(table)
+    return root, data
+
+
+def test_the_same_script_gives_the_same_answers_with_and_without_a_service(tmp_path, empty):
+    root, data = empty
+    alone = user_script(root, data)
+    with catalog.connect(root) as cat:  # again from the start, for the service's run
+        cat.drop_dataset("nums", cascade=True)
+    proc = start_service(root)
+    try:
+        with tabloader.connect(root) as cat:
+            assert cat.service_pid == proc.pid  # it did go through the service
+        served = user_script(root, data)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+    assert served == alone
+    assert alone["type"] == "Connection"
+    assert alone["imported"][0] == "Dataset"
+    assert alone["small_ids"] == [0, 1, 2, 3, 4, 20, 21, 22, 23, 24]
+    assert alone["take"] == {"_id": [24, 3, 1], "name": ["n4", "n3", "n1"]}
+    assert alone["class_names"]["label"]  # the image folder's classes, by value
+    assert "Did you mean 'small'" in alone["missing"]
+    assert alone["after"] == (["small"], ["imgs", "nums"])
+
+
+@pytest.fixture
+def served(empty):
+    root, _ = empty
+    with catalog.connect(root) as cat:
+        cat.sql("REGISTER JOB a SELECT label FROM imgs")
+    proc = start_service(root)
+    yield root, proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(TIMEOUT)
+
+
+def test_calls_that_need_the_catalog_itself_say_so_while_a_service_runs(served):
+    root, proc = served
+    with tabloader.connect(root) as cat:
+        with pytest.raises(
+            CatalogLockedError,
+            match=rf"verify reads catalog .* service \(pid {proc.pid}\) holds it: stop the "
+            rf"service \(`kill {proc.pid}`",
+        ):
+            cat.verify()
+        with pytest.raises(CatalogLockedError, match=r"held by its loader service .*JobDataset"):
+            cat.catalog  # noqa: B018
+        loader = RemoteLoader(root, start=False)
+        try:
+            with loader.open("a", batch_size=4, epochs=1) as stream:
+                assert stream.take() is not None  # the job reads imgs now
+                for drop in (
+                    lambda: cat.sql("DROP DATASET imgs CASCADE"),
+                    lambda: cat.drop_dataset("imgs", cascade=True),
+                ):
+                    with pytest.raises(
+                        DatasetInUseError,
+                        match=rf"'imgs' is read by job\(s\) a open in the loader service "
+                        rf"\(pid {proc.pid}\); drop it once they are closed",
+                    ):
+                        drop()
+                assert stream.take() is not None  # and still does
+        finally:
+            loader.close()
+        assert "imgs" in cat.dataset_names()
+
+
+def test_without_a_service_the_catalog_is_opened_here(empty):
+    root, _ = empty
+    with tabloader.connect(root) as cat:
+        assert cat.service_pid is None
+        assert isinstance(cat.catalog, catalog.Catalog)
+        assert cat.verify().ok
+        with tabloader.Loader(cat.catalog, cache_bytes=1 << 20) as loader:
+            cat.sql("REGISTER JOB a SELECT label FROM imgs WHERE label = 1")
+            ids = [i for b in loader.open("a", batch_size=8, epochs=1) for i in b["_id"]]
+        assert sorted(ids) == sorted(cat.job("a").ids)
+
+
+BAD_ARGUMENTS = [
+    ("names", {"kind": "tables"}, r"'kind' is 'datasets' or 'jobs', got 'tables'"),
+    ("job", {"name": 3}, r"needs a string 'name', got 3"),
+    ("dataset", {"name": "imgs", "version": "1"}, r"'version' has the wrong type: '1'"),
+    ("register_job", {"name": "j", "dataset": "imgs", "replace": 1}, r"'replace' has the"),
+    ("register_job", {"name": "j", "dataset": "imgs", "options": [1]}, r"'options' has"),
+    ("drop_dataset", {"name": "imgs", "cascade": "yes"}, r"'cascade' has the wrong type"),
+]
+
+
+def test_the_services_catalog_operations_refuse_bad_arguments(served):
+    from catalog.errors import ServiceError
+    from tabloader.service.client import dial
+
+    root, _ = served
+    client = dial(root, start=False)
+    try:
+        for op, args, error in BAD_ARGUMENTS:
+            with pytest.raises(ServiceError, match=error):
+                client.call(op, **args)
+        assert client.call("names", kind="datasets")["names"] == ["imgs"]  # still connected
+    finally:
+        client.close()

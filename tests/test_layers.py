@@ -1,0 +1,228 @@
+"""Imports go one way, in no circle: catalog <- engine <- service <- cluster <- torch/bench/cli.
+
+The import graph comes from the source with ``ast``: every ``import`` and ``from ... import``,
+function-local imports and ``if TYPE_CHECKING:`` imports included. A module's layer comes from
+``LAYERS`` alone (the most specific entry wins), so moving modules means editing that table.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("catalog", "tabloader")
+
+# Layers from the bottom up: a module may import only modules of its own layer or below.
+CATALOG, ENGINE, SERVICE, CLUSTER, TOP, CLI = range(6)
+LAYER_NAMES = ("catalog", "engine", "service", "cluster", "top (torch.py, bench, API)", "cli")
+# "pkg.*" -> the layer of pkg and every module below it; "name" -> the layer of that module
+# alone; the longest match wins. The engine is the flat modules of tabloader/ (one
+# "tabloader.engine.*" entry once they move into that package).
+LAYERS: dict[str, int] = {
+    "catalog.*": CATALOG,
+    "tabloader": TOP,  # the package's __init__: the public API
+    "tabloader._format": ENGINE,
+    "tabloader.accounting": ENGINE,
+    "tabloader.arena": ENGINE,
+    "tabloader.augment": ENGINE,
+    "tabloader.batchmem": ENGINE,
+    "tabloader.collate": ENGINE,
+    "tabloader.datagen": ENGINE,
+    "tabloader.decoding": ENGINE,
+    "tabloader.engine": ENGINE,
+    "tabloader.eviction": ENGINE,
+    "tabloader.fetch": ENGINE,
+    "tabloader.gather": ENGINE,
+    "tabloader.jobs": ENGINE,
+    "tabloader.planning": ENGINE,
+    "tabloader.prep": ENGINE,
+    "tabloader.queues": ENGINE,
+    "tabloader.ranks": ENGINE,
+    "tabloader.sampling.*": ENGINE,
+    "tabloader.scheduler": ENGINE,
+    "tabloader.slabs": ENGINE,
+    "tabloader.shm": ENGINE,
+    "tabloader.stream": ENGINE,
+    "tabloader.uses": ENGINE,
+    "tabloader.work": ENGINE,
+    "tabloader.service.*": SERVICE,
+    "tabloader.cluster.*": CLUSTER,
+    "tabloader.torch": TOP,
+    "tabloader.bench.*": TOP,
+    "tabloader.demo": TOP,
+    "tabloader.cli": CLI,
+    "tabloader.__main__": CLI,
+}
+# Third-party packages a layer must not import.
+FORBIDDEN = {CATALOG: ("torch", "ray"), ENGINE: ("ray",), SERVICE: ("ray",)}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the packages by dotted name (a package by its own name)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module`` from ``LAYERS`` (its longest matching entry)."""
+    matches = [
+        key
+        for key in LAYERS
+        if module == key.removesuffix(".*")
+        or (key.endswith(".*") and module.startswith(key.removesuffix("*")))
+    ]
+    if not matches:
+        raise AssertionError(f"{module} has no layer: add it to LAYERS in {__file__}")
+    return LAYERS[max(matches, key=len)]
+
+
+def imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The dotted names one import statement loads: ``from a import b`` loads a.b if that is a
+    module, else a (the name b is then an attribute of a)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = module if is_package else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        base = base.rpartition(".")[0]
+    source = ".".join(p for p in (base if node.level else "", node.module or "") if p)
+    return [f"{source}.{alias.name}" if alias.name != "*" else source for alias in node.names]
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Edges between the packages' modules, and the third-party top-level names each imports."""
+    modules = module_files()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    external: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for name in imported(node, module, is_package):
+                top = name.partition(".")[0]
+                if top not in PACKAGES:
+                    external[module].add(top)
+                    continue
+                while name not in modules:  # a name inside a module: the module
+                    name = name.rpartition(".")[0]
+                if name != module:
+                    edges[module].add(name)
+    return edges, external
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def against_direction(edges: dict[str, set[str]], external: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer, or of a third-party package the layer must not use."""
+    wrong = []
+    for module in sorted(edges):
+        layer = layer_of(module)
+        for target in sorted(edges[module]):
+            if layer_of(target) > layer:
+                wrong.append(
+                    f"{module} ({LAYER_NAMES[layer]}) -> {target} ({LAYER_NAMES[layer_of(target)]})"
+                )
+        for name in sorted(external[module]):
+            if name in FORBIDDEN.get(layer, ()):
+                wrong.append(f"{module} ({LAYER_NAMES[layer]}) -> {name} (forbidden there)")
+    return wrong
+
+
+def cycle_edges(edges: dict[str, set[str]], component: list[str]) -> str:
+    """The edges inside one circle, one per line."""
+    inside = set(component)
+    return "\n".join(f"  {a} -> {b}" for a in component for b in sorted(edges[a]) if b in inside)
+
+
+def test_the_import_graph_has_no_circle():
+    edges, _ = import_graph()
+    found = circles(edges)
+    assert not found, "import circles (edges inside each):\n" + "\n".join(
+        f"{' / '.join(c)}:\n{cycle_edges(edges, c)}" for c in found
+    )
+
+
+def test_imports_follow_the_layers():
+    edges, external = import_graph()
+    wrong = against_direction(edges, external)
+    assert not wrong, (
+        "imports against catalog <- engine <- service <- cluster <- torch/bench <- cli:\n"
+        + "\n".join(wrong)
+    )
+
+
+def test_every_module_has_a_layer():
+    for module in module_files():
+        layer_of(module)
+
+
+def test_the_checks_find_a_circle_and_an_upward_import():
+    """The checks can fail: a made-up graph with both faults is reported."""
+    edges = {
+        "tabloader.fetch": {"tabloader.collate"},
+        "tabloader.collate": {"tabloader.fetch"},
+        "tabloader.service.server": {"tabloader.cluster.node", "tabloader.cli"},
+        "tabloader.cluster.node": set(),
+        "tabloader.cli": set(),
+        "catalog.catalog": set(),
+    }
+    external = {m: set() for m in edges} | {"catalog.catalog": {"torch", "numpy"}}
+    assert circles(edges) == [["tabloader.collate", "tabloader.fetch"]]
+    assert against_direction(edges, external) == [
+        "catalog.catalog (catalog) -> torch (forbidden there)",
+        "tabloader.service.server (service) -> tabloader.cli (cli)",
+        "tabloader.service.server (service) -> tabloader.cluster.node (cluster)",
+    ]
+    with pytest.raises(AssertionError, match="has no layer: add it to LAYERS"):
+        layer_of("tabloader.new_module")  # only the package itself is "tabloader"
+    assert layer_of("tabloader.cluster.names") == CLUSTER
+    assert layer_of("tabloader.cluster") == CLUSTER
+
+
+def test_imports_are_resolved_like_python():
+    tree = ast.parse("from . import shm\nfrom ..arena import Arena\nimport catalog.errors")
+    nodes = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    names = [imported(n, "tabloader.service", is_package=True) for n in nodes]
+    assert names == [["tabloader.service.shm"], ["tabloader.arena.Arena"], ["catalog.errors"]]
