@@ -231,12 +231,13 @@ class Catalog(SourceImports):
             ) from exc
 
     @property
-    def _con(self) -> duckdb.DuckDBPyConnection:
-        """The DuckDB connection (for tests and benchmarks; statements go through ``sql``)."""
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The catalog's read-write DuckDB connection, for inspection and repair (benchmarks,
+        tests). It bypasses every check of :meth:`sql`: statements go through ``sql``."""
         return self._db.con
 
-    @_con.setter
-    def _con(self, con: duckdb.DuckDBPyConnection) -> None:
+    @connection.setter
+    def connection(self, con: duckdb.DuckDBPyConnection) -> None:
         self._db.con = con
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -438,10 +439,10 @@ class Catalog(SourceImports):
             r[0] for r in self._db.rows(f"SELECT path FROM {META}.parts WHERE dataset = ?", [name])
         ]
         with duckdb_errors(f"DROP DATASET {name}", root=self.root), self._db.transaction():
-            self._con.execute(f"DELETE FROM {META}.jobs WHERE dataset = ?", [name])
-            self._con.execute(f"DELETE FROM {META}.parts WHERE dataset = ?", [name])
-            self._con.execute(f"DELETE FROM {META}.datasets WHERE name = ?", [name])
-            self._con.execute(f"DROP TABLE IF EXISTS {quote(name)}")
+            self.connection.execute(f"DELETE FROM {META}.jobs WHERE dataset = ?", [name])
+            self.connection.execute(f"DELETE FROM {META}.parts WHERE dataset = ?", [name])
+            self.connection.execute(f"DELETE FROM {META}.datasets WHERE name = ?", [name])
+            self.connection.execute(f"DROP TABLE IF EXISTS {quote(name)}")
         self._cache.forget(name)
         for job in users:
             self._bitmaps.remove(job)
@@ -553,7 +554,7 @@ class Catalog(SourceImports):
             with duckdb_errors(f"REGISTER JOB {name}", root=self.root, exists=exists):
                 updated = (
                     replace
-                    and self._con.execute(
+                    and self.connection.execute(
                         f"UPDATE {META}.jobs SET dataset = ?, version = ?, columns = ?, "
                         "predicate = ?, options = ?, bitmap = ?, num_ids = ?, crc32 = ?, "
                         "created = current_timestamp WHERE name = ?",
@@ -562,7 +563,7 @@ class Catalog(SourceImports):
                 )
                 if not updated:  # a new job (replacing one costs no name check)
                     self._check_name_case(name, "job")
-                    self._con.execute(
+                    self.connection.execute(
                         f"INSERT INTO {META}.jobs (dataset, version, columns, predicate, "
                         "options, bitmap, num_ids, crc32, name) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -582,5 +583,5 @@ class Catalog(SourceImports):
                 return
             self.job(name)  # raises JobNotFoundError with a suggestion
         with duckdb_errors(f"UNREGISTER JOB {name}", root=self.root):
-            self._con.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
+            self.connection.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
         self._bitmaps.remove(name)

@@ -11,7 +11,7 @@
   order, saved at close as an ``.npz`` of three equal-length int64 arrays, one entry per
   (event, row): ``kind`` (``LOOKUP`` = 1, ``RELEASE`` = 0), ``space`` (the arena space: a
   dataset's image column at one decode size) and ``row``. The benchmarks replay it through
-  Belady's MIN (:func:`tabloader.bench._cachesim.belady_pinned`) for the best any cache of
+  Belady's MIN (:func:`tabloader.bench.cachesim.belady_pinned`) for the best any cache of
   the arena's size could have done on the same requests.
 """
 
@@ -59,7 +59,7 @@ class AccessLog:
     """Every look-up of a prepared value and every release of a batch's pins, in order.
 
     For offline cache bounds (Belady's MIN on the same requests, with the pins the engine
-    held: ``tabloader.bench._cachesim.belady_pinned``); a ``Loader`` keeps one when given
+    held: ``tabloader.bench.cachesim.belady_pinned``); a ``Loader`` keeps one when given
     ``access_log``. Event ``LOOKUP`` (space, row): a batch asks for the row and holds it from
     then on; ``RELEASE`` (space, row): the batch lets it go (its values were copied into the
     job's batch, or the loader service's client released it). One release per batch looked up.

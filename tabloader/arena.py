@@ -243,6 +243,12 @@ class Arena:
                     shapes[hit[sel]] = cls.shape[index]
             return Found(offsets, shapes)
 
+    def stored(self, space: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Whether each of ``rows`` has a value in ``space`` now (nothing pinned, nothing
+        counted, no recency changed: for introspection)."""
+        with self._lock:
+            return self._where[space][rows] >= 0
+
     def in_flight(self, rows: int) -> None:
         """``rows`` that ``get`` missed are served by a load in flight for another batch:
         count them as hits (they are not read again)."""

@@ -166,6 +166,21 @@ class DecodePool:
         self._retrier: threading.Thread | None = None
         self._kills: dict[tuple[int, str, int], int] = {}  # (reader, column, row) -> deaths
 
+    @property
+    def status(self) -> str:
+        """``"idle"`` (no process started yet), ``"starting"`` (:meth:`start`'s background
+        start runs), ``"running"``, ``"broken"`` (a process died: the next ``submit`` starts
+        new ones) or ``"closed"``."""
+        with self._lock:
+            pool = self._pool
+        if self._closed:
+            return "closed"
+        if pool is not None and pool._broken:
+            return "broken"
+        if self._starting is not None and self._starting.is_alive():
+            return "starting"
+        return "idle" if pool is None else "running"
+
     def start(self) -> None:
         """Start every process now, in a background thread (``submit`` need not wait)."""
         self._starting = threading.Thread(

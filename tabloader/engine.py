@@ -199,6 +199,21 @@ class Loader:
         return self._segment
 
     @property
+    def decode_pool(self) -> DecodePool | None:
+        """The decode processes (None: images are decoded in the pool's threads)."""
+        return self._procs
+
+    def scheduler(self, dataset: str) -> DatasetScheduler:
+        """The scheduler of ``dataset`` (its jobs, queues and fetcher), once a job of it was
+        opened: for introspection and tests."""
+        found = self._schedulers.get(dataset)
+        if found is None:
+            raise LoaderError(
+                f"No job of dataset {dataset!r} was opened in this loader; open one first."
+            )
+        return found
+
+    @property
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
         return self._closed

@@ -4,7 +4,7 @@ A policy sees three numbers per candidate (a cached value that nothing pins):
 
 * ``next_use``: when the value is needed next (larger = later; ``inf``: not known to be
   needed, e.g. beyond the sampler's horizon). The arena gets the round of the next queued use
-  from the scheduler; the cache simulator (:mod:`tabloader.bench._cachesim`) the position of
+  from the scheduler; the cache simulator (:mod:`tabloader.bench.cachesim`) the position of
   the next request when it falls inside its lookahead window.
 * ``uses``: how many jobs still need the value this epoch (its reference count).
 * ``last_use``: when it was last used (larger = more recent).

@@ -62,6 +62,11 @@ class Gatherer:
             self._flat.clear()
             self._reading.clear()
 
+    def flat(self, column: str) -> npt.NDArray[Any] | None:
+        """``column``'s values read whole, by row id (None until its background read is done,
+        or when it is not read whole)."""
+        return self._flat.get(column)
+
     def all_flat(self, decoders: Sequence[Decoder]) -> bool:
         """Whether every column of ``decoders`` is read whole already (a batch of them is a
         few microseconds of numpy takes)."""

@@ -41,6 +41,12 @@ class JobStream:
         weakref.finalize(self, setattr, rank, "abandoned", True)
 
     @property
+    def rank_state(self) -> RankState:
+        """This stream's rank: its batches, condition and counters, and its job's state
+        (``rank_state.job``: queue, sampler, plan). For introspection and tests."""
+        return self._rank
+
+    @property
     def _job(self) -> JobState:
         return self._rank.job
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 import catalog
@@ -29,3 +31,23 @@ def image_folder(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("images") / "folder"
     return make_imagefolder(root, num_images=60, num_classes=4, size=(120, 90), seed=1)
+
+
+@pytest.fixture(scope="session")
+def image_catalog(tmp_path_factory, image_folder):
+    """A catalog holding ``image_folder`` as dataset ``imgs``, imported once per test run.
+
+    Never open it: tests take a copy (``image_cat_dir``), which costs a tenth of an import.
+    """
+    root = tmp_path_factory.mktemp("image-catalog") / "cat"
+    with catalog.connect(root) as cat:
+        cat.import_imagefolder("imgs", image_folder)
+    return root
+
+
+@pytest.fixture
+def image_cat_dir(tmp_path, image_catalog):
+    """This test's own copy of ``image_catalog``, at ``tmp_path / "cat"`` (closed)."""
+    root = tmp_path / "cat"
+    shutil.copytree(image_catalog, root)
+    return root

@@ -110,7 +110,7 @@ def bench_register(work: Path, rows: int) -> list[dict[str, Any]]:
     cat = catalog.connect(work / "register", create=True)
     if "meta" not in cat.dataset_names():
         cat.import_arrow("meta", make_metadata_table(rows))
-    con = cat._con
+    con = cat.connection
     out = []
     for where in [
         "label < 500",

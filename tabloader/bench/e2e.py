@@ -111,15 +111,15 @@ import numpy as np
 
 from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._cachesim import belady_pinned
 from tabloader.bench._e2e_children import run_child
 from tabloader.bench._e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
 from tabloader.bench._e2e_targets import cache_bytes_per_image, recipe_notes
 from tabloader.bench._e2e_targets import targets as _targets
 from tabloader.bench._procs import ServiceProcess, run_jobs
+from tabloader.bench.cachesim import belady_pinned
 from tabloader.bench.stalls import dataset_seconds, stall_row
 
-__all__ = ["add_arguments", "bench_cache_bytes", "prepare", "run"]
+__all__ = ["add_arguments", "bench_cache_bytes", "median_run", "prepare", "run"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 
@@ -416,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
                         r = _run_threads(spec)
                     trials[c].append({**r, "access_log": log})
             for c, runs_of in trials.items():
-                results[c] = _median_run(runs_of)
+                results[c] = median_run(runs_of)
                 log = results[c].pop("access_log")
                 if c != "dataloader":
                     arena = service_cache_bytes if c == "service" else cache_bytes
@@ -430,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
                 center = _run_processes("service", base, jobs[:1], ids)
             if scenario == "speeds" and "service" in competitors:
                 fastest = {**jobs[0], "late": False}
-                solo = _median_run(  # one job: the median wall is the median rows/s
+                solo = median_run(  # one job: the median wall is the median rows/s
                     [_run_processes("service", base, [fastest], ids) for _ in range(args.repeat)]
                 )
                 j0 = solo["jobs"][fastest["name"]]
@@ -526,7 +526,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run of median wall time (of an even count, the lower middle), with every run's wall
     time (``wall_s_runs``, in order) and every run's service processes (``service_pids``)."""
     median = sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2]

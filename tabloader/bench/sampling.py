@@ -3,7 +3,7 @@
 Part 1 - cache simulation. Every scenario (below) runs once per sampler with seed
 ``--seed``: each job joins at its start tick, takes part in rounds at its speed, and reads
 exactly one epoch of its set (or leaves mid-epoch); the scenario ends when every job has
-left (details in :mod:`tabloader.bench._cachesim`). The recorded stream is replayed through
+left (details in :mod:`tabloader.bench.cachesim`). The recorded stream is replayed through
 every policy (LRU, FIFO, Random, MinIO, RefCnt, Lookahead, Belady) at cache sizes of 1 row
 and 1%, 10%, 30% of the union of the sets, counting reads (misses). Bounds: the union (one
 read per row) and the sum of the set sizes (no sharing).
@@ -47,7 +47,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from tabloader.bench import format_table, write_json
-from tabloader.bench._cachesim import POLICIES, JobSpec, Policy, Scenario, generate_stream, simulate
+from tabloader.bench.cachesim import POLICIES, JobSpec, Policy, Scenario, generate_stream, simulate
 from tabloader.sampling import SAMPLERS, DependentSampler
 
 __all__ = ["add_arguments", "build_scenarios", "run"]

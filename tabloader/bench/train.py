@@ -36,7 +36,7 @@ from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_st
 from tabloader.bench.e2e import bench_cache_bytes, prepare
 from tabloader.bench.stalls import StallClock, dataset_seconds, stall_row, stalls_of
 
-__all__ = ["JOADER_TABLE_1", "add_arguments", "run"]
+__all__ = ["JOADER_TABLE_1", "add_arguments", "build_model", "run"]
 
 JOADER_TABLE_1 = {
     "jobs": 6,
@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- a job process -------------------------------------------------------------------------------
-def _model(name: str, device: Any) -> tuple[Any, str]:
+def build_model(name: str, device: Any) -> tuple[Any, str]:
+    """``(model, its name)`` for ``--model name`` on ``device``: torchvision's ResNet-18
+    (``"auto"`` on a GPU), else a small CNN; exits naming a torchvision that cannot load."""
     import torch
     from torch import nn
 
@@ -122,7 +124,7 @@ def _child(spec: dict[str, Any]) -> None:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec["num_jobs"]))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, model_name = _model(spec["model"], device)
+    model, model_name = build_model(spec["model"], device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     cpu0 = rusage()[0]

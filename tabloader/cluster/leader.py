@@ -366,8 +366,9 @@ class Leader:
         return out
 
     def status(self) -> dict[str, Any]:
-        """Jobs (epoch, ranks and their nodes), jobs waiting for ranks, jobs gone, and each
-        node's loader counters as it last reported them."""
+        """Jobs (epoch, the last epoch it reads (None: no end), ranks and their nodes, rows
+        ``outstanding``: placed and not acknowledged), jobs waiting for ranks, jobs gone, and
+        each node's loader counters as it last reported them."""
         return {
             "generation": self.generation,
             "jobs": [
@@ -375,7 +376,9 @@ class Leader:
                     "job": j.name,
                     "dataset": j.group,
                     "epoch": j.epoch,
+                    "last_epoch": j.last_epoch,
                     "ranks": list(j.nodes),
+                    "outstanding": j.outstanding,
                     "left": sorted(self._members.left.get(j.name, ())),
                 }
                 for j in self._jobs.values()

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from catalog.model import Dataset, Job
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "FDS",
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
@@ -87,6 +88,7 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION: int = 5  # 5: an open's job options as one JobSpec; 4: datasets and jobs as
 # results; 3: shared memory by descriptor
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
+CONNECT_TIMEOUT_S: float = 5.0  # a service that does not answer by then is stopped or hung
 
 _SOCKET_PATH_MAX = 100  # bytes; AF_UNIX allows 107 and a NUL
 _HEADER = struct.Struct("!I")
@@ -157,7 +159,8 @@ class Client:
 
     Args:
         catalog_root: the catalog whose service to connect to.
-        timeout: seconds allowed to connect and authenticate (a call has no timeout).
+        timeout: seconds allowed to connect and authenticate (default ``CONNECT_TIMEOUT_S``;
+            a call has no timeout).
         node: connect to the loader of this Ray node (None: the catalog's local service).
 
     Raises:
@@ -165,7 +168,7 @@ class Client:
     """
 
     def __init__(
-        self, catalog_root: Path, *, timeout: float = 5.0, node: str | None = None
+        self, catalog_root: Path, *, timeout: float | None = None, node: str | None = None
     ) -> None:
         self._root = Path(catalog_root)
         self._call_lock, self._sock_lock = threading.Lock(), threading.Lock()
@@ -176,7 +179,7 @@ class Client:
         )
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._sock.settimeout(timeout)
+            self._sock.settimeout(CONNECT_TIMEOUT_S if timeout is None else timeout)
             try:
                 self._sock.connect(os.fspath(path))
                 key = key_file.read_bytes()

@@ -47,7 +47,7 @@ def data_files(cat: catalog.Catalog) -> list[str]:
 def duckdb_tables(cat: catalog.Catalog) -> list[str]:
     return [
         r[0]
-        for r in cat._con.execute(
+        for r in cat.connection.execute(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
         ).fetchall()
     ]
@@ -261,9 +261,9 @@ def test_small_batches_for_large_rows(cat):
 
 def test_payload_stays_out_of_duckdb(cat):
     cat.import_arrow("t", make_table())
-    cols = [r[0] for r in cat._con.execute("DESCRIBE t").fetchall()]
+    cols = [r[0] for r in cat.connection.execute("DESCRIBE t").fetchall()]
     assert cols == ["_id", "label", "split", "score"]
-    pk = cat._con.execute(
+    pk = cat.connection.execute(
         "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 't'"
     ).fetchall()
     assert ("PRIMARY KEY",) in pk
@@ -379,7 +379,7 @@ def test_names_ignore_case_as_in_duckdb(cat, tmp_path):
     with pytest.raises(AlreadyExistsError, match=r"Job 'j' exists already, and job names ignore"):
         cat.sql("REGISTER OR REPLACE JOB J SELECT label FROM meta")
     assert len(list((cat.root / "jobs").iterdir())) == 1  # the refused job's file is gone
-    cat._con.execute('CREATE TABLE "Other" (a INTEGER)')
+    cat.connection.execute('CREATE TABLE "Other" (a INTEGER)')
     with pytest.raises(AlreadyExistsError, match="A DuckDB table 'Other' exists already; pick"):
         cat.import_arrow("other", make_table(10))
     assert (cat.dataset_names(), cat.job_names()) == (["meta"], ["j"])
@@ -389,23 +389,23 @@ class _InsertFails:
     """A DuckDB connection whose INSERT into a dataset table fails (aborting the transaction)."""
 
     def __init__(self, con):
-        self._con = con
+        self.con = con
 
     def execute(self, sql, *args):
         if sql.startswith('INSERT INTO "'):
             sql, args = "SELECT error('injected insert failure')", ()
-        return self._con.execute(sql, *args)
+        return self.con.execute(sql, *args)
 
     def __getattr__(self, name):
-        return getattr(self._con, name)
+        return getattr(self.con, name)
 
 
 def test_duckdb_errors_during_import_are_not_masked(cat, monkeypatch):
     """The failed statement aborts the transaction; the unregister after it must not hide it."""
-    cat._con.execute("CREATE VIEW v AS SELECT 1 AS a")  # CREATE TABLE v fails
+    cat.connection.execute("CREATE VIEW v AS SELECT 1 AS a")  # CREATE TABLE v fails
     with pytest.raises(ImportFailedError, match=r'in DuckDB: Catalog Error: View with name "v"'):
         cat.import_arrow("v", make_table(10))
-    monkeypatch.setattr(cat, "_con", _InsertFails(cat._con))
+    monkeypatch.setattr(cat, "connection", _InsertFails(cat.connection))
     with pytest.raises(ImportFailedError, match=r"in DuckDB: .*injected insert failure"):
         cat.import_arrow("t", make_table(10))
     monkeypatch.undo()
@@ -448,7 +448,7 @@ def test_failed_import_leaves_nothing(cat, append):
     if append:
         ds = cat.dataset("t")
         assert (ds.version, ds.num_rows) == (1, 1000)
-        assert cat._con.execute("SELECT count(*) FROM t").fetchone() == (1000,)
+        assert cat.connection.execute("SELECT count(*) FROM t").fetchone() == (1000,)
     else:
         assert cat.dataset_names() == []
 
@@ -460,14 +460,14 @@ class _CommitFails:
     """A DuckDB connection whose commit fails as on a full disk (after DuckDB rolled back)."""
 
     def __init__(self, con):
-        self._con = con
+        self.con = con
 
     def commit(self):
-        self._con.rollback()
+        self.con.rollback()
         raise duckdb.IOException(f'Could not write file "catalog.duckdb.wal": {DISK_FULL}')
 
     def __getattr__(self, name):
-        return getattr(self._con, name)
+        return getattr(self.con, name)
 
 
 @pytest.mark.parametrize("where", ["data file", "commit"])
@@ -481,7 +481,7 @@ def test_full_disk_import_stores_nothing_and_says_so(cat, monkeypatch, where):
 
         monkeypatch.setattr(catalog.storage.writer.PartWriter, "write", write)
     else:
-        monkeypatch.setattr(cat, "_con", _CommitFails(cat._con))
+        monkeypatch.setattr(cat, "connection", _CommitFails(cat.connection))
     with pytest.raises(
         ImportFailedError, match=r"Nothing was stored\. The disk holding .* is full"
     ):
@@ -548,7 +548,7 @@ def test_append_bumps_version_and_old_version_stays(cat):
     assert v1.num_rows == 100
     with pytest.raises(RowIdError, match="Row id 120 is out of range"):
         v1.take([120])
-    assert cat._con.execute("SELECT min(_id), max(_id), count(*) FROM t").fetchone() == (
+    assert cat.connection.execute("SELECT min(_id), max(_id), count(*) FROM t").fetchone() == (
         0,
         149,
         150,
@@ -712,7 +712,7 @@ def test_part_row_counts_are_checked(tmp_path, change, message):
     with catalog.connect(root) as cat:
         cat.import_arrow("t", make_table(1000, payload=10))
         assert cat.dataset("t").reader.parts[0].num_batches == 1
-        cat._con.execute(f"UPDATE _tabloader.parts SET {change}")
+        cat.connection.execute(f"UPDATE _tabloader.parts SET {change}")
     with catalog.connect(root) as cat, pytest.raises(StorageError, match=message):
         cat.dataset("t").take([0])
 
@@ -743,11 +743,16 @@ def test_stock_duckdb_cli_reads_the_catalog(tmp_path):
     assert out.stdout.split() == ["100,99", f"j,{n}"]
 
 
-def test_open_reads_footers_only(cat):
+def test_open_reads_footers_only(cat, monkeypatch):
     ds = cat.import_arrow("t", make_table(2000, payload=5000))
-    assert all(f is None for f in ds.reader._files)
+    opened: list[str] = []
+    memory_map, os_file = pa.memory_map, pa.OSFile
+    monkeypatch.setattr(pa, "memory_map", lambda p, *a: opened.append(p) or memory_map(p, *a))
+    monkeypatch.setattr(pa, "OSFile", lambda p, *a: opened.append(p) or os_file(p, *a))
+    ds = cat.dataset("t")
+    assert opened == []
     ds.reader.open_all()
-    assert all(f is not None for f in ds.reader._files)
+    assert sorted(opened) == sorted(str(cat.root / p.path) for p in ds.reader.parts)
     part = ds.reader.parts[0]
     assert part.num_batches == -(-2000 // part.rows_per_batch)
 

@@ -222,7 +222,7 @@ def rewrite_without_checksums(cat, name: str) -> None:
             writer.write(rb)
         size = writer.close()
         os.replace(tmp, path)
-        cat._con.execute(
+        cat.connection.execute(
             "UPDATE _tabloader.parts SET file_size = ? WHERE path = ?", [size, part.path]
         )
 

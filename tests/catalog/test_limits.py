@@ -88,7 +88,7 @@ def test_a_slow_predicate_is_stopped_at_the_time_limit(tmp_path):
 
 
 def test_duckdb_runs_under_the_memory_limit(cat):
-    (value,) = cat._con.execute("SELECT current_setting('memory_limit')").fetchone()
+    (value,) = cat.connection.execute("SELECT current_setting('memory_limit')").fetchone()
     assert value.replace(" ", "") in ("64.0MiB", "67.1MB")
 
 

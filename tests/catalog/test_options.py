@@ -73,7 +73,7 @@ def test_the_python_api_checks_options_too(cat):
 
 def test_options_are_stored_typed(cat):
     cat.sql("REGISTER JOB j SELECT x FROM t WITH (batch_size = 16, image_size = 32, seed = 7)")
-    stored = cat._con.execute("SELECT options FROM _tabloader.jobs").fetchone()[0]
+    stored = cat.connection.execute("SELECT options FROM _tabloader.jobs").fetchone()[0]
     assert json.loads(stored) == {"batch_size": 16, "image_size": 32, "seed": 7}
     assert all(type(v) is int for v in cat.job("j").options.values())
 

@@ -148,7 +148,7 @@ def test_an_unrebuildable_bitmap_fails_only_its_job(tmp_path):
     root = tmp_path / "cat"
     make_catalog(root)
     with catalog.connect(root) as c:
-        c._con.execute("UPDATE _tabloader.jobs SET num_ids = 11 WHERE name = 'a'")
+        c.connection.execute("UPDATE _tabloader.jobs SET num_ids = 11 WHERE name = 'a'")
     swap_bitmap(root, "a", "b")
     with catalog.connect(root) as c:
         assert c.sql("SHOW DATASETS").column("jobs").to_pylist() == [2]

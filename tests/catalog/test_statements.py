@@ -37,7 +37,7 @@ def imagenet(cat):
 
 
 def expected_ids(cat, where: str) -> BitMap:
-    rows = cat._con.execute(f"SELECT _id FROM imagenet WHERE {where}").fetchall()
+    rows = cat.connection.execute(f"SELECT _id FROM imagenet WHERE {where}").fetchall()
     return BitMap(r[0] for r in rows)
 
 
@@ -352,14 +352,14 @@ def test_statement_errors_leave_catalog_unchanged(cat, imagenet, statement, erro
     before = (
         cat.dataset_names(),
         cat.job_names(),
-        cat._con.execute("SELECT count(*) FROM imagenet").fetchone(),
+        cat.connection.execute("SELECT count(*) FROM imagenet").fetchone(),
     )
     with pytest.raises(error, match=message):
         cat.sql(statement)
     after = (
         cat.dataset_names(),
         cat.job_names(),
-        cat._con.execute("SELECT count(*) FROM imagenet").fetchone(),
+        cat.connection.execute("SELECT count(*) FROM imagenet").fetchone(),
     )
     assert after == before
 
@@ -420,7 +420,7 @@ def test_lost_job_bitmap_is_rebuilt_from_its_row(cat, imagenet):
         assert cat.job("a").dataset_version == 1
         assert BitMap.deserialize(path.read_bytes()) == expected  # the file is back
     # A rebuild that does not match the stored CRC is refused, not served.
-    cat._con.execute("UPDATE _tabloader.jobs SET crc32 = crc32 + 1")
+    cat.connection.execute("UPDATE _tabloader.jobs SET crc32 = crc32 + 1")
     path.unlink()
     with pytest.raises(
         StorageError, match=r"row ids of job 'a' are lost: .* other rows .*REGISTER OR REPLACE"
@@ -447,7 +447,7 @@ def test_catalog_with_bitmaps_in_duckdb_is_upgraded(tmp_path):
         cat.import_arrow("t", pa.table({"x": np.arange(100)}))
         cat.register_job("j", "t", where="x % 3 = 0")
         ids = cat.job("j").ids
-        con = cat._con
+        con = cat.connection
         con.execute("ALTER TABLE _tabloader.jobs ADD COLUMN ids BLOB")
         con.execute("UPDATE _tabloader.jobs SET ids = ?", [ids.serialize()])
         con.execute("ALTER TABLE _tabloader.jobs DROP COLUMN bitmap")

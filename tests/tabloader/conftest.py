@@ -9,9 +9,9 @@ from tabloader.datagen import corrupt_image
 
 
 @pytest.fixture
-def images(tmp_path, image_folder):
-    cat = catalog.connect(tmp_path / "cat")
-    cat.import_imagefolder("imgs", image_folder)
+def images(image_cat_dir):
+    """An open catalog holding ``image_folder`` as ``imgs`` (this test's own copy)."""
+    cat = catalog.connect(image_cat_dir)
     yield cat
     cat.close()
 

@@ -81,7 +81,7 @@ def test_eviction_farthest_next_use_then_fewest_uses_then_lru():
     evicted = []
     for new in (50, 51, 52):
         arena.release(np.array([arena.put(space, new, value(new))]))
-        present = arena._where[space][:4] >= 0
+        present = arena.stored(space, np.arange(4))
         evicted += [r for r in range(4) if not present[r] and r not in evicted]
     # farthest next use first (9 beats 5); then fewest uses (1 beats 3); then LRU (3, then 2)
     assert evicted == [3, 2, 1]

@@ -18,10 +18,9 @@ TRAIN = "RandomResizedCrop(20, scale=(0.2, 1.0)), RandomHorizontalFlip(), Normal
 
 
 @pytest.fixture
-def aug_dir(tmp_path, image_folder):
-    root = tmp_path / "cat"
+def aug_dir(image_cat_dir):
+    root = image_cat_dir
     with catalog.connect(root) as cat:
-        cat.import_imagefolder("imgs", image_folder)
         cat.sql(f"REGISTER JOB tr SELECT image, label FROM imgs WITH (augment = '{TRAIN}')")
         cat.sql("REGISTER JOB ev SELECT image FROM imgs WHERE label < 2 WITH (image_size = 20)")
         ds = cat.dataset("imgs")

@@ -88,7 +88,7 @@ def test_compare_against_the_seeds_noise():
     }
 
 
-@pytest.mark.slow  # about 40 s: a service and eight training processes
+@pytest.mark.slow  # about 20 s: a service and four training processes
 @pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 def test_quick_run_trains_every_model_of_both_arms_and_cleans_up(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(accuracy, "load_digits", fake_digits)
@@ -96,7 +96,7 @@ def test_quick_run_trains_every_model_of_both_arms_and_cleans_up(tmp_path, monke
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
     out = tmp_path / "accuracy.json"
     args = parsed(
-        *("--quick", "--seeds", "2", "--jobs", "2", "--size", "16", "--batch-size", "8"),
+        *("--quick", "--seeds", "1", "--jobs", "2", "--size", "16", "--batch-size", "8"),
         *("--out", str(out)),
     )
     assert accuracy.run(args) == 0
@@ -107,7 +107,7 @@ def test_quick_run_trains_every_model_of_both_arms_and_cleans_up(tmp_path, monke
     assert data["augment"] == accuracy.AUGMENT.format(size=16)
     models = data["models"]
     assert sorted((m["arm"], m["seed"]) for m in models) == sorted(
-        (arm, seed) for arm in ("tabloader", "dataloader") for seed in (1, 2, 3, 4)
+        (arm, seed) for arm in ("tabloader", "dataloader") for seed in (1, 2)
     )
     for m in models:
         assert 0 <= m["accuracy"] <= 1
@@ -116,19 +116,14 @@ def test_quick_run_trains_every_model_of_both_arms_and_cleans_up(tmp_path, monke
         assert math.isfinite(m["loss"])
     for arm, summary in data["arms"].items():
         accs = [m["accuracy"] for m in models if m["arm"] == arm]
-        assert summary["n"] == 4
+        assert summary["n"] == 2
         assert summary["mean"] == pytest.approx(np.mean(accs))
         assert (summary["min"], summary["max"]) == (min(accs), max(accs))
         assert summary["std"] == pytest.approx(np.std(accs, ddof=1))
     diff = 100 * (data["arms"]["tabloader"]["mean"] - data["arms"]["dataloader"]["mean"])
     assert data["comparison"]["diff_pp"] == pytest.approx(diff)
     runs = data["runs"]
-    assert [(r["arm"], r["run"]) for r in runs] == [
-        ("tabloader", 0),
-        ("tabloader", 1),
-        ("dataloader", 0),
-        ("dataloader", 1),
-    ]
+    assert [(r["arm"], r["run"]) for r in runs] == [("tabloader", 0), ("dataloader", 0)]
     for r in runs:
         if r["arm"] == "tabloader":  # two jobs at once, each train image decoded once
             assert 50 <= r["decodes"] <= 1.05 * 50
@@ -137,7 +132,7 @@ def test_quick_run_trains_every_model_of_both_arms_and_cleans_up(tmp_path, monke
     assert "tabloader - dataloader:" in printed
     assert "within the seeds' noise" in printed
     # clean-up: the services stopped and removed their memory; the work folder is gone
-    for r in runs[:2]:
+    for r in runs[:1]:  # the tabloader arm's
         assert not list(SHM_DIR.glob(f"tabloader-{r['service_pid']}-*"))
         with pytest.raises(ProcessLookupError):
             os.kill(r["service_pid"], 0)

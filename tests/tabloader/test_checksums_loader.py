@@ -17,11 +17,11 @@ from tabloader.shm import shm_available
 
 
 @pytest.fixture
-def damaged(tmp_path, image_folder):
+def damaged(image_cat_dir):
     """A catalog of the image folder with one byte flipped inside one stored JPEG; yields
     (catalog, the damaged rows, the file)."""
-    with catalog.connect(tmp_path / "cat") as cat:
-        ds = cat.import_imagefolder("imgs", image_folder)
+    with catalog.connect(image_cat_dir) as cat:
+        ds = cat.dataset("imgs")
         [path] = ds.files
         part = ds.reader.parts[0]
         victim = part.rows_per_batch + 1  # the second record batch
@@ -33,7 +33,7 @@ def damaged(tmp_path, image_folder):
     damaged_jpeg = bytes(data[at - len(jpeg) // 2 : at - len(jpeg) // 2 + len(jpeg)])
     assert decode_image(damaged_jpeg, size=16).shape == (16, 16, 3)  # decodes all the same
     rows = range(part.rows_per_batch, min(2 * part.rows_per_batch, part.num_rows))
-    with catalog.connect(tmp_path / "cat") as cat:
+    with catalog.connect(image_cat_dir) as cat:
         cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (image_size = 16)")
         yield cat, rows, path
 
@@ -52,7 +52,7 @@ def test_damaged_rows_raise_or_are_skipped_and_counted(damaged, decode):
     cat, rows, path = damaged
     n = cat.job("j").num_rows
     with Loader(cat, cache_bytes=16 << 20, workers=2, decode=decode) as loader:
-        assert (loader._procs is not None) == (decode == "processes")
+        assert (loader.decode_pool is not None) == (decode == "processes")
         strict = loader.open("j", batch_size=n, epochs=1)
         with pytest.raises(StorageError) as info:
             strict.next_batch()

@@ -34,16 +34,16 @@ def epoch(loader, job, **kw):
 def test_processes_decode_the_same_pixels_as_threads_into_shared_memory(images):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
-        assert loader._segment is None
+        assert loader.segment is None
         threads = epoch(loader, "j", batch_size=8)
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
-        segment = loader._segment
+        segment = loader.segment
         assert segment is not None
         # No name to leak: only the descriptor, which the decode processes inherited
         assert os.readlink(f"/proc/self/fd/{segment.fd}").endswith("(deleted)")
         procs = epoch(loader, "j", batch_size=8)
         assert loader.stats()["decodes"] == len(procs)  # counted from the processes
-        pids = {p.pid for p in loader._procs._pool._processes.values()}
+        pids = set(loader.decode_pool.pids())
         assert pids
         assert os.getpid() not in pids
     assert segment.fd == -1  # closed: the memory goes when the last mapping does
@@ -60,28 +60,32 @@ def test_a_killed_decode_process_is_replaced(images):
     images.sql("REGISTER JOB k SELECT image FROM imgs WITH (image_size = 12)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
         assert len(epoch(loader, "j", batch_size=8)) == images.job("j").num_rows
-        pool = loader._procs._pool
-        for pid in list(pool._processes):
+        pool = loader.decode_pool
+        killed = pool.pids()
+        assert killed
+        for pid in killed:
             os.kill(pid, signal.SIGKILL)
         for _ in range(500):  # the executor notices its dead processes (bounded wait)
-            if pool._broken:
+            if pool.status == "broken":
                 break
             threading.Event().wait(0.01)
-        assert pool._broken
+        assert pool.status == "broken"
         assert len(epoch(loader, "k", batch_size=8)) == images.job("k").num_rows
-        assert loader._procs._pool is not pool
-        assert loader._arena.stats().pinned == 0
+        assert pool.status == "running"
+        assert pool.pids()
+        assert not set(pool.pids()) & set(killed)  # new processes
+        assert loader.arena.stats().pinned == 0
 
 
 def _with_decoder(loader, monkeypatch, make):
     """Every decode the loader sends to its processes uses ``make(decoder)`` instead."""
-    real = loader._procs.submit
+    real = loader.decode_pool.submit
 
     def submit(reader, dec, rows, offsets):
         wrapped = make(column=dec.column, kind=dec.kind, image_size=dec.image_size)
         return real(reader, wrapped, rows, offsets)
 
-    monkeypatch.setattr(loader._procs, "submit", submit)
+    monkeypatch.setattr(loader.decode_pool, "submit", submit)
 
 
 def _epoch_once(loader, on_error, after_first=lambda: None):
@@ -94,7 +98,7 @@ def _epoch_once(loader, on_error, after_first=lambda: None):
                 got[i] = img
             if n == 0:
                 after_first()
-    assert loader._arena.stats().pinned == 0
+    assert loader.arena.stats().pinned == 0
     return got
 
 
@@ -110,7 +114,7 @@ def test_a_decode_process_killed_mid_epoch_costs_no_row(images, monkeypatch, on_
     killed = []
 
     def kill():
-        pids = loader._procs.pids()
+        pids = loader.decode_pool.pids()
         assert pids
         assert os.getpid() not in pids
         os.kill(pids[0], signal.SIGKILL)
@@ -121,10 +125,10 @@ def test_a_decode_process_killed_mid_epoch_costs_no_row(images, monkeypatch, on_
         _with_decoder(loader, monkeypatch, lambda **kw: Slow(**kw, delay=0.05))
         got = _epoch_once(loader, on_error, kill)
         for _ in range(1000):  # the executor notices (bounded wait)
-            if killed[0] not in loader._procs.pids():
+            if killed[0] not in loader.decode_pool.pids():
                 break
             threading.Event().wait(0.01)
-        assert killed[0] not in loader._procs.pids()
+        assert killed[0] not in loader.decode_pool.pids()
         assert len(_epoch_once(loader, on_error)) == images.job("j").num_rows  # replaced
     assert got.keys() == set(images.job("j").ids)  # none skipped for the fault
     _assert_decoded(images, got)
@@ -167,17 +171,15 @@ def test_a_row_that_kills_its_decode_process_twice_is_bad_data(images, monkeypat
 
 def test_decode_processes_start_with_the_loader_not_with_its_first_batch(images):
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
-        procs = loader._procs
+        procs = loader.decode_pool
+        assert procs.status in ("starting", "running")
         for _ in range(6000):  # bounded: they start in the background
-            pool = procs._pool
-            if pool is not None and len(pool._processes) == 2:
+            if len(procs.pids()) == 2:
                 break
             threading.Event().wait(0.01)
-        assert pool is not None
-        assert len(pool._processes) == 2  # before any job was opened
-        starting = procs._starting
-    assert starting is not None
-    assert not starting.is_alive()  # close() waited for it
+        assert len(procs.pids()) == 2  # before any job was opened
+    assert procs.status == "closed"
+    assert procs.pids() == []
 
 
 def test_a_catalog_without_bytes_starts_no_decode_processes(tmp_path):
@@ -191,9 +193,9 @@ def test_a_catalog_without_bytes_starts_no_decode_processes(tmp_path):
     with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
         with loader.open("j", batch_size=16, epochs=1) as stream:
             assert sum(len(b["x"]) for b in stream) == 64
-        assert loader._procs is not None  # made, for a dataset of images imported later
-        assert loader._procs._starting is None
-        assert loader._procs._pool is None  # never started
+        assert loader.decode_pool is not None  # made, for a dataset of images imported later
+        assert loader.decode_pool.status == "idle"  # never started
+        assert loader.decode_pool.pids() == []
     cat.close()
 
 
@@ -201,29 +203,30 @@ def test_a_closed_decode_pool_refuses_work(images):
     ds = images.dataset("imgs")
     dec = decoder_for(ds.schema.field("image"), image_size=16)
     loader = Loader(images, cache_bytes=8 << 20, workers=2)
-    procs = loader._procs
+    procs = loader.decode_pool
     loader.close()
     with pytest.raises(LoaderError, match="decode processes are stopped; create a new Loader"):
         procs.submit(ds.reader, dec, np.arange(2), np.zeros(2, np.int64))
-    assert procs._pool is None  # nothing started again
+    assert procs.status == "closed"  # nothing started again
+    assert procs.pids() == []
 
 
 def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
-        real = loader._procs.submit
+        real = loader.decode_pool.submit
 
         def dies(*args):
             future = Future()
             future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
-            monkeypatch.setattr(loader._procs, "submit", real)  # once
+            monkeypatch.setattr(loader.decode_pool, "submit", real)  # once
             return future
 
-        monkeypatch.setattr(loader._procs, "submit", dies)
+        monkeypatch.setattr(loader.decode_pool, "submit", dies)
         with pytest.raises(LoaderError, match="A decode process failed .*terminated abruptly"):
             epoch(loader, "j", batch_size=4)
         assert len(epoch(loader, "j", batch_size=4)) == images.job("j").num_rows  # retried
-        stats = loader._arena.stats()
+        stats = loader.arena.stats()
         assert stats.pinned == 0
         assert stats.entries == images.job("j").num_rows
 
@@ -231,13 +234,13 @@ def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkey
 def test_a_decode_that_cannot_start_fails_its_batches_instead_of_hanging(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
-        real = loader._procs.submit
+        real = loader.decode_pool.submit
 
         def refuses(*args):
-            monkeypatch.setattr(loader._procs, "submit", real)  # once
+            monkeypatch.setattr(loader.decode_pool, "submit", real)  # once
             raise LoaderError("The decode processes are stopped; create a new Loader.")
 
-        monkeypatch.setattr(loader._procs, "submit", refuses)
+        monkeypatch.setattr(loader.decode_pool, "submit", refuses)
         outcome: list = []
 
         def run():
@@ -253,7 +256,7 @@ def test_a_decode_that_cannot_start_fails_its_batches_instead_of_hanging(images,
         with pytest.raises(LoaderError, match="decode processes are stopped"):
             raise outcome[0]
         assert len(epoch(loader, "j", batch_size=4)) == images.job("j").num_rows
-        stats = loader._arena.stats()
+        stats = loader.arena.stats()
         assert stats.pinned == 0  # the reserved slots went back
         assert stats.entries == images.job("j").num_rows
 
@@ -269,7 +272,7 @@ def test_a_corrupt_image_is_a_row_error_from_a_decode_process(corrupt):
         assert info.value.row_id == bad
         assert info.value.column == "image"
         stream.close()
-        assert loader._arena.stats().pinned == 0
+        assert loader.arena.stats().pinned == 0
 
 
 def test_a_memory_filesystem_too_small_is_a_clear_error():
@@ -286,8 +289,8 @@ def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monk
     monkeypatch.setattr(Segment, "new", full)
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20) as loader:
-        assert loader._segment is None
-        assert loader._procs is None
+        assert loader.segment is None
+        assert loader.decode_pool is None
         assert len(epoch(loader, "j", batch_size=8)) == images.job("j").num_rows
     assert "Decoding in threads instead" in caplog.text
 
@@ -342,7 +345,7 @@ WITHOUT_TORCH = textwrap.dedent(
     expected = {i: decode_image(v.as_buffer(), size=16) for i, v in zip(cat.job("j").ids, raw)}
     assert "torch" not in sys.modules
     with Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes") as loader:
-        assert loader._procs is not None
+        assert loader.decode_pool is not None
         got = {
             int(i): img
             for b in loader.open("j", batch_size=8, epochs=1)
@@ -388,7 +391,7 @@ KILLED = textwrap.dedent(
     loader = Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes")
     stream = loader.open("j", batch_size=8)
     stream.next_batch()  # mid-epoch
-    pids = list(loader._procs._pool._processes)
+    pids = loader.decode_pool.pids()
     with open(sys.argv[2] + ".tmp", "w") as f:
         json.dump(pids, f)
     os.rename(sys.argv[2] + ".tmp", sys.argv[2])

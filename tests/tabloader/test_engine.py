@@ -17,6 +17,8 @@ from catalog import JobNotFoundError, LoaderError, OptionError, RowReadError
 from catalog.options import JOB_OPTIONS, JobOption
 from tabloader.engine import Loader
 from tabloader.prep import decode_image
+from tabloader.sampling import DependentSampler
+from tabloader.shm import shm_available
 
 
 def tabloader_threads() -> list[str]:
@@ -267,34 +269,36 @@ def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
     assert tabloader_threads() == []
 
 
+@pytest.mark.skipif(not shm_available(), reason="no /dev/shm: no decode processes")
 def test_a_batch_starts_its_decodes_before_it_gathers(images, monkeypatch):
-    from tabloader.fetch import Fetcher
+    from tabloader.decoding import DecodePool
     from tabloader.gather import Gatherer
 
-    events: list[tuple[str, int]] = []  # (step, id of the batch's rows)
-    gather, dispatch = Gatherer.gather, Fetcher._dispatch
+    events: list[tuple[str, frozenset[int]]] = []  # (step, the rows)
+    gather, submit = Gatherer.gather, DecodePool.submit
 
     def gathering(self, rows, decoders):
-        events.append(("gather", id(rows)))
+        events.append(("gather", frozenset(rows.tolist())))
         return gather(self, rows, decoders)
 
-    def dispatching(self, load):
-        events.append(("dispatch", id(load.waiters[0][0].rows)))
-        dispatch(self, load)
+    def decoding(self, reader, dec, rows, offsets):
+        events.append(("decode", frozenset(rows.tolist())))
+        return submit(self, reader, dec, rows, offsets)
 
     monkeypatch.setattr(Gatherer, "gather", gathering)
-    monkeypatch.setattr(Fetcher, "_dispatch", dispatching)
+    monkeypatch.setattr(DecodePool, "submit", decoding)
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
     with (
         Loader(images, cache_bytes=1 << 20, workers=2) as loader,
         loader.open("a", batch_size=4, epochs=1) as stream,
     ):
         assert sum(len(b["_id"]) for b in stream) == images.job("a").num_rows
-    batches = {w for _, w in events}
-    assert batches
-    for work in batches:
-        mine = [e for e, w in events if w == work]
-        assert mine.index("dispatch") < mine.index("gather"), mine
+    gathers = [(i, rows) for i, (e, rows) in enumerate(events) if e == "gather"]
+    assert len(gathers) == -(-images.job("a").num_rows // 4)
+    for at, batch in gathers:  # one epoch: each row is in one batch, decoded once
+        started = [i for i, (e, rows) in enumerate(events) if e == "decode" and rows & batch]
+        assert started, "a batch gathered without decoding its images"
+        assert max(started) < at, events
 
 
 def test_a_failing_gather_fails_the_batch_whose_decodes_were_started(images, monkeypatch):
@@ -310,10 +314,10 @@ def test_a_failing_gather_fails_the_batch_whose_decodes_were_started(images, mon
             stream.next_batch()
         stream.close()
         for _ in range(3000):  # the decodes started for it land and release (bounded)
-            if loader._arena.stats().pinned == 0:
+            if loader.arena.stats().pinned == 0:
                 break
             time.sleep(0.01)
-        assert loader._arena.stats().pinned == 0
+        assert loader.arena.stats().pinned == 0
     assert tabloader_threads() == []
 
 
@@ -321,17 +325,15 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
     """The first batch starts reading its label column whole (once, in the background);
     until that read is done, batches gather their labels row by row, and no lock that
     look-ups, claims and landings take is held."""
-    from tabloader.gather import Gatherer
-
     reading, gate = threading.Event(), threading.Event()
-    read_flat = Gatherer._read_flat
+    column = catalog.Catalog.column
 
-    def slow(self, dec, table):
+    def slow(self, *args, **kwargs):
         reading.set()
         gate.wait(60)
-        return read_flat(self, dec, table)
+        return column(self, *args, **kwargs)
 
-    monkeypatch.setattr(Gatherer, "_read_flat", slow)
+    monkeypatch.setattr(catalog.Catalog, "column", slow)
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
     expected = images.dataset("imgs").take(images.job("a").ids, ["label"]).column("label")
     labels = dict(zip(images.job("a").ids, expected.to_pylist(), strict=True))
@@ -339,10 +341,7 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
         got: dict[int, int] = {}
         with loader.open("a", batch_size=4, epochs=1) as stream:
             assert reading.wait(30)
-            fetcher = loader._schedulers["imgs"].fetcher
-            free = fetcher._lock.acquire(timeout=5)
-            if free:
-                fetcher._lock.release()
+            fetcher = loader.scheduler("imgs").fetcher
             done = threading.Thread(
                 target=lambda: got.update(
                     (int(i), int(v))
@@ -353,12 +352,12 @@ def test_batches_do_not_wait_for_a_column_being_read_whole(images, monkeypatch):
             )
             done.start()
             done.join(60)  # bounded: the whole epoch, with the read still blocked
-            blocked = not gate.is_set() and fetcher.gatherer._flat.get("label") is None
+            blocked = not gate.is_set() and fetcher.gatherer.flat("label") is None
             gate.set()
+            # the batches' look-ups, claims and landings take the fetcher's lock: none waited
             assert not done.is_alive(), "batches waited for the column being read whole"
         assert blocked
         assert got == labels
-    assert free, "the fetcher's lock was held while a column was read whole"
 
 
 @pytest.mark.parametrize("catalog_reads", [True, False])
@@ -385,9 +384,9 @@ def test_a_small_column_is_read_whole_from_the_catalog_else_from_the_files(
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
         with loader.open("a", batch_size=4, epochs=1) as stream:
             batches = list(stream)
-        fetcher = loader._schedulers["imgs"].fetcher
-        wait_until(lambda: fetcher.gatherer._flat.get("label") is not None, "the labels read whole")
-        assert fetcher.gatherer._flat["label"].tolist() == stored.tolist()
+        fetcher = loader.scheduler("imgs").fetcher
+        wait_until(lambda: fetcher.gatherer.flat("label") is not None, "the labels read whole")
+        assert fetcher.gatherer.flat("label").tolist() == stored.tolist()
     assert calls == [("imgs", "label", ds.num_rows)]
     for b in batches:
         assert b["label"].tolist() == stored[b["_id"]].tolist()
@@ -430,7 +429,7 @@ def test_future_uses_match_the_sampler_and_queues(images, sampler):
     with Loader(images, cache_bytes=1 << 20, workers=2, sampler=sampler) as loader:
         a = loader.open("a", batch_size=3, epochs=3)
         b = loader.open("b", batch_size=5)
-        group = loader._schedulers["imgs"]
+        group = loader.scheduler("imgs")
         checked = 0
         for step in range(40):
             stream = (a, b)[step % 2] if step < 30 else a
@@ -522,7 +521,7 @@ def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_cl
     images.sql("REGISTER JOB b SELECT label FROM imgs")
     with Loader(images, cache_bytes=1 << 20) as loader:
         b = loader.open("b", batch_size=4)
-        group = loader._schedulers["imgs"]
+        group = loader.scheduler("imgs")
         held = held_for(group, monkeypatch, "a")
         a = loader.open("a", batch_size=4)
         cond = counting_waiter(group, a)
@@ -545,7 +544,7 @@ def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_cl
         assert isinstance(outcome[0], LoaderError)
         assert "Job stream 'a' is closed" in str(outcome[0])
         for work in held:  # a closed job's batches may land late: nothing waits for them
-            group.fetcher._start(work)
+            held.land(work)
         assert len(b.next_batch()["_id"]) == 4  # b goes on
         b.close()
     assert tabloader_threads() == []
@@ -569,7 +568,7 @@ def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, m
     monkeypatch.setattr(IndependentSampler, "sample_many", broken)
     with Loader(images, cache_bytes=1 << 20) as loader:
         streams = [loader.open(name, batch_size=4) for name in ("a", "b")]
-        group = loader._schedulers["imgs"]
+        group = loader.scheduler("imgs")
         conds = [counting_waiter(group, s) for s in streams]
         outcome: list[BaseException] = []
         consumers = [next_batch_in_thread(s, outcome) for s in streams]
@@ -709,7 +708,7 @@ def test_a_failing_scheduler_surfaces_in_every_consumer(images, monkeypatch):
         def broken(self, jobs, k):
             raise RuntimeError("sampler bug")
 
-        monkeypatch.setattr(loader._sampler_cls, "sample_many", broken)
+        monkeypatch.setattr(DependentSampler, "sample_many", broken)
         stream = loader.open("a", batch_size=4)
         with pytest.raises(LoaderError, match="scheduler of dataset 'imgs' failed.*sampler bug"):
             stream.next_batch()
@@ -754,24 +753,33 @@ def test_bad_on_error_policy(images):
         loader.open("a", on_error="ignore")
 
 
+def test_the_scheduler_of_a_dataset_no_job_opened_is_a_clear_error(images):
+    images.sql("REGISTER JOB a SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        with pytest.raises(LoaderError, match="No job of dataset 'imgs' was opened .* open one"):
+            loader.scheduler("imgs")
+        with loader.open("a", batch_size=4):
+            assert "a" in loader.scheduler("imgs").jobs
+
+
 @pytest.mark.parametrize("make", ["default_loader", "Loader"])
-def test_exit_with_an_open_stream_is_quiet(tmp_path, image_folder, make):
+def test_exit_with_an_open_stream_is_quiet(tmp_path, image_cat_dir, make):
     """Open loaders close at exit before the thread pools refuse work: a scheduler in the
     middle of a round used to log "cannot schedule new futures after interpreter shutdown"."""
-    with catalog.connect(tmp_path / "cat") as cat:
-        cat.import_imagefolder("imgs", image_folder)
+    with catalog.connect(image_cat_dir) as cat:
         cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
     script = textwrap.dedent(f"""
         import time
         from tabloader.engine import {make}
+        from tabloader.sampling import DependentSampler
         loader = {make}({str(tmp_path / "cat")!r})  # never closed
         stream = loader.open("a", batch_size=4, lookahead=4)
         stream.next_batch()
-        real = loader._sampler_cls.sample_many
+        real = DependentSampler.sample_many
         def slow(self, jobs, k):
             time.sleep(0.5)  # the interpreter exits while the scheduler is in a round
             return real(self, jobs, k)
-        loader._sampler_cls.sample_many = slow
+        DependentSampler.sample_many = slow
         stream.next_batch()  # frees room: the scheduler starts a (slow) round
         print("exiting", flush=True)
     """)
@@ -824,9 +832,9 @@ def test_jobs_that_only_gather_sample_independently(images):
     images.sql("REGISTER JOB lab SELECT label FROM imgs")
     with Loader(images, cache_bytes=1 << 20) as loader:
         pix, lab = loader.open("pix", epochs=1), loader.open("lab", epochs=1)
-        sched = loader._schedulers["imgs"]
-        assert type(pix._job.sampler).__name__ == "DependentSampler"
-        assert type(lab._job.sampler).__name__ == "IndependentSampler"
+        sched = loader.scheduler("imgs")
+        assert type(pix.rank_state.job.sampler).__name__ == "DependentSampler"
+        assert type(lab.rank_state.job.sampler).__name__ == "IndependentSampler"
         assert sched.queues.sampler.jobs() == ["pix"]
         assert sched.queues.gather_sampler.jobs() == ["lab"]
         for stream in (pix, lab):
@@ -847,10 +855,12 @@ def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
         a.close()
         assert loader.stats()["decodes"] == 8  # all 8 cached, 4 slots free
         gate = threading.Event()
-        loader._pool.submit(gate.wait, 30)  # the only pool thread: b's batches wait behind it
+        loader.scheduler("imgs").fetcher.pool.submit(
+            gate.wait, 30
+        )  # the only pool thread: b's batches wait behind it
         try:
             b = loader.open("b", batch_size=4, prefetch=2, epochs=1)
-            group = loader._schedulers["imgs"]
+            group = loader.scheduler("imgs")
 
             def submitted() -> bool:
                 with group.cond:
@@ -859,7 +869,7 @@ def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
             wait_until(submitted, "b's two batches submitted")
             # other values of the same size take the 4 free slots, then evict 4 rows:
             # released probes (needed by nobody), not b's rows
-            arena = loader._arena
+            arena = loader.arena
             probe = arena.space("probe", num_rows=8, fixed=True)
             for row in range(8):
                 off = arena.put(probe, row, np.full((16, 16, 3), row, np.uint8))
@@ -874,7 +884,7 @@ def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
 
 def test_access_log_records_every_look_up_and_its_release(images, tmp_path):
     from tabloader.accounting import AccessLog
-    from tabloader.bench._cachesim import belady_pinned
+    from tabloader.bench.cachesim import belady_pinned
 
     images.sql("REGISTER JOB x SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB y SELECT image FROM imgs WHERE label < 2 WITH (image_size = 16)")
@@ -913,14 +923,12 @@ def test_access_log_needs_an_existing_directory(images, tmp_path):
 def _rows_after_a_late_open(images, monkeypatch, *, give_back: bool) -> tuple[list, list]:
     """Job x samples 40 rows ahead, then y opens; both read an epoch at the same pace."""
     if not give_back:
-        from tabloader.sampling import DependentSampler
-
         monkeypatch.delattr(DependentSampler, "give_back")
     for name in ("x", "y"):
         images.sql(f"REGISTER OR REPLACE JOB {name} SELECT image FROM imgs WITH (image_size = 8)")
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
         x = loader.open("x", batch_size=4, prefetch=1, lookahead=40, epochs=1)
-        job = loader._schedulers["imgs"].jobs["x"]
+        job = loader.scheduler("imgs").jobs["x"]
         wait_until(lambda: job.q_rows.size + job.in_flight() >= 40, "x sampled ahead")
         y = loader.open("y", batch_size=4, prefetch=1, lookahead=40, epochs=1)
         xs: list[int] = []
@@ -959,18 +967,17 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         local = loader.open("r", batch_size=4, epochs=1)
         assert sorted(i for b in local for i in b["_id"].tolist()) == list(range(n))
         local.close()  # every row decoded, the labels read whole
-        group = loader._schedulers["imgs"]
-        wait_until(
-            lambda: group.fetcher.gatherer._flat.get("label") is not None, "labels read whole"
-        )
+        group = loader.scheduler("imgs")
+        wait_until(lambda: group.fetcher.gatherer.flat("label") is not None, "labels read whole")
         tasks: list[str] = []
-        submit = loader._pool.submit
+        pool = group.fetcher.pool
+        submit = pool.submit
 
         def counting(fn, *args, **kwargs):
             tasks.append(getattr(fn, "__name__", repr(fn)))
             return submit(fn, *args, **kwargs)
 
-        monkeypatch.setattr(loader._pool, "submit", counting)
+        monkeypatch.setattr(pool, "submit", counting)
         remote = loader.open("r", batch_size=4, epochs=1, remote=True)
         table = images.sql("SELECT _id, label FROM imgs").to_pydict()
         labels = dict(zip(table["_id"], table["label"], strict=True))
@@ -981,7 +988,7 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
             assert (offsets >= 0).all()
             seen += batch["_id"].tolist()
             assert batch["gathered"]["label"].tolist() == [labels[i] for i in batch["_id"]]
-            loader._arena.release(offsets)
+            loader.arena.release(offsets)
         remote.close()
         assert sorted(seen) == list(range(n))
         assert tasks == []

@@ -9,7 +9,7 @@ import pytest
 
 from catalog.errors import CacheError
 from tabloader.arena import Arena
-from tabloader.bench._cachesim import Policy, PolicyCache, Stream, simulate
+from tabloader.bench.cachesim import Policy, PolicyCache, Stream, simulate
 from tabloader.eviction import (
     ARENA_POLICY,
     EvictionPolicy,

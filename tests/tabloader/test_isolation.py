@@ -82,7 +82,7 @@ def test_a_job_writing_into_its_batches_sees_the_source_in_every_epoch(images, s
     images.sql(f"REGISTER JOB writer SELECT image, label, path FROM imgs WHERE _id < 57{opts}")
     with Loader(images, cache_bytes=32 << 20, workers=2, decode=decode) as loader:
         stream = loader.open("writer", batch_size=8, epochs=3)
-        arena = loader._arena.buffer
+        arena = loader.arena.buffer
         seen: list[int] = []
         for batch in stream:
             assert_like_source(images, batch, size)  # every value, every epoch
@@ -105,7 +105,7 @@ def test_in_place_writes_never_reach_another_job(images, size, decode):
     with Loader(images, cache_bytes=32 << 20, workers=2, decode=decode) as loader:
         writer = loader.open("writer", batch_size=5, epochs=2)
         reader = loader.open("reader", batch_size=5, epochs=2)
-        arena = loader._arena.buffer
+        arena = loader.arena.buffer
         checked = 0
         for w, r in zip(writer, reader, strict=True):
             assert_like_source(images, w, size)  # the writer's own batch, before it writes

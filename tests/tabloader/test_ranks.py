@@ -106,7 +106,7 @@ def test_ranks_get_disjoint_equal_shares_and_a_random_remainder_is_dropped(
     assert len(rows) % (batch_size * world_size)  # something to drop
     with Loader(images, cache_bytes=1 << 20, workers=2, seed=3) as loader:
         seen = run_ranks(loader, "j", world_size, epochs, batch_size=batch_size)
-        group = loader._schedulers["imgs"]
+        group = loader.scheduler("imgs")
         assert "j" not in group.jobs  # it left with its last rank
         assert all(not counts.any() for counts in group.queues.future.uses.values())
         assert all(np.isinf(nxt).all() for nxt in group.queues.future.next_round.values())
@@ -394,7 +394,7 @@ def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_
     rows = set(images.job("j").ids)
     with Loader(images, cache_bytes=1 << 20) as loader:
         other = loader.open("other", batch_size=5)
-        group = loader._schedulers["imgs"]
+        group = loader.scheduler("imgs")
         held = held_for(group, monkeypatch, "j")  # j's batches land when the test says
         opts = {"batch_size": 5, "world_size": 2, "prefetch": 2, "epochs": 1}
         r0 = loader.open("j", rank=0, **opts)
@@ -406,7 +406,7 @@ def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_
         assert {w.job.rank for w in held} == {0, 1}  # dealt to both ranks, none landed
         for work in [w for w in held if w.job.rank == 1]:  # rank 1's land now
             held.remove(work)
-            group.fetcher._start(work)
+            held.land(work)
         first = [r1.next_batch()["_id"].tolist() for _ in range(2)]
         other.next_batch()
         assert consumer.is_alive()
@@ -423,7 +423,7 @@ def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_
         assert "Job stream 'j' (rank 0 of 2) is closed" in str(outcome[0])
         monkeypatch.undo()  # the batches dealt from now on land as usual
         for work in held:  # rank 0's land late, closed: nothing waits for them
-            group.fetcher._start(work)
+            held.land(work)
         rest: list[list[list[int]]] = []
         run_threads([lambda: rest.append([b["_id"].tolist() for b in r1])])  # rank 1 goes on
         assert len(first) + len(rest[0]) == len(rows) // 10  # its whole share of the epoch
@@ -513,7 +513,7 @@ def test_future_uses_match_the_queues_with_ranks(images):
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
         ranks = [loader.open("d", batch_size=4, rank=r, world_size=3) for r in range(3)]
         plain = loader.open("p", batch_size=5)
-        group = loader._schedulers["imgs"]
+        group = loader.scheduler("imgs")
         for step in range(45):
             if step == 30:
                 ranks.pop().close()  # the others go on without rank 2

@@ -55,10 +55,9 @@ TIMEOUT = 60
 
 
 @pytest.fixture
-def cat_dir(tmp_path, image_folder):
-    root = tmp_path / "cat"
+def cat_dir(image_cat_dir):
+    root = image_cat_dir
     with catalog.connect(root) as cat:
-        cat.import_imagefolder("imgs", image_folder)
         cat.sql(
             "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
         )
@@ -272,7 +271,7 @@ RANK_SCRIPT = textwrap.dedent(
     from tabloader.torch import JobDataset
     ds = JobDataset("a", catalog=sys.argv[1], batch_size=4)  # RANK, WORLD_SIZE: environment
     ids = [i for batch in ds for i in batch["_id"].tolist()]
-    print(json.dumps({"ids": ids, "rank": ds._open().rank, "pid": ds.loader.service_pid}))
+    print(json.dumps({"ids": ids, "rank": ds.stats()["rank"], "pid": ds.loader.service_pid}))
     """
 )
 
@@ -1015,10 +1014,13 @@ def test_serve_access_log_records_the_clients_look_ups_and_releases(cat_dir, tmp
     assert sorted(row[kind == 0].tolist()) == expected
 
 
-def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys):
+def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys, monkeypatch):
     """SIGSTOP: the service holds the catalog but answers nobody. ``status`` and ``sql`` say
     so with its pid, instead of "no service" or "locked, see status"."""
     from tabloader.cli import main
+    from tabloader.service import protocol
+
+    monkeypatch.setattr(protocol, "CONNECT_TIMEOUT_S", 1.0)  # three commands wait for it
 
     proc = start_service(cat_dir)
     try:

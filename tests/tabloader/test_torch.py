@@ -16,9 +16,8 @@ from tabloader.torch import JobDataset
 
 
 @pytest.fixture
-def loader(tmp_path, image_folder):
-    cat = catalog.connect(tmp_path / "cat")
-    cat.import_imagefolder("imgs", image_folder)
+def loader(image_cat_dir):
+    cat = catalog.connect(image_cat_dir)
     cat.sql(
         "REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
         "WITH (batch_size = 8, image_size = 16, seed = 3)"

@@ -12,12 +12,12 @@ class Queue:
     """What FutureUses reads of a job: its arena spaces and its queue."""
 
     def __init__(self, spaces, rows=(), rounds=()):
-        self._spaces = spaces
+        self.arena_spaces = spaces
         self.q_rows = np.array(rows, np.int64)
         self.q_rounds = np.array(rounds, np.int64)
 
     def spaces(self):
-        return self._spaces
+        return self.arena_spaces
 
 
 def test_counts_and_next_rounds_follow_the_queues():

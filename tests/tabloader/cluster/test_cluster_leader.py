@@ -31,6 +31,12 @@ def make_leader(**kw):
     return leader
 
 
+def job_status(leader, name):
+    """``name``'s entry of the leader's ``status()``."""
+    (found,) = [j for j in leader.status()["jobs"] if j["job"] == name]
+    return found
+
+
 class Nodes:
     """Each node's loader: fetches its lists and acknowledges them ``lag`` lists late.
 
@@ -53,7 +59,7 @@ class Nodes:
                 for a in w.items:
                     per = self.delivered.setdefault(a.job, {}).setdefault(a.epoch, {})
                     per.setdefault(a.rank, []).append(a.rows)
-                    assert leader._jobs[a.job].nodes[a.rank] == node
+                    assert job_status(leader, a.job)["ranks"][a.rank] == node
 
 
 def complete_epochs(delivered, name, ids, nodes, bs):
@@ -88,7 +94,7 @@ def test_lookahead_bounds_rows_not_acknowledged():
     leader.work("n0")
     leader.work("n1")
     for name in JOBS:
-        assert 100 <= leader._jobs[name].outstanding < 130
+        assert 100 <= job_status(leader, name)["outstanding"] < 130
     assert not leader.step()  # nobody below its lookahead until nodes acknowledge
 
 
@@ -184,7 +190,7 @@ def test_job_starts_when_every_rank_joined():
     assert leader.status()["pending"] == {"a": 1}
     assert leader.poll("n1") == ([], {})  # no rows before every rank joined
     assert leader.join("a", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
-    assert leader._jobs["a"].nodes == ("n0", "n1")
+    assert job_status(leader, "a")["ranks"] == ["n0", "n1"]
     lists, gone = leader.poll("n1", stats={"decodes": 3})
     assert gone == {}
     assert {a.rank for w in lists for a in w.items} == {1}
@@ -265,4 +271,4 @@ def test_no_rows_sampled_past_a_jobs_last_epoch():
     assert sorted(set(epochs)) == [0, 1]
     assert sum(w.num_rows for w in lists) == 80
     restored = Leader.from_state_dict(leader.state_dict())
-    assert restored._jobs["a"].last_epoch == 1
+    assert job_status(restored, "a")["last_epoch"] == 1

@@ -34,7 +34,7 @@ def fed(loader, *, rank=0, world_size=1, epochs=None, batch_size=4):
     stream = loader.open(
         "j", fed=True, rank=rank, world_size=world_size, batch_size=batch_size, epochs=epochs
     )
-    return stream, stream._job
+    return stream, stream.rank_state.job
 
 
 def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
@@ -117,13 +117,23 @@ def test_snapshot_catalog_waits_for_the_catalog_then_says_who_holds_it(tmp_path,
 
 
 def test_a_rank_on_a_node_without_loader_is_told_how_to_start_one(tmp_path, monkeypatch):
-    from tabloader.service import client
+    from tabloader.service import client, plugins
+
+    class InAWorker(node.RayNodes):  # a Ray worker of a cluster that serves the catalog
+        def node(self, root):
+            return "0123456789abcdef0123"
 
     monkeypatch.setattr(client, "START_TIMEOUT_S", 0.2)
-    with pytest.raises(
-        ServiceError, match=r"No tabloader loader runs on this Ray node .*serve --ray"
-    ):
-        client._node_client(tmp_path, "0123456789abcdef0123", node.RayNodes())
+    previous = plugins.locator()
+    assert previous is not None  # importing tabloader registers the Ray one
+    plugins.set_locator(InAWorker())
+    try:
+        with pytest.raises(
+            ServiceError, match=r"No tabloader loader runs on this Ray node .*serve --ray"
+        ):
+            client.RemoteLoader(tmp_path)
+    finally:
+        plugins.set_locator(previous)
 
 
 def test_no_ray_no_cluster(tmp_path):

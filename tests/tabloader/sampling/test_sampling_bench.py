@@ -8,7 +8,7 @@ import pytest
 from pyroaring import BitMap
 
 from tabloader.bench import sampling as bench
-from tabloader.bench._cachesim import (
+from tabloader.bench.cachesim import (
     POLICIES,
     JobSpec,
     Policy,
@@ -94,7 +94,7 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
 @pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
 def test_lookahead_spans_refcnt_to_belady(cls):
     """Window 0 knows no next use (RefCnt); a window past the end knows them all (Belady)."""
-    from tabloader.bench._cachesim import replay
+    from tabloader.bench.cachesim import replay
     from tabloader.eviction import ARENA_POLICY
 
     sc = Scenario(
