@@ -92,8 +92,8 @@ JSON: ``stalls``, and each job's ``wait_s``/``compute_s`` and the run's ``datase
 ``runs``.
 
 This module is the runner (processes, report); the scenarios' jobs are
-:mod:`tabloader.bench._e2e_scenarios`, the targets :mod:`tabloader.bench._e2e_targets`, and
-what runs in the processes it starts :mod:`tabloader.bench._e2e_children`.
+:mod:`tabloader.bench.e2e_scenarios`, the targets :mod:`tabloader.bench.e2e_targets`, and
+what runs in the processes it starts :mod:`tabloader.bench.e2e_children`.
 """
 
 from __future__ import annotations
@@ -111,12 +111,12 @@ import numpy as np
 
 from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._e2e_children import run_child
-from tabloader.bench._e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
-from tabloader.bench._e2e_targets import cache_bytes_per_image, recipe_notes
-from tabloader.bench._e2e_targets import targets as _targets
 from tabloader.bench._procs import ServiceProcess, run_jobs
 from tabloader.bench.cachesim import belady_pinned
+from tabloader.bench.e2e_children import run_child
+from tabloader.bench.e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
+from tabloader.bench.e2e_targets import cache_bytes_per_image, recipe_notes
+from tabloader.bench.e2e_targets import targets as _targets
 from tabloader.bench.stalls import dataset_seconds, stall_row
 
 __all__ = ["add_arguments", "bench_cache_bytes", "median_run", "prepare", "run"]

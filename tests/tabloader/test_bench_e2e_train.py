@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tabloader.bench import _e2e_children, e2e, train
-from tabloader.bench._e2e_targets import targets as e2e_targets
+from tabloader.bench import e2e, e2e_children, train
+from tabloader.bench.e2e_targets import targets as e2e_targets
 from tabloader.service.protocol import socket_path
 from tabloader.shm import shm_available
 
@@ -202,7 +202,7 @@ def test_e2e_recipe_scenarios_count_shared_decodes_and_cached_bytes(tmp_path):
         "center_crop": SIZE * SIZE * 3,
     }
     assert "arena bytes per cached image (service)" in data["stdout"]
-    torchvision = _e2e_children._torchvision_recipe(SIZE) is not None
+    torchvision = e2e_children.torchvision_recipe(SIZE) is not None
     which = "torchvision.transforms.v2" if torchvision else "torchvision not installed"
     assert which in data["recipe"]["transforms"]
     assert data["recipe"]["transforms"] in data["stdout"]
@@ -230,7 +230,7 @@ def test_e2e_recipe_dataloader_crops_flips_and_resizes_the_drawn_box(monkeypatch
 
     from tabloader.augment import Augmenter
 
-    monkeypatch.setattr(_e2e_children, "_torchvision_recipe", lambda size: None)
+    monkeypatch.setattr(e2e_children, "torchvision_recipe", lambda size: None)
     h, w = 300, 400
     pixels = np.zeros((h, w, 3), np.uint8)
     pixels[..., 0] = np.linspace(0, 255, w)[None, :]
@@ -238,7 +238,7 @@ def test_e2e_recipe_dataloader_crops_flips_and_resizes_the_drawn_box(monkeypatch
     png = io.BytesIO()
     Image.fromarray(pixels).save(png, format="PNG")  # no DCT draft: the full size
     text = "RandomResizedCrop(32), RandomHorizontalFlip()"
-    ds = _e2e_children.RecipeDataset("", "imgs", [], {"augment": text, "seed": 7})
+    ds = e2e_children.RecipeDataset("", "imgs", [], {"augment": text, "seed": 7})
     assert "torchvision not installed" in ds.transforms
     aug = Augmenter(text, 7)
     flips = []

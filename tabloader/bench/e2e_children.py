@@ -36,7 +36,14 @@ from tabloader.bench._procs import (
 )
 from tabloader.bench.stalls import StallClock, dataset_seconds, stalls_of
 
-__all__ = ["MapDataset", "RecipeDataset", "open_reader", "open_size", "run_child"]
+__all__ = [
+    "MapDataset",
+    "RecipeDataset",
+    "open_reader",
+    "open_size",
+    "run_child",
+    "torchvision_recipe",
+]
 
 T = TypeVar("T")
 
@@ -85,7 +92,7 @@ class RecipeDataset(MapDataset):
             self.augment = Augmenter(options["augment"], options.get("seed", 0))
         size = options["image_size"] if self.augment is None else self.augment.spec.need
         super().__init__(root, dataset, ids, size)
-        self._tv = None if self.augment is None else _torchvision_recipe(size)
+        self._tv = None if self.augment is None else torchvision_recipe(size)
         self.transforms = (
             "pillow draft, resize, center crop"
             if self.augment is None
@@ -120,7 +127,7 @@ class RecipeDataset(MapDataset):
         return torch.from_numpy(np.asarray(img).copy())
 
 
-def _torchvision_recipe(size: int) -> Any:
+def torchvision_recipe(size: int) -> Any:
     """``RandomResizedCrop(size)`` + ``RandomHorizontalFlip()`` of torchvision's
     ``transforms.v2``, or None where torchvision is not installed (or does not import)."""
     try:
