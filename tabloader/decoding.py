@@ -48,13 +48,15 @@ from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
 from tabloader.shm import Segment, process_alive
 
-__all__ = ["DecodePool", "PipeSemaphore", "decode_rows"]
+__all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "decode_rows"]
 
 Errors = dict[int, BaseException]
 Result = tuple[Errors, dict[str, float]]
 
 #: A row whose decode alone killed this many decode processes is bad data (``RowReadError``).
 KILLS_PER_ROW = 2
+#: What the decode processes' forkserver imports before it forks any (torch: the resize).
+FORKSERVER_PRELOAD = (__name__, "torch")
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +212,7 @@ class DecodePool:
             pool = self._quarantine if quarantine else self._pool
             if pool is None or pool._broken:  # a process died (killed, crashed)
                 ctx = _DecodeContext()
-                ctx.set_forkserver_preload([__name__, "torch"])  # torch: the resize
+                ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # (unless running)
                 # (the pool's temporary folder holds the forkserver's socket)
                 tempdir = multiprocessing.util.get_temp_dir()
                 args: tuple[Any, ...] = (_Inherited(self._segment.fd), self._segment.size)
