@@ -12,10 +12,10 @@ memory filesystem, which has no size limit, so allocating a cache larger than th
 memory would wake the OOM killer instead of failing. In ``/dev/shm`` a segment is checked
 against the filesystem's free space when it is made: one that is too small fails then, with an
 error naming it, instead of killing the process with SIGBUS on a later write. The whole size is
-then allocated (``posix_fallocate``) in a background thread: zeroing 1 GiB takes 0.1-0.3 s of
-a core, which a service's first batch would otherwise wait for (pages written meanwhile are
-allocated as they are touched). If that allocation fails (the filesystem filled up in between),
-the failure is logged.
+then allocated (``posix_fallocate``) in a background thread of the lowest priority: zeroing
+1 GiB takes 0.1-0.3 s of a core, which a service's first batch would otherwise wait for (pages
+written meanwhile are allocated as they are touched). If that allocation fails (the filesystem
+filled up in between), the failure is logged.
 """
 
 from __future__ import annotations
@@ -126,8 +126,11 @@ def _no_room(size: int, why: str | None) -> str:
 
 
 def _allocate(fd: int, size: int) -> None:
-    """Allocate a new segment's pages (its own descriptor ``fd``, closed here)."""
+    """Allocate a new segment's pages (its own descriptor ``fd``, closed here), at the lowest
+    priority (this thread only): it takes a core that nothing else wants."""
     try:
+        with contextlib.suppress(AttributeError, OSError):  # setpriority: Unix; a thread: Linux
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         logger.error(
