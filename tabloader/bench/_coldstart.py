@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -32,13 +33,13 @@ __all__ = ["TARGET_COLD_S", "cold_start", "report"]
 
 TARGET_COLD_S = 1.5
 JOB = "first"
+READER = "reader.pickle"
 STOP_TIMEOUT_S = 60.0
 
 
 def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> dict[str, Any]:
     """Each competitor's time to first batch per round (``folder``: an image folder)."""
     import catalog
-    from tabloader.bench.e2e import pa_schema_hex
 
     base = tmp / "cold-base"
     with catalog.connect(base, create=True) as cat:
@@ -47,9 +48,9 @@ def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> dict[str, 
             f"REGISTER JOB {JOB} SELECT image, label FROM imgs "
             "WITH (image_size = 224, batch_size = 64)"
         )
-        ds = cat.dataset("imgs")
-        spec = {"schema": pa_schema_hex(ds), "parts": [p.__dict__ for p in ds.reader.parts]}
-    (base / "reader.json").write_text(json.dumps(spec))
+        _, parts, schema, verify = cat.dataset("imgs").reader.spec()
+    # the DataLoader's reader: the files, no DuckDB (under each round's copy of the catalog)
+    (base / READER).write_bytes(pickle.dumps((parts, schema, verify)))
     runs: dict[str, list[float]] = {"cold": [], "warm": [], "dataloader": []}
     for r in range(rounds):
         root = tmp / f"cold-{r}"  # a fresh catalog: no service has run for it
@@ -111,6 +112,31 @@ def _stop(pid: int) -> None:
 
 
 # -- in the child processes ----------------------------------------------------------------------
+class _Images:
+    """The DataLoader's map-style dataset: the job's files (read in each worker process, no
+    DuckDB) and its decode (``image_size`` 224)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.parts, self.schema, self.verify = pickle.loads((root / READER).read_bytes())
+        self._reader: Any = None
+
+    def __len__(self) -> int:
+        return sum(int(p.num_rows) for p in self.parts)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import numpy as np
+
+        from catalog.storage import DatasetReader
+        from tabloader.prep import decode_image
+
+        if self._reader is None:
+            spec = (self.root, self.parts, self.schema, self.verify)
+            self._reader = DatasetReader.from_spec(spec, memory_map=True)
+        value = self._reader.take([i], ["image"]).column("image")[0].as_buffer()
+        return np.array(decode_image(value, size=224)), i
+
+
 def _child(spec: dict[str, Any]) -> None:
     """Time one competitor's first batch from the common start (imports done before it)."""
     from torch.utils.data import DataLoader
@@ -120,11 +146,7 @@ def _child(spec: dict[str, Any]) -> None:
     if spec["role"] == "dataloader":
         import torch
 
-        from tabloader.bench._e2e_children import MapDataset
-
-        parts = json.loads(Path(spec["catalog"], "reader.json").read_text())["parts"]
-        n = sum(int(p["num_rows"]) for p in parts)
-        data = MapDataset(spec["catalog"], "imgs", list(range(n)), 224)
+        data = _Images(Path(spec["catalog"]))
         wait_for_start(spec)
         t = time.perf_counter()
         loader: Any = DataLoader(
