@@ -52,19 +52,22 @@ def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> dict[str, 
     # the DataLoader's reader: the files, no DuckDB (under each round's copy of the catalog)
     (base / READER).write_bytes(pickle.dumps((parts, schema, verify)))
     runs: dict[str, list[float]] = {"cold": [], "warm": [], "dataloader": []}
+    services: list[int] = []  # the started services' pids (each stopped after its round)
     for r in range(rounds):
         root = tmp / f"cold-{r}"  # a fresh catalog: no service has run for it
         shutil.copytree(base, root)
         child = {"catalog": str(root), "workers": workers}
         runs["dataloader"].append(_first(child, "dataloader")["first_s"])
         cold = _first(child, "job")
+        services.append(int(cold["service_pid"]))
         try:
             runs["cold"].append(cold["first_s"])
             runs["warm"].append(_first(child, "job")["first_s"])
         finally:
             _stop(int(cold["service_pid"]))
         shutil.rmtree(root, ignore_errors=True)
-    return {"workers": workers, "runs": runs, "best": {k: min(v) for k, v in runs.items()}}
+    best = {k: min(v) for k, v in runs.items()}
+    return {"workers": workers, "runs": runs, "best": best, "services": services}
 
 
 def report(result: dict[str, Any]) -> dict[str, str]:
