@@ -146,7 +146,9 @@ class DecodePool:
     DuckDB connection) that has imported this module and torch (the resize) once: on first
     use, or ahead of it with :meth:`start`. The first start in a process takes 1.5 s here, 1 s
     of it importing torch (later loaders of the process reuse the forkserver: 0.05 s), which
-    a loader's first batch would otherwise wait for.
+    a loader's first batch would otherwise wait for. A service that a client starts launches
+    the forkserver (with ``FORKSERVER_PRELOAD``) before its own imports, which then run beside
+    it (:mod:`tabloader.service.client`).
 
     A process that dies (killed, crashed) is a fault, not bad data: it breaks the executor and
     every task in flight with it; the executor is replaced and each of those tasks runs again
