@@ -11,7 +11,10 @@ Example:
 
 from __future__ import annotations
 
-from catalog.catalog import Catalog, Dataset, Job, connect
+import typing
+
+if typing.TYPE_CHECKING:
+    from catalog.catalog import Catalog, Dataset, Job, connect
 from catalog.errors import (
     AlreadyExistsError,
     CacheError,
@@ -61,3 +64,15 @@ __all__ = [
     "UnknownColumnError",
     "connect",
 ]
+
+
+def __getattr__(name: str) -> typing.Any:
+    """The catalog's classes and ``connect``, imported on first use (DuckDB, sqlglot: a process
+    that reads only files, such as a decode process, never needs them)."""
+    if name in ("Catalog", "Dataset", "Job", "connect"):
+        from catalog import catalog as module
+
+        value = getattr(module, name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'catalog' has no attribute {name!r}")

@@ -18,19 +18,43 @@ Example:
 
 from __future__ import annotations
 
-from catalog import *  # noqa: F403  (re-exported: the catalog's public names)
+import typing
+
 from catalog import __all__ as _catalog_all
 from tabloader.cluster.node import RayNodes as _RayNodes
-from tabloader.engine import JobStream as JobStream
-from tabloader.engine import Loader as Loader
-from tabloader.engine import OnError as OnError
-from tabloader.engine import default_loader as default_loader
-from tabloader.service.connection import Connection as Connection
-from tabloader.service.connection import connect as connect  # type: ignore[assignment]  # (replaces catalog's)
 from tabloader.service.plugins import set_locator as _set_locator
+
+if typing.TYPE_CHECKING:
+    from catalog import *  # noqa: F403
+    from tabloader.engine import JobStream as JobStream
+    from tabloader.engine import Loader as Loader
+    from tabloader.engine import OnError as OnError
+    from tabloader.engine import default_loader as default_loader
+    from tabloader.service.connection import Connection as Connection
+    from tabloader.service.connection import connect as connect  # type: ignore[assignment]
 
 # A rank in a Ray worker of a cluster serving its catalog reads from its node's loader.
 _set_locator(_RayNodes())
+
+# Imported on first use: a decode process (which imports tabloader.decoding, so this package)
+# reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in
+# every service start's forkserver, on the path to the first batch).
+_LAZY = {
+    **dict.fromkeys(_catalog_all, "catalog"),
+    **dict.fromkeys(("JobStream", "Loader", "OnError", "default_loader"), "tabloader.engine"),
+    **dict.fromkeys(("Connection", "connect"), "tabloader.service.connection"),
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'tabloader' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

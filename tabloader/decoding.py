@@ -48,13 +48,15 @@ from catalog.storage import DatasetReader
 from tabloader.prep import Decoder
 from tabloader.shm import Segment, process_alive
 
-__all__ = ["DecodePool", "PipeSemaphore", "decode_rows"]
+__all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "decode_rows"]
 
 Errors = dict[int, BaseException]
 Result = tuple[Errors, dict[str, float]]
 
 #: A row whose decode alone killed this many decode processes is bad data (``RowReadError``).
 KILLS_PER_ROW = 2
+#: What the decode processes' forkserver imports before it forks any (torch: the resize).
+FORKSERVER_PRELOAD = (__name__, "torch")
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,9 @@ class DecodePool:
     DuckDB connection) that has imported this module and torch (the resize) once: on first
     use, or ahead of it with :meth:`start`. The first start in a process takes 1.5 s here, 1 s
     of it importing torch (later loaders of the process reuse the forkserver: 0.05 s), which
-    a loader's first batch would otherwise wait for.
+    a loader's first batch would otherwise wait for. A service that a client starts launches
+    the forkserver (with ``FORKSERVER_PRELOAD``) before its own imports, which then run beside
+    it (:mod:`tabloader.service.client`).
 
     A process that dies (killed, crashed) is a fault, not bad data: it breaks the executor and
     every task in flight with it; the executor is replaced and each of those tasks runs again
@@ -225,7 +229,7 @@ class DecodePool:
             pool = self._quarantine if quarantine else self._pool
             if pool is None or pool._broken:  # a process died (killed, crashed)
                 ctx = _DecodeContext()
-                ctx.set_forkserver_preload([__name__, "torch"])  # torch: the resize
+                ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # (unless running)
                 # (the pool's temporary folder holds the forkserver's socket)
                 tempdir = multiprocessing.util.get_temp_dir()
                 args: tuple[Any, ...] = (_Inherited(self._segment.fd), self._segment.size)

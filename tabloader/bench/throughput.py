@@ -18,11 +18,13 @@ measured from each run's first batch on, so worker start-up counts for nobody):
   threads, total rows/s vs one job alone.
 * **latency**: seconds from asking for a batch to getting it, p50 and p99, for a job that
   never computes (it asks again at once) and for one that computes a little per batch.
+* **cold start**: seconds to the first batch of a ``JobDataset`` that starts the service, of one
+  beside a running service, and of a DataLoader (:mod:`._coldstart`); target <= 1.5 s.
 
 Each tabloader run also prints its stall accounting: the job's seconds waiting for data vs
 computing, and the dataset's seconds reading, decoding and collating. ``--only images`` runs
-images, decode and scaling; ``--only small`` small rows, four jobs and latency (and checks
-only their targets).
+images, decode, scaling and cold start; ``--only small`` small rows, four jobs and latency;
+``--only cold`` the cold start (each checks only its targets).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench._coldstart import cold_start
+from tabloader.bench._coldstart import report as cold_report
 from tabloader.bench.recipe import RECIPE, recipe_competitors
 
 __all__ = ["add_arguments", "run"]
@@ -62,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results/throughput.json", help="JSON output")
     parser.add_argument(
         "--only",
-        choices=["images", "small"],
-        help="run only the image scenarios (images, decode, scaling) or only the small-row ones "
-        "(small rows, four jobs, latency)",
+        choices=["images", "small", "cold"],
+        help="run only the image scenarios (images, decode, scaling, cold start), only the "
+        "small-row ones (small rows, four jobs, latency), or only the cold start",
     )
 
 
@@ -216,18 +220,19 @@ def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- data ------------------------------------------------------------------------------------
 def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
-    """The image catalog (None with ``--only small``) and the small-row one."""
+    """The image catalog and the small-row one (each None where ``--only`` leaves it out)."""
     import pyarrow as pa
 
     import catalog
     from tabloader.datagen import make_imagefolder
 
-    images = None
+    images = small = None
     if args.only != "small":
         folder = Path(args.data) / f"images-{args.images}"
         if not (folder / ".done").exists():
             make_imagefolder(folder, num_images=args.images, num_classes=10)
             (folder / ".done").touch()
+    if args.only in (None, "images"):
         images = catalog.connect(tmp / "images", create=True)
         images.import_imagefolder("imgs", folder)
         for size in (224, 112):
@@ -236,13 +241,13 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
         # aspect-kept decode (engine ``_plan``) instead of their center crops
         images.import_imagefolder("recipe_imgs", folder)
         images.sql(f"REGISTER JOB recipe SELECT image FROM recipe_imgs WITH (augment = '{RECIPE}')")
-    rng = np.random.default_rng(0)
-    small = catalog.connect(tmp / "small", create=True)
-    small.import_arrow(
-        "t", pa.table({"x": rng.integers(0, 1 << 40, args.rows), "y": rng.random(args.rows)})
-    )
-    for i in range(5):
-        small.sql(f"REGISTER JOB s{i} SELECT x, y FROM t")
+    if args.only in (None, "small"):
+        rng = np.random.default_rng(0)
+        small = catalog.connect(tmp / "small", create=True)
+        x, y = rng.integers(0, 1 << 40, args.rows), rng.random(args.rows)
+        small.import_arrow("t", pa.table({"x": x, "y": y}))
+        for i in range(5):
+            small.sql(f"REGISTER JOB s{i} SELECT x, y FROM t")
     return images, small
 
 
@@ -457,6 +462,7 @@ def run(args: argparse.Namespace) -> int:
     small_rows: list[dict[str, Any]] = []
     four: dict[str, Any] = {}
     paced: dict[str, Any] = {}
+    cold: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         images, small = _catalogs(args, Path(tmp))
         try:
@@ -465,14 +471,17 @@ def run(args: argparse.Namespace) -> int:
                 decode_rows = _decode_costs(images, min(200, args.images))
                 libraries = _jpeg_libraries(images, min(200, args.images))
                 scaling = _scaling(args, images)
-            if args.only != "images":
+            if small is not None:
                 small_rows = _small(args, small)
                 four = _four_jobs(args, small)
                 paced = _paced_latency(small, args.workers)
+            if args.only != "small":
+                folder = Path(args.data) / f"images-{args.images}"
+                cold = cold_start(folder, Path(tmp), args.workers, args.rounds)
         finally:
-            if images is not None:
-                images.close()
-            small.close()
+            for cat in (images, small):
+                if cat is not None:
+                    cat.close()
     table = image_rows + small_rows
     print(f"throughput, N = {args.workers} workers, {args.images} images, {args.rows} rows")
     print(
@@ -528,7 +537,7 @@ def run(args: argparse.Namespace) -> int:
             f"\narena bytes per cached image: {kept[f'recipe ({RECIPE})']:.0f} for the recipe's "
             f"shared aspect-kept decode, {kept['image 224']:.0f} for the 224 center crop"
         )
-    if args.only != "images":
+    if small is not None:
         print(
             f"\nfour small-row jobs at once: {four['four_jobs_rows_per_s']:.0f} rows/s in total, "
             f"{four['ratio']:.2f}x one job alone ({four['one_job_rows_per_s']:.0f} rows/s)"
@@ -546,7 +555,6 @@ def run(args: argparse.Namespace) -> int:
         "small rows": TARGETS["small_rows"],
         "four jobs": TARGETS["four_jobs"],
     }
-    print("\ntargets")
     verdicts = [
         {
             "check": k,
@@ -556,6 +564,9 @@ def run(args: argparse.Namespace) -> int:
         }
         for k, v in checks.items()
     ]
+    if cold:
+        verdicts.append(cold_report(cold))  # prints its table
+    print("\ntargets")
     print(format_table(verdicts))
     write_json(
         args.out,
@@ -567,6 +578,7 @@ def run(args: argparse.Namespace) -> int:
             "scaling": scaling,
             "four_jobs": four,
             "paced_latency": paced,
+            "cold_start": cold,
             "targets": verdicts,
         },
     )

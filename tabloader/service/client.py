@@ -38,6 +38,7 @@ from catalog.options import JobSpec
 from catalog.settings import setting
 from tabloader.augment import Augmenter
 from tabloader.batchmem import BatchMemory
+from tabloader.decoding import FORKSERVER_PRELOAD
 from tabloader.prep import batch_column, decoder_for
 from tabloader.ranks import resolve_rank
 from tabloader.service.plugins import Locator, locator
@@ -54,16 +55,28 @@ from tabloader.shm import Segment
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
 START_TIMEOUT_S = 60.0
+START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet): cheap
 # The started service's program: ``tabloader`` in an interpreter without its working directory
 # on sys.path. ``python -m`` puts it first, so a ./catalog or ./tabloader folder there would
 # shadow the installed packages; ``python -P`` leaves it out only from Python 3.11 (we support
 # 3.10), and ``-c`` puts '' (the working directory) first, which this removes.
-_SERVE = (
-    "import sys\n"
-    "if sys.path[:1] == ['']: del sys.path[0]\n"
-    "from tabloader.cli import main\n"
-    "sys.exit(main())"
-)
+# Its decode processes' forkserver starts first, with only the standard library imported: the
+# forkserver's imports (torch, 0.8-1 s of a core) then run beside the service's own (catalog,
+# engine: 0.4-0.6 s) instead of after them, which the first batch would wait for. Under
+# SCHED_BATCH, as ``yield_to_jobs`` puts the service's threads later (processes inherit it).
+_SERVE = f"""\
+import os, sys
+if sys.path[:1] == ['']: del sys.path[0]
+from multiprocessing import forkserver
+try:
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+except (AttributeError, OSError):
+    pass
+forkserver.set_forkserver_preload({list(FORKSERVER_PRELOAD)!r})
+forkserver.ensure_running()
+from tabloader.cli import main
+sys.exit(main())
+"""
 
 
 def _service_env() -> dict[str, str]:
@@ -137,7 +150,7 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
                     f"The tabloader service for catalog {root} did not answer within "
                     f"{START_TIMEOUT_S:.0f} s; see {log}."
                 ) from exc
-            time.sleep(0.05)
+            time.sleep(START_POLL_S)
 
 
 def _node_client(root: Path, node: str, found: Locator) -> Client:

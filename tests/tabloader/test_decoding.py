@@ -282,6 +282,29 @@ def test_a_memory_filesystem_too_small_is_a_clear_error():
         Segment.new("test", too_big)
 
 
+def test_a_segment_is_allocated_in_the_background():
+    size = 8 << 20
+    segment = Segment.new("test", size)
+    try:
+        deadline = time.monotonic() + 60
+        while os.fstat(segment.fd).st_blocks * 512 < size:  # written pages or fallocate's
+            assert time.monotonic() < deadline, "the segment was never allocated"
+            time.sleep(0.01)
+    finally:
+        segment.close()
+
+
+def test_a_failed_background_allocation_is_logged(monkeypatch, caplog):
+    def full(fd, offset, size):
+        raise OSError(28, os.strerror(28))  # ENOSPC: /dev/shm filled up since the check
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    segment = Segment.new("test", 1 << 20)
+    segment.close()  # waits for the allocation
+    assert "Cannot allocate 1048576 bytes of shared memory in /dev/shm" in caplog.text
+    assert "lower the cache size" in caplog.text
+
+
 def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monkeypatch, caplog):
     def full(tag, size):
         raise CacheError(f"Cannot allocate {size} bytes of shared memory in /dev/shm")

@@ -827,6 +827,60 @@ def test_the_service_yields_to_jobs_on_wake_ups(service, cat_dir):
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+STARTS = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    from tabloader.service.client import RemoteLoader
+    with RemoteLoader(sys.argv[1]) as remote:  # none runs: this starts one
+        remote.wait_ready()
+        with remote.open("a", batch_size=4, epochs=1) as stream:
+            stream.take()
+            pid = remote.service_pid
+            fields = lambda p: (p / "stat").read_text().rsplit(")", 1)[1].split()
+            threads = [  # when the service's threads started (clock ticks since boot)
+                int(fields(t)[19]) for t in Path(f"/proc/{pid}/task").iterdir()
+                if t.name != str(pid)
+            ]
+            children = {}  # the resource tracker and the forkserver: when each started
+            for p in Path("/proc").iterdir():
+                try:
+                    if p.name.isdigit() and int(fields(p)[1]) == pid:
+                        children[(p / "cmdline").read_text()] = int(fields(p)[19])
+                except OSError:
+                    continue
+    print(json.dumps({"pid": pid, "children": children, "threads": threads}))
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_a_started_service_starts_its_decode_forkserver_first_under_sched_batch(cat_dir, tmp_path):
+    """A service a client starts launches its decode processes' forkserver before its own
+    imports (so that they run side by side), and it yields to jobs like the rest."""
+    script = tmp_path / "starts.py"
+    script.write_text(STARTS)
+    env = {**os.environ, "TABLOADER_IDLE_EXIT": "5"}
+    out = subprocess.run(
+        [sys.executable, str(script), str(cat_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT * 2,
+    )
+    assert out.returncode == 0, out.stderr
+    started = json.loads(out.stdout)
+    try:
+        forkserver = [t for cmd, t in started["children"].items() if "forkserver" in cmd]
+        assert len(forkserver) == 1, started
+        assert forkserver[0] < min(started["threads"]), started  # before any import's thread
+        policies = scheduling_policies(started["pid"])  # idle: until it exits, 5 s later
+        assert len(policies) > 5  # threads, the forkserver, its decode processes
+        assert set(policies.values()) == {os.SCHED_BATCH}, policies
+    finally:
+        wait_for(lambda: not _alive(started["pid"]), "the idle service to stop")
+
+
 def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
     try:
