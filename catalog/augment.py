@@ -32,7 +32,7 @@ sets the size must be ``RandomResizedCrop``, ``CenterCrop``, ``RandomCrop`` or
 scale=True)`` + ``Normalize``: it divides by 255 itself.
 
 This module only parses and checks (at ``REGISTER``, and for options given at open); the
-draws and the pixels are :mod:`tabloader.augment`'s.
+draws and the pixels are :mod:`tabloader.engine.augment`'s.
 
 Example:
     >>> spec = parse_augment("RandomResizedCrop(224, ratio=(0.75, 1.25)), RandomHorizontalFlip(1)")

@@ -21,7 +21,7 @@ import torchvision
 from torchvision.transforms import RandomResizedCrop, v2
 
 from catalog.errors import OptionError
-from tabloader.augment import Augmenter, from_torchvision
+from tabloader.engine.augment import Augmenter, from_torchvision
 
 N, H, W = 4000, 375, 500
 

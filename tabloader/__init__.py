@@ -36,7 +36,7 @@ if typing.TYPE_CHECKING:
 # A rank in a Ray worker of a cluster serving its catalog reads from its node's loader.
 _set_locator(_RayNodes())
 
-# Imported on first use: a decode process (which imports tabloader.decoding, so this package)
+# Imported on first use: a decode process (which imports tabloader.engine.decoding, so this package)
 # reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in
 # every service start's forkserver, on the path to the first batch).
 _LAZY = {

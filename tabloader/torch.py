@@ -25,8 +25,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from catalog import Catalog
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
-from tabloader.augment import default_seed, from_torchvision
 from tabloader.engine import JobStream, Loader, default_loader
+from tabloader.engine.augment import default_seed, from_torchvision
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
 __all__ = ["JobDataset", "Transform", "to_tensors"]

@@ -19,35 +19,14 @@ PACKAGES = ("catalog", "tabloader")
 CATALOG, ENGINE, SERVICE, CLUSTER, TOP, CLI = range(6)
 LAYER_NAMES = ("catalog", "engine", "service", "cluster", "top (torch.py, bench, API)", "cli")
 # "pkg.*" -> the layer of pkg and every module below it; "name" -> the layer of that module
-# alone; the longest match wins. The engine is the flat modules of tabloader/ (one
-# "tabloader.engine.*" entry once they move into that package).
+# alone; the longest match wins.
 LAYERS: dict[str, int] = {
     "catalog.*": CATALOG,
     "tabloader": TOP,  # the package's __init__: the public API
     "tabloader._format": ENGINE,
-    "tabloader.accounting": ENGINE,
-    "tabloader.arena": ENGINE,
-    "tabloader.augment": ENGINE,
-    "tabloader.batchmem": ENGINE,
-    "tabloader.collate": ENGINE,
     "tabloader.datagen": ENGINE,
-    "tabloader.decoding": ENGINE,
-    "tabloader.engine": ENGINE,
-    "tabloader.eviction": ENGINE,
-    "tabloader.fetch": ENGINE,
-    "tabloader.gather": ENGINE,
-    "tabloader.jobs": ENGINE,
-    "tabloader.planning": ENGINE,
-    "tabloader.prep": ENGINE,
-    "tabloader.queues": ENGINE,
-    "tabloader.ranks": ENGINE,
+    "tabloader.engine.*": ENGINE,
     "tabloader.sampling.*": ENGINE,
-    "tabloader.scheduler": ENGINE,
-    "tabloader.slabs": ENGINE,
-    "tabloader.shm": ENGINE,
-    "tabloader.stream": ENGINE,
-    "tabloader.uses": ENGINE,
-    "tabloader.work": ENGINE,
     "tabloader.service.*": SERVICE,
     "tabloader.cluster.*": CLUSTER,
     "tabloader.torch": TOP,
@@ -201,15 +180,15 @@ def test_every_module_has_a_layer():
 def test_the_checks_find_a_circle_and_an_upward_import():
     """The checks can fail: a made-up graph with both faults is reported."""
     edges = {
-        "tabloader.fetch": {"tabloader.collate"},
-        "tabloader.collate": {"tabloader.fetch"},
+        "tabloader.engine.fetch": {"tabloader.engine.collate"},
+        "tabloader.engine.collate": {"tabloader.engine.fetch"},
         "tabloader.service.server": {"tabloader.cluster.node", "tabloader.cli"},
         "tabloader.cluster.node": set(),
         "tabloader.cli": set(),
         "catalog.catalog": set(),
     }
     external = {m: set() for m in edges} | {"catalog.catalog": {"torch", "numpy"}}
-    assert circles(edges) == [["tabloader.collate", "tabloader.fetch"]]
+    assert circles(edges) == [["tabloader.engine.collate", "tabloader.engine.fetch"]]
     assert against_direction(edges, external) == [
         "catalog.catalog (catalog) -> torch (forbidden there)",
         "tabloader.service.server (service) -> tabloader.cli (cli)",

@@ -103,7 +103,7 @@ def _first(child: dict[str, Any], role: str) -> dict[str, Any]:
 
 def _stop(pid: int) -> None:
     """Stop the service the cold child started (not our child: polled, not waited for)."""
-    from tabloader.shm import process_alive
+    from tabloader.engine.shm import process_alive
 
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -131,7 +131,7 @@ class _Images:
         import numpy as np
 
         from catalog.storage import DatasetReader
-        from tabloader.prep import decode_image
+        from tabloader.engine.prep import decode_image
 
         if self._reader is None:
             spec = (self.root, self.parts, self.schema, self.verify)

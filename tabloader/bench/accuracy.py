@@ -7,7 +7,8 @@ bicubic, grayscale to RGB, quality 95, so that random crops matter) into an imag
 ``<digit>/<train|test>/<n>.jpg``, split 80/20 per class by a fixed seed, and imported with
 ``FORMAT imagefolder``. The jobs read the train split (``WHERE path LIKE '%/train/%'``).
 
-The recipe (the same for both arms, one implementation: :class:`tabloader.augment.Augmenter`)::
+The recipe (the same for both arms, one implementation:
+:class:`tabloader.engine.augment.Augmenter`)::
 
     RandomResizedCrop(size, scale=(0.6, 1.0), ratio=(0.8, 1.25)), Normalize(0.5, 0.5)
 
@@ -135,7 +136,7 @@ def _split_files(folder: str, split: str) -> tuple[list[str], list[int]]:
 
 
 def _decode(path: str) -> np.ndarray:
-    from tabloader.prep import decode_image
+    from tabloader.engine.prep import decode_image
 
     return decode_image(Path(path).read_bytes())
 
@@ -158,7 +159,7 @@ class _TrainSet:
     (seed, epoch, index) from this arm's own seeds."""
 
     def __init__(self, paths: list[str], labels: list[int], augment: str, seed: int) -> None:
-        from tabloader.augment import Augmenter
+        from tabloader.engine.augment import Augmenter
 
         self.paths, self.labels = paths, labels
         self.augmenter = Augmenter(augment, DATALOADER_SEEDS + seed)
@@ -180,7 +181,7 @@ def _evaluate(model: Any, folder: str, size: int) -> tuple[float, int]:
     training, by the same code); (accuracy, test images)."""
     import torch
 
-    from tabloader.augment import Augmenter
+    from tabloader.engine.augment import Augmenter
 
     paths, labels = _split_files(folder, "test")
     evaluate = Augmenter(EVALUATE.format(size=size), seed=0)

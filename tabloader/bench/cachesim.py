@@ -20,15 +20,15 @@ job) and the sum of the set sizes (no sharing at all).
 Policies
 --------
 ``LRU``, ``RefCnt`` and ``Lookahead`` replay the stream through the eviction policy objects
-of :mod:`tabloader.eviction` (:class:`PolicyCache`), the ones the arena ranks its slots by:
-``Lookahead`` is :data:`~tabloader.eviction.ARENA_POLICY` itself, so the benchmark measures
+of :mod:`tabloader.engine.eviction` (:class:`PolicyCache`), the ones the arena ranks its slots by:
+``Lookahead`` is :data:`~tabloader.engine.eviction.ARENA_POLICY` itself, so the benchmark measures
 the code that runs. Each cached row has a next use (known when it falls inside the window:
 the sampler runs ``LOOKAHEAD_FACTOR`` times as many rounds ahead as the cache holds rows;
 else inf), a count of uses (jobs still needing it this epoch) and a last use (its last
 request). ``Lookahead`` evicts the farthest next use (unknown ones first), then the fewest
-uses, then the least recent; ``RefCnt`` (:class:`~tabloader.eviction.FewestUses`) the fewest
+uses, then the least recent; ``RefCnt`` (:class:`~tabloader.engine.eviction.FewestUses`) the fewest
 uses (zero first), then the least recent; ``LRU``
-(:class:`~tabloader.eviction.LeastRecent`) the least recent, without the round's pins (the
+(:class:`~tabloader.engine.eviction.LeastRecent`) the least recent, without the round's pins (the
 textbook baseline). The requested row may be its own victim: a row that ranks first is not
 kept. ``FIFO``, ``Random`` and ``MinIO`` (fill once, never evict) are plain loops: the arena
 has no such policy. ``Belady`` is MIN, offline on the same stream and allowed to bypass:
@@ -50,7 +50,7 @@ from enum import Enum
 import numpy as np
 from pyroaring import BitMap
 
-from tabloader.eviction import ARENA_POLICY, EvictionPolicy, FewestUses, LeastRecent
+from tabloader.engine.eviction import ARENA_POLICY, EvictionPolicy, FewestUses, LeastRecent
 from tabloader.sampling import Sampler
 
 __all__ = [
@@ -311,7 +311,8 @@ def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
 def belady_pinned(
     kind: np.ndarray, space: np.ndarray, row: np.ndarray, capacity: int, *, pins: bool = True
 ) -> int:
-    """Belady's MIN on a recorded :class:`~tabloader.accounting.AccessLog`: the reads (decodes) of
+    """Belady's MIN on a recorded :class:`~tabloader.engine.accounting.AccessLog`: the reads
+    (decodes) of
     a cache of ``capacity`` values that knows every future request.
 
     With ``pins`` a value that a batch holds (from its look-up to its release) is never
@@ -367,7 +368,7 @@ class PolicyCache:
     skipped): the simulator's view of the arena's choice, through the same policy object.
 
     Each row has a ``next_use`` (inf: not known), ``uses`` and ``last_use``, as the arena's
-    candidates do (:mod:`tabloader.eviction`).
+    candidates do (:mod:`tabloader.engine.eviction`).
     """
 
     def __init__(self, policy: EvictionPolicy) -> None:

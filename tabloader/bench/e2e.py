@@ -9,7 +9,7 @@ run, on the same data and scenario:
   ``RemoteLoader``, batches made tensors with ``to_tensors`` as ``JobDataset`` does);
 * ``dataloader``: four job processes, each with its own ``torch.utils.data.DataLoader
   (shuffle=True)`` over a map-style dataset that reads the same Arrow IPC storage and decodes
-  and resizes as tabloader does (``tabloader.prep.decode_image``); ``--workers`` (default:
+  and resizes as tabloader does (``tabloader.engine.prep.decode_image``); ``--workers`` (default:
   every core) split between them;
 * ``threads``: the in-process mode, one ``Loader`` and four jobs on threads of one process;
 * ``independent`` (with ``--competitors``): ``threads`` with the independent sampler (ablation).
@@ -39,12 +39,12 @@ Training recipes (issue 29; not in the default ``--scenarios``, which stays the 
 
 * ``recipe``: four jobs on every row, each registered ``WITH (augment =
   'RandomResizedCrop(224), RandomHorizontalFlip()', seed = i)`` (``--recipe-size``): the
-  service shares one aspect-kept decode a row (:class:`tabloader.prep.Fit`) and each client
+  service shares one aspect-kept decode a row (:class:`tabloader.engine.prep.Fit`) and each client
   crops, resizes and flips its own draws in its threads. The DataLoaders decode each sample
   with Pillow as a tuned user does (``draft`` to the DCT scale that covers 224, as ``bench
   throughput``'s Pillow arm), then the same recipe: torchvision's ``transforms.v2`` where it
   is installed, else the crop drawn by torchvision's algorithm
-  (:meth:`tabloader.augment.Augmenter.draw` on the decoded size), Pillow's ``resize`` of its
+  (:meth:`tabloader.engine.augment.Augmenter.draw` on the decoded size), Pillow's ``resize`` of its
   box and ``transpose`` to flip; the table says which (``transforms`` in the JSON);
 * ``recipe-eval``: the same rows, an evaluation job (``image_size = 224``, no augment) and
   three training jobs (``seed`` 1-3): the evaluation job reads the training jobs' shared
@@ -109,7 +109,6 @@ from typing import Any
 
 import numpy as np
 
-from tabloader.arena import values_that_fit
 from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs
 from tabloader.bench.cachesim import belady_pinned
@@ -118,6 +117,7 @@ from tabloader.bench.e2e_scenarios import SCENARIOS, register, scenarios_of, sha
 from tabloader.bench.e2e_targets import cache_bytes_per_image, recipe_notes
 from tabloader.bench.e2e_targets import targets as _targets
 from tabloader.bench.stalls import dataset_seconds, stall_row
+from tabloader.engine.arena import values_that_fit
 
 __all__ = ["add_arguments", "bench_cache_bytes", "median_run", "prepare", "run"]
 
@@ -305,7 +305,7 @@ def bench_cache_bytes(
     handed over (threads copy theirs out of the cache at once); plus 4 MiB of slabs for the
     staging of ids and labels (the arena gives out memory in slabs of at least 64 KiB).
     """
-    from tabloader.fetch import MIN_PROCESS_ROWS
+    from tabloader.engine.fetch import MIN_PROCESS_ROWS
 
     prefetch = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch_size))
     per_job = prefetch + 2 if service else prefetch

@@ -68,7 +68,7 @@ class MapDataset:
 
     def prepare(self, data: Any, row: int) -> Any:
         """The image of ``row`` from its encoded bytes ``data``: as tabloader prepares it."""
-        from tabloader.prep import decode_image
+        from tabloader.engine.prep import decode_image
 
         return np.array(decode_image(data, size=self.size))
 
@@ -78,14 +78,15 @@ class RecipeDataset(MapDataset):
     sample decoded with Pillow as a tuned user does (``draft`` to the DCT scale that still
     covers the size), then the job's training recipe (``augment``, drawn with its ``seed``)
     with torchvision's ``transforms.v2`` where it is installed, else with Pillow: the crop
-    drawn by torchvision's algorithm (:meth:`tabloader.augment.Augmenter.draw`, on the decoded
+    drawn by torchvision's algorithm (:meth:`tabloader.engine.augment.Augmenter.draw`, on the
+    decoded
     size), ``resize`` of its box, ``transpose`` to flip. An evaluation job (``image_size``)
     is ``bench throughput``'s Pillow decode (draft, resize, center crop). ``transforms`` says
     which was used.
     """
 
     def __init__(self, root: str, dataset: str, ids: list[int], options: dict[str, Any]) -> None:
-        from tabloader.augment import Augmenter
+        from tabloader.engine.augment import Augmenter
 
         self.augment = None
         if "augment" in options:

@@ -76,9 +76,9 @@ def shared_decode_bytes(root: Path, text: str, rows: int) -> int:
     over the first ``rows`` images: the arena's row size for the ``recipe`` scenarios."""
     import catalog
     from catalog.augment import parse_augment
-    from tabloader.augment import shared_fit
-    from tabloader.prep import decode_image
-    from tabloader.slabs import size_class
+    from tabloader.engine.augment import shared_fit
+    from tabloader.engine.prep import decode_image
+    from tabloader.engine.slabs import size_class
 
     fit = shared_fit(parse_augment(text), None)
     with catalog.connect(root) as cat:

@@ -5,7 +5,7 @@ What the DataLoader competitors run per sample, the way a tuned user writes it: 
 for the ~500x375 JPEGs here), then either torchvision's ``v2`` transforms where torchvision is
 installed, or the same ops by hand with Pillow (``resize`` with the crop's ``box``: crop and
 resize in one call, as torchvision does on PIL images) with crop parameters drawn by
-torchvision's algorithm (:meth:`tabloader.augment.Augmenter.draw`). tabloader's competitor is
+torchvision's algorithm (:meth:`tabloader.engine.augment.Augmenter.draw`). tabloader's competitor is
 a job registered with ``augment = RECIPE``: one shared decode per image, then the job's own
 crop-resize in the loader's threads.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tabloader.augment import Augmenter
+from tabloader.engine.augment import Augmenter
 
 __all__ = ["RECIPE", "RecipeRows", "recipe_competitors"]
 

@@ -124,7 +124,7 @@ def decode(data: Any, size: int, how: str) -> Any:
     import torch
 
     if how == "tabloader":
-        from tabloader.prep import decode_image
+        from tabloader.engine.prep import decode_image
 
         return torch.from_numpy(np.array(decode_image(data, size=size)))
     from PIL import Image
@@ -326,7 +326,7 @@ def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
     import simplejpeg
     from PIL import Image
 
-    from tabloader.prep import dct_least_size
+    from tabloader.engine.prep import dct_least_size
 
     data = _jpegs(cat, n)
     turbo: Any = None

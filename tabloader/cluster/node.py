@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from catalog import Catalog, Dataset, Job
     from catalog.model import JobInfo
     from tabloader.cluster.leader import WorkList
+    from tabloader.engine.stream import JobStream
     from tabloader.service.server import Service
-    from tabloader.stream import JobStream
 
 __all__ = [
     "NodeFeed",

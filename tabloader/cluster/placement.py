@@ -55,7 +55,7 @@ import numpy.typing as npt
 import xxhash
 
 from catalog.errors import SamplingError
-from tabloader.ranks import rank_share
+from tabloader.engine.ranks import rank_share
 
 __all__ = ["DROPPED", "JobPlacement", "Placer", "node_key", "preferred_nodes"]
 

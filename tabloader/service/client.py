@@ -36,11 +36,12 @@ from catalog.directory import resolve_root
 from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
 from catalog.options import JobSpec
 from catalog.settings import setting
-from tabloader.augment import Augmenter
-from tabloader.batchmem import BatchMemory
-from tabloader.decoding import FORKSERVER_PRELOAD
-from tabloader.prep import batch_column, decoder_for
-from tabloader.ranks import resolve_rank
+from tabloader.engine.augment import Augmenter
+from tabloader.engine.batchmem import BatchMemory
+from tabloader.engine.decoding import FORKSERVER_PRELOAD
+from tabloader.engine.prep import batch_column, decoder_for
+from tabloader.engine.ranks import resolve_rank
+from tabloader.engine.shm import Segment
 from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
@@ -50,7 +51,6 @@ from tabloader.service.protocol import (
     state_to_wire,
 )
 from tabloader.service.reopen import Ahead, forget, register, settle
-from tabloader.shm import Segment
 
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from catalog import Job
     from catalog.errors import ServiceError
-    from tabloader.stream import JobStream
+    from tabloader.engine.stream import JobStream
 
 __all__ = ["Feed", "Locator", "locator", "set_locator"]
 

@@ -1,7 +1,7 @@
 """``tabloader serve``: one process per catalog owns the catalog and the engine; jobs are clients.
 
 Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, JSON). Data
-plane: the arena is shared memory of no name (:mod:`tabloader.shm`), which clients map
+plane: the arena is shared memory of no name (:mod:`tabloader.engine.shm`), which clients map
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
 * its images stay where the shared decode put them, pinned in the arena; the reply lists each
@@ -40,6 +40,7 @@ from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from catalog.options import JobSpec
 from tabloader.engine import Loader
+from tabloader.engine.stream import JobStream
 from tabloader.service.catalog_ops import CatalogOps, Statements
 from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import Listener, Session
@@ -52,7 +53,6 @@ from tabloader.service.protocol import (
     state_from_wire,
     state_to_wire,
 )
-from tabloader.stream import JobStream
 
 __all__ = ["Service"]
 

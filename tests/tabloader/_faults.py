@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tabloader.prep import Decoder
+from tabloader.engine.prep import Decoder
 
 __all__ = ["KillsOnce", "Poisoned", "Slow"]
 

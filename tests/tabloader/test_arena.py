@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from catalog import CacheError
-from tabloader.arena import Arena, CacheOvershootWarning, CacheTooSmallWarning
+from tabloader.engine.arena import Arena, CacheOvershootWarning, CacheTooSmallWarning
 
 
 def value(row: int, shape=(4, 4, 3)) -> np.ndarray:

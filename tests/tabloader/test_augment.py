@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from catalog.errors import OptionError
-from tabloader.augment import Augmenter, from_torchvision
 from tabloader.engine import Loader
-from tabloader.prep import Fit, decode_image
+from tabloader.engine.augment import Augmenter, from_torchvision
+from tabloader.engine.prep import Fit, decode_image
 
 N = 4000  # draws per sample in the statistical tests
 

@@ -10,8 +10,8 @@ import pytest
 from test_service import TIMEOUT, start_service
 
 import catalog
-from tabloader.augment import Augmenter, default_seed
-from tabloader.prep import Fit, decode_image
+from tabloader.engine.augment import Augmenter, default_seed
+from tabloader.engine.prep import Fit, decode_image
 from tabloader.service.client import RemoteLoader
 
 TRAIN = "RandomResizedCrop(20, scale=(0.2, 1.0)), RandomHorizontalFlip(), Normalize(0.5, 0.5)"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tabloader.batchmem import BatchMemory
+from tabloader.engine.batchmem import BatchMemory
 
 
 def test_a_dropped_array_gives_its_block_back():

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from tabloader.bench import accuracy
-from tabloader.shm import SHM_DIR, shm_available
+from tabloader.engine.shm import SHM_DIR, shm_available
 
 CLASSES, PER_CLASS = 10, 6  # 60 images: 10 test (one a class), 50 train
 

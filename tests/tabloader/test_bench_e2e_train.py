@@ -17,8 +17,8 @@ import pytest
 
 from tabloader.bench import e2e, e2e_children, train
 from tabloader.bench.e2e_targets import targets as e2e_targets
+from tabloader.engine.shm import shm_available
 from tabloader.service.protocol import socket_path
-from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -228,7 +228,7 @@ def test_e2e_recipe_dataloader_crops_flips_and_resizes_the_drawn_box(monkeypatch
     import numpy as np
     from PIL import Image
 
-    from tabloader.augment import Augmenter
+    from tabloader.engine.augment import Augmenter
 
     monkeypatch.setattr(e2e_children, "torchvision_recipe", lambda size: None)
     h, w = 300, 400

@@ -7,7 +7,7 @@ import importlib.util
 from tabloader.bench._coldstart import TARGET_COLD_S, cold_start, report
 from tabloader.bench.throughput import _jpeg_libraries
 from tabloader.datagen import make_imagefolder
-from tabloader.shm import process_alive
+from tabloader.engine.shm import process_alive
 
 
 def test_jpeg_libraries_are_timed_or_say_why_not(images, monkeypatch):

@@ -27,10 +27,10 @@ from pyroaring import BitMap
 from test_service import TIMEOUT, cat_dir, descendants, start_service, wait_for  # noqa: F401
 
 import catalog
-from tabloader.prep import decode_image
+from tabloader.engine.prep import decode_image
+from tabloader.engine.shm import process_alive, shm_available
 from tabloader.service.client import RemoteLoader
 from tabloader.service.protocol import runtime_dir, socket_path
-from tabloader.shm import process_alive, shm_available
 
 pytestmark = [
     pytest.mark.skipif(not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"),

@@ -12,8 +12,8 @@ import pytest
 import catalog
 from catalog.errors import StorageError
 from tabloader.engine import Loader
-from tabloader.prep import decode_image
-from tabloader.shm import shm_available
+from tabloader.engine.prep import decode_image
+from tabloader.engine.shm import shm_available
 
 
 @pytest.fixture

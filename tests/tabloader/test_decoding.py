@@ -20,8 +20,8 @@ from _shm import named_shm_of
 
 from catalog.errors import CacheError, LoaderError, RowReadError
 from tabloader.engine import Loader
-from tabloader.prep import decode_image, decoder_for
-from tabloader.shm import SHM_DIR, Segment, process_alive, shm_available
+from tabloader.engine.prep import decode_image, decoder_for
+from tabloader.engine.shm import SHM_DIR, Segment, process_alive, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -362,7 +362,7 @@ WITHOUT_TORCH = textwrap.dedent(
     import numpy as np
     import catalog
     from tabloader.engine import Loader
-    from tabloader.prep import decode_image
+    from tabloader.engine.prep import decode_image
     cat = catalog.connect(sys.argv[1])
     raw = cat.dataset("imgs").take(cat.job("j").ids, ["image"]).column("image")
     expected = {i: decode_image(v.as_buffer(), size=16) for i, v in zip(cat.job("j").ids, raw)}

@@ -16,9 +16,9 @@ import catalog
 from catalog import JobNotFoundError, LoaderError, OptionError, RowReadError
 from catalog.options import JOB_OPTIONS, JobOption
 from tabloader.engine import Loader
-from tabloader.prep import decode_image
+from tabloader.engine.prep import decode_image
+from tabloader.engine.shm import shm_available
 from tabloader.sampling import DependentSampler
-from tabloader.shm import shm_available
 
 
 def tabloader_threads() -> list[str]:
@@ -271,8 +271,8 @@ def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
 
 @pytest.mark.skipif(not shm_available(), reason="no /dev/shm: no decode processes")
 def test_a_batch_starts_its_decodes_before_it_gathers(images, monkeypatch):
-    from tabloader.decoding import DecodePool
-    from tabloader.gather import Gatherer
+    from tabloader.engine.decoding import DecodePool
+    from tabloader.engine.gather import Gatherer
 
     events: list[tuple[str, frozenset[int]]] = []  # (step, the rows)
     gather, submit = Gatherer.gather, DecodePool.submit
@@ -491,11 +491,11 @@ def guarded(fn, timeout: float = 30.0):
 
 @pytest.mark.parametrize("closer", ["stream", "loader"])
 def test_close_wakes_a_consumer_waiting_for_rows(images, monkeypatch, closer):
-    import tabloader.jobs
+    import tabloader.engine.jobs
 
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     # the scheduler never samples for the job: its consumer waits for rows that never come
-    monkeypatch.setattr(tabloader.jobs.JobState, "hungry", lambda self: False)
+    monkeypatch.setattr(tabloader.engine.jobs.JobState, "hungry", lambda self: False)
     loader = Loader(images, cache_bytes=1 << 20)
     stream = loader.open("a", batch_size=4)
     outcome: list[BaseException] = []
@@ -551,15 +551,15 @@ def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_cl
 
 
 def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, monkeypatch):
-    import tabloader.jobs
+    import tabloader.engine.jobs
     from tabloader.sampling.independent import IndependentSampler
 
     images.sql("REGISTER JOB a SELECT label FROM imgs")
     images.sql("REGISTER JOB b SELECT label FROM imgs")
     rounds = threading.Event()  # no round until set: the consumers wait for rows
-    hungry = tabloader.jobs.JobState.hungry
+    hungry = tabloader.engine.jobs.JobState.hungry
     monkeypatch.setattr(
-        tabloader.jobs.JobState, "hungry", lambda self: rounds.is_set() and hungry(self)
+        tabloader.engine.jobs.JobState, "hungry", lambda self: rounds.is_set() and hungry(self)
     )
 
     def broken(self, jobs, k):
@@ -883,8 +883,8 @@ def test_rows_of_a_submitted_batch_are_kept_until_its_look_up(images):
 
 
 def test_access_log_records_every_look_up_and_its_release(images, tmp_path):
-    from tabloader.accounting import AccessLog
     from tabloader.bench.cachesim import belady_pinned
+    from tabloader.engine.accounting import AccessLog
 
     images.sql("REGISTER JOB x SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB y SELECT image FROM imgs WHERE label < 2 WITH (image_size = 16)")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from catalog.errors import CacheError
-from tabloader.arena import Arena
 from tabloader.bench.cachesim import Policy, PolicyCache, Stream, simulate
-from tabloader.eviction import (
+from tabloader.engine.arena import Arena
+from tabloader.engine.eviction import (
     ARENA_POLICY,
     EvictionPolicy,
     FarthestNextUse,
@@ -99,7 +99,9 @@ def test_the_simulator_lookahead_and_the_arena_call_the_arena_policy(monkeypatch
 
 
 def test_an_arena_needs_a_policy_object():
-    with pytest.raises(CacheError, match="policy must be a tabloader.eviction.EvictionPolicy"):
+    with pytest.raises(
+        CacheError, match="policy must be a tabloader.engine.eviction.EvictionPolicy"
+    ):
         Arena(1 << 20, policy="lru")  # type: ignore[arg-type]
 
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import catalog
-from tabloader.arena import CacheOvershootWarning
 from tabloader.engine import Loader
-from tabloader.prep import decode_image
+from tabloader.engine.arena import CacheOvershootWarning
+from tabloader.engine.prep import decode_image
 from tabloader.torch import JobDataset
 
 # Fixed-size images are decoded by decode processes into the arena, or by threads and then put

@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from catalog.errors import LoaderError, RowReadError
-from tabloader import prep
-from tabloader.prep import DecodeKind, Decoder, batch_column, decode_image, decoder_for
+from tabloader.engine import prep
+from tabloader.engine.prep import DecodeKind, Decoder, batch_column, decode_image, decoder_for
 
 
 def gradient(w: int = 500, h: int = 375) -> np.ndarray:

@@ -14,7 +14,7 @@ from pyroaring import BitMap
 
 from catalog import LoaderError
 from tabloader.engine import Loader
-from tabloader.ranks import rank_share
+from tabloader.engine.ranks import rank_share
 
 JOIN_S = 60.0  # a hang guard, not a speed check
 
@@ -434,9 +434,9 @@ def test_a_rank_waiting_for_its_batch_sleeps_while_the_others_land_and_wakes_on_
 def test_a_rank_waiting_for_a_dropped_rank_wakes_the_scheduler(images, monkeypatch):
     """The scheduler closes dropped streams when it polls, and at once when a rank waits for
     one: with a poll too long to wait for, rank 0 still reads its epoch."""
-    import tabloader.scheduler
+    import tabloader.engine.scheduler
 
-    monkeypatch.setattr(tabloader.scheduler, "ABANDONED_CHECK_S", 3600.0)
+    monkeypatch.setattr(tabloader.engine.scheduler, "ABANDONED_CHECK_S", 3600.0)
     images.sql("REGISTER JOB j SELECT label FROM imgs")
     rows = set(images.job("j").ids)
     with Loader(images, cache_bytes=1 << 20) as loader:
@@ -453,9 +453,9 @@ def test_a_rank_waiting_for_a_dropped_rank_wakes_the_scheduler(images, monkeypat
 
 
 def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images, monkeypatch, caplog):
-    import tabloader.scheduler
+    import tabloader.engine.scheduler
 
-    monkeypatch.setattr(tabloader.scheduler, "PENDING_WARN_S", 0.2)
+    monkeypatch.setattr(tabloader.engine.scheduler, "PENDING_WARN_S", 0.2)
     images.sql("REGISTER JOB j SELECT label FROM imgs")
     rows = set(images.job("j").ids)
     with Loader(images, cache_bytes=1 << 20) as loader:
@@ -463,7 +463,7 @@ def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images, monkeypatch, capl
         r0 = loader.open("j", rank=0, **opts)
         seen: list[list[list[list[int]]]] = [[], []]
         consumer = threading.Thread(target=epochs_of, args=(r0, 1, seen[0]), daemon=True)
-        with caplog.at_level(logging.WARNING, logger="tabloader.scheduler"):
+        with caplog.at_level(logging.WARNING, logger="tabloader.engine.scheduler"):
             consumer.start()
             wait_until(lambda: "have not opened the job" in caplog.text, "a warning")
         assert "rank(s) 1" in caplog.text

@@ -36,7 +36,8 @@ from catalog.errors import (
     ServiceError,
 )
 from catalog.options import SPEC_VERSION
-from tabloader.prep import decode_image
+from tabloader.engine.prep import decode_image
+from tabloader.engine.shm import shm_available
 from tabloader.service.client import RemoteLoader, service_loader
 from tabloader.service.protocol import (
     MAX_MESSAGE,
@@ -45,7 +46,6 @@ from tabloader.service.protocol import (
     runtime_dir,
     socket_path,
 )
-from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(
     not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"

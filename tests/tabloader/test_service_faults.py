@@ -11,8 +11,8 @@ import pytest
 from test_service import TIMEOUT, cat_dir, rows_of, service, wait_for  # noqa: F401
 
 from catalog.errors import LoaderError
+from tabloader.engine.shm import shm_available
 from tabloader.service.client import RemoteLoader
-from tabloader.shm import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 

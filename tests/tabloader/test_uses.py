@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tabloader.uses import FutureUses
+from tabloader.engine.uses import FutureUses
 
 
 class Queue:

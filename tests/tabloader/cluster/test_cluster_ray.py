@@ -301,30 +301,6 @@ def test_a_dead_rank_takes_only_its_job_a_restarted_leader_or_loader_resumes(ima
     assert [sorted(rows) for rows in epochs] == [sorted(sets["b"])]
 
 
-@ray.remote(num_cpus=0, max_retries=0)
-def read_first_epoch(root, job, rank, world_size):
-    """A rank of a 2-epoch job whose task returns after epoch 0 without close(), as a
-    training function ends."""
-    from tabloader.service.client import RemoteLoader
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
-    stream = RemoteLoader(root).open(job, epochs=2)
-    return [int(i) for batch in stream.iter_epoch() for i in batch["_id"]]
-
-
-def test_a_rank_that_ends_after_its_share_of_an_epoch_does_not_fail_its_peer(image_cluster):
-    root, sets, _, cluster = image_cluster
-    a1 = read_first_epoch.options(**on(1)).remote(root, "a", 1, 2)
-    a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=1)
-    theirs = ray.get(a1, timeout=TIMEOUT)
-    _, epochs, error = ray.get(a0, timeout=TIMEOUT)
-    assert error is None, error  # was: "left the cluster: rank 1 ... died mid-run"
-    assert not set(theirs) & set(epochs[0])
-    assert set(theirs) | set(epochs[0]) <= set(sets["a"])
-    assert len(theirs) == len(epochs[0]) > 0
-    assert "a" not in cluster.status()["gone"]
-
-
 def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_folder):
     """``tabloader serve --ray ADDRESS`` starts a loader on a node that joins later, takes a
     node that leaves off the leader (its job with it) while the others go on, and stops

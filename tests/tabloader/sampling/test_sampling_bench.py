@@ -95,7 +95,7 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
 def test_lookahead_spans_refcnt_to_belady(cls):
     """Window 0 knows no next use (RefCnt); a window past the end knows them all (Belady)."""
     from tabloader.bench.cachesim import replay
-    from tabloader.eviction import ARENA_POLICY
+    from tabloader.engine.eviction import ARENA_POLICY
 
     sc = Scenario(
         "t",

@@ -9,13 +9,14 @@ Data flow, per dataset::
     the job's consumer takes its next finished batch (``take``)
 
 * **Rounds and queues** (who takes part in a round, a job's own pace, what jobs give back
-  when another opens, the future uses of each row): :mod:`tabloader.queues`.
+  when another opens, the future uses of each row): :mod:`tabloader.engine.queues`.
 * **Epochs.** Batches never straddle an epoch; the last batch of an epoch may be short.
 * **Ranks (DDP).** The ranks of a data-parallel job are one job (one queue, one entry in the
-  sampler: it shares with every other job); each rank is a :class:`~tabloader.jobs.RankState`,
-  a plain job has one. Batches are cut from the job's queue as above and dealt round-robin,
+  sampler: it shares with every other job); each rank is a
+  :class:`~tabloader.engine.jobs.RankState`, a plain job has one. Batches are cut from the
+  job's queue as above and dealt round-robin,
   the k-th of an epoch to rank ``k % world_size``; the rows past the last full turn (the
-  last in the sampler's order) are dropped (see :mod:`tabloader.jobs`). Lockstep: batches
+  last in the sampler's order) are dropped (see :mod:`tabloader.engine.jobs`). Lockstep: batches
   are cut only while the rank whose turn it is has room below ``prefetch``, so a rank ahead
   waits for the slow one and at most ``prefetch`` batches per rank are in flight. A rank
   that left has its turns dropped, unprepared.
@@ -25,7 +26,7 @@ Data flow, per dataset::
   epoch has ``rank_rows`` rows. It takes no part in the rounds. A fed job whose cluster job
   is gone (a rank or node failed) raises the reason once it would wait for rows.
 
-A job's and a rank's state (queue, positions, counters): :mod:`tabloader.jobs`.
+A job's and a rank's state (queue, positions, counters): :mod:`tabloader.engine.jobs`.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
-from tabloader.fetch import Fetcher
-from tabloader.jobs import JobState, OnError, RankState
-from tabloader.queues import JobQueues
-from tabloader.work import Work
+from tabloader.engine.fetch import Fetcher
+from tabloader.engine.jobs import JobState, OnError, RankState
+from tabloader.engine.queues import JobQueues
+from tabloader.engine.work import Work
 
 __all__ = ["DatasetScheduler"]
 

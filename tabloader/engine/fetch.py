@@ -5,14 +5,14 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
 
 1. **Gather** the cheap columns (numbers, strings, lists, raw bytes) with vectorized reads,
    straight into the batch and with no cache (for these a read costs less than caching; see
-   :mod:`tabloader.gather`).
-2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.arena.Arena`:
+   :mod:`tabloader.engine.gather`).
+2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.engine.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
    of at least ``MIN_DECODE_ROWS`` rows (a batch's claimed rows split over the workers), one
    pool task per group, each reading its rows of a record batch together. Decode and resize
    run with the GIL released (libjpeg-turbo through simplejpeg, torch).
-3. **Collate** when the last group a batch waits for lands (:mod:`tabloader.collate`): copy
+3. **Collate** when the last group a batch waits for lands (:mod:`tabloader.engine.collate`): copy
    each value out of the arena into the job's own arrays (the one copy of each payload byte:
    a batch never aliases the arena or another job's batch, so in-place writes stay in the
    job), release the pins, and hand the batch to its job (``on_done``).
@@ -38,14 +38,14 @@ import pyarrow as pa
 
 from catalog.errors import LoaderError
 from catalog.storage import DatasetReader
-from tabloader.accounting import AccessLog, Counters
-from tabloader.arena import Arena
-from tabloader.batchmem import BatchMemory
-from tabloader.collate import collate, hand_over
-from tabloader.decoding import DecodePool, decode_rows
-from tabloader.gather import Gatherer
-from tabloader.prep import Decoder, Fit
-from tabloader.work import Work
+from tabloader.engine.accounting import AccessLog, Counters
+from tabloader.engine.arena import Arena
+from tabloader.engine.batchmem import BatchMemory
+from tabloader.engine.collate import collate, hand_over
+from tabloader.engine.decoding import DecodePool, decode_rows
+from tabloader.engine.gather import Gatherer
+from tabloader.engine.prep import Decoder, Fit
+from tabloader.engine.work import Work
 
 __all__ = ["Fetcher"]
 

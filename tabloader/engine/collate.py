@@ -1,9 +1,9 @@
-"""Step 3 of preparing a batch (:mod:`tabloader.fetch`): its values, out of the arena.
+"""Step 3 of preparing a batch (:mod:`tabloader.engine.fetch`): its values, out of the arena.
 
 * :func:`collate` (a job of this process): copy each prepared value out of the arena into the
   job's own arrays, the one copy of each payload byte. A batch never aliases the arena or
   another job's batch, so in-place writes stay in the job. Fixed-shape images land in one
-  array from :class:`~tabloader.batchmem.BatchMemory` (recycled blocks, no page faults),
+  array from :class:`~tabloader.engine.batchmem.BatchMemory` (recycled blocks, no page faults),
   variable-size ones in a list of arrays.
 * :func:`hand_over` (a job of the loader service's client): the values stay pinned in the
   arena, whose shared memory the client maps; it copies them out and then releases them.
@@ -21,11 +21,11 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.bitmaps import ID_COLUMN
-from tabloader.arena import Arena
-from tabloader.batchmem import BatchMemory
+from tabloader.engine.arena import Arena
+from tabloader.engine.batchmem import BatchMemory
 
 if TYPE_CHECKING:
-    from tabloader.work import Work
+    from tabloader.engine.work import Work
 
 __all__ = ["collate", "hand_over"]
 
@@ -102,7 +102,8 @@ def _augment_out(
     memory: BatchMemory,
 ) -> Any:
     """The job's own augmentation of prepared column ``ci``, each image written straight into
-    its slot of a new batch (the crop-resize is the one copy; see :mod:`tabloader.augment`)."""
+    its slot of a new batch (the crop-resize is the one copy; see
+    :mod:`tabloader.engine.augment`)."""
     aug = work.plan.augment[work.plan.prepared[ci][0].column]
     offsets, shapes = work.offsets[ci], work.shapes[ci]
     positions = range(work.rows.size) if keep is None else keep.tolist()

@@ -10,12 +10,12 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import LoaderError
-from tabloader.jobs import JobState, RankState
-from tabloader.scheduler import DatasetScheduler
+from tabloader.engine.jobs import JobState, RankState
+from tabloader.engine.scheduler import DatasetScheduler
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
-    from tabloader.augment import Augmenter
+    from tabloader.engine.augment import Augmenter
 
 __all__ = ["JobStream"]
 

@@ -4,7 +4,8 @@ A segment is a file of the memory filesystem that was never linked into it (``O_
 nothing in ``/dev/shm`` names it, so nothing is left to remove when its owner dies, even by
 SIGKILL (the OOM killer's signal); the memory goes back to the system when the last process
 that maps it or holds its descriptor is gone. Processes reach it by descriptor only: decode
-processes inherit one as they start (:mod:`tabloader.decoding`), clients receive a read-only one
+processes inherit one as they start (:mod:`tabloader.engine.decoding`), clients receive a read-only
+one
 over the service's authenticated socket (:mod:`tabloader.service.protocol`, ``SCM_RIGHTS``).
 
 ``/dev/shm`` rather than an anonymous ``memfd_create``: a memfd lives in the kernel's internal
@@ -23,7 +24,7 @@ One segment per loader (the service's, or an in-process ``Loader`` decoding in p
 
     0                                     capacity                      capacity + staging
     |<- the arena: slabs of slots ------->|<- staging blocks (service) ->|
-         (tabloader.arena, tabloader.slabs)   (tabloader.service.server)
+         (tabloader.engine.arena, tabloader.engine.slabs)   (tabloader.service.server)
 
 * **Writers.** The loader's process owns the layout: only it decides what a byte range holds
   (the arena's ``reserve``/``put``/``publish``/``discard``; the service's staging blocks and

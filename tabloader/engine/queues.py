@@ -5,7 +5,7 @@
   (``lookahead`` rows) takes part, so jobs at about the same pace get the same rows although
   their consumers wake at different moments. Ids are cheap: sampling ahead costs a queue.
 * **Future uses** (the arena's eviction inputs) follow each queue change:
-  :mod:`tabloader.uses`.
+  :mod:`tabloader.engine.uses`.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
   fast jobs go on alone. Nobody waits for anybody.
 * **Joining.** When a job opens, the jobs of its sampler give back (``give_back``) the rows
@@ -16,8 +16,9 @@
   the rows and rounds the cluster leader sent.
 
 The queues are the job's (``q_rows``, ``q_rounds``, ``q_epochs`` of
-:class:`~tabloader.jobs.JobState`); this module keeps them, the samplers and the future uses
-consistent. Its caller, the dataset's :class:`~tabloader.scheduler.DatasetScheduler`, holds its
+:class:`~tabloader.engine.jobs.JobState`); this module keeps them, the samplers and the future uses
+consistent. Its caller, the dataset's :class:`~tabloader.engine.scheduler.DatasetScheduler`, holds
+its
 lock around every call and cuts the batches (:meth:`JobQueues.pop`).
 """
 
@@ -31,8 +32,8 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
-from tabloader.jobs import NO_ROWS, JobState
-from tabloader.uses import FutureUses
+from tabloader.engine.jobs import NO_ROWS, JobState
+from tabloader.engine.uses import FutureUses
 
 __all__ = ["JobQueues"]
 

@@ -99,4 +99,4 @@ class LeastRecent(EvictionPolicy):
 
 
 ARENA_POLICY: EvictionPolicy = FarthestNextUse()
-"""The policy an :class:`~tabloader.arena.Arena` uses unless given another."""
+"""The policy an :class:`~tabloader.engine.arena.Arena` uses unless given another."""

@@ -11,13 +11,13 @@
   then open, then closed.
 * **Epochs.** Each rank gets ``batches_per_rank(epoch)`` batches of an epoch: every row,
   the last batch maybe short, with one rank; with several, each rank gets
-  :func:`~tabloader.ranks.rank_share` rows of an epoch in full batches and the rest is
+  :func:`~tabloader.engine.ranks.rank_share` rows of an epoch in full batches and the rest is
   dropped, as ``DistributedSampler(drop_last=True)`` does. A resumed job's first epoch has
   only the rows it had left; a fed job's (a cluster node's) epochs have ``rank_rows`` rows.
 * **Stalls.** Per rank, seconds blocked in ``take`` (``wait_s``: waiting for data) vs seconds
   between batches (``compute_s``: its own compute); a job's ``stats`` sum its ranks'.
 
-How queues are filled and batches cut and dealt: :mod:`tabloader.scheduler`.
+How queues are filled and batches cut and dealt: :mod:`tabloader.engine.scheduler`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from pyroaring import BitMap
 from catalog.errors import LoaderError
 from catalog.options import JobSpec
 from catalog.settings import format_bytes
-from tabloader.prep import Fit
-from tabloader.ranks import rank_share
-from tabloader.work import Plan, Work
+from tabloader.engine.prep import Fit
+from tabloader.engine.ranks import rank_share
+from tabloader.engine.work import Plan, Work
 
 __all__ = ["JobState", "OnError", "RankState", "fit_prefetch"]
 
@@ -57,7 +57,8 @@ class OnError(enum.Enum):
 class JobState:
     """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
 
-    ``world_size`` ranks share the queue and take turns (see :mod:`tabloader.scheduler`); each
+    ``world_size`` ranks share the queue and take turns (see :mod:`tabloader.engine.scheduler`);
+    each
     :class:`RankState` has its own batches in preparation and counters.
     """
 

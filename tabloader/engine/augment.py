@@ -1,7 +1,7 @@
 """Each job's own augmentation, on top of the shared decode: draws and pixels.
 
 The shared prefix of loading an image (read + decode, aspect kept, at the smallest DCT scale
-that serves the jobs on the column: :class:`tabloader.prep.Fit`) is done once per row for all
+that serves the jobs on the column: :class:`tabloader.engine.prep.Fit`) is done once per row for all
 jobs and kept in the arena. What stays per job is its random draws and the crop-resize that
 uses them, declared with the job (``augment``, parsed by :mod:`catalog.augment`):
 
@@ -18,7 +18,7 @@ uses them, declared with the job (``augment``, parsed by :mod:`catalog.augment`)
   ``Normalize``): one resize and one write per image, never touching the shared value.
 
 Where it runs: in the loader's pool threads when a batch is collated in-process
-(:mod:`tabloader.collate`), in the job process's own threads for the service's clients
+(:mod:`tabloader.engine.collate`), in the job process's own threads for the service's clients
 (:mod:`tabloader.service.client`): never on the training loop's thread, and the augmented
 form is never cached (DS-Analyzer: reusing one augmented image across epochs costs accuracy).
 
@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from catalog.augment import AugmentSpec, Op, parse_augment
 from catalog.errors import OptionError
-from tabloader.prep import Fit, resize_hw
+from tabloader.engine.prep import Fit, resize_hw
 
 __all__ = ["Augmenter", "default_seed", "from_torchvision", "shared_fit"]
 

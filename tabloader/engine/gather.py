@@ -1,4 +1,4 @@
-"""Step 1 of preparing a batch (:mod:`tabloader.fetch`): the cheap columns, with no cache.
+"""Step 1 of preparing a batch (:mod:`tabloader.engine.fetch`): the cheap columns, with no cache.
 
 Numbers, strings, lists and raw bytes cost less to read than to cache, so they are read
 straight into the batch with vectorized takes. A fixed-width, null-free column of at most
@@ -20,8 +20,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from catalog.storage import DatasetReader
-from tabloader.accounting import Counters
-from tabloader.prep import DecodeKind, Decoder, batch_column
+from tabloader.engine.accounting import Counters
+from tabloader.engine.prep import DecodeKind, Decoder, batch_column
 
 __all__ = ["FLAT_BYTES", "Gatherer"]
 

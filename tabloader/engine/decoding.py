@@ -4,9 +4,9 @@ Threads decode and resize with the GIL released, but the Python between those ca
 the stored bytes, bookkeeping, the arena) holds it: on 16 cores the threads of one process
 top out near 8 busy workers (measured: 1,648 rows/s with 8, 1,052 with 16). Decode processes
 have a GIL each. The loader's arena lives in a shared-memory segment
-(:mod:`tabloader.shm`); a fixed-shape space's slots are reserved in the loader process,
+(:mod:`tabloader.engine.shm`); a fixed-shape space's slots are reserved in the loader process,
 and a worker reads the rows' bytes from the dataset's files itself (no payload is pickled),
-decodes and resizes them with the same :class:`~tabloader.prep.Decoder` (the same pixels as a
+decodes and resizes them with the same :class:`~tabloader.engine.prep.Decoder` (the same pixels as a
 thread would produce) and writes each value straight into its slot. Only row ids, offsets,
 errors and counters cross the pipe.
 """
@@ -45,8 +45,8 @@ import pyarrow as pa
 
 from catalog.errors import LoaderError, RowReadError, StorageError
 from catalog.storage import DatasetReader
-from tabloader.prep import Decoder
-from tabloader.shm import Segment, process_alive
+from tabloader.engine.prep import Decoder
+from tabloader.engine.shm import Segment, process_alive
 
 __all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "decode_rows"]
 
@@ -483,7 +483,7 @@ _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
 def _attach(fd: int, size: int, owner: int, tempdir: str) -> None:
-    from tabloader.prep import optional_torch
+    from tabloader.engine.prep import optional_torch
 
     global _ARENA
     # Ctrl-C in a terminal signals the whole process group: the loader (or service) stops

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from tabloader.work import Work
+    from tabloader.engine.work import Work
 
 __all__ = ["AccessLog", "Counters"]
 

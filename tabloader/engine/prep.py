@@ -2,7 +2,7 @@
 
 Decoding (JPEG or any Pillow format → ``uint8`` HWC) is the expensive, deterministic part of
 loading an image, so it is done once per row and served to every job from the engine's
-:class:`~tabloader.arena.Arena`.
+:class:`~tabloader.engine.arena.Arena`.
 Random augmentation (crop, flip) is per job and does not belong here: jobs never share a
 random draw.
 

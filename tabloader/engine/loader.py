@@ -1,23 +1,8 @@
-"""The loading engine: every job of this process, one arena and one thread pool for all of them.
+"""The engine's facade: :class:`Loader` opens jobs and wires the pipeline's steps together
+(see :mod:`tabloader.engine`) - every job of this process on one arena and one thread pool.
 
-The files spell the pipeline, per dataset:
-
-* :mod:`tabloader.sampling` - which rows each job reads next (dependent sampling);
-* :mod:`tabloader.queues` - rounds of the sampler -> each job's queue of row ids, and the
-  future uses of each row (the arena's eviction inputs);
-* :mod:`tabloader.scheduler` - each job's queue -> batches to prepare, dealt to its ranks,
-  and handed to its consumer;
-* :mod:`tabloader.jobs` - an open job's queue, ranks, epochs and counters;
-* :mod:`tabloader.fetch` - a batch of ids -> the job's own arrays: cheap columns gathered,
-  images decoded once into the arena and copied out;
-* :mod:`tabloader.accounting` - what that work counts, and the arena's access log;
-* :mod:`tabloader.arena` - prepared values in slots of slabs of one buffer (its allocator:
-  :mod:`tabloader.slabs`);
-* :mod:`tabloader.stream` - the consumer side (``JobStream``);
-
-and this module is the facade: :class:`Loader` opens jobs and wires those together. It does
-not know how jobs are attached: ``JobStream`` here, and ``tabloader.torch.JobDataset`` on top
-of it, use the same ``Loader``.
+It does not know how jobs are attached: ``JobStream`` here, and ``tabloader.torch.JobDataset``
+on top of it, use the same ``Loader``.
 
 Errors: a row that fails to read or decode raises ``RowReadError`` (with its ``_id``) in
 every job that reaches it, in the consumer's thread with the worker's traceback; the batch is
@@ -46,22 +31,22 @@ from catalog.errors import CacheError, LoaderError
 from catalog.options import JobSpec
 from catalog.settings import SETTINGS, check_counts, physical_memory, setting
 from catalog.storage import DatasetReader
-from tabloader.accounting import AccessLog
-from tabloader.arena import Arena
-from tabloader.augment import Augmenter
-from tabloader.batchmem import BatchMemory
-from tabloader.decoding import DecodePool
-from tabloader.fetch import MIN_PROCESS_ROWS, Fetcher
-from tabloader.jobs import JobState, OnError, fit_prefetch
-from tabloader.planning import column_plan, job_augmenter
-from tabloader.prep import DecodeKind, Fit, decoder_for, holds_bytes
-from tabloader.queues import JobQueues
-from tabloader.ranks import rank_share, resolve_rank
+from tabloader.engine.accounting import AccessLog
+from tabloader.engine.arena import Arena
+from tabloader.engine.augment import Augmenter
+from tabloader.engine.batchmem import BatchMemory
+from tabloader.engine.decoding import DecodePool
+from tabloader.engine.fetch import MIN_PROCESS_ROWS, Fetcher
+from tabloader.engine.jobs import JobState, OnError, fit_prefetch
+from tabloader.engine.planning import column_plan, job_augmenter
+from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes
+from tabloader.engine.queues import JobQueues
+from tabloader.engine.ranks import rank_share, resolve_rank
+from tabloader.engine.scheduler import DatasetScheduler
+from tabloader.engine.shm import Segment, shm_available
+from tabloader.engine.stream import JobStream
+from tabloader.engine.work import Plan
 from tabloader.sampling import SAMPLERS, IndependentSampler
-from tabloader.scheduler import DatasetScheduler
-from tabloader.shm import Segment, shm_available
-from tabloader.stream import JobStream
-from tabloader.work import Plan
 
 if TYPE_CHECKING:
     from catalog import Dataset, Job
@@ -96,13 +81,13 @@ class Loader:
         seed: seed of the samplers (same seed, same calls: same order).
         decode: where fixed-size images (``image_size`` set) are decoded: ``"processes"``
             (default: ``workers`` decode processes writing into the arena, which then lives in
-            shared memory; see :mod:`tabloader.decoding`) or ``"threads"`` (the pool's
+            shared memory; see :mod:`tabloader.engine.decoding`) or ``"threads"`` (the pool's
             threads; also what is used where shared memory is not available).
         staging_bytes: shared memory after the arena's (the loader service stages the small
             columns of the batches it hands over there, never short of room because images
             are pinned).
-        access_log: keep an :class:`~tabloader.accounting.AccessLog` (``self.access_log``) of every
-            look-up and release of prepared values, and write it to this ``.npz`` file
+        access_log: keep an :class:`~tabloader.engine.accounting.AccessLog` (``self.access_log``)
+            of every look-up and release of prepared values, and write it to this ``.npz`` file
             (arrays ``kind``, ``space``, ``row``) on ``close()``: what benchmarks replay
             through Belady's MIN for the best any cache of the same size could have done.
 
@@ -325,7 +310,7 @@ class Loader:
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
                 ranks of the job (DDP). When both are None they are read from ``RANK`` and
                 ``WORLD_SIZE`` in the environment (as torchrun sets them; see
-                :mod:`tabloader.ranks` for ``LOCAL_RANK``), else 0 and 1.
+                :mod:`tabloader.engine.ranks` for ``LOCAL_RANK``), else 0 and 1.
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
@@ -430,7 +415,7 @@ class Loader:
         cap: int | None = None,
     ) -> Plan:
         """How the job's columns are prepared: gathered, or decoded into an arena space
-        (image columns: sizes and augmentation as :mod:`tabloader.planning` decides)."""
+        (image columns: sizes and augmentation as :mod:`tabloader.engine.planning` decides)."""
         schema = dataset.schema
         columns = list(job.columns)
         gathered, prepared = [], []

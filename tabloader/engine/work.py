@@ -1,8 +1,9 @@
 """The records of a batch in preparation: a job's :class:`Plan` (how its columns are prepared)
 and :class:`Work` (one batch of one job on its way through fetch, accounting and collate).
 
-They live apart from :mod:`tabloader.fetch` so that the modules the fetcher uses
-(:mod:`tabloader.accounting`, :mod:`tabloader.collate`) read them without importing it back.
+They live apart from :mod:`tabloader.engine.fetch` so that the modules the fetcher uses
+(:mod:`tabloader.engine.accounting`, :mod:`tabloader.engine.collate`) read them without importing
+it back.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tabloader.augment import Augmenter
-from tabloader.prep import Decoder
+from tabloader.engine.augment import Augmenter
+from tabloader.engine.prep import Decoder
 
 __all__ = ["Plan", "Work"]
 

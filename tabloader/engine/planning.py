@@ -1,8 +1,8 @@
 """How a job's image columns are prepared: a fixed-size shared value, or a shared aspect-kept
 decode and the job's own augmentation on top of it.
 
-* A job with ``augment`` (see :mod:`tabloader.augment`) reads each image column from an
-  aspect-kept decode (:class:`~tabloader.prep.Fit`) whose least shorter side is the largest
+* A job with ``augment`` (see :mod:`tabloader.engine.augment`) reads each image column from an
+  aspect-kept decode (:class:`~tabloader.engine.prep.Fit`) whose least shorter side is the largest
   ``need`` among the registered augmented jobs that read that column with the same
   ``decode_size`` and share rows with it: they all read one decode of each row, each drawing
   its own crops and flips.
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from catalog.augment import parse_augment
 from catalog.options import option_value
-from tabloader.augment import Augmenter, default_seed, shared_fit
-from tabloader.prep import Fit, ImageSize
+from tabloader.engine.augment import Augmenter, default_seed, shared_fit
+from tabloader.engine.prep import Fit, ImageSize
 
 if TYPE_CHECKING:
     from catalog import Catalog, Job

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tabloader.jobs import JobState
+from tabloader.engine.jobs import JobState
 
 __all__ = ["FutureUses"]
 

@@ -23,12 +23,12 @@ Layout
   (dtype ``uint8``): ``view(offset, shape)`` is the value. Per class, numpy arrays hold each
   slot's space, row, shape, pin count and last-use tick; per *space* (one dataset column
   prepared one way, e.g. ``imgs/image@224``) an array maps row id -> slot (-1 if absent).
-* The slabs, slot classes and offset arithmetic are the allocator's (:mod:`tabloader.slabs`);
+* The slabs, slot classes and offset arithmetic are the allocator's (:mod:`tabloader.engine.slabs`);
   this module decides what the slots hold, pins them and evicts.
 
 Eviction (when a class needs a slot and has none free and no slab is free): the class's
-unpinned slots are ranked by the eviction policy (:mod:`tabloader.eviction`; by default
-:data:`~tabloader.eviction.ARENA_POLICY`: the value whose next use is farthest (lookahead:
+unpinned slots are ranked by the eviction policy (:mod:`tabloader.engine.eviction`; by default
+:data:`~tabloader.engine.eviction.ARENA_POLICY`: the value whose next use is farthest (lookahead:
 Belady inside the sampler's horizon), then the one with the fewest future uses (RefCnt), then
 the least recently used), the same object ``bench sampling``'s simulator replays.
 ``score(space, rows) -> (next_use, uses)`` supplies the first two, vectorized; it is called
@@ -70,8 +70,8 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import CacheError
-from tabloader.eviction import ARENA_POLICY, EvictionPolicy
-from tabloader.slabs import Slabs, SlotClass, default_slab, size_class
+from tabloader.engine.eviction import ARENA_POLICY, EvictionPolicy
+from tabloader.engine.slabs import Slabs, SlotClass, default_slab, size_class
 
 __all__ = [
     "Arena",
@@ -148,14 +148,14 @@ class Arena:
         score: ``score(space, rows) -> (next_use, uses)`` for eviction; None: every next use
             unknown and no uses (LRU under the default policy).
         policy: ranks eviction candidates by (next use, uses, last use); default
-            :data:`~tabloader.eviction.ARENA_POLICY`.
+            :data:`~tabloader.engine.eviction.ARENA_POLICY`.
         slab_bytes: bytes per slab (default: capacity / 64, clamped to 64 KiB..16 MiB and
             at most the capacity).
         buffer: the memory to use (e.g. a shared-memory segment); default a private array.
 
     Raises:
         CacheError: ``capacity_bytes`` is not a positive int, or ``policy`` is not an
-            :class:`~tabloader.eviction.EvictionPolicy`.
+            :class:`~tabloader.engine.eviction.EvictionPolicy`.
     """
 
     def __init__(
@@ -176,8 +176,8 @@ class Arena:
             )
         if not isinstance(policy, EvictionPolicy):
             raise CacheError(
-                f"policy must be a tabloader.eviction.EvictionPolicy, got {policy!r}; pass "
-                "e.g. tabloader.eviction.FewestUses(), or leave it out for the default."
+                f"policy must be a tabloader.engine.eviction.EvictionPolicy, got {policy!r}; pass "
+                "e.g. tabloader.engine.eviction.FewestUses(), or leave it out for the default."
             )
         if slab_bytes is None:
             slab_bytes = default_slab(capacity_bytes)
