@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,9 +85,7 @@ def _copy_out(
     )
     shape = tuple(shapes[first].tolist())
     out: Any = memory.empty((len(positions), *shape)) if one_shape else []
-    for k, p in enumerate(positions):
-        off = int(offsets[p])
-        src = work.private[(ci, p)] if off < 0 else arena.view(off, tuple(shapes[p].tolist()))
+    for k, (_, src) in enumerate(_values(work, ci, positions, arena)):
         if one_shape:
             out[k] = src
         else:
@@ -105,14 +104,22 @@ def _augment_out(
     its slot of a new batch (the crop-resize is the one copy; see
     :mod:`tabloader.engine.augment`)."""
     aug = work.plan.augment[work.plan.prepared[ci][0].column]
-    offsets, shapes = work.offsets[ci], work.shapes[ci]
     positions = range(work.rows.size) if keep is None else keep.tolist()
     out = memory.empty((len(positions), *aug.output_shape), aug.dtype)
-    for k, p in enumerate(positions):
-        off = int(offsets[p])
-        src = work.private[(ci, p)] if off < 0 else arena.view(off, tuple(shapes[p].tolist()))
+    for k, (p, src) in enumerate(_values(work, ci, positions, arena)):
         aug.apply(src, work.epoch, int(work.rows[p]), out[k])
     return out
+
+
+def _values(
+    work: Work, ci: int, positions: Iterable[int], arena: Arena
+) -> Iterator[tuple[int, npt.NDArray[np.uint8]]]:
+    """(position, value) of prepared column ``ci`` at ``positions``: a view of its arena slot,
+    or the value handed out uncached."""
+    offsets, shapes = work.offsets[ci], work.shapes[ci]
+    for p in positions:
+        off = int(offsets[p])
+        yield p, work.private[(ci, p)] if off < 0 else arena.view(off, tuple(shapes[p].tolist()))
 
 
 def _gather(
