@@ -74,6 +74,11 @@ class Op:
         return dict(self.args)[key]
 
     @property
+    def size_hw(self) -> tuple[int, int]:
+        """The op's ``size`` as ``(h, w)`` (an int is a square)."""
+        return _pair(self.arg("size"))
+
+    @property
     def text(self) -> str:
         """The canonical text: the first argument positional, the rest by keyword."""
         parts = [
@@ -124,7 +129,7 @@ class AugmentSpec:
 
     @property
     def need(self) -> int:
-        sizes = [max(_pair(op.arg("size"))) for op in self.ops if op.name in _SIZED]
+        sizes = [max(op.size_hw) for op in self.ops if op.name in _SIZED]
         return max(sizes)
 
 
@@ -139,7 +144,7 @@ def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
 def _output_hw(ops: tuple[Op, ...]) -> tuple[int, int]:
     for op in reversed(ops):
         if op.name in _FIXED or (op.name == "Resize" and isinstance(op.arg("size"), tuple)):
-            return _pair(op.arg("size"))
+            return op.size_hw
         if op.name == "Resize":
             break
     raise OptionError(

@@ -139,7 +139,7 @@ def _draw_rrc(op: Op, rng: np.random.Generator, h: int, w: int) -> tuple[int, in
 
 def _draw_crop(op: Op, rng: np.random.Generator, h: int, w: int) -> tuple[int, int]:
     """``RandomCrop.get_params`` after its padding: (top, left) in the padded image."""
-    th, tw = _pair(op.arg("size"))
+    th, tw = op.size_hw
     ph, pw = _padded(op, h, w)
     return int(rng.integers(0, ph - th + 1)), int(rng.integers(0, pw - tw + 1))
 
@@ -151,7 +151,7 @@ def _padded(op: Op, h: int, w: int) -> tuple[int, int]:
 
 def _crop_padding(op: Op, h: int, w: int) -> tuple[int, int, int, int]:
     left, top, right, bottom = op.arg("padding") or (0, 0, 0, 0)
-    th, tw = _pair(op.arg("size"))
+    th, tw = op.size_hw
     if op.arg("pad_if_needed"):
         ph, pw = h + top + bottom, w + left + right
         if pw < tw:
@@ -176,10 +176,6 @@ _DRAW: dict[str, Any] = {
 
 
 # -- shapes and pixels -------------------------------------------------------------------------
-def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else size
-
-
 def _resize_to(op: Op, h: int, w: int) -> tuple[int, int]:
     """``Resize``'s output: an int scales the shorter side (the longer truncated, as
     torchvision computes it), a pair is exact."""
@@ -192,10 +188,10 @@ def _resize_to(op: Op, h: int, w: int) -> tuple[int, int]:
 
 
 _SHAPE: dict[str, Any] = {
-    "RandomResizedCrop": lambda op, p, h, w: _pair(op.arg("size")),
+    "RandomResizedCrop": lambda op, p, h, w: op.size_hw,
     "Resize": lambda op, p, h, w: _resize_to(op, h, w),
-    "CenterCrop": lambda op, p, h, w: _pair(op.arg("size")),
-    "RandomCrop": lambda op, p, h, w: _pair(op.arg("size")),
+    "CenterCrop": lambda op, p, h, w: op.size_hw,
+    "RandomCrop": lambda op, p, h, w: op.size_hw,
     "RandomHorizontalFlip": lambda op, p, h, w: (h, w),
     "Normalize": lambda op, p, h, w: (h, w),
 }
@@ -203,7 +199,7 @@ _SHAPE: dict[str, Any] = {
 
 def _apply_rrc(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     i, j, ch, cw = params
-    return resize_hw(img[i : i + ch, j : j + cw], *_pair(op.arg("size")), contiguous=False)
+    return resize_hw(img[i : i + ch, j : j + cw], *op.size_hw, contiguous=False)
 
 
 def _apply_resize(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
@@ -214,7 +210,7 @@ def _apply_resize(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArra
 
 
 def _apply_center(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    th, tw = _pair(op.arg("size"))
+    th, tw = op.size_hw
     h, w = img.shape[:2]
     if th > h or tw > w:  # torchvision pads with zeros first, split evenly (more after)
         top, left = max(th - h, 0) // 2, max(tw - w, 0) // 2
@@ -229,7 +225,7 @@ def _apply_crop(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[
     if any(pad):
         img = _pad(img, pad, op.arg("fill"))
     i, j = params
-    th, tw = _pair(op.arg("size"))
+    th, tw = op.size_hw
     return img[i : i + th, j : j + tw]
 
 
