@@ -1,6 +1,9 @@
 """Separate processes for the benchmarks: a loader service, and job processes started together.
 
-A job process is ``python -m <module> --child JSON`` (the benchmark's own module). It gets
+A job process runs ``python -m <module> --child JSON`` (the benchmark's own module), forked
+from a ``multiprocessing`` forkserver that imported torch and the module once: an interpreter
+and torch start-up (1.2 s of CPU each, four jobs at once on 2 cores) paid once per benchmark run
+instead of once per job process. It gets
 ready (imports, connects, builds its loader), says so with a file in a private sync folder,
 and waits for the common start (``go``, a file holding the start's ``time.time()``), so that
 wall times are measured from one instant for every process and interpreter start-up counts for
@@ -13,7 +16,9 @@ memory) and SIGKILL only if it does not stop.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -30,6 +35,7 @@ __all__ = [
     "halfway_reached",
     "mark_halfway",
     "run_jobs",
+    "run_one",
     "rusage",
     "tree_cpu_s",
     "wait_for_start",
@@ -174,14 +180,37 @@ class ServiceProcess:
 
 
 @contextmanager
-def _killing(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+def _killing(procs: list[multiprocessing.process.BaseProcess]) -> Iterator[None]:
     try:
         yield
     finally:
         for p in procs:
-            if p.poll() is None:
+            if p.is_alive():
                 p.kill()
-                p.wait()
+            p.join()
+
+
+def _zygote(module: str) -> multiprocessing.context.BaseContext:
+    """The forkserver context the job processes of ``module`` are forked from (started once
+    per benchmark process, with torch and the module imported)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.utils.data", "tabloader.torch", module])
+    return ctx
+
+
+def _job_main(module: str, child: str, log: str) -> None:
+    """In a forked job process: its output to ``log``, then the module's ``--child`` entry,
+    as ``python -m module --child JSON`` would run it."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.argv = [module, "--child", child]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600) -> dict[str, Any]:
@@ -190,21 +219,18 @@ def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600)
     Returns:
         ``{"go": start time, "wall_s": start to the last job's "end", "results": [...]}``.
     """
+    ctx = _zygote(module)
     with tempfile.TemporaryDirectory(prefix="tabloader-bench-") as tmp:
         sync = Path(tmp)
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: list[multiprocessing.process.BaseProcess] = []
         with _killing(procs):
             for i, spec in enumerate(specs):
-                with open(sync / f"log-{i}.txt", "wb") as log:
-                    child = json.dumps({**spec, "sync": tmp, "index": i})
-                    procs.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", module, "--child", child],
-                            stdin=subprocess.DEVNULL,
-                            stdout=log,
-                            stderr=log,
-                        )
-                    )
+                child = json.dumps({**spec, "sync": tmp, "index": i})
+                proc = ctx.Process(  # type: ignore[attr-defined]
+                    target=_job_main, args=(module, child, str(sync / f"log-{i}.txt"))
+                )
+                proc.start()
+                procs.append(proc)
             deadline = time.monotonic() + START_TIMEOUT_S
             while not all((sync / f"ready-{i}").exists() for i in range(len(specs))):
                 _check(procs, sync)
@@ -215,19 +241,42 @@ def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600)
             (sync / "go.tmp").write_text(repr(go))
             (sync / "go.tmp").rename(sync / "go")
             deadline = time.monotonic() + timeout
-            while any(p.poll() is None for p in procs):
+            while any(p.is_alive() for p in procs):
                 _check(procs, sync)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"benchmark job processes ran past {timeout:.0f} s")
                 time.sleep(0.05)
+            for p in procs:
+                p.join()
             _check(procs, sync)
         results = [json.loads((sync / f"result-{i}.json").read_text()) for i in range(len(specs))]
     return {"go": go, "wall_s": max(r["end"] for r in results) - go, "results": results}
 
 
-def _check(procs: list[subprocess.Popen[bytes]], sync: Path) -> None:
+def run_one(module: str, spec: dict[str, Any]) -> str:
+    """Run ``python -m module --child JSON`` once (forked from the zygote, like ``run_jobs``);
+    its output.
+
+    Raises:
+        RuntimeError: it failed, quoting its output.
+    """
+    with tempfile.TemporaryDirectory(prefix="tabloader-bench-") as tmp:
+        log = Path(tmp) / "log.txt"
+        proc = _zygote(module).Process(  # type: ignore[attr-defined]
+            target=_job_main, args=(module, json.dumps(spec), str(log))
+        )
+        with _killing([proc]):
+            proc.start()
+            proc.join()
+        out = log.read_text(errors="replace") if log.exists() else ""
+        if proc.exitcode != 0:
+            raise RuntimeError(f"benchmark child failed:\n{out[-3000:]}")
+        return out
+
+
+def _check(procs: list[multiprocessing.process.BaseProcess], sync: Path) -> None:
     for i, p in enumerate(procs):
-        if p.poll() not in (None, 0):
+        if p.exitcode not in (None, 0):
             log = (sync / f"log-{i}.txt").read_text(errors="replace")
             raise RuntimeError(f"benchmark job process {i} failed:\n{log[-3000:]}")
 

@@ -101,8 +101,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -110,7 +108,7 @@ from typing import Any
 import numpy as np
 
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._procs import ServiceProcess, run_jobs
+from tabloader.bench._procs import ServiceProcess, run_jobs, run_one
 from tabloader.bench.cachesim import belady_pinned
 from tabloader.bench.e2e_children import run_child
 from tabloader.bench.e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
@@ -190,14 +188,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_threads(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tabloader.bench.e2e", "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    out = run_one("tabloader.bench.e2e", spec)  # its warnings share the output: the JSON line
+    line = next(ln for ln in reversed(out.splitlines()) if ln.startswith("{"))
+    return json.loads(line)  # type: ignore[no-any-return]
 
 
 def _run_processes(
