@@ -137,6 +137,25 @@ def test_center_crop_resize_and_pad_are_torchvisions():
     assert (out == ref.numpy()).all()
 
 
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_random_resized_crop_and_flip_are_interpolate_of_the_drawn_box(p):
+    """The crop-resize written channels-last (and a flip copied by torch) gives exactly the
+    bytes of torch's public ``interpolate`` on the drawn box, flipped when drawn."""
+    src = gradient(75, 100)
+    aug = Augmenter(f"RandomResizedCrop((24, 32)), RandomHorizontalFlip({p})", seed=3)
+    out = np.empty(aug.output_shape, aug.dtype)
+    for row in range(20):
+        aug.apply(src, 2, row, out)
+        (top, left, h, w), flip = aug.draw((75, 100), 2, row)
+        assert flip == (p == 1.0)
+        box = torch.from_numpy(src[top : top + h, left : left + w].copy()).permute(2, 0, 1)
+        ref = torch.nn.functional.interpolate(box[None], (24, 32), mode="bilinear", antialias=True)[
+            0
+        ].permute(1, 2, 0)
+        want = ref.numpy()[:, ::-1] if flip else ref.numpy()
+        assert (out == want).all(), row
+
+
 def test_random_crop_pads_with_fill_and_stays_inside():
     src = np.full((8, 8, 3), 200, np.uint8)
     aug = Augmenter("RandomCrop(8, padding=2, fill=9)", seed=4)
