@@ -200,7 +200,10 @@ def _zygote(module: str) -> multiprocessing.context.BaseContext:
 
 def _job_main(module: str, child: str, log: str) -> None:
     """In a forked job process: its output to ``log``, then the module's ``--child`` entry,
-    as ``python -m module --child JSON`` would run it."""
+    as ``python -m module --child JSON`` would run it (multiprocessing's default start
+    method too: a forkserver's children inherit "forkserver", so a DataLoader's workers would
+    not fork as a user's do)."""
+    multiprocessing.set_start_method(None, force=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tabloader.bench import e2e, e2e_children, train
+from tabloader.bench._procs import run_one
 from tabloader.bench.e2e_targets import targets as e2e_targets
 from tabloader.engine.shm import shm_available
 from tabloader.service.protocol import socket_path
@@ -86,6 +87,36 @@ def assert_stalls(result: dict, row: dict, *, loader: bool) -> None:
     else:
         assert result["dataset_s"] is None
         assert row["read_s"] == row["decode_s"] == row["collate_s"] == ""
+
+
+PROBE = """
+import json, multiprocessing, sys
+spec = json.loads(sys.argv[2])
+method = multiprocessing.get_start_method()
+print(json.dumps({"name": __name__, "argv1": sys.argv[1], "method": method}))
+if spec.get("fail"):
+    raise SystemExit("the probe failed on purpose")
+"""
+
+
+def test_a_benchmark_child_runs_as_python_m_module_would(tmp_path, monkeypatch):
+    """Forked from the benchmark's zygote, a child still runs its module as ``__main__`` with
+    ``--child JSON``, with the default start method a fresh interpreter has (a forkserver's
+    children inherit "forkserver": a DataLoader's workers would not fork), and a failure is
+    raised with its output."""
+    (tmp_path / "tl_probe.py").write_text(PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import multiprocessing; print(multiprocessing.get_start_method())"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    ).stdout.strip()
+    out = json.loads(run_one("tl_probe", {"fail": False}).strip().splitlines()[-1])
+    assert out == {"name": "__main__", "argv1": "--child", "method": fresh}
+    with pytest.raises(RuntimeError, match="(?s)child failed:.*the probe failed on purpose"):
+        run_one("tl_probe", {"fail": True})
 
 
 def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
