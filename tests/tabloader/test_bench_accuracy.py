@@ -74,8 +74,13 @@ def test_compare_against_the_seeds_noise():
     assert apart["welch_t"] == pytest.approx(apart["diff_pp"] / apart["se_pp"])
     assert not apart["under_1pp"]
     assert not apart["within_noise"]
-    if apart["welch_p"] is not None:  # SciPy installed
+    if apart["welch_p"] is not None:  # SciPy installed: Welch's test, as SciPy computes it
+        from scipy.stats import ttest_ind
+
         assert 0 < apart["welch_p"] < 0.05
+        assert apart["welch_p"] == pytest.approx(ttest_ind(a, b, equal_var=False).pvalue)
+    agreed = accuracy.compare([0.97] * 3, [0.96, 0.97, 0.98])  # models that agree: no warning
+    assert agreed["welch_p"] is None or 0.9 < agreed["welch_p"] <= 1
     exact = accuracy.compare([1.0], [0.5])  # one model each: no spread, no noise to hide in
     assert exact["se_pp"] == 0
     assert not exact["within_noise"]
