@@ -231,7 +231,7 @@ class DecodePool:
                 ctx = _DecodeContext()
                 ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # (unless running)
                 # (the pool's temporary folder holds the forkserver's socket)
-                tempdir = multiprocessing.util.get_temp_dir()
+                tempdir = _socket_room(multiprocessing.util.get_temp_dir())
                 args: tuple[Any, ...] = (_Inherited(self._segment.fd), self._segment.size)
                 pool = ProcessPoolExecutor(
                     1 if quarantine else self.processes,
@@ -345,6 +345,24 @@ class DecodePool:
 
 
 _STOPPED = "The decode processes are stopped; create a new Loader."
+_SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
+
+
+def _socket_room(tempdir: str) -> str:
+    """``tempdir`` (multiprocessing's ``pymp-*`` folder), if the forkserver's socket fits in it
+    (``listener-XXXXXXXX``): else a clear error now, not an ``OSError`` from a decode thread.
+
+    Raises:
+        LoaderError: the temporary folder's path is too long, with the fix.
+    """
+    need = len(os.fsencode(tempdir)) + len("/listener-XXXXXXXX")
+    if need > _SUN_PATH_MAX:
+        raise LoaderError(
+            f"The temporary folder {os.path.dirname(tempdir)} is too deep for the decode "
+            f"processes' socket ({need} bytes with its name, at most {_SUN_PATH_MAX}); set "
+            "TMPDIR to a shorter folder (e.g. TMPDIR=/tmp) or use decode='threads'."
+        )
+    return tempdir
 
 
 @dataclass

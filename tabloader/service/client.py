@@ -73,7 +73,10 @@ try:
 except (AttributeError, OSError):
     pass
 forkserver.set_forkserver_preload({list(FORKSERVER_PRELOAD)!r})
-forkserver.ensure_running()
+try:
+    forkserver.ensure_running()
+except OSError:  # e.g. a TMPDIR too long for its socket: the engine says so when it decodes
+    pass
 from tabloader.cli import main
 sys.exit(main())
 """

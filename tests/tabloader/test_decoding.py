@@ -423,13 +423,14 @@ KILLED = textwrap.dedent(
 )
 
 
-def test_a_killed_loader_leaves_nothing_in_shared_memory_or_the_temporary_folder(images, tmp_path):
+def test_a_killed_loader_leaves_nothing_in_shared_memory_or_the_temporary_folder(
+    images, tmp_path, short_tmp
+):
     """SIGKILL runs no clean-up code: the arena has no name to leave, the decode processes
     exit by themselves, and the last of them removes multiprocessing's temporary folder."""
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     images.close()
-    tmp, out = tmp_path / "tmp", tmp_path / "pids.json"
-    tmp.mkdir()
+    tmp, out = short_tmp, tmp_path / "pids.json"
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     proc = subprocess.Popen(
@@ -456,3 +457,40 @@ def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+LONG_TMPDIR = textwrap.dedent(
+    """
+    import sys
+    import catalog
+    from tabloader.engine import Loader
+    loader = Loader(catalog.connect(sys.argv[1]), cache_bytes=1 << 24, decode="processes")
+    try:
+        loader.open("j", batch_size=8).next_batch()
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+        sys.exit(3)
+    """
+)
+
+
+def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_error(images, tmp_path):
+    """multiprocessing binds its forkserver's socket in $TMPDIR: a path too long for a Unix
+    socket is named with the fix, instead of an OSError from a decode thread."""
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    images.close()
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    script = tmp_path / "deep.py"
+    script.write_text(LONG_TMPDIR)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "cat")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(deep)},
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    said = proc.stdout
+    assert said.startswith(f"LoaderError The temporary folder {deep} is too deep"), said
+    assert "set TMPDIR to a shorter folder" in proc.stdout
