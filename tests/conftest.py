@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,16 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TABLOADER_DISABLE_PROGRESS_BARS", "1")
     _progress.disable_progress_bars()
+
+
+@pytest.fixture
+def short_tmp():
+    """An empty folder of a short path (under /tmp), removed after: for a $TMPDIR or a catalog
+    whose sockets must fit the 107 bytes of a Unix socket's path, however deep pytest's own
+    folders are (deeper under xdist's workers)."""
+    path = Path(tempfile.mkdtemp(prefix="tl-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -163,7 +163,11 @@ def _held(path: Path) -> bool:
     return False
 
 
-def test_chaos_every_surviving_job_reads_each_epoch_once_and_nothing_is_left(cat_dir, tmp_path):  # noqa: F811
+def test_chaos_every_surviving_job_reads_each_epoch_once_and_nothing_is_left(
+    cat_dir,  # noqa: F811
+    tmp_path,
+    short_tmp,
+):
     with catalog.connect(cat_dir) as cat:
         cat.sql("REGISTER JOB d SELECT image, label FROM imgs WITH (image_size = 24)")
         cat.sql(
@@ -172,7 +176,7 @@ def test_chaos_every_surviving_job_reads_each_epoch_once_and_nothing_is_left(cat
     expected = _expected(cat_dir)
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
-    tmp, client_tmp = tmp_path / "tmp", tmp_path / "client-tmp"  # private $TMPDIRs
+    tmp, client_tmp = short_tmp / "tmp", short_tmp / "client-tmp"  # private $TMPDIRs
     tmp.mkdir()
     client_tmp.mkdir()
     shm_before = set(Path("/dev/shm").iterdir())

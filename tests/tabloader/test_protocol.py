@@ -188,20 +188,20 @@ def test_each_listener_writes_a_new_key(tmp_path):
         svc.close()
 
 
-def test_runtime_dir_open_to_others_is_refused(tmp_path):
-    (tmp_path / ".service").mkdir(mode=0o750)
-    os.chmod(tmp_path / ".service", 0o750)
+def test_runtime_dir_open_to_others_is_refused(short_tmp):
+    (short_tmp / ".service").mkdir(mode=0o750)  # (a short root: .service, not the /tmp fallback)
+    os.chmod(short_tmp / ".service", 0o750)
     with pytest.raises(ServiceError, match=r"open to others .*chmod 700"):
-        runtime_dir(tmp_path)
+        runtime_dir(short_tmp)
     with pytest.raises(ServiceError, match="open to others"):
-        Listener(tmp_path, lambda session: None)
+        Listener(short_tmp, lambda session: None)
 
 
-def test_runtime_dir_symlink_is_refused(tmp_path):
-    (tmp_path / "elsewhere").mkdir(mode=0o700)
-    (tmp_path / ".service").symlink_to(tmp_path / "elsewhere")
+def test_runtime_dir_symlink_is_refused(short_tmp):
+    (short_tmp / "elsewhere").mkdir(mode=0o700)
+    (short_tmp / ".service").symlink_to(short_tmp / "elsewhere")
     with pytest.raises(ServiceError, match="is not a directory; remove it"):
-        runtime_dir(tmp_path)
+        runtime_dir(short_tmp)
 
 
 @pytest.mark.parametrize("length", [8, 120])  # short paths, and those that fall back to /tmp

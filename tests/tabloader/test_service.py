@@ -555,11 +555,10 @@ def test_wait_ready_returns_once_the_decode_processes_run(service, cat_dir):
     assert len(helpers) >= 3, helpers  # a forkserver and its two decode processes
 
 
-def test_a_killed_service_leaves_nothing_behind_and_fails_its_clients(cat_dir, tmp_path):
+def test_a_killed_service_leaves_nothing_behind_and_fails_its_clients(cat_dir, short_tmp):
     """SIGKILL (the OOM killer's signal) mid-epoch: no clean-up code runs in the service, yet
     nothing of it stays in /dev/shm or the temporary folder, with no other service to clean."""
-    tmp = tmp_path / "tmp"  # the service's $TMPDIR: what it makes there is its alone
-    tmp.mkdir()
+    tmp = short_tmp  # the service's $TMPDIR: what it makes there is its alone
     service = start_service(cat_dir, env={"TMPDIR": str(tmp)})
     try:
         remote = RemoteLoader(cat_dir, start=False)
