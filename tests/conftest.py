@@ -1,3 +1,14 @@
+"""Fixtures of the whole suite, and how it runs in parallel.
+
+The suite runs in pytest-xdist workers (``-n auto --maxprocesses 4 --dist loadgroup``, the
+README's command and ``.ci/run``): every test has its own folders, catalogs, services and
+sockets, so workers share nothing but the machine. Tests that start Ray are marked
+``xdist_group("ray")`` and run one after another in one worker: a second local Ray beside
+test_cluster_ray.py's module-wide cluster would be found by ``ray.init`` and join it. Paths
+that hold a Unix socket or a ``$TMPDIR`` come from ``short_tmp``: xdist's workers put
+``tmp_path`` deeper, past the 107 bytes of a socket's path.
+"""
+
 from __future__ import annotations
 
 import shutil

@@ -73,6 +73,7 @@ def test_hparam_search_example(tmp_path):
     assert ours == decoded  # every decode was done by exactly one job's batch
 
 
+@pytest.mark.xdist_group("ray")  # one Ray at a time (see tests/conftest.py)
 def test_ray_tune_example_trials_share_decodes(tmp_path):
     """A Ray Tune search (local Ray on loopback) whose trials read through the node loader."""
     pytest.importorskip("ray.tune", reason="ray[tune] is not installed")

@@ -303,15 +303,24 @@ def test_a_batch_starts_its_decodes_before_it_gathers(images, monkeypatch):
 
 def test_a_failing_gather_fails_the_batch_whose_decodes_were_started(images, monkeypatch):
     images.sql("REGISTER JOB a SELECT image, label FROM imgs WITH (image_size = 8)")
+    gate, column = threading.Event(), catalog.Catalog.column
 
     def broken(self, ids, columns):
         raise OSError("disk on fire")
 
+    def held(self, *args, **kwargs):  # the labels read whole land after the batch: it gathers
+        gate.wait(60)
+        return column(self, *args, **kwargs)
+
+    monkeypatch.setattr(catalog.Catalog, "column", held)
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
         monkeypatch.setattr(type(images.dataset("imgs").reader), "gather", broken)
         stream = loader.open("a", batch_size=4)
-        with pytest.raises(OSError, match="disk on fire"):
-            stream.next_batch()
+        try:
+            with pytest.raises(OSError, match="disk on fire"):
+                stream.next_batch()
+        finally:
+            gate.set()
         stream.close()
         for _ in range(3000):  # the decodes started for it land and release (bounded)
             if loader.arena.stats().pinned == 0:

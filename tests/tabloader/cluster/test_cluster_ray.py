@@ -16,7 +16,10 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 TIMEOUT = 120  # seconds for any answer of the cluster: a hang fails the test
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning"),
+    pytest.mark.xdist_group("ray"),  # one Ray at a time (see tests/conftest.py)
+]
 
 
 @pytest.fixture(scope="module")
