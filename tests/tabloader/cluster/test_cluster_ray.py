@@ -260,8 +260,10 @@ def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_lead
 
 def test_a_dead_rank_takes_only_its_job_a_restarted_leader_or_loader_resumes(image_cluster):
     root, sets, nodes, cluster = image_cluster
-    # job a: rank 1 dies after 2 batches; its rank 0 fails, job b goes on
-    a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=5)
+    # job a: rank 1 dies after 2 batches; its rank 0 fails, job b goes on. Rank 0 has epochs
+    # enough to be reading still when rank 1 dies: its own share of 5 took ~1 s, and on a
+    # loaded machine rank 1's worker can start later than that (it then found rank 0 done)
+    a0 = read_until.options(**on(0)).remote(root, "a", 0, 2, epochs=200)
     a1 = read_until.options(**on(1)).remote(root, "a", 1, 2, epochs=5, die_after=2)
     b = read_until.options(**on(1)).remote(root, "b", 0, 1, epochs=2)
     with pytest.raises(ray.exceptions.RayError):  # the worker died of its SIGKILL
