@@ -4,8 +4,9 @@
   the decode processes' replies: ``reads`` (payload, that is binary, values read),
   ``decodes`` (images decoded), ``bytes_read``, and seconds of the pool's threads spent
   reading (``read_s``), decoding and resizing (``decode_s``) and copying values into the
-  jobs' batches (``collate_s``). ``Loader.stats()`` shows them per dataset (``datasets``) and
-  sums ``reads``, ``decodes`` and ``bytes_read`` over the datasets.
+  jobs' batches (``collate_s``), of which the jobs' own augmentation (``augment_s``).
+  ``Loader.stats()`` shows them per dataset (``datasets``) and sums ``reads``, ``decodes``
+  and ``bytes_read`` over the datasets.
 * :class:`AccessLog`, kept when a ``Loader`` is given ``access_log`` (the service's
   ``--access-log``): every look-up of prepared values and every release of a batch's pins, in
   order, saved at close as an ``.npz`` of three equal-length int64 arrays, one entry per
@@ -40,7 +41,8 @@ class Counters:
     bytes_read: int = 0
     read_s: float = 0.0  # reading values from storage
     decode_s: float = 0.0  # decoding and resizing images
-    collate_s: float = 0.0  # copying values into the jobs' batches
+    collate_s: float = 0.0  # copying values into the jobs' batches (and augmenting them)
+    augment_s: float = 0.0  # the jobs' own augmentation (part of collate_s)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **amounts: float) -> None:

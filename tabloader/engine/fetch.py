@@ -41,7 +41,7 @@ from catalog.storage import DatasetReader
 from tabloader.engine.accounting import AccessLog, Counters
 from tabloader.engine.arena import Arena
 from tabloader.engine.batchmem import BatchMemory
-from tabloader.engine.collate import collate, hand_over
+from tabloader.engine.collate import OwnSlots, collate, hand_over, release
 from tabloader.engine.decoding import DecodePool, decode_rows
 from tabloader.engine.gather import Gatherer
 from tabloader.engine.prep import Decoder, Fit
@@ -118,6 +118,7 @@ class Fetcher:
         self._loads: dict[int, _Load] = {}
         self._next_load = 0
         self.access_log: AccessLog | None = None  # set by a Loader asked to record one
+        self.own = OwnSlots(arena)  # handed-over batches' augmented images
 
     def set_readers(self, reader: DatasetReader, table: DatasetReader) -> None:
         """Read a newer version of the dataset (rows were appended)."""
@@ -141,11 +142,13 @@ class Fetcher:
         microseconds) is prepared right here: handing it to a pool thread would cost more,
         and with many threads the handoffs contend for the GIL. So is a service's batch of
         such columns and prepared ones (looked up and pinned, its misses sent to decode,
-        nothing copied: its client copies): two thread wake-ups fewer per batch.
+        nothing copied: its client copies): two thread wake-ups fewer per batch; unless its
+        job augments them, which the pool does.
         """
         plan = work.plan
         self._mark_starting(work, +1)
-        if (not plan.prepared or work.remote) and self.gatherer.all_flat(plan.gathered):
+        inline = not plan.prepared or (work.remote and not plan.augment)
+        if inline and self.gatherer.all_flat(plan.gathered):
             self._start(work)
             return
         try:
@@ -441,7 +444,9 @@ class Fetcher:
         try:
             if work.error is None and not (work.errors and not work.skip):
                 if work.remote:
-                    work.result, handed_over = hand_over(work, self.arena), True
+                    work.result, handed_over = hand_over(work, self.arena, self.own), True
+                    if work.discard and self.access_log is not None:  # sources released
+                        self.access_log.released(work)
                 else:
                     work.result = collate(work, self.arena, self.memory)
         except BaseException as exc:
@@ -449,18 +454,14 @@ class Fetcher:
         finally:
             if not handed_over:
                 self.release(work)
-            self.counters.add(collate_s=time.perf_counter() - t0)
+            self.counters.add(collate_s=time.perf_counter() - t0, augment_s=work.augment_s)
         self.on_done(work)
 
     def release(self, work: Work) -> None:
-        """Drop the pins a batch holds on its values."""
+        """Drop the pins a batch holds on its values (and free its own slots)."""
         if self.access_log is not None:
             self.access_log.released(work)
-        for offsets in work.offsets:
-            held = offsets[offsets >= 0]
-            if held.size:
-                self.arena.release(held)
-            offsets[:] = -1
+        release(work, self.arena)
 
 
 def _fixed_shape(size: Any) -> tuple[int, int, int]:

@@ -37,6 +37,7 @@ class Work:
 
     __slots__ = (
         "augment_s",
+        "discard",
         "epoch",
         "error",
         "errors",
@@ -81,5 +82,8 @@ class Work:
         self.waiting = 1  # decode groups not landed yet, + 1 until the lookups are done
         self.loaded = 0  # values this batch read or decoded itself
         self.augment_s = 0.0  # seconds of the job's own augmentation in collate
+        # prepared columns whose ``offsets`` are slots of the batch's own (its augmented
+        # images, handed over by the service): freed on release, not unpinned
+        self.discard: set[int] = set()
         self.result: dict[str, Any] | None = None
         self.ready = False  # set by the job's scheduler once ``on_done`` ran

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from catalog.bitmaps import ID_COLUMN
 from catalog.directory import resolve_root
 from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
 from catalog.options import JobSpec
 from catalog.settings import setting
-from tabloader.engine.augment import Augmenter
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.decoding import FORKSERVER_PRELOAD
 from tabloader.engine.prep import batch_column, decoder_for
@@ -225,7 +222,6 @@ class RemoteLoader:
         self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
         self.copies = Copies()  # of every stream of this loader
         self.memory = BatchMemory()  # the streams' image batches, recycled
-        self._augment_pool: ThreadPoolExecutor | None = None
         self._copies_lock = threading.Lock()
         self._closed = False
 
@@ -268,13 +264,11 @@ class RemoteLoader:
                 )
             stored = conn.call("options", job=job)["options"] if spec is None else spec.values
             spec = JobSpec.from_options(stored, **options)
-            opened = conn.call("open", job=job, spec=spec.to_wire(), **args)
+            conn.call("open", job=job, spec=spec.to_wire(), **args)
         except BaseException:
             conn.close()
             raise
-        stream = RemoteStream(self, conn, job, rank, world_size, spec)
-        stream.augment = {c: Augmenter(t, s) for c, (t, s) in opened.get("augment", {}).items()}
-        return stream
+        return RemoteStream(self, conn, job, rank, world_size, spec)
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
@@ -289,17 +283,6 @@ class RemoteLoader:
         """Wait until the service's decode processes have started (as ``Loader.wait_ready()``):
         for a benchmark that times steady state, as jobs need not."""
         self._ctl.call("ready")
-
-    @property
-    def augment_pool(self) -> ThreadPoolExecutor:
-        """The threads that run this process's jobs' augmentation (made on first use; one
-        per CPU, at most 8)."""
-        with self._copies_lock:
-            if self._augment_pool is None:
-                self._augment_pool = ThreadPoolExecutor(
-                    min(8, os.cpu_count() or 1), thread_name_prefix="tabloader-augment"
-                )
-            return self._augment_pool
 
     def count_copies(self, images: int, prepared_bytes: int, copied_bytes: int) -> None:
         """Add a batch's images to ``copies`` (its streams may run on several threads)."""
@@ -324,8 +307,6 @@ class RemoteLoader:
             self._closed = True
             self._ctl.close()
             self.memory.close()  # the blocks kept for reuse go (a stream still works)
-            if self._augment_pool is not None:
-                self._augment_pool.shutdown(wait=False)
 
     def __enter__(self) -> RemoteLoader:
         return self
@@ -369,10 +350,8 @@ class RemoteStream:
         self._finalizer = register(self._key, self, conn, self._ahead_out)
         self._ready: dict[str, Any] | None = None  # a batch reply read, not delivered yet
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
-        self._augment_s = 0.0
+        self._copy_s = 0.0  # copying batches out of the shared memory, in all
         self._returned: float | None = None  # when take() last returned
-        # the job's own augmentation by image column, run here (``RemoteLoader.open`` sets it)
-        self.augment: dict[str, Augmenter] = {}
 
     @property
     def epoch(self) -> int:
@@ -398,8 +377,11 @@ class RemoteStream:
             elif epoch is not None and int(reply["epoch"]) != epoch:
                 self._ready, batch = reply, None  # of a later epoch: kept for its take
             else:
-                batch = self._build(reply["columns"], int(reply["epoch"]))
-                self._wait_s += time.perf_counter() - start  # the copy counts as waiting
+                copy = time.perf_counter()
+                batch = self._build(reply["columns"])
+                done = time.perf_counter()
+                self._copy_s += done - copy
+                self._wait_s += done - start  # the copy counts as waiting
                 self._conn.send("next", release=[int(reply["ticket"])], **self._timing())
                 self._ahead = True
             self._returned = time.perf_counter()
@@ -425,9 +407,7 @@ class RemoteStream:
 
     def _timing(self) -> dict[str, float]:
         timing = {"wait_s": self._wait_s, "compute_s": self._compute_s}
-        if self._augment_s:
-            timing["augment_s"] = self._augment_s
-        self._wait_s = self._compute_s = self._augment_s = 0.0
+        self._wait_s = self._compute_s = 0.0
         return timing
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -462,7 +442,9 @@ class RemoteStream:
         """The job's counters (as ``JobStream.stats()``)."""
         with self._lock:
             self._peek()  # the reply read ahead comes before this one
-            return dict(self._conn.call("stats", **self._timing())["stats"])
+            stats = dict(self._conn.call("stats", **self._timing())["stats"])
+        stats["copy_s"] = self._copy_s  # this process's (part of its waiting)
+        return stats
 
     def close(self) -> None:
         """Leave the job (the service releases what this stream held). It says so first (a
@@ -500,7 +482,7 @@ class RemoteStream:
         self.close()
 
     # -- copying out of shared memory -----------------------------------------------------------
-    def _build(self, columns: list[dict[str, Any]], epoch: int) -> dict[str, Any]:
+    def _build(self, columns: list[dict[str, Any]]) -> dict[str, Any]:
         arena = self._loader.arena
         batch: dict[str, Any] = {}
         for col in columns:
@@ -516,11 +498,8 @@ class RemoteStream:
                 ).read_all()
                 values = table.column(0).combine_chunks()
                 batch[col["name"]] = batch_column(values, decoder_for(table.schema.field(0)))
-            elif col["name"] in self.augment:
-                t0 = time.perf_counter()
-                aug = self.augment[col["name"]]
-                batch[col["name"]] = _augmented(arena, col, self._loader, aug, batch, epoch)
-                self._augment_s += time.perf_counter() - t0
+            elif kind == "augmented":
+                batch[col["name"]] = _augmented(arena, col, self._loader)
             else:
                 batch[col["name"]] = _images(arena, col, self._loader)
         return batch
@@ -535,28 +514,18 @@ def _located(col: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[int], lis
     return shapes, sizes, starts
 
 
-def _augmented(
-    arena: np.ndarray,
-    col: dict[str, Any],
-    loader: RemoteLoader,
-    aug: Augmenter,
-    batch: dict[str, Any],
-    epoch: int,
-) -> Any:
-    """The job's own augmentation of an images column, each image read from the mapping and
-    written into its slot of the batch (the one copy), in this process's augmentation threads
-    (the GIL released in the resizes): never on the training loop's thread alone."""
-    shapes, sizes, starts = _located(col)
-    ids = batch[ID_COLUMN].tolist()
-    out = loader.memory.empty((len(shapes), *aug.output_shape), aug.dtype)
-
-    def one(k: int) -> None:
-        src = arena[starts[k] : starts[k] + sizes[k]].reshape(shapes[k])
-        aug.apply(src, epoch, ids[k], out[k])
-
-    list(loader.augment_pool.map(one, range(len(shapes))))
-    staged = sum(sizes[int(k)] for k in col["staged"])
-    loader.count_copies(len(shapes), sum(sizes), out.nbytes + staged)
+def _augmented(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
+    """A column the job augments, made by the service: every value one shape and dtype."""
+    shape, dtype = tuple(col["shape"]), np.dtype(col["dtype"])
+    n = math.prod(shape) * dtype.itemsize
+    staged = {int(k): int(v) for k, v in col["staged"].items()}
+    starts = [staged.get(k, off) for k, off in enumerate(col["offsets"])]
+    out = loader.memory.empty((len(starts), *shape), dtype)
+    rows = out.reshape(len(starts), -1).view(np.uint8)
+    for k, start in enumerate(starts):
+        rows[k] = arena[start : start + n]
+    copied = out.nbytes + n * len(staged)  # ours, and the service's into staging
+    loader.count_copies(len(starts), out.nbytes, copied)
     return out
 
 

@@ -5,7 +5,8 @@ plane: the arena is shared memory of no name (:mod:`tabloader.engine.shm`), whic
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
 * its images stay where the shared decode put them, pinned in the arena; the reply lists each
-  value's ``(offset, shape)``;
+  value's ``(offset, shape)``; a job that augments gets its own images instead, made by the
+  engine's threads into slots of the batch's own (``kind: augmented``: one shape and dtype);
 * its other columns (``_id``, labels, ...) and any image the arena had no room for are written
   once into a *staging* slot of the arena, laid out in the reply: fixed-width columns as raw
   arrays (``dtype``, ``shape``, ``offset``), others (strings, variable lists) as an Arrow IPC
@@ -40,6 +41,7 @@ from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from catalog.options import JobSpec
 from tabloader.engine import Loader
+from tabloader.engine.collate import release
 from tabloader.engine.stream import JobStream
 from tabloader.service.catalog_ops import CatalogOps, Statements
 from tabloader.service.catalog_ops import string_arg as _string
@@ -203,8 +205,9 @@ class _Handler(CatalogOps):
         self.service = service
         self.session = session
         self.stream: JobStream | None = None
-        # ticket -> pins, staging offset, staging block (-1: staged in the arena, or nothing)
-        self.out: dict[int, tuple[list[np.ndarray], int, int, Any]] = {}  # ..., and its Work
+        # ticket -> staging offset, staging block (-1: staged in the arena, or nothing), and
+        # the batch's Work (what it holds in the arena)
+        self.out: dict[int, tuple[int, int, Any]] = {}
         self.lock = threading.Lock()
         self.closed = False
         self.joined: tuple[str, int] | None = None  # a fed job: (job, rank) on the leader
@@ -316,8 +319,7 @@ class _Handler(CatalogOps):
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        augment = {c: [a.spec.text, a.seed] for c, a in stream.augment.items()}
-        return {"job": stream.name, "augment": augment}
+        return {"job": stream.name}
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The next batch. The request also says the client's job has the batch sent last
@@ -399,17 +401,17 @@ class _Handler(CatalogOps):
                 columns.append(
                     {"name": name, "kind": "arrow", "offset": stage(buf), "size": buf.size}
                 )
-        pins: list[np.ndarray] = []
-        for name, (offsets, shapes, private) in batch["prepared"].items():
-            images: dict[str, Any] = {"name": name, "kind": "images"}
+        for name, handed in batch["prepared"].items():
             staged = {}
-            for k, value in private.items():  # values the arena had no room for
+            for k, value in handed.private.items():  # values the arena had no room for
                 staged[int(k)] = stage(np.ascontiguousarray(value))
-            images["offsets"] = offsets.tolist()
-            images["shapes"] = shapes.tolist()
-            images["staged"] = staged
-            columns.append(images)
-            pins.append(offsets[offsets >= 0])
+            col: dict[str, Any] = {"name": name, "offsets": handed.offsets.tolist()}
+            if handed.dtype is None:
+                col.update(kind="images", shapes=handed.shapes.tolist())
+            else:  # the job's augmented images, all of one shape
+                col.update(kind="augmented", dtype=handed.dtype.str, shape=list(handed.shape))
+            col["staged"] = staged
+            columns.append(col)
         ticket = service.ticket()
         staging, block = -1, -1
         if 0 < used <= STAGING_BLOCK:
@@ -422,8 +424,6 @@ class _Handler(CatalogOps):
         elif used and block < 0:
             staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
         if used and staging < 0:
-            for held in pins:
-                arena.release(held)
             self._released(batch["work"])
             raise LoaderError(
                 f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
@@ -444,7 +444,7 @@ class _Handler(CatalogOps):
                 for k in col.get("staged", {}):
                     col["staged"][k] += staging
         with self.lock:
-            self.out[ticket] = (pins, staging, block, batch["work"])
+            self.out[ticket] = (staging, block, batch["work"])
             closed = self.closed
         if closed:
             self._release([ticket])
@@ -458,10 +458,7 @@ class _Handler(CatalogOps):
                 held = self.out.pop(int(t), None)
             if held is None:
                 continue
-            pins, staging, block, work = held
-            for offsets in pins:
-                if offsets.size:
-                    arena.release(offsets)
+            staging, block, work = held
             self._released(work)
             if block >= 0:
                 with self.service.blocks_lock:
@@ -470,10 +467,12 @@ class _Handler(CatalogOps):
                 arena.discard(np.array([staging], np.int64))
 
     def _released(self, work: Any) -> None:
-        """A handed-over batch's pins are gone (for the loader's access log, if it keeps one)."""
+        """Release what a handed-over batch holds in the arena (and tell the loader's access
+        log, if it keeps one)."""
         log = self.service.loader.access_log
         if log is not None:
             log.released(work)
+        release(work, self.service.arena)
 
     def interrupt(self) -> None:
         """The client sent a request while its ``next`` waits: it leaves (the only request a

@@ -1,4 +1,4 @@
-"""Augmented jobs through the loader service: the client augments in its own threads, and a
+"""Augmented jobs through the loader service: the service augments in its own pool, and a
 row's batch is the same across a service restart and a resume."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
         with remote.open("tr", batch_size=8, epochs=2) as s:
             head = [(0, s.take()), (0, s.take())]
             state = s.state_dict()
-            # the job's own augmentation (this process's threads) is counted apart from waiting
+            # the job's own augmentation (the service's pool) is counted apart from waiting
             assert s.stats()["augment_s"] > 0
             (seen,) = [j for j in remote.stats()["jobs"].values() if j["job"] == "tr"]
             assert seen["augment_s"] > 0

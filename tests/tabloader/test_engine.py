@@ -992,7 +992,7 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         labels = dict(zip(table["_id"], table["label"], strict=True))
         seen = []
         while (batch := remote.take()) is not None:
-            offsets, _, private = batch["prepared"]["image"]
+            offsets, _, private = batch["prepared"]["image"][:3]
             assert not private
             assert (offsets >= 0).all()
             seen += batch["_id"].tolist()
