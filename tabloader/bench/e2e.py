@@ -124,12 +124,24 @@ COMPETITORS = ("service", "dataloader", "threads", "independent")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench e2e``."""
+    parser.add_argument(
+        "--mode",
+        choices=["launched", "zygote"],
+        default="launched",
+        help="launched (default): each job a fresh `python train.py` started as a shell does, "
+        "start-up and a cold service inside the wall time; zygote: the lab view, job processes "
+        "forked from a pre-imported zygote, timed from a common start",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--images", type=positive_int, default=2000, help="generated JPEGs")
+    parser.add_argument(
+        "--images", type=positive_int, help="generated JPEGs (default: 3000 launched, 2000 zygote)"
+    )
     parser.add_argument(
         "--image-size", type=positive_int, default=96, help="shared resize (pixels)"
     )
-    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument(
+        "--batch-size", type=positive_int, help="rows per batch (default: 64 launched, 32 zygote)"
+    )
     parser.add_argument("--step", type=float, default=0.02, help="seconds per batch at 1x")
     parser.add_argument(
         "--speeds-rows",
@@ -153,8 +165,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument(
         "--scenarios",
-        default="same,overlap,speeds,late",
-        help=f"comma-separated, of {', '.join(SCENARIOS)}",
+        help="comma-separated; launched mode: of recipe, eval (default both: four jobs each); "
+        f"zygote mode: of {', '.join(SCENARIOS)} (default same,overlap,speeds,late)",
+    )
+    parser.add_argument(
+        "--steps",
+        default="0,0.05",
+        help="launched mode: seconds each job sleeps per batch (its simulated step), "
+        "comma-separated; the targets use 0",
     )
     parser.add_argument(
         "--recipe-size",
@@ -337,6 +355,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the scenarios, print the tables and write JSON."""
     if args.child:
         return run_child(json.loads(args.child))
+    if args.mode == "launched":
+        from tabloader.bench.e2e_launched import run_launched
+
+        return run_launched(args)
+    args.images = args.images or 2000
+    args.scenarios = args.scenarios or "same,overlap,speeds,late"
+    args.batch_size = args.batch_size or 32
     import catalog
     from catalog import _progress
 

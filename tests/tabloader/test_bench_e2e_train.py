@@ -123,7 +123,8 @@ def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
     data = bench(
         tmp_path,
         "e2e",
-        *("--scenarios", "same,speeds", "--image-size", str(SIZE), "--step", "0"),
+        *("--mode", "zygote", "--scenarios", "same,speeds", "--image-size", str(SIZE)),
+        *("--step", "0"),
         *("--speeds-rows", "24", "--speeds-step", "0.01"),
         *("--overhead-batch", "8", "--overhead-size", str(SIZE), "--overhead-samples", "5"),
         *("--overhead-settle", "0.01", "--repeat", "1"),  # repeats: test_e2e_repeats_report_*
@@ -195,7 +196,8 @@ def test_e2e_recipe_scenarios_count_shared_decodes_and_cached_bytes(tmp_path):
     data = bench(
         tmp_path,
         "e2e",
-        *("--scenarios", "recipe,recipe-eval", "--recipe-size", str(SIZE), "--step", "0"),
+        *("--mode", "zygote", "--scenarios", "recipe,recipe-eval", "--recipe-size", str(SIZE)),
+        *("--step", "0"),
         *("--overhead-batch", "8", "--overhead-size", str(SIZE), "--overhead-samples", "2"),
         *("--overhead-settle", "0", "--repeat", "1"),
     )
@@ -289,7 +291,9 @@ def test_e2e_recipe_dataloader_crops_flips_and_resizes_the_drawn_box(monkeypatch
 @pytest.mark.parametrize("scenarios", ["recipe,recipe-evl", ","])
 def test_e2e_rejects_unknown_scenarios(scenarios):
     with pytest.raises(SystemExit, match="Unknown scenario.* in --scenarios: use same, "):
-        e2e.run(parsed(e2e, "--scenarios", scenarios))
+        e2e.run(parsed(e2e, "--mode", "zygote", "--scenarios", scenarios))
+    with pytest.raises(SystemExit, match="in --scenarios for --mode launched: use recipe, eval"):
+        e2e.run(parsed(e2e, "--scenarios", scenarios.replace("recipe,", "recipe,same")))
 
 
 def test_e2e_late_is_checked_against_belady():
@@ -354,7 +358,7 @@ def test_train_rejects_bad_job_counts(jobs):
 
 def test_e2e_rejects_unknown_competitors():
     with pytest.raises(SystemExit, match="Unknown competitor.*dataloders.*use service"):
-        e2e.run(parsed(e2e, "--competitors", "service,dataloders"))
+        e2e.run(parsed(e2e, "--mode", "zygote", "--competitors", "service,dataloders"))
 
 
 @pytest.mark.parametrize(("value", "problem"), [("0", "0 is not a count"), ("x", "'x' is not a")])
