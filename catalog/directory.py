@@ -25,10 +25,12 @@ import uuid
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from catalog.database import META, Database
 from catalog.errors import CatalogError, CatalogLockedError
+
+if TYPE_CHECKING:  # a job process resolves a catalog's path without DuckDB (0.1 s to import)
+    from catalog.database import Database
 
 __all__ = [
     "DATA_DIR",
@@ -180,6 +182,8 @@ def collect_garbage(root: Path, db: Database) -> None:
     Only files named as tabloader names them (``PART_FILE_RE``, ``JOB_FILE_RE``) are
     deleted; anything else in ``data/`` or ``jobs/`` is left alone.
     """
+    from catalog.database import META
+
     parts = {row[0] for row in db.con.execute(f"SELECT path FROM {META}.parts").fetchall()}
     for folder in (root / DATA_DIR).iterdir():
         if folder.is_dir() and not folder.is_symlink():
@@ -213,6 +217,8 @@ def migrate(root: Path, db: Database) -> None:
 
 def _move_bitmaps_to_files(root: Path, db: Database) -> None:
     """Upgrade a catalog of tabloader <= 0.1.0, whose ``jobs`` table held the bitmaps."""
+    from catalog.database import META
+
     con = db.con
     columns = con.execute(
         "SELECT column_name FROM information_schema.columns "

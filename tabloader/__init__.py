@@ -18,13 +18,15 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import typing
 
 from catalog import __all__ as _catalog_all
-from tabloader.cluster.node import RayNodes as _RayNodes
 from tabloader.service.plugins import set_locator as _set_locator
 
 if typing.TYPE_CHECKING:
+    from pathlib import Path
+
     from catalog import *  # noqa: F403
     from tabloader.engine import JobStream as JobStream
     from tabloader.engine import Loader as Loader
@@ -33,8 +35,26 @@ if typing.TYPE_CHECKING:
     from tabloader.service.connection import Connection as Connection
     from tabloader.service.connection import connect as connect  # type: ignore[assignment]
 
-# A rank in a Ray worker of a cluster serving its catalog reads from its node's loader.
-_set_locator(_RayNodes())
+
+class _RayLocator:
+    """A rank in a Ray worker of a cluster serving its catalog reads from its node's loader
+    (:class:`tabloader.cluster.node.RayNodes`, imported only by a process that imported Ray:
+    the cluster layer costs every job process 35 ms to import otherwise)."""
+
+    def node(self, root: Path) -> str | None:
+        if "ray" not in sys.modules:
+            return None
+        from tabloader.cluster.node import RayNodes
+
+        return RayNodes().node(root)
+
+    def missing(self, node: str, root: Path) -> typing.Any:
+        from tabloader.cluster.node import RayNodes
+
+        return RayNodes().missing(node, root)
+
+
+_set_locator(_RayLocator())
 
 # Imported on first use: a decode process (which imports tabloader.engine.decoding, so this package)
 # reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in

@@ -15,19 +15,22 @@ threads, shared by every job of the process.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from catalog import Catalog
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
-from tabloader.engine import JobStream, Loader, default_loader
 from tabloader.engine.augment import default_seed, from_torchvision
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
+
+if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine
+    from catalog import Catalog
+    from tabloader.engine import JobStream, Loader
 
 __all__ = ["JobDataset", "Transform", "to_tensors"]
 
@@ -106,7 +109,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self.job = job
         self._pid = os.getpid()  # its loader's connection and threads are this process's
         if loader is None:
-            loader = default_loader(catalog) if isinstance(catalog, Catalog) else _service(catalog)
+            loader = _loader_for(catalog)
         self.loader: Loader | RemoteLoader = loader
         self.transform = transform
         if options.get("augment") is not None and not isinstance(options["augment"], str):
@@ -200,6 +203,27 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def _is_catalog(value: object) -> bool:
+    """Whether ``value`` is an open ``Catalog`` (without importing DuckDB and sqlglot, 0.3 s
+    of a job process's start, where the catalog module was never imported: then it is not)."""
+    module = sys.modules.get("catalog.catalog")
+    return module is not None and isinstance(value, module.Catalog)
+
+
+def _loader_for(catalog: Catalog | str | os.PathLike[str] | None) -> Loader | RemoteLoader:
+    """The default ``Loader`` of an open ``Catalog`` (its jobs load in this process), else the
+    service of the catalog directory."""
+    if _is_catalog(catalog):
+        from tabloader.engine import default_loader
+
+        return default_loader(catalog)
+    if catalog is not None and not isinstance(catalog, (str, os.PathLike)):
+        raise TypeError(
+            f"catalog= takes a catalog directory or an open Catalog, not {type(catalog).__name__}."
+        )
+    return _service(catalog)
 
 
 def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:

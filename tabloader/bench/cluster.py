@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench.e2e import prepare
 from tabloader.bench.e2e_children import MapDataset
+from tabloader.bench.imagedata import prepare
 from tabloader.bench.stalls import StallClock, dataset_seconds, stall_row, stalls_of
 
 __all__ = ["add_arguments", "run"]

@@ -114,10 +114,11 @@ from tabloader.bench.e2e_children import run_child
 from tabloader.bench.e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
 from tabloader.bench.e2e_targets import cache_bytes_per_image, recipe_notes
 from tabloader.bench.e2e_targets import targets as _targets
+from tabloader.bench.imagedata import prepare
 from tabloader.bench.stalls import dataset_seconds, stall_row
 from tabloader.engine.arena import values_that_fit
 
-__all__ = ["add_arguments", "bench_cache_bytes", "median_run", "prepare", "run"]
+__all__ = ["add_arguments", "bench_cache_bytes", "median_run", "run"]
 
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 
@@ -322,33 +323,6 @@ def bench_cache_bytes(
     per_job = prefetch + 2 if service else prefetch
     pinned = jobs * per_job * batch_size * 3 // 2
     return (rows + pinned) * row_bytes + (4 << 20)
-
-
-def prepare(args: argparse.Namespace) -> tuple[Path, int, int]:
-    """The generated images (``args.images`` in ``args.data``) imported as dataset ``imgs``;
-    (catalog directory, rows, bytes of storage).
-    """
-    import catalog
-    from tabloader.datagen import make_imagefolder
-
-    folder = make_imagefolder(
-        Path(args.data) / f"images-{args.images}", num_images=args.images, num_classes=10
-    )
-    root = Path(args.data) / f"catalog-{args.images}"
-    with catalog.connect(root, create=True) as cat:
-        if "imgs" not in cat.dataset_names():
-            cat.import_imagefolder("imgs", folder)
-        ds = cat.dataset("imgs")
-        spec = {"schema": pa_schema_hex(ds), "parts": [p.__dict__ for p in ds.reader.parts]}
-        (root / "reader.json").write_text(json.dumps(spec))
-        size = sum(f.stat().st_size for f in ds.files)
-        return root.absolute(), ds.num_rows, size
-
-
-def pa_schema_hex(ds: Any) -> str:
-    import pyarrow as pa
-
-    return str(pa.schema(list(ds.schema)[1:]).serialize().to_pybytes().hex())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -77,7 +77,7 @@ def targets(runs: list[dict[str, Any]], images: int) -> list[dict[str, Any]]:
 def run_launched(args: argparse.Namespace) -> int:
     """Run the launched scenarios, print the tables and write JSON."""
     from catalog import _progress
-    from tabloader.bench.e2e import prepare
+    from tabloader.bench.imagedata import prepare
 
     _progress.disable_progress_bars()
     names = [s for s in (args.scenarios or "recipe,eval").split(",") if s]

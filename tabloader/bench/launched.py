@@ -14,7 +14,8 @@ empty) and DataLoader worker start-up are inside it. Competitors:
   where torchvision imports (Pillow's own ops otherwise); ``W`` = 2 and the machine's cores.
 
 Per competitor: wall, images/s delivered (all jobs), time to first batch (from the moment
-the script builds its loader; the slowest job's), the *span* from the last loader built to the
+the script starts building its loader, a ``JobDataset`` that may start the service or a
+``DataLoader`` whose workers start; the slowest job's), the *span* from the last loader built to the
 last batch (the loading itself, once every interpreter is up), and CPU-seconds per delivered
 image, by process (the job processes, the service, its decode processes, the DataLoaders'
 workers) and by stage (imports; read, decode and own augmentation: thread seconds of the
@@ -279,7 +280,7 @@ def summarize(name: str, out: dict[str, Any], service: dict[str, Any] | None) ->
         "wall_s": out["wall_s"],
         "images": images,
         "images_per_s": images / out["wall_s"],
-        "first_batch_s": max(r["first"] - r["built"] for r in res),
+        "first_batch_s": max(r["first"] - r["building"] for r in res),
         "imports_s": max(r["imported"] - r["start"] for r in res),
         "span_s": last_batch - last_built,
         "after_first_images_per_s": _after_first(res),

@@ -32,8 +32,9 @@ from typing import Any
 
 from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
-from tabloader.bench.e2e import bench_cache_bytes, prepare
+from tabloader.bench.e2e import bench_cache_bytes
 from tabloader.bench.e2e_children import MapDataset
+from tabloader.bench.imagedata import prepare
 from tabloader.bench.stalls import StallClock, dataset_seconds, stall_row, stalls_of
 
 __all__ = ["JOADER_TABLE_1", "add_arguments", "build_model", "run"]

@@ -28,15 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from catalog.directory import resolve_root
 from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
 from catalog.options import JobSpec
 from catalog.settings import setting
 from tabloader.engine.batchmem import BatchMemory
-from tabloader.engine.decoding import FORKSERVER_PRELOAD
-from tabloader.engine.prep import batch_column, decoder_for
 from tabloader.engine.ranks import resolve_rank
 from tabloader.engine.shm import Segment
 from tabloader.service.plugins import Locator, locator
@@ -61,7 +58,14 @@ START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet)
 # forkserver's imports (torch, 0.8-1 s of a core) then run beside the service's own (catalog,
 # engine: 0.4-0.6 s) instead of after them, which the first batch would wait for. Under
 # SCHED_BATCH, as ``yield_to_jobs`` puts the service's threads later (processes inherit it).
-_SERVE = f"""\
+
+
+def _serve_program() -> str:
+    """The started service's program (the decode processes' preload read here: a job process
+    that never starts a service never imports the decoding modules)."""
+    from tabloader.engine.decoding import FORKSERVER_PRELOAD
+
+    return f"""\
 import os, sys
 if sys.path[:1] == ['']: del sys.path[0]
 from multiprocessing import forkserver
@@ -113,7 +117,7 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             [
                 sys.executable,
                 "-c",
-                _SERVE,
+                _serve_program(),
                 "--catalog",
                 str(root),
                 "serve",
@@ -491,7 +495,11 @@ class RemoteStream:
                 dtype, shape = np.dtype(col["dtype"]), tuple(col["shape"])
                 view = np.frombuffer(arena, dtype, math.prod(shape), int(col["offset"]))
                 batch[col["name"]] = view.reshape(shape).copy()
-            elif kind == "arrow":
+            elif kind == "arrow":  # strings, variable lists: pyarrow only where a job has them
+                import pyarrow as pa
+
+                from tabloader.engine.prep import batch_column, decoder_for
+
                 start = int(col["offset"])
                 table = pa.ipc.open_stream(
                     pa.py_buffer(arena[start : start + col["size"]])

@@ -44,12 +44,12 @@ from multiprocessing import AuthenticationError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import pyarrow as pa
-
 from catalog import errors
 from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from catalog.model import Dataset, Job
 
 __all__ = [
@@ -372,6 +372,8 @@ def state_from_wire(state: Any) -> dict[str, Any]:
 
 def table_to_wire(table: pa.Table) -> str:
     """A statement's result table for a message: an Arrow IPC stream, in hex."""
+    import pyarrow as pa  # here: a job process that only reads batches never needs it
+
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -380,6 +382,8 @@ def table_to_wire(table: pa.Table) -> str:
 
 def table_from_wire(text: str) -> pa.Table:
     """The table that ``table_to_wire`` put in a message."""
+    import pyarrow as pa
+
     return pa.ipc.open_stream(pa.py_buffer(bytes.fromhex(text))).read_all()
 
 
@@ -400,6 +404,8 @@ def dataset_to_wire(ds: Dataset) -> dict[str, Any]:
 
 def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
     """The ``Dataset`` that ``dataset_to_wire`` put in a message, with a reader of its own."""
+    import pyarrow as pa
+
     from catalog.bitmaps import ID_COLUMN
     from catalog.model import Dataset, is_payload
     from catalog.storage import DatasetReader, PartInfo
@@ -440,6 +446,8 @@ def job_from_wire(wire: dict[str, Any]) -> Job:
 def result_to_wire(result: Any) -> dict[str, Any]:
     """A statement's or import's result for a message: a table (Arrow IPC), a dataset, a job,
     None, or text."""
+    import pyarrow as pa
+
     from catalog.model import Dataset, Job
 
     if isinstance(result, pa.Table):

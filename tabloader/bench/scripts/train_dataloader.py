@@ -120,6 +120,7 @@ class Folder(Dataset):  # type: ignore[type-arg]
 def main() -> int:
     spec = json.loads(sys.argv[1])
     cpu_imported = time.process_time()
+    building = time.time()
     data = Folder(spec["folder"], spec["recipe"], spec["size"])
     loader = DataLoader(
         data,
@@ -156,6 +157,7 @@ def main() -> int:
     result = {
         "start": START,
         "imported": IMPORTED,
+        "building": building,
         "built": built,
         "first": first,
         "first_rows": first_rows,

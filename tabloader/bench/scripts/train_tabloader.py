@@ -31,6 +31,7 @@ IMPORTED = time.time()
 def main() -> int:
     spec = json.loads(sys.argv[1])
     cpu_imported = time.process_time()
+    building = time.time()
     data = JobDataset(spec["job"], catalog=spec["catalog"])
     built = time.time()
     rows, first, first_rows, wait_s = 0, None, 0, 0.0
@@ -55,6 +56,7 @@ def main() -> int:
     result = {
         "start": START,
         "imported": IMPORTED,
+        "building": building,
         "built": built,
         "first": first,
         "first_rows": first_rows,

@@ -150,7 +150,18 @@ def test_no_ray_no_cluster(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert out.stdout.split() == ["RayNodes", "None", "False"]
+    assert out.stdout.split() == ["_RayLocator", "None", "False"]
+    # nor is the cluster layer (35 ms of every job process's start)
+    assert (
+        "tabloader.cluster"
+        not in subprocess.run(
+            [sys.executable, "-c", "import sys, tabloader; print(list(sys.modules))"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )
 
 
 def test_leader_lookahead_is_bounded_for_every_node():

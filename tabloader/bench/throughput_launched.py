@@ -1,0 +1,142 @@
+"""``bench throughput``'s default mode: one training job as a user launches it (:mod:`.launched`).
+
+One ``python train.py`` on every row of ``--images`` generated JPEGs (about 500x375; 3,000 by
+default), batch 64, with the training recipe (``RandomResizedCrop(224),
+RandomHorizontalFlip()``) and with the evaluation recipe (``image_size = 224``): tabloader (its
+``JobDataset`` starts the catalog's service: cold, its cache empty) against a
+``DataLoader(num_workers=2)`` and one with ``num_workers`` = the machine's cores. Beside them,
+the job's own crop-resize-flip per image on one core (:mod:`.kernels`).
+
+Targets (issue 35; the recipe job against ``DataLoader(num_workers=2)``):
+
+* the whole epoch, from building the loader (the service's start included) to the last
+  batch: >= 1.1x the DataLoader's images/s;
+* after the first batch: >= 1.3x;
+* time to the first batch, from building the loader (the service started by it): <= 0.5 s;
+* ``RandomResizedCrop(224)`` + flip of a 500x375 decode, one core: <= 0.2 ms per image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from tabloader.bench import format_table, write_json
+from tabloader.bench.launched import (
+    Scenario,
+    check,
+    machine,
+    machine_line,
+    pick,
+    run_scenarios,
+    table_rows,
+)
+
+__all__ = ["TARGETS", "run_launched", "targets"]
+
+SCENARIOS = [Scenario("recipe", 1, "train"), Scenario("eval", 1, "eval")]
+TARGETS = {"epoch": 1.1, "after_first": 1.3, "first_batch_s": 0.5, "crop_ms": 0.2}
+
+
+def epoch_rate(run: dict[str, Any]) -> float:
+    """Images/s of a run's whole epoch, from building the loader to the last batch."""
+    (proc,) = run["processes"]
+    return float(proc["rows"] / (proc["end"] - proc["building"]))
+
+
+def targets(runs: list[dict[str, Any]], crop_ms: float | None) -> list[dict[str, Any]]:
+    """The target rows of the recipe job (no step) and the kernel's time per image."""
+    rows: list[dict[str, Any]] = []
+    ours, theirs = pick(runs, "recipe", "tabloader"), pick(runs, "recipe", "dataloader(2)")
+    if ours is not None and theirs is not None:
+        check(
+            rows,
+            "recipe x1: whole epoch img/s / dataloader(2)'s",
+            epoch_rate(ours) / epoch_rate(theirs),
+            TARGETS["epoch"],
+            at_least=True,
+        )
+        check(
+            rows,
+            "recipe x1: img/s after the first batch / dataloader(2)'s",
+            ours["after_first_images_per_s"] / theirs["after_first_images_per_s"],
+            TARGETS["after_first"],
+            at_least=True,
+        )
+    if ours is not None:
+        check(
+            rows,
+            "recipe x1: first batch s (service started)",
+            ours["first_batch_s"],
+            TARGETS["first_batch_s"],
+        )
+    if crop_ms is not None:
+        check(
+            rows, "RandomResizedCrop(224)+flip ms per image, one core", crop_ms, TARGETS["crop_ms"]
+        )
+    return rows
+
+
+def run_launched(args: argparse.Namespace) -> int:
+    """Run the one-job scenarios, print the tables and write JSON."""
+    from catalog import _progress
+    from tabloader.bench.imagedata import prepare
+
+    _progress.disable_progress_bars()
+    args.images = args.images or 3000
+    repeat = args.rounds
+    if args.quick:
+        args.images, repeat = min(args.images, 300), 1
+    root, n, _ = prepare(args)
+    folder = Path(args.data) / f"images-{args.images}"
+    info = machine()
+    runs = run_scenarios(
+        root,
+        folder,
+        SCENARIOS,
+        steps=[0.0],
+        workers=[2, os.cpu_count() or 2],
+        size=224,
+        batch_size=64,
+        repeat=repeat,
+    )
+    crop = _crop_ms()
+    checked = targets(runs, None if crop is None else crop["ms"])
+    print(machine_line(info))
+    print(
+        f"{n} images (about 500x375 JPEGs), batch 64, one job launched as `python train.py`, "
+        f"its imports and the auto-started service inside the wall; median of {repeat} run(s)"
+    )
+    print(format_table(table_rows(runs)))
+    if crop is not None:
+        print(f"\n{crop['line']}")
+    print()
+    print(format_table(checked))
+    write_json(
+        args.out,
+        {
+            "benchmark": "throughput",
+            "mode": "launched",
+            "machine": info,
+            "args": vars(args),
+            "runs": runs,
+            "crop": crop,
+            "targets": checked,
+        },
+    )
+    return 0
+
+
+def _crop_ms() -> dict[str, Any] | None:
+    """The job's crop-resize-flip per image on one core (:mod:`tabloader.bench.kernels`),
+    where that module exists."""
+    import importlib
+
+    try:
+        kernels = importlib.import_module("tabloader.bench.kernels")
+    except ImportError:
+        return None
+    summary: dict[str, Any] = kernels.crop_summary()
+    return summary
