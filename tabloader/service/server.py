@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -153,6 +154,9 @@ class Service:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self._stop.set())
+        # The objects of the imports and of the start live as long as the service: a full
+        # collection need not walk them again every time the requests' garbage triggers one.
+        gc.freeze()
         accept = threading.Thread(target=self.listener.serve_forever, daemon=True)
         accept.start()
         logger.info("serving catalog %s", self.root)  # the listener logs its socket
