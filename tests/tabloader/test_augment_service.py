@@ -85,3 +85,30 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
     resumed.update(rest)
     assert resumed.keys() == first.keys()
     assert all((resumed[k] == first[k]).all() for k in first)
+
+
+def test_the_service_augments_into_slots_the_batch_frees_on_release(aug_dir):
+    """A handed-over batch of an augmented job holds slots of its own (the job's images, made
+    by the service's pool) instead of the shared decodes it came from; each goes when its
+    client has copied it out, so after the epoch only the shared decodes stay cached."""
+    root, raw = aug_dir
+    proc = start_service(root)
+    try:
+        remote = RemoteLoader(root, start=False)
+        with remote.open("tr", batch_size=8, epochs=1) as s:
+            first = s.take()
+            cache = remote.stats()["cache"]
+            # the batch the client holds, one read ahead and those prefetched: own slots only
+            assert cache["pinned"] >= len(first["_id"])
+            rows = sum(len(b["_id"]) for b in s.iter_epoch()) + len(first["_id"])
+        stats = remote.stats()
+        remote.close()
+    finally:
+        stop(proc)
+    assert rows == len(raw)
+    assert first["image"].dtype == np.float32
+    assert first["image"].shape == (len(first["_id"]), 3, 20, 20)
+    assert stats["cache"]["pinned"] == 0
+    # the shared decodes stay (every row's, once); no slot of a batch is left behind
+    assert stats["cache"]["entries"] == stats["decodes"] == len(raw)
+    assert remote.copies.copied_bytes == remote.copies.prepared_bytes

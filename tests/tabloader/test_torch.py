@@ -132,6 +132,25 @@ def test_a_catalog_path_open_in_this_process_must_be_shared(loader):
     assert len(epoch_ids(data)) == loader.catalog.job("j").num_rows
     data.close()
     data.loader.close()  # the default loader of that catalog: no threads left behind
+    with pytest.raises(TypeError, match="catalog= takes a catalog directory or an open Catalog"):
+        JobDataset("j", catalog=loader)
+
+
+def test_a_job_process_imports_neither_duckdb_nor_the_engine():
+    """Through the service a job process needs the client only: DuckDB, sqlglot, the engine
+    and the cluster layer cost 0.3-0.4 s of every job process's start (four at once)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; from tabloader.torch import JobDataset; "
+        "print(' '.join(m for m in ('duckdb', 'sqlglot', 'catalog.catalog', "
+        "'tabloader.engine.loader', 'tabloader.cluster') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == []
 
 
 def _use_in_child(data, out) -> None:
