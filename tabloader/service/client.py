@@ -16,6 +16,7 @@ other calls go through :func:`tabloader.connect`, which uses the service while o
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import subprocess
@@ -41,6 +42,7 @@ from tabloader.service.protocol import (
     LOG_FILE,
     Client,
     runtime_dir,
+    service_pid,
     state_from_wire,
     state_to_wire,
 )
@@ -98,6 +100,12 @@ def _service_env() -> dict[str, str]:
 def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     """A socket connection to the service of catalog ``root``, started in the background if needed.
 
+    Clients that find no service take turns at a start lock (``runtime_dir/starting``): the
+    first starts one and waits for it, the others wait for the lock and find it running. Four
+    training scripts launched at once used to start four services, three of which imported
+    everything and started decode processes only to find the catalog's lock taken, on the
+    cores the first batch waits for.
+
     Raises:
         ServiceError: none runs (and ``start`` is False), or the one started failed (its log
             is named).
@@ -110,6 +118,32 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     except ServiceError:
         if not start:
             raise
+    deadline = time.monotonic() + START_TIMEOUT_S
+    fd = os.open(runtime_dir(root) / "starting", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while True:  # polled, not blocking: a stopped client holding it cannot hang us
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                with contextlib.suppress(ServiceError):
+                    return Client(root)  # the one another client started
+                if time.monotonic() > deadline:
+                    raise ServiceError(
+                        f"Another process has been starting the tabloader service for catalog "
+                        f"{root} for {START_TIMEOUT_S:.0f} s; see {runtime_dir(root) / LOG_FILE}."
+                    ) from None
+                time.sleep(START_POLL_S)
+        try:  # it may have come up while we waited for the lock
+            return Client(root)
+        except ServiceError:
+            return _start(root, deadline)
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+def _start(root: Path, deadline: float) -> Client:
+    """Start the catalog's service and connect once it answers (the start lock held)."""
     log = runtime_dir(root) / LOG_FILE  # its output before it logs there itself, too
     with open(log, "ab") as out:
         start_of_ours = out.tell()  # earlier services' lines are not this start's story
@@ -131,12 +165,14 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
             env=_service_env(),
             start_new_session=True,  # detached: it outlives this process, not its signals
         )
-    deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
             return Client(root)
         except ServiceError as exc:
             if proc.poll() is not None:  # it exited: lost a race to another one, or failed
+                if service_pid(root) is not None and time.monotonic() < deadline:
+                    time.sleep(START_POLL_S)  # another one runs (not answering yet)
+                    continue
                 try:
                     return Client(root)
                 except ServiceError:

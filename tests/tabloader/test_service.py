@@ -882,6 +882,49 @@ def test_a_started_service_starts_its_decode_forkserver_first_under_sched_batch(
         wait_for(lambda: not _alive(started["pid"]), "the service to stop")
 
 
+DIALS = textwrap.dedent(
+    """
+    import sys, time
+    from tabloader.service.client import RemoteLoader
+    go = float(sys.argv[2])
+    while time.time() < go:  # the four processes dial at one instant
+        time.sleep(0.001)
+    with RemoteLoader(sys.argv[1]) as remote:
+        print(remote.service_pid)
+    """
+)
+
+
+def test_clients_that_find_no_service_start_one_between_them(cat_dir, tmp_path):
+    """Four processes that find no service at once: one starts it, the others wait for the
+    start lock and connect to it; no second service starts only to find the catalog taken."""
+    script = tmp_path / "dials.py"
+    script.write_text(DIALS)
+    go = str(time.time() + 2.0)
+    env = {**os.environ, "TABLOADER_IDLE_EXIT": "5"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(cat_dir), go],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=TIMEOUT * 2) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    pids = {int(out.strip()) for out, _ in outs}
+    assert len(pids) == 1
+    try:
+        log = (runtime_dir(cat_dir) / "service.log").read_text()
+        assert log.count("service.server: serving catalog") == 1, log
+        assert "already runs" not in log, log
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids.pop(), signal.SIGTERM)
+
+
 def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir):
     remote = RemoteLoader(cat_dir, start=False)
     try:
