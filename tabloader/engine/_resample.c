@@ -734,20 +734,19 @@ done:
    contiguous bytes, positive row strides. Sets ValueError and returns -1 otherwise. */
 static int get_image(PyObject *obj, Py_buffer *b, const char *what, int ndim, int writable)
 {
-    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, b, flags) < 0) {
-        if (writable && PyErr_ExceptionMatches(PyExc_BufferError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError,
-                         "%s must be a writable uint8 array; got a read-only %.100s", what,
-                         Py_TYPE(obj)->tp_name);
-        } else if (PyErr_ExceptionMatches(PyExc_TypeError) ||
-                   PyErr_ExceptionMatches(PyExc_BufferError)) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError) ||
+            PyErr_ExceptionMatches(PyExc_BufferError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_ValueError, "%s must be a uint8 array; got %.100s", what,
                          Py_TYPE(obj)->tp_name);
         }
         return -1;
+    }
+    if (writable && b->readonly) {
+        PyErr_Format(PyExc_ValueError, "%s must be a writable uint8 array; got a read-only %.100s",
+                     what, Py_TYPE(obj)->tp_name);
+        goto fail;
     }
     const char *want = ndim == 3 ? "(height, width, 3)" : "(n, height, width, 3)";
     if (!is_u8_format(b->format) || b->itemsize != 1) {
@@ -763,7 +762,7 @@ static int get_image(PyObject *obj, Py_buffer *b, const char *what, int ndim, in
         }
         goto fail;
     }
-    for (int i = 0; i < ndim - 1; i++) {
+    for (int i = ndim - 3; i < ndim - 1; i++) { /* a batch may hold no image */
         if (b->shape[i] < 1) {
             PyObject *s = shape_text(b);
             if (s != NULL) {

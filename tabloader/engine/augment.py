@@ -13,12 +13,15 @@ uses them, declared with the job (``augment``, parsed by :mod:`catalog.augment`)
   the service restarting or on a ``state_dict()`` resume: the same seed gives byte-identical
   batches per row, and another epoch or seed other draws.
 * **Pixels** (:meth:`Augmenter.apply`): crops and flips are views of the shared (read-only)
-  image; each resize is one bilinear antialiased interpolation (torch, GIL released,
-  channels-last in and out: :func:`tabloader.engine.prep.resize_hw`); the last step writes
-  into the job's batch slot (uint8 HWC, or float32 CHW with ``Normalize``), never touching
-  the shared value. Measured per 224x224 ``RandomResizedCrop`` + flip of a 500x375 image on
-  one thread: 0.29 ms when the resize came back channels-first and flips were copied by
-  numpy, 0.14 ms now.
+  image; each resize is one call of tabloader's kernel (:mod:`tabloader.engine.resample`:
+  torch's antialiased bilinear bytes, GIL released, no torch import) that reads the crop box
+  in place, folds the flips that follow it into its horizontal pass and writes the last one
+  straight into the job's batch slot (uint8 HWC, or float32 CHW with ``Normalize``), never
+  touching the shared value. :meth:`Augmenter.apply_batch` does a batch held in one buffer
+  (the arena) with one kernel call. Measured per 224x224 ``RandomResizedCrop`` + flip of a
+  500x375 image on one core: 0.29 ms when torch's resize came back channels-first and flips
+  were copied by numpy, 0.24 with torch writing channels-last, 0.07 ms with the kernel (0.009
+  of it the draws).
 
 Where it runs: in the loader's pool threads when a batch is collated in-process
 (:mod:`tabloader.engine.collate`), in the job process's own threads for the service's clients

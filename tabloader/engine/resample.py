@@ -173,18 +173,34 @@ def resize_batch(
 
     Args:
         buffer: one contiguous byte buffer (the arena), e.g. a uint8 array.
-        offsets: int64 (n,); shapes: int64 (n, 2); boxes: int64 (n, 4) (top, left, height,
-            width); flips: bool (n,).
+        offsets: (n,) ints; shapes: (n, 2) ints; boxes: (n, 4) ints (top, left, height,
+            width); flips: (n,) bools. Converted to contiguous int64 / bool arrays.
         out: uint8 (n, h, w, 3), writable.
 
     Raises:
         ValueError: a table of the wrong dtype or shape, an image outside ``buffer`` or a box
             outside its image (naming the image).
     """
+    offsets = np.ascontiguousarray(offsets, np.int64)
+    shapes = np.ascontiguousarray(shapes, np.int64)
+    boxes = np.ascontiguousarray(boxes, np.int64)
+    flips = np.ascontiguousarray(flips, np.bool_)
     mod = _kernel
     if mod is not None:
         mod.resize_batch(buffer, offsets, shapes, boxes, flips, out)
         return
+    if out.ndim != 4 or out.shape[3] != 3 or out.dtype != np.uint8:
+        raise ValueError(
+            f"out must have shape (n, height, width, 3) and dtype uint8; got {out.shape} "
+            f"{out.dtype}"
+        )
+    n = out.shape[0]
+    if (offsets.shape, shapes.shape, boxes.shape, flips.shape) != ((n,), (n, 2), (n, 4), (n,)):
+        raise ValueError(
+            f"offsets, shapes, boxes and flips must have shapes (n,), (n, 2), (n, 4) and (n,) "
+            f"for the n = {n} images of out; got {offsets.shape}, {shapes.shape}, "
+            f"{boxes.shape}, {flips.shape}"
+        )
     arena = np.frombuffer(buffer, np.uint8)
     for k in range(out.shape[0]):
         h, w = (int(v) for v in shapes[k])
@@ -195,7 +211,10 @@ def resize_batch(
                 f"{arena.size}-byte arena"
             )
         src = arena[start : start + h * w * 3].reshape(h, w, 3)
-        resize_into(src, out[k], box=_box(boxes[k]), flip=bool(flips[k]))
+        try:
+            resize_into(src, out[k], box=_box(boxes[k]), flip=bool(flips[k]))
+        except ValueError as exc:
+            raise ValueError(f"image {k}: {exc}") from exc
 
 
 def _box(row: Sequence[Any]) -> Box:
