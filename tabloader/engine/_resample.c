@@ -19,11 +19,12 @@
  * Every output's window is widened to a fixed K taps per axis (the largest xsize), moved
  * left where it would pass the end; the added taps get weight 0, so the sums do not change.
  *
- * Memory safety: the AVX2 horizontal pass loads 8 or 16 bytes at a time from 3-byte pixels,
- * i.e. up to a few bytes past the crop box's right edge. It reads a source row in place only
- * when those bytes lie inside the source (the last byte of the last row bounds it); other
- * rows (the image's last rows, when the box touches its right edge) are first copied into a
- * padded scratch row. The vertical pass never reads past a row's bytes.
+ * Memory safety: the AVX2 horizontal pass loads 16 bytes at a time from 3-byte pixels, i.e.
+ * up to 13 bytes past the crop box's right edge. It never reads the source that way: the
+ * box's rows are first copied, 16 at a time, into scratch rows with HSLACK bytes of padding
+ * (which also makes a cold source, an arena's decode, stream in at memory speed). The
+ * vertical pass never reads past a row's bytes. The last byte of the source's last row may
+ * be followed by nothing (an image at the end of a shared arena).
  *
  * Dispatch: AVX2 when the CPU has it (__builtin_cpu_supports), else portable C; the
  * environment variable TABLOADER_RESAMPLE=scalar (or set_isa("scalar")) forces portable C.
@@ -49,7 +50,7 @@ static const char *const ISA_NAMES[] = {"scalar", "avx2"};
 static int g_isa = ISA_SCALAR;
 static int g_cpu_avx2 = 0;
 
-/* bytes a source row must be readable past the crop box's right edge for the AVX2 loads */
+/* padding after each copied source row: the AVX2 loads read up to 13 bytes past its end */
 #define HSLACK 16
 
 /* ------------------------------------------------------------------ scratch memory */
@@ -508,7 +509,6 @@ static void vrow_avx2(const uint8_t *const *rows, const int16_t *w, int K, int K
 typedef struct {
     const uint8_t *src;     /* pixel (0, 0) of the source */
     Py_ssize_t sstride;     /* source row stride, bytes (> 0) */
-    const uint8_t *end;     /* one past the source's last byte */
     int64_t top, left, ch, cw;
     uint8_t *dst;           /* pixel (0, 0) of the output */
     Py_ssize_t dstride;     /* output row stride, bytes */
@@ -553,6 +553,8 @@ static void copy_row(const uint8_t *s, uint8_t *d, int64_t w, int flip, int isa)
     }
 }
 
+#define CHUNK 16 /* source rows copied at a time */
+
 /* Scratch bytes one job needs (an upper bound). */
 static size_t job_scratch(const Job *j)
 {
@@ -566,11 +568,11 @@ static size_t job_scratch(const Job *j)
     n += round_up(sizeof(int16_t) * (size_t)j->ow * axis_kp_bound(j->cw, j->ow), 64);
     n += round_up(sizeof(int32_t) * (size_t)j->oh, 64);                     /* v starts */
     n += round_up(sizeof(int16_t) * (size_t)j->oh * axis_kp_bound(j->ch, j->oh), 64);
-    n += round_up(3 * (size_t)j->cw + HSLACK, 64);                          /* padded row */
     n += round_up(sizeof(int32_t) * 3 * (size_t)j->ow, 64);                 /* scalar sums */
     n += round_up(3 * (size_t)j->ow + 64, 64);                              /* a flipped row */
     n += round_up(sizeof(uint8_t *) * (size_t)(axis_kp_bound(j->ch, j->oh) + 1), 64);
     n += round_up(htable_bytes(j->ow, axis_kp_bound(j->cw, j->ow)), 64);    /* AVX2 table */
+    n += CHUNK * round_up(3 * (size_t)j->cw + HSLACK, 64);                  /* source rows */
     n += (size_t)j->ch * round_up(3 * (size_t)j->ow + 32, 64);              /* intermediate */
     return n + 64;
 }
@@ -580,19 +582,6 @@ static unsigned char *carve(unsigned char **p, size_t n)
     unsigned char *r = *p;
     *p += round_up(n, 64);
     return r;
-}
-
-/* A source row of the crop box, readable HSLACK bytes past its right edge: in place, or
-   copied into pad. */
-static const uint8_t *hsource(const Job *j, int64_t r, uint8_t *pad)
-{
-    const uint8_t *row = j->src + (j->top + r) * j->sstride + 3 * j->left;
-    size_t n = 3 * (size_t)j->cw;
-    if ((size_t)(j->end - row) >= n + HSLACK)
-        return row;
-    memcpy(pad, row, n);
-    memset(pad + n, 0, HSLACK);
-    return pad;
 }
 
 /* Resize one job with the chosen ISA. Without the GIL. Returns -1 when out of memory. */
@@ -619,7 +608,6 @@ static int run_job(const Job *j, int isa)
     H.w = (int16_t *)carve(&p, sizeof(int16_t) * (size_t)j->ow * axis_kp_bound(j->cw, j->ow));
     V.start = (int32_t *)carve(&p, sizeof(int32_t) * (size_t)j->oh);
     V.w = (int16_t *)carve(&p, sizeof(int16_t) * (size_t)j->oh * axis_kp_bound(j->ch, j->oh));
-    uint8_t *pad_a = carve(&p, 3 * (size_t)j->cw + HSLACK);
     int32_t *acc = (int32_t *)carve(&p, sizeof(int32_t) * 3 * (size_t)j->ow);
     uint8_t *fliprow = carve(&p, 3 * (size_t)j->ow + 64);
     const uint8_t **rows =
@@ -629,6 +617,8 @@ static int run_job(const Job *j, int isa)
     T.off = (int32_t *)p;
     T.w = (int16_t *)(p + round_up(sizeof(int32_t) * 8 * (size_t)((j->ow + 7) / 8), 64));
     carve(&p, tb);
+    const size_t cstride = round_up(3 * (size_t)j->cw + HSLACK, 64);
+    uint8_t *chunk = carve(&p, CHUNK * cstride);
     uint8_t *inter = p;
     const size_t istride = round_up(3 * (size_t)j->ow + 32, 64);
 
@@ -645,17 +635,28 @@ static int run_job(const Job *j, int isa)
         if (isa == ISA_AVX2)
             build_htable(&H, j->flip, &T);
 #endif
-        for (int64_t r = r0; r < r1; r++) {
-            uint8_t *d = needv ? inter + (r - r0) * istride : j->dst + r * j->dstride;
-            const uint8_t *row = hsource(j, r, pad_a);
-#ifdef RS_X86
-            if (isa == ISA_AVX2) {
-                hrow_avx2(row, d, needv ? istride : 3 * (size_t)j->ow, &T, (int)j->ow, H.Kp,
-                          H.prec);
-                continue;
+        /* Rows are copied CHUNK at a time into scratch, then resampled from there: a cold
+           source (an arena's decode) streams in at memory speed when its rows are read back
+           to back, and a row read while the previous one is being computed arrives late. */
+        for (int64_t c0 = r0; c0 < r1; c0 += CHUNK) {
+            const int64_t c1 = c0 + CHUNK < r1 ? c0 + CHUNK : r1;
+            for (int64_t r = c0; r < c1; r++) {
+                memcpy(chunk + (r - c0) * cstride,
+                       j->src + (j->top + r) * j->sstride + 3 * j->left, 3 * (size_t)j->cw);
+                memset(chunk + (r - c0) * cstride + 3 * (size_t)j->cw, 0, HSLACK);
             }
+            for (int64_t r = c0; r < c1; r++) {
+                uint8_t *d = needv ? inter + (r - r0) * istride : j->dst + r * j->dstride;
+                const uint8_t *row = chunk + (r - c0) * cstride;
+#ifdef RS_X86
+                if (isa == ISA_AVX2) {
+                    hrow_avx2(row, d, needv ? istride : 3 * (size_t)j->ow, &T, (int)j->ow, H.Kp,
+                              H.prec);
+                    continue;
+                }
 #endif
-            hrow_scalar(row, d, &H, j->flip);
+                hrow_scalar(row, d, &H, j->flip);
+            }
         }
         if (!needv)
             return 0;
@@ -847,7 +848,6 @@ static PyObject *py_resize(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     }
     j.src = (const uint8_t *)sb.buf;
     j.sstride = sb.strides[0];
-    j.end = j.src + (sb.shape[0] - 1) * sb.strides[0] + 3 * sb.shape[1];
     j.top = box[0];
     j.left = box[1];
     j.ch = box[2];
@@ -992,7 +992,6 @@ static PyObject *py_resize_batch(PyObject *mod, PyObject *const *args, Py_ssize_
             Job *j = &jobs[k];
             j->src = arena + o;
             j->sstride = (Py_ssize_t)(3 * w);
-            j->end = arena + o + h * w * 3;
             j->top = bx[4 * k];
             j->left = bx[4 * k + 1];
             j->ch = bx[4 * k + 2];

@@ -48,11 +48,13 @@ except ImportError:  # pragma: no cover - built without a C compiler
 __all__ = [
     "Resampler",
     "kernel_isa",
+    "kernel_isas",
     "optional_torch",
     "resampler",
     "resize_batch",
     "resize_hw",
     "resize_into",
+    "set_kernel_isa",
     "torch_resizing",
 ]
 
@@ -93,6 +95,27 @@ def resampler() -> Resampler:
 def kernel_isa() -> str | None:
     """The kernel's code path, ``"avx2"`` or ``"scalar"``; None without the kernel."""
     return None if _kernel is None else str(_kernel.isa())
+
+
+def kernel_isas() -> list[str]:
+    """The kernel's code paths this CPU can run (``"avx2"`` where it has AVX2, ``"scalar"``);
+    empty without the kernel."""
+    if _kernel is None:
+        return []
+    return ["avx2", "scalar"] if _kernel.CPU_AVX2 else ["scalar"]
+
+
+def set_kernel_isa(name: str) -> str:
+    """Use the kernel's ``"scalar"`` or ``"avx2"`` (``"auto"``: the best) path from now on, in
+    every thread; returns the previous one. For tests and benchmarks (the environment
+    variable ``TABLOADER_RESAMPLE=scalar`` does it for a whole process).
+
+    Raises:
+        ValueError: an unknown name, or no kernel.
+    """
+    if _kernel is None:
+        raise ValueError("the kernel (tabloader.engine._resample) is not built")
+    return str(_kernel.set_isa(name))
 
 
 def torch_resizing() -> Any:
