@@ -207,10 +207,12 @@ static inline uint8_t clamp_u8(int32_t v, int prec)
 }
 
 /* ------------------------------------------------------------------ portable C */
-/* One row, cw pixels (from src) -> ow pixels (dst, reversed when flip). */
-static void hrow_scalar(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip)
+/* One row, cw pixels (from src) -> ow pixels (dst, reversed when flip). Always inlined with
+   a constant K (see hrow_scalar): the tap loop unrolls. */
+static inline __attribute__((always_inline)) void
+hrow_scalar_k(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip, const int K)
 {
-    const int ow = ax->n, K = ax->K, Kp = ax->Kp, prec = ax->prec;
+    const int ow = ax->n, Kp = ax->Kp, prec = ax->prec;
     const int32_t init = 1 << (prec - 1);
     for (int ox = 0; ox < ow; ox++) {
         const int x = flip ? ow - 1 - ox : ox;
@@ -225,6 +227,40 @@ static void hrow_scalar(const uint8_t *src, uint8_t *dst, const Axis *ax, int fl
         dst[3 * ox] = clamp_u8(r, prec);
         dst[3 * ox + 1] = clamp_u8(g, prec);
         dst[3 * ox + 2] = clamp_u8(b, prec);
+    }
+}
+
+#define HROW_SCALAR_K(K)                                                                       \
+    static void hrow_scalar_##K(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip)   \
+    {                                                                                          \
+        hrow_scalar_k(src, dst, ax, flip, K);                                                  \
+    }
+HROW_SCALAR_K(2)
+HROW_SCALAR_K(3)
+HROW_SCALAR_K(4)
+HROW_SCALAR_K(5)
+HROW_SCALAR_K(6)
+
+static void hrow_scalar(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip)
+{
+    switch (ax->K) {
+    case 2:
+        hrow_scalar_2(src, dst, ax, flip);
+        break;
+    case 3:
+        hrow_scalar_3(src, dst, ax, flip);
+        break;
+    case 4:
+        hrow_scalar_4(src, dst, ax, flip);
+        break;
+    case 5:
+        hrow_scalar_5(src, dst, ax, flip);
+        break;
+    case 6:
+        hrow_scalar_6(src, dst, ax, flip);
+        break;
+    default:
+        hrow_scalar_k(src, dst, ax, flip, ax->K);
     }
 }
 
