@@ -117,6 +117,11 @@ class Augmenter:
         the flips after it are folded into it (written reversed) and the last one writes
         straight into ``out``: the usual recipe is one kernel call and no other copy.
         """
+        if self._one_resize and out.dtype == np.uint8 and out.strides[1:] == (3, 1):
+            # the usual recipe, straight to the kernel: 2.5 us less
+            params = self.draw(src.shape[:2], epoch, row_id)
+            resize_into(src, out, box=params[0], flip=len(params) > 1 and params[1])
+            return
         img = src
         pending: tuple[int, int, bool] | None = None  # a resize of img to (h, w), mirrored?
         for op, params in zip(self._ops, self.draw(src.shape[:2], epoch, row_id), strict=True):
