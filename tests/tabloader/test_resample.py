@@ -169,6 +169,23 @@ def test_usual_crops_of_a_decode_equal_torch():
                 kernel.set_isa("auto")
 
 
+@pytest.mark.parametrize(
+    ("src_hw", "out_hw"),
+    [
+        ((1200, 1800), (224, 224)),  # 8x shrink: 17-tap windows
+        ((3000, 40), (7, 33)),  # 430x: windows wider than the AVX2 vertical pass takes
+        ((10, 10), (500, 700)),  # 70x enlargement
+        ((1, 3000), (1, 17)),
+        ((3000, 2), (3, 2)),
+    ],
+)
+def test_extreme_scales_equal_torch(src_hw, out_hw, isa):
+    src = np.random.default_rng(sum(src_hw)).integers(0, 256, (*src_hw, 3), dtype=np.uint8)
+    box = (0, 0, *src_hw)
+    want = torch_resize(src, box, out_hw, True)
+    np.testing.assert_array_equal(run(src, box, out_hw, True), want)
+
+
 def test_avx2_and_portable_paths_give_the_same_bytes():
     rng = np.random.default_rng(11)
     for i in range(150):
