@@ -27,7 +27,8 @@ arm draws the same boxes), and the table gives the median of ``--repeats`` repea
 image, with the CPU model and its SIMD level: a kernel that costs 0.135 ms on one CPU has
 cost 0.61 ms on another.
 
-Usage: ``python -m tabloader.bench.kernels [--quick] [--images N] [--repeats N] [--out PATH]``.
+Usage: ``tabloader bench kernels [--quick] [--images N] [--repeats N] [--out PATH]`` (or
+``python -m tabloader.bench.kernels``).
 """
 
 from __future__ import annotations
