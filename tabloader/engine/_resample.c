@@ -313,22 +313,22 @@ static void build_htable(const Axis *ax, int flip, HTable *t)
     t->ngroups = (ow + 7) / 8;
     t->npw = npw;
     const int npix = 8 * t->ngroups;
-    memset(t->w, 0, sizeof(int16_t) * 16 * (size_t)(npix / 2) * npw);
+    int32_t *w32 = (int32_t *)t->w; /* per pair and tap pair: 4 x lane 0's, 4 x lane 1's */
     for (int ox = 0; ox < npix; ox++) {
-        const int q = ox / 2, lane = ox % 2;
+        int32_t *d = w32 + (size_t)(ox / 2) * npw * 8 + 4 * (ox % 2);
         if (ox >= ow) {
             t->off[ox] = 0;
+            for (int tp = 0; tp < npw; tp++, d += 8)
+                d[0] = d[1] = d[2] = d[3] = 0;
             continue;
         }
         const int x = flip ? ow - 1 - ox : ox;
         t->off[ox] = 3 * ax->start[x];
         const int16_t *w = ax->w + (size_t)x * Kp;
-        for (int tp = 0; tp < npw; tp++) {
-            int16_t *v = t->w + ((size_t)q * npw + tp) * 16 + 8 * lane;
-            for (int i = 0; i < 4; i++) {
-                v[2 * i] = w[2 * tp];
-                v[2 * i + 1] = w[2 * tp + 1];
-            }
+        for (int tp = 0; tp < npw; tp++, d += 8) {
+            int32_t pair;
+            memcpy(&pair, w + 2 * tp, 4);
+            d[0] = d[1] = d[2] = d[3] = pair;
         }
     }
 }

@@ -291,6 +291,20 @@ def test_batch_equals_one_by_one(isa):
     resize_batch(arena, offsets[:0], shapes[:0], boxes[:0], flips[:0], out[:0])  # empty: fine
 
 
+def test_threads_resize_at_once_with_their_own_scratch(isa):
+    """The GIL is released and each thread has its own scratch memory: resizes of different
+    sizes in 4 threads at once give the bytes of the same resizes one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(12)
+    cases = [random_case(rng, KINDS[i % len(KINDS)]) for i in range(120)]
+    want = [run(*case) for case in cases]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda case: run(*case), cases))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_resize_hw_returns_a_new_contiguous_array():
     src = np.random.default_rng(7).integers(0, 256, (20, 30, 3), dtype=np.uint8)[:, 5:]
     out = resize_hw(src, 11, 9)
