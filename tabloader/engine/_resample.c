@@ -372,74 +372,93 @@ hpair_avx2(const uint8_t *p0, const uint8_t *p1, const __m256i *w, const int Kp,
    pixel and stored as 2 x 16 bytes (the last 4 of which the next group overwrites).
    dst must be writable for rowcap bytes; groups that would pass it go through a buffer. */
 __attribute__((always_inline)) RS_AVX2 static inline void
-hrow_avx2_k(const uint8_t *src, uint8_t *dst, size_t rowcap, const HTable *t, int ow,
-            const int Kp, int prec)
+store_group(__m256i a0, __m256i a1, __m256i a2, __m256i a3, uint8_t *dst, size_t rowcap, int g,
+            int ow)
 {
-    const __m256i init = _mm256_set1_epi32(1 << (prec - 1));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i compact = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1,
                                              -1, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1,
                                              -1, -1);
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+    b = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(b, order), compact);
+    const size_t at = 24 * (size_t)g;
+    if (at + 28 <= rowcap) {
+        _mm_storeu_si128((__m128i *)(dst + at), _mm256_castsi256_si128(b));
+        _mm_storeu_si128((__m128i *)(dst + at + 12), _mm256_extracti128_si256(b, 1));
+    } else {
+        uint8_t tmp[32];
+        int n = ow - 8 * g < 8 ? ow - 8 * g : 8;
+        _mm_storeu_si128((__m128i *)tmp, _mm256_castsi256_si128(b));
+        _mm_storeu_si128((__m128i *)(tmp + 12), _mm256_extracti128_si256(b, 1));
+        memcpy(dst + at, tmp, 3 * (size_t)n);
+    }
+}
+
+/* Rows a and b (b may be a again): cw source pixels -> ow output pixels (already in dst
+   order in the table), 8 at a time: four pairs packed to bytes, reordered across lanes,
+   compacted from 4 to 3 bytes per pixel and stored as 2 x 16 bytes (the last 4 of which the
+   next group overwrites). Two rows share the table's reads. dst rows must be writable for
+   rowcap bytes; groups that would pass it go through a buffer. */
+__attribute__((always_inline)) RS_AVX2 static inline void
+hrow_avx2_k(const uint8_t *sa, const uint8_t *sb, uint8_t *da, uint8_t *db, size_t rowcap,
+            const HTable *t, int ow, const int Kp, int prec)
+{
+    const __m256i init = _mm256_set1_epi32(1 << (prec - 1));
     const int32_t *off = t->off;
     const __m256i *w = (const __m256i *)t->w;
     const int step = Kp / 2; /* weight vectors per pair */
     for (int g = 0; g < t->ngroups; g++, off += 8, w += 4 * step) {
-        __m256i a0 = hpair_avx2(src + off[0], src + off[1], w, Kp, init, prec);
-        __m256i a1 = hpair_avx2(src + off[2], src + off[3], w + step, Kp, init, prec);
-        __m256i a2 = hpair_avx2(src + off[4], src + off[5], w + 2 * step, Kp, init, prec);
-        __m256i a3 = hpair_avx2(src + off[6], src + off[7], w + 3 * step, Kp, init, prec);
-        __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
-        b = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(b, order), compact);
-        const size_t at = 24 * (size_t)g;
-        if (at + 28 <= rowcap) {
-            _mm_storeu_si128((__m128i *)(dst + at), _mm256_castsi256_si128(b));
-            _mm_storeu_si128((__m128i *)(dst + at + 12), _mm256_extracti128_si256(b, 1));
-        } else {
-            uint8_t tmp[32];
-            int n = ow - 8 * g < 8 ? ow - 8 * g : 8;
-            _mm_storeu_si128((__m128i *)tmp, _mm256_castsi256_si128(b));
-            _mm_storeu_si128((__m128i *)(tmp + 12), _mm256_extracti128_si256(b, 1));
-            memcpy(dst + at, tmp, 3 * (size_t)n);
-        }
+        __m256i a0 = hpair_avx2(sa + off[0], sa + off[1], w, Kp, init, prec);
+        __m256i b0 = hpair_avx2(sb + off[0], sb + off[1], w, Kp, init, prec);
+        __m256i a1 = hpair_avx2(sa + off[2], sa + off[3], w + step, Kp, init, prec);
+        __m256i b1 = hpair_avx2(sb + off[2], sb + off[3], w + step, Kp, init, prec);
+        __m256i a2 = hpair_avx2(sa + off[4], sa + off[5], w + 2 * step, Kp, init, prec);
+        __m256i b2 = hpair_avx2(sb + off[4], sb + off[5], w + 2 * step, Kp, init, prec);
+        __m256i a3 = hpair_avx2(sa + off[6], sa + off[7], w + 3 * step, Kp, init, prec);
+        __m256i b3 = hpair_avx2(sb + off[6], sb + off[7], w + 3 * step, Kp, init, prec);
+        store_group(a0, a1, a2, a3, da, rowcap, g, ow);
+        store_group(b0, b1, b2, b3, db, rowcap, g, ow);
     }
 }
 
 #define HROW_K(K)                                                                              \
-    RS_AVX2 static void hrow_avx2_##K(const uint8_t *src, uint8_t *dst, size_t rowcap,        \
-                                      const HTable *t, int ow, int prec)                       \
+    RS_AVX2 static void hrow_avx2_##K(const uint8_t *sa, const uint8_t *sb, uint8_t *da,       \
+                                      uint8_t *db, size_t rowcap, const HTable *t, int ow,     \
+                                      int prec)                                                \
     {                                                                                          \
-        hrow_avx2_k(src, dst, rowcap, t, ow, K, prec);                                         \
+        hrow_avx2_k(sa, sb, da, db, rowcap, t, ow, K, prec);                                   \
     }
 HROW_K(2)
 HROW_K(4)
 HROW_K(6)
 HROW_K(8)
 
-RS_AVX2 static void hrow_avx2_any(const uint8_t *src, uint8_t *dst, size_t rowcap,
-                                  const HTable *t, int ow, int Kp, int prec)
+RS_AVX2 static void hrow_avx2_any(const uint8_t *sa, const uint8_t *sb, uint8_t *da,
+                                  uint8_t *db, size_t rowcap, const HTable *t, int ow, int Kp,
+                                  int prec)
 {
-    hrow_avx2_k(src, dst, rowcap, t, ow, Kp, prec);
+    hrow_avx2_k(sa, sb, da, db, rowcap, t, ow, Kp, prec);
 }
 
-/* The row function for Kp taps (unrolled for the usual 2..8). */
-static void hrow_avx2(const uint8_t *src, uint8_t *dst, size_t rowcap, const HTable *t, int ow,
-                      int Kp, int prec)
+/* Two rows (b may be a again) with Kp taps (unrolled for the usual 2..8). */
+static void hrow_avx2(const uint8_t *sa, const uint8_t *sb, uint8_t *da, uint8_t *db,
+                      size_t rowcap, const HTable *t, int ow, int Kp, int prec)
 {
     switch (Kp) {
     case 2:
-        hrow_avx2_2(src, dst, rowcap, t, ow, prec);
+        hrow_avx2_2(sa, sb, da, db, rowcap, t, ow, prec);
         break;
     case 4:
-        hrow_avx2_4(src, dst, rowcap, t, ow, prec);
+        hrow_avx2_4(sa, sb, da, db, rowcap, t, ow, prec);
         break;
     case 6:
-        hrow_avx2_6(src, dst, rowcap, t, ow, prec);
+        hrow_avx2_6(sa, sb, da, db, rowcap, t, ow, prec);
         break;
     case 8:
-        hrow_avx2_8(src, dst, rowcap, t, ow, prec);
+        hrow_avx2_8(sa, sb, da, db, rowcap, t, ow, prec);
         break;
     default:
-        hrow_avx2_any(src, dst, rowcap, t, ow, Kp, prec);
+        hrow_avx2_any(sa, sb, da, db, rowcap, t, ow, Kp, prec);
     }
 }
 
@@ -681,17 +700,21 @@ static int run_job(const Job *j, int isa)
                        j->src + (j->top + r) * j->sstride + 3 * j->left, 3 * (size_t)j->cw);
                 memset(chunk + (r - c0) * cstride + 3 * (size_t)j->cw, 0, HSLACK);
             }
-            for (int64_t r = c0; r < c1; r++) {
+            for (int64_t r = c0; r < c1;) {
                 uint8_t *d = needv ? inter + (r - r0) * istride : j->dst + r * j->dstride;
                 const uint8_t *row = chunk + (r - c0) * cstride;
 #ifdef RS_X86
                 if (isa == ISA_AVX2) {
-                    hrow_avx2(row, d, needv ? istride : 3 * (size_t)j->ow, &T, (int)j->ow, H.Kp,
-                              H.prec);
+                    const int two = r + 1 < c1;
+                    uint8_t *d2 = !two ? d : needv ? d + istride : d + j->dstride;
+                    hrow_avx2(row, two ? row + cstride : row, d, d2,
+                              needv ? istride : 3 * (size_t)j->ow, &T, (int)j->ow, H.Kp, H.prec);
+                    r += 1 + two;
                     continue;
                 }
 #endif
                 hrow_scalar(row, d, &H, j->flip);
+                r++;
             }
         }
         if (!needv)
