@@ -8,7 +8,9 @@ torchvision's algorithms re-implemented; this script checks the real thing:
 
 It converts a ``v2.Compose`` with ``from_torchvision``, refuses an unsupported op, compares
 ``RandomResizedCrop``'s crop parameters with torchvision's own ``get_params`` (two-sample KS,
-4,000 draws each) and the pixels of one crop with ``v2.functional.resized_crop``.
+4,000 draws each) and the pixels of 600 crops (+ flips) with ``v2.functional.resized_crop``
+on each of the kernel's code paths (torchvision's uint8 resize is torch's
+``interpolate(antialias=True)``, whose bytes the kernel computes).
 """
 
 from __future__ import annotations
@@ -66,14 +68,37 @@ def main() -> None:
     crit = 1.95 * math.sqrt(2 / N)
     for k, v in features(ours).items():
         print(f"KS {k}: {ks(v, features(theirs)[k]):.4f} (critical {crit:.4f}, alpha 0.001)")
-    src = np.random.default_rng(0).integers(0, 255, (H, W, 3), dtype=np.uint8)
-    out = np.empty((224, 224, 3), np.uint8)
-    ((i, j, ch, cw),) = aug.draw((H, W), 0, 7)
-    aug.apply(src, 0, 7, out)
-    chw = torch.from_numpy(src).permute(2, 0, 1)
-    ref = v2.functional.resized_crop(chw, i, j, ch, cw, [224, 224], antialias=True)
-    diff = np.abs(out.astype(int) - ref.permute(1, 2, 0).numpy().astype(int))
-    print(f"pixels vs v2.functional.resized_crop: max diff {diff.max()}, mean {diff.mean():.4f}")
+    pixels()
+
+
+def pixels(rows: int = 300) -> None:
+    """Augmenter.apply of RandomResizedCrop(224) + flip against torchvision's own
+    resized_crop (+ horizontal_flip) of the drawn box, on every code path of the kernel."""
+    from tabloader.engine import resample
+
+    aug = Augmenter("RandomResizedCrop(224), RandomHorizontalFlip()", seed=3)
+    rng = np.random.default_rng(0)
+    smooth = np.repeat(np.repeat(rng.integers(0, 256, (H // 5 + 1, W // 5 + 1, 3)), 5, 0), 5, 1)
+    images = [rng.integers(0, 256, (H, W, 3), dtype=np.uint8), smooth[:H, :W].astype(np.uint8)]
+    for isa in resample.kernel_isas() or ["(no kernel)"]:
+        if isa != "(no kernel)":
+            resample.set_kernel_isa(isa)
+        worst, n = 0, 0
+        for src in images:
+            chw = torch.from_numpy(src).permute(2, 0, 1)
+            out = np.empty((224, 224, 3), np.uint8)
+            for row in range(rows):
+                (i, j, ch, cw), flip = aug.draw((H, W), 0, row)
+                aug.apply(src, 0, row, out)
+                ref = v2.functional.resized_crop(chw, i, j, ch, cw, [224, 224], antialias=True)
+                if flip:
+                    ref = v2.functional.horizontal_flip(ref)
+                diff = np.abs(out.astype(int) - ref.permute(1, 2, 0).numpy().astype(int))
+                worst, n = max(worst, int(diff.max())), n + 1
+        print(
+            f"pixels vs v2.functional.resized_crop (+ horizontal_flip), kernel path {isa}: "
+            f"max diff {worst} over {n} crops"
+        )
 
 
 if __name__ == "__main__":

@@ -40,10 +40,11 @@ FORBIDDEN = {CATALOG: ("torch", "ray"), ENGINE: ("ray",), SERVICE: ("ray",)}
 
 
 def module_files() -> dict[str, Path]:
-    """Every module of the packages by dotted name (a package by its own name)."""
+    """Every module of the packages by dotted name (a package by its own name); a C
+    extension's source (``_resample.c``) is its module, which imports nothing."""
     modules = {}
     for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+        for path in sorted((ROOT / package).rglob("*.py")) + sorted((ROOT / package).rglob("*.c")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -83,6 +84,8 @@ def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     external: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
+        if path.suffix != ".py":
+            continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue

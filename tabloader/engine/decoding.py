@@ -55,8 +55,10 @@ Result = tuple[Errors, dict[str, float]]
 
 #: A row whose decode alone killed this many decode processes is bad data (``RowReadError``).
 KILLS_PER_ROW = 2
-#: What the decode processes' forkserver imports before it forks any (torch: the resize).
-FORKSERVER_PRELOAD = (__name__, "torch")
+#: What the decode processes' forkserver imports before it forks any. Not torch: the resizes
+#: are tabloader's own kernel (:mod:`tabloader.engine.resample`); only an install without it
+#: imports torch, in each decode process at its first resize.
+FORKSERVER_PRELOAD = (__name__,)
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +145,10 @@ class DecodePool:
         processes: how many.
 
     The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
-    DuckDB connection) that has imported this module and torch (the resize) once: on first
-    use, or ahead of it with :meth:`start`. The first start in a process takes 1.5 s here, 1 s
-    of it importing torch (later loaders of the process reuse the forkserver: 0.05 s), which
-    a loader's first batch would otherwise wait for. A service that a client starts launches
+    DuckDB connection) that has imported this module once: on first use, or ahead of it with
+    :meth:`start`. That import takes 0.25 s here (it took 1.5 s while the resizes needed
+    torch; later loaders of the process reuse the forkserver: 0.05 s), which a loader's first
+    batch would otherwise wait for. A service that a client starts launches
     the forkserver (with ``FORKSERVER_PRELOAD``) before its own imports, which then run beside
     it (:mod:`tabloader.service.client`).
 
@@ -501,7 +503,7 @@ _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
 def _attach(fd: int, size: int, owner: int, tempdir: str) -> None:
-    from tabloader.engine.prep import optional_torch
+    from tabloader.engine.resample import torch_resizing
 
     global _ARENA
     # Ctrl-C in a terminal signals the whole process group: the loader (or service) stops
@@ -510,8 +512,8 @@ def _attach(fd: int, size: int, owner: int, tempdir: str) -> None:
     _ARENA = np.frombuffer(Segment.attach(fd, size).buf, np.uint8)
     # One process per core decodes already: torch's own threads in each resize would only add
     # hand-offs (measured: 0.83 CPU-ms for a 0.42 ms resize with 2 threads, 0.36 with one).
-    torch = optional_torch()
-    if torch is not None:  # else Pillow resizes (torch is an optional dependency)
+    torch = torch_resizing()
+    if torch is not None:  # only without the kernel (else nothing here imports torch)
         torch.set_num_threads(1)
     # A process of the forkserver is not the loader's child: if the loader is killed, nothing
     # tells it, and it would keep the shared memory mapped. It watches the loader instead.

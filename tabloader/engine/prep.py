@@ -50,9 +50,7 @@ Example:
 from __future__ import annotations
 
 import enum
-import functools
 import io
-import logging
 import math
 import sys
 from collections.abc import Callable, Collection, Mapping
@@ -66,6 +64,7 @@ import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from catalog.errors import LoaderError, RowReadError
+from tabloader.engine.resample import resize_hw
 
 __all__ = [
     "IMAGE_COLUMN_NAMES",
@@ -269,14 +268,13 @@ def _resize(arr: npt.NDArray[np.uint8], target: _Target) -> npt.NDArray[np.uint8
     ``BILINEAR`` resize (a triangle filter widened by the scale factor, so that shrinking
     averages every source pixel: antialiased).
 
-    With torch installed, its ``interpolate(mode="bilinear", antialias=True)`` on ``uint8``
-    computes it: a port of Pillow-SIMD's resampler (the same pixels, give or take 1 in about
-    0.2% of the values when shrinking, up to 2 in a few % when enlarging), with SIMD and the
-    GIL released. Measured on the generated 500x375 JPEGs, one thread, 375x375 -> 224x224:
-    0.36 ms, against 1.10 for Pillow and 1.39 for OpenCV's ``INTER_AREA`` (used before); the
-    whole decode at 224 went from 2.0 to 1.6 ms. Decode processes run torch on one thread;
-    in the loader's own threads (``decode="threads"``) each resize may use
-    ``torch.get_num_threads()`` threads of its own.
+    tabloader's kernel computes it (:mod:`tabloader.engine.resample`): the bytes of torch's
+    ``uint8`` ``interpolate(mode="bilinear", antialias=True)``, a port of Pillow-SIMD's
+    resampler (Pillow's own pixels give or take 1 in about 0.2% of the values when shrinking,
+    up to 2 in a few % when enlarging), with SIMD and the GIL released, and without importing
+    torch in the decode processes. Measured on the generated 500x375 JPEGs, one thread,
+    375x375 -> 224x224: 0.36 ms with torch, against 1.10 for Pillow and 1.39 for OpenCV's
+    ``INTER_AREA`` (used before); the kernel does it in 0.07 ms.
     """
     h, w = arr.shape[:2]
     if isinstance(target, Fit):
@@ -299,57 +297,6 @@ def _resize(arr: npt.NDArray[np.uint8], target: _Target) -> npt.NDArray[np.uint8
     else:
         out_h, out_w = target
     return resize_hw(arr, out_h, out_w)
-
-
-def resize_hw(arr: npt.NDArray[np.uint8], out_h: int, out_w: int) -> npt.NDArray[np.uint8]:
-    """``arr`` (uint8 H x W x 3, any positive strides) resized to exactly ``out_h`` x ``out_w``
-    (a new C-contiguous H x W x 3 array), bilinear with antialiasing (see ``_resize``); the
-    GIL is released (torch or Pillow).
-
-    torch's uint8 resampler works channels-last (SIMD over a pixel's channels), but
-    ``interpolate`` hands its result back channels-first, so the caller's HWC copy is a
-    transpose: 0.13 ms of a 224x224 resize's 0.25. Writing into ``out=``, an HWC array seen as
-    NCHW, skips both conversions (0.08 ms, the same bytes); where that private entry point is
-    missing or refuses, ``interpolate`` computes it.
-    """
-    torch = optional_torch()
-    if torch is None:
-        image = Image.fromarray(arr).resize((out_w, out_h), Image.Resampling.BILINEAR)
-        return np.asarray(image)
-    if arr.shape[:2] == (out_h, out_w):
-        return np.ascontiguousarray(arr)
-    arr = np.ascontiguousarray(arr)  # channels-last contiguous: torch's SIMD path
-    if not arr.flags.writeable:  # Pillow's and the arena's arrays: torch wants writable memory
-        arr = arr.copy()
-    src = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)
-    out = np.empty((out_h, out_w, 3), np.uint8)
-    dst = torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0)
-    try:
-        torch._C._nn._upsample_bilinear2d_aa(src, (out_h, out_w), False, None, None, out=dst)
-    except (AttributeError, TypeError, RuntimeError):  # pragma: no cover - other torch builds
-        res = torch.nn.functional.interpolate(
-            src, size=(out_h, out_w), mode="bilinear", antialias=True
-        )
-        dst.copy_(res)
-    return out
-
-
-@functools.cache
-def optional_torch() -> Any:
-    """torch, imported at the first resize (the catalog side never needs it; decode processes
-    preload it), or None where it is not installed or does not import (Pillow resizes then,
-    to the same pixels give or take 1; a broken install is logged once, not raised per row).
-    """
-    try:
-        import torch
-    except ImportError:
-        return None
-    except Exception as exc:  # e.g. an OSError loading its native libraries
-        logging.getLogger(__name__).warning(
-            "torch does not import (%r); images are resized with Pillow", exc
-        )
-        return None
-    return torch
 
 
 @dataclass(frozen=True)

@@ -28,3 +28,18 @@ def corrupt(tmp_path, image_folder):
     paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
     yield cat, paths.index(victim.relative_to(folder).as_posix())
     cat.close()
+
+
+@pytest.fixture(params=["kernel", "torch", "pillow"])
+def resizer(request, monkeypatch):
+    """Each way a resize is computed: tabloader's kernel; torch where the kernel was not
+    built; Pillow where torch is missing too."""
+    from tabloader.engine import resample
+
+    if request.param != "kernel":
+        monkeypatch.setattr(resample, "_kernel", None)
+    if request.param == "pillow":
+        monkeypatch.setattr(resample, "optional_torch", lambda: None)
+    resample.resampler.cache_clear()
+    yield request.param
+    resample.resampler.cache_clear()

@@ -106,6 +106,32 @@ def test_draws_are_a_pure_function_of_seed_epoch_and_row():
     assert sum(a == b for a, b in zip(base, other_seed, strict=True)) < 5
 
 
+@pytest.mark.parametrize("seed", [0, 5, 2**32 + 1, 2**64 + 3])
+def test_each_rows_stream_is_philox_keyed_by_the_seed_and_counted_by_epoch_and_row(seed):
+    """The reused per-thread generator, repositioned per row, is the stream of a fresh
+    ``Philox(key=seed, counter=[0, 0, row, epoch])``, whatever the row before it drew
+    (integers leave half a 64-bit word buffered)."""
+    aug = Augmenter("RandomResizedCrop(8)", seed)
+
+    def some(rng):
+        return [rng.integers(0, 1000, 3).tolist(), rng.random(2).tolist(), rng.uniform(1, 2)]
+
+    for epoch, row in [(0, 0), (0, 1), (3, 2**40 + 7), (2**31, 5), (0, 1)]:
+        ours = some(aug._streams.generator(epoch, row))
+        theirs = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, row, epoch]))
+        assert ours == some(theirs)
+
+
+def test_draws_in_threads_equal_draws_in_one_thread():
+    from concurrent.futures import ThreadPoolExecutor
+
+    aug = Augmenter("RandomResizedCrop(16), RandomHorizontalFlip(), RandomCrop(12)", seed=9)
+    want = [aug.draw((90, 120), 1, r) for r in range(400)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda r: aug.draw((90, 120), 1, r), range(400)))
+    assert got == want
+
+
 def gradient(h, w):
     y, x = np.mgrid[0:h, 0:w]
     img = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1).astype(np.uint8)
@@ -154,6 +180,46 @@ def test_random_resized_crop_and_flip_are_interpolate_of_the_drawn_box(p):
         ].permute(1, 2, 0)
         want = ref.numpy()[:, ::-1] if flip else ref.numpy()
         assert (out == want).all(), row
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "RandomResizedCrop((24, 32)), RandomHorizontalFlip()",
+        "RandomResizedCrop(20)",
+        "RandomResizedCrop(20), RandomHorizontalFlip(), Normalize((0.5, 0.4, 0.3), 0.25)",
+        "RandomHorizontalFlip(), Resize(20), CenterCrop(18), RandomHorizontalFlip()",
+        "RandomCrop(16, padding=4), RandomHorizontalFlip()",
+    ],
+)
+def test_a_batch_from_the_arena_equals_its_images_one_by_one(spec):
+    rng = np.random.default_rng(1)
+    images = [
+        rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in rng.integers(17, 90, (9, 2))
+    ]
+    arena = np.concatenate([np.zeros(5, np.uint8), *(im.ravel() for im in images)])
+    offsets = 5 + np.cumsum([0] + [im.size for im in images[:-1]])
+    shapes = np.array([im.shape[:2] for im in images])
+    aug = Augmenter(spec, seed=4)
+    batch = np.empty((len(images), *aug.output_shape), aug.dtype)
+    aug.apply_batch(arena, offsets, shapes, 3, range(50, 59), batch)
+    for k, im in enumerate(images):
+        one = np.empty(aug.output_shape, aug.dtype)
+        aug.apply(im, 3, 50 + k, one)
+        np.testing.assert_array_equal(batch[k], one)
+    with pytest.raises(ValueError, match=r"apply_batch: 8 row ids, but offsets \(9,\)"):
+        aug.apply_batch(arena, offsets, shapes, 3, range(8), batch)
+
+
+def test_apply_writes_any_output_layout():
+    src = gradient(40, 50)
+    aug = Augmenter("RandomResizedCrop((12, 10)), RandomHorizontalFlip(1.0)", seed=2)
+    want = np.empty(aug.output_shape, np.uint8)
+    aug.apply(src, 0, 3, want)
+    wide = np.zeros((12, 10, 4), np.uint8)
+    aug.apply(src, 0, 3, wide[:, :, :3])  # pixels 4 bytes apart: not the kernel's layout
+    np.testing.assert_array_equal(wide[:, :, :3], want)
+    assert not wide[:, :, 3].any()
 
 
 def test_random_crop_pads_with_fill_and_stays_inside():

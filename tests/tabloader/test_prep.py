@@ -8,7 +8,6 @@ import pytest
 from PIL import Image
 
 from catalog.errors import LoaderError, RowReadError
-from tabloader.engine import prep
 from tabloader.engine.prep import DecodeKind, Decoder, batch_column, decode_image, decoder_for
 
 
@@ -89,14 +88,6 @@ def test_center_crop_matches_resize_then_crop(png):
     expected = resized[:, left : left + 224]
     got = decode_image(png, size=224).astype(np.int16)
     assert np.abs(got - expected).mean() < 2.0
-
-
-@pytest.fixture(params=["torch", "pillow"])
-def resizer(request, monkeypatch):
-    """Each way a resize is computed: torch's SIMD port, or Pillow where torch is missing."""
-    if request.param == "pillow":
-        monkeypatch.setattr(prep, "optional_torch", lambda: None)
-    return request.param
 
 
 @pytest.mark.parametrize("size", [224, 96, (100, 60), (375, 300), (500, 700), 400])

@@ -1,0 +1,36 @@
+"""Build the optional C resampler (``tabloader.engine._resample``); the rest is pyproject.toml.
+
+The extension is ``optional``: without a C compiler the install still succeeds and images are
+resized by torch (or Pillow) instead, which :mod:`tabloader.engine.resample` logs once.
+"""
+
+from __future__ import annotations
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# -ffp-contract=off: the weights must be computed exactly as aten computes them, so no fused
+# multiply-adds (aarch64 and -march builds would contract a * b + c otherwise).
+UNIX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall", "-Wextra"]
+
+
+class BuildExt(build_ext):
+    """Unix compilers get UNIX_FLAGS; others (MSVC) build with their defaults."""
+
+    def build_extensions(self) -> None:
+        if self.compiler.compiler_type == "unix":
+            for ext in self.extensions:
+                ext.extra_compile_args = [*UNIX_FLAGS, *ext.extra_compile_args]
+        super().build_extensions()
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "tabloader.engine._resample",
+            sources=["tabloader/engine/_resample.c"],
+            optional=True,
+        )
+    ],
+    cmdclass={"build_ext": BuildExt},
+)
