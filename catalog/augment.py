@@ -31,8 +31,10 @@ sets the size must be ``RandomResizedCrop``, ``CenterCrop``, ``RandomCrop`` or
 ``Resize((h, w))``. ``Normalize`` takes the place of torchvision's ``ToDtype(float32,
 scale=True)`` + ``Normalize``: it divides by 255 itself.
 
-This module only parses and checks (at ``REGISTER``, and for options given at open); the
-draws and the pixels are :mod:`tabloader.engine.augment`'s.
+This module parses and checks (at ``REGISTER``, and for options given at open), writes the
+text of a torchvision ``Compose`` (:func:`from_torchvision`) and names a job's default seed;
+the draws and the pixels are :mod:`tabloader.engine.augment`'s (a job process that reads
+through the service imports none of that).
 
 Example:
     >>> spec = parse_augment("RandomResizedCrop(224, ratio=(0.75, 1.25)), RandomHorizontalFlip(1)")
@@ -47,12 +49,22 @@ from __future__ import annotations
 import ast
 import difflib
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 from catalog.errors import OptionError
 
-__all__ = ["MAX_SIZE", "MAX_TEXT", "OPERATIONS", "AugmentSpec", "Op", "parse_augment"]
+__all__ = [
+    "MAX_SIZE",
+    "MAX_TEXT",
+    "OPERATIONS",
+    "AugmentSpec",
+    "Op",
+    "default_seed",
+    "from_torchvision",
+    "parse_augment",
+]
 
 MAX_TEXT = 2000
 """The longest ``augment`` text (characters): a parse is bounded."""
@@ -387,3 +399,68 @@ _CHECK: dict[str, Any] = {
     "mean": _channels("mean"),
     "std": _channels("std"),
 }
+
+
+def default_seed(job: str) -> int:
+    """The seed of a job that sets none: stable for its name (jobs differ, reruns agree)."""
+    return zlib.crc32(job.encode())
+
+
+# -- torchvision ---------------------------------------------------------------------------------
+_TV_NOOPS = {"ToImage", "ToTensor", "PILToTensor", "ToDtype", "ConvertImageDtype", "ToPureTensor"}
+
+
+def from_torchvision(compose: Any) -> str:
+    """The ``augment`` text of a ``torchvision.transforms(.v2).Compose`` of supported ops.
+
+    Conversions to tensors and dtypes (``ToImage``, ``ToDtype``, ``ToTensor``...) are dropped:
+    tabloader's batches are tensors already, and its ``Normalize`` scales by 255 itself.
+
+    Raises:
+        OptionError: an op tabloader does not run, named with the supported ones.
+    """
+    parts = []
+    for t in getattr(compose, "transforms", [compose]):
+        name = type(t).__name__
+        if name in _TV_NOOPS:
+            continue
+        if name == "RandomResizedCrop":
+            parts.append(
+                f"RandomResizedCrop({_tv_size(t.size)}, scale={tuple(t.scale)}, "
+                f"ratio={tuple(t.ratio)})"
+            )
+        elif name in ("Resize", "CenterCrop"):
+            parts.append(f"{name}({_tv_size(t.size)})")
+        elif name == "RandomCrop":
+            padding = t.padding if t.padding is None else tuple(_listify(t.padding))
+            parts.append(
+                f"RandomCrop({_tv_size(t.size)}, padding={padding}, "
+                f"pad_if_needed={bool(t.pad_if_needed)}, fill={_tv_fill(t.fill)})"
+            )
+        elif name == "RandomHorizontalFlip":
+            parts.append(f"RandomHorizontalFlip({float(t.p)})")
+        elif name == "Normalize":
+            parts.append(f"Normalize({tuple(t.mean)}, {tuple(t.std)})")
+        else:
+            raise OptionError(
+                f"augment: torchvision's {name} is not supported; tabloader runs "
+                "RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip and "
+                "Normalize (and drops ToImage/ToDtype/ToTensor). Apply other transforms in "
+                "your training loop."
+            )
+    return ", ".join(parts)
+
+
+def _listify(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _tv_size(size: Any) -> str:
+    items = _listify(size)
+    return str(int(items[0])) if len(items) == 1 else f"({int(items[0])}, {int(items[1])})"
+
+
+def _tv_fill(fill: Any) -> int:
+    if isinstance(fill, dict):  # v2: {type: fill}
+        fill = next(iter(fill.values()), 0)
+    return int(0 if fill is None else _listify(fill)[0])

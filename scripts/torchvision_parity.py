@@ -22,8 +22,9 @@ import torch
 import torchvision
 from torchvision.transforms import RandomResizedCrop, v2
 
+from catalog.augment import from_torchvision
 from catalog.errors import OptionError
-from tabloader.engine.augment import Augmenter, from_torchvision
+from tabloader.engine.augment import Augmenter
 
 N, H, W = 4000, 375, 500
 

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from catalog.augment import default_seed, from_torchvision
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
-from tabloader.engine.augment import default_seed, from_torchvision
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
 if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine

@@ -58,44 +58,23 @@ class Job:
 
 
 def machine() -> dict[str, Any]:
-    """The CPU model, its SIMD level (AVX-512, AVX2, NEON or none) and core count, torch's
-    version, whether torchvision imports, and which resize kernel tabloader uses."""
-    model, flags = "unknown", set[str]()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip().lower()
-            if key in ("model name", "hardware") and model == "unknown":
-                model = value.strip()
-            elif key in ("flags", "features") and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    simd = (
-        "AVX-512"
-        if "avx512f" in flags
-        else "AVX2"
-        if "avx2" in flags
-        else "NEON"
-        if "asimd" in flags or "neon" in flags
-        else "none known"
-    )
-    info: dict[str, Any] = {"cpu": model, "simd": simd, "cores": os.cpu_count()}
-    probe = (
-        "import json, torch\n"
-        "try:\n    import torchvision; tv = torchvision.__version__\n"
-        "except Exception:\n    tv = None\n"
-        "from tabloader.engine import prep\n"
-        "print(json.dumps({'torch': torch.__version__, 'torchvision': tv, "
-        "'kernel': getattr(prep, 'RESIZE_KERNEL', 'torch')}))"
-    )
+    """The CPU model, its SIMD level and core count, which resize kernel path tabloader runs
+    (:func:`tabloader.bench.kernels.cpu_description`), torch's version and whether
+    torchvision imports (tried in a fresh interpreter: a mismatched build may crash one)."""
+    import torch
+
+    from tabloader.bench.kernels import cpu_description
+
+    info: dict[str, Any] = {**cpu_description(), "cores": os.cpu_count()}
+    info["torch"] = torch.__version__
+    probe = "import torchvision; print(torchvision.__version__)"
     try:
         out = subprocess.run(
             [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
         )
-        info.update(json.loads(out.stdout.strip().splitlines()[-1]))
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        pass
+        info["torchvision"] = out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        info["torchvision"] = None
     return info
 
 

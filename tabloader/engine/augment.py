@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,16 +49,10 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.augment import AugmentSpec, Op, parse_augment
-from catalog.errors import OptionError
 from tabloader.engine.prep import Fit
 from tabloader.engine.resample import resize_batch, resize_into
 
-__all__ = ["Augmenter", "default_seed", "from_torchvision", "shared_fit"]
-
-
-def default_seed(job: str) -> int:
-    """The seed of a job that sets none: stable for its name (jobs differ, reruns agree)."""
-    return zlib.crc32(job.encode())
+__all__ = ["Augmenter", "shared_fit"]
 
 
 def shared_fit(spec: AugmentSpec, decode_size: int | None) -> Fit:
@@ -403,63 +396,3 @@ _APPLY: dict[str, Any] = {  # the ops that are views or copies (the resizes are 
     "CenterCrop": _apply_center,
     "RandomCrop": _apply_crop,
 }
-
-
-# -- torchvision ---------------------------------------------------------------------------------
-_TV_NOOPS = {"ToImage", "ToTensor", "PILToTensor", "ToDtype", "ConvertImageDtype", "ToPureTensor"}
-
-
-def from_torchvision(compose: Any) -> str:
-    """The ``augment`` text of a ``torchvision.transforms(.v2).Compose`` of supported ops.
-
-    Conversions to tensors and dtypes (``ToImage``, ``ToDtype``, ``ToTensor``...) are dropped:
-    tabloader's batches are tensors already, and its ``Normalize`` scales by 255 itself.
-
-    Raises:
-        OptionError: an op tabloader does not run, named with the supported ones.
-    """
-    parts = []
-    for t in getattr(compose, "transforms", [compose]):
-        name = type(t).__name__
-        if name in _TV_NOOPS:
-            continue
-        if name == "RandomResizedCrop":
-            parts.append(
-                f"RandomResizedCrop({_tv_size(t.size)}, scale={tuple(t.scale)}, "
-                f"ratio={tuple(t.ratio)})"
-            )
-        elif name in ("Resize", "CenterCrop"):
-            parts.append(f"{name}({_tv_size(t.size)})")
-        elif name == "RandomCrop":
-            padding = t.padding if t.padding is None else tuple(_listify(t.padding))
-            parts.append(
-                f"RandomCrop({_tv_size(t.size)}, padding={padding}, "
-                f"pad_if_needed={bool(t.pad_if_needed)}, fill={_tv_fill(t.fill)})"
-            )
-        elif name == "RandomHorizontalFlip":
-            parts.append(f"RandomHorizontalFlip({float(t.p)})")
-        elif name == "Normalize":
-            parts.append(f"Normalize({tuple(t.mean)}, {tuple(t.std)})")
-        else:
-            raise OptionError(
-                f"augment: torchvision's {name} is not supported; tabloader runs "
-                "RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip and "
-                "Normalize (and drops ToImage/ToDtype/ToTensor). Apply other transforms in "
-                "your training loop."
-            )
-    return ", ".join(parts)
-
-
-def _listify(v: Any) -> list[Any]:
-    return list(v) if isinstance(v, (list, tuple)) else [v]
-
-
-def _tv_size(size: Any) -> str:
-    items = _listify(size)
-    return str(int(items[0])) if len(items) == 1 else f"({int(items[0])}, {int(items[1])})"
-
-
-def _tv_fill(fill: Any) -> int:
-    if isinstance(fill, dict):  # v2: {type: fill}
-        fill = next(iter(fill.values()), 0)
-    return int(0 if fill is None else _listify(fill)[0])

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from catalog.augment import parse_augment
+from catalog.augment import default_seed, parse_augment
 from catalog.options import option_value
-from tabloader.engine.augment import Augmenter, default_seed, shared_fit
+from tabloader.engine.augment import Augmenter, shared_fit
 from tabloader.engine.prep import Fit, ImageSize
 
 if TYPE_CHECKING:

@@ -63,10 +63,10 @@ START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet)
 
 
 def _serve_program() -> str:
-    """The started service's program (the decode processes' preload read here: a job process
-    that never starts a service never imports the decoding modules)."""
-    from tabloader.engine.decoding import FORKSERVER_PRELOAD
-
+    """The started service's program."""
+    # The decode processes' preload (``decoding.FORKSERVER_PRELOAD``): the module named, not
+    # imported (its imports, pyarrow and the decoders, are no business of a job process).
+    preload = ["tabloader.engine.decoding"]
     return f"""\
 import os, sys
 if sys.path[:1] == ['']: del sys.path[0]
@@ -75,7 +75,7 @@ try:
     os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 except (AttributeError, OSError):
     pass
-forkserver.set_forkserver_preload({list(FORKSERVER_PRELOAD)!r})
+forkserver.set_forkserver_preload({preload!r})
 try:
     forkserver.ensure_running()
 except OSError:  # e.g. a TMPDIR too long for its socket: the engine says so when it decodes

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from catalog.augment import from_torchvision
 from catalog.errors import OptionError
 from tabloader.engine import Loader
-from tabloader.engine.augment import Augmenter, from_torchvision
+from tabloader.engine.augment import Augmenter
 from tabloader.engine.prep import Fit, decode_image
 
 N = 4000  # draws per sample in the statistical tests

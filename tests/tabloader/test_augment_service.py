@@ -10,7 +10,8 @@ import pytest
 from test_service import TIMEOUT, start_service
 
 import catalog
-from tabloader.engine.augment import Augmenter, default_seed
+from catalog.augment import default_seed
+from tabloader.engine.augment import Augmenter
 from tabloader.engine.prep import Fit, decode_image
 from tabloader.service.client import RemoteLoader
 

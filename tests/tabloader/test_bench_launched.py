@@ -29,8 +29,9 @@ def test_machine_names_the_cpu_and_its_simd_level():
     info = launched.machine()
     assert info["cpu"]
     assert info["cores"] >= 1
-    assert info["simd"] in ("AVX-512", "AVX2", "NEON", "none known")
-    assert info["torch"]  # the probe ran in a fresh interpreter
+    assert info["simd"].split()[0] in ("AVX-512", "AVX2", "NEON", "SSE4.2", "unknown")
+    assert info["torch"]
+    assert info["kernel"] in ("avx2", "scalar", "not built")
     assert info["simd"] in launched.machine_line(info)
 
 
@@ -101,4 +102,28 @@ def test_the_targets_compare_against_four_dataloader_2_processes():
         "recipe x4: CPU per image / dataloader(2)'s": (0.5, "FAIL"),
         "eval x4: service decodes / images": (1.1, "FAIL"),
         "eval x4: wall / dataloader(2) wall": (0.3, "PASS"),
+    }
+
+
+def test_the_one_job_targets_compare_whole_epochs_and_after_the_first_batch():
+    from tabloader.bench.throughput_launched import targets as one_job
+
+    def run(competitor, building, first, end, rows=640, first_rows=64, first_s=0.3):
+        proc = {"rows": rows, "building": building, "first": first, "end": end}
+        return {
+            "scenario": "recipe",
+            "competitor": competitor,
+            "step": 0.0,
+            "processes": [{**proc, "first_rows": first_rows}],
+            "after_first_images_per_s": (rows - first_rows) / (end - first),
+            "first_batch_s": first_s,
+        }
+
+    runs = [run("tabloader", 0.0, 0.4, 2.0), run("dataloader(2)", 0.0, 0.2, 3.0)]
+    got = {row["target"]: row["result"] for row in one_job(runs, 0.25, "kernel avx2, cold")}
+    assert got == {
+        "recipe x1: whole epoch img/s / dataloader(2)'s": "PASS",  # 320 vs 213 img/s
+        "recipe x1: img/s after the first batch / dataloader(2)'s": "PASS",  # 360 vs 206
+        "recipe x1: first batch s (service started)": "PASS",
+        "RandomResizedCrop(224)+flip ms per image, one core (kernel avx2, cold)": "FAIL",
     }

@@ -1174,3 +1174,12 @@ def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
     ) as info:
         RemoteLoader(cat_dir)
     assert "OLD LINE" not in str(info.value)
+
+
+def test_the_started_service_preloads_what_the_decode_pool_preloads():
+    """The service a client starts launches the decode forkserver with the pool's preload
+    (named there without importing the decoding modules into the job process)."""
+    from tabloader.engine.decoding import FORKSERVER_PRELOAD
+    from tabloader.service.client import _serve_program
+
+    assert f"set_forkserver_preload({list(FORKSERVER_PRELOAD)!r})" in _serve_program()
