@@ -364,7 +364,8 @@ SRC = np.zeros((10, 12, 3), np.uint8)
 )
 def test_bad_inputs_raise_value_errors(src, out, box, match, resizer):
     if resizer != "kernel" and match.startswith("out must hold pixels"):
-        pytest.skip("the fallbacks write any numpy layout")
+        resize_into(src, out, box=box)  # the fallbacks write any numpy layout
+        return
     with pytest.raises(ValueError, match=match):
         resize_into(src, out, box=box)
 
