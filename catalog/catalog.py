@@ -69,10 +69,8 @@ from catalog.importers import Source
 from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
 from catalog.limits import Limits
-from catalog.model import Dataset, Job, JobInfo, is_payload
+from catalog.model import Dataset, Job, JobInfo, check_columns, is_payload
 from catalog.options import check_options
-from catalog.sql.execute import execute
-from catalog.sql.validate import check_columns, check_predicate
 from catalog.storage.verify import VerifyReport, verify_readers
 
 if TYPE_CHECKING:
@@ -266,6 +264,8 @@ class Catalog(SourceImports):
             a ``pyarrow.Table`` for SELECT, SHOW and DESCRIBE; the ``Dataset`` for CREATE
             DATASET; the ``Job`` for REGISTER JOB; None for DROP and UNREGISTER.
         """
+        from catalog.sql.execute import execute  # sqlglot: not before the first statement
+
         return execute(self, text)
 
     @_synchronized
@@ -529,6 +529,8 @@ class Catalog(SourceImports):
         """
         check_name(name, "job")
         ds = self.dataset(dataset)
+        from catalog.sql.validate import check_predicate  # sqlglot: at the first REGISTER
+
         cols = check_columns(columns, ds)
         predicate = check_predicate(where, ds, limits=self.limits) if where is not None else None
         bitmap = self._bitmaps.evaluate(name, ds, predicate)

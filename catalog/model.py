@@ -11,9 +11,11 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
+from catalog.bitmaps import ID_COLUMN
+from catalog.errors import UnknownColumnError, did_you_mean
 from catalog.storage import DatasetReader
 
-__all__ = ["Dataset", "Job", "JobInfo", "is_payload"]
+__all__ = ["Dataset", "Job", "JobInfo", "check_columns", "is_payload"]
 
 
 def is_payload(t: pa.DataType) -> bool:
@@ -123,3 +125,26 @@ class JobInfo:
     predicate: str | None
     options: dict[str, Any]
     num_rows: int
+
+
+def check_columns(columns: str | Sequence[str] | None, ds: Dataset) -> list[str]:
+    """Resolve a job's columns (None or ``*`` for all) against ``ds``; ``_id`` is implicit."""
+    stored = [c for c in ds.columns if c != ID_COLUMN]
+    if isinstance(columns, str):  # one column, not its letters
+        columns = [columns]
+    if columns is None or list(columns) == ["*"]:
+        return stored
+    out: list[str] = []
+    for c in columns:
+        if c == ID_COLUMN:
+            continue
+        if c not in stored:
+            err = UnknownColumnError(
+                f"Unknown column '{c}' in dataset '{ds.name}'.{did_you_mean(c, stored)} "
+                f"Columns: {', '.join(stored)}."
+            )
+            err.column = c  # a statement's caller adds where it is (line, col)
+            raise err
+        if c not in out:
+            out.append(c)
+    return out

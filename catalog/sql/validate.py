@@ -16,7 +16,7 @@ the anchor of a recursive one.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
 from sqlglot import exp
 from sqlglot.errors import OptimizeError
@@ -29,9 +29,10 @@ from catalog.errors import (
     UnknownColumnError,
     did_you_mean,
 )
-from catalog.limits import Limits, check_sizes
+from catalog.limits import Limits
 from catalog.model import Dataset
 from catalog.sql.dialect import first_token, parse_predicate
+from catalog.sql.sizes import check_sizes
 
 __all__ = [
     "FORBIDDEN_FUNCTIONS",
@@ -40,7 +41,6 @@ __all__ = [
     "PREDICATE_FUNCTION_NODES",
     "PREDICATE_NODES",
     "bound_cte",
-    "check_columns",
     "check_predicate",
     "check_query",
     "check_tables",
@@ -181,29 +181,6 @@ def position(node: exp.Expr) -> tuple[int | None, int | None]:
     return None, None
 
 
-def check_columns(columns: str | Sequence[str] | None, ds: Dataset) -> list[str]:
-    """Resolve a job's columns (None or ``*`` for all) against ``ds``; ``_id`` is implicit."""
-    stored = [c for c in ds.columns if c != ID_COLUMN]
-    if isinstance(columns, str):  # one column, not its letters
-        columns = [columns]
-    if columns is None or list(columns) == ["*"]:
-        return stored
-    out: list[str] = []
-    for c in columns:
-        if c == ID_COLUMN:
-            continue
-        if c not in stored:
-            err = UnknownColumnError(
-                f"Unknown column '{c}' in dataset '{ds.name}'.{did_you_mean(c, stored)} "
-                f"Columns: {', '.join(stored)}."
-            )
-            err.column = c  # a statement's caller adds where it is (line, col)
-            raise err
-        if c not in out:
-            out.append(c)
-    return out
-
-
 def _forbid(node: exp.Expr, what: str, fix: str) -> ForbiddenExpressionError:
     line, col = position(node)
     return ForbiddenExpressionError(f"{what} {fix}", line=line, col=col)
@@ -297,7 +274,7 @@ def check_query(
         query: the parsed statement.
         text: the statement as written, to name its first word if it is refused.
         tables: the dataset names; None allows any unqualified table name.
-        limits: the statement limits (see ``catalog.limits.check_sizes``).
+        limits: the statement limits (see ``catalog.sql.sizes.check_sizes``).
     """
     if not isinstance(query, exp.Query):
         # sqlglot's node type misleads ('@@@' parses as ABS, CHECKPOINT as a column): name
