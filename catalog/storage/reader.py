@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from catalog.arrays import id_array
 from catalog.bitmaps import ID_COLUMN
 from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from catalog.storage.checksums import FileIdentity, column_digest, parse_digests
@@ -378,7 +379,7 @@ class DatasetReader:
         order_parts, pieces = [], []
         for positions, rb, rows in self.groups(ids, columns):
             order_parts.append(positions)
-            pieces.append(rb.take(pa.array(rows)))
+            pieces.append(rb.take(id_array(rows)))
         gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         if columns is not None and list(columns) != schema.names:
             gathered = gathered.select(list(columns))
@@ -387,7 +388,7 @@ class DatasetReader:
             return gathered
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        return gathered.take(pa.array(inverse))
+        return gathered.take(id_array(inverse))
 
     def groups(
         self, ids: np.ndarray, columns: tuple[str, ...] | None

@@ -187,11 +187,21 @@ class DecodePool:
             return "starting"
         return "idle" if pool is None else "running"
 
+    @property
+    def ready(self) -> bool:
+        """Whether tasks go to the processes now: they run (or one died: the next
+        ``submit`` replaces them), not idle or still starting."""
+        return self.status in ("running", "broken")
+
     def start(self) -> None:
-        """Start every process now, in a background thread (``submit`` need not wait)."""
-        self._starting = threading.Thread(
-            target=self._start_all, name="tabloader-decode-start", daemon=True
-        )
+        """Start every process now, in a background thread (``submit`` need not wait); once
+        (a second call does nothing)."""
+        with self._lock:
+            if self._starting is not None:
+                return
+            self._starting = threading.Thread(
+                target=self._start_all, name="tabloader-decode-start", daemon=True
+            )
         self._starting.start()
 
     def wait_started(self, timeout: float | None = None) -> None:
@@ -220,9 +230,12 @@ class DecodePool:
             # executor counts it. ``wait_started`` returns once the no-ops have run; each
             # holds its process 20 ms, so the next goes to another process.
             concurrent.futures.wait(started, timeout=60)
-        except Exception as exc:  # closed meanwhile, or a start that failed: the first
-            # submit starts them (and reports what fails)
-            logger.debug("decode processes not started ahead: %r", exc)
+        except Exception as exc:  # closed meanwhile, or a start that failed: the loader's
+            # threads decode instead (it sends tasks here only once they run)
+            if self._closed:
+                logger.debug("decode processes not started: %r", exc)
+            else:
+                logger.warning("%s Images are decoded in the loader's threads instead.", exc)
 
     def _executor(self, quarantine: bool = False) -> ProcessPoolExecutor:
         with self._lock:

@@ -243,7 +243,12 @@ class Fetcher:
                 work.shapes[ci][rest[hit]] = again.shapes[hit]
                 claim = rest[~hit]
                 claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
-                in_procs = self.procs and dec.image_size and not isinstance(dec.image_size, Fit)
+                in_procs = (
+                    self.procs is not None
+                    and self.procs.ready
+                    and dec.image_size
+                    and not isinstance(dec.image_size, Fit)
+                )
                 least = MIN_PROCESS_ROWS if in_procs else MIN_DECODE_ROWS
                 step = max(least, -(-claim.size // self.workers))
                 for start in range(0, claim.size, step):
@@ -261,8 +266,11 @@ class Fetcher:
     # -- decoding (one task per group of rows) ------------------------------------------------
     def _dispatch(self, load: _Load) -> None:
         size = load.decoder.image_size
-        if self.procs is None or size is None or isinstance(size, Fit):
-            # a decode process fills slots reserved for a known shape: fixed sizes only
+        if self.procs is None or size is None or isinstance(size, Fit) or not self.procs.ready:
+            # a decode process fills slots reserved for a known shape: fixed sizes only; the
+            # first ones start the processes and are decoded here meanwhile
+            if self.procs is not None and size is not None and not isinstance(size, Fit):
+                self.procs.start()
             self.pool.submit(self._run_load, load)
             return
         offsets, fresh = self.arena.reserve(load.space, load.rows, _fixed_shape(size))

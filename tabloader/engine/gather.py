@@ -53,6 +53,7 @@ class Gatherer:
         self.read_column = read_column
         self._flat: dict[str, npt.NDArray[Any] | None] = {}
         self._reading: set[str] = set()  # columns being read whole, in the background
+        self._threads: list[threading.Thread] = []  # their threads (joined by ``close``)
         self._lock = threading.Lock()
 
     def set_table(self, table: DatasetReader) -> None:
@@ -111,13 +112,22 @@ class Gatherer:
                 return self._flat.get(dec.column)
             self._reading.add(dec.column)
             table = self.table
-        threading.Thread(
-            target=self._read_flat_into,
-            args=(dec, table),
-            name=f"tabloader-read-{dec.column}",
-            daemon=True,
-        ).start()
+            thread = threading.Thread(
+                target=self._read_flat_into,
+                args=(dec, table),
+                name=f"tabloader-read-{dec.column}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+        thread.start()
         return None
+
+    def close(self) -> None:
+        """Wait for the columns being read whole (no thread of a loader outlives it)."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
 
     def _read_flat_into(self, dec: Decoder, table: DatasetReader) -> None:
         try:

@@ -61,8 +61,8 @@ LOOKAHEAD_BATCHES = 4  # default horizon, in batches
 def _holds_bytes(cat: Catalog) -> bool:
     """Whether a dataset of ``cat`` has a column of bytes, which a job may decode as images.
 
-    Only then are decode processes started with the loader: a catalog of numbers and strings
-    never needs them, and starting them costs a forkserver and a second of CPU.
+    Only then does ``wait_ready`` start the decode processes: a catalog of numbers and
+    strings never needs them, and starting them costs a forkserver and its imports.
     """
     return any(
         holds_bytes(f.type) for name in cat.dataset_names() for f in cat.dataset(name).schema
@@ -148,9 +148,10 @@ class Loader:
                 except CacheError as exc:  # /dev/shm too small: private memory, threads
                     logger.warning("%s Decoding in threads instead.", exc)
                 else:
+                    # started at the first fixed-size decode (threads decode until they
+                    # run): a loader of numbers or of augmented jobs never needs them, and
+                    # their start (a forkserver, its imports) took a core from the first batch
                     self._procs = DecodePool(self._segment, self.workers)
-                    if _holds_bytes(self.catalog):  # in the background: ready by the first
-                        self._procs.start()  # batch (else they start at their first use)
             self._arena = Arena(
                 cache_bytes,
                 score=self._score,
@@ -162,7 +163,6 @@ class Loader:
                 self.catalog.close()
             raise
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tabloader-io")
-        _warm_pyarrow()
         self._schedulers: dict[str, DatasetScheduler] = {}
         self._read: dict[str, Dataset] = {}  # the version each scheduler reads
         # bumped when a dataset is dropped and imported again: its arena spaces are new ones
@@ -368,6 +368,8 @@ class Loader:
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
             plan = self._plan(sched, dataset, info, spec.image_size, augmenter, cap)
+        if any(dec.dtype is None for dec in plan.gathered):  # strings, lists: pyarrow's own
+            _warm_pyarrow()
         local = 1 if fed else world_size  # a fed rank is a job of its own here
         if remote:  # the service's cache holds its clients' prepared batches, pinned
             prefetch = fit_prefetch(
@@ -490,7 +492,8 @@ class Loader:
         """Wait until what the loader starts in the background (its decode processes,
         pyarrow's first conversion) is done: a benchmark that times steady state calls it;
         jobs need not (their first batch waits only for what it uses)."""
-        if self._procs is not None:
+        if self._procs is not None and _holds_bytes(self.catalog):
+            self._procs.start()
             self._procs.wait_started(timeout)
         _join_warm_up()
 
@@ -512,12 +515,15 @@ _warm_thread: threading.Thread | None = None
 
 
 def _warm_pyarrow() -> None:
-    """Import, in a background thread, what pyarrow imports on its first numpy conversion.
+    """Import, in a background thread, what pyarrow imports on its first numpy conversion,
+    for a job whose columns take pyarrow's own conversions (strings, lists).
 
     pyarrow asks its pandas shim about every array it converts from or to numpy (``pa.array``,
-    ``to_numpy``), and the first time that imports pandas: 0.2-0.4 s of one thread, which the
-    first batch of a loader (reading a label column) would wait for. Once per process;
-    ``Loader.close`` waits for it (no tabloader thread outlives the loaders).
+    ``to_numpy``), and the first time that imports pandas: 0.2-0.4 s of one thread, which
+    such a job's first batch would wait for. Numbers and images never convert through pyarrow
+    (:mod:`catalog.arrays`), so a service that serves only them never pays it (it did at each
+    start, beside its first batch on the same cores). Once per process; ``Loader.close`` waits
+    for it (no tabloader thread outlives the loaders).
     """
     global _warm_thread
     with _WARM_LOCK:

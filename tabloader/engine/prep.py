@@ -63,6 +63,7 @@ import pyarrow as pa
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
+from catalog.arrays import to_numpy
 from catalog.errors import LoaderError, RowReadError
 from tabloader.engine.resample import resize_hw
 
@@ -515,7 +516,7 @@ def batch_column(values: pa.Array, dec: Decoder) -> Any:
     """
     t = values.type
     if values.null_count == 0 and _is_primitive(t):
-        return np.array(values.to_numpy(zero_copy_only=False), dtype=dec.dtype)
+        return np.asarray(to_numpy(values), dtype=dec.dtype)
     if values.null_count == 0 and _is_flat_list(t) and _is_primitive(t.value_type):
         flat = values.flatten()
         if flat.null_count == 0 and len(values):

@@ -482,6 +482,7 @@ class DatasetScheduler:
             self.closed = True
             self._wake_all()
         self.thread.join()
+        self.fetcher.gatherer.close()
 
     # -- wakeups (under the lock) ------------------------------------------------------------------
     def _poke(self, job: JobState) -> None:

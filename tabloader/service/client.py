@@ -55,30 +55,15 @@ START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet)
 # The started service's program: ``tabloader`` in an interpreter without its working directory
 # on sys.path. ``python -m`` puts it first, so a ./catalog or ./tabloader folder there would
 # shadow the installed packages; ``python -P`` leaves it out only from Python 3.11 (we support
-# 3.10), and ``-c`` puts '' (the working directory) first, which this removes.
-# Its decode processes' forkserver starts first, with only the standard library imported: the
-# forkserver's imports (torch, 0.8-1 s of a core) then run beside the service's own (catalog,
-# engine: 0.4-0.6 s) instead of after them, which the first batch would wait for. Under
+# 3.10), and ``-c`` puts '' (the working directory) first, which this removes. Under
 # SCHED_BATCH, as ``yield_to_jobs`` puts the service's threads later (processes inherit it).
-
-
-def _serve_program() -> str:
-    """The started service's program."""
-    # The decode processes' preload (``decoding.FORKSERVER_PRELOAD``): the module named, not
-    # imported (its imports, pyarrow and the decoders, are no business of a job process).
-    preload = ["tabloader.engine.decoding"]
-    return f"""\
+# Its decode processes start at their first use (a fixed-size decode), from its DecodePool.
+_SERVE = """\
 import os, sys
 if sys.path[:1] == ['']: del sys.path[0]
-from multiprocessing import forkserver
 try:
     os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 except (AttributeError, OSError):
-    pass
-forkserver.set_forkserver_preload({preload!r})
-try:
-    forkserver.ensure_running()
-except OSError:  # e.g. a TMPDIR too long for its socket: the engine says so when it decodes
     pass
 from tabloader.cli import main
 sys.exit(main())
@@ -151,7 +136,7 @@ def _start(root: Path, deadline: float) -> Client:
             [
                 sys.executable,
                 "-c",
-                _serve_program(),
+                _SERVE,
                 "--catalog",
                 str(root),
                 "serve",

@@ -37,6 +37,7 @@ def test_processes_decode_the_same_pixels_as_threads_into_shared_memory(images):
         assert loader.segment is None
         threads = epoch(loader, "j", batch_size=8)
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         segment = loader.segment
         assert segment is not None
         # No name to leak: only the descriptor, which the decode processes inherited
@@ -59,6 +60,7 @@ def test_a_killed_decode_process_is_replaced(images):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB k SELECT image FROM imgs WITH (image_size = 12)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         assert len(epoch(loader, "j", batch_size=8)) == images.job("j").num_rows
         pool = loader.decode_pool
         killed = pool.pids()
@@ -121,6 +123,7 @@ def test_a_decode_process_killed_mid_epoch_costs_no_row(images, monkeypatch, on_
         killed.append(pids[0])
 
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         # decodes stay in flight while we kill (60 rows, 2 processes: 1.5 s)
         _with_decoder(loader, monkeypatch, lambda **kw: Slow(**kw, delay=0.05))
         got = _epoch_once(loader, on_error, kill)
@@ -142,6 +145,7 @@ def test_rows_in_flight_when_their_process_dies_are_decoded_again(
     marker = tmp_path / "killed"
     row = int(images.job("j").ids[7])
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         _with_decoder(
             loader, monkeypatch, lambda **kw: KillsOnce(**kw, row=row, marker=str(marker))
         )
@@ -156,6 +160,7 @@ def test_a_row_that_kills_its_decode_process_twice_is_bad_data(images, monkeypat
     ids = images.job("j").ids
     poison = int(ids[len(ids) // 2])
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         _with_decoder(loader, monkeypatch, lambda **kw: Poisoned(**kw, poison=poison))
         with pytest.raises(
             RowReadError,
@@ -169,15 +174,29 @@ def test_a_row_that_kills_its_decode_process_twice_is_bad_data(images, monkeypat
     _assert_decoded(images, got)
 
 
-def test_decode_processes_start_with_the_loader_not_with_its_first_batch(images):
+def test_decode_processes_start_at_the_first_fixed_size_decode_threads_decode_meanwhile(images):
+    """A loader starts its decode processes when a fixed-size decode first comes (and decodes
+    in its threads until they run): a loader of augmented jobs never starts them, and their
+    start (a forkserver, its imports) does not take a core from the first batch."""
+    images.sql("REGISTER JOB fixed SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB aug SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(8)')")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
         procs = loader.decode_pool
-        assert procs.status in ("starting", "running")
+        assert procs.status == "idle"
+        with loader.open("aug", batch_size=4, epochs=1) as stream:
+            assert sum(len(b["_id"]) for b in stream) == images.job("aug").num_rows
+        assert procs.status == "idle"  # the aspect-kept decode is the threads'
+        with loader.open("fixed", batch_size=4, epochs=1) as stream:
+            first = stream.take()  # decoded in a thread: the processes were not running
+            assert first is not None
+            assert procs.status in ("starting", "running")
+            rest = sum(len(b["_id"]) for b in stream)
+        assert len(first["_id"]) + rest == images.job("fixed").num_rows
         for _ in range(6000):  # bounded: they start in the background
             if len(procs.pids()) == 2:
                 break
             threading.Event().wait(0.01)
-        assert len(procs.pids()) == 2  # before any job was opened
+        assert len(procs.pids()) == 2
     assert procs.status == "closed"
     assert procs.pids() == []
 
@@ -214,6 +233,7 @@ def test_a_closed_decode_pool_refuses_work(images):
 def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         real = loader.decode_pool.submit
 
         def dies(*args):
@@ -234,6 +254,7 @@ def test_rows_of_a_decode_process_that_died_mid_task_fail_clearly(images, monkey
 def test_a_decode_that_cannot_start_fails_its_batches_instead_of_hanging(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         real = loader.decode_pool.submit
 
         def refuses(*args):
@@ -266,6 +287,7 @@ def test_a_corrupt_image_is_a_row_error_from_a_decode_process(corrupt):
     n = cat.dataset("imgs").num_rows
     cat.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         stream = loader.open("j", batch_size=n, epochs=1)
         with pytest.raises(RowReadError, match=f"row {bad}") as info:
             stream.next_batch()
@@ -312,6 +334,7 @@ def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monk
     monkeypatch.setattr(Segment, "new", full)
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20) as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         assert loader.segment is None
         assert loader.decode_pool is None
         assert len(epoch(loader, "j", batch_size=8)) == images.job("j").num_rows
@@ -332,6 +355,7 @@ NO_GUARD = textwrap.dedent(
         runs.write(f"{os.getpid()}\\n")
     cat = catalog.connect(sys.argv[1])
     with Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes") as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         print(sum(len(b["_id"]) for b in loader.open("j", batch_size=8, epochs=1)))
     """
 )
@@ -368,6 +392,7 @@ WITHOUT_TORCH = textwrap.dedent(
     expected = {i: decode_image(v.as_buffer(), size=16) for i, v in zip(cat.job("j").ids, raw)}
     assert "torch" not in sys.modules
     with Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes") as loader:
+        loader.wait_ready()  # its decode processes run (they start lazily)
         assert loader.decode_pool is not None
         got = {
             int(i): img
@@ -412,6 +437,7 @@ KILLED = textwrap.dedent(
     from tabloader.engine import Loader
     cat = catalog.connect(sys.argv[1])
     loader = Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes")
+    loader.wait_ready()  # its decode processes run (they start lazily)
     stream = loader.open("j", batch_size=8)
     stream.next_batch()  # mid-epoch
     pids = loader.decode_pool.pids()
@@ -465,19 +491,20 @@ LONG_TMPDIR = textwrap.dedent(
     import catalog
     from tabloader.engine import Loader
     loader = Loader(catalog.connect(sys.argv[1]), cache_bytes=1 << 24, decode="processes")
-    try:
-        loader.open("j", batch_size=8).next_batch()
-    except Exception as exc:
-        print(type(exc).__name__, exc)
-        sys.exit(3)
+    loader.wait_ready()
+    n = sum(len(b["_id"]) for b in loader.open("j", batch_size=8, epochs=1))
+    print(n, loader.decode_pool.status)
     """
 )
 
 
-def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_error(images, tmp_path):
+def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_warning(
+    images, tmp_path
+):
     """multiprocessing binds its forkserver's socket in $TMPDIR: a path too long for a Unix
-    socket is named with the fix, instead of an OSError from a decode thread."""
+    socket is named with the fix, once, and the loader's threads decode instead."""
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
+    rows = images.job("j").num_rows
     images.close()
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
@@ -490,7 +517,9 @@ def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_erro
         timeout=120,
         env={**os.environ, "TMPDIR": str(deep)},
     )
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    said = proc.stdout
-    assert said.startswith(f"LoaderError The temporary folder {deep} is too deep"), said
-    assert "set TMPDIR to a shorter folder" in proc.stdout
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [str(rows), "idle"]  # every row, by the threads
+    said = proc.stderr
+    assert said.count(f"The temporary folder {deep} is too deep") == 1, said
+    assert "set TMPDIR to a shorter folder" in said
+    assert "decoded in the loader's threads instead" in said

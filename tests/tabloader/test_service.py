@@ -87,7 +87,8 @@ def start_service(
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         try:
-            RemoteLoader(root, start=False).close()
+            with RemoteLoader(root, start=False) as remote:
+                remote.wait_ready()  # its decode processes run (they start lazily)
             return proc
         except ServiceError:
             assert proc.poll() is None, log.read_text()
@@ -832,8 +833,9 @@ STARTS = textwrap.dedent(
     from pathlib import Path
     from tabloader.service.client import RemoteLoader
     with RemoteLoader(sys.argv[1]) as remote:  # none runs: this starts one
-        remote.wait_ready()
-        with remote.open("a", batch_size=4, epochs=1) as stream:
+        if sys.argv[3] == "ready":
+            remote.wait_ready()
+        with remote.open(sys.argv[2], batch_size=4, epochs=1) as stream:
             stream.take()
             pid = remote.service_pid
             fields = lambda p: (p / "stat").read_text().rsplit(")", 1)[1].split()
@@ -853,33 +855,53 @@ STARTS = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
-def test_a_started_service_starts_its_decode_forkserver_first_under_sched_batch(cat_dir, tmp_path):
-    """A service a client starts launches its decode processes' forkserver before its own
-    imports (so that they run side by side), and it yields to jobs like the rest."""
+def _started(tmp_path, cat_dir, job: str, ready: str) -> dict:
     script = tmp_path / "starts.py"
     script.write_text(STARTS)
     env = {**os.environ, "TABLOADER_IDLE_EXIT": "5"}
     out = subprocess.run(
-        [sys.executable, str(script), str(cat_dir)],
+        [sys.executable, str(script), str(cat_dir), job, ready],
         env=env,
         capture_output=True,
         text=True,
         timeout=TIMEOUT * 2,
     )
     assert out.returncode == 0, out.stderr
-    started = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def _stop(pid: int) -> None:
+    """Stopped now rather than idle 5 s (its idle exit stops it if this process dies)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not _alive(pid), "the service to stop")
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_a_started_service_starts_decode_processes_when_asked_under_sched_batch(cat_dir, tmp_path):
+    """A service a client starts yields to jobs (SCHED_BATCH, its threads and processes);
+    ``wait_ready`` starts its decode processes (a catalog of images)."""
+    started = _started(tmp_path, cat_dir, "a", "ready")
     try:
         forkserver = [t for cmd, t in started["children"].items() if "forkserver" in cmd]
         assert len(forkserver) == 1, started
-        assert forkserver[0] < min(started["threads"]), started  # before any import's thread
         policies = scheduling_policies(started["pid"])  # idle: until it exits, 5 s later
         assert len(policies) > 5  # threads, the forkserver, its decode processes
         assert set(policies.values()) == {os.SCHED_BATCH}, policies
-    finally:  # stopped now rather than idle 5 s (its idle exit stops it if this process dies)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(started["pid"], signal.SIGTERM)
-        wait_for(lambda: not _alive(started["pid"]), "the service to stop")
+    finally:
+        _stop(started["pid"])
+
+
+def test_a_started_service_serving_augmented_jobs_starts_no_decode_process(cat_dir, tmp_path):
+    """An augmented job's shared decode is made in the service's threads: its decode
+    processes (a forkserver and its imports, a core taken from the first batch) never start."""
+    with catalog.connect(cat_dir) as cat:
+        cat.sql("REGISTER JOB aug SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(8)')")
+    started = _started(tmp_path, cat_dir, "aug", "no")
+    try:
+        assert not [cmd for cmd in started["children"] if "forkserver" in cmd], started
+    finally:
+        _stop(started["pid"])
 
 
 DIALS = textwrap.dedent(
@@ -1174,12 +1196,3 @@ def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
     ) as info:
         RemoteLoader(cat_dir)
     assert "OLD LINE" not in str(info.value)
-
-
-def test_the_started_service_preloads_what_the_decode_pool_preloads():
-    """The service a client starts launches the decode forkserver with the pool's preload
-    (named there without importing the decoding modules into the job process)."""
-    from tabloader.engine.decoding import FORKSERVER_PRELOAD
-    from tabloader.service.client import _serve_program
-
-    assert f"set_forkserver_preload({list(FORKSERVER_PRELOAD)!r})" in _serve_program()
