@@ -28,6 +28,7 @@ __all__ = ["FLAT_BYTES", "Gatherer"]
 logger = logging.getLogger(__name__)
 
 FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once
+READ_WAIT_S = 0.05  # the longest a batch waits for its column's read whole
 
 
 class Gatherer:
@@ -52,7 +53,7 @@ class Gatherer:
         self.counters = counters
         self.read_column = read_column
         self._flat: dict[str, npt.NDArray[Any] | None] = {}
-        self._reading: set[str] = set()  # columns being read whole, in the background
+        self._reading: dict[str, threading.Event] = {}  # columns read whole, in the background
         self._threads: list[threading.Thread] = []  # their threads (joined by ``close``)
         self._lock = threading.Lock()
 
@@ -61,7 +62,7 @@ class Gatherer:
         with self._lock:
             self.table = table
             self._flat.clear()
-            self._reading.clear()
+            self._reading.clear()  # (a read of the old version still sets its event)
 
     def flat(self, column: str) -> npt.NDArray[Any] | None:
         """``column``'s values read whole, by row id (None until its background read is done,
@@ -99,28 +100,34 @@ class Gatherer:
         """The whole column as one array when it is fixed-width, null-free and small; None
         for another column, and while it is being read.
 
-        The first read touches every record batch (30-170 ms for the labels of 2,000 images
-        stored two rows a batch), so it runs in a thread of its own: batches meanwhile gather
-        their rows as any other column's, and no pool thread (which decodes must land on)
-        waits for it.
+        It is read in a thread of its own (from the catalog's table, a columnar scan of a few
+        milliseconds, else from the files: the first read touches every record batch, 30-170
+        ms for the labels of 2,000 images stored two rows a batch). A batch waits for that
+        read ``READ_WAIT_S`` at most (the catalog's scan is usually done by then; gathering a
+        first batch's labels through its image record batches took 50-70 ms of a pool thread
+        in a service's first batch), then gathers its rows as any other column's: no pool
+        thread (which decodes must land on) waits long for it.
         """
         flat = self._flat.get(dec.column)
         if flat is not None or dec.column in self._flat:
             return flat
         with self._lock:
-            if dec.column in self._flat or dec.column in self._reading:
-                return self._flat.get(dec.column)
-            self._reading.add(dec.column)
-            table = self.table
-            thread = threading.Thread(
-                target=self._read_flat_into,
-                args=(dec, table),
-                name=f"tabloader-read-{dec.column}",
-                daemon=True,
-            )
-            self._threads.append(thread)
-        thread.start()
-        return None
+            if dec.column in self._flat:
+                return self._flat[dec.column]
+            reading = self._reading.get(dec.column)
+            if reading is None:
+                reading = self._reading[dec.column] = threading.Event()
+                table = self.table
+                thread = threading.Thread(
+                    target=self._read_flat_into,
+                    args=(dec, table, reading),
+                    name=f"tabloader-read-{dec.column}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                thread.start()
+        reading.wait(READ_WAIT_S)
+        return self._flat.get(dec.column)
 
     def close(self) -> None:
         """Wait for the columns being read whole (no thread of a loader outlives it)."""
@@ -129,7 +136,7 @@ class Gatherer:
         for thread in threads:
             thread.join()
 
-    def _read_flat_into(self, dec: Decoder, table: DatasetReader) -> None:
+    def _read_flat_into(self, dec: Decoder, table: DatasetReader, done: threading.Event) -> None:
         try:
             flat = self._read_flat(dec, table)
         except Exception as exc:  # batches gather their rows and report what fails there
@@ -138,7 +145,8 @@ class Gatherer:
         with self._lock:
             if self.table is table:  # else a newer version came meanwhile: read it again
                 self._flat[dec.column] = flat
-                self._reading.discard(dec.column)
+                self._reading.pop(dec.column, None)
+        done.set()
 
     def _read_flat(self, dec: Decoder, table: DatasetReader) -> npt.NDArray[Any] | None:
         t = table.schema.field(dec.column).type

@@ -257,15 +257,24 @@ def test_open_errors(images):
 
 def test_worker_errors_surface_in_the_consumer(images, monkeypatch):
     images.sql("REGISTER JOB a SELECT label FROM imgs")
+    gate, column = threading.Event(), catalog.Catalog.column
 
     def broken(self, ids, columns):
         raise OSError("disk on fire")
 
+    def held(self, *args, **kwargs):  # the labels read whole land after the batch: it gathers
+        gate.wait(60)
+        return column(self, *args, **kwargs)
+
+    monkeypatch.setattr(catalog.Catalog, "column", held)
     with Loader(images, cache_bytes=1 << 20) as loader:
         monkeypatch.setattr(type(images.dataset("imgs").reader), "gather", broken)
         stream = loader.open("a", batch_size=4)
-        with pytest.raises(OSError, match="disk on fire"):
-            stream.next_batch()
+        try:
+            with pytest.raises(OSError, match="disk on fire"):
+                stream.next_batch()
+        finally:
+            gate.set()
     assert tabloader_threads() == []
 
 
