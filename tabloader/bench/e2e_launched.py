@@ -17,7 +17,9 @@ processes):
 * ``recipe``: wall <= 0.55x (the four interpreters' imports are in both); the span from the
   last loader built to the last batch <= 0.35x; CPU-seconds per delivered image <= 0.35x;
 * ``eval``: wall <= 0.40x;
-* both: the service's decodes <= 1.05x the images (one decode per row for all four jobs).
+* both, a guard that sharing works: the service's decodes <= 1.25x the images (four separate
+  decodes would be 4x; the jobs' interpreters come up to 0.5 s apart, so the first decodes
+  rows the others read later, a few evicted by then from the default 1 GiB cache).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ __all__ = ["LAUNCHED_SCENARIOS", "TARGETS", "run_launched", "targets"]
 
 LAUNCHED_SCENARIOS = {"recipe": Scenario("recipe", 4, "train"), "eval": Scenario("eval", 4, "eval")}
 TARGETS = {"recipe_wall": 0.55, "recipe_span": 0.35, "recipe_cpu": 0.35, "eval_wall": 0.40}
-DECODES = 1.05
+DECODES = 1.25  # a guard that sharing works: the four interpreters come up to 0.5 s apart,
+# so the first job decodes rows the others want later, some of them evicted by then (the
+# zygote mode's ``late`` scenario measures that against Belady's MIN)
 
 
 def targets(runs: list[dict[str, Any]], images: int) -> list[dict[str, Any]]:
