@@ -162,10 +162,10 @@ class Augmenter:
     def apply_batch(
         self,
         buffer: Any,
-        offsets: npt.NDArray[np.int64],
-        shapes: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.integer[Any]],
+        shapes: npt.NDArray[np.integer[Any]],
         epoch: int,
-        row_ids: Sequence[int] | npt.NDArray[np.int64],
+        row_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         out: npt.NDArray[Any],
     ) -> None:
         """Augment a batch of images held in one buffer (the arena) into ``out``.

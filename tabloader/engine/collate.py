@@ -111,6 +111,10 @@ def _augment_out(
     aug = work.plan.augment[work.plan.prepared[ci][0].column]
     positions = range(work.rows.size) if keep is None else keep.tolist()
     out = memory.empty((len(positions), *aug.output_shape), aug.dtype)
+    offsets = work.offsets[ci]
+    if keep is None and (offsets >= 0).all():  # the usual batch: one kernel call for it
+        aug.apply_batch(arena.buffer, offsets, work.shapes[ci][:, :2], work.epoch, work.rows, out)
+        return out
     for k, (p, src) in enumerate(_values(work, ci, positions, arena)):
         aug.apply(src, work.epoch, int(work.rows[p]), out[k])
     return out
