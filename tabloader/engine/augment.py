@@ -186,27 +186,27 @@ class Augmenter:
         Raises:
             ValueError: tables of the wrong shape, an image outside ``buffer``.
         """
-        offsets = np.ascontiguousarray(offsets, np.int64)
-        shapes = np.ascontiguousarray(shapes, np.int64).reshape(-1, 2)
+        starts = np.ascontiguousarray(offsets, np.int64)
+        hws = np.ascontiguousarray(shapes, np.int64).reshape(-1, 2)
         ids = [int(r) for r in row_ids]
         n = len(ids)
-        if offsets.shape != (n,) or shapes.shape[0] != n or out.shape[0] != n:
+        if starts.shape != (n,) or hws.shape[0] != n or out.shape[0] != n:
             raise ValueError(
-                f"apply_batch: {n} row ids, but offsets {offsets.shape}, shapes "
-                f"{shapes.shape} and out {out.shape}; give one of each per image."
+                f"apply_batch: {n} row ids, but offsets {starts.shape}, shapes "
+                f"{hws.shape} and out {out.shape}; give one of each per image."
             )
         if self._one_resize and out.dtype == np.uint8:
             boxes = np.empty((n, 4), np.int64)
             flips = np.zeros(n, np.bool_)
-            hw = shapes.tolist()
+            hw = hws.tolist()
             for k in range(n):
                 params = self.draw((hw[k][0], hw[k][1]), epoch, ids[k])
                 boxes[k] = params[0]
                 flips[k] = len(params) > 1 and params[1]
-            resize_batch(buffer, offsets, shapes, boxes, flips, out)
+            resize_batch(buffer, starts, hws, boxes, flips, out)
             return
         arena = np.frombuffer(buffer, np.uint8)
-        for k, ((h, w), start) in enumerate(zip(shapes.tolist(), offsets.tolist(), strict=True)):
+        for k, ((h, w), start) in enumerate(zip(hws.tolist(), starts.tolist(), strict=True)):
             if start < 0 or h < 1 or w < 1 or start + h * w * 3 > arena.size:
                 raise ValueError(
                     f"image {k}: shape ({h}, {w}) at offset {start} does not fit in the "
