@@ -339,20 +339,12 @@ class Arena:
                 for c, _, index in self._slabs.locate_many(existing[have]):
                     np.add.at(c.pins, index, pins)
             want = np.flatnonzero(existing < 0)
-            taken: list[int] = []
-            for _ in range(want.size if cls is not None else 0):
-                # Slots taken here stay marked free (space -1) until the loop ends, so no
-                # eviction in a later ``_slot`` call picks them; they left the free list.
-                slot = self._slot(cls)  # type: ignore[arg-type]
-                if slot < 0:
-                    break
-                taken.append(slot)
-            if len(taken) < want.size:
-                self._uncached += want.size - len(taken)
+            idx = self._slots(cls, want.size) if cls is not None else np.empty(0, np.intp)
+            if idx.size < want.size:
+                self._uncached += want.size - idx.size
                 warning = self._uncached_warning(nbytes, cls is None)
-            if taken:
+            if idx.size:
                 assert cls is not None
-                idx = np.array(taken, np.intp)
                 sel = want[: idx.size]
                 cls.space[idx], cls.row[idx] = space, rows[sel]
                 cls.ndim[idx] = len(shape)
@@ -464,24 +456,36 @@ class Arena:
         return None
 
     # -- slots and eviction (lock held) -------------------------------------------------------
-    def _slot(self, cls: SlotClass) -> int:
-        """A free slot index of ``cls``, evicting or taking a slab if needed; -1 if none."""
-        if cls.free:
-            return cls.free.pop()
-        if self._slabs.free:
-            self._slabs.give(cls, self._slabs.free.pop())
-            return cls.free.pop()
-        victims = self._victims(cls)
-        if victims:
-            for v in victims:
-                self._evict(cls, v)
-            cls.free.extend(victims[:0:-1])  # the best victim is used now, the rest next
-            return victims[0]
-        slab = self._victim_slab(cls)
-        if slab < 0:
-            return -1
-        self._slabs.give(cls, slab)
-        return cls.free.pop()
+    def _slots(self, cls: SlotClass, n: int) -> npt.NDArray[np.intp]:
+        """Up to ``n`` free slot indices of ``cls`` (fewer: no room), in the order one slot
+        at a time would take them: free ones (the stack's top first), then free slabs, then
+        the best victims of one eviction pass, then slabs of other classes.
+
+        One pass ranks the class's candidates once for all ``n`` (a slot at a time ranked
+        them again every ``EVICT_BATCH`` slots: 60% of the engine's time with tiny images).
+        Slots taken stay marked free (space -1) until the caller fills them in, so no
+        eviction here picks them; they left the free list.
+        """
+        taken: list[int] = []
+        while len(taken) < n:
+            if cls.free:
+                k = min(n - len(taken), len(cls.free))
+                taken += cls.free[: -k - 1 : -1]
+                del cls.free[-k:]
+            elif self._slabs.free:
+                self._slabs.give(cls, self._slabs.free.pop())
+            elif (victims := self._victims(cls, n - len(taken))).size:
+                for v in victims.tolist():
+                    self._evict(cls, v)
+                k = min(n - len(taken), victims.size)  # the best are used now, the rest next
+                taken += victims[:k].tolist()
+                cls.free.extend(victims[: k - 1 : -1].tolist())
+            else:
+                slab = self._victim_slab(cls)
+                if slab < 0:
+                    break
+                self._slabs.give(cls, slab)
+        return np.array(taken, np.intp)
 
     def _evict(self, cls: SlotClass, index: int) -> None:
         self._where[int(cls.space[index])][int(cls.row[index])] = -1
@@ -489,8 +493,9 @@ class Arena:
         cls.row[index] = -1
         self._evictions += 1
 
-    def _scores(self, cls: SlotClass, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
-        """``idx`` (occupied, unpinned slots of ``cls``) ordered best victim first."""
+    def _ranked(self, cls: SlotClass, idx: npt.NDArray[np.intp], k: int) -> npt.NDArray[np.intp]:
+        """The ``k`` best victims among ``idx`` (occupied, unpinned slots of ``cls``), best
+        first (:meth:`EvictionPolicy.select`: the first ``k`` of the policy's order)."""
         nxt = np.full(idx.size, np.inf)
         uses = np.zeros(idx.size)
         if self._score is not None:
@@ -502,19 +507,20 @@ class Arena:
                 for sp in np.unique(spaces).tolist():
                     sel = spaces == sp
                     nxt[sel], uses[sel] = self._score(sp, cls.row[idx[sel]])
-        return idx[self.policy.order(nxt, uses, cls.tick[idx])]
+        return idx[self.policy.select(nxt, uses, cls.tick[idx], k)]
 
-    def _victims(self, cls: SlotClass) -> list[int]:
-        """The best victims of ``cls``: 1/32 of its unpinned slots (at least one, at most 16).
+    def _victims(self, cls: SlotClass, need: int = 1) -> npt.NDArray[np.intp]:
+        """The best victims of ``cls``, best first: ``need`` of them, or more up to 1/32 of
+        its unpinned slots (at most ``EVICT_BATCH``; at least one).
 
-        Scoring every slot costs ~100 us with a thousand slots; evicting a few at a time
-        spends it once per few puts (the runners-up were next in line anyway).
+        Scoring every slot costs ~100 us with a thousand slots; evicting a few more than
+        asked for spends it once per few puts (the runners-up were next in line anyway).
         """
         idx = np.flatnonzero((cls.space >= 0) & (cls.pins == 0))
         if idx.size == 0:
-            return []
-        k = min(EVICT_BATCH, max(1, idx.size // 32))
-        return [int(i) for i in self._scores(cls, idx)[:k]]
+            return idx
+        k = max(need, min(EVICT_BATCH, max(1, idx.size // 32)))
+        return self._ranked(cls, idx, k)
 
     def _victim_slab(self, cls: SlotClass) -> int:
         """A slab of another class whose slots are all unpinned, emptied; -1 if none.

@@ -176,6 +176,8 @@ class Fetcher:
         starting = self._starting.get(space)
         if starting is None:
             return np.zeros(rows.size, np.int32)
+        if rows.size == 0 or rows.max() < starting.size:
+            return starting.take(rows)
         out = np.zeros(rows.size, np.int32)
         ok = rows < starting.size
         out[ok] = starting[rows[ok]]

@@ -95,6 +95,8 @@ class FutureUses:
         """(round of next queued use, future uses) of ``rows`` in ``space`` (inf and 0 for
         rows past the arrays or a space no job uses)."""
         nxt, uses = self.next_round.get(space), self.uses.get(space)
+        if nxt is not None and uses is not None and (rows.size == 0 or rows.max() < nxt.size):
+            return nxt.take(rows), uses.take(rows)  # the usual case: two gathers, no mask
         n = np.full(rows.size, np.inf)
         u = np.zeros(rows.size)
         if nxt is not None and uses is not None:
