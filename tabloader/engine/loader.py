@@ -37,7 +37,7 @@ from tabloader.engine.augment import Augmenter
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.decoding import DecodePool
 from tabloader.engine.fetch import MIN_PROCESS_ROWS, Fetcher
-from tabloader.engine.jobs import JobState, OnError, fit_prefetch
+from tabloader.engine.jobs import JobState, OnError, cache_rows, fit_prefetch
 from tabloader.engine.planning import column_plan, job_augmenter
 from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.engine.queues import JobQueues
@@ -303,8 +303,11 @@ class Loader:
                 from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
             prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
                 every worker busy, at least 2).
-            lookahead: rows sampled ahead (default 4 batches), per rank; more lets jobs at
-                different moments share rounds, at the cost of a longer queue of ids.
+            lookahead: rows sampled ahead, per rank; more lets jobs at different moments
+                share rounds, at the cost of a longer queue of ids. Default: as far as the
+                cache holds (``queues.LOOKAHEAD_CACHES`` arena capacities of rounds, each job's
+                share by its measured pace, at most an epoch), so that the arena knows the
+                next use of what it holds and evicts as Belady's MIN; at least 4 batches.
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
@@ -378,13 +381,17 @@ class Loader:
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
                 "open the job without state."
             )
+        floor = local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch)
         state_obj = JobState(
             info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
             info.ids,
             plan,
             batch_size,
             prefetch=prefetch,
-            horizon=local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
+            horizon=floor,
+            lookahead=lookahead,
+            floor=floor,
+            cache_rows=cache_rows(self._arena.buffer.size, plan),
             on_error=OnError(spec.on_error),
             epochs=epochs,
             world_size=local,
