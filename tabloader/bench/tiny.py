@@ -51,9 +51,9 @@ from tabloader.bench._procs import (
     wait_for_start,
     write_result,
 )
-from tabloader.bench.tinydata import DEFAULT_DATA, prepare_tiny
+from tabloader.bench.tinydata import DEFAULT_DATA, open_reader, prepare_tiny
 
-__all__ = ["TARGETS", "add_arguments", "print_tiny", "run_tiny"]
+__all__ = ["TARGETS", "add_arguments", "cache_bytes", "print_tiny", "run_tiny"]
 
 TARGETS = {"one_vs_dataloader": 3.0, "four_vs_one": 2.5}
 SIZE = 16  # image_size the jobs read
@@ -114,9 +114,7 @@ class _TinyRows:
             label = self.labels[i]
         else:
             if self._reader is None:
-                from tabloader.bench.e2e_children import open_reader
-
-                self._reader = open_reader(self.root, "imgs")
+                self._reader = open_reader(self.root)
             table = self._reader.take([i], ["image", "label"])
             data = table.column("image")[0].as_buffer()
             label = table.column("label")[0].as_py()
@@ -248,6 +246,17 @@ def _job_child(spec: dict[str, Any]) -> None:
 
 
 # -- the scenario ----------------------------------------------------------------------------
+def cache_bytes(shared_rows: int, jobs: int, workers: int, batch: int, *, service: bool) -> int:
+    """The cache of a competitor: ``shared_rows`` decoded rows plus what its ``jobs`` pin (each
+    ``prefetch`` batches as the engine sizes them, and half again for rows decoded ahead; a
+    service's client also holds two), as ``bench e2e`` sizes its caches; 1 MiB at least."""
+    from tabloader.engine.fetch import MIN_PROCESS_ROWS
+
+    prefetch = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch))
+    pinned = jobs * (prefetch + 2 if service else prefetch) * batch * 3 // 2
+    return max(1 << 20, (shared_rows + pinned) * SIZE * SIZE * 3)
+
+
 def _register(root: Path, jobs: list[str]) -> None:
     import catalog
 
@@ -258,17 +267,13 @@ def _register(root: Path, jobs: list[str]) -> None:
 
 def run_tiny(args: argparse.Namespace) -> dict[str, Any]:
     """Run the scenario (``args``: throughput's, with :func:`add_arguments`'); its results."""
-    from tabloader.bench.e2e import bench_cache_bytes
-
     data = prepare_tiny(args.tiny_data, args.tiny_rows)
     jobs = [f"t{i}" for i in range(4)]
     _register(data.root, jobs)
     batch = args.tiny_batch
     shared = max(1, int(args.tiny_cache * data.rows))
     cache = {
-        (mode, n): bench_cache_bytes(
-            shared, n, args.workers, batch, SIZE * SIZE * 3, service=mode == "service"
-        )
+        (mode, n): cache_bytes(shared, n, args.workers, batch, service=mode == "service")
         for mode in ("in-process", "service")
         for n in (1, 4)
     }

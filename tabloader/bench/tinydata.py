@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DEFAULT_DATA", "SIDE", "TinyData", "prepare_tiny"]
+__all__ = ["DEFAULT_DATA", "SIDE", "TinyData", "open_reader", "prepare_tiny"]
 
 SIDE = 24
 """Stored images are ``SIDE`` x ``SIDE`` pixels (CIFAR's 32, a little smaller)."""
@@ -36,9 +37,10 @@ class TinyData:
 def prepare_tiny(data: str | Path, rows: int, *, side: int = SIDE) -> TinyData:
     """``rows`` JPEGs of ``side`` x ``side`` pixels, imported as dataset ``imgs``: made and
     imported on the first call, reused on the next ones (see the module docstring)."""
+    import pyarrow as pa
+
     import catalog
     from catalog import _progress
-    from tabloader.bench.e2e import pa_schema_hex
     from tabloader.datagen import make_imagefolder
 
     _progress.disable_progress_bars()
@@ -57,7 +59,20 @@ def prepare_tiny(data: str | Path, rows: int, *, side: int = SIDE) -> TinyData:
         with catalog.connect(root, create=True) as cat:
             cat.import_imagefolder("imgs", folder)
             ds = cat.dataset("imgs")
-            spec = {"schema": pa_schema_hex(ds), "parts": [p.__dict__ for p in ds.reader.parts]}
+            schema = pa.schema(list(ds.schema)[1:]).serialize().to_pybytes().hex()  # no _id
+            spec = {"schema": schema, "parts": [p.__dict__ for p in ds.reader.parts]}
         (root / "reader.json").write_text(json.dumps(spec))
         done.touch()
     return TinyData(root, folder.absolute(), rows)
+
+
+def open_reader(root: str | Path) -> Any:
+    """The dataset's storage reader from ``reader.json`` (files only, no DuckDB connection: what
+    a DataLoader's worker opens; as ``bench e2e``'s children do)."""
+    import pyarrow as pa
+
+    from catalog.storage import DatasetReader, PartInfo
+
+    spec = json.loads(Path(root, "reader.json").read_text())
+    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(spec["schema"])))
+    return DatasetReader(Path(root), [PartInfo(**p) for p in spec["parts"]], schema)
