@@ -91,9 +91,9 @@ def cache_bytes(shared_rows: int, workers: int, batch: int) -> int:
     ``prefetch`` batches as the engine sizes it and the two its client holds; as
     :func:`tabloader.bench.e2e.bench_cache_bytes` counts it, without the staging slabs that
     tiny rows do not need); 1 MiB at least (the service's least)."""
-    from tabloader.engine.fetch import MIN_PROCESS_ROWS
+    from tabloader.engine.jobs import default_prefetch
 
-    prefetch = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch))
+    prefetch = default_prefetch(workers, batch, batch * SIZE * SIZE * 3)
     return max(1 << 20, (shared_rows + JOBS * (prefetch + 2) * batch) * ROW_BYTES)
 
 

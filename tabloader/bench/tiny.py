@@ -250,9 +250,9 @@ def cache_bytes(shared_rows: int, jobs: int, workers: int, batch: int, *, servic
     """The cache of a competitor: ``shared_rows`` decoded rows plus what its ``jobs`` pin (each
     ``prefetch`` batches as the engine sizes them, and half again for rows decoded ahead; a
     service's client also holds two), as ``bench e2e`` sizes its caches; 1 MiB at least."""
-    from tabloader.engine.fetch import MIN_PROCESS_ROWS
+    from tabloader.engine.jobs import default_prefetch
 
-    prefetch = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch))
+    prefetch = default_prefetch(workers, batch, batch * SIZE * SIZE * 3)
     pinned = jobs * (prefetch + 2 if service else prefetch) * batch * 3 // 2
     return max(1 << 20, (shared_rows + pinned) * SIZE * SIZE * 3)
 

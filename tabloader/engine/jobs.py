@@ -40,11 +40,25 @@ from catalog.errors import LoaderError
 from catalog.options import JobSpec
 from catalog.settings import format_bytes
 from tabloader.engine.arena import values_that_fit
+from tabloader.engine.fetch import MIN_PROCESS_ROWS
 from tabloader.engine.prep import Fit
 from tabloader.engine.ranks import rank_share
 from tabloader.engine.work import Plan, Work
 
-__all__ = ["JobState", "OnError", "Pace", "RankState", "RoundLog", "cache_rows", "fit_prefetch"]
+__all__ = [
+    "JobState",
+    "OnError",
+    "Pace",
+    "RankState",
+    "RoundLog",
+    "batch_bytes",
+    "cache_rows",
+    "default_prefetch",
+    "fit_prefetch",
+]
+
+PREFETCH_BYTES = 1 << 20  # batches of small images: at least this many bytes of them ahead
+PREFETCH_MAX = 8
 
 NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
 
@@ -498,3 +512,27 @@ def cache_rows(capacity: int, plan: Plan) -> int:
     if not sizes or len(sizes) < len(plan.prepared):
         return 0
     return values_that_fit(capacity, max(sizes))
+
+
+def batch_bytes(plan: Plan, rows: int) -> int | None:
+    """The bytes of a batch of ``rows`` rows of ``plan``'s prepared values (an aspect-kept
+    decode estimated); None where a column is decoded at full size (no estimate)."""
+    sizes = [d.image_size for d, _ in plan.prepared]
+    if any(s is None for s in sizes):
+        return None
+    return rows * sum(3 * _area(s) for s in sizes)
+
+
+def default_prefetch(workers: int, batch_size: int, plan: Plan | int | None) -> int:
+    """The batches a job prepares ahead, per rank, unless it says: a few decode tasks per
+    worker in flight (measured: 2 left 16 decode processes 25% idle, waiting for the last
+    group of each batch), and for batches of small images (``plan``'s, or their bytes) at
+    least ``PREFETCH_BYTES`` of them, up to ``PREFETCH_MAX`` batches: there a batch's
+    hand-offs between threads and processes, not its decodes, set the pace (measured on
+    400,000 tiny JPEGs, batches of 256 at 16x16, one job: 30,600 rows/s with 2 batches ahead,
+    43,600 with 4, 47,400 with 8)."""
+    ahead = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch_size))
+    one = plan if isinstance(plan, int) or plan is None else batch_bytes(plan, batch_size)
+    if one:
+        ahead = max(ahead, min(PREFETCH_MAX, -(-PREFETCH_BYTES // one)))
+    return ahead

@@ -36,8 +36,8 @@ from tabloader.engine.arena import Arena
 from tabloader.engine.augment import Augmenter
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.decoding import DecodePool
-from tabloader.engine.fetch import MIN_PROCESS_ROWS, Fetcher
-from tabloader.engine.jobs import JobState, OnError, cache_rows, fit_prefetch
+from tabloader.engine.fetch import Fetcher
+from tabloader.engine.jobs import JobState, OnError, cache_rows, default_prefetch, fit_prefetch
 from tabloader.engine.planning import column_plan, job_augmenter
 from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.engine.queues import JobQueues
@@ -302,7 +302,8 @@ class Loader:
                 ``spec`` (``JobSpec.from_options``; None: not given). ``augment``'s draws come
                 from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
             prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
-                every worker busy, at least 2).
+                every worker busy, at least 2, more for batches of small images:
+                ``jobs.default_prefetch``).
             lookahead: rows sampled ahead, per rank; more lets jobs at different moments
                 share rounds, at the cost of a longer queue of ids. Default: as far as the
                 cache holds (``queues.LOOKAHEAD_CACHES`` arena capacities of rounds, each job's
@@ -355,9 +356,6 @@ class Loader:
             batch_size = spec.batch_size
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
-            if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
-                # 16 processes 25% idle, waiting for the last group of each batch)
-                prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
             share = rank_share(len(info.ids), batch_size, world_size)
             if share == 0 and world_size > 1:
@@ -371,6 +369,8 @@ class Loader:
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
             plan = self._plan(sched, dataset, info, spec.image_size, augmenter, cap)
+            if prefetch is None:
+                prefetch = default_prefetch(self.workers, batch_size, plan)
         local = 1 if fed else world_size  # a fed rank is a job of its own here
         if remote:  # the service's cache holds its clients' prepared batches, pinned
             prefetch = fit_prefetch(
