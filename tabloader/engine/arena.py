@@ -70,7 +70,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import CacheError
-from tabloader.engine.eviction import ARENA_POLICY, EvictionPolicy
+from tabloader.engine.eviction import ARENA_POLICY, EvictionPolicy, keys_at_most
 from tabloader.engine.slabs import Slabs, SlotClass, default_slab, size_class
 
 __all__ = [
@@ -85,7 +85,6 @@ __all__ = [
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 
-EVICT_BATCH = 16  # most victims chosen per scoring pass
 _RUN = -2  # the owner of a slab held by a run of ``reserve_run``
 
 
@@ -198,6 +197,8 @@ class Arena:
         self._hits = self._misses = self._puts = self._uncached = self._evictions = 0
         self._warned_big = self._warned_pinned = False
         self._runs: dict[int, list[int]] = {}  # offset -> slabs of a run of ``reserve_run``
+        # class id -> slots ranked as victims next, and the keys of the last kept (_victims)
+        self._queue: dict[int, tuple[npt.NDArray[np.intp], tuple[Any, ...]]] = {}
 
     # -- spaces ------------------------------------------------------------------------------
     def space(self, name: str, *, num_rows: int, fixed: bool = False) -> int:
@@ -462,7 +463,7 @@ class Arena:
         the best victims of one eviction pass, then slabs of other classes.
 
         One pass ranks the class's candidates once for all ``n`` (a slot at a time ranked
-        them again every ``EVICT_BATCH`` slots: 60% of the engine's time with tiny images).
+        them all again every 16 slots: 60% of the engine's time with tiny images).
         Slots taken stay marked free (space -1) until the caller fills them in, so no
         eviction here picks them; they left the free list.
         """
@@ -493,12 +494,13 @@ class Arena:
         cls.row[index] = -1
         self._evictions += 1
 
-    def _ranked(self, cls: SlotClass, idx: npt.NDArray[np.intp], k: int) -> npt.NDArray[np.intp]:
-        """The ``k`` best victims among ``idx`` (occupied, unpinned slots of ``cls``), best
-        first (:meth:`EvictionPolicy.select`: the first ``k`` of the policy's order)."""
+    def _inputs(
+        self, cls: SlotClass, idx: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """The eviction inputs (next use, uses, last use) of slots ``idx`` of ``cls``."""
         nxt = np.full(idx.size, np.inf)
         uses = np.zeros(idx.size)
-        if self._score is not None:
+        if self._score is not None and idx.size:
             spaces = cls.space[idx]
             first = int(spaces[0])
             if (spaces == first).all():  # one space, usually
@@ -507,20 +509,57 @@ class Arena:
                 for sp in np.unique(spaces).tolist():
                     sel = spaces == sp
                     nxt[sel], uses[sel] = self._score(sp, cls.row[idx[sel]])
-        return idx[self.policy.select(nxt, uses, cls.tick[idx], k)]
+        return nxt, uses, cls.tick[idx]
 
     def _victims(self, cls: SlotClass, need: int = 1) -> npt.NDArray[np.intp]:
-        """The best victims of ``cls``, best first: ``need`` of them, or more up to 1/32 of
-        its unpinned slots (at most ``EVICT_BATCH``; at least one).
+        """The ``need`` best victims of ``cls`` (fewer if it has fewer), best first.
 
-        Scoring every slot costs ~100 us with a thousand slots; evicting a few more than
-        asked for spends it once per few puts (the runners-up were next in line anyway).
+        Ranking every unpinned slot costs ~1 ms with 45,000 of them, and a reserve needs a
+        few dozen victims: one ranking keeps the ``isqrt(slots x need)`` best in order, and
+        the next reserves evict from them (:meth:`_queued`) while they are still as good
+        victims as the last one kept was when ranked (fresh inputs, checked). The candidates
+        outside them are ranked again once those run out.
         """
+        got = self._queued(cls, need)
+        if got is not None:
+            return got
         idx = np.flatnonzero((cls.space >= 0) & (cls.pins == 0))
         if idx.size == 0:
             return idx
-        k = max(need, min(EVICT_BATCH, max(1, idx.size // 32)))
-        return self._ranked(cls, idx, k)
+        keep = min(idx.size, max(need, math.isqrt(idx.size * need)))
+        nxt, uses, tick = self._inputs(cls, idx)
+        best = self.policy.select(nxt, uses, tick, keep)
+        last = int(best[-1])
+        if best.size > need:
+            bound = self.policy.keys(nxt[last], uses[last], tick[last])
+            self._queue[cls.id] = (idx[best[need:]], bound)
+        else:
+            self._queue.pop(cls.id, None)
+        return idx[best[:need]]
+
+    def _queued(self, cls: SlotClass, need: int) -> npt.NDArray[np.intp] | None:
+        """``need`` victims from the ones the last ranking of ``cls`` kept, re-ranked on fresh
+        inputs, of those still unpinned and no better kept than the last kept was; None if
+        fewer are left (then all are ranked again)."""
+        entry = self._queue.get(cls.id)
+        if entry is None:
+            return None
+        slots, bound = entry
+        slots = np.sort(slots[(cls.space[slots] >= 0) & (cls.pins[slots] == 0)])
+        if slots.size >= need:
+            nxt, uses, tick = self._inputs(cls, slots)
+            keys = [np.broadcast_to(k, slots.size) for k in self.policy.keys(nxt, uses, tick)]
+            still = keys_at_most(tuple(keys), bound)
+            if np.count_nonzero(still) >= need:
+                order = np.lexsort([k[still] for k in keys[::-1]])  # ties: slot order
+                ranked = slots[still][order]
+                if ranked.size > need:
+                    self._queue[cls.id] = (ranked[need:], bound)
+                else:
+                    del self._queue[cls.id]
+                return ranked[:need]
+        del self._queue[cls.id]
+        return None
 
     def _victim_slab(self, cls: SlotClass) -> int:
         """A slab of another class whose slots are all unpinned, emptied; -1 if none.

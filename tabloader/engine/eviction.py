@@ -51,6 +51,7 @@ __all__ = [
     "FarthestNextUse",
     "FewestUses",
     "LeastRecent",
+    "keys_at_most",
 ]
 
 
@@ -141,6 +142,16 @@ def _smallest(
     rest = k - below.size
     picked = tie[:rest] if len(keys) == 1 else _smallest(keys[1:], tie, rest)
     return np.sort(np.concatenate((below, picked)))
+
+
+def keys_at_most(keys: tuple[Any, ...], bound: tuple[Any, ...]) -> npt.NDArray[np.bool_]:
+    """Which candidates' ``keys`` (arrays, most significant first) are at most ``bound`` (a
+    candidate's keys, scalars) in the policies' lexicographic order: as good victims as it
+    or better."""
+    out = np.asarray(keys[-1] <= bound[-1])
+    for key, limit in zip(keys[-2::-1], bound[-2::-1], strict=True):
+        out = (key < limit) | ((key == limit) & out)
+    return out
 
 
 ARENA_POLICY: EvictionPolicy = FarthestNextUse()

@@ -242,3 +242,33 @@ def test_reserving_many_rows_takes_the_slots_one_at_a_time_would(seed):
     everything = np.arange(300)
     assert bulk.stored(space, everything).tolist() == single.stored(space, everything).tolist()
     assert bulk.stats().evictions == single.stats().evictions == 34
+
+
+def test_victims_kept_from_a_ranking_are_checked_again_before_eviction():
+    """A ranking keeps the next best victims for the next reserves; one that is needed soon
+    by then (its next use came near) is not evicted, and the rest go in their order."""
+    next_use = np.full(1000, np.inf)
+    uses = np.zeros(1000)
+    arena = Arena(
+        64 * 256, slab_bytes=64 * 256, score=lambda sp, rows: (next_use[rows], uses[rows])
+    )
+    space = arena.space("s", num_rows=1000, fixed=True)
+    for r in range(256):  # full; row r is the r-th least recent
+        arena.release(np.array([arena.put(space, r, value(r))]))
+    next_use[:256] = np.arange(256)[::-1]  # row 0 is needed last: the best victim
+    gone = []
+
+    def take(rows):
+        before = arena.stored(space, np.arange(256))
+        offsets, _ = arena.reserve(space, np.asarray(rows), (4, 4, 3))
+        arena.discard(offsets)  # free again: only the evictions matter here
+        after = arena.stored(space, np.arange(256))
+        gone.append(np.flatnonzero(before & ~after).tolist())
+
+    take([900, 901])
+    assert gone[-1] == [0, 1]
+    next_use[2] = 1  # row 2, next in line, is needed soon now
+    uses[3] = 5  # row 3: more uses, but its next use is still far: evicted as before
+    take(list(range(902, 910)))  # 2 of them in the slots freed above, 6 evict
+    assert gone[-1] == [3, 4, 5, 6, 7, 8]  # 2 stays
+    assert arena.stored(space, np.array([2]))[0]
