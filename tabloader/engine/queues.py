@@ -44,13 +44,16 @@ from catalog.errors import LoaderError
 from tabloader.engine.jobs import NO_ROWS, JobState
 from tabloader.engine.uses import FutureUses
 
-__all__ = ["LOOKAHEAD_CACHES", "ROUND_ROWS", "JobQueues"]
+__all__ = ["LOOKAHEAD_CACHES", "LOOKAHEAD_ROWS", "ROUND_ROWS", "JobQueues"]
 
 LOOKAHEAD_CACHES = 2
 """The lookahead window, in rounds, in arena capacities (of the job's values); each job samples
 its share of it. Simulated (``bench sampling``): one capacity stays within 7% of Belady, four
 within 3%."""
 ROUND_ROWS = 2048  # rows a round samples at most (a long lookahead fills over several)
+LOOKAHEAD_ROWS = 1 << 18
+"""A job's horizon at most, per rank (its queue: 24 bytes a row): a cache of tiny values can
+hold millions, and a window that large costs more memory than it saves decodes."""
 
 
 class JobQueues:
@@ -184,7 +187,7 @@ class JobQueues:
         """The horizons of the jobs whose lookahead follows the cache (``JobState.dynamic``):
         ``LOOKAHEAD_CACHES`` arena capacities of rounds, in each job's rows by its pace against
         the fastest's (jobs not measured yet: the mean of the others, or all alike), at least
-        its ``floor`` and at most an epoch of its rows."""
+        its ``floor`` and at most an epoch of its rows (and ``LOOKAHEAD_ROWS``)."""
         group = [
             j
             for j in self.jobs.values()
@@ -200,7 +203,8 @@ class JobQueues:
         for job, pace in zip(group, paces, strict=True):
             window = LOOKAHEAD_CACHES * job.cache_rows * job.world_size
             share = int(window * pace / fastest)
-            job.horizon = max(job.floor, min(share, job.num_ids * job.world_size))
+            most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
+            job.horizon = max(job.floor, min(share, most))
 
     def _queue(
         self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
