@@ -307,8 +307,9 @@ class Loader:
             lookahead: rows sampled ahead, per rank; more lets jobs at different moments
                 share rounds, at the cost of a longer queue of ids. Default: as far as the
                 cache holds (``queues.LOOKAHEAD_CACHES`` arena capacities of rounds, each job's
-                share by its measured pace, at most an epoch), so that the arena knows the
-                next use of what it holds and evicts as Belady's MIN; at least 4 batches.
+                share by its measured pace, at most an epoch and ``queues.LOOKAHEAD_ROWS``),
+                so that the arena knows the next use of what it holds and evicts as Belady's
+                MIN; at least 4 batches.
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel

@@ -256,7 +256,7 @@ class JobQueues:
     def pop(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
         """The first ``n`` rows of the job's queue leave it (cut into a batch, or dropped)."""
         rows = job.q_rows[:n].copy()
-        job.cut_rounds.add(job.q_rounds[:n], 4 * job.horizon)
+        job.cut_rounds.add(job.q_rounds[:n], 2 * job.horizon)
         job.q_rows, job.q_rounds, job.q_epochs = (
             job.q_rows[n:],
             job.q_rounds[n:],
