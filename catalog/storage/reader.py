@@ -39,6 +39,7 @@ from catalog.arrays import id_array
 from catalog.bitmaps import ID_COLUMN
 from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from catalog.storage.checksums import FileIdentity, column_digest, parse_digests
+from catalog.storage.values import INDEX_ROWS, ValueIndex, binary_array, binary_offsets
 from catalog.storage.writer import PartInfo
 
 __all__ = ["DatasetReader"]
@@ -88,6 +89,9 @@ class DatasetReader:
         self._checked: dict[tuple[int, Fields], np.ndarray] = {}
         # Per part: True when its file carries checksums (format 2), False for an older file.
         self._checksummed: dict[int, bool] = {}
+        # Where the values of a binary column lie, per (part, fields) of small rows
+        # (``binary_values``); None: that part is read a record batch at a time.
+        self._values: dict[tuple[int, Fields], ValueIndex | None] = {}
         self._lock = threading.Lock()
 
     def spec(self) -> tuple[Path, list[PartInfo], pa.Schema, bool]:
@@ -421,6 +425,93 @@ class DatasetReader:
             positions = order[s:e]
             yield positions, int(part[first]), int(batch[first]), fields, row[positions]
 
+    def binary_values(self, ids: np.ndarray, column: str) -> tuple[list[Any], dict[int, Exception]]:
+        """The values of ``column`` of rows ``ids`` as bytes-like buffers (None for nulls),
+        and failures by position: a damaged record batch (``StorageError``) fails its own
+        rows only. For a binary column (or a Hugging Face image struct's ``bytes``) of a part
+        of small rows, each record batch is read whole once (checked) and each value after
+        that on its own (:mod:`catalog.storage.values`); otherwise a record batch per group
+        of rows.
+
+        Raises:
+            RowIdError: an id is out of range. UnknownColumnError: no such column.
+        """
+        ids = np.asarray(ids, np.int64)
+        fields = self._field_indices((column,))
+        values: list[Any] = [None] * ids.size
+        errors: dict[int, Exception] = {}
+        part, batch, _ = self.locate(ids)
+        parts = [int(part[0])] if ids.size and (part == part[0]).all() else np.unique(part)
+        for p in parts.tolist() if isinstance(parts, np.ndarray) else parts:
+            sel = np.flatnonzero(part == p) if len(parts) > 1 else np.arange(ids.size)
+            index = self._value_index(p, fields)
+            if index is not None:
+                self._locate_values(index, p, fields, sel, batch[sel], errors)
+                located = index.located[batch[sel]]
+                here = sel[located]
+                got = index.read(ids[here] - self.parts[p].first_id)
+                for i, value in zip(here.tolist(), got, strict=True):
+                    values[i] = value
+                rest = sel[~located]  # failed (errors set), or not locatable: whole batches
+                sel = rest[~np.isin(rest, np.fromiter(errors, np.int64, len(errors)))]
+                if sel.size == 0:
+                    continue
+            for positions, _, b, _, rows in self.batch_groups(ids[sel], (column,)):
+                at = sel[positions]
+                try:
+                    rb = self.record_batch(p, b, fields)
+                except StorageError as exc:
+                    errors.update(dict.fromkeys(at.tolist(), exc))
+                    continue
+                value_of = _value_reader(rb.column(0))
+                for i, r in zip(at.tolist(), rows.tolist(), strict=True):
+                    values[i] = value_of(r)
+        return values, errors
+
+    def _value_index(self, part: int, fields: Fields) -> ValueIndex | None:
+        """The value index of ``part``'s column ``fields`` (None: the part is not indexed)."""
+        key = (part, fields)
+        if key not in self._values:
+            info = self.parts[part]
+            index = None
+            column = (
+                binary_array(pa.array([], self.schema.field(fields[0]).type)) if fields else None
+            )
+            if fields and info.rows_per_batch >= INDEX_ROWS and column is not None:
+                self._file(part, fields)  # opened and checked (size, identity) first
+                index = ValueIndex(
+                    self.root / info.path, info.num_rows, info.rows_per_batch, fields[0]
+                )
+            self._values[key] = index
+        return self._values[key]
+
+    def _locate_values(
+        self,
+        index: ValueIndex,
+        part: int,
+        fields: Fields,
+        sel: np.ndarray,
+        batches: np.ndarray,
+        errors: dict[int, Exception],
+    ) -> None:
+        """Locate the values of the record batches of ``sel`` (positions of rows of ``part``;
+        their batches ``batches``) not located yet, each with its checked first read; the
+        rows of a damaged batch fail (``errors``)."""
+        new = batches[~index.located[batches]]
+        for b in np.unique(new).tolist():
+            try:
+                rb = self.record_batch(part, b, fields)
+                try:
+                    located = index.locate(b, binary_array(rb.column(0)))
+                except ValueError as exc:
+                    raise self._damaged(part, b, exc, None) from exc
+            except StorageError as exc:
+                errors.update(dict.fromkeys(sel[batches == b].tolist(), exc))
+                continue
+            if not located:  # a compressed file: read a record batch at a time
+                self._values[(part, fields)] = None
+                return
+
     def _columns(self, columns: str | Sequence[str] | None) -> list[str]:
         if columns is None:
             return list(self.schema.names)
@@ -434,6 +525,26 @@ class DatasetReader:
                     f"Columns: {', '.join(self.schema.names)}."
                 )
         return names
+
+
+def _value_reader(column: pa.Array) -> Any:
+    """``row -> its bytes`` (a zero-copy ``pa.Buffer``, None if null) of a column of bytes.
+
+    Slicing the data buffer at the offsets skips a ``pa.Scalar`` per value (in threads the GIL
+    is the bottleneck on images: every microsecond held per row is one no thread overlaps).
+    """
+    binary = binary_array(column)
+    if binary is None or binary.null_count:
+        if pa.types.is_struct(column.type):
+            column = column.field("bytes")
+        return lambda r: column[r].as_buffer() if column[r].is_valid else None
+    offsets, data = binary_offsets(binary)
+
+    def value(r: int) -> Any:
+        start, end = offsets[r : r + 2].tolist()
+        return data.slice(start, end - start)
+
+    return value
 
 
 def _rows(first: int, end: int) -> str:

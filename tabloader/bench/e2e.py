@@ -51,6 +51,12 @@ Training recipes (issue 29; not in the default ``--scenarios``, which stays the 
   decode (engine ``_plan``), so the service decodes each row once. The evaluation job also
   runs alone through a service (its own center crop cached): ``center_crop_alone``.
 
+At ImageNet row counts with a small cache (issue 35; not in the default ``--scenarios``):
+
+* ``scale``: four jobs on overlapping subsets of 400,000 tiny JPEGs, the cache at 2%, 5% and
+  10% of the union, started together, one late, at speeds 1:2:4; decodes against Belady's MIN
+  on each run's own requests, and the service's memory (:mod:`tabloader.bench.e2e_scale`).
+
 Each scenario's jobs are the only ones registered while it runs (the jobs registered decide
 how a column is shared); the cache is ``--cache`` of the rows at the scenario's row size
 (``--image-size`` squared x 3, or for the recipes the mean slot of the shared decode).
@@ -111,6 +117,8 @@ from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, run_one
 from tabloader.bench.cachesim import belady_pinned
 from tabloader.bench.e2e_children import run_child
+from tabloader.bench.e2e_scale import add_arguments as scale_arguments
+from tabloader.bench.e2e_scale import print_scale, run_scale
 from tabloader.bench.e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
 from tabloader.bench.e2e_targets import cache_bytes_per_image, recipe_notes
 from tabloader.bench.e2e_targets import targets as _targets
@@ -204,6 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="bench-results/e2e-data", help="image folder cache")
     parser.add_argument("--out", default="bench-results/e2e.json", help="JSON output")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    scale_arguments(parser)
 
 
 def _run_threads(spec: dict[str, Any]) -> dict[str, Any]:
@@ -357,6 +366,14 @@ def run(args: argparse.Namespace) -> int:
         args.images, args.speeds_rows, args.speeds_step = min(args.images, 600), 300, 0.05
         args.overhead_samples = min(args.overhead_samples, 50)
         args.repeat = 1
+    scale = run_scale(args) if "scale" in scenarios else None  # data of its own
+    scenarios = [s for s in scenarios if s != "scale"]
+    if scale is not None:
+        print_scale(scale)
+        if not scenarios:
+            print(format_table(scale["targets"]))
+            write_json(args.out, {"benchmark": "e2e", "args": vars(args), "scale": scale})
+            return 0
     root, n, _ = prepare(args)
     shared_rows = int(args.cache * n)
     row_bytes = {"": args.image_size * args.image_size * 3}  # by augment text ("": none)
@@ -467,7 +484,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             stalls.append({"scenario": scenario, "competitor": c, **stall_row(r)})
     overhead = _overhead(args, root, n)
-    targets = _targets(runs, overhead)
+    targets = _targets(runs, overhead) + (scale["targets"] if scale else [])
     print(
         f"{n} images, batch {args.batch_size}, image_size {args.image_size}, step {args.step}s,"
         f" {args.workers} workers, cache: {shared_rows} shared rows ({args.cache:.0%} of the"
@@ -513,6 +530,7 @@ def run(args: argparse.Namespace) -> int:
             "overhead": overhead,
             "recipe": {k: v for k, v in notes.items() if k != "lines"},
             "runs": runs,
+            "scale": scale,
         },
     )
     return 0

@@ -17,7 +17,8 @@ import numpy as np
 
 __all__ = ["RECIPE", "SCENARIOS", "register", "scenarios_of", "shared_decode_bytes"]
 
-SCENARIOS = ("same", "overlap", "speeds", "late", "recipe", "recipe-eval")
+SCENARIOS = ("same", "overlap", "speeds", "late", "recipe", "recipe-eval", "scale")
+"""``scale`` runs on data of its own: :mod:`tabloader.bench.e2e_scale`."""
 RECIPE = "RandomResizedCrop({size}), RandomHorizontalFlip()"
 """The training recipe of the ``recipe`` scenarios (torchvision's ImageNet reference)."""
 

@@ -18,13 +18,16 @@ measured from each run's first batch on, so worker start-up counts for nobody):
   threads, total rows/s vs one job alone.
 * **latency**: seconds from asking for a batch to getting it, p50 and p99, for a job that
   never computes (it asks again at once) and for one that computes a little per batch.
+* **tiny JPEGs**: small rows at ImageNet row counts, one job vs ``DataLoader(2)`` and four jobs
+  vs one, in-process and through the service (:mod:`.tiny`).
 * **cold start**: seconds to the first batch of a ``JobDataset`` that starts the service, of one
   beside a running service, and of a DataLoader (:mod:`._coldstart`); target <= 1.5 s.
 
 Each tabloader run also prints its stall accounting: the job's seconds waiting for data vs
 computing, and the dataset's seconds reading, decoding and collating. ``--only images`` runs
 images, decode, scaling and cold start; ``--only small`` small rows, four jobs and latency;
-``--only cold`` the cold start (each checks only its targets).
+``--only cold`` the cold start, ``--only tiny`` the tiny JPEGs (each checks only its
+targets).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from tabloader.bench import format_table, positive_int, write_json
 from tabloader.bench._coldstart import cold_start
 from tabloader.bench._coldstart import report as cold_report
 from tabloader.bench.recipe import RECIPE, recipe_competitors
+from tabloader.bench.tiny import add_arguments as tiny_arguments
+from tabloader.bench.tiny import print_tiny, run_tiny
 
 __all__ = ["add_arguments", "run"]
 
@@ -78,10 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results/throughput.json", help="JSON output")
     parser.add_argument(
         "--only",
-        choices=["images", "small", "cold"],
+        choices=["images", "small", "cold", "tiny"],
         help="run only the image scenarios (images, decode, scaling, cold start), only the "
-        "small-row ones (small rows, four jobs, latency), or only the cold start",
+        "small-row ones (small rows, four jobs, latency), only the cold start, or only the "
+        "tiny JPEGs",
     )
+    tiny_arguments(parser)
 
 
 # -- competitors -------------------------------------------------------------------------------
@@ -239,7 +246,7 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
     from tabloader.datagen import make_imagefolder
 
     images = small = None
-    if args.only != "small":
+    if args.only in (None, "images", "cold"):
         folder = Path(args.data) / f"images-{args.images}"
         if not (folder / ".done").exists():
             make_imagefolder(folder, num_images=args.images, num_classes=10)
@@ -465,13 +472,14 @@ def _paced_latency(cat: Any, workers: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; 0 if every target is met."""
-    if args.mode == "launched":
+    if args.mode == "launched" and args.only is None:  # --only picks in-process scenarios
         from tabloader.bench.throughput_launched import run_launched
 
         return run_launched(args)
     args.images = args.images or 2000
     if args.quick:
         args.images, args.rows, args.rounds = min(args.images, 300), min(args.rows, 50_000), 1
+        args.tiny_rows, args.tiny_dataloader_rows = min(args.tiny_rows, 2000), 1000
     image_rows: list[dict[str, Any]] = []
     decode_rows: list[dict[str, Any]] = []
     libraries: list[dict[str, Any]] = []
@@ -480,6 +488,7 @@ def run(args: argparse.Namespace) -> int:
     four: dict[str, Any] = {}
     paced: dict[str, Any] = {}
     cold: dict[str, Any] = {}
+    tiny: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         images, small = _catalogs(args, Path(tmp))
         try:
@@ -492,7 +501,9 @@ def run(args: argparse.Namespace) -> int:
                 small_rows = _small(args, small)
                 four = _four_jobs(args, small)
                 paced = _paced_latency(small, args.workers)
-            if args.only != "small":
+            if args.only in (None, "tiny"):
+                tiny = run_tiny(args)
+            if args.only in (None, "images", "cold"):
                 folder = Path(args.data) / f"images-{args.images}"
                 cold = cold_start(folder, Path(tmp), args.workers, args.rounds)
         finally:
@@ -583,6 +594,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     if cold:
         verdicts.append(cold_report(cold))  # prints its table
+    if tiny:
+        print_tiny(tiny)
+        verdicts += tiny["targets"]
     print("\ntargets")
     print(format_table(verdicts))
     write_json(
@@ -596,6 +610,7 @@ def run(args: argparse.Namespace) -> int:
             "four_jobs": four,
             "paced_latency": paced,
             "cold_start": cold,
+            "tiny": tiny,
             "targets": verdicts,
         },
     )

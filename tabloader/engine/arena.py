@@ -70,7 +70,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import CacheError
-from tabloader.engine.eviction import ARENA_POLICY, EvictionPolicy
+from tabloader.engine.eviction import ARENA_POLICY, EvictionPolicy, keys_at_most
 from tabloader.engine.slabs import Slabs, SlotClass, default_slab, size_class
 
 __all__ = [
@@ -85,7 +85,6 @@ __all__ = [
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 
-EVICT_BATCH = 16  # most victims chosen per scoring pass
 _RUN = -2  # the owner of a slab held by a run of ``reserve_run``
 
 
@@ -198,6 +197,8 @@ class Arena:
         self._hits = self._misses = self._puts = self._uncached = self._evictions = 0
         self._warned_big = self._warned_pinned = False
         self._runs: dict[int, list[int]] = {}  # offset -> slabs of a run of ``reserve_run``
+        # class id -> slots ranked as victims next, and the keys of the last kept (_victims)
+        self._queue: dict[int, tuple[npt.NDArray[np.intp], tuple[Any, ...]]] = {}
 
     # -- spaces ------------------------------------------------------------------------------
     def space(self, name: str, *, num_rows: int, fixed: bool = False) -> int:
@@ -339,20 +340,12 @@ class Arena:
                 for c, _, index in self._slabs.locate_many(existing[have]):
                     np.add.at(c.pins, index, pins)
             want = np.flatnonzero(existing < 0)
-            taken: list[int] = []
-            for _ in range(want.size if cls is not None else 0):
-                # Slots taken here stay marked free (space -1) until the loop ends, so no
-                # eviction in a later ``_slot`` call picks them; they left the free list.
-                slot = self._slot(cls)  # type: ignore[arg-type]
-                if slot < 0:
-                    break
-                taken.append(slot)
-            if len(taken) < want.size:
-                self._uncached += want.size - len(taken)
+            idx = self._slots(cls, want.size) if cls is not None else np.empty(0, np.intp)
+            if idx.size < want.size:
+                self._uncached += want.size - idx.size
                 warning = self._uncached_warning(nbytes, cls is None)
-            if taken:
+            if idx.size:
                 assert cls is not None
-                idx = np.array(taken, np.intp)
                 sel = want[: idx.size]
                 cls.space[idx], cls.row[idx] = space, rows[sel]
                 cls.ndim[idx] = len(shape)
@@ -464,24 +457,36 @@ class Arena:
         return None
 
     # -- slots and eviction (lock held) -------------------------------------------------------
-    def _slot(self, cls: SlotClass) -> int:
-        """A free slot index of ``cls``, evicting or taking a slab if needed; -1 if none."""
-        if cls.free:
-            return cls.free.pop()
-        if self._slabs.free:
-            self._slabs.give(cls, self._slabs.free.pop())
-            return cls.free.pop()
-        victims = self._victims(cls)
-        if victims:
-            for v in victims:
-                self._evict(cls, v)
-            cls.free.extend(victims[:0:-1])  # the best victim is used now, the rest next
-            return victims[0]
-        slab = self._victim_slab(cls)
-        if slab < 0:
-            return -1
-        self._slabs.give(cls, slab)
-        return cls.free.pop()
+    def _slots(self, cls: SlotClass, n: int) -> npt.NDArray[np.intp]:
+        """Up to ``n`` free slot indices of ``cls`` (fewer: no room), in the order one slot
+        at a time would take them: free ones (the stack's top first), then free slabs, then
+        the best victims of one eviction pass, then slabs of other classes.
+
+        One pass ranks the class's candidates once for all ``n`` (a slot at a time ranked
+        them all again every 16 slots: 60% of the engine's time with tiny images).
+        Slots taken stay marked free (space -1) until the caller fills them in, so no
+        eviction here picks them; they left the free list.
+        """
+        taken: list[int] = []
+        while len(taken) < n:
+            if cls.free:
+                k = min(n - len(taken), len(cls.free))
+                taken += cls.free[: -k - 1 : -1]
+                del cls.free[-k:]
+            elif self._slabs.free:
+                self._slabs.give(cls, self._slabs.free.pop())
+            elif (victims := self._victims(cls, n - len(taken))).size:
+                for v in victims.tolist():
+                    self._evict(cls, v)
+                k = min(n - len(taken), victims.size)  # the best are used now, the rest next
+                taken += victims[:k].tolist()
+                cls.free.extend(victims[: k - 1 : -1].tolist())
+            else:
+                slab = self._victim_slab(cls)
+                if slab < 0:
+                    break
+                self._slabs.give(cls, slab)
+        return np.array(taken, np.intp)
 
     def _evict(self, cls: SlotClass, index: int) -> None:
         self._where[int(cls.space[index])][int(cls.row[index])] = -1
@@ -489,11 +494,13 @@ class Arena:
         cls.row[index] = -1
         self._evictions += 1
 
-    def _scores(self, cls: SlotClass, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
-        """``idx`` (occupied, unpinned slots of ``cls``) ordered best victim first."""
+    def _inputs(
+        self, cls: SlotClass, idx: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """The eviction inputs (next use, uses, last use) of slots ``idx`` of ``cls``."""
         nxt = np.full(idx.size, np.inf)
         uses = np.zeros(idx.size)
-        if self._score is not None:
+        if self._score is not None and idx.size:
             spaces = cls.space[idx]
             first = int(spaces[0])
             if (spaces == first).all():  # one space, usually
@@ -502,19 +509,57 @@ class Arena:
                 for sp in np.unique(spaces).tolist():
                     sel = spaces == sp
                     nxt[sel], uses[sel] = self._score(sp, cls.row[idx[sel]])
-        return idx[self.policy.order(nxt, uses, cls.tick[idx])]
+        return nxt, uses, cls.tick[idx]
 
-    def _victims(self, cls: SlotClass) -> list[int]:
-        """The best victims of ``cls``: 1/32 of its unpinned slots (at least one, at most 16).
+    def _victims(self, cls: SlotClass, need: int = 1) -> npt.NDArray[np.intp]:
+        """The ``need`` best victims of ``cls`` (fewer if it has fewer), best first.
 
-        Scoring every slot costs ~100 us with a thousand slots; evicting a few at a time
-        spends it once per few puts (the runners-up were next in line anyway).
+        Ranking every unpinned slot costs ~1 ms with 45,000 of them, and a reserve needs a
+        few dozen victims: one ranking keeps the ``isqrt(slots x need)`` best in order, and
+        the next reserves evict from them (:meth:`_queued`) while they are still as good
+        victims as the last one kept was when ranked (fresh inputs, checked). The candidates
+        outside them are ranked again once those run out.
         """
+        got = self._queued(cls, need)
+        if got is not None:
+            return got
         idx = np.flatnonzero((cls.space >= 0) & (cls.pins == 0))
         if idx.size == 0:
-            return []
-        k = min(EVICT_BATCH, max(1, idx.size // 32))
-        return [int(i) for i in self._scores(cls, idx)[:k]]
+            return idx
+        keep = min(idx.size, max(need, math.isqrt(idx.size * need)))
+        nxt, uses, tick = self._inputs(cls, idx)
+        best = self.policy.select(nxt, uses, tick, keep)
+        last = int(best[-1])
+        if best.size > need:
+            bound = self.policy.keys(nxt[last], uses[last], tick[last])
+            self._queue[cls.id] = (idx[best[need:]], bound)
+        else:
+            self._queue.pop(cls.id, None)
+        return idx[best[:need]]
+
+    def _queued(self, cls: SlotClass, need: int) -> npt.NDArray[np.intp] | None:
+        """``need`` victims from the ones the last ranking of ``cls`` kept, re-ranked on fresh
+        inputs, of those still unpinned and no better kept than the last kept was; None if
+        fewer are left (then all are ranked again)."""
+        entry = self._queue.get(cls.id)
+        if entry is None:
+            return None
+        slots, bound = entry
+        slots = np.sort(slots[(cls.space[slots] >= 0) & (cls.pins[slots] == 0)])
+        if slots.size >= need:
+            nxt, uses, tick = self._inputs(cls, slots)
+            keys = [np.broadcast_to(k, slots.size) for k in self.policy.keys(nxt, uses, tick)]
+            still = keys_at_most(tuple(keys), bound)
+            if np.count_nonzero(still) >= need:
+                order = np.lexsort([k[still] for k in keys[::-1]])  # ties: slot order
+                ranked = slots[still][order]
+                if ranked.size > need:
+                    self._queue[cls.id] = (ranked[need:], bound)
+                else:
+                    del self._queue[cls.id]
+                return ranked[:need]
+        del self._queue[cls.id]
+        return None
 
     def _victim_slab(self, cls: SlotClass) -> int:
         """A slab of another class whose slots are all unpinned, emptied; -1 if none.

@@ -41,9 +41,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
-from catalog.errors import LoaderError, RowReadError, StorageError
+from catalog.errors import LoaderError, RowReadError
 from catalog.storage import DatasetReader
 from tabloader.engine.prep import Decoder
 from tabloader.engine.shm import Segment, process_alive
@@ -71,70 +70,45 @@ def decode_rows(
     Returns ``(values, errors, counters)``: a value or None per row, the failures by position
     (``RowReadError``; ``StorageError`` for every row of a damaged record batch, which the
     reader checks against its checksums on first read in this process; any other failed read
-    fails every row not decoded yet), and ``read_s``, ``decode_s``, ``reads``, ``bytes_read``,
-    ``decodes``.
+    fails every row), and ``read_s``, ``decode_s``, ``reads``, ``bytes_read``, ``decodes``.
+
+    The values are read first, all together (``DatasetReader.binary_values``: small rows one
+    value at a time, not a record batch each), then decoded together (``Decoder.many``: the
+    resizes of one shape in one call).
     """
     values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
-    errors: Errors = {}
-    read_s = decode_s = 0.0
-    reads = nbytes = 0
-    mark = time.perf_counter()
+    t0 = time.perf_counter()
     try:
-        for positions, part, batch, fields, in_batch in reader.batch_groups(rows, (dec.column,)):
-            try:
-                rb = reader.record_batch(part, batch, fields)
-            except StorageError as exc:  # this batch's rows only; the others are fine
-                errors.update(dict.fromkeys(positions.tolist(), exc))
-                continue
-            column = rb.column(0)
-            if pa.types.is_struct(column.type):  # Hugging Face image {bytes, path}
-                column = column.field("bytes")
-            now = time.perf_counter()
-            read_s, mark = read_s + now - mark, now
-            values_of = _binary_values(column)
-            for i, r in zip(positions.tolist(), in_batch.tolist(), strict=True):
-                value = values_of(r)
-                if value is not None:
-                    reads += 1
-                    nbytes += len(value)
-                try:
-                    values[i] = dec(value, row_id=int(rows[i]))[0]
-                except Exception as exc:
-                    errors[i] = exc
-            now = time.perf_counter()
-            decode_s, mark = decode_s + now - mark, now
-    except Exception as exc:  # a failed read: the rows not decoded yet fail with it
-        for i in range(rows.size):
-            if values[i] is None and i not in errors:
-                errors[i] = exc
-    counters = {
+        raw, errors = reader.binary_values(rows, dec.column)
+    except Exception as exc:  # a failed read: every row fails with it
+        return values, dict.fromkeys(range(rows.size), exc), _counters(0, 0, 0, 0)
+    t1 = time.perf_counter()
+    failed: Errors = dict(errors)
+    todo = [i for i in range(rows.size) if i not in failed] if failed else range(rows.size)
+    reads = nbytes = 0
+    for i in todo:
+        if raw[i] is not None:
+            reads += 1
+            nbytes += len(raw[i])
+    prepared = dec.many([raw[i] for i in todo], rows[todo].tolist())
+    for i, value in zip(todo, prepared, strict=True):
+        if isinstance(value, BaseException):
+            failed[i] = value
+        else:
+            values[i] = value
+    counters = _counters(t1 - t0, time.perf_counter() - t1, reads, nbytes)
+    counters["decodes"] = sum(v is not None for v in values)
+    return values, failed, counters
+
+
+def _counters(read_s: float, decode_s: float, reads: int, nbytes: int) -> dict[str, float]:
+    return {
         "read_s": read_s,
         "decode_s": decode_s,
         "reads": reads,
         "bytes_read": nbytes,
-        "decodes": sum(v is not None for v in values),
+        "decodes": 0,
     }
-    return values, errors, counters
-
-
-def _binary_values(column: pa.Array) -> Any:
-    """``row -> its bytes`` (a zero-copy ``pa.Buffer``, None if null) of a binary column.
-
-    Slicing the data buffer at the offsets skips a ``pa.Scalar`` per value (in threads the GIL
-    is the bottleneck on images: every microsecond held per row is one no thread overlaps).
-    """
-    t = column.type
-    if column.null_count or not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-        return lambda r: column[r].as_buffer() if column[r].is_valid else None
-    _, offset_buf, data = column.buffers()
-    kind = np.int64 if pa.types.is_large_binary(t) else np.int32
-    offsets = np.frombuffer(offset_buf, kind)[column.offset : column.offset + len(column) + 1]
-
-    def value(r: int) -> Any:
-        start, end = offsets[r : r + 2].tolist()
-        return data.slice(start, end - start)
-
-    return value
 
 
 class DecodePool:

@@ -9,9 +9,9 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
 2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.engine.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
-   of at least ``MIN_DECODE_ROWS`` rows (a batch's claimed rows split over the workers), one
-   pool task per group, each reading its rows of a record batch together. Decode and resize
-   run with the GIL released (libjpeg-turbo through simplejpeg, torch).
+   of at least ``MIN_DECODE_ROWS`` rows and ``MIN_TASK_BYTES`` (a batch's claimed rows split
+   over the workers), one pool task per group, each reading its rows together. Decode and
+   resize run with the GIL released (libjpeg-turbo through simplejpeg, torch).
 3. **Collate** when the last group a batch waits for lands (:mod:`tabloader.engine.collate`): copy
    each value out of the arena into the job's own arrays (the one copy of each payload byte:
    a batch never aliases the arena or another job's batch, so in-place writes stay in the
@@ -53,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
 MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip through a pipe)
+# and at least this many bytes of fixed-shape values: a task's hand-offs (a dozen thread
+# wake-ups through the process pool) cost ~0.3 ms of the loader's CPU; tiny images (16x16:
+# 768 B) in tasks of half a batch of 256 spent 12 us a row on them, in one task 9 us
+MIN_TASK_BYTES = 256 << 10
 
 
 class _Load:
@@ -179,6 +183,8 @@ class Fetcher:
         starting = self._starting.get(space)
         if starting is None:
             return np.zeros(rows.size, np.int32)
+        if rows.size == 0 or rows.max() < starting.size:
+            return starting.take(rows)
         out = np.zeros(rows.size, np.int32)
         ok = rows < starting.size
         out[ok] = starting[rows[ok]]
@@ -250,6 +256,9 @@ class Fetcher:
                     and not isinstance(dec.image_size, Fit)
                 )
                 least = MIN_PROCESS_ROWS if in_procs else MIN_DECODE_ROWS
+                if dec.image_size is not None and not isinstance(dec.image_size, Fit):
+                    value = math.prod(_fixed_shape(dec.image_size))  # small ones: fewer tasks
+                    least = max(least, -(-MIN_TASK_BYTES // value))
                 step = max(least, -(-claim.size // self.workers))
                 for start in range(0, claim.size, step):
                     pos = claim[start : start + step]

@@ -36,8 +36,8 @@ from tabloader.engine.arena import Arena
 from tabloader.engine.augment import Augmenter
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.decoding import DecodePool
-from tabloader.engine.fetch import MIN_PROCESS_ROWS, Fetcher
-from tabloader.engine.jobs import JobState, OnError, fit_prefetch
+from tabloader.engine.fetch import Fetcher
+from tabloader.engine.jobs import JobState, OnError, cache_rows, default_prefetch, fit_prefetch
 from tabloader.engine.planning import column_plan, job_augmenter
 from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.engine.queues import JobQueues
@@ -302,9 +302,14 @@ class Loader:
                 ``spec`` (``JobSpec.from_options``; None: not given). ``augment``'s draws come
                 from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
             prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
-                every worker busy, at least 2).
-            lookahead: rows sampled ahead (default 4 batches), per rank; more lets jobs at
-                different moments share rounds, at the cost of a longer queue of ids.
+                every worker busy, at least 2, more for batches of small images:
+                ``jobs.default_prefetch``).
+            lookahead: rows sampled ahead, per rank; more lets jobs at different moments
+                share rounds, at the cost of a longer queue of ids. Default: as far as the
+                cache holds (``queues.LOOKAHEAD_CACHES`` arena capacities of rounds, each job's
+                share by its measured pace, at most an epoch and ``queues.LOOKAHEAD_ROWS``),
+                so that the arena knows the next use of what it holds and evicts as Belady's
+                MIN; at least 4 batches.
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
@@ -352,9 +357,6 @@ class Loader:
             batch_size = spec.batch_size
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
-            if prefetch is None:  # a few decode tasks per worker in flight (measured: 2 left
-                # 16 processes 25% idle, waiting for the last group of each batch)
-                prefetch = max(2, -(-4 * self.workers * MIN_PROCESS_ROWS // batch_size))
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
             share = rank_share(len(info.ids), batch_size, world_size)
             if share == 0 and world_size > 1:
@@ -368,6 +370,8 @@ class Loader:
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
             plan = self._plan(sched, dataset, info, spec.image_size, augmenter, cap)
+            if prefetch is None:
+                prefetch = default_prefetch(self.workers, batch_size, plan)
         if any(dec.dtype is None for dec in plan.gathered):  # strings, lists: pyarrow's own
             _warm_pyarrow()
         local = 1 if fed else world_size  # a fed rank is a job of its own here
@@ -380,13 +384,17 @@ class Loader:
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
                 "open the job without state."
             )
+        floor = local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch)
         state_obj = JobState(
             info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
             info.ids,
             plan,
             batch_size,
             prefetch=prefetch,
-            horizon=local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch),
+            horizon=floor,
+            lookahead=lookahead,
+            floor=floor,
+            cache_rows=cache_rows(self._arena.buffer.size, plan),
             on_error=OnError(spec.on_error),
             epochs=epochs,
             world_size=local,

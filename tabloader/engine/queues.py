@@ -4,6 +4,15 @@
   batches triggers a round, and every job with at least a batch of room below its *horizon*
   (``lookahead`` rows) takes part, so jobs at about the same pace get the same rows although
   their consumers wake at different moments. Ids are cheap: sampling ahead costs a queue.
+* **Lookahead (the cache's).** The arena evicts the value whose next queued use is farthest:
+  Belady's MIN, as far as the queues reach. So a job opened without ``lookahead`` samples
+  ahead as far as the cache holds (:meth:`JobQueues._set_horizons`): ``LOOKAHEAD_CACHES`` times
+  the arena's capacity in its values, in rounds, and for each job the rows it takes in that
+  many rounds: the fastest job's horizon is the whole window, a job of half its measured pace
+  (:class:`~tabloader.engine.jobs.Pace`) half of it. Equal windows in time keep a row's uses
+  by fast and slow jobs close in time, so round numbers order uses as time does. Such a job
+  refills as it consumes (a round when an eighth of its horizon is free), so its next uses
+  stay known; a round samples at most ``ROUND_ROWS`` rows (the first batch waits for one).
 * **Future uses** (the arena's eviction inputs) follow each queue change:
   :mod:`tabloader.engine.uses`.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
@@ -35,7 +44,16 @@ from catalog.errors import LoaderError
 from tabloader.engine.jobs import NO_ROWS, JobState
 from tabloader.engine.uses import FutureUses
 
-__all__ = ["JobQueues"]
+__all__ = ["LOOKAHEAD_CACHES", "LOOKAHEAD_ROWS", "ROUND_ROWS", "JobQueues"]
+
+LOOKAHEAD_CACHES = 2
+"""The lookahead window, in rounds, in arena capacities (of the job's values); each job samples
+its share of it. Simulated (``bench sampling``): one capacity stays within 7% of Belady, four
+within 3%."""
+ROUND_ROWS = 2048  # rows a round samples at most (a long lookahead fills over several)
+LOOKAHEAD_ROWS = 1 << 18
+"""A job's horizon at most, per rank (its queue: 24 bytes a row): a cache of tiny values can
+hold millions, and a window that large costs more memory than it saves decodes."""
 
 
 class JobQueues:
@@ -142,6 +160,7 @@ class JobQueues:
         their shared region and sends the dependent sampler's later rounds one by one instead
         of vectorized.
         """
+        self._set_horizons()
         want = [
             j for j in self.jobs.values() if not j.fed and not j.done_sampling() and j.room() >= 0
         ]
@@ -156,13 +175,36 @@ class JobQueues:
                 j.epoch += 1
                 j.left = len(j.ids)
                 self.future.count(j, j.id_array, +1)
-        k = min(*(j.room() + j.batch_size for j in want), *(j.left for j in want))
+        k = min(ROUND_ROWS, *(j.room() + j.batch_size for j in want), *(j.left for j in want))
         ids = sampler.sample_many([j.name for j in want], k)
         base, self.round = self.round, self.round + k
         rounds = np.arange(base, base + k, dtype=np.int64)
         for j in want:
             j.left -= k
             self._queue(j, ids[j.name], rounds)
+
+    def _set_horizons(self) -> None:
+        """The horizons of the jobs whose lookahead follows the cache (``JobState.dynamic``):
+        ``LOOKAHEAD_CACHES`` arena capacities of rounds, in each job's rows by its pace against
+        the fastest's (jobs not measured yet: the mean of the others, or all alike), at least
+        its ``floor`` and at most an epoch of its rows (and ``LOOKAHEAD_ROWS``)."""
+        group = [
+            j
+            for j in self.jobs.values()
+            if j.dynamic() and j.sampler is self.sampler and not j.done_sampling()
+        ]
+        if not group:
+            return
+        rates = [j.pace.rate() for j in group]
+        known = [r for r in rates if r]
+        default = sum(known) / len(known) if known else 1.0
+        paces = [r or default for r in rates]
+        fastest = max(paces)
+        for job, pace in zip(group, paces, strict=True):
+            window = LOOKAHEAD_CACHES * job.cache_rows * job.world_size
+            share = int(window * pace / fastest)
+            most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
+            job.horizon = max(job.floor, min(share, most))
 
     def _queue(
         self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
@@ -194,11 +236,11 @@ class JobQueues:
         if floor is None:
             return
         for j in group:
-            j.cut_rounds = j.cut_rounds[j.cut_rounds >= floor]
+            j.cut_rounds.keep_from(floor)
         for j in group:
             if not j.q_rows.size:
                 continue
-            cut = np.concatenate([NO_ROWS, *(k.cut_rounds for k in group if k is not j)])
+            cut = np.concatenate([NO_ROWS, *(k.cut_rounds.rounds() for k in group if k is not j)])
             shared = np.flatnonzero(np.isin(j.q_rounds, cut))
             earlier = np.flatnonzero(j.q_epochs != j.epoch)  # earlier epochs: at the head
             keep = 1 + max(shared[-1] if shared.size else -1, earlier[-1] if earlier.size else -1)
@@ -214,7 +256,7 @@ class JobQueues:
     def pop(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
         """The first ``n`` rows of the job's queue leave it (cut into a batch, or dropped)."""
         rows = job.q_rows[:n].copy()
-        job.cut_rounds = np.concatenate((job.cut_rounds[-4 * job.horizon :], job.q_rounds[:n]))
+        job.cut_rounds.add(job.q_rounds[:n], 2 * job.horizon)
         job.q_rows, job.q_rounds, job.q_epochs = (
             job.q_rows[n:],
             job.q_rounds[n:],

@@ -56,6 +56,7 @@ __all__ = [
     "resize_batch",
     "resize_hw",
     "resize_into",
+    "resize_many_hw",
     "set_kernel_isa",
     "torch_resizing",
 ]
@@ -181,6 +182,24 @@ def resize_hw(arr: npt.NDArray[np.uint8], out_h: int, out_w: int) -> npt.NDArray
         return np.ascontiguousarray(arr)
     out = np.empty((out_h, out_w, 3), np.uint8)
     resize_into(arr, out)
+    return out
+
+
+def resize_many_hw(arrs: npt.NDArray[np.uint8], out_h: int, out_w: int) -> npt.NDArray[np.uint8]:
+    """``arrs`` (uint8 N x H x W x 3) each resized as :func:`resize_hw` resizes it (the same
+    pixels): a new N x ``out_h`` x ``out_w`` x 3, in one kernel call (its fixed cost, 15 us a
+    call for 24x24 -> 16x16 through torch, is paid once for the batch)."""
+    n, h, w = arrs.shape[:3]
+    out = np.empty((n, out_h, out_w, 3), np.uint8)
+    if _kernel is None or (h, w) == (out_h, out_w):
+        for k in range(n):
+            out[k] = resize_hw(arrs[k], out_h, out_w)
+        return out
+    src = np.ascontiguousarray(arrs)
+    offsets = np.arange(n, dtype=np.int64) * (h * w * 3)
+    shapes = np.tile(np.array([[h, w]], np.int64), (n, 1))
+    boxes = np.tile(np.array([[0, 0, h, w]], np.int64), (n, 1))
+    resize_batch(src.reshape(-1), offsets, shapes, boxes, np.zeros(n, np.bool_), out)
     return out
 
 

@@ -370,6 +370,7 @@ class DatasetScheduler:
                     self._poke(job)
                     self._wait_locked(rank, t0)
                 rank.taken += 1
+                job.pace.add(int(work.rows.size))
                 job.trim_log()
                 self._activate_locked(job)
                 self._poke(job)  # room for the scheduler

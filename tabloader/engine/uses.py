@@ -11,6 +11,13 @@ Rows leave both when they are cut into a batch; until that batch's look-up pins 
 fetcher counts them (``Fetcher.starting``) and the scheduler's ``score`` ranks them as needed
 before any queued row. The caller holds the scheduler's lock; the arena reads the arrays
 without it (a stale value only makes one eviction choice less good).
+
+``next_round`` is the least of each job's own first queued round of the row (``_first``, an
+array per job with a queue, and ``_count``, its entries of each row: a queue spanning two
+epochs holds a row twice). When rows leave a queue, their next round is the least of the
+other jobs' first rounds: a few gathers per row, whatever the queues' lengths (scanning every
+queue cost O(all queued rows) per batch: with queues of the cache's size, the lookahead that
+lets the arena evict as Belady's MIN does, that was most of the scheduler's time).
 """
 
 from __future__ import annotations
@@ -33,11 +40,18 @@ class FutureUses:
         self.num_rows = num_rows
         self.uses: dict[int, npt.NDArray[np.int32]] = {}  # arena space -> row -> future uses
         self.next_round: dict[int, npt.NDArray[np.float64]] = {}  # space -> row -> round
+        self._first: dict[Any, npt.NDArray[np.float64]] = {}  # job -> row -> its first round
+        self._count: dict[Any, npt.NDArray[np.int8]] = {}  # job -> row -> entries queued
         self._mark = np.zeros(num_rows, bool)  # scratch: rows being unqueued
 
     def grow(self, num_rows: int) -> None:
         """The dataset has ``num_rows`` rows now (appended ones have no uses yet)."""
-        for arrays, fill in ((self.uses, 0), (self.next_round, np.inf)):
+        for arrays, fill in (
+            (self.uses, 0),
+            (self.next_round, np.inf),
+            (self._first, np.inf),
+            (self._count, 0),
+        ):
             for key, old in arrays.items():
                 grown = np.full(num_rows, fill, dtype=old.dtype)
                 grown[: old.size] = old
@@ -58,9 +72,19 @@ class FutureUses:
         self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
     ) -> None:
         """``rows`` joined ``job``'s queue, to be used in ``rounds``."""
+        first, count = self._queue_of(job)
+        np.add.at(count, rows, 1)
+        first[rows] = np.minimum(first[rows], rounds)
         for space in job.spaces():
             nxt = self.next_round[space]
             nxt[rows] = np.minimum(nxt[rows], rounds)
+
+    def _queue_of(self, job: Any) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8]]:
+        first = self._first.get(job)
+        if first is None:
+            first = self._first[job] = np.full(self.num_rows, np.inf)
+            self._count[job] = np.zeros(self.num_rows, np.int8)
+        return first, self._count[job]
 
     def unqueued(
         self,
@@ -70,31 +94,41 @@ class FutureUses:
         *,
         used: bool = True,
     ) -> None:
-        """``rows`` left ``job``'s queue: one use less (``used``: cut into a batch; else given
-        back to the sampler, still a future use); their next queued use is recomputed from the
-        queues of ``jobs`` (the scheduler's open jobs)."""
+        """``rows`` left ``job``'s queue (``job.q_rows`` is what stays): one use less
+        (``used``: cut into a batch; else given back to the sampler, still a future use);
+        their next queued use is the least first round of the jobs ``jobs`` (the scheduler's
+        open jobs) that queue them."""
         if rows.size == 0:
             return
-        mark = self._mark
-        mark[rows] = True
-        others = list(jobs)
+        first, count = self._queue_of(job)
+        np.subtract.at(count, rows, 1)
+        first[rows] = np.inf
+        again = rows[count[rows] > 0]
+        if again.size:  # its queue spans two epochs and holds them again: their next entry
+            mark = self._mark
+            mark[again] = True
+            hit = mark[job.q_rows]
+            mark[again] = False
+            q, r = job.q_rows[hit][::-1], job.q_rounds[hit][::-1]  # of two, the earlier wins
+            first[q] = np.minimum(first[q], r)
+        others = [o for o in jobs if o is not job and o in self._first]
         for space in job.spaces():
             if used:
                 np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats
-            nxt = self.next_round[space]
-            nxt[rows] = np.inf
+            best = first[rows]
             for other in others:
-                if other.q_rows.size and space in other.spaces():
-                    hit = mark[other.q_rows]
-                    if hit.any():  # reversed: of a row queued twice, the earlier round wins
-                        q, r = other.q_rows[hit][::-1], other.q_rounds[hit][::-1]
-                        nxt[q] = np.minimum(nxt[q], r)
-        mark[rows] = False
+                if space in other.spaces():
+                    best = np.minimum(best, self._first[other][rows])
+            self.next_round[space][rows] = best
+        if job.q_rows.size == 0:  # nothing queued: its arrays hold nothing (made again)
+            del self._first[job], self._count[job]
 
     def of(self, space: int, rows: npt.NDArray[np.int64]) -> tuple[Any, Any]:
         """(round of next queued use, future uses) of ``rows`` in ``space`` (inf and 0 for
         rows past the arrays or a space no job uses)."""
         nxt, uses = self.next_round.get(space), self.uses.get(space)
+        if nxt is not None and uses is not None and (rows.size == 0 or rows.max() < nxt.size):
+            return nxt.take(rows), uses.take(rows)  # the usual case: two gathers, no mask
         n = np.full(rows.size, np.inf)
         u = np.zeros(rows.size)
         if nxt is not None and uses is not None:

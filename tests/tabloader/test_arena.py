@@ -208,3 +208,67 @@ def test_a_run_of_whole_slabs_evicts_unpinned_values_and_skips_pinned_ones():
     arena.discard(np.array([run], np.int64))
     assert arena.stats().pinned == 1
     assert arena.reserve_run(5 * SLAB) >= 3 * SLAB  # its slabs are free again
+
+
+def _arena_with_history(seed: int) -> tuple[Arena, int, dict[int, int]]:
+    """4 slabs of 16 slots; rows 0..39 stored (2.5 slabs), some held; scores from ``seed``."""
+    rng = np.random.default_rng(seed)
+    next_use = rng.choice([1.0, 5.0, 9.0, np.inf], 300)
+    uses = rng.integers(0, 3, 300).astype(float)
+    arena = Arena(64 * 64, slab_bytes=64 * 16, score=lambda sp, rows: (next_use[rows], uses[rows]))
+    space = arena.space("s", num_rows=300, fixed=True)
+    offsets = {r: arena.put(space, r, value(r)) for r in range(40)}
+    for r in rng.permutation(40).tolist():  # recency in a random order
+        if r % 7:  # rows 0, 7, 14... stay held
+            arena.release(np.array([offsets[r]]))
+    return arena, space, offsets
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reserving_many_rows_takes_the_slots_one_at_a_time_would(seed):
+    """One reserve of many rows ranks the candidates once; it takes the same slots in the
+    same order, and evicts the same rows, as a reserve of one row at a time (a ranking per
+    slot, as the arena did before)."""
+    rows = np.arange(100, 160)  # 8 free slots, a free slab of 16, then 36 victims (of 34)
+    bulk, space, _ = _arena_with_history(seed)
+    single, _, _ = _arena_with_history(seed)
+    with pytest.warns(CacheOvershootWarning):
+        got, fresh = bulk.reserve(space, rows, (4, 4, 3))
+    with pytest.warns(CacheOvershootWarning):
+        one = [single.reserve(space, rows[i : i + 1], (4, 4, 3))[0][0] for i in range(rows.size)]
+    assert got.tolist() == one
+    assert fresh.tolist() == [o >= 0 for o in one]
+    assert (got >= 0).sum() == 8 + 16 + 34  # every unheld row made room, the held ones stay
+    everything = np.arange(300)
+    assert bulk.stored(space, everything).tolist() == single.stored(space, everything).tolist()
+    assert bulk.stats().evictions == single.stats().evictions == 34
+
+
+def test_victims_kept_from_a_ranking_are_checked_again_before_eviction():
+    """A ranking keeps the next best victims for the next reserves; one that is needed soon
+    by then (its next use came near) is not evicted, and the rest go in their order."""
+    next_use = np.full(1000, np.inf)
+    uses = np.zeros(1000)
+    arena = Arena(
+        64 * 256, slab_bytes=64 * 256, score=lambda sp, rows: (next_use[rows], uses[rows])
+    )
+    space = arena.space("s", num_rows=1000, fixed=True)
+    for r in range(256):  # full; row r is the r-th least recent
+        arena.release(np.array([arena.put(space, r, value(r))]))
+    next_use[:256] = np.arange(256)[::-1]  # row 0 is needed last: the best victim
+    gone = []
+
+    def take(rows):
+        before = arena.stored(space, np.arange(256))
+        offsets, _ = arena.reserve(space, np.asarray(rows), (4, 4, 3))
+        arena.discard(offsets)  # free again: only the evictions matter here
+        after = arena.stored(space, np.arange(256))
+        gone.append(np.flatnonzero(before & ~after).tolist())
+
+    take([900, 901])
+    assert gone[-1] == [0, 1]
+    next_use[2] = 1  # row 2, next in line, is needed soon now
+    uses[3] = 5  # row 3: more uses, but its next use is still far: evicted as before
+    take(list(range(902, 910)))  # 2 of them in the slots freed above, 6 evict
+    assert gone[-1] == [3, 4, 5, 6, 7, 8]  # 2 stays
+    assert arena.stored(space, np.array([2]))[0]

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalog.errors import CacheError
 from tabloader.bench.cachesim import Policy, PolicyCache, Stream, simulate
@@ -108,3 +110,35 @@ def test_an_arena_needs_a_policy_object():
 def test_the_base_policy_has_no_keys():
     with pytest.raises(NotImplementedError):
         EvictionPolicy().order([1.0], [0], [0])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([-1.0, 0.0, 3.0, 7.0, np.inf]),  # many ties and infinities
+            st.integers(0, 3),
+            st.integers(0, 5),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(0, 70),
+    st.sampled_from([ARENA_POLICY, FewestUses(), LeastRecent(), NearestNextUse()]),
+)
+@settings(max_examples=300, deadline=None)
+def test_select_is_the_first_k_of_the_order(candidates, k, policy):
+    """The arena's linear-time choice of its ``k`` best victims is exactly the first ``k`` of
+    the policy's full order (ties included: their given order)."""
+    next_use, uses, last_use = (np.array(c) for c in zip(*candidates, strict=True))
+    want = policy.order(next_use, uses, last_use)[:k].tolist()
+    assert policy.select(next_use, uses, last_use, k).tolist() == want
+
+
+def test_select_on_many_candidates_with_few_known_next_uses():
+    rng = np.random.default_rng(0)
+    n = 20_000
+    next_use = np.where(rng.random(n) < 0.9, np.inf, rng.integers(0, 500, n)).astype(float)
+    uses, last_use = rng.integers(0, 3, n), rng.permutation(n)
+    for k in (1, 16, 700, 19_000):
+        want = ARENA_POLICY.order(next_use, uses, last_use)[:k].tolist()
+        assert ARENA_POLICY.select(next_use, uses, last_use, k).tolist() == want

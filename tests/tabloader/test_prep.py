@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from catalog.errors import LoaderError, RowReadError
+from tabloader.engine import prep
 from tabloader.engine.prep import DecodeKind, Decoder, batch_column, decode_image, decoder_for
 
 
@@ -326,3 +327,70 @@ def test_batch_column_strings_bytes_nulls_and_big_ints_give_lists():
     assert _column([b"\x00", b"\x01"], name="blob") == [b"\x00", b"\x01"]
     assert _column([3, None]) == [3, None]
     assert _column([[1], None], pa.list_(pa.int64())) == [[1], None]
+
+
+# ---------------------------------------------------------------- batched: decode_images, many
+
+
+def _mixed_images() -> list:
+    """Images of several sources and sizes (JPEG, PNG, grayscale, tiny), some twice, some
+    broken: what one decode task may hold."""
+    rng = np.random.default_rng(0)
+    out: list = []
+    for w, h in ((24, 24), (24, 24), (40, 30), (30, 40), (500, 375), (24, 24), (17, 9)):
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        out.append(encode(Image.fromarray(pixels), "JPEG", quality=90))
+        out.append(encode(Image.fromarray(pixels), "PNG"))
+    out.append(encode(Image.fromarray(gradient(64, 48)).convert("L"), "JPEG"))
+    out.append(b"not an image")
+    out.append(out[0][: len(out[0]) // 3])  # truncated
+    return out
+
+
+def outcome(fn):
+    """``fn()``, or the ``LoaderError`` it raised."""
+    try:
+        return fn()
+    except LoaderError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("size", [16, 8, (12, 20), 224])
+def test_decode_images_is_decode_image_of_each(size):
+    values = _mixed_images()
+    got = prep.decode_images([pa.py_buffer(v) for v in values], size=size)
+    assert len(got) == len(values)
+    for value, arr in zip(values, got, strict=True):
+        want = outcome(lambda v=value: decode_image(v, size=size))
+        if isinstance(want, LoaderError):
+            assert isinstance(arr, LoaderError)
+            assert str(arr) == str(want)
+            continue
+        assert not isinstance(arr, LoaderError)
+        np.testing.assert_array_equal(arr, want)
+        assert not arr.flags.writeable
+
+
+def test_resize_many_is_resize_hw_of_each():
+    rng = np.random.default_rng(1)
+    arrs = rng.integers(0, 256, (9, 31, 23, 3), dtype=np.uint8)
+    for out_h, out_w in ((16, 16), (7, 40), (31, 23)):
+        got = prep.resize_many_hw(arrs, out_h, out_w)
+        for a, g in zip(arrs, got, strict=True):
+            np.testing.assert_array_equal(g, prep.resize_hw(a, out_h, out_w))
+
+
+@pytest.mark.parametrize("image_size", [None, 16, (12, 20), prep.Fit(20)])
+def test_decoder_many_is_the_decoder_on_each_value(image_size):
+    dec = decoder_for(pa.field("image", pa.binary()), image_size=image_size)
+    values: list = _mixed_images()
+    values.insert(3, None)  # a null fails as the decoder fails it
+    rows = list(range(100, 100 + len(values)))
+    got = dec.many(values, rows)
+    for value, row, out in zip(values, rows, got, strict=True):
+        want = outcome(lambda v=value, r=row: dec(v, row_id=r)[0])
+        if isinstance(want, LoaderError):
+            assert type(out) is type(want) is RowReadError
+            assert (str(out), out.row_id, out.column) == (str(want), row, "image")
+            continue
+        np.testing.assert_array_equal(out, want)

@@ -50,3 +50,59 @@ def test_other_spaces_and_new_rows_have_no_uses():
     assert u.tolist() == [1, 0, 0]
     n, u = fu.of(7, np.array([0]))  # a space no job uses
     assert (n.tolist(), u.tolist()) == ([np.inf], [0])
+
+
+def test_a_queue_spanning_two_epochs_holds_a_row_twice():
+    """A row queued in epoch e and again in e+1: cut the first, the second is its next use;
+    a job whose queue empties holds nothing any more."""
+    fu = FutureUses(4)
+    a = Queue([0], [1, 2, 1], [3, 4, 9])  # row 1 in two epochs
+    fu.count(a, np.array([1, 2]), +1)  # epoch e's rows, then e+1's
+    fu.count(a, np.array([1]), +1)
+    fu.queued(a, np.array([1, 2]), np.array([3, 4]))
+    fu.queued(a, np.array([1]), np.array([9]))
+    assert fu.next_round[0].tolist() == [np.inf, 3, 4, np.inf]
+    a.q_rows, a.q_rounds = a.q_rows[1:], a.q_rounds[1:]  # row 1 of epoch e cut
+    fu.unqueued(a, np.array([1]), [a])
+    assert fu.next_round[0].tolist() == [np.inf, 9, 4, np.inf]
+    assert fu.uses[0].tolist() == [0, 1, 1, 0]
+    a.q_rows, a.q_rounds = a.q_rows[:0], a.q_rounds[:0]  # the job closes: all of it goes
+    fu.unqueued(a, np.array([2, 1]), [])
+    assert np.isinf(fu.next_round[0]).all()
+    assert fu.uses[0].tolist() == [0, 0, 0, 0]
+    assert not fu._first
+    assert not fu._count
+
+
+def test_next_rounds_are_the_least_of_every_queue_at_every_step():
+    """Random queues, cuts and give-backs of several jobs on two spaces: ``next_round``
+    always equals the least queued round of each row, recomputed from the queues."""
+    rng = np.random.default_rng(0)
+    n = 40
+    fu = FutureUses(n)
+    jobs = [Queue([0]), Queue([0, 1]), Queue([1])]
+    round_ = 0
+    for step in range(300):
+        job = jobs[rng.integers(len(jobs))]
+        if rng.random() < 0.5 or job.q_rows.size == 0:  # queue a round of new rows
+            rows = rng.choice(n, rng.integers(1, 6), replace=False)
+            rounds = np.arange(round_, round_ + rows.size)
+            round_ += rows.size
+            fu.count(job, rows, +1)
+            job.q_rows = np.concatenate((job.q_rows, rows))
+            job.q_rounds = np.concatenate((job.q_rounds, rounds))
+            fu.queued(job, rows, rounds)
+        else:
+            k = int(rng.integers(1, job.q_rows.size + 1))
+            head = step % 2 == 0  # cut from the head, or give back from the tail
+            cut = job.q_rows[:k] if head else job.q_rows[-k:]
+            keep = slice(k, None) if head else slice(None, -k)
+            job.q_rows, job.q_rounds = job.q_rows[keep], job.q_rounds[keep]
+            fu.unqueued(job, cut, jobs, used=head)
+        for space in (0, 1):
+            want = np.full(n, np.inf)
+            for j in jobs:
+                if space in j.spaces():
+                    np.minimum.at(want, j.q_rows, j.q_rounds.astype(float))
+            got = fu.next_round.get(space, np.full(n, np.inf))
+            assert got.tolist() == want.tolist(), step
