@@ -63,7 +63,10 @@ logger = logging.getLogger(__name__)
 
 
 def decode_rows(
-    reader: DatasetReader, dec: Decoder, rows: npt.NDArray[np.int64]
+    reader: DatasetReader,
+    dec: Decoder,
+    rows: npt.NDArray[np.int64],
+    into: Callable[[int, tuple[int, int, int]], npt.NDArray[np.uint8] | None] | None = None,
 ) -> tuple[list[npt.NDArray[np.uint8] | None], Errors, dict[str, float]]:
     """Read and decode ``rows`` (sorted: a record batch is read once) of ``dec``'s column.
 
@@ -90,7 +93,8 @@ def decode_rows(
         if raw[i] is not None:
             reads += 1
             nbytes += len(raw[i])
-    prepared = dec.many([raw[i] for i in todo], rows[todo].tolist())
+    where = None if into is None else (lambda k, shape: into(todo[k], shape))
+    prepared = dec.many([raw[i] for i in todo], rows[todo].tolist(), where)
     for i, value in zip(todo, prepared, strict=True):
         if isinstance(value, BaseException):
             failed[i] = value

@@ -73,6 +73,7 @@ __all__ = [
     "Decoder",
     "Fit",
     "ImageSize",
+    "Into",
     "batch_column",
     "decode_image",
     "decode_images",
@@ -111,8 +112,16 @@ class DecodeKind(enum.Enum):
     SCALAR = "scalar"
 
 
+Into = Callable[[tuple[int, int, int]], "npt.NDArray[np.uint8] | None"]
+"""``into(shape)``: a writable uint8 array of ``shape`` to decode into (a slot of the arena),
+or None (decode into a new array)."""
+
+
 def decode_image(
-    data: bytes | bytearray | memoryview | pa.Buffer, *, size: ImageSize | None = None
+    data: bytes | bytearray | memoryview | pa.Buffer,
+    *,
+    size: ImageSize | None = None,
+    into: Into | None = None,
 ) -> npt.NDArray[np.uint8]:
     """Decode encoded image bytes (JPEG, PNG, WebP...) to a read-only ``uint8`` (H, W, 3) array.
 
@@ -132,15 +141,20 @@ def decode_image(
     Args:
         data: the encoded image.
         size: optional target size, see above.
+        into: where to decode, when the result's shape is known before decoding (a JPEG at an
+            aspect-kept size that needs no resize after its DCT scale): ``into(shape)`` gives
+            the array (the arena's slot: no copy of the decoded image into it, no new memory
+            to fault in), or None for a new one. Otherwise unused.
 
     Returns:
-        The decoded pixels, read-only (they may be shared between jobs).
+        The decoded pixels, read-only (they may be shared between jobs): ``into``'s array
+        where it was used.
 
     Raises:
         LoaderError: the bytes are not a decodable image, or ``size`` is invalid.
     """
     target = _check_size(size)
-    arr = _decode(data, target)
+    arr = _decode(data, target, into if isinstance(target, Fit) else None)
     if target is not None:
         arr = _resize(arr, target)
     arr.flags.writeable = False
@@ -187,14 +201,16 @@ def decode_images(
 
 
 def _decode(
-    data: bytes | bytearray | memoryview | pa.Buffer, target: _Target | None
+    data: bytes | bytearray | memoryview | pa.Buffer,
+    target: _Target | None,
+    into: Into | None = None,
 ) -> npt.NDArray[np.uint8]:
     """``data`` decoded as :func:`decode_image` does, before its resize to ``target``."""
     view = memoryview(data)
     if view.format != "B":  # pyarrow buffers export signed chars
         view = view.cast("B")
     if bytes(view[:3]) == _JPEG_MAGIC:
-        fast = _decode_jpeg(view, target)
+        fast = _decode_jpeg(view, target, into)
         if fast is not None:
             return fast
     try:
@@ -214,7 +230,9 @@ def _decode(
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
-def _decode_jpeg(data: memoryview, target: _Target | None) -> npt.NDArray[np.uint8] | None:
+def _decode_jpeg(
+    data: memoryview, target: _Target | None, into: Into | None = None
+) -> npt.NDArray[np.uint8] | None:
     """Decode a JPEG with libjpeg-turbo (simplejpeg), scaled in the DCT domain (not resized to
     ``target``: the caller does); None if it can't.
 
@@ -225,7 +243,7 @@ def _decode_jpeg(data: memoryview, target: _Target | None) -> npt.NDArray[np.uin
     with the GIL released and is deterministic. CMYK and other JPEGs it cannot turn into RGB
     return None (Pillow then).
     """
-    kw: dict[str, int] = {}
+    kw: dict[str, Any] = {}
     if target is not None:
         try:
             h, w = simplejpeg.decode_jpeg_header(data)[:2]
@@ -234,6 +252,13 @@ def _decode_jpeg(data: memoryview, target: _Target | None) -> npt.NDArray[np.uin
         least = dct_least_size((h, w), target.least if isinstance(target, Fit) else target)
         if least is not None:
             kw = {"min_height": least[0], "min_width": least[1]}
+        if into is not None and isinstance(target, Fit):
+            try:  # the decoded shape (the scaled one), to decode straight into place
+                dh, dw = simplejpeg.decode_jpeg_header(data, **kw)[:2]
+            except Exception:
+                return None
+            if target.cap is None or min(dh, dw) <= target.cap:  # no resize after it
+                kw["buffer"] = into((dh, dw, 3))
     try:
         arr: npt.NDArray[np.uint8] = simplejpeg.decode_jpeg(data, colorspace="RGB", **kw)
     except Exception:
@@ -398,13 +423,23 @@ class Decoder:
             key = f"{self.column}@{size[0]}x{size[1]}"
         object.__setattr__(self, "key", key)
 
-    def many(self, values: Sequence[Any], row_ids: Sequence[int]) -> list[Any]:
+    def many(
+        self,
+        values: Sequence[Any],
+        row_ids: Sequence[int],
+        into: Callable[[int, tuple[int, int, int]], npt.NDArray[np.uint8] | None] | None = None,
+    ) -> list[Any]:
         """Prepare ``values`` of rows ``row_ids``: per value what ``self(value, row_id=...)``
         returns first, or the exception it raises. Images of a fixed ``image_size`` are
         decoded with their resizes batched (:func:`decode_images`: the same pixels), unless
-        a subclass prepares values its own way (overrides ``__call__``)."""
+        a subclass prepares values its own way (overrides ``__call__``); aspect-kept ones
+        (a :class:`Fit`) into ``into(k, shape)``'s array for value ``k`` where it gives one
+        (see :func:`decode_image`)."""
         size = self.image_size
         own_call = type(self).__call__ is not Decoder.__call__  # a subclass's: value by value
+        if into is not None and not own_call and isinstance(size, Fit):
+            pairs = enumerate(zip(values, row_ids, strict=True))
+            return [self._fit_into(v, r, k, into) for k, (v, r) in pairs]
         if own_call or self.kind is not DecodeKind.IMAGE or size is None or isinstance(size, Fit):
             out: list[Any] = []
             for value, row in zip(values, row_ids, strict=True):
@@ -425,6 +460,20 @@ class Decoder:
         for i, arr in zip(todo, decoded, strict=True):
             out[i] = self._row_error(arr, row_ids[i]) if isinstance(arr, LoaderError) else arr
         return out
+
+    def _fit_into(
+        self,
+        value: Any,
+        row_id: int,
+        k: int,
+        into: Callable[[int, tuple[int, int, int]], npt.NDArray[np.uint8] | None],
+    ) -> Any:
+        try:
+            return decode_image(
+                _image_bytes(self, value), size=self.image_size, into=lambda s: into(k, s)
+            )
+        except LoaderError as exc:
+            return self._row_error(exc, row_id)
 
     def _row_error(self, exc: LoaderError, row_id: int) -> LoaderError:
         """``exc`` as ``__call__`` raises it for row ``row_id``."""

@@ -1054,3 +1054,22 @@ def test_a_dataset_dropped_and_imported_again_is_read_anew(images, tmp_path):
             expected = decode_image((other / path).read_bytes(), size=16)
             assert np.array_equal(seen[i], expected), i
         new.close()
+
+
+def test_a_shared_decode_that_fails_in_its_slot_frees_the_slot(corrupt):
+    """An augmented job's shared decode is written into its arena slot, reserved before the
+    decode: a row whose bytes fail (a truncated JPEG) gives its slot back, every other row's
+    decode stays cached once, and nothing is left pinned."""
+    cat, bad = corrupt
+    cat.sql(
+        "REGISTER JOB aug SELECT image FROM imgs "
+        "WITH (augment = 'RandomResizedCrop(8)', on_error = 'skip')"
+    )
+    rows = cat.job("aug").num_rows
+    with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
+        with loader.open("aug", batch_size=4, epochs=1) as stream:
+            seen = [int(i) for b in stream for i in b["_id"]]
+        stats = loader.arena.stats()
+    assert sorted(seen) == sorted(set(range(rows)) - {bad})
+    assert stats.pinned == 0
+    assert stats.entries == rows - 1  # every good row's decode, once; no slot left behind

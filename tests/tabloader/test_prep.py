@@ -394,3 +394,30 @@ def test_decoder_many_is_the_decoder_on_each_value(image_size):
             assert (str(out), out.row_id, out.column) == (str(want), row, "image")
             continue
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("fit", [prep.Fit(16), prep.Fit(100), prep.Fit(16, cap=20)])
+def test_a_fit_decode_goes_into_the_array_given_when_its_shape_is_known(fit):
+    """An aspect-kept JPEG decode that needs no resize after its DCT scale is written into
+    ``into``'s array (the arena's slot): the same pixels, no array of its own; with a resize
+    after it (a cap under the decoded side), or not a JPEG, ``into`` is not used."""
+    rng = np.random.default_rng(1)
+    data = encode(Image.fromarray(rng.integers(0, 256, (90, 120, 3), np.uint8)), "JPEG")
+    want = decode_image(data, size=fit)
+    given: list = []
+
+    def into(shape):
+        given.append(np.zeros(shape, np.uint8))
+        return given[-1]
+
+    got = decode_image(data, size=fit, into=into)
+    np.testing.assert_array_equal(got, want)
+    assert not got.flags.writeable
+    if fit.cap is not None:  # 90 -> a 45 or 90 decode, over the cap: resized after
+        assert given == []
+    else:
+        assert [g.shape for g in given] == [want.shape]
+        assert np.shares_memory(got, given[0])
+    png = encode(Image.fromarray(rng.integers(0, 256, (9, 12, 3), np.uint8)), "PNG")
+    assert decode_image(png, size=fit, into=into).shape[:2] == (9, 12)
+    assert len(given) == (0 if fit.cap is not None else 1)  # a PNG never asks
