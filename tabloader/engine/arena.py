@@ -30,7 +30,9 @@ Eviction (when a class needs a slot and has none free and no slab is free): the 
 unpinned slots are ranked by the eviction policy (:mod:`tabloader.engine.eviction`; by default
 :data:`~tabloader.engine.eviction.ARENA_POLICY`: the value whose next use is farthest (lookahead:
 Belady inside the sampler's horizon), then the one with the fewest future uses (RefCnt), then
-the least recently used), the same object ``bench sampling``'s simulator replays.
+the least recently used), the same object ``bench sampling``'s simulator replays. A reserve
+takes all its slots at once (one ranking for all its victims), and a ranking keeps the next
+best victims for the next reserves, checked again on fresh inputs before they go (``_victims``).
 ``score(space, rows) -> (next_use, uses)`` supplies the first two, vectorized; it is called
 with the arena's lock held, so it must not take a lock that an arena caller may hold (the
 engine's scores are lock-free numpy reads). A class with no evictable slot takes a whole slab
