@@ -309,7 +309,7 @@ class DatasetReader:
             table = self._gather(ids, None)
         if len(names) != len(self.schema):
             table = table.select(names)
-        return table.add_column(0, ID_FIELD, pa.array(ids))
+        return table.add_column(0, ID_FIELD, id_array(ids))
 
     def row(self, i: int, columns: tuple[str, ...] | None = None) -> tuple[pa.RecordBatch, int]:
         """The record batch that holds row ``i``, and the row's index in it (one read).
@@ -475,7 +475,9 @@ class DatasetReader:
             info = self.parts[part]
             index = None
             column = (
-                binary_array(pa.array([], self.schema.field(fields[0]).type)) if fields else None
+                # (pa.nulls: an empty array of the type; pa.array would wake pyarrow's pandas
+                # shim, 0.2-0.4 s of a cold service's first batch)
+                binary_array(pa.nulls(0, self.schema.field(fields[0]).type)) if fields else None
             )
             if fields and info.rows_per_batch >= INDEX_ROWS and column is not None:
                 self._file(part, fields)  # opened and checked (size, identity) first
