@@ -29,7 +29,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.collate import OwnSlots, collate, hand_over, release
 from tabloader.engine.decoding import DecodePool, decode_rows
 from tabloader.engine.gather import Gatherer
+from tabloader.engine.pool import PriorityPool
 from tabloader.engine.prep import Decoder, Fit
 from tabloader.engine.work import Work
 
@@ -62,13 +63,14 @@ MIN_TASK_BYTES = 256 << 10
 class _Load:
     """One task's decode of a group of rows (sorted) of one arena space."""
 
-    __slots__ = ("decoder", "id", "rows", "space", "waiters")
+    __slots__ = ("decoder", "id", "priority", "rows", "space", "waiters")
 
     def __init__(self, id_: int, space: int, decoder: Decoder, rows: npt.NDArray[np.int64]):
         self.id = id_
         self.space = space
         self.decoder = decoder
         self.rows = rows
+        self.priority = 0  # the pool's order: its first batch's (``Work.seq``)
         # (batch, its prepared column, positions in the batch, indices into ``rows``)
         self.waiters: list[tuple[Work, int, npt.NDArray[np.intp], npt.NDArray[np.intp]]] = []
 
@@ -96,7 +98,7 @@ class Fetcher:
         reader: DatasetReader,
         table: DatasetReader,
         arena: Arena,
-        pool: Executor,
+        pool: PriorityPool,
         on_done: Callable[[Work], None],
         *,
         workers: int,
@@ -156,7 +158,7 @@ class Fetcher:
             self._start(work)
             return
         try:
-            self.pool.submit(self._start, work)
+            self.pool.submit(self._start, work, priority=work.seq)
         except BaseException:
             self._mark_starting(work, -1)
             raise
@@ -204,19 +206,24 @@ class Fetcher:
                 self._dispatch(load)
             except BaseException as exc:  # every batch waiting for these rows fails with it
                 self._fail(load, exc)
-        if work.error is None:  # gathered while the decodes run (a first read of a label
-            # column reads a record batch at a time: 30-170 ms for 2,000 images here)
-            try:
-                t0 = time.perf_counter()
-                work.values = self.gatherer.gather(work.rows, work.plan.gathered)
-                self.counters.add(read_s=time.perf_counter() - t0)
-            except BaseException as exc:
-                work.error = exc
+        if work.error is None and not (loads and self.gatherer.reading(work.plan.gathered)):
+            self._gather(work)  # while the decodes run; else after them (``_finish``): a
+            # column being read whole is usually done by then
         with self._lock:
             work.waiting -= 1
             ready = work.waiting == 0
         if ready:
             self._finish(work)
+
+    def _gather(self, work: Work) -> None:
+        """The batch's cheap columns (a failure fails the batch)."""
+        work.gathered = True
+        try:
+            t0 = time.perf_counter()
+            work.values = self.gatherer.gather(work.rows, work.plan.gathered)
+            self.counters.add(read_s=time.perf_counter() - t0)
+        except BaseException as exc:
+            work.error = exc
 
     def _lookup(self, work: Work, ci: int, dec: Decoder, space: int) -> list[_Load]:
         rows = work.rows
@@ -263,6 +270,7 @@ class Fetcher:
                 for start in range(0, claim.size, step):
                     pos = claim[start : start + step]
                     load = _Load(self._next_load, space, dec, rows[pos])
+                    load.priority = work.seq
                     self._next_load += 1
                     load.waiters.append((work, ci, pos, np.arange(pos.size)))
                     loading[load.rows] = load.id
@@ -280,13 +288,15 @@ class Fetcher:
             # first ones start the processes and are decoded here meanwhile
             if self.procs is not None and size is not None and not isinstance(size, Fit):
                 self.procs.start()
-            self.pool.submit(self._run_load, load)
+            self.pool.submit(self._run_load, load, priority=load.priority)
             return
         offsets, fresh = self.arena.reserve(load.space, load.rows, _fixed_shape(size))
         todo = np.flatnonzero(fresh)
         try:
             if todo.size == 0:
-                self.pool.submit(self._landed_elsewhere, load, offsets, todo, None)
+                self.pool.submit(
+                    self._landed_elsewhere, load, offsets, todo, None, priority=load.priority
+                )
                 return
             future = self.procs.submit(self.reader, load.decoder, load.rows[todo], offsets[todo])
         except BaseException:  # the slots go back: fresh ones freed, stored ones unpinned
@@ -294,12 +304,14 @@ class Fetcher:
             self.arena.release(offsets[(offsets >= 0) & ~fresh])
             raise
         future.add_done_callback(
-            lambda f: self._submit_or_run(self._landed_elsewhere, load, offsets, todo, f)
+            lambda f: self._submit_or_run(
+                self._landed_elsewhere, load, offsets, todo, f, priority=load.priority
+            )
         )
 
-    def _submit_or_run(self, fn: Callable[..., None], *args: Any) -> None:
+    def _submit_or_run(self, fn: Callable[..., None], *args: Any, priority: int) -> None:
         try:
-            self.pool.submit(fn, *args)
+            self.pool.submit(fn, *args, priority=priority)
         except RuntimeError:  # the loader is closing: land here (the pins are released)
             fn(*args)
 
@@ -504,6 +516,8 @@ class Fetcher:
 
     # -- step 3: collate -------------------------------------------------------------------------
     def _finish(self, work: Work) -> None:
+        if work.error is None and not work.gathered:
+            self._gather(work)
         t0 = time.perf_counter()
         handed_over = False
         try:

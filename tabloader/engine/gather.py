@@ -108,26 +108,38 @@ class Gatherer:
         in a service's first batch), then gathers its rows as any other column's: no pool
         thread (which decodes must land on) waits long for it.
         """
-        flat = self._flat.get(dec.column)
-        if flat is not None or dec.column in self._flat:
-            return flat
+        reading = self._read_whole(dec)
+        if reading is not None:
+            reading.wait(READ_WAIT_S)
+        return self._flat.get(dec.column)
+
+    def reading(self, decoders: Sequence[Decoder]) -> bool:
+        """Whether a column of ``decoders`` is being read whole now (its read started here if
+        it was not yet): the fetcher then gathers a batch's rows after its decodes, not before
+        them (a first batch's gather would hold a pool thread its decodes wait for)."""
+        started = [self._read_whole(dec) for dec in decoders]  # each column's read starts
+        return any(r is not None for r in started)
+
+    def _read_whole(self, dec: Decoder) -> threading.Event | None:
+        """The read of ``dec``'s column whole in flight (started now if it was not yet), or
+        None when it is done."""
+        if dec.column in self._flat:
+            return None
         with self._lock:
             if dec.column in self._flat:
-                return self._flat[dec.column]
+                return None
             reading = self._reading.get(dec.column)
             if reading is None:
                 reading = self._reading[dec.column] = threading.Event()
-                table = self.table
                 thread = threading.Thread(
                     target=self._read_flat_into,
-                    args=(dec, table, reading),
+                    args=(dec, self.table, reading),
                     name=f"tabloader-read-{dec.column}",
                     daemon=True,
                 )
                 self._threads.append(thread)
                 thread.start()
-        reading.wait(READ_WAIT_S)
-        return self._flat.get(dec.column)
+            return reading
 
     def close(self) -> None:
         """Wait for the columns being read whole (no thread of a loader outlives it)."""

@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ from tabloader.engine.decoding import DecodePool
 from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobs import JobState, OnError, cache_rows, default_prefetch, fit_prefetch
 from tabloader.engine.planning import column_plan, job_augmenter
+from tabloader.engine.pool import PriorityPool
 from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes
 from tabloader.engine.queues import JobQueues
 from tabloader.engine.ranks import rank_share, resolve_rank
@@ -162,7 +162,7 @@ class Loader:
             if self._owns_catalog:
                 self.catalog.close()
             raise
-        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tabloader-io")
+        self._pool = PriorityPool(self.workers, "tabloader-io")
         self._schedulers: dict[str, DatasetScheduler] = {}
         self._read: dict[str, Dataset] = {}  # the version each scheduler reads
         # bumped when a dataset is dropped and imported again: its arena spaces are new ones
@@ -537,6 +537,10 @@ def _warm_pyarrow() -> None:
     with _WARM_LOCK:
         if _warm_thread is not None:
             return
+
+        # pandas imports it, and one imported after the main thread ended (a process that
+        # exits at once) cannot register its exit hook: imported here, before
+        import concurrent.futures.thread  # noqa: F401
 
         def run() -> None:
             import pyarrow as pa

@@ -8,6 +8,7 @@ it back.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from tabloader.engine.augment import Augmenter
 from tabloader.engine.prep import Decoder
 
 __all__ = ["Plan", "Work"]
+
+_SEQ = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Work:
         "epoch",
         "error",
         "errors",
+        "gathered",
         "job",
         "loaded",
         "offsets",
@@ -50,6 +54,7 @@ class Work:
         "remote",
         "result",
         "rows",
+        "seq",
         "shapes",
         "skip",
         "values",
@@ -67,12 +72,14 @@ class Work:
         remote: bool = False,
     ):
         self.job = job
+        self.seq = next(_SEQ)  # cut order: the pool runs the earliest batch's tasks first
         self.remote = remote  # handed over pinned to another process (the loader service)
         self.rows = rows
         self.epoch = epoch
         self.plan = plan
         self.skip = skip
         self.values: dict[str, Any] = {}
+        self.gathered = False  # ``values`` were read (before the decodes, or after them)
         n = len(plan.prepared)
         self.offsets = [np.full(rows.size, -1, np.int64) for _ in range(n)]
         self.shapes = [np.zeros((rows.size, 3), np.int32) for _ in range(n)]
