@@ -85,9 +85,10 @@ def test_tiny_compares_one_job_with_dataloaders_and_four_jobs_with_one(tmp_path)
     }
     for (mode, what), r in got.items():
         assert r["rows/s"] > 0
-        assert r["cpu ms/row"] > 0
+        assert r["cpu ms/row"] >= 0  # CPU comes in 10 ms clock ticks: a short run may read 0
         if mode != "dataloader(2)":
             assert r["decodes"] >= rows, (mode, what)  # every row decoded at least once
+    assert sum(r["cpu ms/row"] for r in got.values()) > 0
     for run in tiny["runs"].values():  # every job read its whole epoch
         for r in run:
             assert r["rows"] in (rows, 4 * rows) or r["rows"] >= 64
@@ -105,7 +106,17 @@ def test_scale_counts_decodes_against_the_union_and_belady(tmp_path):
     data = _bench(
         tmp_path,
         "e2e",
-        *("--scenarios", "scale", "--quick", "--workers", "2", "--scale-rows", "3000"),
+        *(
+            "--mode",
+            "zygote",
+            "--scenarios",
+            "scale",
+            "--quick",
+            "--workers",
+            "2",
+            "--scale-rows",
+            "3000",
+        ),
         *("--scale-caches", "0.05", "--scale-data", str(tmp_path / "tiny")),
     )
     scale = data["scale"]
