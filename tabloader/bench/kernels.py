@@ -37,13 +37,13 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench._cpu import cpu_model, simd_level
 from tabloader.engine import resample
 from tabloader.engine.augment import Augmenter
 
@@ -55,30 +55,14 @@ COLD_IMAGES = 64
 
 
 def cpu_description() -> dict[str, str]:
-    """``{"cpu": model name, "simd": "AVX-512" | "AVX2" | "NEON" | ...}`` from /proc/cpuinfo
-    (and the kernel's own choice of path, ``"kernel"``)."""
-    model, flags = "unknown", set[str]()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip().lower()
-            if key in ("model name", "hardware", "cpu model") and model == "unknown":
-                model = value.strip()
-            elif key in ("flags", "features") and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    if "avx512f" in flags:
-        simd = "AVX-512 (and AVX2)" if "avx2" in flags else "AVX-512"
-    elif "avx2" in flags:
-        simd = "AVX2"
-    elif "asimd" in flags or "neon" in flags:
-        simd = "NEON"
-    elif "sse4_2" in flags:
-        simd = "SSE4.2"
-    else:
-        simd = "unknown"
-    return {"cpu": model, "simd": simd, "kernel": resample.kernel_isa() or "not built"}
+    """``{"cpu": model name, "simd": "AVX-512 (...)" | "AVX2" | "NEON" | ...}`` from
+    /proc/cpuinfo (:mod:`tabloader.bench._cpu`), and the kernel's own choice of path
+    (``"kernel"``)."""
+    return {
+        "cpu": cpu_model(),
+        "simd": simd_level(),
+        "kernel": resample.kernel_isa() or "not built",
+    }
 
 
 def _images(rng: np.random.Generator) -> npt.NDArray[np.uint8]:
