@@ -4,6 +4,7 @@ row's batch is the same across a service restart and a resume."""
 from __future__ import annotations
 
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -50,25 +51,23 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
     root, raw = aug_dir
     proc = start_service(root)
     try:
-        remote = RemoteLoader(root, start=False)
-        first = read(remote, "tr", epochs=2)
-        ev = read(remote, "ev", epochs=1)
-        stats = remote.stats()
-        with remote.open("tr", batch_size=8, epochs=2) as s:
-            head = [(0, s.take()), (0, s.take())]
-            state = s.state_dict()
-            # the job's own augmentation (the service's pool) is counted apart from waiting
-            assert s.stats()["augment_s"] > 0
-            (seen,) = [j for j in remote.stats()["jobs"].values() if j["job"] == "tr"]
-            assert seen["augment_s"] > 0
-        remote.close()
+        with RemoteLoader(root, start=False) as remote:
+            first = read(remote, "tr", epochs=2)
+            ev = read(remote, "ev", epochs=1)
+            stats = remote.stats()
+            with remote.open("tr", batch_size=8, epochs=2) as s:
+                head = [(0, s.take()), (0, s.take())]
+                state = s.state_dict()
+                # the job's own augmentation (the service's pool) is counted apart from waiting
+                assert s.stats()["augment_s"] > 0
+                (seen,) = [j for j in remote.stats()["jobs"].values() if j["job"] == "tr"]
+                assert seen["augment_s"] > 0
     finally:
         stop(proc, signal.SIGKILL)  # the service dies; a new one serves the rest
     proc = start_service(root)
     try:
-        remote = RemoteLoader(root, start=False)
-        rest = read(remote, "tr", epochs=2, state=state)
-        remote.close()
+        with RemoteLoader(root, start=False) as remote:
+            rest = read(remote, "tr", epochs=2, state=state)
     finally:
         stop(proc)
     assert stats["decodes"] == len(raw)  # the evaluation job read the training job's decodes
@@ -95,15 +94,17 @@ def test_the_service_augments_into_slots_the_batch_frees_on_release(aug_dir):
     root, raw = aug_dir
     proc = start_service(root)
     try:
-        remote = RemoteLoader(root, start=False)
-        with remote.open("tr", batch_size=8, epochs=1) as s:
-            first = s.take()
-            cache = remote.stats()["cache"]
-            # the batch the client holds, one read ahead and those prefetched: own slots only
-            assert cache["pinned"] >= len(first["_id"])
-            rows = sum(len(b["_id"]) for b in s.iter_epoch()) + len(first["_id"])
-        stats = remote.stats()
-        remote.close()
+        with RemoteLoader(root, start=False) as remote:
+            with remote.open("tr", batch_size=8, epochs=1) as s:
+                first = s.take()
+                # the client has copied its batch out (its slots went); the batch read ahead is
+                # prepared into slots of its own, pinned until that batch is handed and copied
+                deadline = time.monotonic() + 20
+                while remote.stats()["cache"]["pinned"] < len(first["_id"]):
+                    assert time.monotonic() < deadline, remote.stats()["cache"]
+                    time.sleep(0.02)
+                rows = sum(len(b["_id"]) for b in s.iter_epoch()) + len(first["_id"])
+            stats = remote.stats()
     finally:
         stop(proc)
     assert rows == len(raw)
