@@ -1,7 +1,11 @@
-"""Build the optional C resampler (``tabloader.engine._resample``); the rest is pyproject.toml.
+"""Build the optional C extensions; the rest is pyproject.toml.
 
-The extension is ``optional``: without a C compiler the install still succeeds and images are
-resized by torch (or Pillow) instead, which :mod:`tabloader.engine.resample` logs once.
+* ``tabloader.engine._resample``: the crop-resize-flip kernel;
+* ``tabloader.sampling._rounds``: the dependent sampler's walk over several regions.
+
+Both are ``optional``: without a C compiler the install still succeeds; images are then
+resized by torch (or Pillow), which :mod:`tabloader.engine.resample` logs once, and the
+sampler walks its rounds in Python (the same rows, ~30x slower per round).
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ setup(
             "tabloader.engine._resample",
             sources=["tabloader/engine/_resample.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "tabloader.sampling._rounds",
+            sources=["tabloader/sampling/_rounds.c"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": BuildExt},
 )

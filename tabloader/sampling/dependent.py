@@ -37,6 +37,11 @@ from tabloader.sampling.base import (
 )
 from tabloader.sampling.regions import Regions
 
+try:
+    import tabloader.sampling._rounds as _walk
+except ImportError:  # pragma: no cover - built without a C compiler: the Python walk
+    _walk = None
+
 __all__ = ["DependentSampler"]
 
 logger = logging.getLogger(__name__)
@@ -80,7 +85,9 @@ class DependentSampler:
         self._count: list[int] = []  # slot -> |R_j|
         self._seqs: list[int] = []  # slot -> registration sequence (tie break)
         self._next_seq = 0
-        self.vectorize = True  # draw one-region rounds at once (False: one by one, for tests)
+        # one-region rounds drawn at once, the others walked in C (False: the Python walk, for
+        # tests: the rows are the same)
+        self.vectorize = True
 
     # ------------------------------------------------------------------ jobs
     def add_job(
@@ -262,6 +269,8 @@ class DependentSampler:
         levels, dec = regions.groups(order)
         if self.vectorize and len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
             return [self._rounds_one_region(order, n, levels[0][0])] * m
+        if self.vectorize and _walk is not None and max(order) < 64:
+            return self._rounds_walked(order, n, levels, dec)
         out_cols: list[list[int]] = [[] for _ in range(m)]
         prefix = [0]
         for slot in order:
@@ -362,6 +371,31 @@ class DependentSampler:
         for t, slot in enumerate(order):
             cnt[slot] = c0[t] - n
         return list(out_cols)
+
+    CHUNK = 4096  # rounds per call of the C walk (its uniforms are a list of floats)
+
+    def _rounds_walked(
+        self, order: tuple[int, ...], n: int, levels: list[list[int]], dec: list[list[int]]
+    ) -> list[_Part]:
+        """The loop of :meth:`_rounds`, in C (``_rounds.c``): the same uniforms, rows and moves."""
+        regions, uni, cnt = self._regions, self._uniforms, self._count
+        m = len(order)
+        out = np.empty((m, n), dtype=np.int64)
+        done = 0
+        while done < n:
+            steps = min(n - done, self.CHUNK)
+            c0 = [cnt[slot] for slot in order]
+            part = np.empty((m, steps), dtype=np.int64)
+            uni.ensure(2 * m * steps)
+            uni.i = _walk.rounds(
+                steps, order, c0, levels, dec, uni.buf, uni.i, regions.rows, regions.keys,
+                regions.index, regions.pos, regions.reg, regions.region, part,
+            )  # fmt: skip
+            out[:, done : done + steps] = part
+            for slot in order:
+                cnt[slot] -= steps
+            done += steps
+        return list(out)
 
     def _rounds_one_region(self, order: tuple[int, ...], n: int, r: int) -> np.ndarray:
         """``n`` rounds when every row the jobs need is in region ``r``: vectorized.
