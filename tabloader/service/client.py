@@ -534,46 +534,45 @@ class RemoteStream:
         return batch
 
 
-def _located(col: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
-    """An images column's values: their shapes, sizes and starts in the mapping."""
-    staged = {int(k): int(v) for k, v in col["staged"].items()}
-    shapes = [tuple(s[: 3 if s[2] else 2]) for s in col["shapes"]]
-    sizes = [math.prod(s) for s in shapes]
-    starts = [staged.get(k, off) for k, off in enumerate(col["offsets"])]
-    return shapes, sizes, starts
+def _index(arena: np.ndarray, col: dict[str, Any], width: int) -> np.ndarray:
+    """A prepared column's index in staging (int64, ``rows`` x ``width``): per value its
+    start in the mapping, then (images) its height, width and channels (0: grey)."""
+    n = int(col["rows"])
+    return np.frombuffer(arena, np.int64, n * width, int(col["index"])).reshape(n, width).copy()
 
 
 def _augmented(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
     """A column the job augments, made by the service: every value one shape and dtype."""
     shape, dtype = tuple(col["shape"]), np.dtype(col["dtype"])
     n = math.prod(shape) * dtype.itemsize
-    staged = {int(k): int(v) for k, v in col["staged"].items()}
-    starts = [staged.get(k, off) for k, off in enumerate(col["offsets"])]
+    starts = _index(arena, col, 1)[:, 0].tolist()
     out = loader.memory.empty((len(starts), *shape), dtype)
     rows = out.reshape(len(starts), -1).view(np.uint8)
     for k, start in enumerate(starts):
         rows[k] = arena[start : start + n]
-    copied = out.nbytes + n * len(staged)  # ours, and the service's into staging
-    loader.count_copies(len(starts), out.nbytes, copied)
+    loader.count_copies(len(starts), out.nbytes, out.nbytes + int(col["staged_bytes"]))
     return out
 
 
 def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
-    shapes, sizes, starts = _located(col)
-    staged = {int(k) for k in col["staged"]}
-    prepared = sum(sizes)
-    copied = prepared + sum(sizes[k] for k in staged)  # ours, and the service's into staging
-    if shapes and all(s == shapes[0] for s in shapes):
-        out: Any = loader.memory.empty((len(shapes), *shapes[0]))
-        rows, n = out.reshape(len(shapes), -1), sizes[0]
+    index = _index(arena, col, 4)
+    starts = index[:, 0].tolist()
+    if len(index) and (index[:, 1:] == index[0, 1:]).all():
+        shape = tuple(index[0, 1:4] if index[0, 3] else index[0, 1:3])
+        out: Any = loader.memory.empty((len(starts), *shape))
+        rows, n = out.reshape(len(starts), -1), math.prod(shape)
         for k, start in enumerate(starts):
             rows[k] = arena[start : start + n]
+        prepared = out.nbytes
     else:
+        shapes = [tuple(s[: 3 if s[2] else 2]) for s in index[:, 1:].tolist()]
         out = [
-            arena[start : start + n].reshape(shape).copy()
-            for start, n, shape in zip(starts, sizes, shapes, strict=True)
+            arena[start : start + math.prod(shape)].reshape(shape).copy()
+            for start, shape in zip(starts, shapes, strict=True)
         ]
-    loader.count_copies(len(shapes), prepared, copied)
+        prepared = sum(v.nbytes for v in out)
+    # ours, and the service's into staging of the values the arena had no room for
+    loader.count_copies(len(starts), prepared, prepared + int(col["staged_bytes"]))
     return out
 
 
