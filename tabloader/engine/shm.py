@@ -82,6 +82,7 @@ class Segment:
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
         self.buf = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         self._allocating: threading.Thread | None = None  # ``new``'s, while it allocates
+        self._stop_allocating = threading.Event()
 
     @classmethod
     def new(cls, tag: str, size: int) -> Segment:
@@ -108,7 +109,10 @@ class Segment:
             os.close(fd)
             raise
         segment._allocating = threading.Thread(
-            target=_allocate, args=(os.dup(fd), size), name="tabloader-shm-allocate", daemon=True
+            target=_allocate,
+            args=(os.dup(fd), size, segment._stop_allocating),
+            name="tabloader-shm-allocate",
+            daemon=True,
         )
         segment._allocating.start()
         return segment
@@ -135,6 +139,7 @@ class Segment:
         """Unmap (views of the buffer must be gone; a lingering export is left to the GC) and
         close the descriptor: the memory is freed once no other process maps it."""
         if self._allocating is not None:  # no thread of ours outlives the segment
+            self._stop_allocating.set()
             self._allocating.join()
         with contextlib.suppress(BufferError):  # a view still exports it: unmapped by the GC
             self.buf.close()
@@ -150,13 +155,22 @@ def _no_room(size: int, why: str | None) -> str:
     )
 
 
-def _allocate(fd: int, size: int) -> None:
+ALLOCATE_CHUNK = 16 << 20
+ALLOCATE_PAUSE_S = 0.01
+
+
+def _allocate(fd: int, size: int, stop: threading.Event) -> None:
     """Allocate a new segment's pages (its own descriptor ``fd``, closed here), at the lowest
-    priority (this thread only): it takes a core that nothing else wants."""
+    priority (this thread only), ``ALLOCATE_CHUNK`` bytes at a time with a pause after each
+    (``stop``: the segment closes first). Zeroing a 1 GiB cache in one call took the cores a
+    cold service's first batch decodes on: 0.18-0.23 s to that batch instead of 0.10-0.16 s."""
     try:
         with contextlib.suppress(AttributeError, OSError):  # setpriority: Unix; a thread: Linux
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        os.posix_fallocate(fd, 0, size)
+        for start in range(0, size, ALLOCATE_CHUNK):
+            os.posix_fallocate(fd, start, min(ALLOCATE_CHUNK, size - start))
+            if stop.wait(ALLOCATE_PAUSE_S):
+                return
     except OSError as exc:
         logger.error(
             "%s Writes past the room left may crash (SIGBUS).", _no_room(size, exc.strerror)

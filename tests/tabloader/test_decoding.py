@@ -19,7 +19,7 @@ from _faults import KillsOnce, Poisoned, Slow
 from _shm import named_shm_of
 
 from catalog.errors import CacheError, LoaderError, RowReadError
-from tabloader.engine import Loader
+from tabloader.engine import Loader, shm
 from tabloader.engine.prep import decode_image, decoder_for
 from tabloader.engine.shm import SHM_DIR, Segment, process_alive, shm_available
 
@@ -327,6 +327,23 @@ def test_a_failed_background_allocation_is_logged(monkeypatch, caplog):
     assert "lower the cache size" in caplog.text
 
 
+def test_the_background_allocation_goes_in_chunks_and_stops_with_the_segment(monkeypatch):
+    """A cold service's first batch decodes while its cache is allocated: the allocation
+    goes ALLOCATE_CHUNK at a time with pauses between, and a segment closed meanwhile stops
+    it (close does not wait for the rest of a 1 GiB cache)."""
+    calls = []
+    real = os.posix_fallocate
+    monkeypatch.setattr(shm, "ALLOCATE_PAUSE_S", 30.0)
+    monkeypatch.setattr(os, "posix_fallocate", lambda *a: calls.append(a[1:]) or real(*a))
+    segment = Segment.new("test", 4 * shm.ALLOCATE_CHUNK)
+    deadline = time.monotonic() + 10
+    while not calls:
+        assert time.monotonic() < deadline, "the allocation never started"
+        time.sleep(0.01)
+    segment.close()  # joins the thread: had it sat out the pause, it would go on to chunk 2
+    assert calls == [(0, shm.ALLOCATE_CHUNK)]
+
+
 def test_a_loader_falls_back_to_threads_when_shared_memory_is_short(images, monkeypatch, caplog):
     def full(tag, size):
         raise CacheError(f"Cannot allocate {size} bytes of shared memory in /dev/shm")
@@ -350,7 +367,7 @@ NO_GUARD = textwrap.dedent(
     """
     import os, sys
     import catalog
-    from tabloader.engine import Loader
+    from tabloader.engine import Loader, shm
     with open(sys.argv[2], "a") as runs:  # no `if __name__ == "__main__":` guard
         runs.write(f"{os.getpid()}\\n")
     cat = catalog.connect(sys.argv[1])
@@ -385,7 +402,7 @@ WITHOUT_TORCH = textwrap.dedent(
     import sys
     import numpy as np
     import catalog
-    from tabloader.engine import Loader
+    from tabloader.engine import Loader, shm
     from tabloader.engine.prep import decode_image
     cat = catalog.connect(sys.argv[1])
     raw = cat.dataset("imgs").take(cat.job("j").ids, ["image"]).column("image")
@@ -434,7 +451,7 @@ KILLED = textwrap.dedent(
     """
     import json, os, sys, time
     import catalog
-    from tabloader.engine import Loader
+    from tabloader.engine import Loader, shm
     cat = catalog.connect(sys.argv[1])
     loader = Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes")
     loader.wait_ready()  # its decode processes run (they start lazily)
@@ -489,7 +506,7 @@ LONG_TMPDIR = textwrap.dedent(
     """
     import sys
     import catalog
-    from tabloader.engine import Loader
+    from tabloader.engine import Loader, shm
     loader = Loader(catalog.connect(sys.argv[1]), cache_bytes=1 << 24, decode="processes")
     loader.wait_ready()
     n = sum(len(b["_id"]) for b in loader.open("j", batch_size=8, epochs=1))
