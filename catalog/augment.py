@@ -40,10 +40,12 @@ the same :class:`~catalog.errors.OptionError`): at most ``MAX_OPS`` (16) operati
 intermediate image (a resize's output, a padded image) over ``MAX_PIXELS`` (2**26 pixels:
 192 MiB of uint8 RGB). The check walks the chain from a ``SOURCE_SIDE`` x ``SOURCE_SIDE``
 (4096 x 4096, a large photo) and from a 1 x 1 source (where ``pad_if_needed`` pads most)
-with :meth:`AugmentSpec.intermediates`. An image's augmentation holds at most two
-intermediates at once (a resize's or a padding's input and output), so at most 2 x 192 MiB
-besides its source. A source of another shape (a panorama under ``Resize(256)``)
-is checked again, per image, by the engine before it allocates, with the same walk.
+with :meth:`AugmentSpec.intermediates`. An image's augmentation holds at most three
+intermediates at once (a resize's input, its contiguous copy where the input is a mirrored
+view, and its output), so at most 3 x 192 MiB besides its source (with tabloader's resize
+kernel; torch and Pillow, where it is not built, copy once more). A source of another shape
+(a panorama under ``Resize(256)``) is checked again, per image, by the engine before it
+allocates, with the same walk: that row fails with a ``RowReadError``.
 
 This module parses and checks (at ``REGISTER``, and for options given at open), writes the
 text of a torchvision ``Compose`` (:func:`from_torchvision`) and names a job's default seed;
@@ -161,7 +163,9 @@ class Op:
     def allocates(self, h: int, w: int) -> tuple[int, int]:
         """The (h, w) of the image the op allocates for an ``h`` x ``w`` input: a resize's
         output or the padded input ((0, 0): only views, or written into the batch)."""
-        if self.name in ("RandomResizedCrop", "Resize"):
+        if self.name == "RandomResizedCrop":  # its crop's size is drawn: always a resize
+            return self.size_hw
+        if self.name == "Resize":
             out = self.output_hw(h, w)
             return (0, 0) if out == (h, w) else out
         if self.name in ("CenterCrop", "RandomCrop"):
@@ -234,8 +238,14 @@ class AugmentSpec:
         return out
 
     def check_source(self, h: int, w: int) -> str | None:
-        """Why the chain may not run on an ``h`` x ``w`` source (an intermediate over
-        ``MAX_PIXELS``, named with the op and its size), or None when it may."""
+        """Why the chain may not run on an ``h`` x ``w`` source, or None when it may: an
+        intermediate over ``MAX_PIXELS``, or a ``RandomCrop`` larger than its padded input (as
+        torchvision, which raises then), named with the op, the sizes and the fix."""
+        return self.check_intermediates(h, w) or self._check_crops(h, w)
+
+    def check_intermediates(self, h: int, w: int) -> str | None:
+        """Why the chain's intermediates may not be made from an ``h`` x ``w`` source (one over
+        ``MAX_PIXELS``, named with its op and size), or None."""
         for op, (ah, aw) in self.intermediates(h, w):
             if ah * aw > MAX_PIXELS:
                 return (
@@ -243,6 +253,21 @@ class AugmentSpec:
                     f"from a {h} x {w} source, over the limit of {MAX_PIXELS} pixels "
                     f"({_mib(MAX_PIXELS)}) for one intermediate image; {_SHRINK[op.name]}"
                 )
+        return None
+
+    def _check_crops(self, h: int, w: int) -> str | None:
+        sh, sw = h, w
+        for op in self.ops:
+            if op.name == "RandomCrop":
+                left, top, right, bottom = op.padding_for(h, w)
+                ph, pw = h + top + bottom, w + left + right
+                th, tw = op.size_hw
+                if th > ph or tw > pw:
+                    return (
+                        f"{op.text} crops {th} x {tw} from a {ph} x {pw} image (padded, from a "
+                        f"{sh} x {sw} source); give it pad_if_needed=True"
+                    )
+            h, w = op.output_hw(h, w)
         return None
 
 
@@ -352,7 +377,7 @@ def parse_augment(text: object) -> AugmentSpec:
     spec = AugmentSpec(ops)
     spec.output_shape  # noqa: B018 - raises for an output size that varies
     for side in (SOURCE_SIDE, 1):
-        why = spec.check_source(side, side)
+        why = spec.check_intermediates(side, side)
         if why is not None:
             raise OptionError(f"augment: {why}.")
     return spec
