@@ -19,6 +19,7 @@ from catalog.errors import OptionError, RowReadError
 from tabloader.engine import Loader
 from tabloader.engine import augment as engine
 from tabloader.engine.augment import Augmenter
+from tabloader.engine.collate import release
 from tabloader.torch import JobDataset
 
 PROPERTY = settings(
@@ -108,6 +109,13 @@ def test_a_row_the_augmentation_may_not_take_is_skipped_or_raised_as_on_error_sa
             assert sorted(batch["_id"].tolist()) == [0, 1, 2, 4]
             assert batch["image"].shape == (4, 16, 16, 3)
             assert lenient.stats()["skipped"] == 1
+        # a service's client: the batch handed over (augmented into slots of its own)
+        with loader.open("j", batch_size=5, epochs=1, on_error="skip", remote=True) as handed:
+            batch = handed.take()
+            assert sorted(batch["_id"].tolist()) == [0, 1, 2, 4]
+            assert len(batch["prepared"]["image"].offsets) == 4
+            release(batch["work"], loader.arena)
+        assert loader.arena.stats().pinned == 0
 
 
 def test_a_padding_of_a_large_source_is_a_row_error():
