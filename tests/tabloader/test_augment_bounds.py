@@ -316,3 +316,18 @@ def test_a_torchvision_compose_out_of_range_is_refused_at_open(images, attrs, ma
     images.sql("REGISTER JOB ev SELECT image FROM imgs WITH (image_size = 8)")
     with Loader(images, cache_bytes=8 << 20) as loader, pytest.raises(OptionError, match=match):
         JobDataset("ev", loader=loader, augment=compose)
+
+
+def test_a_job_registered_before_a_bound_is_refused_at_its_open_alone(images):
+    """A catalog from before these bounds may hold a text they refuse: that job's open says
+    why; the other augmented jobs on its rows still open."""
+    old = ", ".join(["RandomHorizontalFlip()"] * 20) + ", RandomResizedCrop(16)"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spec_module, "MAX_OPS", 32)
+        images.sql(f"REGISTER JOB old SELECT image FROM imgs WITH (augment = '{old}')")
+    images.sql("REGISTER JOB new SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(8)')")
+    with Loader(images, cache_bytes=32 << 20) as loader:
+        with pytest.raises(OptionError, match=r"augment lists 21 operations, over the 16"):
+            loader.open("old")
+        with loader.open("new", batch_size=4, epochs=1) as s:
+            assert s.take()["image"].shape == (4, 8, 8, 3)
