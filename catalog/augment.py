@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -123,7 +124,11 @@ class Op:
     args: tuple[tuple[str, Any], ...]
 
     def arg(self, key: str) -> Any:
-        return dict(self.args)[key]
+        return self._kwargs[key]
+
+    @functools.cached_property
+    def _kwargs(self) -> dict[str, Any]:  # arg() is on the per-image path
+        return dict(self.args)
 
     @property
     def size_hw(self) -> tuple[int, int]:

@@ -77,7 +77,7 @@ class Augmenter:
         self.output_shape = self.spec.output_shape
         self.dtype = np.dtype(np.float32 if self.spec.normalized else np.uint8)
         self._ops = self.spec.ops
-        self._steps = [(_DRAW[op.name](op), op) for op in self._ops]
+        self._steps = [(_DRAW[op.name](op), _reshape(op)) for op in self._ops]
         self._streams = _Streams(self.seed)
         names = tuple(op.name for op in self._ops)
         # the usual recipe, one draw and one kernel call per image (see apply_batch)
@@ -103,10 +103,10 @@ class Augmenter:
         rng = self._streams.generator(epoch, row_id)
         h, w = shape
         out: list[Any] = []
-        for draw, op in self._steps:
+        for draw, reshape in self._steps:
             params = draw(rng, h, w)
             out.append(params)
-            h, w = op.output_hw(h, w)
+            h, w = reshape(h, w)
         return out
 
     def refusal(self, shape: tuple[int, int], row_id: int) -> RowReadError | None:
@@ -345,7 +345,17 @@ _DRAW: dict[str, Callable[[Op], Draw]] = {
 }
 
 
-# -- pixels (the shapes are the ops' own: ``Op.output_hw``, ``Op.padding_for``) ----------------
+# -- shapes (the ops' own: ``Op.output_hw``, ``Op.padding_for``) and pixels ----------------------
+def _reshape(op: Op) -> Callable[[int, int], tuple[int, int]]:
+    """``op.output_hw``, a fixed size looked up once (it runs for every image)."""
+    if op.name in ("RandomHorizontalFlip", "Normalize"):
+        return lambda h, w: (h, w)
+    if op.name == "Resize" and not isinstance(op.arg("size"), tuple):
+        return op.output_hw
+    hw = op.size_hw
+    return lambda h, w: hw
+
+
 def _apply_center(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     th, tw = op.size_hw
     pad = op.padding_for(img.shape[0], img.shape[1])
