@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.augment import AugmentSpec, Op, parse_augment
+from catalog.errors import RowReadError
 from tabloader.engine.prep import Fit
 from tabloader.engine.resample import resize_batch, resize_into
 
@@ -76,13 +77,20 @@ class Augmenter:
         self.output_shape = self.spec.output_shape
         self.dtype = np.dtype(np.float32 if self.spec.normalized else np.uint8)
         self._ops = self.spec.ops
-        self._steps = [(_DRAW[op.name](op), _SHAPE[op.name](op)) for op in self._ops]
+        self._steps = [(_DRAW[op.name](op), _reshape(op)) for op in self._ops]
         self._streams = _Streams(self.seed)
         names = tuple(op.name for op in self._ops)
         # the usual recipe, one draw and one kernel call per image (see apply_batch)
         self._one_resize = names in (
             ("RandomResizedCrop",),
             ("RandomResizedCrop", "RandomHorizontalFlip"),
+        )
+        # an op whose intermediate grows with the source: each source is checked (the other
+        # ops' sizes are the spec's own, checked when it was parsed)
+        self.grows = any(
+            op.name in ("CenterCrop", "RandomCrop")
+            or (op.name == "Resize" and not isinstance(op.arg("size"), tuple))
+            for op in self._ops
         )
         norm = self._ops[-1] if self.spec.normalized else None
         if norm is not None:
@@ -98,8 +106,26 @@ class Augmenter:
         for draw, reshape in self._steps:
             params = draw(rng, h, w)
             out.append(params)
-            h, w = reshape(params, h, w)
+            h, w = reshape(h, w)
         return out
+
+    def refusal(self, shape: tuple[int, int], row_id: int) -> RowReadError | None:
+        """The error of a source of ``shape`` (h, w) whose augmentation would make an image
+        over ``catalog.augment.MAX_PIXELS`` (a panorama under ``Resize(256)``), else None.
+
+        The collate calls it for each row of a batch before augmenting any, so that such a
+        row is skipped or raised as the job's ``on_error`` says, as a row that failed to
+        decode is.
+        """
+        if not self.grows:
+            return None
+        why = self.spec.check_source(shape[0], shape[1])
+        if why is None:
+            return None
+        return RowReadError(
+            f"Row {row_id}: augment's {why}, or leave such images out of the job (its WHERE).",
+            row_id=row_id,
+        )
 
     def apply(
         self, src: npt.NDArray[np.uint8], epoch: int, row_id: int, out: npt.NDArray[Any]
@@ -109,12 +135,19 @@ class Augmenter:
         Crops are views; a resize is held back until the next op that is not a flip, so that
         the flips after it are folded into it (written reversed) and the last one writes
         straight into ``out``: the usual recipe is one kernel call and no other copy.
+
+        Raises:
+            RowReadError: :meth:`refusal`'s, before anything is allocated.
         """
         if self._one_resize and out.dtype == np.uint8 and out.strides[1:] == (3, 1):
             # the usual recipe, straight to the kernel: 2.5 us less
             params = self.draw(src.shape[:2], epoch, row_id)
             resize_into(src, out, box=params[0], flip=len(params) > 1 and params[1])
             return
+        if self.grows:
+            error = self.refusal(src.shape[:2], row_id)
+            if error is not None:
+                raise error
         img = src
         pending: tuple[int, int, bool] | None = None  # a resize of img to (h, w), mirrored?
         for op, params in zip(self._ops, self.draw(src.shape[:2], epoch, row_id), strict=True):
@@ -136,7 +169,7 @@ class Augmenter:
                     img = img[i : i + ch, j : j + cw]
                     pending = (*op.size_hw, False)
                 elif name == "Resize":
-                    out_hw = _resize_to(op, img.shape[0], img.shape[1])
+                    out_hw = op.output_hw(img.shape[0], img.shape[1])
                     if out_hw != img.shape[:2]:
                         pending = (*out_hw, False)
                 else:
@@ -270,10 +303,10 @@ def _draw_rrc(op: Op) -> Draw:
                 j = int(rng.integers(0, w - cw + 1))
                 return i, j, ch, cw
         in_ratio = w / h  # fallback: a center crop of the ratio's nearest bound
-        if in_ratio < r_min:
-            cw, ch = w, round(w / r_min)
+        if in_ratio < r_min:  # at least one pixel (torchvision rounds a thin one to 0)
+            cw, ch = w, min(max(round(w / r_min), 1), h)
         elif in_ratio > r_max:
-            ch, cw = h, round(h * r_max)
+            ch, cw = h, min(max(round(h * r_max), 1), w)
         else:
             cw, ch = w, h
         return (h - ch) // 2, (w - cw) // 2, ch, cw
@@ -286,7 +319,8 @@ def _draw_crop(op: Op) -> Draw:
     th, tw = op.size_hw
 
     def draw(rng: np.random.Generator, h: int, w: int) -> tuple[int, int]:
-        ph, pw = _padded(op, h, w)
+        left, top, right, bottom = op.padding_for(h, w)
+        ph, pw = h + top + bottom, w + left + right
         return int(rng.integers(0, ph - th + 1)), int(rng.integers(0, pw - tw + 1))
 
     return draw
@@ -295,23 +329,6 @@ def _draw_crop(op: Op) -> Draw:
 def _draw_flip(op: Op) -> Draw:
     p = op.arg("p")
     return lambda rng, h, w: bool(rng.random() < p)
-
-
-def _padded(op: Op, h: int, w: int) -> tuple[int, int]:
-    left, top, right, bottom = _crop_padding(op, h, w)
-    return h + top + bottom, w + left + right
-
-
-def _crop_padding(op: Op, h: int, w: int) -> tuple[int, int, int, int]:
-    left, top, right, bottom = op.arg("padding") or (0, 0, 0, 0)
-    th, tw = op.size_hw
-    if op.arg("pad_if_needed"):
-        ph, pw = h + top + bottom, w + left + right
-        if pw < tw:
-            left, right = left + tw - pw, right + tw - pw
-        if ph < th:
-            top, bottom = top + th - ph, bottom + th - ph
-    return left, top, right, bottom
 
 
 def _no_draw(op: Op) -> Draw:
@@ -328,53 +345,29 @@ _DRAW: dict[str, Callable[[Op], Draw]] = {
 }
 
 
-# -- shapes and pixels -------------------------------------------------------------------------
-Reshape = Callable[[Any, int, int], tuple[int, int]]
-
-
-def _resize_to(op: Op, h: int, w: int) -> tuple[int, int]:
-    """``Resize``'s output: an int scales the shorter side (the longer truncated, as
-    torchvision computes it), a pair is exact."""
-    size = op.arg("size")
-    if isinstance(size, tuple):
-        return size
-    if h <= w:
-        return size, int(size * w / h)
-    return int(size * h / w), size
-
-
-def _fixed_shape(op: Op) -> Reshape:
+# -- shapes (the ops' own: ``Op.output_hw``, ``Op.padding_for``) and pixels ----------------------
+def _reshape(op: Op) -> Callable[[int, int], tuple[int, int]]:
+    """``op.output_hw``, a fixed size looked up once (it runs for every image)."""
+    if op.name in ("RandomHorizontalFlip", "Normalize"):
+        return lambda h, w: (h, w)
+    if op.name == "Resize" and not isinstance(op.arg("size"), tuple):
+        return op.output_hw
     hw = op.size_hw
-    return lambda p, h, w: hw
-
-
-def _same_shape(op: Op) -> Reshape:
-    return lambda p, h, w: (h, w)
-
-
-_SHAPE: dict[str, Callable[[Op], Reshape]] = {
-    "RandomResizedCrop": _fixed_shape,
-    "Resize": lambda op: lambda p, h, w: _resize_to(op, h, w),
-    "CenterCrop": _fixed_shape,
-    "RandomCrop": _fixed_shape,
-    "RandomHorizontalFlip": _same_shape,
-    "Normalize": _same_shape,
-}
+    return lambda h, w: hw
 
 
 def _apply_center(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     th, tw = op.size_hw
+    pad = op.padding_for(img.shape[0], img.shape[1])
+    if any(pad):  # torchvision pads with zeros first, split evenly (more after)
+        img = _pad(img, pad, 0)
     h, w = img.shape[:2]
-    if th > h or tw > w:  # torchvision pads with zeros first, split evenly (more after)
-        top, left = max(th - h, 0) // 2, max(tw - w, 0) // 2
-        img = _pad(img, (left, top, max(tw - w, 0) - left, max(th - h, 0) - top), 0)
-        h, w = img.shape[:2]
     top, left = round((h - th) / 2.0), round((w - tw) / 2.0)
     return img[top : top + th, left : left + tw]
 
 
 def _apply_crop(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    pad = _crop_padding(op, img.shape[0], img.shape[1])
+    pad = op.padding_for(img.shape[0], img.shape[1])
     if any(pad):
         img = _pad(img, pad, op.arg("fill"))
     i, j = params

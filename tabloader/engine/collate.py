@@ -33,12 +33,13 @@ if TYPE_CHECKING:
     from tabloader.engine.augment import Augmenter
     from tabloader.engine.work import Work
 
-__all__ = ["Handed", "OwnSlots", "collate", "hand_over", "release"]
+__all__ = ["Handed", "OwnSlots", "collate", "hand_over", "refuse_sources", "release"]
 
 
 def collate(work: Work, arena: Arena, memory: BatchMemory) -> dict[str, Any] | None:
     """The job's own batch of ``work`` (None if every row failed); the pins stay for the caller
     to release."""
+    refuse_sources(work)
     keep = None
     if work.errors:
         keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
@@ -63,6 +64,21 @@ def collate(work: Work, arena: Arena, memory: BatchMemory) -> dict[str, Any] | N
                 )
             batch[name] = value
     return batch
+
+
+def refuse_sources(work: Work) -> None:
+    """Add to ``work.errors`` each row whose decoded image the job's augmentation may not take
+    (:meth:`~tabloader.engine.augment.Augmenter.refusal`): it is then skipped or raised as the
+    job's ``on_error`` says, as a row that failed to decode."""
+    for ci, (dec, _) in enumerate(work.plan.prepared):
+        aug = work.plan.augment.get(dec.column)
+        if aug is None or not aug.grows:
+            continue
+        for p, (h, w) in enumerate(work.shapes[ci][:, :2].tolist()):
+            if p not in work.errors:
+                error = aug.refusal((h, w), int(work.rows[p]))
+                if error is not None:
+                    work.errors[p] = error
 
 
 def _copy_out(
@@ -199,6 +215,7 @@ def hand_over(work: Work, arena: Arena, own: OwnSlots) -> dict[str, Any]:
     client then copies the job's images as they are, and the shared decodes they came from
     are released at once (a batch pins 150 KB per 224x224 image, not the 600 KB decode).
     """
+    refuse_sources(work)
     keep = None
     if work.errors:
         keep = np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))

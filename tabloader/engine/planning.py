@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from catalog.augment import default_seed, parse_augment
+from catalog.errors import OptionError
 from catalog.options import option_value
 from tabloader.engine.augment import Augmenter, shared_fit
 from tabloader.engine.prep import Fit, ImageSize
@@ -46,15 +47,25 @@ def shared_need(catalog: Catalog, job: Job, column: str, cap: int | None) -> int
     """The largest ``need`` of the registered augmented jobs reading ``column`` of ``job``'s
     dataset with decode cap ``cap`` and rows in common with ``job`` (None: no such job)."""
     needs = [
-        parse_augment(j.options["augment"]).need
+        need
         for j in catalog.job_infos()
         if j.dataset == job.dataset
         and column in j.columns
         and j.options.get("augment")
         and j.options.get("decode_size") == cap
+        and (need := _need(j.options["augment"])) is not None
         and (j.name == job.name or catalog.job(j.name).ids.intersect(job.ids))
     ]
     return max(needs) if needs else None
+
+
+def _need(text: str) -> int | None:
+    """The ``need`` of a registered job's ``augment``; None for a text registered before a
+    bound it breaks (that job is refused at its own open; the others do not wait for it)."""
+    try:
+        return parse_augment(text).need
+    except OptionError:
+        return None
 
 
 def column_plan(

@@ -8,10 +8,12 @@ import time
 
 import numpy as np
 import pytest
+from test_augment_bounds import BAD
 from test_service import TIMEOUT, start_service
 
 import catalog
 from catalog.augment import default_seed
+from catalog.errors import OptionError
 from tabloader.engine.augment import Augmenter
 from tabloader.engine.prep import Fit, decode_image
 from tabloader.service.client import RemoteLoader
@@ -54,6 +56,9 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
         with RemoteLoader(root, start=False) as remote:
             first = read(remote, "tr", epochs=2)
             ev = read(remote, "ev", epochs=1)
+            for text, match in BAD:  # refused as REGISTER and Loader.open refuse it
+                with pytest.raises(OptionError, match=match):
+                    remote.open("tr", augment=text)
             stats = remote.stats()
             with remote.open("tr", batch_size=8, epochs=2) as s:
                 head = [(0, s.take()), (0, s.take())]
