@@ -17,9 +17,11 @@ or ``jobs/`` folder already holds files. A process opens a directory once (``cla
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
+import stat
 import threading
 import uuid
 import weakref
@@ -27,7 +29,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from catalog.errors import CatalogError, CatalogLockedError
+from catalog.errors import CatalogError, CatalogLockedError, StorageError
 
 if TYPE_CHECKING:  # a job process resolves a catalog's path without DuckDB (0.1 s to import)
     from catalog.database import Database
@@ -49,6 +51,9 @@ __all__ = [
     "migrate",
     "new_token",
     "not_a_catalog",
+    "open_file",
+    "opened_path",
+    "read_file",
     "release_root",
     "remove_leftovers",
     "resolve_root",
@@ -162,6 +167,101 @@ def write_file(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def open_file(
+    path: Path, *, what: str, size: int | None = None, max_bytes: int | None = None
+) -> int:
+    """Open a file the catalog recorded (a data file, a bitmap, a leader record) to read it,
+    as the catalog wrote it: a regular file, never through a symbolic link, of ``size`` bytes
+    (where the catalog recorded the size) or at most ``max_bytes``. It is opened without
+    blocking and checked with ``fstat`` before any read, so a FIFO or a link to ``/dev/zero``
+    put in its place is refused at once instead of blocking or reading for ever.
+
+    Args:
+        path: the file.
+        what: the file as the error names it ("Data file 'x' of dataset 'd'").
+        size: its recorded size, if any.
+        max_bytes: the most it can hold, where no size is recorded.
+
+    Returns:
+        A descriptor open for reading (the caller closes it).
+
+    Raises:
+        FileNotFoundError, OSError: it cannot be opened (missing, no permission).
+        StorageError: it is a link, not a regular file, or of another size; the message
+            says which (the caller adds the fix).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        target = ""
+        with contextlib.suppress(OSError):
+            target = f" (to '{os.readlink(path)}')"
+        raise StorageError(
+            f"{what} is a symbolic link{target}; catalog files are never read through links.",
+            path=str(path),
+        ) from None
+    try:
+        st = os.fstat(fd)
+        kind = stat.S_IFMT(st.st_mode)
+        if kind != stat.S_IFREG:
+            raise StorageError(
+                f"{what} is {_KINDS.get(kind, 'not a regular file')}, not a regular file.",
+                path=str(path),
+            )
+        if size is not None and st.st_size != size:
+            raise StorageError(
+                f"{what} has {st.st_size} bytes, expected {size} (truncated or replaced).",
+                path=str(path),
+            )
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise StorageError(
+                f"{what} has {st.st_size} bytes, more than the {max_bytes} it can hold.",
+                path=str(path),
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    os.set_blocking(fd, True)  # a regular file: reads never block anyway
+    return fd
+
+
+def opened_path(fd: int, path: Path) -> str:
+    """A path that opens the file behind ``fd`` itself (``/proc/self/fd/N``), for libraries
+    that open by path (Arrow): not whatever ``path`` names by then; ``path`` where there is
+    no ``/proc``."""
+    proc = f"/proc/self/fd/{fd}"
+    return proc if os.path.exists(proc) else str(path)
+
+
+def read_file(
+    path: Path, *, what: str, size: int | None = None, max_bytes: int | None = None
+) -> bytes:
+    """The whole of a file the catalog recorded, checked as ``open_file`` checks it.
+
+    Raises:
+        FileNotFoundError, OSError, StorageError: as ``open_file``.
+    """
+    fd = open_file(path, what=what, size=size, max_bytes=max_bytes)
+    with os.fdopen(fd, "rb") as f:
+        limit = size if size is not None else max_bytes
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:  # it grew since fstat
+        raise StorageError(f"{what} grew while it was read.", path=str(path))
+    return data
 
 
 def check_new_root(root: Path) -> None:
