@@ -198,7 +198,8 @@ class Catalog(SourceImports):
             if not self.path.exists():
                 check_new_root(self.root)
             for folder in (DATA_DIR, JOBS_DIR):
-                (self.root / folder).mkdir(parents=True, exist_ok=True)
+                if not (self.root / folder).is_dir():  # a read-only catalog has them
+                    (self.root / folder).mkdir(parents=True, exist_ok=True)
         db = Database(self.path, self.root, self.limits)
         try:
             with (
@@ -207,7 +208,10 @@ class Catalog(SourceImports):
             ):
                 migrate(self.root, db)
                 self._state = _Opened(db, DatasetCache(self.root, db), JobBitmaps(self.root, db))
-                self._collect_garbage()
+                if db.read_only is None:
+                    self._collect_garbage()
+                else:
+                    logger.info("catalog %s opened read-only: %s", self.root, db.read_only)
         except BaseException:
             self._state = None
             db.close()
@@ -321,6 +325,7 @@ class Catalog(SourceImports):
         check_name(name, "dataset")
         if self._state is None and not append:
             self._open()
+        self._db.check_writable(f"Import of '{name}'")
         self._check_name_case(name, "dataset")
         exists = name in self.dataset_names()
         if append and not exists:
@@ -424,6 +429,7 @@ class Catalog(SourceImports):
             if if_exists:
                 return
             self.dataset(name)  # raises DatasetNotFoundError with a suggestion
+        self._db.check_writable(f"DROP DATASET {name}")
         users = [
             r[0]
             for r in self._db.rows(
@@ -528,6 +534,7 @@ class Catalog(SourceImports):
             OptionError: an unknown option, or a value of the wrong type or out of range.
         """
         check_name(name, "job")
+        self._db.check_writable(f"REGISTER JOB {name}")
         ds = self.dataset(dataset)
         from catalog.sql.validate import check_predicate  # sqlglot: at the first REGISTER
 
@@ -584,6 +591,7 @@ class Catalog(SourceImports):
             if if_exists:
                 return
             self.job(name)  # raises JobNotFoundError with a suggestion
+        self._db.check_writable(f"UNREGISTER JOB {name}")
         with duckdb_errors(f"UNREGISTER JOB {name}", root=self.root):
             self.connection.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
         self._bitmaps.remove(name)

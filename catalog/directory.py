@@ -51,6 +51,7 @@ __all__ = [
     "migrate",
     "new_token",
     "not_a_catalog",
+    "not_writable",
     "open_file",
     "opened_path",
     "read_file",
@@ -151,6 +152,17 @@ def not_a_catalog(root: Path) -> CatalogError:
         f"--catalog {root} import NAME PATH, CREATE DATASET name FROM 'path', or "
         f"catalog.connect('{root}', create=True)."
     )
+
+
+def not_writable(*paths: Path) -> str | None:
+    """Why this process may not write the first of ``paths`` it cannot (a read-only file
+    system, or no permission), or None if it may write them all (those that exist)."""
+    for path in paths:
+        if path.exists() and not os.access(path, os.W_OK):
+            if os.statvfs(path).f_flag & os.ST_RDONLY:
+                return f"'{path}' is on a read-only file system"
+            return f"this user may not write '{path}'"
+    return None
 
 
 def new_token() -> str:
@@ -326,6 +338,7 @@ def _move_bitmaps_to_files(root: Path, db: Database) -> None:
     ).fetchall()
     if ("ids",) not in columns:
         return
+    db.check_writable(f"Upgrading catalog '{root}' (written by tabloader <= 0.1.0)")
     rows = con.execute(f"SELECT name, ids FROM {META}.jobs").fetchall()
     paths = {name: f"{JOBS_DIR}/{name}-{new_token()}.roaring" for name, _ in rows}
     for name, ids in rows:
