@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ from catalog.directory import (
     default_root,
     migrate,
     not_a_catalog,
+    not_writable,
     release_root,
     remove_leftovers,
     resolve_root,
@@ -70,7 +72,7 @@ from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
 from catalog.limits import Limits
 from catalog.model import Dataset, Job, JobInfo, check_columns, is_payload
-from catalog.options import check_options
+from catalog.options import check_options, default_cache_problem
 from catalog.storage.verify import VerifyReport, verify_readers
 
 if TYPE_CHECKING:
@@ -200,7 +202,11 @@ class Catalog(SourceImports):
             for folder in (DATA_DIR, JOBS_DIR):
                 if not (self.root / folder).is_dir():  # a read-only catalog has them
                     (self.root / folder).mkdir(parents=True, exist_ok=True)
-        db = Database(self.path, self.root, self.limits)
+        # the file, the folder its write-ahead log goes in, the folders of data and bitmaps
+        folders = (self.root, self.root / DATA_DIR, self.root / JOBS_DIR)
+        db = Database(
+            self.path, self.root, self.limits, read_only=not_writable(self.path, *folders)
+        )
         try:
             with (
                 self._os_errors(),
@@ -528,6 +534,10 @@ class Catalog(SourceImports):
             options: job options, checked against ``catalog.options.JOB_OPTIONS``.
             replace: replace a job of the same name (re-registering re-pins the version).
 
+        Warns:
+            UserWarning: a loader service with the default cache could not serve the job
+                (``catalog.options.default_cache_problem``).
+
         Raises:
             AlreadyExistsError: the job exists and ``replace`` is false.
             UnknownColumnError, ForbiddenExpressionError: bad columns or predicate.
@@ -582,6 +592,9 @@ class Catalog(SourceImports):
             (self.root / path).unlink(missing_ok=True)
             raise
         self._bitmaps.remove(name, keep=path)
+        problem = default_cache_problem(name, opts, len(bitmap))
+        if problem is not None:  # the job is fine in-process, or with a larger cache
+            warnings.warn(problem, stacklevel=3)
         return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap)
 
     @_synchronized

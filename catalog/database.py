@@ -23,7 +23,6 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from catalog.directory import DATA_DIR, JOBS_DIR, not_writable
 from catalog.errors import (
     AlreadyExistsError,
     CatalogError,
@@ -179,15 +178,20 @@ class Database:
         path: the ``catalog.duckdb`` file.
         root: the catalog directory, for messages.
         limits: the bounds of user statements (DuckDB's ``memory_limit`` is set from them).
+        read_only: why this process may not write the catalog (``directory.not_writable``),
+            or None to open it read-write (read-only all the same if DuckDB may not write it).
+
+    Attributes:
+        read_only: why the catalog is open read-only, or None.
     """
 
-    def __init__(self, path: Path, root: Path, limits: Limits) -> None:
+    def __init__(
+        self, path: Path, root: Path, limits: Limits, *, read_only: str | None = None
+    ) -> None:
         self.path, self.root, self.limits = path, root, limits
         config = {**DUCKDB_CONFIG, "memory_limit": f"{limits.memory_limit}B"}
         opening = f"Opening catalog '{path}'"
-        # Why this process may not write the catalog (the file, the directory its write-ahead
-        # log goes in, the folders of data and bitmaps), or None: it opens read-only then.
-        self.read_only = not_writable(path, root, root / DATA_DIR, root / JOBS_DIR)
+        self.read_only = read_only
         if self.read_only is None:
             try:
                 self.con = duckdb.connect(str(path), config=config)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ import pyarrow as pa
 import catalog
 from catalog.directory import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, ServiceStuckError
+from catalog.model import Job
+from catalog.options import default_cache_problem
 from catalog.sql.dialect import absolute_paths
 from tabloader.service.client import dial
 from tabloader.service.protocol import (
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 
     from sqlglot import exp
 
-    from catalog import Catalog, Dataset, Job
+    from catalog import Catalog, Dataset
     from catalog.importers import Source
     from catalog.storage.verify import VerifyReport
 
@@ -59,6 +62,13 @@ def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Conne
         ServiceStuckError: its service holds it but does not answer.
     """
     return Connection(path, **options)
+
+
+def _warn_default_cache(job: Job) -> None:
+    """Say here what ``Catalog.register_job`` said in the service (into its log)."""
+    problem = default_cache_problem(job.name, job.options, job.num_rows)
+    if problem is not None:
+        warnings.warn(problem, stacklevel=3)
 
 
 class Connection:
@@ -124,7 +134,10 @@ class Connection:
         in this process's working directory."""
         if self._local is not None:
             return self._local.sql(statement)
-        return result_from_wire(self._call("sql", statement=absolute_paths(statement)))
+        result = result_from_wire(self._call("sql", statement=absolute_paths(statement)))
+        if isinstance(result, Job):  # REGISTER JOB
+            _warn_default_cache(result)
+        return result
 
     # -- datasets ----------------------------------------------------------------------------
     def dataset_names(self) -> list[str]:
@@ -208,7 +221,9 @@ class Connection:
             options=options,
             replace=replace,
         )
-        return job_from_wire(reply["job"])
+        job = job_from_wire(reply["job"])
+        _warn_default_cache(job)
+        return job
 
     def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
         """Remove job ``name``."""

@@ -121,6 +121,13 @@ def test_calls_that_need_the_catalog_itself_say_so_while_a_service_runs(served):
             cat.verify()
         with pytest.raises(CatalogLockedError, match=r"held by its loader service .*JobDataset"):
             cat.catalog  # noqa: B018
+        # REGISTER through the service says, here, what it said in the service's log
+        with pytest.warns(UserWarning, match=r"Job 'huge': a batch of 60 rows takes 720\.0 MiB"):
+            cat.sql(
+                "REGISTER JOB huge SELECT image FROM imgs WITH (batch_size=64, image_size=2048)"
+            )
+        with pytest.warns(UserWarning, match="a service started by default could not open"):
+            cat.register_job("huge", "imgs", options={"image_size": 2048}, replace=True)
         loader = RemoteLoader(root, start=False)
         try:
             with loader.open("a", batch_size=4, epochs=1) as stream:
