@@ -42,6 +42,7 @@ from catalog.directory import (
     DATA_DIR,
     DB_FILE,
     ENV_VAR,
+    FILE_MODE,
     JOBS_DIR,
     PART_FILE_RE,
     check_name,
@@ -49,6 +50,7 @@ from catalog.directory import (
     claim_root,
     collect_garbage,
     default_root,
+    make_private_dir,
     migrate,
     not_a_catalog,
     not_writable,
@@ -196,12 +198,12 @@ class Catalog(SourceImports):
         return self._opened().bitmaps
 
     def _open(self) -> None:
+        new = not self.path.exists()
         with self._os_errors():
-            if not self.path.exists():
+            if new:
                 check_new_root(self.root)
-            for folder in (DATA_DIR, JOBS_DIR):
-                if not (self.root / folder).is_dir():  # a read-only catalog has them
-                    (self.root / folder).mkdir(parents=True, exist_ok=True)
+            for folder in (self.root, self.root / DATA_DIR, self.root / JOBS_DIR):
+                make_private_dir(folder)  # a read-only catalog has them
         # the file, the folder its write-ahead log goes in, the folders of data and bitmaps
         folders = (self.root, self.root / DATA_DIR, self.root / JOBS_DIR)
         db = Database(
@@ -215,6 +217,8 @@ class Catalog(SourceImports):
                 migrate(self.root, db)
                 self._state = _Opened(db, DatasetCache(self.root, db), JobBitmaps(self.root, db))
                 if db.read_only is None:
+                    if new:
+                        os.chmod(self.path, FILE_MODE)  # private (see catalog.directory)
                     self._collect_garbage()
                 else:
                     logger.info("catalog %s opened read-only: %s", self.root, db.read_only)

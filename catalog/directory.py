@@ -7,6 +7,12 @@ open.
     data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``catalog.storage``)
     jobs/<job>-<token>.roaring     a job's row ids (see ``catalog.job_bitmaps``)
 
+Permissions: what tabloader creates in a catalog is private to its owner, whatever the umask,
+like the service's ``.service`` folder: folders 0700 (``make_private_dir``; the catalog
+directory itself when tabloader creates it), files 0600 (``FILE_MODE``: the DuckDB file, data
+files, bitmaps). Modes of what exists already are left as they are: a catalog its owner made
+group-readable (``chmod -R g+rX``) stays so, but files written later are 0600 again.
+
 Dataset and job names (``NAME_RE``) name folders and files. At open, files that no committed
 row references (leftovers of an interrupted import or job) are deleted (``collect_garbage``),
 and a catalog of an older tabloader is upgraded (``migrate``). Only files named as tabloader
@@ -37,7 +43,9 @@ if TYPE_CHECKING:  # a job process resolves a catalog's path without DuckDB (0.1
 __all__ = [
     "DATA_DIR",
     "DB_FILE",
+    "DIR_MODE",
     "ENV_VAR",
+    "FILE_MODE",
     "JOBS_DIR",
     "JOB_FILE_RE",
     "NAME_RE",
@@ -48,6 +56,7 @@ __all__ = [
     "collect_garbage",
     "default_root",
     "is_open",
+    "make_private_dir",
     "migrate",
     "new_token",
     "not_a_catalog",
@@ -65,6 +74,8 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "TABLOADER_CATALOG"  # the default catalog directory
 DB_FILE = "catalog.duckdb"
+FILE_MODE = 0o600  # every file tabloader creates in a catalog (see the module docstring)
+DIR_MODE = 0o700  # every folder
 DATA_DIR = "data"
 JOBS_DIR = "jobs"
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # a dataset's or a job's
@@ -170,11 +181,26 @@ def new_token() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def make_private_dir(path: Path) -> None:
+    """Create folder ``path`` (and its parents) if missing, ``DIR_MODE`` whatever the umask;
+    a folder that exists keeps its mode."""
+    if path.is_dir():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # made meanwhile: not ours to chmod
+        path.mkdir(DIR_MODE)
+        os.chmod(path, DIR_MODE)  # mkdir's mode goes through the umask
+
+
 def write_file(path: Path, data: bytes) -> None:
-    """Write ``path`` through a temp file renamed into place (readers never see half a file)."""
+    """Write ``path`` (``FILE_MODE``) through a temp file renamed into place (readers never
+    see half a file)."""
     tmp = path.with_name(f".tmp-{path.name}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        tmp.write_bytes(data)
+        with os.fdopen(os.open(tmp, flags, FILE_MODE), "wb") as f:
+            os.fchmod(f.fileno(), FILE_MODE)  # open's mode goes through the umask
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

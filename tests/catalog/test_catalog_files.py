@@ -160,3 +160,27 @@ def test_the_bitmap_cap_holds_every_bitmap():
         assert len(ids.serialize()) <= max_bitmap_bytes(len(ids), top)
         ids.run_optimize()
         assert len(ids.serialize()) <= max_bitmap_bytes(len(ids), top)
+
+
+def test_what_tabloader_creates_in_a_catalog_is_private_whatever_the_umask(tmp_path):
+    """Folders 0700 and files 0600 (the DuckDB file, data files, bitmaps), as ``.service``,
+    even under umask 0; modes of what exists are left alone."""
+    old = os.umask(0)
+    try:
+        root = tmp_path / "cat"
+        make_catalog(root)
+        shared = tmp_path / "shared"
+        shared.mkdir(0o755)  # a catalog directory the user made: its mode stays
+        with catalog.connect(shared, create=True) as c:
+            c.import_arrow("t", pa.table({"x": [1, 2]}))
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(root).as_posix(): p.stat().st_mode & 0o777 for p in root.rglob("*")}
+    assert modes.pop("catalog.duckdb") == 0o600
+    for path, mode in modes.items():
+        expected = 0o700 if (root / path).is_dir() else 0o600
+        assert mode == expected, f"{path}: {oct(mode)}"
+    assert {p.split("/")[0] for p in modes} >= {"data", "jobs"}
+    assert root.stat().st_mode & 0o777 == 0o700
+    assert shared.stat().st_mode & 0o777 == 0o755
+    assert (shared / "catalog.duckdb").stat().st_mode & 0o777 == 0o600
