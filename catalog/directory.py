@@ -186,10 +186,13 @@ def make_private_dir(path: Path) -> None:
     a folder that exists keeps its mode."""
     if path.is_dir():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):  # made meanwhile: not ours to chmod
-        path.mkdir(DIR_MODE)
-        os.chmod(path, DIR_MODE)  # mkdir's mode goes through the umask
+    try:
+        path.mkdir(DIR_MODE, parents=True)
+    except FileExistsError:
+        if path.is_dir():  # made meanwhile: not ours to chmod
+            return
+        raise
+    os.chmod(path, DIR_MODE)  # mkdir's mode goes through the umask
 
 
 def write_file(path: Path, data: bytes) -> None:
