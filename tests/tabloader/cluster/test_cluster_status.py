@@ -67,18 +67,21 @@ SERVE = """
 import sys, time
 from tabloader.cluster.record import record_leader
 if sys.argv[-1] != "-":
-    record_leader(sys.argv[2], sys.argv[-1])
+    record_leader(sys.argv[2], sys.argv[-1])  # relative: to its working directory
 print("ready", flush=True)
 time.sleep(120)
 """
 
 
 @contextlib.contextmanager
-def serving(root, address, catalog_arg=None):
+def serving(root, address, catalog_arg=None, cwd=None):
     """A stand-in for ``tabloader --catalog ROOT serve --ray ADDRESS`` (its command line) that
     records itself as serving ``root`` at ``address`` (``-``: writes no record)."""
     argv = [sys.executable, "-c", SERVE, "--catalog", str(catalog_arg or root)]
-    with subprocess.Popen([*argv, "serve", "--ray", address], stdout=subprocess.PIPE) as proc:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # found from any cwd
+    with subprocess.Popen(
+        [*argv, "serve", "--ray", address], stdout=subprocess.PIPE, cwd=cwd, env=env
+    ) as proc:
         try:
             assert proc.stdout.readline() == b"ready\n"  # EOF (b"") if it failed
             yield proc
@@ -281,3 +284,10 @@ def test_status_never_starts_ray_and_dials_with_a_short_timeout(root, monkeypatc
         actor.cluster_status(root, "auto")
     with pytest.raises(ServiceError, match="is not host:port"):
         record_leader(root, "local")
+
+
+def test_a_serve_given_a_relative_catalog_path_is_recognised(root, asked):
+    """``--catalog cat`` in the serving process's command line is resolved against its
+    working directory (``/proc/<pid>/cwd``)."""
+    with serving(root, ADDRESS, catalog_arg="cat", cwd=root.parent) as serve:
+        assert recorded_leader(root) == {"address": ADDRESS, "pid": serve.pid}
