@@ -200,8 +200,16 @@ class Database:
                 if self.read_only is None:
                     raise translate(exc, opening, root=root, fix=DAMAGED_FIX) from exc
         if self.read_only is not None:
-            with duckdb_errors(opening, root=root, fix=DAMAGED_FIX):
+            try:
                 self.con = duckdb.connect(str(path), read_only=True, config=config)
+            except duckdb.Error as exc:
+                if isinstance(exc, duckdb.IOException) and "Permission denied" in str(exc):
+                    raise CatalogError(
+                        f"{opening} failed: this user may not read it (Permission denied). "
+                        f"Its owner can share it (chmod -R g+rX {root}, for the group), or "
+                        "use a catalog of your own."
+                    ) from exc
+                raise translate(exc, opening, root=root, fix=DAMAGED_FIX) from exc
         try:
             with duckdb_errors(opening, root=root, fix=DAMAGED_FIX):
                 if self.read_only is None:

@@ -126,3 +126,19 @@ def test_a_damaged_catalog_is_still_damaged(tmp_path):
     (root / "catalog.duckdb").write_bytes(b"not a database" * 100)
     with pytest.raises(CatalogError, match="damaged or is not a DuckDB database"):
         catalog.connect(root)
+
+
+def test_a_catalog_this_user_may_not_even_read_says_so(root, monkeypatch):
+    """Another user's private catalog (0600 files): not readable, not "damaged"."""
+
+    def refuse(database, *args, **kwargs):
+        raise duckdb.IOException(f'IO Error: Cannot open file "{database}": Permission denied')
+
+    monkeypatch.setattr(duckdb, "connect", refuse)
+    with pytest.raises(CatalogError) as info:
+        catalog.connect(root)
+    assert str(info.value) == (
+        f"Opening catalog '{root / 'catalog.duckdb'}' failed: this user may not read it "
+        f"(Permission denied). Its owner can share it (chmod -R g+rX {root}, for the group), "
+        "or use a catalog of your own."
+    )
