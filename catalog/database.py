@@ -50,9 +50,11 @@ DAMAGED_FIX = (
     "The file is damaged or is not a DuckDB database: restore it from a backup, or move the "
     "catalog directory away and import the data again into a new one."
 )
-# The text of DuckDB's error (it keeps no errno) when it may not open a file for writing
-READ_ONLY_ERRORS = {"Read-only file system": "is on a read-only file system"}
-READ_ONLY_ERRORS["Permission denied"] = "may not be written by this user"
+# DuckDB's error text (it keeps no errno) when it may not open a file for writing, and why
+READ_ONLY_ERRORS = {
+    "Read-only file system": "is on a read-only file system",
+    "Permission denied": "may not be written by this user",
+}
 # External access off: user SQL cannot read or write files. The oldest storage format keeps
 # catalog.duckdb readable by every stock duckdb client from 1.0 on, not only the newest.
 DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
