@@ -38,6 +38,7 @@ from typing import Any
 
 from pyroaring import BitMap
 
+from catalog.directory import read_file
 from tabloader.cluster.leader import Leader, WorkList
 from tabloader.cluster.names import NAMESPACE, get_leader, leader_name, loader_name
 from tabloader.cluster.record import DIAL_TIMEOUT_S, dial, record_leader
@@ -63,8 +64,10 @@ class LeaderActor:
     def __init__(self, catalog: str, options: dict[str, Any]) -> None:
         self.catalog = catalog
         self.path = checkpoint_path(catalog)
-        if self.path.exists():
-            self.leader = Leader.from_state_dict(_decode(json.loads(self.path.read_text())))
+        if self.path.exists() or self.path.is_symlink():
+            # a recorded file: never through a link, never a FIFO (``read_file``)
+            text = read_file(self.path, what=f"The leader's checkpoint {self.path}")
+            self.leader = Leader.from_state_dict(_decode(json.loads(text)))
             logger.warning(
                 "leader of %s restarted from its checkpoint (generation %d)",
                 catalog,

@@ -291,3 +291,18 @@ def test_a_serve_given_a_relative_catalog_path_is_recognised(root, asked):
     working directory (``/proc/<pid>/cwd``)."""
     with serving(root, ADDRESS, catalog_arg="cat", cwd=root.parent) as serve:
         assert recorded_leader(root) == {"address": ADDRESS, "pid": serve.pid}
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_leader_checkpoint_that_is_a_link_or_a_fifo_is_never_read(root, kind):
+    """The leader's body (no Ray needed) restarting from its checkpoint file."""
+    from catalog import StorageError
+
+    path = actor.checkpoint_path(root)
+    if kind == "link":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)
+    expected = "is a symbolic link" if kind == "link" else "is a FIFO"
+    with pytest.raises(StorageError, match=f"The leader's checkpoint {path} {expected}"):
+        actor.LeaderActor(str(root), {})
