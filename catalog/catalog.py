@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from catalog.directory import (
     DATA_DIR,
     DB_FILE,
     ENV_VAR,
+    FILE_MODE,
     JOBS_DIR,
     PART_FILE_RE,
     check_name,
@@ -48,8 +50,10 @@ from catalog.directory import (
     claim_root,
     collect_garbage,
     default_root,
+    make_private_dir,
     migrate,
     not_a_catalog,
+    not_writable,
     release_root,
     remove_leftovers,
     resolve_root,
@@ -70,7 +74,7 @@ from catalog.imports import Ingest, SourceImports
 from catalog.job_bitmaps import JobBitmaps
 from catalog.limits import Limits
 from catalog.model import Dataset, Job, JobInfo, check_columns, is_payload
-from catalog.options import check_options
+from catalog.options import check_options, default_cache_problem
 from catalog.storage.verify import VerifyReport, verify_readers
 
 if TYPE_CHECKING:
@@ -194,12 +198,17 @@ class Catalog(SourceImports):
         return self._opened().bitmaps
 
     def _open(self) -> None:
+        new = not self.path.exists()
         with self._os_errors():
-            if not self.path.exists():
+            if new:
                 check_new_root(self.root)
-            for folder in (DATA_DIR, JOBS_DIR):
-                (self.root / folder).mkdir(parents=True, exist_ok=True)
-        db = Database(self.path, self.root, self.limits)
+            for folder in (self.root, self.root / DATA_DIR, self.root / JOBS_DIR):
+                make_private_dir(folder)  # a read-only catalog has them
+        # the file, the folder its write-ahead log goes in, the folders of data and bitmaps
+        folders = (self.root, self.root / DATA_DIR, self.root / JOBS_DIR)
+        db = Database(
+            self.path, self.root, self.limits, read_only=not_writable(self.path, *folders)
+        )
         try:
             with (
                 self._os_errors(),
@@ -207,7 +216,12 @@ class Catalog(SourceImports):
             ):
                 migrate(self.root, db)
                 self._state = _Opened(db, DatasetCache(self.root, db), JobBitmaps(self.root, db))
-                self._collect_garbage()
+                if db.read_only is None:
+                    if new:
+                        os.chmod(self.path, FILE_MODE)  # private (see catalog.directory)
+                    self._collect_garbage()
+                else:
+                    logger.info("catalog %s opened read-only: %s", self.root, db.read_only)
         except BaseException:
             self._state = None
             db.close()
@@ -321,6 +335,7 @@ class Catalog(SourceImports):
         check_name(name, "dataset")
         if self._state is None and not append:
             self._open()
+        self._db.check_writable(f"Import of '{name}'")
         self._check_name_case(name, "dataset")
         exists = name in self.dataset_names()
         if append and not exists:
@@ -424,6 +439,7 @@ class Catalog(SourceImports):
             if if_exists:
                 return
             self.dataset(name)  # raises DatasetNotFoundError with a suggestion
+        self._db.check_writable(f"DROP DATASET {name}")
         users = [
             r[0]
             for r in self._db.rows(
@@ -522,12 +538,17 @@ class Catalog(SourceImports):
             options: job options, checked against ``catalog.options.JOB_OPTIONS``.
             replace: replace a job of the same name (re-registering re-pins the version).
 
+        Warns:
+            UserWarning: a loader service with the default cache could not serve the job
+                (``catalog.options.default_cache_problem``).
+
         Raises:
             AlreadyExistsError: the job exists and ``replace`` is false.
             UnknownColumnError, ForbiddenExpressionError: bad columns or predicate.
             OptionError: an unknown option, or a value of the wrong type or out of range.
         """
         check_name(name, "job")
+        self._db.check_writable(f"REGISTER JOB {name}")
         ds = self.dataset(dataset)
         from catalog.sql.validate import check_predicate  # sqlglot: at the first REGISTER
 
@@ -575,6 +596,9 @@ class Catalog(SourceImports):
             (self.root / path).unlink(missing_ok=True)
             raise
         self._bitmaps.remove(name, keep=path)
+        problem = default_cache_problem(name, opts, len(bitmap))
+        if problem is not None:  # the job is fine in-process, or with a larger cache
+            warnings.warn(problem, stacklevel=3)
         return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap)
 
     @_synchronized
@@ -584,6 +608,7 @@ class Catalog(SourceImports):
             if if_exists:
                 return
             self.job(name)  # raises JobNotFoundError with a suggestion
+        self._db.check_writable(f"UNREGISTER JOB {name}")
         with duckdb_errors(f"UNREGISTER JOB {name}", root=self.root):
             self.connection.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
         self._bitmaps.remove(name)

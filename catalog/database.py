@@ -1,6 +1,10 @@
 """The DuckDB boundary: the catalog's connection, its metadata schema, and the one place
 where DuckDB's exceptions become tabloader's.
 
+A catalog this process may not write (a read-only file system, or another user's catalog it
+may only read) opens read-only (``read_only=True``): reads work, and every write is refused
+by ``Database.check_writable`` with the reason and the fix, never reported as damage.
+
 Every DuckDB call of the catalog runs inside ``duckdb_errors`` (as httpx's transport runs
 httpcore inside ``map_httpcore_exceptions``), so a caller sees a ``TabloaderError`` whose
 message names what failed and, where there is one, the fix; the DuckDB exception stays
@@ -33,6 +37,7 @@ __all__ = [
     "DUCKDB_CONFIG",
     "META",
     "META_DDL",
+    "READ_ONLY_ERRORS",
     "Database",
     "disk_full_hint",
     "duckdb_errors",
@@ -45,6 +50,11 @@ DAMAGED_FIX = (
     "The file is damaged or is not a DuckDB database: restore it from a backup, or move the "
     "catalog directory away and import the data again into a new one."
 )
+# DuckDB's error text (it keeps no errno) when it may not open a file for writing, and why
+READ_ONLY_ERRORS = {
+    "Read-only file system": "is on a read-only file system",
+    "Permission denied": "may not be written by this user",
+}
 # External access off: user SQL cannot read or write files. The oldest storage format keeps
 # catalog.duckdb readable by every stock duckdb client from 1.0 on, not only the newest.
 DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
@@ -68,6 +78,15 @@ CREATE TABLE IF NOT EXISTS {META}.jobs (
     bitmap VARCHAR NOT NULL, num_ids BIGINT NOT NULL, crc32 BIGINT NOT NULL,
     created TIMESTAMP DEFAULT current_timestamp);
 """
+
+
+def _not_writable_reason(exc: duckdb.Error, path: Path) -> str | None:
+    """Why DuckDB could not open ``path`` for writing, if that is what ``exc`` says."""
+    text = str(exc)
+    for marker, why in READ_ONLY_ERRORS.items():
+        if isinstance(exc, duckdb.IOException) and marker in text:
+            return f"'{path}' {why} ({marker})"
+    return None
 
 
 def quote(name: str) -> str:
@@ -161,17 +180,42 @@ class Database:
         path: the ``catalog.duckdb`` file.
         root: the catalog directory, for messages.
         limits: the bounds of user statements (DuckDB's ``memory_limit`` is set from them).
+        read_only: why this process may not write the catalog (``directory.not_writable``),
+            or None to open it read-write (read-only all the same if DuckDB may not write it).
+
+    Attributes:
+        read_only: why the catalog is open read-only, or None.
     """
 
-    def __init__(self, path: Path, root: Path, limits: Limits) -> None:
+    def __init__(
+        self, path: Path, root: Path, limits: Limits, *, read_only: str | None = None
+    ) -> None:
         self.path, self.root, self.limits = path, root, limits
         config = {**DUCKDB_CONFIG, "memory_limit": f"{limits.memory_limit}B"}
         opening = f"Opening catalog '{path}'"
-        with duckdb_errors(opening, root=root, fix=DAMAGED_FIX):
-            self.con = duckdb.connect(str(path), config=config)
+        self.read_only = read_only
+        if self.read_only is None:
+            try:
+                self.con = duckdb.connect(str(path), config=config)
+            except duckdb.Error as exc:
+                self.read_only = _not_writable_reason(exc, path)
+                if self.read_only is None:
+                    raise translate(exc, opening, root=root, fix=DAMAGED_FIX) from exc
+        if self.read_only is not None:
+            try:
+                self.con = duckdb.connect(str(path), read_only=True, config=config)
+            except duckdb.Error as exc:
+                if isinstance(exc, duckdb.IOException) and "Permission denied" in str(exc):
+                    raise CatalogError(
+                        f"{opening} failed: this user may not read it (Permission denied). "
+                        f"Its owner can share it (chmod -R g+rX {root}, for the group), or "
+                        "use a catalog of your own."
+                    ) from exc
+                raise translate(exc, opening, root=root, fix=DAMAGED_FIX) from exc
         try:
             with duckdb_errors(opening, root=root, fix=DAMAGED_FIX):
-                self.con.execute(META_DDL)
+                if self.read_only is None:
+                    self.con.execute(META_DDL)
                 # Job ids are fetched on a second connection that may return rows in any order
                 # (bitmap_from_flags does not care): 30% faster than keeping insertion order.
                 self.ids_con = self.con.cursor()
@@ -183,6 +227,21 @@ class Database:
     def close(self) -> None:
         self.ids_con.close()
         self.con.close()
+
+    def check_writable(self, what: str) -> None:
+        """Refuse ``what`` (a write: "REGISTER JOB j") on a catalog opened read-only.
+
+        Raises:
+            CatalogError: the catalog is read-only; says why and what to do.
+        """
+        if self.read_only is not None:
+            raise CatalogError(
+                f"{what} failed: catalog '{self.root}' is read-only: {self.read_only}. "
+                "Writes (imports, REGISTER, DROP) need write access there: remount it "
+                "read-write, get write permission from its owner, or copy the catalog "
+                "directory to a place you can write and use the copy. Reads (SHOW, SELECT, "
+                "DESCRIBE, verify, loading jobs) work as it is."
+            )
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run a catalog query (tabloader's own SQL) and return its rows."""

@@ -7,6 +7,12 @@ open.
     data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``catalog.storage``)
     jobs/<job>-<token>.roaring     a job's row ids (see ``catalog.job_bitmaps``)
 
+Permissions: what tabloader creates in a catalog is private to its owner, whatever the umask,
+like the service's ``.service`` folder: folders 0700 (``make_private_dir``; the catalog
+directory itself when tabloader creates it), files 0600 (``FILE_MODE``: the DuckDB file, data
+files, bitmaps). Modes of what exists already are left as they are: a catalog its owner made
+group-readable (``chmod -R g+rX``) stays so, but files written later are 0600 again.
+
 Dataset and job names (``NAME_RE``) name folders and files. At open, files that no committed
 row references (leftovers of an interrupted import or job) are deleted (``collect_garbage``),
 and a catalog of an older tabloader is upgraded (``migrate``). Only files named as tabloader
@@ -17,9 +23,11 @@ or ``jobs/`` folder already holds files. A process opens a directory once (``cla
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
+import stat
 import threading
 import uuid
 import weakref
@@ -27,7 +35,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from catalog.errors import CatalogError, CatalogLockedError
+from catalog.errors import CatalogError, CatalogLockedError, StorageError
 
 if TYPE_CHECKING:  # a job process resolves a catalog's path without DuckDB (0.1 s to import)
     from catalog.database import Database
@@ -35,7 +43,9 @@ if TYPE_CHECKING:  # a job process resolves a catalog's path without DuckDB (0.1
 __all__ = [
     "DATA_DIR",
     "DB_FILE",
+    "DIR_MODE",
     "ENV_VAR",
+    "FILE_MODE",
     "JOBS_DIR",
     "JOB_FILE_RE",
     "NAME_RE",
@@ -46,9 +56,14 @@ __all__ = [
     "collect_garbage",
     "default_root",
     "is_open",
+    "make_private_dir",
     "migrate",
     "new_token",
     "not_a_catalog",
+    "not_writable",
+    "open_file",
+    "opened_path",
+    "read_file",
     "release_root",
     "remove_leftovers",
     "resolve_root",
@@ -59,6 +74,8 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "TABLOADER_CATALOG"  # the default catalog directory
 DB_FILE = "catalog.duckdb"
+FILE_MODE = 0o600  # every file tabloader creates in a catalog (see the module docstring)
+DIR_MODE = 0o700  # every folder
 DATA_DIR = "data"
 JOBS_DIR = "jobs"
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # a dataset's or a job's
@@ -148,20 +165,144 @@ def not_a_catalog(root: Path) -> CatalogError:
     )
 
 
+def not_writable(*paths: Path) -> str | None:
+    """Why this process may not write the first of ``paths`` it cannot (a read-only file
+    system, or no permission), or None if it may write them all (those that exist)."""
+    for path in paths:
+        if path.exists() and not os.access(path, os.W_OK):
+            if os.statvfs(path).f_flag & os.ST_RDONLY:
+                return f"'{path}' is on a read-only file system"
+            return f"this user may not write '{path}'"
+    return None
+
+
 def new_token() -> str:
     """The unique part of the name of a file tabloader writes (see ``PART_FILE_RE``)."""
     return uuid.uuid4().hex[:12]
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Write ``path`` through a temp file renamed into place (readers never see half a file)."""
-    tmp = path.with_name(f".tmp-{path.name}")
+def make_private_dir(path: Path) -> None:
+    """Create folder ``path`` (and its parents) if missing, ``DIR_MODE`` whatever the umask;
+    a folder that exists keeps its mode."""
+    if path.is_dir():
+        return
     try:
-        tmp.write_bytes(data)
+        path.mkdir(DIR_MODE, parents=True)
+    except FileExistsError:
+        if path.is_dir():  # made meanwhile: not ours to chmod
+            return
+        raise
+    os.chmod(path, DIR_MODE)  # mkdir's mode goes through the umask
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``path`` (``FILE_MODE``) through a temp file renamed into place (readers never
+    see half a file)."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        with os.fdopen(os.open(tmp, flags, FILE_MODE), "wb") as f:
+            os.fchmod(f.fileno(), FILE_MODE)  # open's mode goes through the umask
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def open_file(
+    path: Path, *, what: str, size: int | None = None, max_bytes: int | None = None
+) -> int:
+    """Open a file the catalog recorded (a data file, a bitmap, a leader record) to read it,
+    as the catalog wrote it: a regular file, never through a symbolic link, of ``size`` bytes
+    (where the catalog recorded the size) or at most ``max_bytes``. It is opened without
+    blocking and checked with ``fstat`` before any read, so a FIFO or a link to ``/dev/zero``
+    put in its place is refused at once instead of blocking or reading for ever.
+
+    Args:
+        path: the file.
+        what: the file as the error names it ("Data file 'x' of dataset 'd'").
+        size: its recorded size, if any.
+        max_bytes: the most it can hold, where no size is recorded.
+
+    Returns:
+        A descriptor open for reading (the caller closes it).
+
+    Raises:
+        FileNotFoundError, OSError: it cannot be opened (missing, no permission).
+        StorageError: it is a link, not a regular file, or of another size; the message
+            says which (the caller adds the fix).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        target = ""
+        with contextlib.suppress(OSError):
+            target = f" (to '{os.readlink(path)}')"
+        raise StorageError(
+            f"{what} is a symbolic link{target}; catalog files are never read through links.",
+            path=str(path),
+        ) from None
+    try:
+        st = os.fstat(fd)
+        kind = stat.S_IFMT(st.st_mode)
+        if kind != stat.S_IFREG:
+            raise StorageError(
+                f"{what} is {_KINDS.get(kind, 'not a regular file')}, not a regular file.",
+                path=str(path),
+            )
+        if size is not None and st.st_size != size:
+            raise StorageError(
+                f"{what} has {st.st_size} bytes, expected {size} (truncated or replaced).",
+                path=str(path),
+            )
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise StorageError(
+                f"{what} has {st.st_size} bytes, more than the {max_bytes} it can hold.",
+                path=str(path),
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    os.set_blocking(fd, True)  # a regular file: reads never block anyway
+    return fd
+
+
+def opened_path(fd: int, path: Path) -> str:
+    """A path that opens the file behind ``fd`` itself (``/proc/self/fd/N``), for libraries
+    that open by path (Arrow): not whatever ``path`` names by then; ``path`` where there is
+    no ``/proc``."""
+    proc = f"/proc/self/fd/{fd}"
+    return proc if os.path.exists(proc) else str(path)
+
+
+def read_file(
+    path: Path, *, what: str, size: int | None = None, max_bytes: int | None = None
+) -> bytes:
+    """The whole of a file the catalog recorded, checked as ``open_file`` checks it.
+
+    Raises:
+        FileNotFoundError, OSError, StorageError: as ``open_file``.
+    """
+    fd = open_file(path, what=what, size=size, max_bytes=max_bytes)
+    with os.fdopen(fd, "rb") as f:
+        limit = size if size is not None else max_bytes
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:  # it grew since fstat
+        raise StorageError(f"{what} grew while it was read.", path=str(path))
+    return data
 
 
 def check_new_root(root: Path) -> None:
@@ -226,6 +367,7 @@ def _move_bitmaps_to_files(root: Path, db: Database) -> None:
     ).fetchall()
     if ("ids",) not in columns:
         return
+    db.check_writable(f"Upgrading catalog '{root}' (written by tabloader <= 0.1.0)")
     rows = con.execute(f"SELECT name, ids FROM {META}.jobs").fetchall()
     paths = {name: f"{JOBS_DIR}/{name}-{new_token()}.roaring" for name, _ in rows}
     for name, ids in rows:

@@ -22,7 +22,7 @@ import pyarrow as pa
 from catalog._progress import progress_bar
 from catalog.bitmaps import ID_COLUMN
 from catalog.database import META, Database, disk_full_hint, quote, translate
-from catalog.directory import DATA_DIR, new_token
+from catalog.directory import DATA_DIR, make_private_dir, new_token
 from catalog.errors import ImportFailedError
 from catalog.importers import Source, open_source
 from catalog.importers.arrow import open_arrow
@@ -150,7 +150,7 @@ class Ingest:
 
     def run(self) -> None:
         con = self.db.con
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         bar = progress_bar(total=self.source.num_rows, desc=f"import {self.name}")
         renamed = False
         try:

@@ -20,13 +20,22 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import ID_COLUMN, bitmap_from_flags, set_flags
 from catalog.database import Database, duckdb_errors, quote
-from catalog.directory import JOBS_DIR, new_token, write_file
+from catalog.directory import JOBS_DIR, new_token, read_file, write_file
 from catalog.errors import StatementError, StorageError
 from catalog.model import Dataset
 
-__all__ = ["JobBitmaps"]
+__all__ = ["JobBitmaps", "max_bitmap_bytes"]
 
 logger = logging.getLogger(__name__)
+
+
+def max_bitmap_bytes(num_ids: int, num_rows: int) -> int:
+    """The most bytes a serialized bitmap of ``num_ids`` ids below ``num_rows`` can take: at
+    most 2 bytes an id in its containers (an array container holds 2 bytes an id, a bitmap
+    one 8 KiB for more than 4096 ids, a run one only where smaller), plus headers of at most
+    16 bytes for each of its 65536-id containers, with room to spare."""
+    containers = (max(num_rows, num_ids) >> 16) + 1
+    return 2 * num_ids + 16 * containers + 4096
 
 
 class JobBitmaps:
@@ -91,7 +100,9 @@ class JobBitmaps:
         """Read a job's bitmap and check it against its row (``num_ids``, CRC-32 ``crc``).
 
         A file that is missing, torn or not the job's is rebuilt from the predicate at the
-        job's pinned version ``ds`` when that gives the stored ids back.
+        job's pinned version ``ds`` when that gives the stored ids back; so is one that is a
+        symbolic link, not a regular file (a FIFO, a device) or larger than ``num_ids`` ids
+        can take (``max_bitmap_bytes``): it is never read (``directory.read_file``).
 
         Raises:
             StorageError: the file is bad and the predicate does not give the ids back; the
@@ -99,7 +110,12 @@ class JobBitmaps:
         """
         file = self.root / path
         try:
-            ids = BitMap.deserialize(file.read_bytes())
+            blob = read_file(
+                file, what=f"its file {file}", max_bytes=max_bitmap_bytes(num_ids, ds.num_rows)
+            )
+            ids = BitMap.deserialize(blob)
+        except StorageError as exc:
+            problem = f"{exc}".removeprefix(f"its file {file} ").rstrip(".")
         except (OSError, ValueError) as exc:
             problem = f"is unreadable ({type(exc).__name__}: {exc})"
         else:
@@ -109,7 +125,7 @@ class JobBitmaps:
                 f"does not hold the job's ids ({len(ids)} ids or a CRC-32 that differs from "
                 f"the stored {num_ids} ids)"
             )
-        logger.warning("job '%s': rebuilding its row ids (its file %s)", name, problem)
+        logger.warning("job '%s': rebuilding its row ids (its file %s %s)", name, file, problem)
         try:
             ids = self.evaluate(name, ds, predicate)
         except StatementError as exc:

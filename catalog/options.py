@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from catalog.augment import parse_augment
-from catalog.errors import OptionError
+from catalog.errors import OptionError, TabloaderError
 
 __all__ = [
     "BATCH_BYTES_LIMIT",
@@ -27,6 +27,7 @@ __all__ = [
     "JobOption",
     "JobSpec",
     "check_options",
+    "default_cache_problem",
     "option_value",
 ]
 
@@ -216,6 +217,43 @@ def option_value(options: Mapping[str, Any], name: str) -> Any:
     option = JOB_OPTIONS[name]
     value = options.get(name)
     return option.default if value is None else option.check(value)
+
+
+SERVICE_BATCHES = 3
+"""The fewest batches of a job that a loader service's cache holds at once (one prepared
+ahead, one at the client, one it reads ahead: ``tabloader.engine.jobs.fit_prefetch``)."""
+
+
+def default_cache_problem(name: str, options: Mapping[str, Any], rows: int) -> str | None:
+    """Why a loader service with the default cache (``cache_bytes``) could not serve job
+    ``name`` (checked ``options``, ``rows`` rows): even its real batch (the smaller of
+    ``batch_size`` and ``rows``) takes more than a third of the cache. None if it fits, if
+    the images keep their own size (nothing to estimate), or if the setting is malformed
+    (the service says so when it starts)."""
+    from catalog.settings import format_bytes, setting
+
+    if options.get("augment") is not None:
+        one = parse_augment(options["augment"]).output_bytes
+    elif options.get("image_size") is not None:
+        size = options["image_size"]
+        one = 3 * (size * size if isinstance(size, int) else math.prod(size))
+    else:
+        return None
+    batch = min(option_value(options, "batch_size"), rows)
+    try:
+        cache = int(setting("cache_bytes"))
+    except TabloaderError:
+        return None
+    need = SERVICE_BATCHES * batch * one
+    if need <= cache:
+        return None
+    return (
+        f"Job '{name}': a batch of {batch} rows takes {format_bytes(batch * one)} of decoded "
+        f"images and a loader service holds {SERVICE_BATCHES} at once, more than the default "
+        f"cache of {format_bytes(cache)}: a service started by default could not open the "
+        f"job. Start it with --cache-bytes {-(-need >> 20)}MiB or more (or set "
+        "$TABLOADER_CACHE_BYTES), or lower batch_size or the image size."
+    )
 
 
 SPEC_VERSION = 1

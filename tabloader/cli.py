@@ -242,7 +242,8 @@ def _ray_report(root: Path, address: str | None) -> dict[str, Any] | None:
     """The Ray cluster that serves the catalog: at ``address`` (``--ray``; an error if no
     leader serves it there), else the one recorded under the catalog, if any (``address``,
     the serving ``pid``, and the leader's status, or its ``error``)."""
-    from tabloader.cluster.actor import cluster_status, recorded_leader
+    from tabloader.cluster.actor import cluster_status
+    from tabloader.cluster.record import recorded_leader
 
     if address is not None:
         return {"address": address, "pid": None, **cluster_status(root, address)}

@@ -25,6 +25,7 @@ Two ways to read, chosen per reader (``memory_map``):
 from __future__ import annotations
 
 import operator
+import os
 import sys
 import threading
 from bisect import bisect_right
@@ -37,6 +38,7 @@ import pyarrow as pa
 
 from catalog.arrays import id_array
 from catalog.bitmaps import ID_COLUMN
+from catalog.directory import open_file, opened_path
 from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from catalog.storage.checksums import FileIdentity, column_digest, parse_digests
 from catalog.storage.values import INDEX_ROWS, ValueIndex, binary_array, binary_offsets
@@ -141,23 +143,25 @@ class DatasetReader:
                 rows=range(part.first_id, part.end_id),
             )
 
-        try:
-            size = path.stat().st_size
+        try:  # a regular file of its recorded size, never through a link (see open_file)
+            fd = open_file(path, what=f"Data file {of}", size=part.file_size)
         except FileNotFoundError:
             raise fail(f"Missing data file {of}.") from None
-        if size != part.file_size:
-            raise fail(
-                f"Data file {of} has {size} bytes, expected {part.file_size} (truncated or "
-                "replaced)."
-            )
+        except StorageError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"Cannot read data file {of}: {exc.strerror or exc}.") from exc
         try:
-            source = pa.memory_map(str(path), "r") if self.memory_map else pa.OSFile(str(path))
+            name = opened_path(fd, path)
+            source = pa.memory_map(name, "r") if self.memory_map else pa.OSFile(name)
             options = (
                 None if fields is None else pa.ipc.IpcReadOptions(included_fields=list(fields))
             )
             reader = pa.ipc.open_file(source, options=options)
         except (pa.ArrowException, OSError) as exc:
             raise fail(f"Corrupt data file {of}: {exc}.") from exc
+        finally:
+            os.close(fd)  # Arrow opened the same file again
         if reader.num_record_batches != part.num_batches:
             raise fail(
                 f"Data file {of} has {reader.num_record_batches} record batches, expected "
@@ -482,7 +486,11 @@ class DatasetReader:
             if fields and info.rows_per_batch >= INDEX_ROWS and column is not None:
                 self._file(part, fields)  # opened and checked (size, identity) first
                 index = ValueIndex(
-                    self.root / info.path, info.num_rows, info.rows_per_batch, fields[0]
+                    self.root / info.path,
+                    info.file_size,
+                    info.num_rows,
+                    info.rows_per_batch,
+                    fields[0],
                 )
             self._values[key] = index
         return self._values[key]

@@ -21,6 +21,7 @@ Memory: 12 bytes per row of an indexed part (400,000 rows: 4.8 MB), per reader a
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+
+from catalog.directory import open_file, opened_path
 
 __all__ = ["INDEX_ROWS", "ValueIndex", "binary_array", "binary_offsets"]
 
@@ -62,13 +65,16 @@ class ValueIndex:
 
     Args:
         path: the part's file.
+        size: its size in bytes, as recorded (each open checks it: ``open_file``).
         num_rows: its rows.
         rows_per_batch: its rows per record batch.
         column: the column's index in the file's schema.
     """
 
-    def __init__(self, path: Path, num_rows: int, rows_per_batch: int, column: int) -> None:
-        self.path, self.rows_per_batch, self._column = path, rows_per_batch, column
+    def __init__(
+        self, path: Path, size: int, num_rows: int, rows_per_batch: int, column: int
+    ) -> None:
+        self.path, self.size, self.rows_per_batch, self._column = path, size, rows_per_batch, column
         self.start = np.full(num_rows, -1, np.int64)  # -1: not located yet, or null
         self.length = np.full(num_rows, -1, np.int32)  # -1: null (once located)
         self.located = np.zeros(-(-num_rows // rows_per_batch), bool)  # per record batch
@@ -112,7 +118,7 @@ class ValueIndex:
         if file is None:
             with self._lock:
                 if self._file is None:
-                    self._file = pa.OSFile(str(self.path))
+                    self._file = self._open(pa.OSFile)
                 file = self._file
         read_at = file.read_at
         return [
@@ -120,10 +126,18 @@ class ValueIndex:
             for p, n in zip(self.start[rows].tolist(), self.length[rows].tolist(), strict=True)
         ]
 
+    def _open(self, opener: Any) -> Any:
+        """``opener`` (``pa.OSFile``, ``pa.memory_map``) on the file, checked (``open_file``)."""
+        fd = open_file(self.path, what=f"Data file '{self.path}'", size=self.size)
+        try:
+            return opener(opened_path(fd, self.path))
+        finally:
+            os.close(fd)
+
     def _mapped(self) -> tuple[Any, Any, int]:
         with self._lock:
             if self._map is None:
-                source = pa.memory_map(str(self.path), "r")
+                source = self._open(pa.memory_map)
                 base = source.read_buffer(1).address  # zero-copy: where the map starts
                 # every column: a reader of some columns only copies them (``included_fields``)
                 reader = pa.ipc.open_file(source)

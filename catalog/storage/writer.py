@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from catalog.directory import FILE_MODE
 from catalog.storage.checksums import FileIdentity, digests_metadata
 
 __all__ = [
@@ -98,6 +99,7 @@ class PartWriter:
         self.identity = identity
         self.num_rows = 0
         self._sink = pa.OSFile(str(path), "wb")
+        os.chmod(path, FILE_MODE)  # private, whatever the umask (see catalog.directory)
         stored = schema
         if identity is not None:
             stored = schema.with_metadata({**(schema.metadata or {}), **identity.metadata()})

@@ -18,10 +18,11 @@ ranks joining and leaving, nodes leaving), atomically; Ray restarts a dead leade
 not acknowledged (the nodes' side: :mod:`tabloader.cluster.node`). :func:`start_cluster`
 removes the file of an earlier cluster's leader before starting a new one.
 
-Address record: while a :class:`Cluster` serves the catalog, ``ray-leader.json`` in the same
-directory holds the Ray address and the pid of the process that runs it (written at start,
-removed at close), so ``tabloader status`` finds the cluster without ``--ray``
-(:func:`recorded_leader`; a record whose process is gone is stale and removed).
+Address record: while ``tabloader serve --ray`` (:func:`serve_cluster`) serves the catalog,
+``ray-leader.json`` in the same directory says where, so ``tabloader status`` finds the cluster
+without ``--ray``; it is verified before it is trusted (:mod:`tabloader.cluster.record`).
+:func:`cluster_status` dials only a checked ``host:port`` address, with a short timeout, and
+never starts a Ray instance.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from typing import Any
 
 from pyroaring import BitMap
 
+from catalog.directory import read_file
 from tabloader.cluster.leader import Leader, WorkList
 from tabloader.cluster.names import NAMESPACE, get_leader, leader_name, loader_name
+from tabloader.cluster.record import DIAL_TIMEOUT_S, dial, record_leader
 
 __all__ = [
     "LEADER_DEFAULTS",
@@ -46,8 +49,6 @@ __all__ = [
     "LeaderActor",
     "checkpoint_path",
     "cluster_status",
-    "record_leader",
-    "recorded_leader",
     "serve_cluster",
     "start_leader",
     "state_json",
@@ -63,8 +64,10 @@ class LeaderActor:
     def __init__(self, catalog: str, options: dict[str, Any]) -> None:
         self.catalog = catalog
         self.path = checkpoint_path(catalog)
-        if self.path.exists():
-            self.leader = Leader.from_state_dict(_decode(json.loads(self.path.read_text())))
+        if self.path.exists() or self.path.is_symlink():
+            # a recorded file: never through a link, never a FIFO (``read_file``)
+            text = read_file(self.path, what=f"The leader's checkpoint {self.path}")
+            self.leader = Leader.from_state_dict(_decode(json.loads(text)))
             logger.warning(
                 "leader of %s restarted from its checkpoint (generation %d)",
                 catalog,
@@ -169,44 +172,6 @@ def checkpoint_path(catalog: str | os.PathLike[str]) -> Path:
     return runtime_dir(Path(catalog).expanduser().resolve()) / "leader-state.json"
 
 
-def _record_path(catalog: str | os.PathLike[str]) -> Path:
-    return checkpoint_path(catalog).with_name("ray-leader.json")
-
-
-def record_leader(catalog: str | os.PathLike[str], address: str | None) -> None:
-    """Record that this process serves ``catalog`` on the Ray cluster at ``address`` (None:
-    remove the record)."""
-    path = _record_path(catalog)
-    if address is None:
-        path.unlink(missing_ok=True)
-        return
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
-    tmp.replace(path)
-
-
-def recorded_leader(catalog: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``{"address", "pid"}`` of the Ray cluster that serves ``catalog`` (``record_leader``),
-    or None: no record, or a stale one (its process is gone; then removed)."""
-    path = _record_path(catalog)
-    try:
-        record = json.loads(path.read_text())
-        address, pid = str(record["address"]), int(record["pid"])
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError):  # damaged: nobody can use it
-        path.unlink(missing_ok=True)
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        path.unlink(missing_ok=True)
-        return None
-    except PermissionError:  # it lives, as another user
-        pass
-    return {"address": address, "pid": pid}
-
-
 def state_json(leader: Leader) -> str:
     """The leader's checkpoint as JSON (what the actor writes after each acknowledgement)."""
     return json.dumps(_encode(leader.state_dict()))
@@ -292,9 +257,6 @@ class Cluster:
             logger.info("removing the checkpoint of an earlier leader, %s", stale)
             stale.unlink()
         self.leader = start_leader(self.root, **{**LEADER_DEFAULTS, **(leader_options or {})})
-        import ray
-
-        record_leader(self.root, ray.get_runtime_context().gcs_address)
         self.service = service
         self.loaders: dict[str, Any] = {}  # node id -> its NodeLoader actor
         self.sync()
@@ -355,7 +317,6 @@ class Cluster:
             ray.kill(actor, no_restart=True)
         self.loaders.clear()
         checkpoint_path(self.root).unlink(missing_ok=True)
-        record_leader(self.root, None)
 
 
 def with_totals(status: dict[str, Any]) -> dict[str, Any]:
@@ -397,26 +358,39 @@ def serve_cluster(
         signal.signal(sig, lambda *_: stop.set())
     cluster = Cluster(root, **service)
     try:
+        record_leader(root, ray.get_runtime_context().gcs_address)
         ready(len(cluster.wait_ready()))
         while not stop.wait(1.0):
             cluster.sync()
     finally:
+        record_leader(root, None)
         cluster.close()
         ray.shutdown()
 
 
-def cluster_status(catalog: str | os.PathLike[str], address: str = "auto") -> dict[str, Any]:
+def cluster_status(
+    catalog: str | os.PathLike[str], address: str = "auto", *, timeout: float = DIAL_TIMEOUT_S
+) -> dict[str, Any]:
     """``tabloader status --ray``: the leader's status with the cluster's totals.
 
-    Raises:
-        ServiceError: no leader serves ``catalog`` on that cluster.
-    """
-    import ray
+    It never starts a Ray instance: ``address`` must be ``host:port`` or ``ray://host:port``
+    (``auto``: the running cluster Ray finds, as ``ray status`` does), and something must
+    accept connections there within ``timeout`` seconds before Ray is asked; the leader gets
+    ``10 * timeout`` seconds to answer.
 
+    Raises:
+        ServiceError: a malformed address, ``auto`` finding none, nothing answers there, or
+            no leader serves ``catalog`` on that cluster.
+    """
     from catalog.errors import ServiceError
 
     root = Path(catalog).expanduser().resolve()
-    _init_ray(address)
+    address = _running_address(address)
+    dial(address, timeout)
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     try:
         leader = get_leader(root)
     except ValueError:
@@ -424,5 +398,28 @@ def cluster_status(catalog: str | os.PathLike[str], address: str = "auto") -> di
             f"No tabloader leader serves catalog {root} on the Ray cluster at {address}; "
             f"start one with `tabloader --catalog {root} serve --ray {address}`."
         ) from None
-    status: dict[str, Any] = ray.get(leader.status.remote(), timeout=60)
+    status: dict[str, Any] = ray.get(leader.status.remote(), timeout=10 * timeout)
     return with_totals(status)
+
+
+def _running_address(address: str) -> str:
+    """The ``host:port`` of the running cluster ``address`` names (``auto``: as Ray finds it,
+    ``$RAY_ADDRESS`` first); any other address as it is.
+
+    Raises:
+        ServiceError: ``auto`` names no running cluster (or ``local``, a new one).
+    """
+    if address != "auto":
+        return address
+    from catalog.errors import ServiceError
+
+    fix = "give its address: tabloader status --ray HOST:PORT"
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address("auto")
+    except (ImportError, ConnectionError) as exc:  # ImportError: Ray moved the function
+        raise ServiceError(f"Found no running Ray cluster ({exc}); {fix}.") from None
+    if found is None:
+        raise ServiceError(f"$RAY_ADDRESS says to start a local Ray instance; {fix}.")
+    return str(found)

@@ -376,9 +376,8 @@ class Loader:
             _warm_pyarrow()
         local = 1 if fed else world_size  # a fed rank is a job of its own here
         if remote:  # the service's cache holds its clients' prepared batches, pinned
-            prefetch = fit_prefetch(
-                self._arena.buffer.size, plan, batch_size * local, prefetch, given
-            )
+            rows = min(batch_size, len(info.ids))  # the batch the job can really produce
+            prefetch = fit_prefetch(self._arena.buffer.size, plan, rows * local, prefetch, given)
         if fed and state is not None:
             raise LoaderError(
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "

@@ -19,7 +19,10 @@ file in the catalog's private service directory and imported from there; paths g
 from __future__ import annotations
 
 import os
+import re
+import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +31,8 @@ import pyarrow as pa
 import catalog
 from catalog.directory import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, ServiceStuckError
+from catalog.model import Job
+from catalog.options import default_cache_problem
 from catalog.sql.dialect import absolute_paths
 from tabloader.service.client import dial
 from tabloader.service.protocol import (
@@ -36,6 +41,7 @@ from tabloader.service.protocol import (
     job_from_wire,
     result_from_wire,
     runtime_dir,
+    service_pid,
 )
 
 if TYPE_CHECKING:
@@ -43,7 +49,7 @@ if TYPE_CHECKING:
 
     from sqlglot import exp
 
-    from catalog import Catalog, Dataset, Job
+    from catalog import Catalog, Dataset
     from catalog.importers import Source
     from catalog.storage.verify import VerifyReport
 
@@ -61,6 +67,37 @@ def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Conne
     return Connection(path, **options)
 
 
+RACE_S = 10.0
+"""Seconds a connection waits for a service that holds the catalog but has no socket (it is
+starting, or stopping): then it goes through the service, or opens the catalog itself."""
+RACE_POLL_S = 0.05
+
+
+def _service_holds(root: Path, locked: CatalogLockedError) -> bool:
+    """Whether the process that holds ``root`` (``locked`` names its pid) is its service: one
+    holds the service lock, or the DuckDB lock's holder runs ``serve`` (a service that let
+    its service lock go, closing its catalog)."""
+    if service_pid(root) is not None:
+        return True
+    pid = re.search(r"\(PID (\d+)\)", str(locked))
+    if pid is None:  # another Catalog of this process
+        return False
+    try:
+        with open(f"/proc/{pid.group(1)}/cmdline", "rb") as f:
+            return b"serve" in f.read(1 << 16).split(b"\0")
+    except FileNotFoundError:  # it exited meanwhile: the next try opens the catalog
+        return True
+    except OSError:
+        return False
+
+
+def _warn_default_cache(job: Job) -> None:
+    """Say here what ``Catalog.register_job`` said in the service (into its log)."""
+    problem = default_cache_problem(job.name, job.options, job.num_rows)
+    if problem is not None:
+        warnings.warn(problem, stacklevel=3)
+
+
 class Connection:
     """A catalog seen from this process, with or without its service (see the module).
 
@@ -73,18 +110,22 @@ class Connection:
         self._local: Catalog | None = None
         self._ctl: Client | None = None
         self.service_pid: int | None = None
-        try:
-            self._local = catalog.connect(path, **options)
-            self.root = self._local.root
-            return
-        except CatalogLockedError as locked:
-            self.root = resolve_root(path)
+        deadline = time.monotonic() + RACE_S
+        while self._ctl is None:
             try:
-                self._ctl = dial(self.root, start=False)
-            except ServiceStuckError:
-                raise
-            except ServiceError:
-                raise locked from None
+                self._local = catalog.connect(path, **options)
+                self.root = self._local.root
+                return
+            except CatalogLockedError as locked:
+                self.root = resolve_root(path)
+                try:
+                    self._ctl = dial(self.root, start=False)
+                except ServiceStuckError:
+                    raise
+                except ServiceError:  # no socket: a service starting or stopping, or no service
+                    if time.monotonic() > deadline or not _service_holds(self.root, locked):
+                        raise locked from None
+                    time.sleep(RACE_POLL_S)
         try:
             self.service_pid = int(self._ctl.call("hello")["pid"])
         except BaseException:
@@ -124,7 +165,10 @@ class Connection:
         in this process's working directory."""
         if self._local is not None:
             return self._local.sql(statement)
-        return result_from_wire(self._call("sql", statement=absolute_paths(statement)))
+        result = result_from_wire(self._call("sql", statement=absolute_paths(statement)))
+        if isinstance(result, Job):  # REGISTER JOB
+            _warn_default_cache(result)
+        return result
 
     # -- datasets ----------------------------------------------------------------------------
     def dataset_names(self) -> list[str]:
@@ -208,7 +252,9 @@ class Connection:
             options=options,
             replace=replace,
         )
-        return job_from_wire(reply["job"])
+        job = job_from_wire(reply["job"])
+        _warn_default_cache(job)
+        return job
 
     def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
         """Remove job ``name``."""

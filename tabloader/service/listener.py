@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from catalog.errors import ServiceError, TabloaderError
 from tabloader.service.protocol import (
     FDS,
+    KEY_BYTES,
     MAX_MESSAGE,
     PROTOCOL_VERSION,
     BadMessage,
@@ -395,7 +396,7 @@ class _Request:
 
 def _write_key(path: Path) -> bytes:
     """Write a new key, mode 0600, atomically (a client never reads half a key)."""
-    key = secrets.token_bytes(32)
+    key = secrets.token_bytes(KEY_BYTES)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()

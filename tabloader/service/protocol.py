@@ -45,7 +45,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from catalog import errors
-from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
+from catalog.directory import read_file
+from catalog.errors import (
+    LoaderError,
+    ServiceError,
+    ServiceStuckError,
+    StorageError,
+    TabloaderError,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "FDS",
+    "KEY_BYTES",
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
     "BadMessage",
@@ -132,8 +140,12 @@ def socket_path(catalog_root: Path, node: str | None = None) -> Path:
     return runtime_dir(catalog_root, node) / "sock"
 
 
+KEY_BYTES = 32
+"""The size of the service's authentication key."""
+
+
 def key_path(catalog_root: Path, node: str | None = None) -> Path:
-    """Return the path of the service's authentication key (32 bytes, mode 0600)."""
+    """Return the path of the service's authentication key (``KEY_BYTES``, mode 0600)."""
     return runtime_dir(catalog_root, node) / "authkey"
 
 
@@ -141,7 +153,10 @@ def service_pid(catalog_root: Path, node: str | None = None) -> int | None:
     """The pid of the process that holds the catalog's service lock (a service that lives,
     answering or not), else None."""
     try:
-        fd = os.open(runtime_dir(catalog_root, node) / "lock", os.O_RDONLY)
+        fd = os.open(  # never through a link, never blocking (a FIFO put in its place)
+            runtime_dir(catalog_root, node) / "lock",
+            os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+        )
     except OSError:
         return None
     try:
@@ -182,9 +197,14 @@ class Client:
             self._sock.settimeout(CONNECT_TIMEOUT_S if timeout is None else timeout)
             try:
                 self._sock.connect(os.fspath(path))
-                key = key_file.read_bytes()
+                key = read_file(key_file, what=f"The service's key {key_file}", size=KEY_BYTES)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 raise ServiceError(none) from exc
+            except StorageError as exc:  # a link, a FIFO, another size: never read
+                raise ServiceError(
+                    f"{exc} Restart the service (`tabloader --catalog {self._root} serve`): it "
+                    "writes a new key."
+                ) from None
             try:
                 answer_challenge(self._sock, key)
                 deliver_challenge(self._sock, key)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +20,9 @@ from catalog.errors import (
     JobNotFoundError,
     UnknownColumnError,
 )
+from tabloader import cli
 from tabloader.service.client import RemoteLoader
+from tabloader.service.connection import RACE_S
 
 
 def user_script(root, data) -> dict:
@@ -121,6 +126,13 @@ def test_calls_that_need_the_catalog_itself_say_so_while_a_service_runs(served):
             cat.verify()
         with pytest.raises(CatalogLockedError, match=r"held by its loader service .*JobDataset"):
             cat.catalog  # noqa: B018
+        # REGISTER through the service says, here, what it said in the service's log
+        with pytest.warns(UserWarning, match=r"Job 'huge': a batch of 60 rows takes 720\.0 MiB"):
+            cat.sql(
+                "REGISTER JOB huge SELECT image FROM imgs WITH (batch_size=64, image_size=2048)"
+            )
+        with pytest.warns(UserWarning, match="a service started by default could not open"):
+            cat.register_job("huge", "imgs", options={"image_size": 2048}, replace=True)
         loader = RemoteLoader(root, start=False)
         try:
             with loader.open("a", batch_size=4, epochs=1) as stream:
@@ -176,3 +188,42 @@ def test_the_services_catalog_operations_refuse_bad_arguments(served):
         assert client.call("names", kind="datasets")["names"] == ["imgs"]  # still connected
     finally:
         client.close()
+
+
+HOLD = """
+import sys, time
+import catalog
+cat = catalog.connect(sys.argv[1])
+print("holding", flush=True)
+time.sleep(1.0)
+cat.close()
+"""
+
+
+@pytest.mark.parametrize("role", ["serve", "script"])
+def test_a_statement_racing_a_stopping_service_waits_for_it(empty, role, capsys):
+    """A service that stops closes its socket and lets its service lock go before DuckDB's:
+    a statement in that window waits (bounded) and runs once the catalog is free; a catalog
+    held by any other process fails at once, as before."""
+    root, _ = empty
+    argv = [sys.executable, "-c", HOLD, str(root), role]  # its command line says what it is
+    with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
+        try:
+            assert proc.stdout.readline() == b"holding\n"
+            started = time.monotonic()
+            code = cli.main(["--catalog", str(root), "sql", "SHOW DATASETS"])
+            took = time.monotonic() - started
+        finally:
+            if role == "script":  # it was refused at once: no need to wait for the holder
+                proc.kill()
+            proc.wait(TIMEOUT)
+    out = capsys.readouterr()
+    if role == "serve":
+        assert code == 0, out.err
+        assert "imgs" in out.out
+        assert took < RACE_S
+    else:
+        assert code == 1
+        assert out.err.startswith("CatalogLockedError: Catalog")
+        assert f"(PID {proc.pid})" in out.err
+        assert took < 1.0

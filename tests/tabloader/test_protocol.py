@@ -247,6 +247,32 @@ def test_wrong_key_is_refused_and_others_are_served(service, caplog):
     check_serves(service.root)
 
 
+@pytest.mark.parametrize("kind", ["link", "fifo", "short"])
+def test_a_key_file_that_is_a_link_a_fifo_or_short_is_never_read(service, kind):
+    """A link to /dev/zero would be read for ever, a FIFO would block: both refused at once."""
+    path = key_path(service.root)
+    good = path.read_bytes()
+    path.unlink()
+    if kind == "link":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes(good[:8])
+    problem = {
+        "link": "is a symbolic link (to '/dev/zero')",
+        "fifo": "is a FIFO, not a regular file",
+        "short": "has 8 bytes, expected 32",
+    }[kind]
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match=re.escape(f"The service's key {path} {problem}")):
+        Client(service.root, timeout=5)
+    assert time.monotonic() - started < 5
+    path.unlink()
+    path.write_bytes(good)
+    check_serves(service.root)
+
+
 @pytest.mark.parametrize(
     ("payload", "logged"),
     [

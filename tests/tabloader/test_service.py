@@ -706,7 +706,7 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
         ({"spec": [4]}, OptionError, "Not a job spec"),
         ({"batch_size": 4}, ServiceError, r"Unknown open argument\(s\) batch_size: .* spec="),
         # within REGISTER's bounds, but more than this service's cache (16 MiB) holds
-        (spec(batch_size=64, image_size=256), LoaderError, r"12\.0 MiB of decoded images"),
+        (spec(batch_size=32, image_size=256), LoaderError, r"6\.0 MiB of decoded images"),
         (spec(image_size=128) | {"prefetch": 9}, LoaderError, r"11 of them .* cache of 16"),
     ):
         conn = Client(cat_dir)
@@ -723,6 +723,10 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
         assert stream.spec.values == {"image_size": 16, "batch_size": 4}  # REGISTER's + open's
     with remote.open("a", batch_size=2, image_size=(8, 6), epochs=1) as stream:
         assert next(iter(stream))["image"].shape == (2, 8, 6, 3)  # a pair over the wire
+    # 65536 rows of 147x147 would be 4.0 GiB, but the job has 45 rows: 2.8 MiB a batch
+    with remote.open("a", batch_size=65536, image_size=147, epochs=1) as stream:
+        [batch] = list(stream)
+        assert batch["image"].shape == (len(rows_of(remote, "label < 3")), 147, 147, 3)
     remote.close()
     assert "failed" not in (runtime_dir(cat_dir) / "service.log").read_text()
 

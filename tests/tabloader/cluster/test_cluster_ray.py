@@ -318,8 +318,9 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
     import time
 
     from catalog.errors import ServiceError
-    from tabloader.cluster.actor import cluster_status, recorded_leader
+    from tabloader.cluster.actor import cluster_status
     from tabloader.cluster.names import get_leader
+    from tabloader.cluster.record import recorded_leader
 
     root = str(tmp_path / "cat")
     sets = image_catalog(root, image_folder)
