@@ -390,17 +390,16 @@ def _run_serve(args: argparse.Namespace) -> int:
     workers = _flag("workers", args.workers)
     idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     megapixels = _flag("max_image_megapixels", args.max_image_megapixels)
+    if args.ray is not None and args.max_image_megapixels is not None:
+        from catalog.errors import CatalogError
+
+        raise CatalogError(
+            "--max-image-megapixels sets a local service's limit; for a Ray cluster set "
+            "$TABLOADER_MAX_IMAGE_MEGAPIXELS in every node's environment instead."
+        )
     yield_to_jobs()  # before any thread or process starts: they inherit it
     if args.ray is not None:
         from tabloader.cluster.actor import serve_cluster
-
-        if args.max_image_megapixels is not None:
-            from catalog.errors import CatalogError
-
-            raise CatalogError(
-                "--max-image-megapixels sets a local service's limit; for a Ray cluster set "
-                "$TABLOADER_MAX_IMAGE_MEGAPIXELS in every node's environment instead."
-            )
 
         root = _root(args).resolve()
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import gc
 import io
+import re
 import resource
 import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -283,3 +285,73 @@ def test_a_large_decoded_image_is_resized_at_once_not_kept_for_a_batch(monkeypat
     got = prep.decode_images(values, size=16)
     assert all(isinstance(g, np.ndarray) and g.shape == (16, 16, 3) for g in got)
     assert batched == [(2, 30, 30, 3)]  # the small ones' center squares only
+
+
+@needs_shm
+def test_through_the_service_a_bomb_is_skipped_or_raised_and_read_once(bombed, tmp_path):
+    from tabloader.service.client import RemoteLoader
+
+    cat, bombs = bombed
+    n = cat.dataset("imgs").num_rows
+    cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16, on_error = 'skip')")
+    cat.sql("REGISTER JOB b SELECT image FROM imgs WITH (image_size = 12)")
+    cat.close()
+    with open(tmp_path / "serve.log", "ab") as log:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "tabloader", "--catalog", str(cat.root), "serve"),
+                *("--workers", "2", "--cache-bytes", str(16 << 20)),
+                *("--max-image-megapixels", "100"),
+            ],
+            stderr=log,
+        )
+    try:
+        remote = _connect(RemoteLoader, cat.root, proc)
+        with remote:
+            with remote.open("a", batch_size=8, epochs=1) as stream:
+                rows = [int(i) for batch in stream for i in batch["_id"]]
+                assert stream.stats()["skipped"] == len(bombs)
+            assert sorted(rows) == sorted(set(range(n)) - set(bombs))
+            assert remote.stats()["reads"] == n
+            stream = remote.open("b", batch_size=n, epochs=1)
+            with pytest.raises(RowReadError, match="It failed when first read") as info:
+                next(iter(stream))
+            stream.close()
+            assert info.value.row_id in bombs
+            assert "over the limit of 100 megapixels" in str(info.value)
+            assert remote.stats()["reads"] == n + n - len(bombs)
+    finally:
+        proc.terminate()
+        proc.wait(TIMEOUT)
+
+
+def _connect(remote_loader, root, proc):
+    """A client of the service ``proc`` once it answers."""
+    from catalog.errors import ServiceError
+
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            return remote_loader(root, start=False)
+        except ServiceError:
+            assert proc.poll() is None, "the service exited"
+            assert time.monotonic() < deadline, "the service did not answer"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--max-image-megapixels", "0"], r"--max-image-megapixels '0' is below the range"),
+        (["--max-image-megapixels", "x"], r"--max-image-megapixels 'x' is not a whole number"),
+        (
+            ["--max-image-megapixels", "100", "--ray", "127.0.0.1:1"],
+            r"for a Ray cluster set \$TABLOADER_MAX_IMAGE_MEGAPIXELS in every node",
+        ),
+    ],
+)
+def test_serve_refuses_a_bad_pixel_limit(tmp_path, capsys, args, match):
+    from tabloader.cli import main
+
+    assert main(["--catalog", str(tmp_path), "serve", *args]) == 1
+    assert re.search(match, capsys.readouterr().err)
