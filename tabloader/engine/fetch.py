@@ -23,7 +23,7 @@ A failing gather fails the whole batch. Nothing failed is cached. A row whose ow
 failed (``RowReadError``: undecodable, over the pixel limit, null, fatal to a decode process)
 is remembered for the column, while this dataset is read (its appended versions keep their
 rows; one imported again after a drop gets a new fetcher): every later look-up of it, in any
-epoch of any job, fails at once with the same message and it is never read or decoded
+epoch of any job, fails at once with its first message and it is never read or decoded
 again. Other failures (a damaged record batch, a decode process that died, out of memory)
 are not the row's: the next request retries.
 """
