@@ -20,6 +20,7 @@ from typing import Any
 from catalog.errors import CatalogError, TabloaderError
 
 __all__ = [
+    "DEFAULT_IMAGE_MEGAPIXELS",
     "SETTINGS",
     "Setting",
     "check_counts",
@@ -31,6 +32,15 @@ __all__ = [
 ]
 
 _SHM = "/dev/shm"
+
+DEFAULT_IMAGE_MEGAPIXELS = 64
+"""The default pixel limit of an image (``max_image_megapixels``), in megapixels (10^6).
+
+Every consumer camera's full-resolution photo fits (61 MP is the largest full-frame sensor;
+phones save 12-50 MP), and one decode of it takes at most 192 MB as RGB (256 MB as CMYK), which
+a few decode processes at once can afford on a laptop. Pillow's own limit is 89 MP (a
+warning), then 179 MP (an error); datasets of larger images (medical slides, satellite tiles,
+medium format) raise it."""
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -207,6 +217,17 @@ SETTINGS: dict[str, Setting] = {
             default=60.0,
             env="TABLOADER_STATEMENT_TIMEOUT",
             example="60",
+        ),
+        Setting(
+            "max_image_megapixels",
+            "count",
+            "the most megapixels an image may declare; larger ones are refused before decoding",
+            minimum=1,
+            maximum=lambda: max(1, physical_memory() // (4 * 10**6)),  # 4 bytes a pixel
+            default=DEFAULT_IMAGE_MEGAPIXELS,
+            env="TABLOADER_MAX_IMAGE_MEGAPIXELS",
+            flag="--max-image-megapixels",
+            example="100",
         ),
         Setting("prefetch", "count", "batches loaded ahead", minimum=1, maximum=4096, example="4"),
         Setting(

@@ -363,6 +363,12 @@ def _register_serve(sub: Any) -> None:
     )
     p.add_argument("--workers", default=None, help="decode processes (default: cores)")
     p.add_argument("--idle-exit", default=None, help="stop this many seconds after the last client")
+    p.add_argument(
+        "--max-image-megapixels",
+        default=None,
+        help="refuse images whose header declares more megapixels, before decoding them "
+        "(default: $TABLOADER_MAX_IMAGE_MEGAPIXELS or 64)",
+    )
     _ray_argument(
         p,
         "serve the Ray cluster at ADDRESS (default: auto): a leader and a loader on every "
@@ -384,6 +390,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     cache = _flag("cache_bytes", args.cache_bytes)
     workers = _flag("workers", args.workers)
     idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
+    megapixels = _flag("max_image_megapixels", args.max_image_megapixels)
+    if args.ray is not None and args.max_image_megapixels is not None:
+        from catalog.errors import CatalogError
+
+        raise CatalogError(
+            "--max-image-megapixels sets a local service's limit; for a Ray cluster set "
+            "$TABLOADER_MAX_IMAGE_MEGAPIXELS in every node's environment instead."
+        )
     yield_to_jobs()  # before any thread or process starts: they inherit it
     if args.ray is not None:
         from tabloader.cluster.actor import serve_cluster
@@ -405,6 +419,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         workers=workers,
         idle_exit=idle_exit,
         access_log=args.access_log,
+        max_image_megapixels=megapixels,
     )
     log = log_to_file(service.root)
     _print(

@@ -9,6 +9,17 @@ and a worker reads the rows' bytes from the dataset's files itself (no payload i
 decodes and resizes them with the same :class:`~tabloader.engine.prep.Decoder` (the same pixels as a
 thread would produce) and writes each value straight into its slot. Only row ids, offsets,
 errors and counters cross the pipe.
+
+**Memory cap.** Each decode checks the image's declared size against the pixel limit before it
+allocates (:mod:`tabloader.engine.imagesize`); where the platform has ``RLIMIT_DATA`` (Linux),
+a decode process also runs under a cap on its private memory: what it uses once started, plus
+``CAP_BYTES_PER_PIXEL`` bytes a pixel of the limit (one decode at its widest: CMYK or RGBA,
+then its RGB copy), plus ``CAP_HEADROOM`` for the rows' stored bytes, a batch of small decodes
+and the libraries' own buffers (64 MP: 1.5 GiB over the start). The shared arena is a shared
+mapping, outside the cap. A decode that reaches it (a format whose header lies, a decoder's
+own tables) gets a ``MemoryError``, which ends its process: as with any death, its task runs
+again, and a row whose decode alone ends a process twice is bad data (``KILLS_PER_ROW``). In
+the loader's threads a ``MemoryError`` fails its row for this batch only (it is not bad data).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import multiprocessing.util
 import os
 import pickle
 import queue
+import resource
 import select
 import shutil
 import signal
@@ -41,19 +53,25 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from catalog.errors import LoaderError, RowReadError
 from catalog.storage import DatasetReader
-from tabloader.engine.prep import Decoder
+from tabloader.engine.prep import Decoder, pixel_limit
 from tabloader.engine.shm import Segment, process_alive
 
-__all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "decode_rows"]
+__all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "cap_memory", "decode_rows"]
 
 Errors = dict[int, BaseException]
 Result = tuple[Errors, dict[str, float]]
 
 #: A row whose decode alone killed this many decode processes is bad data (``RowReadError``).
 KILLS_PER_ROW = 2
+#: The decode processes' memory cap (module docstring): bytes a pixel of the pixel limit...
+CAP_BYTES_PER_PIXEL = 8
+#: ... and bytes over that and what the process used once started.
+CAP_HEADROOM = 1 << 30
+_OUT_OF_MEMORY = 75  # a decode process's exit status when a decode ran out of its cap
 #: What the decode processes' forkserver imports before it forks any. Not torch: the resizes
 #: are tabloader's own kernel (:mod:`tabloader.engine.resample`); only an install without it
 #: imports torch, in each decode process at its first resize.
@@ -96,7 +114,13 @@ def decode_rows(
     where = None if into is None else (lambda k, shape: into(todo[k], shape))
     prepared = dec.many([raw[i] for i in todo], rows[todo].tolist(), where)
     for i, value in zip(todo, prepared, strict=True):
-        if isinstance(value, BaseException):
+        if isinstance(value, MemoryError):  # not the row's fault: not bad data
+            failed[i] = LoaderError(
+                f"row {int(rows[i])}, column {dec.column!r}: out of memory while decoding it "
+                f"({value!r}); it is decoded again when asked for next time."
+            )
+            failed[i].__cause__ = value
+        elif isinstance(value, BaseException):
             failed[i] = value
         else:
             values[i] = value
@@ -121,6 +145,8 @@ class DecodePool:
     Args:
         segment: the arena's segment (its descriptor is handed to each process as it starts).
         processes: how many.
+        max_pixels: the pixel limit the processes' memory cap is sized from (module
+            docstring; None: :func:`~tabloader.engine.prep.pixel_limit`'s).
 
     The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
     DuckDB connection) that has imported this module once: on first use, or ahead of it with
@@ -138,8 +164,9 @@ class DecodePool:
     ``KILLS_PER_ROW`` processes fails as bad data (``RowReadError``), so it cannot loop forever.
     """
 
-    def __init__(self, segment: Segment, processes: int) -> None:
+    def __init__(self, segment: Segment, processes: int, max_pixels: int | None = None) -> None:
         self._segment, self.processes = segment, processes
+        self.max_pixels = pixel_limit() if max_pixels is None else max_pixels
         self._pool: ProcessPoolExecutor | None = None
         self._quarantine: ProcessPoolExecutor | None = None  # one process, one row at a time
         self._lock = threading.Lock()  # creating the pools (``start``'s thread and submits)
@@ -230,7 +257,7 @@ class DecodePool:
                     1 if quarantine else self.processes,
                     mp_context=ctx,
                     initializer=_attach,
-                    initargs=(*args, os.getpid(), tempdir),
+                    initargs=(*args, os.getpid(), tempdir, self.max_pixels),
                 )
                 if quarantine:
                     self._quarantine = pool
@@ -314,8 +341,8 @@ class DecodePool:
             else:
                 errors[i] = RowReadError(
                     f"row {row}, column {column!r}: decoding it killed a decode process "
-                    f"{KILLS_PER_ROW} times, so it counts as bad data; check or replace that "
-                    "value (e.g. open it with PIL).",
+                    f"{KILLS_PER_ROW} times (a crash, or its memory cap), so it counts as bad "
+                    "data; check or replace that value (e.g. open it with PIL).",
                     row_id=row,
                     column=column,
                 )
@@ -493,7 +520,7 @@ _ARENA: Any = None
 _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
-def _attach(fd: int, size: int, owner: int, tempdir: str) -> None:
+def _attach(fd: int, size: int, owner: int, tempdir: str, max_pixels: int) -> None:
     from tabloader.engine.resample import torch_resizing
 
     global _ARENA
@@ -509,6 +536,42 @@ def _attach(fd: int, size: int, owner: int, tempdir: str) -> None:
     # A process of the forkserver is not the loader's child: if the loader is killed, nothing
     # tells it, and it would keep the shared memory mapped. It watches the loader instead.
     threading.Thread(target=_exit_with, args=(owner, tempdir), daemon=True).start()
+    # pyarrow's allocator reserves its arena at its first allocation (mimalloc: 1 GiB of
+    # private memory, mapped, not touched): reserved now, it counts in what the start took
+    pa.allocate_buffer(1)
+    cap_memory(max_pixels)  # last: what the start took is counted in
+
+
+def cap_memory(max_pixels: int) -> int | None:
+    """Cap this process's private memory (``RLIMIT_DATA``) for decodes of at most
+    ``max_pixels`` pixels (see the module docstring); the cap in bytes, or None where the
+    platform has none (not Linux), or a lower cap is set already (kept)."""
+    used = _data_bytes()
+    if used is None:
+        return None
+    cap = used + CAP_HEADROOM + CAP_BYTES_PER_PIXEL * max_pixels
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        return None
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    return cap
+
+
+def _data_bytes() -> int | None:
+    """This process's private writable memory (``VmData``: what ``RLIMIT_DATA`` counts),
+    or None where there is no such count (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _started() -> int:
@@ -541,6 +604,12 @@ def _decode_into(
         while len(_READERS) > 8:  # older versions of datasets
             _READERS.popitem(last=False)
     values, errors, counters = decode_rows(reader, dec, rows)
+    if any(
+        isinstance(e, MemoryError) or isinstance(e.__cause__, MemoryError) for e in errors.values()
+    ):
+        # a decode reached the memory cap: end as a crash does (the task runs again, its
+        # rows alone in quarantine if it happens again), not with a row error of bad data
+        os._exit(_OUT_OF_MEMORY)
     for i, value in enumerate(values):
         if value is not None:
             start = int(offsets[i])

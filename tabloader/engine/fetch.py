@@ -19,7 +19,13 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
 
 Errors: a row that fails to read or decode is recorded for every batch that wanted it
 (``RowReadError`` names the row); the batch leaves it out (``skip``) or its job raises it.
-A failing gather fails the whole batch. Nothing failed is cached: the next request retries.
+A failing gather fails the whole batch. Nothing failed is cached. A row whose own bytes
+failed (``RowReadError``: undecodable, over the pixel limit, null, fatal to a decode process)
+is remembered for the column, while this dataset is read (its appended versions keep their
+rows; one imported again after a drop gets a new fetcher): every later look-up of it, in any
+epoch of any job, fails at once with its first message and it is never read or decoded
+again. Other failures (a damaged record batch, a decode process that died, out of memory)
+are not the row's: the next request retries.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from catalog.errors import LoaderError
+from catalog.errors import LoaderError, RowReadError
 from catalog.storage import DatasetReader
 from tabloader.engine.accounting import AccessLog, Counters
 from tabloader.engine.arena import Arena
@@ -125,6 +131,13 @@ class Fetcher:
         self._next_load = 0
         self.access_log: AccessLog | None = None  # set by a Loader asked to record one
         self.own = OwnSlots(arena)  # handed-over batches' augmented images
+        # column -> row -> why: rows whose own bytes failed, never read again (docstring)
+        self._failed: dict[str, dict[int, str]] = {}
+
+    def failed_rows(self, column: str) -> dict[int, str]:
+        """The rows of ``column`` remembered as bad data, with their errors' messages."""
+        with self._lock:
+            return dict(self._failed.get(column, {}))
 
     def set_readers(self, reader: DatasetReader, table: DatasetReader) -> None:
         """Read a newer version of the dataset (rows were appended)."""
@@ -237,6 +250,19 @@ class Fetcher:
             return []
         new: list[_Load] = []
         with self._lock:
+            known = self._failed.get(dec.column)
+            if known:  # bad rows fail at once, never read again
+                bad = np.fromiter((r in known for r in rows[miss].tolist()), bool, miss.size)
+                for p in miss[bad].tolist():
+                    row = int(rows[p])
+                    work.errors[p] = RowReadError(
+                        f"{known[row]} (It failed when first read; it is not read again.)",
+                        row_id=row,
+                        column=dec.column,
+                    )
+                miss = miss[~bad]
+                if miss.size == 0:
+                    return new
             loading = self._loading.get(space)
             if loading is None:
                 loading = self._loading[space] = np.full(self.reader.num_rows, -1, np.int64)
@@ -343,9 +369,10 @@ class Fetcher:
             values, errors, counters = decode_rows(
                 self.reader, load.decoder, load.rows, into if fit else None
             )
-        except BaseException:
-            self.arena.discard(slots[slots >= 0])
-            raise
+        except BaseException as exc:  # not a row's error (those are in ``errors``): the
+            self.arena.discard(slots[slots >= 0])  # batches waiting fail, none hangs
+            self._fail(load, exc)
+            return
         self.counters.add(**counters)
         offsets, shapes = self._store(load, values, placed, slots)  # outside the fetcher's lock
         self._land(load, offsets, shapes, values, errors)
@@ -484,6 +511,10 @@ class Fetcher:
                 mine = offsets[idx]
                 self.arena.pin(mine[mine >= 0])
             self.arena.release(offsets[held])
+            for i, exc in errors.items():
+                if isinstance(exc, RowReadError):  # its own bytes: remembered
+                    column = self._failed.setdefault(load.decoder.column, {})
+                    column[int(load.rows[i])] = str(exc)
             self._loading[load.space][load.rows] = -1
             del self._loads[load.id]
             for work, ci, pos, idx in load.waiters:

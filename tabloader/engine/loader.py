@@ -39,7 +39,7 @@ from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobs import JobState, OnError, cache_rows, default_prefetch, fit_prefetch
 from tabloader.engine.planning import column_plan, job_augmenter
 from tabloader.engine.pool import PriorityPool
-from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes
+from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
 from tabloader.engine.queues import JobQueues
 from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.engine.scheduler import DatasetScheduler
@@ -90,6 +90,10 @@ class Loader:
             of every look-up and release of prepared values, and write it to this ``.npz`` file
             (arrays ``kind``, ``space``, ``row``) on ``close()``: what benchmarks replay
             through Belady's MIN for the best any cache of the same size could have done.
+        max_image_megapixels: an image whose header declares more megapixels is refused
+            before decoding, as a bad row (``RowReadError``; ``on_error='skip'`` skips it); the
+            decode processes' memory cap is sized from it. Default: the setting
+            (``$TABLOADER_MAX_IMAGE_MEGAPIXELS``, else 64; ``catalog.settings``).
 
     Example:
         >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
@@ -108,7 +112,9 @@ class Loader:
         decode: str = "processes",
         staging_bytes: int = 0,
         access_log: str | os.PathLike[str] | None = None,
+        max_image_megapixels: int | None = None,
     ) -> None:
+        self.max_pixels = pixel_limit(max_image_megapixels)
         if decode not in ("processes", "threads"):
             raise LoaderError(f"decode={decode!r}: use 'processes' or 'threads'.")
         if sampler not in SAMPLERS:
@@ -151,7 +157,7 @@ class Loader:
                     # started at the first fixed-size decode (threads decode until they
                     # run): a loader of numbers or of augmented jobs never needs them, and
                     # their start (a forkserver, its imports) took a core from the first batch
-                    self._procs = DecodePool(self._segment, self.workers)
+                    self._procs = DecodePool(self._segment, self.workers, self.max_pixels)
             self._arena = Arena(
                 cache_bytes,
                 score=self._score,
@@ -435,7 +441,9 @@ class Loader:
                 column_size, aug = column_plan(self.catalog, job, c, size, augmenter, cap)
                 if aug is not None:
                     augment[c] = aug
-                dec = decoder_for(schema.field(c), image_size=column_size)
+                dec = decoder_for(
+                    schema.field(c), image_size=column_size, max_pixels=self.max_pixels
+                )
                 gen = self._generation.get(dataset.name, 0)
                 name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
                 fixed = dec.image_size is not None and not isinstance(dec.image_size, Fit)

@@ -33,8 +33,15 @@ by every job that reads the row (in the engine's arena); each job gets a copy in
 batch. Other columns are never decoded one value at a time: :func:`batch_column` turns a
 batch's gathered Arrow values into fresh, writable arrays in one vectorized step.
 
+**Size before decode.** Every decode reads the image's declared size from its header first
+(:mod:`tabloader.engine.imagesize`) and refuses one over ``max_pixels`` (the setting
+``max_image_megapixels``, 64 MP by default: :func:`pixel_limit`) before any decoder allocates:
+the fast JPEG decoder, Pillow, a decode into an arena slot alike.
+
 **Errors.** :func:`decode_image` raises :class:`~catalog.errors.LoaderError` for bytes it
-cannot decode (it does not know the row). A :class:`Decoder` called with ``row_id=`` turns
+cannot decode or refuses (it does not know the row); a ``MemoryError`` passes through as it
+is (it says nothing about the bytes: a decode process ends on one, see
+:mod:`tabloader.engine.decoding`). A :class:`Decoder` called with ``row_id=`` turns
 that into :class:`~catalog.errors.RowReadError` with the row id and column, which is what
 the engine should do; without ``row_id`` the ``LoaderError`` passes through.
 
@@ -65,6 +72,8 @@ from PIL import Image, UnidentifiedImageError
 
 from catalog.arrays import to_numpy
 from catalog.errors import LoaderError, RowReadError
+from catalog.settings import SETTINGS, setting
+from tabloader.engine.imagesize import check_pixels, declared_size
 from tabloader.engine.resample import resize_hw, resize_many_hw
 
 __all__ = [
@@ -79,6 +88,7 @@ __all__ = [
     "decode_images",
     "decoder_for",
     "holds_bytes",
+    "pixel_limit",
     "resize_hw",
     "resize_many_hw",
 ]
@@ -116,12 +126,31 @@ Into = Callable[[tuple[int, int, int]], "npt.NDArray[np.uint8] | None"]
 """``into(shape)``: a writable uint8 array of ``shape`` to decode into (a slot of the arena),
 or None (decode into a new array)."""
 
+#: A decoded image of more bytes than this is resized at once by :func:`decode_images`, not
+#: kept for a batched resize with others of its shape: a group's memory stays about one large
+#: image (batching pays for small images only, whose resize is mostly its fixed cost).
+BATCH_RESIZE_BYTES = 4 << 20
+
+
+def pixel_limit(megapixels: int | None = None) -> int:
+    """The pixel limit of a decode: ``megapixels`` (checked), else the setting
+    ``max_image_megapixels`` (``$TABLOADER_MAX_IMAGE_MEGAPIXELS``, default 64), in pixels.
+
+    Raises:
+        LoaderError: ``megapixels`` (or the variable) is not a whole number in range.
+    """
+    if megapixels is not None:
+        checked = SETTINGS["max_image_megapixels"].check(megapixels, error=LoaderError)
+        return int(checked) * 10**6
+    return int(setting("max_image_megapixels")) * 10**6
+
 
 def decode_image(
     data: bytes | bytearray | memoryview | pa.Buffer,
     *,
     size: ImageSize | None = None,
     into: Into | None = None,
+    max_pixels: int | None = None,
 ) -> npt.NDArray[np.uint8]:
     """Decode encoded image bytes (JPEG, PNG, WebP...) to a read-only ``uint8`` (H, W, 3) array.
 
@@ -145,16 +174,20 @@ def decode_image(
             aspect-kept size that needs no resize after its DCT scale): ``into(shape)`` gives
             the array (the arena's slot: no copy of the decoded image into it, no new memory
             to fault in), or None for a new one. Otherwise unused.
+        max_pixels: refuse an image whose header declares more pixels, before decoding it
+            (None: :func:`pixel_limit`'s).
 
     Returns:
         The decoded pixels, read-only (they may be shared between jobs): ``into``'s array
         where it was used.
 
     Raises:
-        LoaderError: the bytes are not a decodable image, or ``size`` is invalid.
+        LoaderError: the bytes are not a decodable image, it declares more than
+            ``max_pixels`` pixels, or ``size`` is invalid.
     """
     target = _check_size(size)
-    arr = _decode(data, target, into if isinstance(target, Fit) else None)
+    limit = pixel_limit() if max_pixels is None else max_pixels
+    arr = _decode(data, target, limit, into if isinstance(target, Fit) else None)
     if target is not None:
         arr = _resize(arr, target)
     arr.flags.writeable = False
@@ -162,10 +195,14 @@ def decode_image(
 
 
 def decode_images(
-    values: Sequence[bytes | bytearray | memoryview | pa.Buffer], *, size: ImageSize
-) -> list[npt.NDArray[np.uint8] | LoaderError]:
+    values: Sequence[bytes | bytearray | memoryview | pa.Buffer],
+    *,
+    size: ImageSize,
+    max_pixels: int | None = None,
+) -> list[npt.NDArray[np.uint8] | LoaderError | MemoryError]:
     """:func:`decode_image` of each of ``values`` at ``size`` (the same pixels), or the
-    ``LoaderError`` it raised: the resizes of images of one decoded shape run as one call.
+    ``LoaderError`` (or ``MemoryError``) it raised: the resizes of small images of one decoded
+    shape run as one call (a large one's at once: ``BATCH_RESIZE_BYTES``).
 
     With small images the resize's fixed cost is most of it: 24x24 -> 16x16 took 15.6 us a
     call here and 1.5 us an image in a call of 256 (the resampler works image by image, so
@@ -173,19 +210,22 @@ def decode_images(
     """
     target = _check_size(size)
     assert target is not None
-    out: list[npt.NDArray[np.uint8] | LoaderError] = []
+    limit = pixel_limit() if max_pixels is None else max_pixels
+    out: list[npt.NDArray[np.uint8] | LoaderError | MemoryError] = []
     groups: dict[tuple[tuple[int, ...], int, int], list[tuple[int, npt.NDArray[np.uint8]]]] = {}
     for i, data in enumerate(values):
         try:
-            arr = _decode(data, target)
-        except LoaderError as exc:
+            arr = _decode(data, target, limit)
+        except (LoaderError, MemoryError) as exc:
             out.append(exc)
             continue
-        out.append(arr)
         plan = _resize_plan(arr, target)
-        if plan is not None:
+        if plan is not None and arr.nbytes > BATCH_RESIZE_BYTES:
+            arr = resize_hw(*plan)
+        elif plan is not None:
             src, out_h, out_w = plan
             groups.setdefault((src.shape, out_h, out_w), []).append((i, src))
+        out.append(arr)
     for (_, out_h, out_w), items in groups.items():
         if len(items) == 1:
             i, src = items[0]
@@ -195,7 +235,7 @@ def decode_images(
         for k, (i, _) in enumerate(items):
             out[i] = resized[k]
     for done in out:
-        if not isinstance(done, LoaderError):
+        if isinstance(done, np.ndarray):
             done.flags.writeable = False
     return out
 
@@ -203,28 +243,45 @@ def decode_images(
 def _decode(
     data: bytes | bytearray | memoryview | pa.Buffer,
     target: _Target | None,
+    max_pixels: int,
     into: Into | None = None,
 ) -> npt.NDArray[np.uint8]:
-    """``data`` decoded as :func:`decode_image` does, before its resize to ``target``."""
+    """``data`` decoded as :func:`decode_image` does, before its resize to ``target``: its
+    declared size checked against ``max_pixels`` first (the header, then Pillow's lazy
+    ``open``, which reads only the header, for formats not read by
+    :mod:`tabloader.engine.imagesize`)."""
     view = memoryview(data)
     if view.format != "B":  # pyarrow buffers export signed chars
         view = view.cast("B")
+    declared = declared_size(view)
+    if declared is not None:
+        check_pixels(declared, max_pixels)
     if bytes(view[:3]) == _JPEG_MAGIC:
         fast = _decode_jpeg(view, target, into)
         if fast is not None:
             return fast
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        img = Image.open(io.BytesIO(data))
+    except Exception as exc:
+        raise _undecodable(view, exc) from exc
+    with img:
+        check_pixels(img.size, max_pixels)  # what Pillow will allocate (a frame may widen it)
+        try:
             if target is not None and img.format == "JPEG":
                 img.draft("RGB", _draft_request(img.size, target))
             return _to_rgb_array(img)
-    except Exception as exc:
-        view = memoryview(data)
-        reason = "not a known image format" if isinstance(exc, UnidentifiedImageError) else exc
-        raise LoaderError(
-            f"Cannot decode image ({len(view)} bytes starting {bytes(view[:8])!r}): {reason}. "
-            "The stored bytes are not a valid image; re-import the row or exclude it."
-        ) from exc
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise _undecodable(view, exc) from exc
+
+
+def _undecodable(view: memoryview, exc: Exception) -> LoaderError:
+    reason = "not a known image format" if isinstance(exc, UnidentifiedImageError) else exc
+    return LoaderError(
+        f"Cannot decode image ({len(view)} bytes starting {bytes(view[:8])!r}): {reason}. "
+        "The stored bytes are not a valid image; re-import the row or exclude it."
+    )
 
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -261,6 +318,8 @@ def _decode_jpeg(
                 kw["buffer"] = into((dh, dw, 3))
     try:
         arr: npt.NDArray[np.uint8] = simplejpeg.decode_jpeg(data, colorspace="RGB", **kw)
+    except MemoryError:
+        raise
     except Exception:
         return None
     return arr
@@ -393,6 +452,8 @@ class Decoder:
         kind: how values are prepared.
         image_size: target size for ``DecodeKind.IMAGE`` (see :func:`decode_image`).
         dtype: numpy dtype of scalars / array items, or None to infer.
+        max_pixels: images declaring more pixels are refused before decoding (None:
+            :func:`pixel_limit`'s, read at each decode; a loader sets its own).
         key: the cache key column, ``column`` or ``f"{column}@{params}"``.
     """
 
@@ -400,6 +461,7 @@ class Decoder:
     kind: DecodeKind
     image_size: ImageSize | None = None
     dtype: str | None = None
+    max_pixels: int | None = None
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -456,7 +518,7 @@ class Decoder:
                 todo.append(i)
             except LoaderError as exc:
                 out[i] = self._row_error(exc, row_ids[i])
-        decoded = decode_images([out[i] for i in todo], size=size)
+        decoded = decode_images([out[i] for i in todo], size=size, max_pixels=self.max_pixels)
         for i, arr in zip(todo, decoded, strict=True):
             out[i] = self._row_error(arr, row_ids[i]) if isinstance(arr, LoaderError) else arr
         return out
@@ -470,10 +532,15 @@ class Decoder:
     ) -> Any:
         try:
             return decode_image(
-                _image_bytes(self, value), size=self.image_size, into=lambda s: into(k, s)
+                _image_bytes(self, value),
+                size=self.image_size,
+                into=lambda s: into(k, s),
+                max_pixels=self.max_pixels,
             )
         except LoaderError as exc:
             return self._row_error(exc, row_id)
+        except MemoryError as exc:  # not the row's fault: see the module docstring
+            return exc
 
     def _row_error(self, exc: LoaderError, row_id: int) -> LoaderError:
         """``exc`` as ``__call__`` raises it for row ``row_id``."""
@@ -509,7 +576,7 @@ class Decoder:
 
 
 def _prepare_image(dec: Decoder, value: Any) -> tuple[Any, int]:
-    arr = decode_image(_image_bytes(dec, value), size=dec.image_size)
+    arr = decode_image(_image_bytes(dec, value), size=dec.image_size, max_pixels=dec.max_pixels)
     return arr, arr.nbytes
 
 
@@ -617,6 +684,7 @@ def decoder_for(
     *,
     image_size: ImageSize | None = None,
     image_columns: Collection[str] | None = None,
+    max_pixels: int | None = None,
 ) -> Decoder:
     """Pick the decoder for a column from its Arrow field.
 
@@ -626,6 +694,7 @@ def decoder_for(
         image_columns: the columns to decode as images. None (default) means binary
             columns named like an image (``IMAGE_COLUMN_NAMES``) and Hugging Face image
             structs; a collection means exactly those columns (``()`` decodes none).
+        max_pixels: an image column's pixel limit (see :class:`Decoder`).
 
     Returns:
         The decoder; its ``key`` is the cache key column.
@@ -647,7 +716,7 @@ def decoder_for(
     else:
         image = _is_hf_image(t) or (_is_binary(t) and field.name.lower() in IMAGE_COLUMN_NAMES)
     if image:
-        return Decoder(field.name, DecodeKind.IMAGE, image_size=image_size)
+        return Decoder(field.name, DecodeKind.IMAGE, image_size=image_size, max_pixels=max_pixels)
     if _is_binary(t):
         return Decoder(field.name, DecodeKind.BYTES)
     if _is_list(t):

@@ -185,8 +185,9 @@ class Listener:
             name = f"tabloader-session-{conn.id}"
             threading.Thread(target=self._run, args=(conn,), name=name, daemon=True).start()
 
-    def close(self) -> None:
-        """Stop accepting, close every connection, remove the socket and key files. Idempotent."""
+    def stop(self) -> None:
+        """Stop accepting and close every connection, but keep the service's lock and files
+        (no other service starts yet: the owner frees what it must first). Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -198,12 +199,19 @@ class Listener:
         self._sock.close()
         for conn in conns:
             conn.shutdown()
-        if self._lock_fd < 0:  # refused: the files are another service's
+
+    def close(self) -> None:
+        """``stop()``, then remove the socket and key files and drop the service's lock.
+        Idempotent."""
+        self.stop()
+        with self._lock:
+            lock_fd, self._lock_fd = self._lock_fd, -1
+        if lock_fd < 0:  # refused (the files are another service's), or closed already
             return
         for path in (self._sock_path, self._key_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        os.close(self._lock_fd)  # last: a new service may start once the files are gone
+        os.close(lock_fd)  # last: a new service may start once the files are gone
         logger.info("closed the service socket %s", self._sock_path)
 
     def _run(self, conn: _Conn) -> None:

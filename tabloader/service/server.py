@@ -83,6 +83,7 @@ class Service:
             job opened here (a node's loader: the cluster's leader); None: jobs sample here.
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
+        max_image_megapixels: the pixel limit of a decode (``Loader``'s; None: the setting).
 
     Raises:
         ServiceError: a service already runs for the catalog.
@@ -100,6 +101,7 @@ class Service:
         opened: catalog.Catalog | None = None,
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
+        max_image_megapixels: int | None = None,
     ) -> None:
         self.root = Path(root).absolute()
         self.node = node
@@ -120,6 +122,7 @@ class Service:
                     workers=workers,
                     staging_bytes=STAGING_BLOCK * STAGING_BLOCKS,
                     access_log=access_log,
+                    max_image_megapixels=max_image_megapixels,
                 )
             except BaseException:
                 self.catalog.close()
@@ -176,13 +179,23 @@ class Service:
         self._stop.set()
 
     def close(self) -> None:
-        """Close every connection, the engine (its processes and shared memory), the catalog."""
+        """Close every connection, the catalog, then the engine (its processes and shared
+        memory).
+
+        The catalog goes before the engine: the engine's close waits for the decodes in
+        flight (one in a thread cannot be stopped), and a new service, which a client starts as
+        soon as this one's socket is gone, must find the catalog free, not locked until they
+        end; so the listener stops taking connections first and frees its socket and lock
+        (which let a new service start) once the catalog is closed. The work in flight is
+        abandoned: its batches have no client left.
+        """
         self._stop.set()
+        self.listener.stop()
+        self.catalog.close()  # before the lock that lets a new service start
         self.listener.close()
         if self.feed is not None:
             self.feed.close()
         self.loader.close()
-        self.catalog.close()
 
     def clients(self, *, but: Any = None) -> list[dict[str, Any]]:
         """The client processes connected now, but the connection ``but`` (the one asking):

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tabloader.engine.prep import Decoder
 
-__all__ = ["KillsOnce", "Poisoned", "Slow"]
+__all__ = ["Hungry", "KillsOnce", "Poisoned", "Slow"]
 
 
 @dataclass(frozen=True)
@@ -52,4 +55,19 @@ class KillsOnce(Decoder):
                 pass
             else:
                 os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(value, row_id=row_id)
+
+
+@dataclass(frozen=True)
+class Hungry(Decoder):
+    """On row ``row``, allocates as much as the process's memory cap (1 GiB where it has
+    none: then the allocation succeeds, and the row decodes)."""
+
+    row: int = -1
+
+    def __call__(self, value: Any, *, row_id: int | None = None) -> tuple[Any, int]:
+        if row_id == self.row:
+            cap, _ = resource.getrlimit(resource.RLIMIT_DATA)
+            hog = np.empty(1 << 30 if cap == resource.RLIM_INFINITY else cap, np.uint8)
+            del hog
         return super().__call__(value, row_id=row_id)

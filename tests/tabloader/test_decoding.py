@@ -164,8 +164,8 @@ def test_a_row_that_kills_its_decode_process_twice_is_bad_data(images, monkeypat
         _with_decoder(loader, monkeypatch, lambda **kw: Poisoned(**kw, poison=poison))
         with pytest.raises(
             RowReadError,
-            match=f"row {poison}, column 'image': decoding it killed a decode process 2 times, "
-            "so it counts as bad data",
+            match=f"row {poison}, column 'image': decoding it killed a decode process 2 times "
+            r"\(a crash, or its memory cap\), so it counts as bad data",
         ) as err:
             epoch(loader, "j", batch_size=4)
         assert err.value.row_id == poison
