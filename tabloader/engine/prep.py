@@ -253,11 +253,13 @@ def _decode(
     view = memoryview(data)
     if view.format != "B":  # pyarrow buffers export signed chars
         view = view.cast("B")
-    declared = declared_size(view)
+    jpeg = bytes(view[:3]) == _JPEG_MAGIC
+    header = _jpeg_header(view) if jpeg else None
+    declared = (header[1], header[0]) if header is not None else declared_size(view)
     if declared is not None:
         check_pixels(declared, max_pixels)
-    if bytes(view[:3]) == _JPEG_MAGIC:
-        fast = _decode_jpeg(view, target, into)
+    if header is not None:
+        fast = _decode_jpeg(view, target, header[:2], into)
         if fast is not None:
             return fast
     try:
@@ -287,8 +289,22 @@ def _undecodable(view: memoryview, exc: Exception) -> LoaderError:
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
+def _jpeg_header(data: memoryview) -> tuple[int, int, str, str] | None:
+    """A JPEG's (height, width, colorspace, subsampling) as libjpeg-turbo reads its markers
+    (allocating nothing for the pixels: 1.4 us, where the pure-Python walk of
+    :func:`~tabloader.engine.imagesize.declared_size` takes 5.6 us, two thirds of a 24x24
+    decode); None where it cannot read them (that walk then says what is damaged)."""
+    try:
+        return tuple(simplejpeg.decode_jpeg_header(data))
+    except Exception:
+        return None
+
+
 def _decode_jpeg(
-    data: memoryview, target: _Target | None, into: Into | None = None
+    data: memoryview,
+    target: _Target | None,
+    size: tuple[int, int],
+    into: Into | None = None,
 ) -> npt.NDArray[np.uint8] | None:
     """Decode a JPEG with libjpeg-turbo (simplejpeg), scaled in the DCT domain (not resized to
     ``target``: the caller does); None if it can't.
@@ -302,10 +318,7 @@ def _decode_jpeg(
     """
     kw: dict[str, Any] = {}
     if target is not None:
-        try:
-            h, w = simplejpeg.decode_jpeg_header(data)[:2]
-        except Exception:
-            return None
+        h, w = size  # its header's (height, width)
         least = dct_least_size((h, w), target.least if isinstance(target, Fit) else target)
         if least is not None:
             kw = {"min_height": least[0], "min_width": least[1]}
