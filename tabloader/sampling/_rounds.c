@@ -74,8 +74,16 @@ static int64_t levels_size(PyObject *rows, PyObject *levels, Py_ssize_t lo, Py_s
 }
 
 /* Move `row` out of its region into the region of keys[r] & ~mask (none if that is 0). */
+static int out_of_range(int64_t row, int64_t n) {
+    if (row >= 0 && row < n) return 0;
+    PyErr_Format(PyExc_RuntimeError, "dependent sampling: row %lld is past the position index",
+                 (long long)row);
+    return 1;
+}
+
 static int move_row(int64_t row, uint64_t mask, PyObject *rows, PyObject *keys, PyObject *index,
-                    PyObject *new_region, uint32_t *pos, int32_t *reg) {
+                    PyObject *new_region, uint32_t *pos, int32_t *reg, int64_t npos) {
+    if (out_of_range(row, npos)) return -1;
     Py_ssize_t r = reg[row];
     PyObject *arr = PyList_GetItem(rows, r);
     if (arr == NULL) return -1;
@@ -84,6 +92,7 @@ static int move_row(int64_t row, uint64_t mask, PyObject *rows, PyObject *keys, 
     long long last = PyLong_AsLongLong(popped);
     Py_DECREF(popped);
     if (last == -1 && PyErr_Occurred()) return -1;
+    if (out_of_range(last, npos)) return -1;
     if (last != row) {
         Py_buffer view;
         if (rows_of(rows, r, &arr, &view) < 0) return -1;
@@ -193,10 +202,13 @@ static PyObject *py_rounds(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     PyObject *result = NULL;
-    if (pos_v.itemsize != 4 || reg_v.itemsize != 4 || out_v.len != (Py_ssize_t)(8 * m * n)) {
-        PyErr_SetString(PyExc_ValueError, "rounds(): pos/reg must be 4-byte arrays, out m x n int64");
+    if (pos_v.itemsize != 4 || reg_v.itemsize != 4 || pos_v.len != reg_v.len ||
+        out_v.len != (Py_ssize_t)(8 * m * n)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "rounds(): pos/reg must be 4-byte arrays of one length, out m x n int64");
         goto done;
     }
+    int64_t npos = pos_v.len / 4;
     uint32_t *pos = pos_v.buf;
     int32_t *reg = reg_v.buf;
     int64_t *out = out_v.buf;
@@ -244,7 +256,8 @@ static PyObject *py_rounds(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         /* Move the picked rows to their new regions (a row picked twice moves twice). */
         for (int p = 0; p < npick; p++)
-            if (move_row(pick_rows[p], pick_masks[p], rows, keys, index, new_region, pos, reg) < 0)
+            if (move_row(pick_rows[p], pick_masks[p], rows, keys, index, new_region, pos, reg,
+                         npos) < 0)
                 goto done;
     }
     result = PyLong_FromSsize_t(bi);

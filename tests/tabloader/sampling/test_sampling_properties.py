@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import array
+
+import numpy as np
 import pytest
 from _sampling_helpers import check_exactly_once, run_ops, run_save_load_state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
-from tabloader.sampling import DependentSampler, IndependentSampler
+from tabloader.sampling import DependentSampler, IndependentSampler, dependent
 
 SETTINGS = settings(
     max_examples=60,
@@ -152,6 +155,17 @@ def replay_state(s: DependentSampler) -> tuple:
 def test_the_c_walk_is_built():
     """The install builds the C walk (a C compiler is part of the test setup); without it the
     service samples four staggered jobs ~30x slower per round."""
-    from tabloader.sampling import dependent
-
     assert dependent._walk is not None
+
+
+def test_the_c_walk_refuses_a_row_past_its_position_index():
+    """Regions that name a row the position index does not cover (a bug elsewhere) raise in
+    the C walk instead of writing past the index's memory."""
+    rows = [array.array("I", [5])]  # row 5; pos/reg cover rows 0..1 only
+    pos, reg = array.array("I", [0, 0]), array.array("i", [0, 0])
+    out = np.empty((1, 1), dtype=np.int64)
+    with pytest.raises(RuntimeError, match="row 5 is past the position index"):
+        dependent._walk.rounds(
+            1, (0,), [1], [[0]], [[]], [0.5, 0.5], 0, rows, [1], {1: 0}, pos, reg,
+            lambda key: 0, out,
+        )  # fmt: skip
