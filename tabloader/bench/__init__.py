@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "cluster": "tabloader.bench.cluster",
     "sampling": "tabloader.bench.sampling",
     "e2e": "tabloader.bench.e2e",
+    "hostile": "tabloader.bench.hostile",
     "kernels": "tabloader.bench.kernels",
     "service": "tabloader.bench.e2e",  # the loader service's benchmark is e2e (one run, all three)
     "throughput": "tabloader.bench.throughput",

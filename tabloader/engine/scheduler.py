@@ -90,6 +90,10 @@ class DatasetScheduler:
         self.cond = threading.Condition(self.lock)
         self.closed = False
         self.error: BaseException | None = None
+        # (job, row) skips already logged: a bad row is skipped again every epoch (at once:
+        # the fetcher remembers it), and a warning line each time was most of what a job
+        # beside 20 bombs cost its neighbours (``tabloader bench hostile``)
+        self._logged_skips: set[tuple[str, int | None]] = set()
         self.thread = threading.Thread(
             target=self._run, name=f"tabloader-sched-{name}", daemon=True
         )
@@ -444,7 +448,10 @@ class DatasetScheduler:
                 raise first
             rank.skipped += len(work.errors)
             for e in work.errors.values():
-                logger.warning("job %s skipped a row: %s", rank.label(), e)
+                key = (rank.label(), getattr(e, "row_id", None))
+                if key[1] is None or key not in self._logged_skips:  # once a job and row
+                    self._logged_skips.add(key)
+                    logger.warning("job %s skipped a row: %s", rank.label(), e)
         batch = work.result
         rank.augment_s += work.augment_s
         if batch is not None and not job.remote:  # a service's: once its client has it

@@ -16,15 +16,14 @@ import time
 
 import numpy as np
 import pytest
-from _bombs import bomb
 from _faults import Hungry
 
 import catalog
 from catalog.errors import LoaderError, RowReadError
+from tabloader.bench.bombs import KINDS, bomb
 from tabloader.engine import Loader, decoding, prep
 from tabloader.engine.shm import shm_available
 
-KINDS = ("progressive", "jpeg", "png", "webp", "gif")
 SUFFIX = {"progressive": ".jpg", "jpeg": ".jpg", "png": ".png", "webp": ".webp", "gif": ".gif"}
 TIMEOUT = 60
 
@@ -152,6 +151,22 @@ def test_a_failed_row_is_not_read_again_in_later_epochs_nor_by_other_jobs(bombed
         with pytest.raises(RowReadError, match="It failed when first read; it is not read again"):
             _epoch(loader, "c")  # on_error = 'raise': at once
         assert loader.stats()["reads"] == n + n - len(bombs)
+
+
+@needs_shm
+def test_a_skipped_row_is_logged_once_per_job_not_every_epoch(bombed, no_bomb_decoded, caplog):
+    """A bad row is skipped again every epoch; its warning comes once a job (a line per bomb
+    per epoch was most of what a job beside bombs cost its neighbours)."""
+    cat, bombs = bombed
+    cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16, on_error = 'skip')")
+    cat.sql("REGISTER JOB b SELECT image FROM imgs WITH (image_size = 16, on_error = 'skip')")
+    with Loader(cat, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
+        for _ in range(3):
+            assert _epoch(loader, "a")[1]["skipped"] == len(bombs)
+        assert _epoch(loader, "b")[1]["skipped"] == len(bombs)
+    lines = [r.getMessage() for r in caplog.records if "skipped a row" in r.getMessage()]
+    jobs = sorted(line.split()[1].strip("'") for line in lines)
+    assert jobs == ["a"] * len(bombs) + ["b"] * len(bombs)
 
 
 @needs_shm

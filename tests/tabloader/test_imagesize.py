@@ -6,9 +6,9 @@ import struct
 
 import numpy as np
 import pytest
-from _bombs import bomb, image_bytes, with_size
 
 from catalog.errors import CatalogError, LoaderError
+from tabloader.bench.bombs import bomb, image_bytes, with_size
 from tabloader.engine import prep
 from tabloader.engine.imagesize import check_pixels, declared_size
 from tabloader.engine.prep import decode_image, decode_images, pixel_limit
