@@ -90,13 +90,16 @@ def _copy_out(
 ) -> Any:
     """The values of prepared column ``ci``, copied into new arrays (one copy per byte)."""
     offsets, shapes = work.offsets[ci], work.shapes[ci]
-    if keep is None and (offsets >= 0).all() and (shapes == shapes[0]).all():
+    if keep is not None:  # the rows kept (a batch that skips failed rows gathers the rest)
+        offsets, shapes = offsets[keep], shapes[keep]
+    if offsets.size and (offsets >= 0).all() and (shapes == shapes[0]).all():
         # the usual case: every value in the arena, one shape: a gather of slots
         shape = tuple(shapes[0].tolist())
         n = math.prod(shape)
         batch = memory.empty((offsets.size, *shape))
         _gather(arena.buffer, offsets, batch.reshape(offsets.size, n))
         return batch
+    offsets, shapes = work.offsets[ci], work.shapes[ci]
     positions = range(work.rows.size) if keep is None else keep.tolist()
     first = next(iter(positions))
     one_shape = (
@@ -127,9 +130,11 @@ def _augment_out(
     aug = work.plan.augment[work.plan.prepared[ci][0].column]
     positions = range(work.rows.size) if keep is None else keep.tolist()
     out = memory.empty((len(positions), *aug.output_shape), aug.dtype)
-    offsets = work.offsets[ci]
-    if keep is None and (offsets >= 0).all():  # the usual batch: one kernel call for it
-        aug.apply_batch(arena.buffer, offsets, work.shapes[ci][:, :2], work.epoch, work.rows, out)
+    offsets, shapes, rows = work.offsets[ci], work.shapes[ci], work.rows
+    if keep is not None:  # the rows kept (a batch that skips failed rows)
+        offsets, shapes, rows = offsets[keep], shapes[keep], rows[keep]
+    if offsets.size and (offsets >= 0).all():  # the usual batch: one kernel call for it
+        aug.apply_batch(arena.buffer, offsets, shapes[:, :2], work.epoch, rows, out)
         return out
     for k, (p, src) in enumerate(_values(work, ci, positions, arena)):
         aug.apply(src, work.epoch, int(work.rows[p]), out[k])
