@@ -92,22 +92,14 @@ def _copy_out(
     offsets, shapes = work.offsets[ci], work.shapes[ci]
     if keep is not None:  # the rows kept (a batch that skips failed rows gathers the rest)
         offsets, shapes = offsets[keep], shapes[keep]
-    if offsets.size and (offsets >= 0).all() and (shapes == shapes[0]).all():
+    one_shape = bool((shapes == shapes[0]).all())
+    shape = tuple(shapes[0].tolist())
+    if one_shape and (offsets >= 0).all():
         # the usual case: every value in the arena, one shape: a gather of slots
-        shape = tuple(shapes[0].tolist())
-        n = math.prod(shape)
         batch = memory.empty((offsets.size, *shape))
-        _gather(arena.buffer, offsets, batch.reshape(offsets.size, n))
+        _gather(arena.buffer, offsets, batch.reshape(offsets.size, math.prod(shape)))
         return batch
-    offsets, shapes = work.offsets[ci], work.shapes[ci]
     positions = range(work.rows.size) if keep is None else keep.tolist()
-    first = next(iter(positions))
-    one_shape = (
-        bool((shapes[positions] == shapes[first]).all())
-        if keep is not None
-        else bool((shapes == shapes[0]).all())
-    )
-    shape = tuple(shapes[first].tolist())
     out: Any = memory.empty((len(positions), *shape)) if one_shape else []
     for k, (_, src) in enumerate(_values(work, ci, positions, arena)):
         if one_shape:
