@@ -380,9 +380,8 @@ class DependentSampler:
         """The loop of :meth:`_rounds`, in C (``_rounds.c``): the same uniforms, rows and moves."""
         regions, uni, cnt = self._regions, self._uniforms, self._count
         m = len(order)
-        out = np.empty((m, n), dtype=np.int64)
-        done = 0
-        while done < n:
+        parts = []  # m x steps rows of each chunk
+        for done in range(0, n, self.CHUNK):
             steps = min(n - done, self.CHUNK)
             c0 = [cnt[slot] for slot in order]
             part = np.empty((m, steps), dtype=np.int64)
@@ -391,11 +390,10 @@ class DependentSampler:
                 steps, order, c0, levels, dec, uni.buf, uni.i, regions.rows, regions.keys,
                 regions.index, regions.pos, regions.reg, regions.region, part,
             )  # fmt: skip
-            out[:, done : done + steps] = part
+            parts.append(part)
             for slot in order:
                 cnt[slot] -= steps
-            done += steps
-        return list(out)
+        return list(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
 
     def _rounds_one_region(self, order: tuple[int, ...], n: int, r: int) -> np.ndarray:
         """``n`` rounds when every row the jobs need is in region ``r``: vectorized.

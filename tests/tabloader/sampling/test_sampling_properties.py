@@ -137,6 +137,7 @@ def test_the_c_walk_gives_the_rows_and_state_of_the_python_walk(ops, seed):
     for vectorize in (True, False):
         s = DependentSampler(seed=seed)
         s.vectorize = vectorize
+        s.CHUNK = 7  # the C walk's rounds in several calls, as a long round is
         runs.append(run_ops(s, ops))
         states.append(replay_state(s))
     assert runs[0] == runs[1]
