@@ -269,7 +269,7 @@ def test_rank_from_each_launcher(launcher, env, expected):
     assert resolve_rank(None, None) == expected
 
 
-def test_rank_from_a_launcher_at_open(images, launcher):
+def test_rank_from_a_launcher_at_open(images, launcher, monkeypatch):
     """Through ``Loader.open``: Lightning's child process, then srun's task."""
     images.sql("REGISTER JOB j SELECT label FROM imgs")
     with Loader(images, cache_bytes=1 << 20) as loader:
@@ -277,7 +277,7 @@ def test_rank_from_a_launcher_at_open(images, launcher):
         with loader.open("j", batch_size=5, epochs=1) as stream:
             assert (stream.rank, stream.world_size) == (1, 2)
         for name in LIGHTNING_PARENT:
-            os.environ.pop(name)  # the launcher fixture's monkeypatch restores them
+            monkeypatch.delenv(name)
         launcher(SRUN)
         with loader.open("j", batch_size=5, epochs=1) as stream:
             assert (stream.rank, stream.world_size) == (2, 4)
