@@ -73,12 +73,17 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
             the last one.
         rank, world_size: this dataset is rank ``rank`` of ``world_size`` data-parallel ranks
-            of the job (default: ``RANK`` and ``WORLD_SIZE`` from the environment, as torchrun
-            sets them, else a plain job). Each rank gets a disjoint, equal share of every
-            epoch; the last ``n % (batch_size * world_size)`` rows of an epoch are dropped
-            (``DistributedSampler(drop_last=True)``). Ranks in separate processes (torchrun)
-            meet in the catalog's service; each must save its ``state_dict()`` at the same
-            step (see ``Loader.open``).
+            of the job. Default: found when it opens (its first ``iter()``) from what launched
+            this process: an initialised torch.distributed process group (Lightning, the HF
+            Trainer and accelerate under a launcher), else ``RANK`` and ``WORLD_SIZE``
+            (torchrun, ``accelerate launch``, Ray Train), Lightning's launcher's
+            ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE``, SLURM's ``srun`` tasks, else a plain
+            job; launchers that disagree fail with an error naming what they set (the order:
+            :mod:`tabloader.engine.ranks`). Pass both to override them. Each rank gets a
+            disjoint, equal share of every epoch; the last ``n % (batch_size * world_size)``
+            rows of an epoch are dropped (``DistributedSampler(drop_last=True)``). Ranks in
+            separate processes (torchrun) meet in the catalog's service; each must save its
+            ``state_dict()`` at the same step (see ``Loader.open``).
         **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
             was registered with), checked here:
 

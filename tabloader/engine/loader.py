@@ -319,9 +319,10 @@ class Loader:
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
-                ranks of the job (DDP). When both are None they are read from ``RANK`` and
-                ``WORLD_SIZE`` in the environment (as torchrun sets them; see
-                :mod:`tabloader.engine.ranks` for ``LOCAL_RANK``), else 0 and 1.
+                ranks of the job (DDP). When both are None they are found from what launched
+                this process (an initialised torch.distributed process group, ``RANK`` and
+                ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
+                checks are in :mod:`tabloader.engine.ranks`), else 0 and 1.
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader

@@ -266,9 +266,11 @@ class RemoteLoader:
         """Open ``job`` in the service; arguments and job options as ``Loader.open``.
 
         The options are checked here (against the job's registered ones, fetched from the
-        service) and travel as one ``JobSpec``. ``rank`` and ``world_size`` default to
-        ``RANK`` and ``WORLD_SIZE`` of this process's environment (as torchrun sets them): the
-        ranks of a job, each in its own process, join the service as one job.
+        service) and travel as one ``JobSpec``. ``rank`` and ``world_size`` are found here, in
+        this process (never in the service), from what launched it when both are None (a
+        process group, torchrun's ``RANK`` and ``WORLD_SIZE``, Lightning's launcher, ...: see
+        :mod:`tabloader.engine.ranks`): the ranks of a job, each in its own process, join the
+        service as one job.
         """
         rank, world_size = resolve_rank(rank, world_size)
         args: dict[str, Any] = {"prefetch": prefetch, "lookahead": lookahead, "epochs": epochs}
