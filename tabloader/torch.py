@@ -81,8 +81,12 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             job; launchers that disagree fail with an error naming what they set (the order:
             :mod:`tabloader.engine.ranks`). Pass both to override them. Each rank gets a
             disjoint, equal share of every epoch; the last ``n % (batch_size * world_size)``
-            rows of an epoch are dropped (``DistributedSampler(drop_last=True)``). Ranks in
-            separate processes (torchrun) meet in the catalog's service; each must save its
+            rows of an epoch are dropped (``DistributedSampler(drop_last=True)``), or with
+            ``drop_last=False`` (for evaluation) none: each rank gets ``ceil(n / world_size)``
+            rows, padded with repeats of the epoch's first rows
+            (``DistributedSampler(drop_last=False)``). A rank waits ``rank_timeout`` seconds
+            (default 45) for a rank that never opens the job, then raises. Ranks in separate
+            processes (torchrun) meet in the catalog's service; each must save its
             ``state_dict()`` at the same step (see ``Loader.open``).
         **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
             was registered with), checked here:

@@ -336,12 +336,17 @@ class Loader:
         to rank ``k % world_size``. Every rank gets ``n // (batch_size * world_size)`` batches
         of an epoch of ``n`` rows; the last ``n % (batch_size * world_size)`` rows of the
         epoch's uniformly random order (so a random subset, another each epoch) are dropped,
-        as with ``DistributedSampler(drop_last=True)``. With ``world_size == 1`` nothing is
-        dropped (the last batch of an epoch may be short).
+        as with ``DistributedSampler(drop_last=True)``. With the job option ``drop_last =
+        false`` (evaluation jobs) no row is dropped: every rank gets ``ceil(n / world_size)``
+        rows (the last batch of each rank maybe short), the shares padded by repeating the
+        first rows of the epoch's order (fewer than ``world_size``), as with
+        ``DistributedSampler(drop_last=False)``. With ``world_size == 1`` nothing is dropped
+        or padded (the last batch of an epoch may be short).
 
         The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank
-        ahead of the others waits for the slowest (as DDP does anyway), so a rank that never
-        opens holds up the others. Each rank's stream has its own ``epoch`` and ``stats``;
+        ahead of the others waits for the slowest (as DDP does anyway); no rank gets a batch
+        before every rank has opened, and a rank that has waited ``rank_timeout`` seconds (a
+        job option, default 45) for one that never opened raises ``LoaderError``. Each rank's stream has its own ``epoch`` and ``stats``;
         ``state_dict()`` from any rank is the job's state at that rank's step, so every rank
         should save at the same step (as DDP checkpoints do) and all reopen with that state.
         Closing a rank while the others go on drops its batches (a rank that leaves mid-epoch
@@ -365,7 +370,12 @@ class Loader:
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
-            share = rank_share(len(info.ids), batch_size, world_size)
+            if fed and not spec.drop_last:
+                raise LoaderError(
+                    f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "
+                    "a Ray cluster yet; open it there with drop_last = true (the default)."
+                )
+            share = rank_share(len(info.ids), batch_size, world_size, spec.drop_last)
             if share == 0 and world_size > 1:
                 raise LoaderError(
                     f"Job {info.name!r} has {len(info.ids)} rows, fewer than batch_size "

@@ -95,14 +95,19 @@ FIX = (
 )
 
 
-def rank_share(rows: int, batch_size: int, world_size: int) -> int:
+def rank_share(rows: int, batch_size: int, world_size: int, drop_last: bool = True) -> int:
     """Rows each of ``world_size`` data-parallel ranks gets of an epoch of ``rows`` rows: all of
-    them with one rank (its last batch may be short); else ``rows // (batch_size *
+    them with one rank (its last batch may be short). With several: ``rows // (batch_size *
     world_size)`` full batches each, the last ``rows % (batch_size * world_size)`` rows
-    dropped, as ``DistributedSampler(drop_last=True)`` does.
+    dropped, as ``DistributedSampler(drop_last=True)`` does; or, without ``drop_last``,
+    ``ceil(rows / world_size)`` each, the last batch of each rank maybe short and up to
+    ``world_size - 1`` rows repeated to pad the shares, as ``DistributedSampler(drop_last=False)``
+    does (the scheduler repeats the epoch's first rows).
     """
     if world_size == 1:
         return rows
+    if not drop_last:
+        return -(-rows // world_size)
     return rows // (batch_size * world_size) * batch_size
 
 

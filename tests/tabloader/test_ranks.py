@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import subprocess
 import sys
@@ -697,21 +696,17 @@ def test_a_rank_waiting_for_a_dropped_rank_wakes_the_scheduler(images, monkeypat
         r0.close()
 
 
-def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images, monkeypatch, caplog):
-    import tabloader.engine.scheduler
-
-    monkeypatch.setattr(tabloader.engine.scheduler, "PENDING_WARN_S", 0.2)
+def test_ranks_wait_for_a_rank_that_has_not_opened_yet(images):
     images.sql("REGISTER JOB j SELECT label FROM imgs")
     rows = set(images.job("j").ids)
     with Loader(images, cache_bytes=1 << 20) as loader:
         opts = {"batch_size": 5, "world_size": 2, "prefetch": 2, "epochs": 1}
         r0 = loader.open("j", rank=0, **opts)
+        cond = counting_waiter(loader.scheduler("imgs"), r0)
         seen: list[list[list[list[int]]]] = [[], []]
         consumer = threading.Thread(target=epochs_of, args=(r0, 1, seen[0]), daemon=True)
-        with caplog.at_level(logging.WARNING, logger="tabloader.engine.scheduler"):
-            consumer.start()
-            wait_until(lambda: "have not opened the job" in caplog.text, "a warning")
-        assert "rank(s) 1" in caplog.text
+        consumer.start()
+        wait_until(lambda: waiting(cond), "rank 0 waits for rank 1")
         assert consumer.is_alive()  # batches are dealt to rank 1 already: rank 0 waits
         r1 = loader.open("j", rank=1, **opts)
         run_threads([lambda: epochs_of(r1, 1, seen[1])])
