@@ -30,20 +30,20 @@ def read_epochs(streams, epochs: int) -> list[list[list[list[int]]]]:
 
 def check_padded_epoch(per_rank: list[list[list[int]]], rows: set[int], batch_size: int) -> None:
     """One padded epoch: each rank ceil(n / world_size) rows in full batches but its last,
-    every row delivered, and only the padding (fewer than world_size rows) repeated."""
+    every row delivered, and the padding (fewer than world_size rows) the epoch's first rows
+    (in the order dealt: batch k to rank k % world_size) repeated in turn."""
     world_size, n = len(per_rank), len(rows)
     share = -(-n // world_size)
     sizes = [batch_size] * (share // batch_size) + (
         [share % batch_size] if share % batch_size else []
     )
-    delivered: Counter[int] = Counter()
     for batches in per_rank:
         assert [len(b) for b in batches] == sizes
-        delivered.update(i for b in batches for i in b)
-    assert set(delivered) == rows  # nothing dropped
-    repeats = sum(delivered.values()) - n
-    assert repeats == share * world_size - n < world_size
-    assert all(c <= 2 for c in delivered.values())
+    dealt = [i for turn in zip(*per_rank, strict=True) for batch in turn for i in batch]
+    first = dealt[: min(world_size, n)]
+    padding = [first[i % len(first)] for i in range(share * world_size - n)]
+    assert len(padding) < world_size
+    assert Counter(dealt) == Counter(rows) + Counter(padding)  # nothing dropped
 
 
 @pytest.mark.parametrize(
@@ -68,15 +68,34 @@ def test_every_row_is_delivered_and_the_shares_are_padded(images, rows, batch_si
         check_padded_epoch([seen[r][epoch] for r in range(world_size)], ids, batch_size)
 
 
+def test_padded_batches_of_decoded_images_leave_no_uses_or_pins(images):
+    """The repeated rows are decoded (or looked up) like any other; once the job closes the
+    arena's eviction inputs and pins are back to nothing."""
+    images.sql(
+        "REGISTER JOB j SELECT image FROM imgs WHERE _id < 11 "
+        "WITH (image_size = 8, drop_last = false)"
+    )
+    ids = set(images.job("j").ids)
+    with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
+        streams = [loader.open("j", batch_size=4, rank=r, world_size=3, epochs=2) for r in range(3)]
+        seen = read_epochs(streams, 2)
+        for s in streams:
+            s.close()
+        group = loader.scheduler("imgs")
+        assert all(not counts.any() for counts in group.queues.future.uses.values())
+        assert loader.stats()["cache"].pinned == 0
+    for epoch in range(2):
+        check_padded_epoch([seen[r][epoch] for r in range(3)], ids, 4)
+
+
 def test_ten_and_eleven_rows_over_two_ranks(images):
     """The cases of the issue: 10 rows -> [3, 2] per rank and no repeat; 11 -> [3, 3] and
     exactly one repeated row."""
     images.sql("REGISTER JOB ten SELECT label FROM imgs WHERE _id < 10 WITH (drop_last = false)")
     images.sql("REGISTER JOB eleven SELECT label FROM imgs WHERE _id < 11")
     with Loader(images, cache_bytes=1 << 20) as loader:
-        for job, extra, sizes, repeats in (("ten", {}, [3, 2], 0), ("eleven", {}, [3, 3], 1)):
-            if job == "eleven":
-                extra = {"drop_last": False}  # as an open's option, over the registered ones
+        cases = (("ten", {}, [3, 2], 0), ("eleven", {"drop_last": False}, [3, 3], 1))
+        for job, extra, sizes, repeats in cases:  # eleven: drop_last given at the open
             streams = [
                 loader.open(job, batch_size=3, rank=r, world_size=2, epochs=2, **extra)
                 for r in range(2)
