@@ -346,9 +346,10 @@ class Loader:
         The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank
         ahead of the others waits for the slowest (as DDP does anyway); no rank gets a batch
         before every rank has opened, and a rank that has waited ``rank_timeout`` seconds (a
-        job option, default 45) for one that never opened raises ``LoaderError``. Each rank's stream has its own ``epoch`` and ``stats``;
-        ``state_dict()`` from any rank is the job's state at that rank's step, so every rank
-        should save at the same step (as DDP checkpoints do) and all reopen with that state.
+        job option, default 45) for one that never opened raises ``LoaderError``. Each rank's
+        stream has its own ``epoch`` and ``stats``; ``state_dict()`` from any rank is the
+        job's state at that rank's step, so every rank should save at the same step (as DDP
+        checkpoints do) and all reopen with that state.
         Closing a rank while the others go on drops its batches (a rank that leaves mid-epoch
         loses its share of that epoch; it cannot rejoin until every rank has closed); the job
         leaves the sampler with its last open rank.

@@ -213,3 +213,14 @@ def test_a_padded_job_through_the_service(cat_dir):  # noqa: F811
         proc.wait(TIMEOUT)
     assert [[len(b) for b in seen[r][0]] for r in (0, 1)] == [[4, 2], [4, 2]]
     check_padded_epoch([seen[r][0] for r in (0, 1)], set(range(11)), 4)
+
+
+def test_a_cluster_node_refuses_padding(images):
+    """A Ray cluster's leader places rows with drop_last = true: a node's padded rank would
+    wait for rows that never come."""
+    images.sql("REGISTER JOB j SELECT label FROM imgs WITH (drop_last = false)")
+    with (
+        Loader(images, cache_bytes=1 << 20) as loader,
+        pytest.raises(LoaderError, match=r"drop_last = false .* not supported on a Ray cluster"),
+    ):
+        loader.open(images.job("j"), fed=True, batch_size=4, rank=0, world_size=2)
