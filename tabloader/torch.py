@@ -202,7 +202,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             self._rows = self.loader.job_rows(self.job)
         world_size = resolve_rank(self._rank, self._world_size)[1]
         batch_size = int(self._spec.batch_size)
-        return -(-rank_share(self._rows, batch_size, world_size) // batch_size)
+        share = rank_share(self._rows, batch_size, world_size, bool(self._spec.drop_last))
+        return -(-share // batch_size)
 
     @property
     def spec(self) -> JobSpec:

@@ -224,3 +224,14 @@ def test_a_cluster_node_refuses_padding(images):
         pytest.raises(LoaderError, match=r"drop_last = false .* not supported on a Ray cluster"),
     ):
         loader.open(images.job("j"), fed=True, batch_size=4, rank=0, world_size=2)
+
+
+def test_the_length_of_a_job_dataset_counts_the_padded_batches(images):
+    pytest.importorskip("torch")
+    from tabloader.torch import JobDataset
+
+    images.sql("REGISTER JOB j SELECT label FROM imgs WHERE _id < 11 WITH (batch_size = 3)")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        kept = JobDataset("j", loader=loader, rank=1, world_size=2, drop_last=False)
+        dropped = JobDataset("j", loader=loader, rank=1, world_size=2)
+        assert (len(kept), len(dropped)) == (2, 1)  # [3, 3] with padding; [3], 5 rows dropped
