@@ -200,10 +200,26 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         last batch may be short."""
         if self._rows is None:
             self._rows = self.loader.job_rows(self.job)
-        world_size = resolve_rank(self._rank, self._world_size)[1]
+        world_size = self.world_size
         batch_size = int(self._spec.batch_size)
         share = rank_share(self._rows, batch_size, world_size, bool(self._spec.drop_last))
         return -(-share // batch_size)
+
+    @property
+    def rank(self) -> int:
+        """This dataset's rank among the job's data-parallel ranks: the open stream's, else
+        the one it would open as now (``rank=``, else found from the launcher:
+        :mod:`tabloader.engine.ranks`), without opening."""
+        if self._stream is not None:
+            return self._stream.rank
+        return resolve_rank(self._rank, self._world_size)[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of the job's data-parallel ranks (as ``rank``)."""
+        if self._stream is not None:
+            return self._stream.world_size
+        return resolve_rank(self._rank, self._world_size)[1]
 
     @property
     def spec(self) -> JobSpec:
