@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog.augment import parse_augment
 from catalog.errors import OptionError, TabloaderError
@@ -310,16 +310,28 @@ class JobSpec:
 
     values: Mapping[str, Any] = field(default_factory=dict)
 
+    if TYPE_CHECKING:  # each option's type, for mypy (a misspelt one is an error there)
+        batch_size: int = field(init=False)
+        image_size: int | tuple[int, int] | None = field(init=False)
+        seed: int | None = field(init=False)
+        augment: str | None = field(init=False)
+        decode_size: int | None = field(init=False)
+        on_error: str = field(init=False)
+        rank_timeout: int = field(init=False)
+        drop_last: bool = field(init=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", MappingProxyType(_check_spec(self.values)))
 
-    def __getattr__(self, name: str) -> Any:
-        option = JOB_OPTIONS.get(name)
-        if option is None:  # also what copy and pickle look for before ``values`` is set
-            raise AttributeError(
-                f"JobSpec has no option {name!r}; options: {', '.join(JOB_OPTIONS)}."
-            )
-        return self.values.get(name, option.default)
+    if not TYPE_CHECKING:  # at run time, every option of the table (typed above for mypy)
+
+        def __getattr__(self, name: str) -> Any:
+            option = JOB_OPTIONS.get(name)
+            if option is None:  # also what copy and pickle look for before ``values`` is set
+                raise AttributeError(
+                    f"JobSpec has no option {name!r}; options: {', '.join(JOB_OPTIONS)}."
+                )
+            return self.values.get(name, option.default)
 
     def __repr__(self) -> str:
         return f"JobSpec({', '.join(f'{k}={v!r}' for k, v in self.values.items())})"
