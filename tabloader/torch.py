@@ -130,8 +130,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if options.get("augment") is not None and not isinstance(options["augment"], str):
             options["augment"] = from_torchvision(options["augment"])
         spec = JobSpec.from_options(self.loader.job_options(job), **options)
-        self._spec = spec
-        self._options = options  # laid over the job's registered ones at each open
+        self._spec = spec  # what every open of it asks for
         # the job's seed, else one of its own: jobs never share draws
         seed = default_seed(job) if spec.seed is None else spec.seed
         self.generator = torch.Generator().manual_seed(int(seed))
@@ -162,14 +161,14 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     def _open(self) -> JobStream | RemoteStream:
         self._here()
         if self._stream is None:
-            self._stream = self.loader.open(
+            self._stream = self.loader.open(  # the spec checked once, at __init__
                 self.job,
+                spec=self._spec,
                 state=self._state,
                 prefetch=self._prefetch,
                 epochs=self._epochs,
                 rank=self._rank,
                 world_size=self._world_size,
-                **self._options,
             )
             self._state = None
         return self._stream
@@ -187,7 +186,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             stream.abandon(self._partial)
         self._partial = None
         epoch = stream.epoch
-        for batch in stream.iter_epoch():
+        while (batch := stream.take(epoch)) is not None:
             self._partial = epoch  # until the epoch's end is reached
             tensors = to_tensors(batch)
             yield self.transform(tensors, self.generator) if self.transform else tensors

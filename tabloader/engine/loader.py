@@ -366,7 +366,10 @@ class Loader:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             if isinstance(options.get("on_error"), OnError):  # its value, as a WITH option
                 options["on_error"] = options["on_error"].value
-            spec = JobSpec.from_options(info.options if spec is None else spec.values, **options)
+            if spec is None or options:  # a spec alone was checked where it was made
+                spec = JobSpec.from_options(
+                    info.options if spec is None else spec.values, **options
+                )
             batch_size = spec.batch_size
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch

@@ -190,8 +190,9 @@ def _node_client(root: Path, node: str, found: Locator) -> Client:
             time.sleep(0.1)
 
 
-def _map_segment(ctl: Client) -> Segment:
-    """The service's arena, mapped read-only from the descriptor it sends (no name to open)."""
+def _map_segment(ctl: Client) -> tuple[Segment, int]:
+    """The service's arena, mapped read-only from the descriptor it sends (no name to open),
+    and the service's pid."""
     reply, fds = ctl.call_fds("segment")
     if len(fds) != 1:
         for fd in fds:
@@ -200,7 +201,8 @@ def _map_segment(ctl: Client) -> Segment:
             f"the tabloader service sent {len(fds)} descriptors for its shared memory, not 1; "
             "is it another version of tabloader? Restart it (`tabloader serve`)."
         )
-    return Segment.attach(fds[0], int(reply["size"]), str(reply["segment"]), readonly=True)
+    segment = Segment.attach(fds[0], int(reply["size"]), str(reply["segment"]), readonly=True)
+    return segment, int(reply["pid"])
 
 
 @dataclass
@@ -239,8 +241,7 @@ class RemoteLoader:
             else _node_client(self.root, self.node, found)
         )
         try:
-            self.service_pid = int(self._ctl.call("hello")["pid"])
-            self._segment = _map_segment(self._ctl)
+            self._segment, self.service_pid = _map_segment(self._ctl)
         except BaseException:
             self._ctl.close()
             raise
@@ -280,22 +281,30 @@ class RemoteLoader:
         settle((self.root, self.node, job, rank))  # a stream of it dropped here
         conn = Client(self.root, node=self.node)
         try:
-            # The service answering must be the one whose memory this loader maps (checked
-            # before the job opens there: a refused open leaves nothing behind).
-            if conn.call("hello").get("segment") != self._segment.name:
+            if spec is None or options:  # else checked already (a JobDataset's)
+                stored = conn.call("options", job=job)["options"] if spec is None else spec.values
+                spec = JobSpec.from_options(stored, **options)
+            # The service answering must be the one whose memory this loader maps (it checks
+            # before the job opens: a refused open leaves nothing behind).
+            reply = conn.call(
+                "open", job=job, spec=spec.to_wire(), segment=self._segment.name, **args
+            )
+        except ServiceError as exc:
+            conn.close()
+            if "segment" in str(exc) and "not the memory" in str(exc):
                 raise ServiceError(
                     f"The tabloader service of catalog {self.root} this loader was connected "
                     f"to (pid {self.service_pid}) is gone, and another one runs now; its "
                     "batches are in memory this loader does not map. Make a new JobDataset or "
                     "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
-                )
-            stored = conn.call("options", job=job)["options"] if spec is None else spec.values
-            spec = JobSpec.from_options(stored, **options)
-            conn.call("open", job=job, spec=spec.to_wire(), **args)
+                ) from None
+            raise
         except BaseException:
             conn.close()
             raise
-        return RemoteStream(self, conn, job, rank, world_size, spec)
+        stream = RemoteStream(self, conn, job, rank, world_size, spec)
+        stream._epoch_hint = int(reply["epoch"])
+        return stream
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
@@ -383,11 +392,14 @@ class RemoteStream:
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
         self._copy_s = 0.0  # copying batches out of the shared memory, in all
         self._returned: float | None = None  # when take() last returned
+        self._epoch_hint: int | None = None  # the epoch it opened at, until a batch moves it
 
     @property
     def epoch(self) -> int:
         """The epoch of the next batch (0-based)."""
         with self._lock:
+            if self._epoch_hint is not None:  # nothing taken since the open said
+                return self._epoch_hint
             ready = self._peek()
             if ready is not None and not ready.get("end"):
                 return int(ready["epoch"])
@@ -396,6 +408,7 @@ class RemoteStream:
     def take(self, epoch: int | None = None) -> dict[str, Any] | None:
         """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
         with self._lock:
+            self._epoch_hint = None
             start = time.perf_counter()
             if self._returned is not None:
                 self._compute_s += start - self._returned
@@ -474,6 +487,7 @@ class RemoteStream:
         """Give up the rest of ``epoch`` (as ``JobStream.abandon``); the batch read ahead is
         dropped (and released) if it is of that epoch."""
         with self._lock:
+            self._epoch_hint = None
             ready = self._collect()
             release: list[int] = []
             if ready is not None and not ready.get("end") and int(ready["epoch"]) == epoch:

@@ -249,7 +249,12 @@ class _Handler(CatalogOps):
     def op_segment(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The arena's shared memory: its name and size, and a read-only descriptor of it."""
         segment = self.service.segment
-        return {"segment": segment.name, "size": segment.size, FDS: [segment.readonly_fd()]}
+        return {
+            "segment": segment.name,
+            "size": segment.size,
+            "pid": os.getpid(),
+            FDS: [segment.readonly_fd()],
+        }
 
     def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
         statement = _string(msg, "statement")
@@ -307,11 +312,17 @@ class _Handler(CatalogOps):
     def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.stream is not None:
             raise LoaderError("This connection has a job open already; open another connection.")
-        unknown = sorted(set(msg) - {"op", "v", "job", "spec", *_OPEN_ARGS})
+        unknown = sorted(set(msg) - {"op", "v", "job", "spec", "segment", *_OPEN_ARGS})
         if unknown:
             raise ServiceError(
                 f"Unknown open argument(s) {', '.join(unknown)}: a job's options travel as "
                 "spec=JobSpec.to_wire(); is the client another tabloader version?"
+            )
+        mapped = msg.get("segment")
+        if mapped is not None and mapped != self.service.segment.name:
+            raise ServiceError(
+                f"The client maps shared memory segment {str(mapped)[:80]!r}, not the memory of "
+                "this service: it was connected to a service that is gone."
             )
         kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
         if "state" in kw:
@@ -340,7 +351,7 @@ class _Handler(CatalogOps):
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        return {"job": stream.name}
+        return {"job": stream.name, "epoch": stream.epoch}
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The next batch. The request also says the client's job has the batch sent last
