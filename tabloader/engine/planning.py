@@ -28,6 +28,7 @@ another ran cannot reuse values decoded before it existed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pyroaring import BitMap
@@ -66,13 +67,17 @@ class _Reader(NamedTuple):
 def _group_need(readers: list[_Reader], of: int) -> int | None:
     """The need of the group (see the module) of ``readers[of]``; None: it reads no shared
     decode. ``image_size`` jobs become readers round by round until none is left to join."""
-    n = len(readers)
-    meets = [
-        [i != j and readers[i].ids.intersect(readers[j].ids) for j in range(n)] for i in range(n)
-    ]
+    met: dict[tuple[int, int], bool] = {}
+
+    def meets(i: int, j: int) -> bool:  # asked lazily: jobs that all overlap cost n, not n^2
+        key = (min(i, j), max(i, j))
+        if key not in met:
+            met[key] = i != j and readers[i].ids.intersect(readers[j].ids)
+        return met[key]
+
     reads = [r.size is None for r in readers]
     while True:
-        group = _components(meets, reads)
+        group = _components(len(readers), meets, reads)
         need: dict[int, int] = {}
         for g, r in zip(group, readers, strict=True):
             if g >= 0 and r.need is not None:
@@ -85,7 +90,8 @@ def _group_need(readers: list[_Reader], of: int) -> int | None:
             and (
                 (r.need or 0) >= r.size
                 or any(
-                    reads[j] and meets[i][j] and need.get(group[j], 0) >= r.size for j in range(n)
+                    reads[j] and need.get(group[j], 0) >= r.size and meets(i, j)
+                    for j in range(len(readers))
                 )
             )
         ]
@@ -95,18 +101,18 @@ def _group_need(readers: list[_Reader], of: int) -> int | None:
             reads[i] = True
 
 
-def _components(meets: list[list[bool]], member: list[bool]) -> list[int]:
-    """Each member's component (an index) in the graph of ``meets`` among members; -1 for
-    the others."""
-    group = [-1] * len(member)
-    for start, m in enumerate(member):
-        if not m or group[start] >= 0:
+def _components(n: int, meets: Callable[[int, int], bool], member: list[bool]) -> list[int]:
+    """Each member's component (an index) in the graph of ``meets`` among the ``n`` nodes'
+    members; -1 for the others."""
+    group = [-1] * n
+    for start in range(n):
+        if not member[start] or group[start] >= 0:
             continue
         group[start], todo = start, [start]
         while todo:
             i = todo.pop()
-            for j, met in enumerate(meets[i]):
-                if met and member[j] and group[j] < 0:
+            for j in range(n):
+                if member[j] and group[j] < 0 and meets(i, j):
                     group[j] = start
                     todo.append(j)
     return group

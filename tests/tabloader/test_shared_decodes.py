@@ -4,14 +4,18 @@ so a job run after another finds the rows the first decoded."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import threading
 
 import numpy as np
 import pytest
+from pyroaring import BitMap
 
 import catalog
 from tabloader.engine.augment import Augmenter
 from tabloader.engine.loader import Loader
+from tabloader.engine.planning import _group_need, _Reader
 from tabloader.engine.prep import Fit, decode_image
 
 TRAIN = "RandomResizedCrop(20), RandomHorizontalFlip()"
@@ -81,3 +85,25 @@ def test_an_image_size_job_meeting_no_reader_of_a_shared_decode_keeps_its_fixed_
         assert dict(stream.augment) == {}  # tr's need (20) is below its size: not a reader
         read_epoch(stream, got)
     assert all((img == decode_image(raw[r], size=24)).all() for r, img in got.items())
+
+
+def test_the_groups_are_the_same_whichever_job_is_planned_and_in_whatever_order():
+    """Each job's shared decode from orders of the registered jobs: a chain of
+    evaluation jobs joins a training job's group, an evaluation job that meets two groups
+    merges them (the one of the lower need decodes at the higher), and one whose size is
+    above every need it meets keeps its own values."""
+    jobs = {
+        "e1": _Reader(BitMap(range(0, 10)), None, 20),  # meets e2 only
+        "e2": _Reader(BitMap(range(5, 15)), None, 20),  # meets tr
+        "tr": _Reader(BitMap(range(10, 20)), 20, None),
+        "lo": _Reader(BitMap(range(100, 110)), 16, None),
+        "ev": _Reader(BitMap(range(105, 125)), None, 16),  # meets lo and hi: merges them
+        "hi": _Reader(BitMap(range(120, 130)), 32, None),
+        "big": _Reader(BitMap(range(0, 30)), None, 64),  # above every need it meets
+    }
+    want = {"e1": 20, "e2": 20, "tr": 20, "lo": 32, "ev": 32, "hi": 32, "big": None}
+    orders = list(itertools.permutations(jobs))
+    for order in random.Random(0).sample(orders, 100):
+        readers = [jobs[name] for name in order]
+        got = {name: _group_need(readers, order.index(name)) for name in order}
+        assert got == want, order
