@@ -37,6 +37,7 @@ from catalog.settings import setting
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.ranks import resolve_rank
 from tabloader.engine.shm import Segment
+from tabloader.service.listener import STARTER_ENV
 from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
@@ -128,10 +129,43 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
 
 
 def _start(root: Path, deadline: float) -> Client:
-    """Start the catalog's service and connect once it answers (the start lock held)."""
+    """Start the catalog's service and connect once it answers (the start lock held).
+
+    A service that holds the catalog's lock but did not answer (still starting, or too busy to
+    answer in time; or a ``tabloader serve`` of a user, started at the same time) is waited
+    for: a second one would only find the lock taken. Ours, if it loses that race all the same,
+    logs one line and exits 0 (``tabloader.service.server``); it is started again only if the
+    one it lost to went away without answering.
+    """
     log = runtime_dir(root) / LOG_FILE  # its output before it logs there itself, too
+    proc: subprocess.Popen[bytes] | None = None
+    start_of_ours = 0  # earlier services' lines are not this start's story
+    while True:
+        try:
+            return Client(root)
+        except ServiceError as exc:
+            ended = proc is not None and proc.poll() is not None
+            if proc is not None and ended and proc.returncode != 0:
+                raise _failed(root, log, start_of_ours, exc) from None
+            if time.monotonic() > deadline:
+                if proc is not None and not ended:
+                    proc.kill()
+                if isinstance(exc, ServiceStuckError):  # names the pid, and the way out
+                    raise
+                raise ServiceError(
+                    f"The tabloader service for catalog {root} did not answer within "
+                    f"{START_TIMEOUT_S:.0f} s; see {log}."
+                ) from exc
+            if (proc is None or ended) and service_pid(root) is None:
+                proc, start_of_ours = _spawn(root, log)
+            time.sleep(START_POLL_S)
+
+
+def _spawn(root: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The catalog's service, started detached with its output appended to ``log``; and
+    where in ``log`` its output begins."""
     with open(log, "ab") as out:
-        start_of_ours = out.tell()  # earlier services' lines are not this start's story
+        start = out.tell()  # before it runs: it writes through the same file offset
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -147,35 +181,22 @@ def _start(root: Path, deadline: float) -> Client:
             stdout=out,
             stderr=out,
             cwd="/",  # not the directory of whichever client came first
-            env=_service_env(),
+            env={**_service_env(), STARTER_ENV: str(os.getpid())},
             start_new_session=True,  # detached: it outlives this process, not its signals
         )
-    while True:
-        try:
-            return Client(root)
-        except ServiceError as exc:
-            if proc.poll() is not None:  # it exited: lost a race to another one, or failed
-                if service_pid(root) is not None and time.monotonic() < deadline:
-                    time.sleep(START_POLL_S)  # another one runs (not answering yet)
-                    continue
-                try:
-                    return Client(root)
-                except ServiceError:
-                    with open(log, "rb") as written:
-                        written.seek(start_of_ours)
-                        ours = written.read().decode(errors="replace")
-                    tail = ours.strip().splitlines()[-3:]
-                    raise ServiceError(
-                        f"The tabloader service for catalog {root} did not start: "
-                        f"{' | '.join(tail) or exc}. See {log}."
-                    ) from None
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise ServiceError(
-                    f"The tabloader service for catalog {root} did not answer within "
-                    f"{START_TIMEOUT_S:.0f} s; see {log}."
-                ) from exc
-            time.sleep(START_POLL_S)
+    return proc, start
+
+
+def _failed(root: Path, log: Path, start: int, exc: ServiceError) -> ServiceError:
+    """The error of a service that exited failing to start: the last lines it wrote."""
+    with open(log, "rb") as written:
+        written.seek(start)
+        ours = written.read().decode(errors="replace")
+    tail = ours.strip().splitlines()[-3:]
+    return ServiceError(
+        f"The tabloader service for catalog {root} did not start: "
+        f"{' | '.join(tail) or exc}. See {log}."
+    )
 
 
 def _node_client(root: Path, node: str, found: Locator) -> Client:
