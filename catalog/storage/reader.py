@@ -1,5 +1,7 @@
 """Random-access reads of a dataset's rows from its Arrow IPC files.
 
+The files are opened through the reader's store (:mod:`catalog.storage.stores`): local files,
+or a store registered for its root's URI scheme; the reader's ``spec()`` names it by URI.
 Opening a part reads only its footer (``pa.ipc.open_file``); the file size, batch count and
 the identity the file records (dataset, part, file name, first ``_id``; see
 ``catalog.storage.checksums``) are checked against the catalog, so a truncated, replaced or

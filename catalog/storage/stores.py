@@ -123,12 +123,17 @@ def register_store(scheme: str, factory: StoreFactory) -> None:
 
     Raises:
         CatalogError: ``scheme`` is not a URI scheme of two characters or more, or is
-            ``file`` (local files are built in).
+            ``file`` (local files are built in), or ``factory`` is not callable.
     """
     if not _SCHEME.fullmatch(f"{scheme}://"):
         raise CatalogError(
             f"{scheme!r} is not a URI scheme; give letters, digits, '+', '-' or '.', starting "
             "with a letter, two characters at least (e.g. 's3')."
+        )
+    if not callable(factory):
+        raise CatalogError(
+            f"The store factory for {scheme!r} is {factory!r}, not callable; give a function "
+            "(or class) that takes a URI and returns the store."
         )
     if scheme.lower() == _LOCAL:
         raise CatalogError(

@@ -118,9 +118,24 @@ def register_decode_backend(backend: DecodeBackend) -> None:
     in this process (before backends registered earlier; replacing one of the same name).
 
     Raises:
-        LoaderError: its name is empty, has other characters than letters, digits and
-            ``_.-``, or is the default's.
+        LoaderError: it lacks a member of :class:`DecodeBackend`, or its name is empty, has
+            other characters than letters, digits and ``_.-``, or is the default's.
     """
+    missing = [
+        member
+        for member, ok in (
+            ("accepts()", callable(getattr(backend, "accepts", None))),
+            ("decode()", callable(getattr(backend, "decode", None))),
+            ("processes", isinstance(getattr(backend, "processes", None), bool)),
+        )
+        if not ok
+    ]
+    if missing:
+        raise LoaderError(
+            f"Decode backend {backend!r} lacks {', '.join(missing)}; a backend has a name, "
+            "processes (a bool), accepts(field) and decode(values, size=, max_pixels=, into=) "
+            "(tabloader.engine.backends.DecodeBackend)."
+        )
     name = getattr(backend, "name", None)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise LoaderError(

@@ -191,6 +191,8 @@ def test_unknown_schemes_and_bad_registrations_are_refused():
         register_store("s", MemStore)
     with pytest.raises(CatalogError, match="local files, built in"):
         register_store("file", MemStore)
+    with pytest.raises(CatalogError, match="not callable; give a function"):
+        register_store("mem", "mem://t")
     spec = ("nope://bucket", [], pa.schema([]), True)
     with pytest.raises(StorageError, match="decode='threads'"):
         _reader_of(pickle.dumps((spec, None)))  # a decode process without the store
@@ -291,6 +293,11 @@ def test_misbehaving_backends_and_bad_registrations_fail_clearly(images):
     backend = ConstBackend()
     backend.name = "simplejpeg"
     with pytest.raises(LoaderError, match="built-in default decode backend"):
+        register_decode_backend(backend)
+    backend = ConstBackend()
+    backend.processes = "yes"
+    backend.decode = None
+    with pytest.raises(LoaderError, match=r"lacks decode\(\), processes; a backend has"):
         register_decode_backend(backend)
     with pytest.raises(LoaderError, match="only image columns have one"):
         Decoder("label", DecodeKind.SCALAR, backend=ConstBackend())
