@@ -472,7 +472,7 @@ class PillowBackend:
 
     name = "pillow"
     processes = True
-    turbo = False  # JPEGs through simplejpeg first
+    turbo = False  # whether JPEGs go through simplejpeg first
 
     def accepts(self, field: pa.Field) -> bool:
         return True
@@ -613,9 +613,7 @@ class Decoder:
                 todo.append(i)
             except LoaderError as exc:
                 out[i] = self._row_error(exc, row_ids[i])
-        where = into
-        if into is not None and len(todo) < len(values):  # value k of the backend's is todo[k]
-            where = lambda k, shape: into(todo[k], shape)  # noqa: E731
+        where = into if into is None or len(todo) == len(values) else _skipping(into, todo)
         decoded = backend.decode(
             [out[i] for i in todo], size=self.image_size, max_pixels=self.max_pixels, into=where
         )
@@ -659,6 +657,11 @@ class Decoder:
             raise RowReadError(
                 f"row {row_id}, column {self.column!r}: {exc}", row_id=row_id, column=self.column
             ) from exc
+
+
+def _skipping(into: IntoAt, todo: list[int]) -> IntoAt:
+    """``into`` for the values ``todo`` only: the backend's value ``k`` is value ``todo[k]``."""
+    return lambda k, shape: into(todo[k], shape)
 
 
 def _prepare_image(dec: Decoder, value: Any) -> tuple[Any, int]:

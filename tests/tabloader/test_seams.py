@@ -317,3 +317,20 @@ def test_misbehaving_backends_and_bad_registrations_fail_clearly(images):
     assert sorted(errors) == [0, 1]
     assert "its decode gave uint8 (2, 2, 3), not uint8 (16, 16, 3)" in str(errors[0])
     assert "fix the decode backend 'const'" in str(errors[0])
+
+
+def test_a_backend_decodes_into_the_slots_of_the_values_it_was_given(images):
+    ds = images.dataset("imgs")
+    first, second = (v.as_buffer() for v in ds.take([0, 1], ["image"]).column("image"))
+    dec = decoder_for(ds.schema.field("image"), image_size=prep.Fit(8))
+    slots: dict[int, np.ndarray] = {}
+
+    def into(k, shape):
+        slots[k] = np.empty(shape, np.uint8)
+        return slots[k]
+
+    got = dec.many([first, None, second], [0, 1, 2], into)
+    assert sorted(slots) == [0, 2]  # the null's position is skipped, not shifted
+    assert got[0].ctypes.data == slots[0].ctypes.data  # decoded in place
+    assert got[2].ctypes.data == slots[2].ctypes.data
+    assert "column 'image' is null in this row" in str(got[1])
