@@ -32,11 +32,12 @@ from catalog.augment import default_seed, from_torchvision
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
 from tabloader.engine.ranks import rank_share, resolve_rank
-from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
+from tabloader.service.client import RemoteLoader, service_loader
 
 if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine
     from catalog import Catalog
-    from tabloader.engine import JobStream, Loader
+    from tabloader.engine import Loader
+    from tabloader.engine.streams import Stream
 
 __all__ = ["JobDataset", "JobLoader", "Transform", "to_tensors"]
 
@@ -136,7 +137,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self.generator = torch.Generator().manual_seed(int(seed))
         self._prefetch, self._epochs = prefetch, epochs
         self._rank, self._world_size = rank, world_size
-        self._stream: JobStream | RemoteStream | None = None
+        self._stream: Stream | None = None
         self._state: dict[str, Any] | None = None
         self._rows: int | None = None  # the job's, for len()
         self._resuming = False  # the next iter() resumes the state loaded (not a new epoch)
@@ -158,7 +159,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             "and create the JobDataset there."
         )
 
-    def _open(self) -> JobStream | RemoteStream:
+    def _open(self) -> Stream:
         self._here()
         if self._stream is None:
             self._stream = self.loader.open(  # the spec checked once, at __init__

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from catalog import Catalog, Dataset, Job
     from catalog.model import JobInfo
     from tabloader.cluster.leader import WorkList
-    from tabloader.engine.stream import JobStream
+    from tabloader.engine.stream import ServedStream
     from tabloader.service.server import Service
 
 __all__ = [
@@ -165,7 +165,7 @@ class NodeFeed:
         self.node = node
         self._stats = stats
         self._lock = threading.Lock()
-        self._ranks: dict[tuple[str, int], JobStream] = {}  # (job, rank) -> its fed stream here
+        self._ranks: dict[tuple[str, int], ServedStream] = {}  # (job, rank) -> its fed stream here
         # the ranks whose join the leader has answered: a poll sent before that may list the
         # job as gone from an earlier run of it, which must not fail the new rank
         self._joined: set[tuple[str, int]] = set()
@@ -176,7 +176,7 @@ class NodeFeed:
         self._thread.start()
 
     # -- ranks -------------------------------------------------------------------------------
-    def join(self, stream: JobStream, job: Job, *, rank: int, world_size: int) -> None:
+    def join(self, stream: ServedStream, job: Job, *, rank: int, world_size: int) -> None:
         """Rank ``rank`` of ``job`` opened ``stream`` (a fed stream) on this node."""
         import ray
 

@@ -44,7 +44,7 @@ from tabloader.engine.queues import JobQueues
 from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.engine.scheduler import DatasetScheduler
 from tabloader.engine.shm import Segment, shm_available
-from tabloader.engine.stream import JobStream
+from tabloader.engine.stream import JobStream, ServedStream
 from tabloader.engine.work import Plan
 from tabloader.sampling import SAMPLERS, IndependentSampler
 
@@ -433,7 +433,7 @@ class Loader:
             len(info.ids),
             f" as rank {rank} of {world_size}" if world_size > 1 else "",
         )
-        return JobStream(sched, joined)
+        return (ServedStream if remote or fed else JobStream)(sched, joined)
 
     def _plan(
         self,

@@ -14,10 +14,12 @@ from tabloader.engine.jobs import JobState, RankState
 from tabloader.engine.scheduler import DatasetScheduler
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from catalog.options import JobSpec
     from tabloader.engine.augment import Augmenter
 
-__all__ = ["JobStream"]
+__all__ = ["JobStream", "ServedStream"]
 
 
 class JobStream:
@@ -149,20 +151,11 @@ class JobStream:
         """
         return self._scheduler.state_dict(self._rank, undelivered)
 
-    def record_stalls(self, wait_s: float, compute_s: float, augment_s: float = 0.0) -> None:
-        """Add stall seconds the job measured itself (the service's clients; see ``stats``)."""
-        self._scheduler.record_stalls(self._rank, wait_s, compute_s, augment_s)
-
     @property
     def augment(self) -> Mapping[str, Augmenter]:
         """The job's own augmentation of its image columns, by column (empty: the shared
         values as they are)."""
         return self._job.plan.augment
-
-    def record_delivery(self, rows: int) -> None:
-        """Count a batch of ``rows`` rows as delivered: for a stream opened ``remote``, the
-        service's client says when its job got one."""
-        self._scheduler.record_delivery(self._rank, rows)
 
     def stats(self) -> dict[str, Any]:
         """This stream's counters so far (of its rank, for a data-parallel job).
@@ -176,6 +169,66 @@ class JobStream:
         """
         with self._scheduler.cond:
             return self._rank.stats()
+
+    def close(self) -> None:
+        """Leave: unregister from sampling; batches in preparation release their pins.
+
+        A rank of a data-parallel job leaves alone: the others go on without waiting for it
+        (its share of the current epoch is lost), and the job leaves with its last rank.
+        """
+        self._scheduler.leave(self._rank)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ServedStream(JobStream):
+    """A stream that the loader service serves to a client process, or a node of a Ray
+    cluster feeds (``Loader.open(remote=True)`` or ``fed=True``): a :class:`JobStream` and
+    the calls only its server makes. The client's process times its own stalls and says
+    when its job has a batch; a process may end without closing it; a cluster node queues
+    the rows its leader sent and fails the stream when the cluster job is gone.
+    """
+
+    @staticmethod
+    def of(stream: JobStream) -> ServedStream:
+        """``stream``, which ``Loader.open`` made for a server.
+
+        Raises:
+            LoaderError: it was opened without ``remote`` or ``fed``.
+        """
+        if not isinstance(stream, ServedStream):
+            raise LoaderError(
+                f"Job stream {stream.rank_state.label()} was opened for this process, not "
+                "for a server; open it with remote=True (the loader service) or fed=True (a "
+                "cluster node)."
+            )
+        return stream
+
+    def record_stalls(self, wait_s: float, compute_s: float, augment_s: float = 0.0) -> None:
+        """Add stall seconds the job measured itself (the service's clients; see ``stats``)."""
+        self._scheduler.record_stalls(self._rank, wait_s, compute_s, augment_s)
+
+    def record_delivery(self, rows: int) -> None:
+        """Count a batch of ``rows`` rows as delivered: for a stream opened ``remote``, the
+        service's client says when its job got one."""
+        self._scheduler.record_delivery(self._rank, rows)
+
+    def lost(self, who: str, *, undelivered: int = 0) -> None:
+        """This rank's process ended without ``close()`` (``who`` names it): the stream closes,
+        and the job's other ranks fail with the reason: at once if it was mid-epoch; after the
+        epoch whose whole share it had otherwise (that is no death: they finish the epoch).
+        ``undelivered``: as for ``state_dict``."""
+        self._scheduler.lost(self._rank, who, undelivered)
+
+    def share_done(self, *, undelivered: int = 0) -> bool:
+        """Whether the rank has read its last epoch, or the whole share of one and nothing of
+        the next (``undelivered``: as for ``state_dict``)."""
+        with self._scheduler.cond:
+            return self._rank.finished() or self._rank.share_done(undelivered) is not None
 
     # -- a stream opened ``fed`` (on a node of a Ray cluster: its rows come from the leader) --
     def feed(self, epoch: int, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]) -> None:
@@ -191,35 +244,8 @@ class JobStream:
         (the batches it has are still delivered)."""
         self._scheduler.fail(self._job, reason)
 
-    def lost(self, who: str, *, undelivered: int = 0) -> None:
-        """This rank's process ended without ``close()`` (``who`` names it): the stream closes,
-        and the job's other ranks fail with the reason: at once if it was mid-epoch; after the
-        epoch whose whole share it had otherwise (that is no death: they finish the epoch).
-        ``undelivered``: as for ``state_dict``."""
-        self._scheduler.lost(self._rank, who, undelivered)
-
-    def share_done(self, *, undelivered: int = 0) -> bool:
-        """Whether the rank has read its last epoch, or the whole share of one and nothing of
-        the next (``undelivered``: as for ``state_dict``)."""
-        with self._scheduler.cond:
-            return self._rank.finished() or self._rank.share_done(undelivered) is not None
-
     def wants_rows(self) -> bool:
         """Whether the stream is open with fewer rows queued and in flight than its horizon
         (its node asks the leader for more)."""
         with self._scheduler.cond:
             return self._job.wants_rows()
-
-    def close(self) -> None:
-        """Leave: unregister from sampling; batches in preparation release their pins.
-
-        A rank of a data-parallel job leaves alone: the others go on without waiting for it
-        (its share of the current epoch is lost), and the job leaves with its last rank.
-        """
-        self._scheduler.leave(self._rank)
-
-    def __enter__(self) -> JobStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

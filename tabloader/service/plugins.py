@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from catalog import Job
     from catalog.errors import ServiceError
-    from tabloader.engine.stream import JobStream
+    from tabloader.engine.stream import ServedStream
 
 __all__ = ["Feed", "Locator", "locator", "set_locator"]
 
@@ -26,7 +26,7 @@ __all__ = ["Feed", "Locator", "locator", "set_locator"]
 class Feed(Protocol):
     """The rows of a service's jobs, from elsewhere (the cluster's leader)."""
 
-    def join(self, stream: JobStream, job: Job, *, rank: int, world_size: int) -> None:
+    def join(self, stream: ServedStream, job: Job, *, rank: int, world_size: int) -> None:
         """Rank ``rank`` of ``job`` opened ``stream`` (a fed stream): feed it from now on."""
 
     def leave(self, job: str, rank: int, *, failed: bool, reason: str = "") -> None:

@@ -43,7 +43,7 @@ from catalog.errors import LoaderError, ServiceError
 from catalog.options import JobSpec
 from tabloader.engine import Loader
 from tabloader.engine.collate import release
-from tabloader.engine.stream import JobStream
+from tabloader.engine.stream import ServedStream
 from tabloader.service.catalog_ops import CatalogOps, Statements
 from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
@@ -230,7 +230,7 @@ class _Handler(CatalogOps):
     def __init__(self, service: Service, session: Session) -> None:
         self.service = service
         self.session = session
-        self.stream: JobStream | None = None
+        self.stream: ServedStream | None = None
         # ticket -> staging offset, staging block (-1: staged in the arena, or nothing), and
         # the batch's Work (what it holds in the arena)
         self.out: dict[int, tuple[int, int, Any]] = {}
@@ -342,10 +342,11 @@ class _Handler(CatalogOps):
         feed = self.service.feed
         with self.service.lock:
             if feed is None:
-                stream = self.service.loader.open(_string(msg, "job"), spec=spec, remote=True, **kw)
+                opened = self.service.loader.open(_string(msg, "job"), spec=spec, remote=True, **kw)
             else:
                 info = self.service.catalog.job(_string(msg, "job"))
-                stream = self.service.loader.open(info, spec=spec, remote=True, fed=True, **kw)
+                opened = self.service.loader.open(info, spec=spec, remote=True, fed=True, **kw)
+        stream = ServedStream.of(opened)
         if feed is not None:
             rank, world_size = int(kw["rank"]), int(kw["world_size"])
             try:
@@ -429,7 +430,7 @@ class _Handler(CatalogOps):
         self.close()
         return {}
 
-    def _stream(self) -> JobStream:
+    def _stream(self) -> ServedStream:
         if self.stream is None:
             raise LoaderError("No job is open on this connection; send 'open' first.")
         return self.stream
