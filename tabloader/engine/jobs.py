@@ -1,10 +1,10 @@
 """A job and its ranks: what the scheduler keeps of each open job (:class:`JobState`).
 
 * **A job** is one open job of a dataset: its rows (``ids``), its plan (the columns to gather
-  or prepare), its options (``batch_size``, ``prefetch``, ``horizon``: rows sampled ahead,
-  ``epochs``, ``on_error``) and its *queue*: the rows sampled for it and not yet cut into
-  batches, as arrays (``q_rows``, ``q_rounds``, ``q_epochs``). The sampler is at (``epoch``,
-  ``left``: rows of that epoch still to hand out); the cutting at (``cut_epoch``, ``cut``).
+  or prepare), its options (``batch_size``, ``prefetch``, ``epochs``, ``on_error``) and its
+  *queue* (:class:`~tabloader.engine.jobqueue.JobQueue`, ``job.queue``: the rows sampled for
+  it and not yet cut into batches, the sampler's place, the horizon: rows sampled ahead). The
+  cutting is at (``cut_epoch``, ``cut``).
 * **Ranks.** A data-parallel job has ``world_size`` ranks (:class:`RankState`) sharing its
   queue, a plain job one. Each has its own batches in preparation, its position (``epoch``,
   ``taken``: batches taken of that epoch) and counters; it is pending until its stream opens,
@@ -45,6 +45,7 @@ from catalog.options import JobSpec
 from catalog.settings import format_bytes
 from tabloader.engine.arena import values_that_fit
 from tabloader.engine.fetch import MIN_PROCESS_ROWS
+from tabloader.engine.jobqueue import NO_ROWS, JobQueue
 from tabloader.engine.prep import Fit
 from tabloader.engine.ranks import rank_share
 from tabloader.engine.work import Plan, Work
@@ -55,7 +56,6 @@ __all__ = [
     "OnError",
     "Pace",
     "RankState",
-    "RoundLog",
     "batch_bytes",
     "cache_rows",
     "default_prefetch",
@@ -67,8 +67,6 @@ MAX_UNDELIVERED = 2
 client's batch read ahead, and one a framework fetched before training on the last."""
 PREFETCH_BYTES = 1 << 20  # batches of small images: at least this many bytes of them ahead
 PREFETCH_MAX = 8
-
-NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
 
 
 class OnError(enum.Enum):
@@ -112,34 +110,6 @@ class Pace:
         return None if span < self.MIN_SPAN_S else (self.total - before) / span
 
 
-class RoundLog:
-    """The rounds of the rows a job cut lately, for :meth:`JobQueues._rebase` (appended in
-    place: a job of a long lookahead cuts a batch at a time)."""
-
-    def __init__(self) -> None:
-        self._buf = np.empty(0, np.int64)
-        self._n = 0
-
-    def add(self, rounds: npt.NDArray[np.int64], keep: int) -> None:
-        """Log ``rounds``, keeping at least the last ``keep`` logged."""
-        if self._n + rounds.size > self._buf.size:
-            tail = self._buf[max(0, self._n - keep) : self._n]
-            buf = np.empty(max(64, 2 * (keep + rounds.size)), np.int64)
-            buf[: tail.size] = tail
-            self._buf, self._n = buf, tail.size
-        self._buf[self._n : self._n + rounds.size] = rounds
-        self._n += rounds.size
-
-    def rounds(self) -> npt.NDArray[np.int64]:
-        """The rounds logged (a view)."""
-        return self._buf[: self._n]
-
-    def keep_from(self, floor: int) -> None:
-        """Forget the rounds below ``floor``."""
-        kept = self.rounds()[self.rounds() >= floor]
-        self._buf, self._n = kept.copy(), kept.size
-
-
 @dataclass(eq=False)
 class JobState:
     """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
@@ -154,24 +124,15 @@ class JobState:
     plan: Plan
     batch_size: int
     prefetch: int  # batches prepared ahead, per rank
-    horizon: int  # rows sampled ahead (queued + preparing + ready), all ranks
+    queue: JobQueue  # its rows sampled ahead and not cut yet (``queues`` writes it)
     on_error: OnError
     epochs: int | None = None  # stop after this many epochs (None: never)
     world_size: int = 1
-    sampler: Any = None  # the scheduler's sampler the job is registered in
     id_array: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
-    epoch: int = 0  # epoch of the rows the sampler hands out next
-    left: int = 0  # rows of that epoch the sampler still has to hand out
-    q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
-    q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
-    q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     remote: bool = False  # batches are handed over pinned (the loader service's clients)
     closed: bool = False
     ranks: list[RankState] = field(init=False)
     num_ids: int = field(init=False)
-    # where the job started: its first epoch has ``first_rows`` rows (fewer when resumed)
-    first_epoch: int = 0
-    first_rows: int = 0
     resumed: tuple[int, BitMap] | None = None  # the state it was opened from (ranks compare)
     # dealing: the next batch cut is batch ``cut`` (from 0) of epoch ``cut_epoch``
     cut_epoch: int = 0
@@ -190,14 +151,6 @@ class JobState:
     gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
     # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
     gone_from: int | None = None
-    # rounds of the rows cut from the queue lately (the scheduler's ``_rebase_locked``)
-    cut_rounds: RoundLog = field(default_factory=RoundLog)
-    # the lookahead: ``lookahead`` given at open (per rank), else the horizon follows the
-    # cache (``cache_rows``: the arena's capacity in this job's values) and the job's pace,
-    # never below ``floor`` (:meth:`JobQueues._set_horizons`)
-    lookahead: int | None = None
-    floor: int = 0
-    cache_rows: int = 0
     pace: Pace = field(default_factory=Pace)
 
     def __post_init__(self) -> None:
@@ -221,7 +174,8 @@ class JobState:
         """Rows each rank gets in ``epoch`` (padding included)."""
         if self.fed:
             return self.rank_rows
-        n = self.first_rows if epoch == self.first_epoch else self.num_ids
+        q = self.queue
+        n = q.first_rows if epoch == q.first_epoch else self.num_ids
         return rank_share(n, self.batch_size, self.world_size, self.spec.drop_last)
 
     def pads(self) -> bool:
@@ -246,9 +200,10 @@ class JobState:
         total = self.batches_per_rank(self.cut_epoch) * self.world_size
         if not self.pads() or not 0 < self.cut < total:
             return False
-        if self.q_rows.size and self.q_epochs[0] == self.cut_epoch:
+        q = self.queue
+        if q.q_rows.size and q.q_epochs[0] == self.cut_epoch:
             return False
-        return self.epoch > self.cut_epoch or self.left == 0
+        return q.epoch > self.cut_epoch or q.left == 0
 
     def pad(self, rows: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
         """The batch of ``rows`` (cut of epoch ``cut_epoch``) at ``size`` rows: the first
@@ -264,13 +219,14 @@ class JobState:
 
     def done_sampling(self) -> bool:
         """True once the sampler has handed out the job's last epoch."""
-        return self.left == 0 and self.epochs is not None and self.epoch + 1 >= self.epochs
+        q = self.queue
+        return q.left == 0 and self.epochs is not None and q.epoch + 1 >= self.epochs
 
     def room(self) -> int:
         """Rows below the horizon (negative: up to one batch over it; see ``_sample_locked``)."""
         if self.done_sampling():
             return 0
-        return self.horizon - self.q_rows.size - self.in_flight()
+        return self.queue.horizon - self.queue.q_rows.size - self.in_flight()
 
     def hungry(self) -> bool:
         """True if the job has fewer rows ahead than ``prefetch`` batches per rank, or a job
@@ -281,28 +237,23 @@ class JobState:
         room = self.room()
         if room <= 0:
             return False
-        if self.dynamic() and room >= max(self.batch_size * self.world_size, self.horizon // 8):
+        q = self.queue
+        if q.dynamic() and room >= max(self.batch_size * self.world_size, q.horizon // 8):
             return True
-        return (
-            self.q_rows.size + self.in_flight() < self.prefetch * self.batch_size * self.world_size
-        )
-
-    def dynamic(self) -> bool:
-        """Whether the job's horizon follows the cache and its pace (no ``lookahead`` given,
-        prepared columns in the arena)."""
-        return self.lookahead is None and self.cache_rows > 0
+        return q.q_rows.size + self.in_flight() < self.prefetch * self.batch_size * self.world_size
 
     def wants_rows(self) -> bool:
         """True if the open job has fewer rows queued and in flight than its horizon (a fed
         job's node then asks the cluster leader for more)."""
-        return not self.closed and self.q_rows.size + self.in_flight() < self.horizon
+        q = self.queue
+        return not self.closed and q.q_rows.size + self.in_flight() < q.horizon
 
     def options(self) -> dict[str, Any]:
         """What every rank of the job must open it with."""
         return {
             **self.spec.resolved(),
             "prefetch": self.prefetch,
-            "lookahead": self.lookahead,
+            "lookahead": self.queue.lookahead,
             "epochs": self.epochs,
         }
 
@@ -468,7 +419,7 @@ class RankState:
         """The epoch of the rank's next batch."""
         job = self.job
         while self.taken >= job.batches_per_rank(self.epoch):
-            if self.epoch != job.first_epoch and job.batches_per_rank(self.epoch) == 0:
+            if self.epoch != job.queue.first_epoch and job.batches_per_rank(self.epoch) == 0:
                 break  # an empty job: no epoch has a batch
             self.epoch, self.taken = self.epoch + 1, 0
         return self.epoch
@@ -477,7 +428,7 @@ class RankState:
         """(epoch, batches of it taken) of the rank, ``back`` batches ago (``back`` <=
         ``MAX_UNDELIVERED``: the log keeps that many turns)."""
         epoch, taken = self.next_epoch(), self.taken
-        while back > taken and epoch > self.job.first_epoch:
+        while back > taken and epoch > self.job.queue.first_epoch:
             back -= taken
             epoch -= 1
             taken = self.job.batches_per_rank(epoch)
@@ -487,15 +438,15 @@ class RankState:
         """The job's state at this rank's step ``back`` batches ago (``position``): its epoch
         and the rows of that epoch not in the batches every rank had taken at that step.
         The caller holds the scheduler's lock."""
-        job = self.job
+        job, q = self.job, self.job.queue
         epoch, taken = self.position(back)
         behind = taken * job.world_size  # batches of the epoch every rank has had
         parts = [rows for e, k, rows in job.log if e == epoch and k >= behind]
-        parts.append(job.q_rows[job.q_epochs == epoch])
+        parts.append(q.q_rows[q.q_epochs == epoch])
         rows = BitMap(np.concatenate(parts).astype(np.uint32))
-        if epoch == job.epoch and job.left > 0:
-            rows |= job.sampler.remaining(job.name)
-        elif epoch > job.epoch:  # nothing of that epoch handed out yet
+        if epoch == q.epoch and q.left > 0:
+            rows |= q.sampler.remaining(job.name)
+        elif epoch > q.epoch:  # nothing of that epoch handed out yet
             rows = BitMap(job.ids)
         return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
 
@@ -505,7 +456,7 @@ class RankState:
         epoch, taken = self.position(back)
         if taken and taken >= self.job.batches_per_rank(epoch):
             return epoch
-        if taken == 0 and epoch > self.job.first_epoch:
+        if taken == 0 and epoch > self.job.queue.first_epoch:
             return epoch - 1
         return None
 

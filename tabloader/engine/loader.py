@@ -36,6 +36,7 @@ from tabloader.engine.augment import Augmenter
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.decoding import DecodePool
 from tabloader.engine.fetch import Fetcher
+from tabloader.engine.jobqueue import JobQueue
 from tabloader.engine.jobs import JobState, OnError, cache_rows, default_prefetch, fit_prefetch
 from tabloader.engine.planning import column_plan, job_augmenter
 from tabloader.engine.pool import PriorityPool
@@ -411,10 +412,13 @@ class Loader:
             plan,
             batch_size,
             prefetch=prefetch,
-            horizon=floor,
-            lookahead=lookahead,
-            floor=floor,
-            cache_rows=cache_rows(self._arena.buffer.size, plan),
+            queue=JobQueue(
+                horizon=floor,
+                floor=floor,
+                lookahead=lookahead,
+                cache_rows=cache_rows(self._arena.buffer.size, plan),
+                arena_spaces=[space for _, space in plan.prepared],
+            ),
             on_error=OnError(spec.on_error),
             epochs=epochs,
             world_size=local,

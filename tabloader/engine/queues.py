@@ -24,11 +24,10 @@
 * **Fed jobs** (a node of a Ray cluster) take no part in rounds: :meth:`JobQueues.feed` queues
   the rows and rounds the cluster leader sent.
 
-The queues are the job's (``q_rows``, ``q_rounds``, ``q_epochs`` of
-:class:`~tabloader.engine.jobs.JobState`); this module keeps them, the samplers and the future uses
-consistent. Its caller, the dataset's :class:`~tabloader.engine.scheduler.DatasetScheduler`, holds
-its
-lock around every call and cuts the batches (:meth:`JobQueues.pop`).
+Each job's queue is its :class:`~tabloader.engine.jobqueue.JobQueue` (``job.queue``): this
+module alone writes it, and keeps the queues, the samplers and the future uses consistent. Its
+caller, the dataset's :class:`~tabloader.engine.scheduler.DatasetScheduler`, holds its lock
+around every call and cuts the batches (:meth:`JobQueues.pop`).
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
-from tabloader.engine.jobs import NO_ROWS, JobState
+from tabloader.engine.jobqueue import NO_ROWS, JobQueue
+from tabloader.engine.jobs import JobState
 from tabloader.engine.uses import FutureUses
 
 __all__ = ["LOOKAHEAD_CACHES", "LOOKAHEAD_ROWS", "ROUND_ROWS", "JobQueues"]
@@ -85,40 +85,36 @@ class JobQueues:
     def open(self, job: JobState, *, remaining: BitMap | None, epoch: int) -> None:
         """Register ``job`` with its sampler, fresh or resumed (``remaining`` rows of
         ``epoch``); the other jobs of that sampler give back what they sampled ahead."""
-        job.sampler = self.sampler if job.plan.prepared else self.gather_sampler
+        q = job.queue
+        q.sampler = self.sampler if job.plan.prepared else self.gather_sampler
         if remaining is None:
-            job.sampler.add_job(job.name, job.ids)
+            q.sampler.add_job(job.name, job.ids)
             remaining = job.ids
         else:
-            job.sampler.add_job(job.name, job.ids, remaining=remaining, epoch=epoch)
-            job.epoch = epoch
-            job.resumed = (epoch, BitMap(remaining))
-        job.left = job.first_rows = len(remaining)
-        job.first_epoch = job.cut_epoch = job.epoch
-        for r in job.ranks:
-            r.epoch = job.epoch
-        self.future.count(job, bitmap_to_array(remaining), +1)
+            q.sampler.add_job(job.name, job.ids, remaining=remaining, epoch=epoch)
+            q.epoch = epoch
+        q.left = q.first_rows = len(remaining)
+        q.first_epoch = q.epoch
+        self.future.count(q, bitmap_to_array(remaining), +1)
         self._rebase(job)
         self.jobs[job.name] = job
 
     def open_fed(self, job: JobState) -> None:
         """Register the fed ``job``: no sampler, nothing received of epoch 0 yet (``feed``)."""
-        job.left = job.first_rows = 0
-        job.epoch = -1
+        job.queue.left = job.queue.first_rows = 0
+        job.queue.epoch = -1
         self.jobs[job.name] = job
 
     def close(self, job: JobState) -> None:
         """``job`` leaves: its queued rows and remaining uses go, the sampler forgets it."""
         if self.jobs.get(job.name) is job:
             del self.jobs[job.name]
-        queued = job.q_rows
-        job.q_rows = job.q_rounds = job.q_epochs = NO_ROWS
-        job.log.clear()
-        self.future.unqueued(job, queued, self.jobs.values())
+        q = job.queue
+        self.future.unqueued(q, q.clear(), self._queues())
         if not job.fed:  # a fed job has no sampler here
-            if job.left:  # the rows of this epoch that the sampler still had for the job
-                self.future.count(job, bitmap_to_array(job.sampler.remaining(job.name)), -1)
-            job.sampler.remove_job(job.name)
+            if q.left:  # the rows of this epoch that the sampler still had for the job
+                self.future.count(q, bitmap_to_array(q.sampler.remaining(job.name)), -1)
+            q.sampler.remove_job(job.name)
 
     # -- filling the queues ------------------------------------------------------------------------
     def feed(
@@ -134,22 +130,23 @@ class JobQueues:
             LoaderError: rows of an epoch come before the previous epoch is complete, or more
                 rows than the epoch has (the leader and this node disagree).
         """
-        if epoch != job.epoch:
-            if job.left or epoch < job.epoch:
+        q = job.queue
+        if epoch != q.epoch:
+            if q.left or epoch < q.epoch:
                 raise LoaderError(
                     f"Job {job.name!r} got rows of epoch {epoch} from the cluster leader "
-                    f"while epoch {job.epoch} misses {job.left} rows; restart the job."
+                    f"while epoch {q.epoch} misses {q.left} rows; restart the job."
                 )
-            job.epoch, job.left = epoch, job.rank_rows
-        if rows.size > job.left:
+            q.epoch, q.left = epoch, job.rank_rows
+        if rows.size > q.left:
             raise LoaderError(
                 f"Job {job.name!r} got {rows.size} rows of epoch {epoch} from the cluster "
-                f"leader, {job.left} more than its {job.rank_rows} a rank reads per epoch; "
+                f"leader, {q.left} more than its {job.rank_rows} a rank reads per epoch; "
                 "restart the job."
             )
-        job.left -= rows.size
-        self.future.count(job, rows, +1)  # a sampled job counted its epoch's rows at start
-        self._queue(job, rows, rounds)
+        q.left -= rows.size
+        self.future.count(q, rows, +1)  # a sampled job counted its epoch's rows at start
+        self._queue(q, rows, rounds)
 
     def sample(self) -> None:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
@@ -165,23 +162,23 @@ class JobQueues:
             j for j in self.jobs.values() if not j.fed and not j.done_sampling() and j.room() >= 0
         ]
         for sampler in (self.sampler, self.gather_sampler):
-            group = [j for j in want if j.sampler is sampler]
+            group = [j for j in want if j.queue.sampler is sampler]
             if group:
                 self._sample_group(sampler, group)
 
     def _sample_group(self, sampler: Any, want: list[JobState]) -> None:
         for j in want:
-            if j.left == 0:  # the sampler starts the job's next epoch on this call
-                j.epoch += 1
-                j.left = len(j.ids)
-                self.future.count(j, j.id_array, +1)
-        k = min(ROUND_ROWS, *(j.room() + j.batch_size for j in want), *(j.left for j in want))
+            if j.queue.left == 0:  # the sampler starts the job's next epoch on this call
+                j.queue.epoch += 1
+                j.queue.left = len(j.ids)
+                self.future.count(j.queue, j.id_array, +1)
+        k = min(ROUND_ROWS, *(j.room() + j.batch_size for j in want), *(j.queue.left for j in want))
         ids = sampler.sample_many([j.name for j in want], k)
         base, self.round = self.round, self.round + k
         rounds = np.arange(base, base + k, dtype=np.int64)
         for j in want:
-            j.left -= k
-            self._queue(j, ids[j.name], rounds)
+            j.queue.left -= k
+            self._queue(j.queue, ids[j.name], rounds)
 
     def _set_horizons(self) -> None:
         """The horizons of the jobs whose lookahead follows the cache (``JobState.dynamic``):
@@ -191,7 +188,7 @@ class JobQueues:
         group = [
             j
             for j in self.jobs.values()
-            if j.dynamic() and j.sampler is self.sampler and not j.done_sampling()
+            if j.queue.dynamic() and j.queue.sampler is self.sampler and not j.done_sampling()
         ]
         if not group:
             return
@@ -201,19 +198,22 @@ class JobQueues:
         paces = [r or default for r in rates]
         fastest = max(paces)
         for job, pace in zip(group, paces, strict=True):
-            window = LOOKAHEAD_CACHES * job.cache_rows * job.world_size
+            q = job.queue
+            window = LOOKAHEAD_CACHES * q.cache_rows * job.world_size
             share = int(window * pace / fastest)
             most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
-            job.horizon = max(job.floor, min(share, most))
+            q.horizon = max(q.floor, min(share, most))
 
     def _queue(
-        self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
+        self, q: JobQueue, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
     ) -> None:
         """Append ``rows`` of the job's current epoch, used in ``rounds``, to its queue."""
-        job.q_rows = np.concatenate((job.q_rows, rows))
-        job.q_rounds = np.concatenate((job.q_rounds, rounds))
-        job.q_epochs = np.concatenate((job.q_epochs, np.full(rows.size, job.epoch, np.int64)))
-        self.future.queued(job, rows, rounds)
+        q.append(rows, rounds)
+        self.future.queued(q, rows, rounds)
+
+    def _queues(self) -> list[JobQueue]:
+        """The open jobs' queues (``FutureUses`` finds a row's next use among them)."""
+        return [j.queue for j in self.jobs.values()]
 
     def _rebase(self, new: JobState) -> None:
         """``new`` opens: the other jobs of its sampler give back the rows sampled ahead that
@@ -226,41 +226,33 @@ class JobQueues:
         rounds, never by which rows it holds, so every job's order stays uniform (see
         ``DependentSampler.give_back``). Only rows of the epoch the sampler is in go back.
         """
-        sampler = new.sampler
+        sampler = new.queue.sampler
         if not hasattr(sampler, "give_back"):
             return
-        group = [j for j in self.jobs.values() if j.sampler is sampler and not j.fed]
-        if not group:
-            return
-        floor = min((int(j.q_rounds[0]) for j in group if j.q_rounds.size), default=None)
+        group = [j for j in self.jobs.values() if j.queue.sampler is sampler and not j.fed]
+        queues = [j.queue for j in group]
+        floor = min((int(q.q_rounds[0]) for q in queues if q.q_rounds.size), default=None)
         if floor is None:
             return
-        for j in group:
-            j.cut_rounds.keep_from(floor)
-        for j in group:
-            if not j.q_rows.size:
+        for q in queues:
+            q.cut_rounds.keep_from(floor)
+        for j, q in zip(group, queues, strict=True):
+            if not q.q_rows.size:
                 continue
-            cut = np.concatenate([NO_ROWS, *(k.cut_rounds.rounds() for k in group if k is not j)])
-            shared = np.flatnonzero(np.isin(j.q_rounds, cut))
-            earlier = np.flatnonzero(j.q_epochs != j.epoch)  # earlier epochs: at the head
+            cut = np.concatenate([NO_ROWS, *(k.cut_rounds.rounds() for k in queues if k is not q)])
+            shared = np.flatnonzero(np.isin(q.q_rounds, cut))
+            earlier = np.flatnonzero(q.q_epochs != q.epoch)  # earlier epochs: at the head
             keep = 1 + max(shared[-1] if shared.size else -1, earlier[-1] if earlier.size else -1)
-            if keep == j.q_rows.size:
+            if keep == q.q_rows.size:
                 continue
-            rows = j.q_rows[keep:]
-            j.q_rows, j.q_rounds, j.q_epochs = j.q_rows[:keep], j.q_rounds[:keep], j.q_epochs[:keep]
-            self.future.unqueued(j, rows, self.jobs.values(), used=False)
+            rows = q.keep(keep)
+            self.future.unqueued(q, rows, self._queues(), used=False)
             sampler.give_back(j.name, rows)
-            j.left += int(rows.size)
+            q.left += int(rows.size)
 
     # -- cutting -----------------------------------------------------------------------------------
     def pop(self, job: JobState, n: int) -> npt.NDArray[np.int64]:
         """The first ``n`` rows of the job's queue leave it (cut into a batch, or dropped)."""
-        rows = job.q_rows[:n].copy()
-        job.cut_rounds.add(job.q_rounds[:n], 2 * job.horizon)
-        job.q_rows, job.q_rounds, job.q_epochs = (
-            job.q_rows[n:],
-            job.q_rounds[n:],
-            job.q_epochs[n:],
-        )
-        self.future.unqueued(job, rows, self.jobs.values())
+        rows = job.queue.pop(n)
+        self.future.unqueued(job.queue, rows, self._queues())
         return rows

@@ -131,6 +131,11 @@ class DatasetScheduler:
                 rank = 0
             else:
                 self.queues.open(job, remaining=remaining, epoch=epoch)
+                if remaining is not None:
+                    job.resumed = (epoch, BitMap(remaining))
+                job.cut_epoch = job.queue.epoch
+                for r in job.ranks:
+                    r.epoch = job.queue.epoch
                 self.cond.notify()  # a round for the new job
             joined = job.ranks[rank]
             joined.opened = True
@@ -204,6 +209,7 @@ class DatasetScheduler:
             r.closed = True
             self._drop_batches(r)
         self.queues.close(job)
+        job.log.clear()
         self._wake_job(job)  # a consumer waiting in take() raises: closed
 
     def _drop_batches(self, rank: RankState) -> None:
@@ -294,18 +300,19 @@ class DatasetScheduler:
     def _activate_locked(self, job: JobState) -> None:
         """Cut the job's next batches from its queue, deal them to its ranks in turn and start
         preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
-        while job.q_rows.size or job.owes_padding():
+        q = job.queue
+        while q.q_rows.size or job.owes_padding():
             if job.owes_padding():  # the epoch's rows are all cut, its last batches not
                 epoch, same, complete = job.cut_epoch, 0, True
             else:
-                epoch = int(job.q_epochs[0])
+                epoch = int(q.q_epochs[0])
                 # rows of this epoch at the head of the queue, counted up to a batch and one:
                 # a batch needs no more (the whole queue costs O(queue) per batch, 14 us at
                 # 1,000)
-                head = job.q_epochs[: job.batch_size + 1]
+                head = q.q_epochs[: job.batch_size + 1]
                 other = np.flatnonzero(head != epoch)
                 same = int(other[0]) if other.size else head.size
-                complete = other.size > 0 or epoch < job.epoch or job.left == 0
+                complete = other.size > 0 or epoch < q.epoch or q.left == 0
             if job.gone_from is not None and epoch >= job.gone_from:
                 return  # a rank died: its peers get no batch it would have shared
             if epoch != job.cut_epoch:
@@ -313,8 +320,8 @@ class DatasetScheduler:
                 job.pad_rows, job.padded = job.pad_rows[:0], 0
             full = job.batches_per_rank(epoch) * job.world_size
             if job.cut >= full:  # the epoch's last rows, fewer than a batch per rank: dropped
-                rest = np.flatnonzero(job.q_epochs != epoch)
-                same = int(rest[0]) if rest.size else job.q_rows.size
+                rest = np.flatnonzero(q.q_epochs != epoch)
+                same = int(rest[0]) if rest.size else q.q_rows.size
                 job.log.append((epoch, full, self.queues.pop(job, same)))
                 continue
             rank = job.ranks[job.cut % job.world_size]

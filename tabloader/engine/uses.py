@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tabloader.engine.jobs import JobState
+from tabloader.engine.jobqueue import JobQueue
 
 __all__ = ["FutureUses"]
 
@@ -59,7 +59,7 @@ class FutureUses:
         self._mark = np.zeros(num_rows, bool)
         self.num_rows = num_rows
 
-    def count(self, job: JobState, rows: npt.NDArray[Any], delta: int) -> None:
+    def count(self, job: JobQueue, rows: npt.NDArray[Any], delta: int) -> None:
         """``job`` will use ``rows`` (``delta`` +1), or no longer will (-1)."""
         for space in job.spaces():
             counts = self.uses.get(space)
@@ -69,7 +69,7 @@ class FutureUses:
             counts[rows.astype(np.intp, copy=False)] += delta
 
     def queued(
-        self, job: JobState, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
+        self, job: JobQueue, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
     ) -> None:
         """``rows`` joined ``job``'s queue, to be used in ``rounds``."""
         first, count = self._queue_of(job)
@@ -88,9 +88,9 @@ class FutureUses:
 
     def unqueued(
         self,
-        job: JobState,
+        job: JobQueue,
         rows: npt.NDArray[np.int64],
-        jobs: Iterable[JobState],
+        jobs: Iterable[JobQueue],
         *,
         used: bool = True,
     ) -> None:

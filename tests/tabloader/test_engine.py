@@ -427,12 +427,12 @@ def expected_uses(group) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     uses = {key: np.zeros_like(counts) for key, counts in group.queues.future.uses.items()}
     nxt = {key: np.full(counts.size, np.inf) for key, counts in group.queues.future.uses.items()}
     for job in group.jobs.values():
-        rows = job.q_rows.tolist()
-        if job.left:
-            rows += list(job.sampler.remaining(job.name))
+        rows = job.queue.q_rows.tolist()
+        if job.queue.left:
+            rows += list(job.queue.sampler.remaining(job.name))
         for _, space in job.plan.prepared:
             np.add.at(uses[space], np.array(rows, dtype=np.intp), 1)
-            np.minimum.at(nxt[space], job.q_rows, job.q_rounds)
+            np.minimum.at(nxt[space], job.queue.q_rows, job.queue.q_rounds)
     return uses, nxt
 
 
@@ -860,8 +860,8 @@ def test_jobs_that_only_gather_sample_independently(images):
     with Loader(images, cache_bytes=1 << 20) as loader:
         pix, lab = loader.open("pix", epochs=1), loader.open("lab", epochs=1)
         sched = loader.scheduler("imgs")
-        assert type(pix.rank_state.job.sampler).__name__ == "DependentSampler"
-        assert type(lab.rank_state.job.sampler).__name__ == "IndependentSampler"
+        assert type(pix.rank_state.job.queue.sampler).__name__ == "DependentSampler"
+        assert type(lab.rank_state.job.queue.sampler).__name__ == "IndependentSampler"
         assert sched.queues.sampler.jobs() == ["pix"]
         assert sched.queues.gather_sampler.jobs() == ["lab"]
         for stream in (pix, lab):
@@ -956,7 +956,7 @@ def _rows_after_a_late_open(images, monkeypatch, *, give_back: bool) -> tuple[li
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
         x = loader.open("x", batch_size=4, prefetch=1, lookahead=40, epochs=1)
         job = loader.scheduler("imgs").jobs["x"]
-        wait_until(lambda: job.q_rows.size + job.in_flight() >= 40, "x sampled ahead")
+        wait_until(lambda: job.queue.q_rows.size + job.in_flight() >= 40, "x sampled ahead")
         y = loader.open("y", batch_size=4, prefetch=1, lookahead=40, epochs=1)
         xs: list[int] = []
         ys: list[int] = []

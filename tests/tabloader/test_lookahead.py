@@ -13,7 +13,8 @@ from PIL import Image
 
 from tabloader.engine import Loader
 from tabloader.engine.arena import values_that_fit
-from tabloader.engine.jobs import Pace, RoundLog
+from tabloader.engine.jobqueue import RoundLog
+from tabloader.engine.jobs import Pace
 from tabloader.engine.queues import LOOKAHEAD_CACHES
 
 ROWS = 3000
@@ -40,21 +41,21 @@ def test_a_jobs_lookahead_is_the_caches_capacity_in_rounds(tiny):
         sched = loader.scheduler("t")
         with sched.cond:
             job = sched.jobs["a"]
-            assert job.cache_rows == cache_rows
-            assert job.horizon == LOOKAHEAD_CACHES * cache_rows  # one job: the whole window
-            ahead = job.q_rows.size + job.in_flight()
-            assert job.horizon // 2 < ahead <= job.horizon + 16
+            assert job.queue.cache_rows == cache_rows
+            assert job.queue.horizon == LOOKAHEAD_CACHES * cache_rows  # one job: the whole window
+            ahead = job.queue.q_rows.size + job.in_flight()
+            assert job.queue.horizon // 2 < ahead <= job.queue.horizon + 16
             # the arena knows the next use of every row queued
             [space] = job.spaces()
             known = np.isfinite(sched.queues.future.next_round[space])
-            assert known.sum() == job.q_rows.size
+            assert known.sum() == job.queue.q_rows.size
         stream.close()
         fixed = loader.open("b", batch_size=16, epochs=1, lookahead=32)
         next(iter(fixed))
         with sched.cond:
             job = sched.jobs["b"]
-            assert job.horizon == job.floor == 16 * max(2, job.prefetch)
-            assert job.q_rows.size + job.in_flight() <= job.horizon + 16
+            assert job.queue.horizon == job.queue.floor == 16 * max(2, job.prefetch)
+            assert job.queue.q_rows.size + job.in_flight() <= job.queue.horizon + 16
         fixed.close()
 
 
@@ -69,10 +70,10 @@ def test_each_jobs_share_of_the_window_follows_its_pace(tiny):
                 a.pace.add(64, now=float(t))
                 b.pace.add(16, now=float(t))
             sched.queues._set_horizons()
-            window = LOOKAHEAD_CACHES * a.cache_rows
+            window = LOOKAHEAD_CACHES * a.queue.cache_rows
             # as measured now (the time since the marks counts), a is 4x b; unmeasured: alike
-            assert a.horizon == window
-            assert abs(b.horizon - window // 4) <= 1
+            assert a.queue.horizon == window
+            assert abs(b.queue.horizon - window // 4) <= 1
         for s in streams:
             s.close()
 

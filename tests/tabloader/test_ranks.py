@@ -764,11 +764,11 @@ def test_future_uses_match_the_queues_with_ranks(images):
                     want = np.zeros_like(counts)
                     nxt = np.full(counts.size, np.inf)
                     for job in group.jobs.values():
-                        queued = job.q_rows.tolist()
-                        if job.left:
-                            queued += list(job.sampler.remaining(job.name))
+                        queued = job.queue.q_rows.tolist()
+                        if job.queue.left:
+                            queued += list(job.queue.sampler.remaining(job.name))
                         np.add.at(want, np.array(queued, dtype=np.intp), 1)
-                        np.minimum.at(nxt, job.q_rows, job.q_rounds)
+                        np.minimum.at(nxt, job.queue.q_rows, job.queue.q_rounds)
                     assert counts.tolist() == want.tolist(), step
                     assert group.queues.future.next_round[space].tolist() == nxt.tolist(), step
         for stream in (*ranks, plain):

@@ -55,7 +55,7 @@ def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
         assert [i for b in batches for i in b] == sent[epoch]
         assert [len(b) for b in batches] == [4] * 7 + [2]
     assert stream.take() is None  # its epochs are read: rows of epoch 2 were never queued
-    assert job.q_rows.size == 0
+    assert job.queue.q_rows.size == 0
 
 
 def test_data_parallel_ranks_read_whole_batches_of_their_quota(loader):
