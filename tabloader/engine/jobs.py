@@ -3,8 +3,8 @@
 * **A job** is one open job of a dataset: its rows (``ids``), its plan (the columns to gather
   or prepare), its options (``batch_size``, ``prefetch``, ``epochs``, ``on_error``) and its
   *queue* (:class:`~tabloader.engine.jobqueue.JobQueue`, ``job.queue``: the rows sampled for
-  it and not yet cut into batches, the sampler's place, the horizon: rows sampled ahead). The
-  cutting is at (``cut_epoch``, ``cut``).
+  it and not yet cut into batches, the sampler's place, the horizon: rows sampled ahead). Its
+  :class:`~tabloader.engine.dealer.Dealer` cuts the batches and deals them to the ranks.
 * **Ranks.** A data-parallel job has ``world_size`` ranks (:class:`RankState`) sharing its
   queue, a plain job one. Each has its own batches in preparation, its position (``epoch``,
   ``taken``: batches taken of that epoch) and counters; it is pending until its stream opens,
@@ -23,7 +23,8 @@
 * **Pace.** The rows a job takes per second, measured (:class:`Pace`): its share of the
   lookahead (:mod:`tabloader.engine.queues`).
 
-How queues are filled and batches cut and dealt: :mod:`tabloader.engine.scheduler`.
+How queues are filled: :mod:`tabloader.engine.queues`; batches cut and dealt:
+:mod:`tabloader.engine.dealer`; the whole: :mod:`tabloader.engine.scheduler`.
 """
 
 from __future__ import annotations
@@ -133,18 +134,6 @@ class JobState:
     closed: bool = False
     ranks: list[RankState] = field(init=False)
     num_ids: int = field(init=False)
-    resumed: tuple[int, BitMap] | None = None  # the state it was opened from (ranks compare)
-    # dealing: the next batch cut is batch ``cut`` (from 0) of epoch ``cut_epoch``
-    cut_epoch: int = 0
-    cut: int = 0
-    # batches cut and not yet behind every rank: (epoch, index, rows), for ``state_dict``;
-    # an epoch's dropped remainder is logged with index ``batches_per_epoch``, a padded
-    # batch with its own rows only (the repeats are no rows still to come)
-    log: deque[tuple[int, int, npt.NDArray[np.int64]]] = field(default_factory=deque)
-    # padding (``pads``): the first rows cut of epoch ``cut_epoch`` (up to ``world_size``),
-    # repeated in turn to pad its last batches; ``padded`` of them so far
-    pad_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
-    padded: int = 0
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
     spec: JobSpec = field(default_factory=JobSpec)  # the options it was opened with
@@ -177,45 +166,6 @@ class JobState:
         q = self.queue
         n = q.first_rows if epoch == q.first_epoch else self.num_ids
         return rank_share(n, self.batch_size, self.world_size, self.spec.drop_last)
-
-    def pads(self) -> bool:
-        """True if the ranks' shares of an epoch are padded to one size (``drop_last =
-        false`` with several ranks), none of its rows dropped."""
-        return self.world_size > 1 and not self.spec.drop_last
-
-    def cut_size(self) -> int:
-        """Rows of the next batch dealt (batch ``cut`` of epoch ``cut_epoch``), padding
-        included: ``batch_size``, but for a job that ``pads`` the last turn's (each rank's
-        share past its full batches). Fewer are left at an epoch's end without padding."""
-        if not self.pads():
-            return self.batch_size
-        share = self.rank_rows_of(self.cut_epoch)
-        full = share // self.batch_size  # full batches per rank
-        return self.batch_size if self.cut < full * self.world_size else share % self.batch_size
-
-    def owes_padding(self) -> bool:
-        """True if the job ``pads`` and epoch ``cut_epoch`` has had all its rows cut but not
-        all its batches: the rest are padding only (when ``world_size`` exceeds the rows of
-        the last turn)."""
-        total = self.batches_per_rank(self.cut_epoch) * self.world_size
-        if not self.pads() or not 0 < self.cut < total:
-            return False
-        q = self.queue
-        if q.q_rows.size and q.q_epochs[0] == self.cut_epoch:
-            return False
-        return q.epoch > self.cut_epoch or q.left == 0
-
-    def pad(self, rows: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
-        """The batch of ``rows`` (cut of epoch ``cut_epoch``) at ``size`` rows: the first
-        rows of the epoch are remembered, and repeated in turn to fill a short one."""
-        if self.pad_rows.size < self.world_size:
-            self.pad_rows = np.concatenate([self.pad_rows, rows])[: self.world_size]
-        short = size - rows.size
-        if short <= 0 or not self.pad_rows.size:
-            return rows
-        turn = (self.padded + np.arange(short)) % self.pad_rows.size
-        self.padded += short
-        return np.concatenate([rows, self.pad_rows[turn]])
 
     def done_sampling(self) -> bool:
         """True once the sampler has handed out the job's last epoch."""
@@ -261,15 +211,13 @@ class JobState:
         """The arena spaces of the job's prepared columns."""
         return [space for _, space in self.plan.prepared]
 
-    def joining(
-        self, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
-    ) -> RankState:
-        """The rank ``rank`` of this open job, which ``asked`` (the options it is opened with,
-        and the state: ``remaining`` rows of ``epoch``, or None) may join.
+    def joining(self, asked: JobState, rank: int) -> RankState:
+        """The rank ``rank`` of this open job, which ``asked`` (the options it is opened with)
+        may join (its state is the dealer's to check: ``Dealer.check_state``).
 
         Raises:
             LoaderError: the job is open as a plain job, or that rank is open or left, or it
-                is asked for with another world size, other options or another state.
+                is asked for with another world size or other options.
         """
         name = self.name
         if self.world_size == 1 and asked.world_size == 1 and asked.remote:
@@ -311,31 +259,7 @@ class JobState:
                 f"open already: {what or 'the job rows changed (re-registered?)'}; every rank "
                 "must open the job the same way."
             )
-        state = None if remaining is None else (epoch, BitMap(remaining))
-        if state != self.resumed:
-            raise LoaderError(
-                f"Rank {rank} of job {name!r} was opened with another state than its ranks "
-                "open already; every rank must pass the same state (saved at the same step), "
-                "or none."
-            )
         return joined
-
-    def trim_log(self) -> None:
-        """Forget the cut batches that every rank still going is past, but the last
-        ``MAX_UNDELIVERED`` turns (a batch each, and an epoch's dropped rows): a ``state_dict``
-        may be that many steps back (``RankState.position``)."""
-        marks = [(r.next_epoch(), r.taken * self.world_size) for r in self.ranks if not r.closed]
-        if not marks:
-            self.log.clear()
-            return
-        low = min(marks)
-        behind = 0
-        for epoch, index, _ in self.log:
-            if (epoch, index) >= low:
-                break
-            behind += 1
-        for _ in range(behind - MAX_UNDELIVERED * self.world_size - 1):
-            self.log.popleft()
 
     def stats(self) -> dict[str, Any]:
         """The job's counters: its rank's, or the sum over its ranks (and each under ``ranks``)."""
@@ -433,22 +357,6 @@ class RankState:
             epoch -= 1
             taken = self.job.batches_per_rank(epoch)
         return epoch, max(taken - back, 0)
-
-    def state(self, back: int = 0) -> dict[str, Any]:
-        """The job's state at this rank's step ``back`` batches ago (``position``): its epoch
-        and the rows of that epoch not in the batches every rank had taken at that step.
-        The caller holds the scheduler's lock."""
-        job, q = self.job, self.job.queue
-        epoch, taken = self.position(back)
-        behind = taken * job.world_size  # batches of the epoch every rank has had
-        parts = [rows for e, k, rows in job.log if e == epoch and k >= behind]
-        parts.append(q.q_rows[q.q_epochs == epoch])
-        rows = BitMap(np.concatenate(parts).astype(np.uint32))
-        if epoch == q.epoch and q.left > 0:
-            rows |= q.sampler.remaining(job.name)
-        elif epoch > q.epoch:  # nothing of that epoch handed out yet
-            rows = BitMap(job.ids)
-        return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
 
     def share_done(self, back: int = 0) -> int | None:
         """The epoch whose whole share the rank had taken ``back`` batches ago, and nothing

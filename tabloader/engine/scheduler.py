@@ -29,11 +29,15 @@ Data flow, per dataset::
   epoch has ``rank_rows`` rows. It takes no part in the rounds. A fed job whose cluster job
   is gone (a rank or node failed) raises the reason once it would wait for rows.
 
-A job's and a rank's state (queue, positions, counters): :mod:`tabloader.engine.jobs`.
+A job's and a rank's state (positions, counters): :mod:`tabloader.engine.jobs`; its queue:
+:mod:`tabloader.engine.jobqueue`; the cutting and dealing of its batches, and its
+``state_dict``: :mod:`tabloader.engine.dealer` (one :class:`~tabloader.engine.dealer.Dealer` a
+job, in ``dealers``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -45,6 +49,7 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import LoaderError
+from tabloader.engine.dealer import Dealer
 from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
 from tabloader.engine.queues import JobQueues
@@ -82,6 +87,7 @@ class DatasetScheduler:
         self.queues = queues
         self.jobs = queues.jobs  # the open jobs, by name (``queues`` adds and removes them)
         self.fetcher = fetcher
+        self.dealers: dict[JobState, Dealer] = {}  # each open job's (one a job, by identity)
         self._close_job = close_job
         # One lock for everything above; ``cond`` (on it) is where the scheduling thread
         # waits, each rank's ``cond`` (on it too) where that rank's consumer waits: a landed
@@ -126,16 +132,21 @@ class DatasetScheduler:
                 return self._attach_locked(current, job, rank, remaining, epoch)
             for r in job.ranks:
                 r.cond = threading.Condition(self.lock)
+            resumed = None if remaining is None else (epoch, BitMap(remaining))
             if job.fed:
                 self.queues.open_fed(job)
                 rank = 0
             else:
                 self.queues.open(job, remaining=remaining, epoch=epoch)
-                if remaining is not None:
-                    job.resumed = (epoch, BitMap(remaining))
-                job.cut_epoch = job.queue.epoch
                 for r in job.ranks:
                     r.epoch = job.queue.epoch
+            self.dealers[job] = Dealer(
+                job,
+                pop=functools.partial(self.queues.pop, job),
+                submit=self._submit,
+                resumed=resumed,
+            )
+            if not job.fed:
                 self.cond.notify()  # a round for the new job
             joined = job.ranks[rank]
             joined.opened = True
@@ -189,7 +200,8 @@ class DatasetScheduler:
         self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
     ) -> RankState:
         """Rank ``rank`` joins the open ``job``; ``asked`` has the options it was opened with."""
-        joined = job.joining(asked, rank, remaining, epoch)
+        joined = job.joining(asked, rank)
+        self.dealers[job].check_state(rank, remaining, epoch)
         joined.opened = True
         joined.started = time.perf_counter()
         self._wake_job(job)  # every rank may have been waiting for this one
@@ -209,7 +221,7 @@ class DatasetScheduler:
             r.closed = True
             self._drop_batches(r)
         self.queues.close(job)
-        job.log.clear()
+        del self.dealers[job]
         self._wake_job(job)  # a consumer waiting in take() raises: closed
 
     def _drop_batches(self, rank: RankState) -> None:
@@ -238,7 +250,7 @@ class DatasetScheduler:
         if not any(r.is_open() for r in job.ranks):
             self._remove_locked(job)
             return
-        job.trim_log()
+        self._trim_log_locked(job)
         self._activate_locked(job)  # it may have been that rank's turn
         self._wake_job(job)  # that rank (closed: its take() raises), and the others: all_joined
         self._poke(job)
@@ -298,56 +310,21 @@ class DatasetScheduler:
         return found
 
     def _activate_locked(self, job: JobState) -> None:
-        """Cut the job's next batches from its queue, deal them to its ranks in turn and start
-        preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
-        q = job.queue
-        while q.q_rows.size or job.owes_padding():
-            if job.owes_padding():  # the epoch's rows are all cut, its last batches not
-                epoch, same, complete = job.cut_epoch, 0, True
-            else:
-                epoch = int(q.q_epochs[0])
-                # rows of this epoch at the head of the queue, counted up to a batch and one:
-                # a batch needs no more (the whole queue costs O(queue) per batch, 14 us at
-                # 1,000)
-                head = q.q_epochs[: job.batch_size + 1]
-                other = np.flatnonzero(head != epoch)
-                same = int(other[0]) if other.size else head.size
-                complete = other.size > 0 or epoch < q.epoch or q.left == 0
-            if job.gone_from is not None and epoch >= job.gone_from:
-                return  # a rank died: its peers get no batch it would have shared
-            if epoch != job.cut_epoch:
-                job.cut_epoch, job.cut = epoch, 0
-                job.pad_rows, job.padded = job.pad_rows[:0], 0
-            full = job.batches_per_rank(epoch) * job.world_size
-            if job.cut >= full:  # the epoch's last rows, fewer than a batch per rank: dropped
-                rest = np.flatnonzero(q.q_epochs != epoch)
-                same = int(rest[0]) if rest.size else q.q_rows.size
-                job.log.append((epoch, full, self.queues.pop(job, same)))
-                continue
-            rank = job.ranks[job.cut % job.world_size]
-            if not rank.closed and len(rank.batches) >= job.prefetch:
-                return
-            size = job.cut_size()
-            n = min(size, same)
-            if n < size and not complete:
-                return
-            rows = self.queues.pop(job, n)
-            job.log.append((epoch, job.cut, rows))
-            if job.pads():  # the epoch's last batches are padded to every rank's share
-                rows = job.pad(rows, size)
-            job.cut += 1
-            if rank.closed:  # that rank left: its share is dropped, unprepared
-                continue
-            if rank.abandoning == epoch:  # it gives up the rest of this epoch: unprepared
-                rank.give_up(rows.size)
-                rank.cond.notify_all()
-                continue
-            work = Work(
-                rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
-            )
-            rank.batches.append(work)
-            rank.requests += rows.size * len(job.plan.columns)
-            self.fetcher.submit(work)
+        """Deal the job's next batches (``Dealer.deal``); a job closed has none."""
+        dealer = self.dealers.get(job)
+        if dealer is not None:
+            dealer.deal()
+
+    def _submit(self, work: Work) -> None:
+        """Start preparing a batch dealt (the fetcher is looked up at each batch: a test may
+        hold its batches back)."""
+        self.fetcher.submit(work)
+
+    def _trim_log_locked(self, job: JobState) -> None:
+        """Let the job's dealer forget the batches every rank is past."""
+        dealer = self.dealers.get(job)
+        if dealer is not None:
+            dealer.trim_log()
 
     def landed(self, work: Work) -> None:
         """The fetcher finished ``work`` (the Fetcher's ``on_done``): its rank may take it."""
@@ -399,7 +376,7 @@ class DatasetScheduler:
                     self._wait_locked(rank, t0)
                 rank.taken += 1
                 job.pace.add(int(work.rows.size))
-                job.trim_log()
+                self._trim_log_locked(job)
                 self._activate_locked(job)
                 self._poke(job)  # room for the scheduler
             if not job.remote:
@@ -442,7 +419,7 @@ class DatasetScheduler:
                     rank.cond.wait(0.1)  # woken as its batches are dealt (and dropped)
             finally:
                 rank.abandoning = None
-            job.trim_log()
+            self._trim_log_locked(job)
             self._activate_locked(job)
             self._poke(job)
             given_up = rank.abandoned_rows - before + ahead_rows
@@ -574,7 +551,7 @@ class DatasetScheduler:
             )
         with self.cond:
             self._check(rank)
-            return rank.state(undelivered)
+            return self.dealers[job].state(rank, undelivered)
 
     def close(self) -> None:
         with self.cond:
