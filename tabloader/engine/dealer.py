@@ -189,7 +189,7 @@ class Dealer:
         parts.append(q.q_rows[q.q_epochs == epoch])
         rows = BitMap(np.concatenate(parts).astype(np.uint32))
         if epoch == q.epoch and q.left > 0:
-            rows |= q.sampler.remaining(job.name)
+            rows |= q.remaining(job.name)
         elif epoch > q.epoch:  # nothing of that epoch handed out yet
             rows = BitMap(job.ids)
         return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}

@@ -10,10 +10,12 @@ the tail given back); the scheduler and the dealer read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap
+
+from tabloader.sampling.base import Sampler
 
 __all__ = ["NO_ROWS", "JobQueue", "RoundLog"]
 
@@ -62,7 +64,7 @@ class JobQueue:
     lookahead: int | None = None
     cache_rows: int = 0
     arena_spaces: list[int] = field(default_factory=list)  # of the job's prepared columns
-    sampler: Any = None  # the sampler the job is registered in (None: fed)
+    sampler: Sampler | None = None  # the sampler the job is registered in (None: fed)
     q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
@@ -77,6 +79,11 @@ class JobQueue:
     def spaces(self) -> list[int]:
         """The arena spaces whose values the queued rows will use (``FutureUses`` counts)."""
         return self.arena_spaces
+
+    def remaining(self, name: str) -> BitMap:
+        """The rows of epoch ``epoch`` that the sampler has not handed out to the job ``name``
+        yet (none for a fed job: its node has no sampler)."""
+        return BitMap() if self.sampler is None else self.sampler.remaining(name)
 
     def dynamic(self) -> bool:
         """Whether the horizon follows the cache and the job's pace (no ``lookahead`` given,

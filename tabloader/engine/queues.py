@@ -32,7 +32,7 @@ around every call and cuts the batches (:meth:`JobQueues.pop`).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +43,7 @@ from catalog.errors import LoaderError
 from tabloader.engine.jobqueue import NO_ROWS, JobQueue
 from tabloader.engine.jobs import JobState
 from tabloader.engine.uses import FutureUses
+from tabloader.sampling.base import Sampler
 
 __all__ = ["LOOKAHEAD_CACHES", "LOOKAHEAD_ROWS", "ROUND_ROWS", "JobQueues"]
 
@@ -70,7 +71,7 @@ class JobQueues:
             go round by round (0.6 us a row for four jobs).
     """
 
-    def __init__(self, num_rows: int, sampler: Any, *, gather_sampler: Any) -> None:
+    def __init__(self, num_rows: int, sampler: Sampler, *, gather_sampler: Sampler) -> None:
         self.sampler = sampler
         self.gather_sampler = gather_sampler
         self.future = FutureUses(num_rows)
@@ -86,12 +87,12 @@ class JobQueues:
         """Register ``job`` with its sampler, fresh or resumed (``remaining`` rows of
         ``epoch``); the other jobs of that sampler give back what they sampled ahead."""
         q = job.queue
-        q.sampler = self.sampler if job.plan.prepared else self.gather_sampler
+        q.sampler = sampler = self.sampler if job.plan.prepared else self.gather_sampler
         if remaining is None:
-            q.sampler.add_job(job.name, job.ids)
+            sampler.add_job(job.name, job.ids, job.spec)
             remaining = job.ids
         else:
-            q.sampler.add_job(job.name, job.ids, remaining=remaining, epoch=epoch)
+            sampler.add_job(job.name, job.ids, job.spec, remaining=remaining, epoch=epoch)
             q.epoch = epoch
         q.left = q.first_rows = len(remaining)
         q.first_epoch = q.epoch
@@ -111,9 +112,9 @@ class JobQueues:
             del self.jobs[job.name]
         q = job.queue
         self.future.unqueued(q, q.clear(), self._queues())
-        if not job.fed:  # a fed job has no sampler here
+        if q.sampler is not None:  # a fed job has none here
             if q.left:  # the rows of this epoch that the sampler still had for the job
-                self.future.count(q, bitmap_to_array(q.sampler.remaining(job.name)), -1)
+                self.future.count(q, bitmap_to_array(q.remaining(job.name)), -1)
             q.sampler.remove_job(job.name)
 
     # -- filling the queues ------------------------------------------------------------------------
@@ -166,7 +167,7 @@ class JobQueues:
             if group:
                 self._sample_group(sampler, group)
 
-    def _sample_group(self, sampler: Any, want: list[JobState]) -> None:
+    def _sample_group(self, sampler: Sampler, want: list[JobState]) -> None:
         for j in want:
             if j.queue.left == 0:  # the sampler starts the job's next epoch on this call
                 j.queue.epoch += 1
@@ -227,7 +228,9 @@ class JobQueues:
         ``DependentSampler.give_back``). Only rows of the epoch the sampler is in go back.
         """
         sampler = new.queue.sampler
-        if not hasattr(sampler, "give_back"):
+        give_back: Callable[[str, npt.NDArray[np.int64]], None] | None
+        give_back = getattr(sampler, "give_back", None)  # a sampler whose jobs share rounds
+        if give_back is None:
             return
         group = [j for j in self.jobs.values() if j.queue.sampler is sampler and not j.fed]
         queues = [j.queue for j in group]
@@ -247,7 +250,7 @@ class JobQueues:
                 continue
             rows = q.keep(keep)
             self.future.unqueued(q, rows, self._queues(), used=False)
-            sampler.give_back(j.name, rows)
+            give_back(j.name, rows)
             q.left += int(rows.size)
 
     # -- cutting -----------------------------------------------------------------------------------

@@ -9,12 +9,15 @@ and :class:`~tabloader.sampling.IndependentSampler` implement it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from pyroaring import BitMap
 
 from catalog.errors import SamplingError
+
+if TYPE_CHECKING:
+    from catalog.options import JobSpec
 
 __all__ = [
     "Sampler",
@@ -28,10 +31,25 @@ __all__ = [
 
 @runtime_checkable
 class Sampler(Protocol):
-    """What a sampler offers: jobs join and leave, rounds hand out one row per job."""
+    """What a sampler offers: jobs join and leave, rounds hand out one row per job.
 
-    def add_job(self, name: str, ids: BitMap) -> None:
-        """Register ``name``; its first epoch is all of ``ids``."""
+    A sampler whose jobs share rounds also has ``give_back(name, rows)``: a job puts rows it
+    was handed and never read back into its epoch, so a job that joins late shares them
+    (:meth:`~tabloader.sampling.DependentSampler.give_back`; the engine looks for it).
+    """
+
+    def add_job(
+        self,
+        name: str,
+        ids: BitMap,
+        spec: JobSpec | None = None,
+        *,
+        remaining: BitMap | None = None,
+        epoch: int = 0,
+    ) -> None:
+        """Register ``name``; its first epoch is all of ``ids`` (or ``remaining`` of them,
+        epoch ``epoch``, when it resumes). ``spec``: the job's options, kept with it (a sampler
+        that weighs jobs reads them; the two here draw every job alike)."""
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; no other job gains, loses or repeats a row."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -35,6 +35,9 @@ from tabloader.sampling.base import (
     check_round,
     unknown_job,
 )
+
+if TYPE_CHECKING:
+    from catalog.options import JobSpec
 from tabloader.sampling.regions import Regions
 
 try:
@@ -91,13 +94,20 @@ class DependentSampler:
 
     # ------------------------------------------------------------------ jobs
     def add_job(
-        self, name: str, ids: BitMap, *, remaining: BitMap | None = None, epoch: int = 0
+        self,
+        name: str,
+        ids: BitMap,
+        spec: JobSpec | None = None,
+        *,
+        remaining: BitMap | None = None,
+        epoch: int = 0,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
         Args:
             name: the job.
             ids: the job's rows (every epoch is a permutation of them).
+            spec: the job's options (every job is drawn alike here: unused).
             remaining: resume mid-epoch: the rows of the current epoch still to read (a
                 non-empty subset of ``ids``); default all of ``ids``.
             epoch: the number of the current epoch (when resuming).

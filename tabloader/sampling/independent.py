@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -23,6 +23,9 @@ from tabloader.sampling.base import (
     check_round,
     unknown_job,
 )
+
+if TYPE_CHECKING:
+    from catalog.options import JobSpec
 
 __all__ = ["IndependentSampler"]
 
@@ -63,13 +66,20 @@ class IndependentSampler:
         return np.random.default_rng(ss)
 
     def add_job(
-        self, name: str, ids: BitMap, *, remaining: BitMap | None = None, epoch: int = 0
+        self,
+        name: str,
+        ids: BitMap,
+        spec: JobSpec | None = None,
+        *,
+        remaining: BitMap | None = None,
+        epoch: int = 0,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
         Args:
             name: the job.
             ids: the job's rows.
+            spec: the job's options (every job is drawn alike here: unused).
             remaining: resume mid-epoch with these rows of ``ids`` still to read.
             epoch: the number of the current epoch (when resuming).
 
