@@ -47,7 +47,7 @@ from catalog.storage import DatasetReader
 from tabloader.engine.accounting import AccessLog, Counters
 from tabloader.engine.arena import Arena
 from tabloader.engine.batchmem import BatchMemory
-from tabloader.engine.collate import OwnSlots, collate, hand_over, release
+from tabloader.engine.collate import Collate, HandOver, OwnSlots, release
 from tabloader.engine.decoding import DecodePool, decode_rows
 from tabloader.engine.gather import Gatherer
 from tabloader.engine.pool import PriorityPool
@@ -131,6 +131,9 @@ class Fetcher:
         self._next_load = 0
         self.access_log: AccessLog | None = None  # set by a Loader asked to record one
         self.own = OwnSlots(arena)  # handed-over batches' augmented images
+        # the receivers of its jobs' batches (a job's plan names its own, chosen at its open)
+        self.collate = Collate(arena, self.memory)
+        self.hand_over = HandOver(arena, self.own)
         # column -> row -> why: rows whose own bytes failed, never read again (docstring)
         self._failed: dict[str, dict[int, str]] = {}
 
@@ -166,7 +169,7 @@ class Fetcher:
         """
         plan = work.plan
         self._mark_starting(work, +1)
-        inline = not plan.prepared or (work.remote and not plan.augment)
+        inline = not plan.prepared or (plan.receiver.pins and not plan.augment)
         if inline and self.gatherer.all_flat(plan.gathered):
             self._start(work)
             return
@@ -549,12 +552,10 @@ class Fetcher:
         handed_over = False
         try:
             if work.error is None and not (work.errors and not work.skip):
-                if work.remote:
-                    work.result, handed_over = hand_over(work, self.arena, self.own), True
-                    if work.discard and self.access_log is not None:  # sources released
-                        self.access_log.released(work)
-                else:
-                    work.result = collate(work, self.arena, self.memory)
+                work.result = work.plan.receiver.receive(work)
+                handed_over = work.plan.receiver.pins
+                if handed_over and work.discard and self.access_log is not None:
+                    self.access_log.released(work)  # the augmented images' sources
         except BaseException as exc:
             work.error = exc
         finally:

@@ -45,7 +45,7 @@ from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.engine.scheduler import DatasetScheduler
 from tabloader.engine.shm import Segment, shm_available
 from tabloader.engine.stream import JobStream
-from tabloader.engine.work import Plan
+from tabloader.engine.work import Plan, Receiver
 from tabloader.sampling import SAMPLERS, IndependentSampler
 
 if TYPE_CHECKING:
@@ -323,8 +323,10 @@ class Loader:
                 this process (an initialised torch.distributed process group, ``RANK`` and
                 ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
                 checks are in :mod:`tabloader.engine.ranks`), else 0 and 1.
-            remote: for the loader service: batches are handed over with their values
-                pinned in the arena (see ``tabloader.service.server``), not copied.
+            remote: for the loader service: the job's batches are received by a ``HandOver``
+                (:mod:`tabloader.engine.collate`), not a ``Collate``: handed over with their
+                values pinned in the arena, which its client copies them out of (see
+                ``tabloader.service.server``). Chosen here once, in the job's plan.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
                 (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
 
@@ -390,13 +392,16 @@ class Loader:
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
-            plan = self._plan(sched, dataset, info, spec.image_size, augmenter, cap)
+            # who receives its batches, chosen here once: the service's clients copy them
+            # out of shared memory, pinned until then; a job of this process copies at once
+            receiver = sched.fetcher.hand_over if remote else sched.fetcher.collate
+            plan = self._plan(sched, dataset, info, spec.image_size, receiver, augmenter, cap)
             if prefetch is None:
                 prefetch = default_prefetch(self.workers, batch_size, plan)
         if any(dec.dtype is None for dec in plan.gathered):  # strings, lists: pyarrow's own
             _warm_pyarrow()
         local = 1 if fed else world_size  # a fed rank is a job of its own here
-        if remote:  # the service's cache holds its clients' prepared batches, pinned
+        if receiver.pins:  # the service's cache holds its clients' prepared batches
             rows = min(batch_size, len(info.ids))  # the batch the job can really produce
             prefetch = fit_prefetch(self._arena.buffer.size, plan, rows * local, prefetch, given)
         if fed and state is not None:
@@ -419,7 +424,7 @@ class Loader:
             epochs=epochs,
             world_size=local,
             id_array=bitmap_to_array(info.ids).astype(np.int64),
-            remote=remote,
+            remote=receiver.pins,
             fed=fed,
             rank_rows=share,
             spec=spec,
@@ -441,6 +446,7 @@ class Loader:
         dataset: Dataset,
         job: Job,
         size: Any,
+        receiver: Receiver,
         augmenter: Augmenter | None = None,
         cap: int | None = None,
     ) -> Plan:
@@ -467,7 +473,7 @@ class Loader:
                 prepared.append((dec, space))
             else:
                 gathered.append(dec)
-        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment)
+        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment, receiver)
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""

@@ -16,6 +16,7 @@ import catalog
 from catalog import JobNotFoundError, LoaderError, OptionError, RowReadError
 from catalog.options import JOB_OPTIONS, JobOption
 from tabloader.engine import Loader
+from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.prep import decode_image
 from tabloader.engine.shm import shm_available
 from tabloader.sampling import DependentSampler
@@ -1009,13 +1010,14 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         table = images.sql("SELECT _id, label FROM imgs").to_pydict()
         labels = dict(zip(table["_id"], table["label"], strict=True))
         seen = []
-        while (batch := remote.take()) is not None:
-            offsets, _, private = batch["prepared"]["image"][:3]
-            assert not private
-            assert (offsets >= 0).all()
+        while (handed := remote.take()) is not None:
+            image = {c.name: c for c in handed.columns}["image"]
+            assert not image.private
+            assert (image.starts >= 0).all()
+            batch = handed.copy_out(loader.arena.buffer, BatchMemory())
             seen += batch["_id"].tolist()
-            assert batch["gathered"]["label"].tolist() == [labels[i] for i in batch["_id"]]
-            loader.arena.release(offsets)
+            assert batch["label"].tolist() == [labels[i] for i in batch["_id"]]
+            loader.arena.release(image.starts)
         remote.close()
         assert sorted(seen) == list(range(n))
         assert tasks == []
