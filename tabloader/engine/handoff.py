@@ -312,7 +312,7 @@ class Arrow:
         data = pa.py_buffer(memory[self.offset : self.offset + self.size])
         try:
             table = pa.ipc.open_stream(data).read_all()
-        except pa.ArrowInvalid as exc:
+        except (pa.ArrowInvalid, OSError) as exc:  # OSError: pyarrow's for a bad message
             raise _malformed(f"column {self.name!r} is no Arrow stream: {exc}") from None
         values = table.column(0).combine_chunks()
         return batch_column(values, decoder_for(table.schema.field(0)))
