@@ -12,10 +12,11 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
    of at least ``MIN_DECODE_ROWS`` rows and ``MIN_TASK_BYTES`` (a batch's claimed rows split
    over the workers), one pool task per group, each reading its rows together. Decode and
    resize run with the GIL released (libjpeg-turbo through simplejpeg, torch).
-3. **Collate** when the last group a batch waits for lands (:mod:`tabloader.engine.collate`): copy
-   each value out of the arena into the job's own arrays (the one copy of each payload byte:
-   a batch never aliases the arena or another job's batch, so in-place writes stay in the
-   job), release the pins, and hand the batch to its job (``on_done``).
+3. **Collate** when the last group a batch waits for lands: the job's receiver (its plan's,
+   :mod:`tabloader.engine.collate`) copies each value out of the arena into the job's own
+   arrays (the one copy of each payload byte: a batch never aliases the arena or another
+   job's batch, so in-place writes stay in the job) and the pins are released, or hands it
+   over pinned to a service's client; then the batch goes to its job (``on_done``).
 
 Errors: a row that fails to read or decode is recorded for every batch that wanted it
 (``RowReadError`` names the row); the batch leaves it out (``skip``) or its job raises it.

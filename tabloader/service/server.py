@@ -4,15 +4,18 @@ Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, 
 plane: the arena is shared memory of no name (:mod:`tabloader.engine.shm`), which clients map
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
-* its images stay where the shared decode put them, pinned in the arena; the reply lists each
-  value's ``(offset, shape)``; a job that augments gets its own images instead, made by the
-  engine's threads into slots of the batch's own (``kind: augmented``: one shape and dtype);
-* its other columns (``_id``, labels, ...) and any image the arena had no room for are written
-  once into a *staging* slot of the arena, laid out in the reply: fixed-width columns as raw
-  arrays (``dtype``, ``shape``, ``offset``), others (strings, variable lists) as an Arrow IPC
-  stream;
-* the client copies every value into its own arrays (the one copy: its batch is its own) and
-  names the ticket in its next request, which releases the pins and the staging slot.
+* the engine hands it over as a :class:`~tabloader.engine.handoff.HandedBatch` (its job opened
+  ``remote``): its images stay where the shared decode put them, pinned in the arena; a job
+  that augments gets its own images instead, made by the engine's threads into slots of the
+  batch's own (one shape and dtype);
+* its other columns (``_id``, labels, ...), each prepared column's index (each value's start
+  and shape) and any image the arena had no room for are written once into a *staging* slot
+  of the arena; the reply's ``batch`` says where (``HandedBatch.to_wire``: fixed-width columns
+  as raw arrays, others as an Arrow IPC stream);
+* the client checks that layout (``HandedBatch.from_wire``), copies every value into its own
+  arrays with the same ``copy_out`` as a job of the engine's process (the one copy: its batch
+  is its own) and names the ticket in its next request, which releases the pins and the
+  staging slot.
 
 No payload byte crosses the socket and nothing is pickled. A client whose connection closes
 (exit, crash, SIGKILL) leaves: its job's stream closes and its tickets are released.
