@@ -74,7 +74,8 @@ class Collate:
                 augment = Augment(dec.column, starts, shapes, private, aug, work.epoch, rows)
                 prepared[dec.column] = augment
         batch = _batch(work, keep, prepared).copy_out(self.arena.buffer, self.memory)
-        work.augment_s += sum(c.seconds for c in prepared.values() if isinstance(c, Augment))
+        if work.plan.augment:
+            work.augment_s += sum(c.seconds for c in prepared.values() if isinstance(c, Augment))
         return batch
 
 
