@@ -7,9 +7,14 @@ Example:
     ...     for batch in DataLoader(ds, batch_size=None):
     ...         loss = model(batch["image"], batch["label"])
 
-Each iteration over the dataset is one epoch of the job. Use ``DataLoader(ds,
-batch_size=None)`` with the default ``num_workers=0``: tabloader reads and decodes with its own
-threads, shared by every job of the process.
+Each ``iter()`` over the dataset starts the job's next epoch, as a ``DataLoader`` does: an
+epoch left part-read (a ``break``, a framework's sanity check, ``limit_train_batches``) is
+given up and counted (``stats()["abandoned_rows"]``), except right after ``load_state_dict()``,
+where the first ``iter()`` resumes the saved epoch mid-way. ``len(ds)`` is this rank's batches
+per epoch. Use ``JobLoader(ds)`` (or ``DataLoader(ds, batch_size=None)`` with the default
+``num_workers=0``): tabloader reads and decodes with its own threads, shared by every job of
+the process; ``JobLoader`` also carries the job's position into framework checkpoints
+(Lightning saves ``state_dict()`` of loaders that have one).
 """
 
 from __future__ import annotations
@@ -21,18 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.augment import default_seed, from_torchvision
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
+from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.service.client import RemoteLoader, RemoteStream, service_loader
 
 if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine
     from catalog import Catalog
     from tabloader.engine import JobStream, Loader
 
-__all__ = ["JobDataset", "Transform", "to_tensors"]
+__all__ = ["JobDataset", "JobLoader", "Transform", "to_tensors"]
 
 Transform = Callable[[dict[str, Any], torch.Generator], dict[str, Any]]
 """``transform(batch, generator) -> batch``; draw randomness only from ``generator``."""
@@ -115,6 +121,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if options.get("augment") is not None and not isinstance(options["augment"], str):
             options["augment"] = from_torchvision(options["augment"])
         spec = JobSpec.from_options(self.loader.job_options(job), **options)
+        self._spec = spec
         self._options = options  # laid over the job's registered ones at each open
         # the job's seed, else one of its own: jobs never share draws
         seed = default_seed(job) if spec.seed is None else spec.seed
@@ -123,6 +130,9 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self._rank, self._world_size = rank, world_size
         self._stream: JobStream | RemoteStream | None = None
         self._state: dict[str, Any] | None = None
+        self._rows: int | None = None  # the job's, for len()
+        self._resuming = False  # the next iter() resumes the state loaded (not a new epoch)
+        self._partial: int | None = None  # the epoch an iteration stopped in mid-way
 
     def _here(self) -> None:
         """Refuse use in a process forked from the one that made it (it would share the
@@ -161,9 +171,29 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 "JobDataset runs in the main process: use DataLoader(ds, batch_size=None) with "
                 "num_workers=0; tabloader decodes with its own threads."
             )
-        for batch in self._open().iter_epoch():
+        stream = self._open()
+        if self._resuming:
+            self._resuming = False
+        elif self._partial is not None:  # the last iteration stopped mid-epoch: a new one
+            stream.abandon(self._partial)
+        self._partial = None
+        epoch = stream.epoch
+        for batch in stream.iter_epoch():
+            self._partial = epoch  # until the epoch's end is reached
             tensors = to_tensors(batch)
             yield self.transform(tensors, self.generator) if self.transform else tensors
+        self._partial = None
+
+    def __len__(self) -> int:
+        """Batches of an epoch for this rank (a whole epoch's, also while one resumed from
+        a ``state_dict`` delivers only its remaining rows). With ranks (found as ``open``
+        finds them, when this is called), the share of ``rank_share``; with one rank the
+        last batch may be short."""
+        if self._rows is None:
+            self._rows = self.loader.job_rows(self.job)
+        world_size = resolve_rank(self._rank, self._world_size)[1]
+        batch_size = int(self._spec.batch_size)
+        return -(-rank_share(self._rows, batch_size, world_size) // batch_size)
 
     @property
     def spec(self) -> JobSpec:
@@ -179,23 +209,35 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         """The job's counters (batches, rows, epoch, rows per second...)."""
         return self._open().stats()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, unused: int = 0) -> dict[str, Any]:
         """Where the job is (epoch, rows not yet delivered) and its generator's state.
 
+        ``unused``: batches this dataset has yielded that training has not used yet (0 to
+        2; a loop that fetches a batch before it trains on the last one passes 1): their
+        rows count as still to come, so a resume trains them.
+
         With ranks, the job's state at this rank's step: save it on every rank at the same
-        step (as DDP checkpoints do), and load it on every rank to resume.
+        step (as DDP checkpoints do), and load it on every rank to resume. The state does not
+        depend on the number of ranks: one saved with N ranks resumes with M, each remaining
+        row of the epoch delivered once (less what M ranks drop, see ``rank_share``).
         """
+        if self._state is not None:  # loaded, not opened yet: still where it says
+            return {"stream": self._state, "generator": self.generator.get_state()}
         stream = self._open()
-        return {"stream": stream.state_dict(), "generator": self.generator.get_state()}
+        return {
+            "stream": stream.state_dict(undelivered=unused),
+            "generator": self.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next batches continue that epoch exactly."""
+        """Resume from ``state_dict()``: the next ``iter()`` continues that epoch exactly."""
         self._here()
         if self._stream is not None:
             self._stream.close()
             self._stream = None
         self._state = state["stream"]
         self.generator.set_state(state["generator"])
+        self._resuming, self._partial = True, None
 
     def close(self) -> None:
         """Leave the loader (release this job's pins); iterating again reopens the job."""
@@ -203,6 +245,48 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+class JobLoader(DataLoader):  # type: ignore[type-arg]
+    """``DataLoader(dataset, batch_size=None)`` for a :class:`JobDataset`, with its
+    ``state_dict()`` and ``load_state_dict()``: frameworks that checkpoint the state of their
+    loaders (Lightning does for every loader that has both) then resume the job mid-epoch,
+    each row of the epoch trained once. Its ``len()`` is the dataset's.
+
+    Example:
+        >>> def train_dataloader(self):                                # doctest: +SKIP
+        ...     return JobLoader(JobDataset("resnet18", batch_size=64))
+
+    Args:
+        dataset: the job's dataset.
+        **kwargs: ``DataLoader`` arguments (``pin_memory``, ``pin_memory_device``); the
+            batching and worker ones are tabloader's (``batch_size``, ``num_workers``...).
+    """
+
+    def __init__(self, dataset: JobDataset, **kwargs: Any) -> None:
+        if not isinstance(dataset, JobDataset):
+            raise TypeError(f"JobLoader takes a JobDataset, not {type(dataset).__name__}.")
+        ours = sorted(
+            k
+            for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers")
+            if kwargs.get(k) not in (None, 0, False)
+        )
+        if ours:
+            raise LoaderError(
+                f"JobLoader({', '.join(ours)}=...): the job's batches come from tabloader "
+                "(batch_size is a job option: JobDataset(job, batch_size=...)), in its own "
+                "random order, decoded by its own threads; leave these out."
+            )
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "num_workers")}
+        super().__init__(dataset, batch_size=None, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's ``state_dict()``."""
+        return self.dataset.state_dict()  # type: ignore[no-any-return, attr-defined]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The dataset's ``load_state_dict()``: the next epoch iterated resumes it."""
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
 
 
 def _is_catalog(value: object) -> bool:

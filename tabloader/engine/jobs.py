@@ -46,6 +46,7 @@ from tabloader.engine.ranks import rank_share
 from tabloader.engine.work import Plan, Work
 
 __all__ = [
+    "MAX_UNDELIVERED",
     "JobState",
     "OnError",
     "Pace",
@@ -57,6 +58,9 @@ __all__ = [
     "fit_prefetch",
 ]
 
+MAX_UNDELIVERED = 2
+"""The most batches a ``state_dict`` may count as taken but not trained on: a service
+client's batch read ahead, and one a framework fetched before training on the last."""
 PREFETCH_BYTES = 1 << 20  # batches of small images: at least this many bytes of them ahead
 PREFETCH_MAX = 8
 
@@ -315,9 +319,9 @@ class JobState:
         return joined
 
     def trim_log(self) -> None:
-        """Forget the cut batches that every rank still going is past, but the last turn (a
-        batch each, and an epoch's dropped rows): a service's client reads a batch ahead, and
-        its ``state_dict`` is one step back (``RankState.position``)."""
+        """Forget the cut batches that every rank still going is past, but the last
+        ``MAX_UNDELIVERED`` turns (a batch each, and an epoch's dropped rows): a ``state_dict``
+        may be that many steps back (``RankState.position``)."""
         marks = [(r.next_epoch(), r.taken * self.world_size) for r in self.ranks if not r.closed]
         if not marks:
             self.log.clear()
@@ -328,7 +332,7 @@ class JobState:
             if (epoch, index) >= low:
                 break
             behind += 1
-        for _ in range(behind - self.world_size - 1):
+        for _ in range(behind - MAX_UNDELIVERED * self.world_size - 1):
             self.log.popleft()
 
     def stats(self) -> dict[str, Any]:
@@ -342,6 +346,7 @@ class JobState:
                 "batches",
                 "rows",
                 "skipped",
+                "abandoned_rows",
                 "requests",
                 "loaded",
                 "decoded",
@@ -381,12 +386,14 @@ class RankState:
     opened: bool = False
     closed: bool = False
     abandoned: bool = False  # its stream was garbage-collected without close()
+    abandoning: int | None = None  # the epoch whose rest it is giving up (``abandon``)
     epoch: int = 0
     taken: int = 0
     # counters
     delivered: int = 0
     rows: int = 0
     skipped: int = 0
+    abandoned_rows: int = 0  # rows of epochs given up mid-way (a new iteration began)
     requests: int = 0
     loaded: int = 0
     decoded: int = 0  # of ``loaded``: the images this rank's batches decoded themselves
@@ -416,8 +423,8 @@ class RankState:
         return self.epoch
 
     def position(self, back: int = 0) -> tuple[int, int]:
-        """(epoch, batches of it taken) of the rank, ``back`` batches ago (at most a turn of
-        the log is kept: ``back`` <= 1)."""
+        """(epoch, batches of it taken) of the rank, ``back`` batches ago (``back`` <=
+        ``MAX_UNDELIVERED``: the log keeps that many turns)."""
         epoch, taken = self.next_epoch(), self.taken
         while back > taken and epoch > self.job.first_epoch:
             back -= taken
@@ -451,6 +458,11 @@ class RankState:
             return epoch - 1
         return None
 
+    def give_up(self, rows: int) -> None:
+        """Count a batch of the epoch being abandoned as taken, its ``rows`` as given up."""
+        self.taken += 1
+        self.abandoned_rows += rows
+
     def finished(self) -> bool:
         """True once the next batch would belong to epoch ``epochs`` (counted from 0)."""
         return self.job.epochs is not None and self.next_epoch() >= self.job.epochs
@@ -466,6 +478,7 @@ class RankState:
             "rows": self.rows,
             "epoch": self.next_epoch(),
             "skipped": self.skipped,
+            "abandoned_rows": self.abandoned_rows,
             "requests": self.requests,
             "loaded": self.loaded,
             "decoded": self.decoded,

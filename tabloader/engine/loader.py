@@ -459,6 +459,11 @@ class Loader:
         with self._lock:
             return dict(self.catalog.job(job).options)
 
+    def job_rows(self, job: str) -> int:
+        """The number of rows of a registered job (an epoch's, all ranks together)."""
+        with self._lock:
+            return len(self.catalog.job(job).ids)
+
     def stats(self) -> dict[str, Any]:
         """Counters, overall, per dataset and per open job.
 

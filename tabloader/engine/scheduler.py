@@ -43,7 +43,7 @@ from pyroaring import BitMap
 
 from catalog.errors import LoaderError
 from tabloader.engine.fetch import Fetcher
-from tabloader.engine.jobs import JobState, OnError, RankState
+from tabloader.engine.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
 from tabloader.engine.queues import JobQueues
 from tabloader.engine.work import Work
 
@@ -321,6 +321,10 @@ class DatasetScheduler:
             job.cut += 1
             if rank.closed:  # that rank left: its share is dropped, unprepared
                 continue
+            if rank.abandoning == epoch:  # it gives up the rest of this epoch: unprepared
+                rank.give_up(rows.size)
+                rank.cond.notify_all()
+                continue
             work = Work(
                 rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
             )
@@ -335,7 +339,10 @@ class DatasetScheduler:
             rank.loaded += work.loaded + work.rows.size * len(work.plan.gathered)
             rank.decoded += work.loaded
             work.ready = True
-            if not rank.closed:
+            if work.dropped:  # its rank abandoned its epoch while it was prepared
+                if work.remote and work.result is not None:
+                    self.fetcher.release(work)
+            elif not rank.closed:
                 if rank.batches and rank.batches[0] is work:  # what its consumer waits for
                     rank.cond.notify_all()
             elif work.remote and work.result is not None:
@@ -385,6 +392,60 @@ class DatasetScheduler:
             batch = self._deliver(rank, work)
             if batch is not None:
                 return batch
+
+    def abandon(self, rank: RankState, epoch: int, ahead_rows: int = 0) -> int:
+        """Give up the rest of ``epoch`` for ``rank`` (a new ``iter()`` of a job whose last
+        one stopped mid-epoch): its batches of that epoch, ready or preparing, are dropped,
+        and those not yet dealt are dropped unprepared as they are cut, so the rank's next
+        batch is the first of the next epoch. Other jobs and other ranks are untouched (each
+        rank of a data-parallel job gives up its own share). ``ahead_rows``: rows of a batch
+        already taken that its consumer dropped (a service client's batch read ahead).
+
+        Returns the rows given up (counted in the rank's ``abandoned_rows``); 0 when the rank
+        is past ``epoch`` already.
+        """
+        job = rank.job
+        with self.cond:
+            rank.abandoned_rows += ahead_rows
+            before = rank.abandoned_rows
+            rank.abandoning = epoch
+            try:
+                while not rank.finished() and rank.next_epoch() == epoch:
+                    self._check(rank)
+                    if job.gone_from is not None and epoch >= job.gone_from:
+                        self._raise_gone(rank)
+                    while rank.batches and rank.batches[0].epoch == epoch:
+                        self._drop(rank.batches.popleft())
+                    if rank.next_epoch() != epoch:
+                        break
+                    self._activate_locked(job)  # deals the epoch's rest: dropped unprepared
+                    if rank.next_epoch() != epoch:
+                        break
+                    self._poke(job)
+                    rank.cond.wait(0.1)  # woken as its batches are dealt (and dropped)
+            finally:
+                rank.abandoning = None
+            job.trim_log()
+            self._activate_locked(job)
+            self._poke(job)
+            given_up = rank.abandoned_rows - before + ahead_rows
+        if given_up:
+            logger.info(
+                "job %s abandoned %d rows of epoch %d (a new iteration starts the next epoch)",
+                rank.label(),
+                given_up,
+                epoch,
+            )
+        return given_up
+
+    def _drop(self, work: Work) -> None:
+        """Drop a batch of its rank's abandoned epoch (the caller holds the lock)."""
+        rank: RankState = work.job
+        rank.give_up(int(work.rows.size))
+        if not work.ready:
+            work.dropped = True  # ``landed`` releases what it holds
+        elif work.remote and work.result is not None:
+            self.fetcher.release(work)
 
     @staticmethod
     def _raise_gone(rank: RankState) -> None:
@@ -480,6 +541,12 @@ class DatasetScheduler:
             raise LoaderError(
                 f"Job {job.name!r} reads on a Ray cluster, whose leader keeps the job's "
                 "progress and checkpoints it; state_dict() is for a local loader."
+            )
+        if not 0 <= undelivered <= MAX_UNDELIVERED or isinstance(undelivered, bool):
+            raise LoaderError(
+                f"{undelivered!r} batches taken but not trained on: a state_dict counts 0 to "
+                f"{MAX_UNDELIVERED} (the batch a framework fetched ahead, and a service "
+                "client's batch read ahead)."
             )
         with self.cond:
             self._check(rank)

@@ -122,6 +122,15 @@ class JobStream:
         """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
         return self._scheduler.take(self._rank, epoch)
 
+    def abandon(self, epoch: int, *, ahead_rows: int = 0) -> int:
+        """Give up the rest of ``epoch`` (a new iteration starts the next one): the rows of it
+        not taken yet are dropped (unprepared where they were not prepared yet) and counted
+        in ``stats()["abandoned_rows"]``; returns how many. Nothing happens when the stream is
+        past ``epoch``. With ranks, this rank's share only (each rank gives up its own).
+        ``ahead_rows``: rows of a batch taken that its consumer dropped (a service client's
+        batch read ahead), counted too."""
+        return self._scheduler.abandon(self._rank, epoch, ahead_rows)
+
     def state_dict(self, *, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is: its epoch and the rows of that epoch it has not received yet.
 
@@ -131,8 +140,9 @@ class JobStream:
         again with it (and the same ``world_size``) to resume: each row of the epoch is
         delivered once, before or after.
 
-        ``undelivered``: batches taken from this stream that the job has not got (0 or 1: the
-        loader service's client reads one ahead); their rows count as still to come.
+        ``undelivered``: batches taken from this stream that the job has not trained on yet
+        (at most ``MAX_UNDELIVERED``: the loader service's client reads one ahead, and a
+        framework may fetch one before it trains); their rows count as still to come.
 
         Raises:
             LoaderError: the stream is closed.

@@ -41,6 +41,7 @@ class Work:
     __slots__ = (
         "augment_s",
         "discard",
+        "dropped",
         "epoch",
         "error",
         "errors",
@@ -94,3 +95,4 @@ class Work:
         self.discard: set[int] = set()
         self.result: dict[str, Any] | None = None
         self.ready = False  # set by the job's scheduler once ``on_done`` ran
+        self.dropped = False  # its rank gave it up (``abandon``): released once it lands

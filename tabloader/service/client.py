@@ -299,6 +299,10 @@ class RemoteLoader:
         """The ``WITH`` options a job was registered with."""
         return dict(self._ctl.call("options", job=job)["options"])
 
+    def job_rows(self, job: str) -> int:
+        """The number of rows of a registered job."""
+        return int(self._ctl.call("rows", job=job)["rows"])
+
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``), and its ``clients``: the
         other client processes connected (``Service.clients``)."""
@@ -454,14 +458,28 @@ class RemoteStream:
             raise LoaderError(f"Job stream {self.name!r} has delivered its epochs.")
         return batch
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is (as ``JobStream.state_dict()``): the batch read ahead is not
-        delivered, so its rows are still to come."""
+        delivered, so its rows are still to come, as are those of the ``undelivered``
+        batches taken that the job has not trained on."""
         with self._lock:
             ready = self._peek()
             ahead = int(ready is not None and not ready.get("end"))
-            state = self._conn.call("state", ahead=ahead)["state"]
+            state = self._conn.call("state", ahead=ahead + undelivered)["state"]
         return state_from_wire(state)
+
+    def abandon(self, epoch: int) -> int:
+        """Give up the rest of ``epoch`` (as ``JobStream.abandon``); the batch read ahead is
+        dropped (and released) if it is of that epoch."""
+        with self._lock:
+            ready = self._collect()
+            release: list[int] = []
+            if ready is not None and not ready.get("end") and int(ready["epoch"]) == epoch:
+                release = [int(ready["ticket"])]
+            else:
+                self._ready = ready  # of a later epoch (or the end): still to deliver
+            reply = self._conn.call("abandon", epoch=epoch, release=release, **self._timing())
+        return int(reply["rows"])
 
     def stats(self) -> dict[str, Any]:
         """The job's counters (as ``JobStream.stats()``)."""

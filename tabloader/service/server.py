@@ -275,6 +275,10 @@ class _Handler(CatalogOps):
         with self.service.lock:
             return {"options": self.service.loader.job_options(_string(msg, "job"))}
 
+    def op_rows(self, msg: dict[str, Any]) -> dict[str, Any]:
+        with self.service.lock:
+            return {"rows": self.service.loader.job_rows(_string(msg, "job"))}
+
     def op_stats(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.stream is not None:
             self._record_stalls(msg)
@@ -374,9 +378,27 @@ class _Handler(CatalogOps):
 
     def op_state(self, msg: dict[str, Any]) -> dict[str, Any]:
         ahead = msg.get("ahead", 0)
-        if ahead not in (0, 1) or isinstance(ahead, bool):
-            raise ServiceError(f"'ahead' is the batches a client holds unread, 0 or 1: {ahead!r}.")
+        if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= 2:
+            raise ServiceError(
+                f"'ahead' is the batches a client holds but its job has not trained on, 0 to "
+                f"2: {ahead!r}."
+            )
         return {"state": state_to_wire(self._stream().state_dict(undelivered=ahead))}
+
+    def op_abandon(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The client's job starts a new iteration mid-epoch: give up the rest of ``epoch``.
+        ``release`` lists the batch it read ahead and dropped, if it was of that epoch."""
+        epoch = msg.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ServiceError(f"'epoch' to abandon must be an epoch number: {epoch!r}.")
+        dropped = msg.get("release") or []
+        self._release(dropped)
+        stream = self._stream()
+        self._record_stalls(msg)
+        ahead_rows = 0
+        if dropped and self.unread is not None:  # the batch sent last: never delivered
+            ahead_rows, self.unread = self.unread, None
+        return {"rows": stream.abandon(epoch, ahead_rows=ahead_rows)}
 
     def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.left = True
