@@ -179,12 +179,18 @@ def job_rows(root: Path, job: str) -> set[int]:
         return set(cat.job(job).ids)
 
 
+def trained(rows: int, world_size: int) -> int:
+    """Rows of an epoch trained over ``world_size`` ranks: all with one (its last batch
+    short), else all but the last ``rows % (batch_size * world_size)`` of the epoch's order."""
+    return rows if world_size == 1 else rows - rows % (BATCH * world_size)
+
+
 def assert_epoch(ids: list[int], rows: set[int], world_size: int) -> None:
     """One epoch of a training job: each row at most once, all but the documented drop."""
     duplicates = [i for i, n in Counter(ids).items() if n > 1]
     assert not duplicates, f"rows trained twice in one epoch: {sorted(duplicates)}"
     assert set(ids) <= rows
-    assert len(ids) == len(rows) - len(rows) % (BATCH * world_size)
+    assert len(ids) == trained(len(rows), world_size)
 
 
 def assert_evaluation(ids: list[int], rows: set[int], world_size: int) -> None:
@@ -199,11 +205,11 @@ def assert_evaluation(ids: list[int], rows: set[int], world_size: int) -> None:
 def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, tmp_path):
     """``return JobLoader(ds)`` in a 1-process Lightning Trainer: its checkpoints carry the
     job's position (Lightning saves ``state_dict()`` of a train loader that has one), a
-    resume from step 12 + 5 (epoch 1, batch 5) in a fresh process trains the rest of epoch 1
+    resume from step 13 + 5 (epoch 1, batch 5) in a fresh process trains the rest of epoch 1
     exactly; one from the end of epoch 0 trains epoch 1 whole. The validation job: the
     sanity check's 2 batches, then every validation a whole epoch of the job."""
     rows, val_rows = job_rows(cat_dir, "l1"), job_rows(cat_dir, "val")
-    per_epoch = ROWS // BATCH  # 12 batches, 4 rows dropped
+    per_epoch = -(-ROWS // BATCH)  # 13 batches, the last of 4 rows
     mid, end = tmp_path / "mid.ckpt", tmp_path / "end.ckpt"
     common = ["--catalog", cat_dir, "--job", "l1", "--val-job", "val", "--out", tmp_path]
     succeeds(
@@ -212,7 +218,7 @@ def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, t
         *("--stop-after", per_epoch + 5, "--ckpt", mid, "--epoch-end-ckpt", end),
     )
     first = recorded(tmp_path)
-    assert len(first[1]) == 5 * BATCH  # the crash after step 17
+    assert len(first[1]) == 5 * BATCH  # the crash after step 18
     succeeds("lightning_run.py", *common, "--resume", mid, "--run", "resumed")
     epochs = recorded(tmp_path)
     assert sorted(epochs) == [0, 1]
@@ -248,7 +254,7 @@ def test_lightning_limit_train_batches_gives_short_whole_epochs(cat_dir, tmp_pat
         ids = [i for b in trained if b["epoch"] == epoch for i in b["ids"]]
         assert len(set(ids)) == 3 * BATCH
         assert set(ids) <= rows
-    abandoned = (ROWS // BATCH - 3) * BATCH
+    abandoned = ROWS - 3 * BATCH
     assert f"abandoned_rows={2 * abandoned}" in stdout  # epochs 0 and 1; 2 is still open
 
 
@@ -321,8 +327,7 @@ def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     duplicates = [i for i, n in Counter(epoch1).items() if n > 1]
     assert not duplicates
     assert set(epoch1) <= rows
-    # the rest (100 - 48 = 52 rows) on 1 rank: its own remainder (52 % 8) dropped
-    assert len(epoch1) == done + (ROWS - done) - (ROWS - done) % BATCH
+    assert len(epoch1) == done + trained(ROWS - done, 1)  # the rest, all on 1 rank
 
 
 def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
