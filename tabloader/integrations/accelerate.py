@@ -2,7 +2,8 @@
 
     from accelerate import Accelerator
     from tabloader.integrations.accelerate import prepare
-    from tabloader.torch import JobDataset
+    from tabloader.engine.ranks import resolve_rank
+from tabloader.torch import JobDataset
 
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from accelerate.data_loader import DataLoaderShard
 
 from catalog.errors import LoaderError
+from tabloader.engine.ranks import resolve_rank
 from tabloader.torch import JobDataset
 
 if TYPE_CHECKING:
@@ -138,14 +140,19 @@ def prepare(
 
 def _check_ranks(accelerator: Accelerator, dataset: JobDataset) -> None:
     """The dataset's ranks are accelerate's processes: one stream per process."""
-    rank, world_size = getattr(dataset, "rank", None), getattr(dataset, "world_size", None)
-    if rank is None:  # TODO(issue 37): JobDataset.rank/world_size from the core
-        return
+    rank, world_size = resolve_rank(dataset._rank, dataset._world_size)  # as it will open
     expected = (accelerator.process_index, accelerator.num_processes)
-    if (rank, world_size) != expected:
-        raise LoaderError(
-            f"JobDataset {dataset.job!r} is rank {rank} of {world_size}, but this accelerate "
-            f"process is {expected[0]} of {expected[1]}: create it with "
-            "JobDataset(job, rank=accelerator.process_index, "
-            "world_size=accelerator.num_processes)."
+    if (rank, world_size) == expected:
+        return
+    cpu = ""
+    if expected[1] == 1 and world_size > 1:
+        cpu = (
+            " accelerate runs one process: on a machine without GPUs it joins the launcher's "
+            "processes only with Accelerator(cpu=True) (TrainingArguments(use_cpu=True))."
         )
+    raise LoaderError(
+        f"JobDataset {dataset.job!r} is rank {rank} of {world_size}, but this accelerate "
+        f"process is {expected[0]} of {expected[1]}.{cpu} Give the dataset accelerate's "
+        "processes: JobDataset(job, rank=accelerator.process_index, "
+        "world_size=accelerator.num_processes)."
+    )

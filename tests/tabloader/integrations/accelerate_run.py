@@ -14,7 +14,7 @@ from tabloader.integrations.accelerate import prepare
 from tabloader.torch import JobDataset
 
 args = arguments()
-accelerator = Accelerator(gradient_accumulation_steps=4)
+accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)  # cpu: join torchrun's
 net = model()
 optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
 net, optimizer = accelerator.prepare(net, optimizer)
@@ -31,7 +31,7 @@ step = 0
 rank = accelerator.process_index
 for epoch in range(start, args.epochs):
     for batch in loader:
-        assert batch["image"].device == accelerator.device
+        assert batch["image"].device.type == accelerator.device.type
         with accelerator.accumulate(net):
             loss = torch.nn.functional.cross_entropy(net(features(batch["image"])), batch["label"])
             accelerator.backward(loss)
