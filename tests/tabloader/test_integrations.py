@@ -72,8 +72,10 @@ def cat_dir():
     with catalog.connect(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         options = f"WITH (batch_size = {BATCH}, image_size = 8)"
-        for job in ("l1", "l1_limit", "ddp", "hf", "acc", "acc_plain"):
+        for job in ("l1", "l1_limit", "ddp", "hf", "acc"):
             cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs {options}")
+        quick = f"WITH (batch_size = {BATCH}, image_size = 8, rank_timeout = 5)"
+        cat.sql(f"REGISTER JOB acc_plain SELECT image, label FROM imgs {quick}")
         cat.sql(f"REGISTER JOB val SELECT image, label FROM imgs WHERE label = 0 {options}")
         rows = {job: set(cat.job(job).ids) for job in ("l1", "val")}
     assert (len(rows["l1"]), len(rows["val"])) == (ROWS, VAL_ROWS)
@@ -219,7 +221,7 @@ def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, t
     )
     first = recorded(tmp_path)
     assert len(first[1]) == 5 * BATCH  # the crash after step 18
-    succeeds("lightning_run.py", *common, "--resume", mid, "--run", "resumed")
+    succeeds("lightning_run.py", *common, "--resume", mid, "--tag", "resumed")
     epochs = recorded(tmp_path)
     assert sorted(epochs) == [0, 1]
     for ids in epochs.values():
@@ -270,7 +272,7 @@ def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
         "lightning_run.py", *common, "--devices", 2, "--stop-after", per_epoch + 2, "--ckpt", ckpt
     )
     assert len(recorded(tmp_path)[1]) == 2 * 2 * BATCH
-    succeeds("lightning_run.py", *common, "--devices", 2, "--resume", ckpt, "--run", "resumed")
+    succeeds("lightning_run.py", *common, "--devices", 2, "--resume", ckpt, "--tag", "resumed")
     epochs = recorded(tmp_path)
     assert sorted(epochs) == [0, 1]
     for ids in epochs.values():
@@ -293,7 +295,7 @@ def test_hf_trainer_under_torchrun_two_processes_resumes_mid_epoch(cat_dir, tmp_
     assert len(recorded(tmp_path)[1]) == 2 * 2 * BATCH
     ckpt = tmp_path / "hf" / f"checkpoint-{per_epoch + 2}"
     assert (ckpt / "tabloader_job.pt").exists()
-    succeeds("hf_run.py", *common, "--resume", ckpt, "--run", "resumed", torchrun=2)
+    succeeds("hf_run.py", *common, "--resume", ckpt, "--tag", "resumed", torchrun=2)
     epochs = recorded(tmp_path)
     assert sorted(epochs) == [0, 1]
     for ids in epochs.values():
@@ -319,7 +321,7 @@ def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     epoch0 = [b for b in first if b["epoch"] == 0]
     assert_epoch([i for b in epoch0 for i in b["ids"]], rows, 2)
     assert [b["synced"] for b in epoch0[:per_epoch]] == [False] * 3 + [True, False, True]
-    succeeds("accelerate_run.py", *common, "--resume", ckpt, "--run", "resumed")
+    succeeds("accelerate_run.py", *common, "--resume", ckpt, "--tag", "resumed")
     resumed = [b for b in batches(tmp_path) if b["run"] == "resumed"]
     assert {b["epoch"] for b in resumed} == {1}
     epoch1 = recorded(tmp_path)[1]
@@ -338,4 +340,5 @@ def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     result = launch("accelerate_run.py", *common, "--plain-prepare", torchrun=2)
     assert result.returncode != 0
     assert "LoaderError" in result.stderr, result.stderr[-4000:]
-    assert "tabloader.integrations.accelerate.prepare" in result.stderr
+    assert "rank 0 waited 5 s for rank 1, which never opened the job" in result.stderr
+    assert "tabloader.integrations.accelerate.prepare(accelerator, dataset)" in result.stderr

@@ -28,7 +28,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--job", required=True)
     parser.add_argument("--val-job")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--run", default="first")
+    parser.add_argument("--tag", default="first", help="the run's name in the record")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--stop-after", type=int, help="checkpoint after this step and exit")
@@ -55,7 +55,7 @@ def record(
 ) -> None:
     """One batch trained (or evaluated): appended and flushed, so that an exit right after a
     checkpoint leaves every batch before it on disk."""
-    line = {"run": args.run, "epoch": int(epoch), "ids": [int(i) for i in ids], **extra}
+    line = {"run": args.tag, "epoch": int(epoch), "ids": [int(i) for i in ids], **extra}
     with open(Path(args.out) / f"{kind}-rank{rank}.jsonl", "a") as f:
         f.write(json.dumps(line) + "\n")
 

@@ -24,8 +24,7 @@ class Model(L.LightningModule):
 
     def val_dataloader(self) -> JobLoader:
         # evaluation: every row (under DDP the last batches padded, not dropped)
-        pad = {"drop_last": False} if args.devices > 1 else {}  # 1 process drops nothing
-        return JobLoader(JobDataset(args.val_job, catalog=args.catalog, **pad))
+        return JobLoader(JobDataset(args.val_job, catalog=args.catalog, drop_last=False))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         record(args, "train", self.global_rank, self.current_epoch, batch["_id"])
