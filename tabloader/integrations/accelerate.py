@@ -66,7 +66,12 @@ class JobDataLoader(DataLoaderShard):  # type: ignore[misc]
     ) -> None:
         extra = {} if collate_fn is None else {"collate_fn": collate_fn}
         super().__init__(
-            dataset, device=device, batch_size=None, _drop_last=True, _non_blocking=non_blocking, **extra
+            dataset,
+            device=device,
+            batch_size=None,
+            _drop_last=True,
+            _non_blocking=non_blocking,
+            **extra,
         )
         self._ahead = False  # a batch taken from the job and not yielded yet
 

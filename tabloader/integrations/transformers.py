@@ -58,7 +58,7 @@ STATE_FILE = "tabloader_job.pt"
 """The job's position in each checkpoint folder of a ``JobTrainer``."""
 
 
-class JobTrainer(transformers.Trainer):  # type: ignore[misc]
+class JobTrainer(transformers.Trainer):
     """``transformers.Trainer`` whose ``JobDataset`` datasets load one share per process and
     resume exactly once (see the module's docstring). Other datasets load as in the
     ``Trainer``."""
@@ -99,7 +99,7 @@ class JobTrainer(transformers.Trainer):  # type: ignore[misc]
         if not self.args.remove_unused_columns:
             return None
         self._set_signature_columns_if_needed()
-        keep = set(self._signature_columns)
+        keep = set(self._signature_columns or ())
 
         def columns_the_model_takes(batch: dict[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in batch.items() if k in keep}
@@ -141,7 +141,7 @@ def _load_state(checkpoint: str) -> dict[str, Any]:
             "Resume from a JobTrainer checkpoint, or pass ignore_data_skip=True in the "
             "TrainingArguments to start the job's next epoch afresh."
         )
-    state: dict[str, Any] = torch.load(path, weights_only=False)  # the run's own checkpoint
+    state: dict[str, Any] = torch.load(path, weights_only=True)
     return state
 
 

@@ -15,10 +15,12 @@ The README's "With your training framework" recipes and the test that runs each:
   ``test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job``);
 * Lightning: ``test_lightning_one_process_*``, ``test_lightning_ddp_*`` (``lightning_run.py``);
 * Hugging Face Trainer: ``test_hf_trainer_*`` (``hf_run.py``);
-* accelerate: ``test_accelerate_*`` (``accelerate_run.py``).
+* accelerate: ``test_accelerate_*`` (``accelerate_run.py``);
+* Ray Train: ``test_ray_train_*`` (``ray_train_run.py``).
 
-They run one after another in one xdist worker (group ``frameworks``) and are marked slow:
-each launch imports torch and the framework (a few seconds each on 2 cores).
+They run one after another in one xdist worker (group ``frameworks``; Ray Train's in the
+``ray`` group) and are marked slow: each launch imports torch and the framework (a few seconds
+each on 2 cores; a local Ray and its Train workers take most of a minute).
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ pytest.importorskip("lightning", reason="the test extra installs lightning")  # 
 pytest.importorskip("transformers", reason="the test extra installs transformers")  # failure:
 pytest.importorskip("accelerate", reason="the test extra installs accelerate")  # CI has them
 
+# one group per test, not per module: xdist joins a test's groups into one name, and the Ray
+# Train test must be in the suite's "ray" group (one Ray at a time)
+frameworks = pytest.mark.xdist_group("frameworks")
+
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("frameworks"),
     pytest.mark.skipif(not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"),
     pytest.mark.timeout(600),
 ]
@@ -72,7 +77,7 @@ def cat_dir():
     with catalog.connect(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         options = f"WITH (batch_size = {BATCH}, image_size = 8)"
-        for job in ("l1", "l1_limit", "ddp", "hf", "acc"):
+        for job in ("l1", "l1_limit", "ddp", "hf", "acc", "ray"):
             cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs {options}")
         quick = f"WITH (batch_size = {BATCH}, image_size = 8, rank_timeout = 5)"
         cat.sql(f"REGISTER JOB acc_plain SELECT image, label FROM imgs {quick}")
@@ -106,7 +111,8 @@ def launch(*command: str | Path, torchrun: int = 0) -> subprocess.CompletedProce
         prefix += ["--master_port", str(free_port())]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        # the scripts' _common.py, also for Ray's workers (they inherit this environment)
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",
         "TABLOADER_IDLE_EXIT": "20",  # the service outlives a test's runs, not the module
         "TOKENIZERS_PARALLELISM": "false",
@@ -204,6 +210,7 @@ def assert_evaluation(ids: list[int], rows: set[int], world_size: int) -> None:
     assert len(ids) == len(rows) + padded
 
 
+@frameworks
 def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, tmp_path):
     """``return JobLoader(ds)`` in a 1-process Lightning Trainer: its checkpoints carry the
     job's position (Lightning saves ``state_dict()`` of a train loader that has one), a
@@ -244,6 +251,7 @@ def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, t
     assert_epoch(epochs[1], rows, 1)
 
 
+@frameworks
 def test_lightning_limit_train_batches_gives_short_whole_epochs(cat_dir, tmp_path):
     """``limit_train_batches=3``: each epoch is 3 batches of a new epoch of the job (the rest
     of the job's epoch is abandoned and counted), not the next 3 batches of one epoch."""
@@ -260,6 +268,7 @@ def test_lightning_limit_train_batches_gives_short_whole_epochs(cat_dir, tmp_pat
     assert f"abandoned_rows={2 * abandoned}" in stdout  # epochs 0 and 1; 2 is still open
 
 
+@frameworks
 def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
     """``devices=2, strategy="ddp"`` on CPU, Lightning's own launcher (rank 1 a child with
     ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE``, no ``RANK``): each rank its share, the
@@ -284,6 +293,7 @@ def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
         assert_evaluation(ids, val_rows, 2)
 
 
+@frameworks
 def test_hf_trainer_under_torchrun_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
     """``JobTrainer`` under ``torchrun --nproc_per_node 2``: ``num_train_epochs=2`` from the
     job's ``len()``, each process its share (not accelerate's dispatch or second split), the
@@ -306,6 +316,7 @@ def test_hf_trainer_under_torchrun_two_processes_resumes_mid_epoch(cat_dir, tmp_
         assert_evaluation(ids, val_rows, 2)
 
 
+@frameworks
 def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     """accelerate's API under ``torchrun --nproc_per_node 2`` with ``prepare(accelerator,
     ds)``: each process its share on ``accelerator.device``, gradients synced on each
@@ -316,7 +327,9 @@ def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     per_epoch = ROWS // (2 * BATCH)  # 6 a rank: syncs at 4 (accumulation) and 6 (the end)
     ckpt = tmp_path / "state"
     common = ["--catalog", cat_dir, "--job", "acc", "--out", tmp_path]
-    succeeds("accelerate_run.py", *common, "--stop-after", per_epoch + 3, "--ckpt", ckpt, torchrun=2)
+    succeeds(
+        "accelerate_run.py", *common, "--stop-after", per_epoch + 3, "--ckpt", ckpt, torchrun=2
+    )
     first = batches(tmp_path)
     epoch0 = [b for b in first if b["epoch"] == 0]
     assert_epoch([i for b in epoch0 for i in b["ids"]], rows, 2)
@@ -332,6 +345,7 @@ def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     assert len(epoch1) == done + trained(ROWS - done, 1)  # the rest, all on 1 rank
 
 
+@frameworks
 def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     """``accelerator.prepare(DataLoader(ds, batch_size=None))`` dispatches batches from
     process 0, so rank 1 never opens the job: rank 0 raises after the job's ``rank_timeout``
@@ -342,3 +356,19 @@ def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     assert "LoaderError" in result.stderr, result.stderr[-4000:]
     assert "rank 0 waited 5 s for rank 1, which never opened the job" in result.stderr
     assert "tabloader.integrations.accelerate.prepare(accelerator, dataset)" in result.stderr
+
+
+@pytest.mark.xdist_group("ray")  # one Ray at a time (see tests/conftest.py)
+def test_ray_train_workers_find_their_ranks(cat_dir, tmp_path):
+    """``JobDataset`` in a ``TorchTrainer``'s train function, 2 workers on a local Ray: each
+    worker its share of every epoch from the ranks Ray Train sets."""
+    rows = job_rows(cat_dir, "ray")
+    succeeds("ray_train_run.py", "--catalog", cat_dir, "--job", "ray", "--out", tmp_path)
+    epochs = recorded(tmp_path)
+    assert sorted(epochs) == [0, 1]
+    for ids in epochs.values():
+        assert_epoch(ids, rows, 2)
+    assert {p.name for p in tmp_path.glob("train-rank*.jsonl")} == {
+        "train-rank0.jsonl",
+        "train-rank1.jsonl",
+    }

@@ -5,6 +5,8 @@ must fail with tabloader's rank timeout), gradient accumulation, ``save_state`` 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from _common import arguments, crash, features, model, record
 from accelerate import Accelerator
@@ -26,7 +28,7 @@ else:
 start = 0
 if args.resume:
     accelerator.load_state(args.resume)
-    start = int(open(args.resume + "/epoch").read())
+    start = int(Path(args.resume, "epoch").read_text())
 step = 0
 rank = accelerator.process_index
 for epoch in range(start, args.epochs):
@@ -43,7 +45,6 @@ for epoch in range(start, args.epochs):
         if step == args.stop_after:
             accelerator.save_state(args.ckpt)
             if accelerator.is_main_process:
-                with open(args.ckpt + "/epoch", "w") as f:
-                    f.write(str(epoch))
+                Path(args.ckpt, "epoch").write_text(str(epoch))
             accelerator.wait_for_everyone()
             crash()

@@ -70,4 +70,4 @@ trainer = L.Trainer(
 model_ = Model()
 trainer.fit(model_, ckpt_path=args.resume)
 if trainer.global_rank == 0 and args.limit_train_batches:
-    print(f"abandoned_rows={model_.train_job.stats()['abandoned_rows']}", flush=True)
+    print(f"abandoned_rows={model_.train_job.stats()['abandoned_rows']}", flush=True)  # noqa: T201
