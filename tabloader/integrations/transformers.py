@@ -99,7 +99,7 @@ class JobTrainer(transformers.Trainer):
         if not self.args.remove_unused_columns:
             return None
         self._set_signature_columns_if_needed()
-        keep = set(self._signature_columns or ())
+        keep: set[str] = set(self._signature_columns or ())
 
         def columns_the_model_takes(batch: dict[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in batch.items() if k in keep}
