@@ -23,7 +23,8 @@ What ``JobTrainer`` changes, and why the plain ``Trainer`` does not fit:
   ``_id``; as the ``Trainer`` does for a ``datasets.Dataset`` (``remove_unused_columns``, on
   by default), columns that the model's ``forward`` does not take are dropped, ``_id``
   included unless ``forward`` has such a parameter. To rename columns (``image`` to
-  ``pixel_values``, ``label`` to ``labels``), give the ``JobDataset`` a ``transform``.
+  ``pixel_values``, ``label`` to ``labels``: the ``Trainer``'s collator, which renames
+  ``label``, does not run on a job's batches), give the ``JobDataset`` a ``transform``.
 * **Epochs.** ``len()`` is the job's batches per epoch on this process, so
   ``num_train_epochs`` works (no ``max_steps`` to compute by hand).
 * **Resume.** Each checkpoint folder gets the job's position (``tabloader_job.pt``);
@@ -39,6 +40,7 @@ What ``JobTrainer`` changes, and why the plain ``Trainer`` does not fit:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -94,12 +96,16 @@ class JobTrainer(transformers.Trainer):
         )
 
     def _column_filter(self, description: str) -> Any:
-        """Drop the columns ``model.forward`` does not take, as ``remove_unused_columns`` does
-        for a ``datasets.Dataset`` (``None``: keep every column)."""
+        """Drop the columns that ``model.forward`` does not take (nor the ``Trainer``'s
+        ``label_names``), as ``remove_unused_columns`` does for a ``datasets.Dataset``
+        (``None``: keep every column). Unlike the ``Trainer``, ``label`` and ``label_ids``
+        are not kept for a collator to rename: a job's batches are not collated again."""
         if not self.args.remove_unused_columns:
             return None
-        self._set_signature_columns_if_needed()
-        keep: set[str] = set(self._signature_columns or ())
+        model: Any = self.model
+        if hasattr(model, "get_base_model"):  # PEFT: the base model's forward
+            model = model.get_base_model()
+        keep = set(inspect.signature(model.forward).parameters) | set(self.label_names or ())
 
         def columns_the_model_takes(batch: dict[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in batch.items() if k in keep}

@@ -19,18 +19,24 @@ RANK = int(os.environ.get("RANK", "0"))
 
 
 class Classifier(torch.nn.Module):
-    """``model(**batch)``: the job's columns by name; ``_id`` is kept because it is taken."""
+    """``model(**batch)`` with the names of the README's transform; ``_id`` is kept because
+    ``forward`` takes it, ``image`` and ``label`` are dropped because it does not."""
 
     def __init__(self) -> None:
         super().__init__()
         self.net = model()
         self.epoch = 0
 
-    def forward(self, image: torch.Tensor, label: torch.Tensor, _id: torch.Tensor) -> dict:
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor, _id: torch.Tensor) -> dict:
         kind = "train" if self.training else "val"
         record(args, kind, RANK, self.epoch, _id)
-        logits = self.net(features(image))
-        return {"loss": torch.nn.functional.cross_entropy(logits, label), "logits": logits}
+        logits = self.net(pixel_values.flatten(1))
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def names(batch: dict, generator: torch.Generator) -> dict:
+    """The job's columns as the model's arguments (the README's recipe), the rest kept."""
+    return {**batch, "pixel_values": features(batch["image"]), "labels": batch["label"]}
 
 
 class Epochs(TrainerCallback):
@@ -61,8 +67,8 @@ trainer = JobTrainer(  # the README's Hugging Face recipe
         use_cpu=True,
         disable_tqdm=True,
     ),
-    train_dataset=JobDataset(args.job, catalog=args.catalog, epochs=args.epochs),
-    eval_dataset=JobDataset(args.val_job, catalog=args.catalog, drop_last=False)
+    train_dataset=JobDataset(args.job, catalog=args.catalog, epochs=args.epochs, transform=names),
+    eval_dataset=JobDataset(args.val_job, catalog=args.catalog, drop_last=False, transform=names)
     if args.val_job
     else None,
     callbacks=[Epochs()],
