@@ -18,9 +18,10 @@ The README's "With your training framework" recipes and the test that runs each:
 * accelerate: ``test_accelerate_*`` (``accelerate_run.py``);
 * Ray Train: ``test_ray_train_*`` (``ray_train_run.py``).
 
-They run one after another in one xdist worker (group ``frameworks``; Ray Train's in the
-``ray`` group) and are marked slow: each launch imports torch and the framework (a few seconds
-each on 2 cores; a local Ray and its Train workers take most of a minute).
+The launched ones run one after another in one xdist worker (group ``frameworks``; Ray
+Train's in the ``ray`` group) and are marked slow: each launch imports torch and the
+framework (a few seconds each on 2 cores; a local Ray and its Train workers take most of a
+minute). The last tests run in this process: the integrations' bookkeeping and errors.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 import catalog
 from catalog.errors import ServiceError
@@ -52,7 +54,6 @@ pytest.importorskip("accelerate", reason="the test extra installs accelerate")  
 frameworks = pytest.mark.xdist_group("frameworks")
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"),
     pytest.mark.timeout(600),
 ]
@@ -210,6 +211,7 @@ def assert_evaluation(ids: list[int], rows: set[int], world_size: int) -> None:
     assert len(ids) == len(rows) + padded
 
 
+@pytest.mark.slow
 @frameworks
 def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, tmp_path):
     """``return JobLoader(ds)`` in a 1-process Lightning Trainer: its checkpoints carry the
@@ -251,6 +253,7 @@ def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, t
     assert_epoch(epochs[1], rows, 1)
 
 
+@pytest.mark.slow
 @frameworks
 def test_lightning_limit_train_batches_gives_short_whole_epochs(cat_dir, tmp_path):
     """``limit_train_batches=3``: each epoch is 3 batches of a new epoch of the job (the rest
@@ -268,6 +271,7 @@ def test_lightning_limit_train_batches_gives_short_whole_epochs(cat_dir, tmp_pat
     assert f"abandoned_rows={2 * abandoned}" in stdout  # epochs 0 and 1; 2 is still open
 
 
+@pytest.mark.slow
 @frameworks
 def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
     """``devices=2, strategy="ddp"`` on CPU, Lightning's own launcher (rank 1 a child with
@@ -293,6 +297,7 @@ def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
         assert_evaluation(ids, val_rows, 2)
 
 
+@pytest.mark.slow
 @frameworks
 def test_hf_trainer_under_torchrun_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
     """``JobTrainer`` under ``torchrun --nproc_per_node 2``: ``num_train_epochs=2`` from the
@@ -316,6 +321,7 @@ def test_hf_trainer_under_torchrun_two_processes_resumes_mid_epoch(cat_dir, tmp_
         assert_evaluation(ids, val_rows, 2)
 
 
+@pytest.mark.slow
 @frameworks
 def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     """accelerate's API under ``torchrun --nproc_per_node 2`` with ``prepare(accelerator,
@@ -345,6 +351,7 @@ def test_accelerate_under_torchrun_resumes_with_one_process(cat_dir, tmp_path):
     assert len(epoch1) == done + trained(ROWS - done, 1)  # the rest, all on 1 rank
 
 
+@pytest.mark.slow
 @frameworks
 def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     """``accelerator.prepare(DataLoader(ds, batch_size=None))`` dispatches batches from
@@ -358,6 +365,7 @@ def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     assert "tabloader.integrations.accelerate.prepare(accelerator, dataset)" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # one Ray at a time (see tests/conftest.py)
 def test_ray_train_workers_find_their_ranks(cat_dir, tmp_path):
     """``JobDataset`` in a ``TorchTrainer``'s train function, 2 workers on a local Ray: each
@@ -372,3 +380,94 @@ def test_ray_train_workers_find_their_ranks(cat_dir, tmp_path):
         "train-rank0.jsonl",
         "train-rank1.jsonl",
     }
+
+
+# -- in this process: the integrations' own bookkeeping and errors, no launcher ---------------
+
+
+@pytest.fixture
+def engine(image_cat_dir):
+    """The engine in this process over 60 small images, job ``j``: 8 a batch, 8x8."""
+    from tabloader.engine import Loader
+
+    cat = catalog.connect(image_cat_dir)
+    cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (batch_size = 8, image_size = 8)")
+    with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
+        yield loader
+    cat.close()
+
+
+@pytest.fixture
+def accelerator():
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=True, gradient_accumulation_steps=3)
+
+
+def test_prepare_counts_the_batch_read_ahead_as_still_to_come(engine, accelerator):
+    """accelerate's loader reads one batch ahead: a state saved after 3 trained batches gives
+    the 4th again on resume, each row of the epoch once; the epoch's last batch is the end
+    of the loader for ``accumulate``."""
+    from tabloader.integrations.accelerate import prepare
+    from tabloader.torch import JobDataset
+
+    rows = sorted(engine.catalog.job("j").ids)
+    data = JobDataset("j", loader=engine)
+    loader = prepare(accelerator, data)
+    assert len(loader) == len(data) == 8  # 60 rows: 7 batches of 8 and one of 4
+    it = iter(loader)
+    seen = [i for _ in range(3) for i in next(it)["_id"].tolist()]  # the 4th is read ahead
+    state = loader.state_dict()
+    assert accelerator._custom_objects[-1] is loader  # registered: save_state() carries it
+    data.close()
+    again = JobDataset("j", loader=engine)
+    resumed = prepare(accelerator, again, register=False)
+    resumed.load_state_dict(state)
+    rest, synced = [], []
+    for batch in resumed:
+        with accelerator.accumulate(torch.nn.Linear(1, 1)):
+            synced.append(accelerator.sync_gradients)
+        rest += batch["_id"].tolist()
+    assert sorted(seen + rest) == rows
+    assert len(seen + rest) == len(rows)
+    assert synced[-1]  # the epoch's last batch (5th of the resumed loop) syncs
+    assert not synced[-2]
+    assert resumed.state_dict()["stream"]["epoch"] == 1  # nothing read ahead at the end
+    again.close()
+
+
+def test_prepare_refuses_ranks_other_than_accelerates(engine, accelerator):
+    """A dataset of rank 1 of 2 under a 1-process accelerate run (what torchrun on CPUs
+    without ``Accelerator(cpu=True)`` gives) would train as if alone: refused, with the fix."""
+    from torch.utils.data import DataLoader
+
+    from catalog.errors import LoaderError
+    from tabloader.integrations.accelerate import prepare
+    from tabloader.torch import JobDataset
+
+    data = JobDataset("j", loader=engine, rank=1, world_size=2)
+    with pytest.raises(
+        LoaderError,
+        match=r"JobDataset 'j' is rank 1 of 2, but this accelerate process is 0 of 1\. "
+        r"accelerate runs one process: .*Accelerator\(cpu=True\).*"
+        r"JobDataset\(job, rank=accelerator\.process_index",
+    ):
+        prepare(accelerator, data)
+    with pytest.raises(
+        TypeError, match=r"prepare\(\) takes a tabloader JobDataset, not DataLoader"
+    ):
+        prepare(accelerator, DataLoader(range(3)))
+
+
+def test_a_checkpoint_without_the_jobs_position_says_how_to_resume(tmp_path):
+    """A checkpoint of the plain ``Trainer`` holds no job position: resuming the job from
+    it would replay or skip rows, so it is refused with the two ways out."""
+    from catalog.errors import LoaderError
+    from tabloader.integrations.transformers import _load_state
+
+    with pytest.raises(
+        LoaderError,
+        match=r"has no tabloader_job\.pt .* not saved by tabloader's JobTrainer.*"
+        r"ignore_data_skip=True",
+    ):
+        _load_state(str(tmp_path))
