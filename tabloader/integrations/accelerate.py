@@ -30,6 +30,12 @@ sees the end of each epoch (gradients sync on the last batch), and the job's pos
 into ``accelerator.save_state()`` (it is registered for checkpointing) and comes back with
 ``load_state()``: a resume continues the epoch where the checkpoint was taken, each row once,
 with the same or another number of processes.
+
+On a machine without GPUs accelerate joins torchrun's processes only with
+``Accelerator(cpu=True)``; otherwise each process runs alone, and ``prepare`` refuses the
+dataset whose rank says otherwise. An evaluation job with ``drop_last=False`` pads the
+ranks' last batches with repeated rows; ``accelerator.gather_for_metrics`` keeps them (it
+knows no remainder for a loader of batches): drop repeats by ``_id``.
 """
 
 from __future__ import annotations
