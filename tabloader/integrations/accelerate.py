@@ -52,7 +52,7 @@ from tabloader.torch import JobDataset
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-__all__ = ["prepare"]
+__all__ = ["JobDataLoader", "prepare"]
 
 
 class JobDataLoader(DataLoaderShard):  # type: ignore[misc]

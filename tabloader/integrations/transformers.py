@@ -70,7 +70,7 @@ class JobTrainer(transformers.Trainer):
     def get_train_dataloader(self) -> Any:
         if not isinstance(self.train_dataset, JobDataset):
             return super().get_train_dataloader()
-        self._job_loader = self._loader_of(self.train_dataset, "training")
+        self._job_loader = self._loader_of(self.train_dataset)
         return self._job_loader
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -81,21 +81,19 @@ class JobTrainer(transformers.Trainer):
             chosen = self.eval_dataset[chosen]
         if not isinstance(chosen, JobDataset):
             return super().get_eval_dataloader(eval_dataset)
-        return self._loader_of(chosen, "evaluation")
+        return self._loader_of(chosen)
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
         if not isinstance(test_dataset, JobDataset):
             return super().get_test_dataloader(test_dataset)
-        return self._loader_of(test_dataset, "test")
+        return self._loader_of(test_dataset)
 
-    def _loader_of(self, dataset: JobDataset, description: str) -> JobDataLoader:
+    def _loader_of(self, dataset: JobDataset) -> JobDataLoader:
         """This process's loader of ``dataset``; not registered with the accelerator (the
         checkpoint folder gets the training job's position, see ``_save_checkpoint``)."""
-        return prepare(
-            self.accelerator, dataset, register=False, collate_fn=self._column_filter(description)
-        )
+        return prepare(self.accelerator, dataset, register=False, collate_fn=self._column_filter())
 
-    def _column_filter(self, description: str) -> Any:
+    def _column_filter(self) -> Any:
         """Drop the columns that ``model.forward`` does not take (nor the ``Trainer``'s
         ``label_names``), as ``remove_unused_columns`` does for a ``datasets.Dataset``
         (``None``: keep every column). Unlike the ``Trainer``, ``label`` and ``label_ids``

@@ -12,7 +12,9 @@ The README's "With your training framework" recipes and the test that runs each:
 
 * plain PyTorch and torchrun: ``tests/tabloader/test_service.py``
   (``test_two_training_scripts_share_one_service_exactly_once_each``,
-  ``test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job``);
+  ``test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job``), the checkpoint's
+  ``torch.save``/``torch.load`` round trip here
+  (``test_a_state_saved_with_torch_save_resumes_the_epoch``);
 * Lightning: ``test_lightning_one_process_*``, ``test_lightning_ddp_*`` (``lightning_run.py``);
 * Hugging Face Trainer: ``test_hf_trainer_*`` (``hf_run.py``);
 * accelerate: ``test_accelerate_*`` (``accelerate_run.py``);
@@ -402,6 +404,27 @@ def accelerator():
     from accelerate import Accelerator
 
     return Accelerator(cpu=True, gradient_accumulation_steps=3)
+
+
+def test_a_state_saved_with_torch_save_resumes_the_epoch(engine, tmp_path):
+    """The README's plain PyTorch checkpoint: ``torch.save`` of ``state_dict()`` beside the
+    model's, ``torch.load`` (``weights_only``, its default) in the run that resumes."""
+    from tabloader.torch import JobDataset
+
+    rows = sorted(engine.catalog.job("j").ids)
+    data = JobDataset("j", loader=engine)
+    it = iter(data)
+    seen = [i for _ in range(2) for i in next(it)["_id"].tolist()]
+    torch.save(
+        {"model": torch.nn.Linear(1, 1).state_dict(), "data": data.state_dict()}, tmp_path / "c"
+    )
+    data.close()
+    again = JobDataset("j", loader=engine)
+    again.load_state_dict(torch.load(tmp_path / "c")["data"])
+    rest = [i for batch in again for i in batch["_id"].tolist()]
+    assert sorted(seen + rest) == rows
+    assert len(seen + rest) == len(rows)
+    again.close()
 
 
 def test_prepare_counts_the_batch_read_ahead_as_still_to_come(engine, accelerator):
