@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog.augment import parse_augment
 from catalog.errors import OptionError, TabloaderError
@@ -41,7 +41,7 @@ class JobOption:
 
     Attributes:
         name: the key in ``WITH (...)``.
-        type: ``int`` or ``str``.
+        type: ``int``, ``str`` or ``bool`` (TRUE or FALSE in SQL, also 'true' or 'false').
         default: the loader's value when the job does not set it (None: none).
         help: what it does, for messages and docs.
         minimum: the smallest value of an ``int`` option.
@@ -77,6 +77,8 @@ class JobOption:
                     f"number from {self.minimum} to {self.maximum}, {fix}."
                 )
             return int(value)
+        if self.type is bool:
+            return _boolean(self, value, fix)
         if self.parse is not None:
             return self.parse(value)
         if not isinstance(value, str) or value.lower() not in self.choices:
@@ -85,6 +87,17 @@ class JobOption:
                 f"{', '.join(repr(c) for c in self.choices)}; {self.help}, {fix}."
             )
         return value.lower()
+
+
+def _boolean(option: JobOption, value: Any, fix: str) -> bool:
+    """``value`` as a bool: True or False, or their text (a client that sends strings)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise OptionError(
+        f"Job option {option.name} = {_sql(value)} is not TRUE or FALSE; {option.help}, {fix}."
+    )
 
 
 def _sql(value: Any) -> str:
@@ -152,6 +165,24 @@ JOB_OPTIONS: dict[str, JobOption] = {
             "what to do with a row that fails to read or decode",
             choices=("raise", "skip"),
             example="skip",
+        ),
+        JobOption(
+            "rank_timeout",
+            int,
+            45,
+            "the seconds a data-parallel rank waits for a rank that never opened the job "
+            "before it raises",
+            minimum=1,
+            maximum=86_400,
+            example=120,
+        ),
+        JobOption(
+            "drop_last",
+            bool,
+            True,
+            "whether data-parallel ranks drop an epoch's last rows that do not fill a batch on "
+            "every rank (FALSE: pad the ranks' shares with repeated rows, for evaluation)",
+            example=False,
         ),
     )
 }
@@ -279,16 +310,28 @@ class JobSpec:
 
     values: Mapping[str, Any] = field(default_factory=dict)
 
+    if TYPE_CHECKING:  # each option's type, for mypy (a misspelt one is an error there)
+        batch_size: int = field(init=False)
+        image_size: int | tuple[int, int] | None = field(init=False)
+        seed: int | None = field(init=False)
+        augment: str | None = field(init=False)
+        decode_size: int | None = field(init=False)
+        on_error: str = field(init=False)
+        rank_timeout: int = field(init=False)
+        drop_last: bool = field(init=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", MappingProxyType(_check_spec(self.values)))
 
-    def __getattr__(self, name: str) -> Any:
-        option = JOB_OPTIONS.get(name)
-        if option is None:  # also what copy and pickle look for before ``values`` is set
-            raise AttributeError(
-                f"JobSpec has no option {name!r}; options: {', '.join(JOB_OPTIONS)}."
-            )
-        return self.values.get(name, option.default)
+    if not TYPE_CHECKING:  # at run time, every option of the table (typed above for mypy)
+
+        def __getattr__(self, name: str) -> Any:
+            option = JOB_OPTIONS.get(name)
+            if option is None:  # also what copy and pickle look for before ``values`` is set
+                raise AttributeError(
+                    f"JobSpec has no option {name!r}; options: {', '.join(JOB_OPTIONS)}."
+                )
+            return self.values.get(name, option.default)
 
     def __repr__(self) -> str:
         return f"JobSpec({', '.join(f'{k}={v!r}' for k, v in self.values.items())})"

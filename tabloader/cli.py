@@ -531,8 +531,53 @@ def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+STDOUT_CLOSED = 141
+"""The exit code when the reader of stdout went away (``tabloader status | head -1``): a
+shell's code for a process that SIGPIPE ended, as ``cat`` or ``ls`` end there."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code."""
+    """Run the CLI; return the exit code.
+
+    A reader of stdout that closed its end early (``| head -1``) ends the command quietly with
+    ``STDOUT_CLOSED``, not a ``BrokenPipeError`` traceback: Python ignores SIGPIPE, so the
+    write that finds the pipe closed raises, wherever the command was.
+    """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        if not _stdout_closed():  # a socket's: a real error
+            raise
+        _stdout_to_devnull()
+        return STDOUT_CLOSED
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (its write end polls as an error)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without one
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's file descriptor at the null device: what is still buffered is flushed
+    there at exit, or Python reports the same ``BrokenPipeError`` again then."""
+    import os
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from catalog.errors import TabloaderError
 
     parser = build_parser()
@@ -556,7 +601,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         disable_progress_bars()
     try:
-        return COMMANDS[args.command][1](args)
+        code = COMMANDS[args.command][1](args)
+        sys.stdout.flush()  # here, where a closed pipe is handled, not at exit
+        return code
     except TabloaderError as exc:
         if args.debug:
             raise

@@ -73,12 +73,21 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
             the last one.
         rank, world_size: this dataset is rank ``rank`` of ``world_size`` data-parallel ranks
-            of the job (default: ``RANK`` and ``WORLD_SIZE`` from the environment, as torchrun
-            sets them, else a plain job). Each rank gets a disjoint, equal share of every
-            epoch; the last ``n % (batch_size * world_size)`` rows of an epoch are dropped
-            (``DistributedSampler(drop_last=True)``). Ranks in separate processes (torchrun)
-            meet in the catalog's service; each must save its ``state_dict()`` at the same
-            step (see ``Loader.open``).
+            of the job. Default: found when it opens (its first ``iter()``) from what launched
+            this process: an initialised torch.distributed process group (Lightning, the HF
+            Trainer and accelerate under a launcher), else ``RANK`` and ``WORLD_SIZE``
+            (torchrun, ``accelerate launch``, Ray Train), Lightning's launcher's
+            ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE``, SLURM's ``srun`` tasks, else a plain
+            job; launchers that disagree fail with an error naming what they set (the order:
+            :mod:`tabloader.engine.ranks`). Pass both to override them. Each rank gets a
+            disjoint, equal share of every epoch; the last ``n % (batch_size * world_size)``
+            rows of an epoch are dropped (``DistributedSampler(drop_last=True)``), or with
+            ``drop_last=False`` (for evaluation) none: each rank gets ``ceil(n / world_size)``
+            rows, padded with repeats of the epoch's first rows
+            (``DistributedSampler(drop_last=False)``). A rank waits ``rank_timeout`` seconds
+            (default 45) for a rank that never opens the job, then raises. Ranks in separate
+            processes (torchrun) meet in the catalog's service; each must save its
+            ``state_dict()`` at the same step (see ``Loader.open``).
         **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
             was registered with), checked here:
 
@@ -121,8 +130,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if options.get("augment") is not None and not isinstance(options["augment"], str):
             options["augment"] = from_torchvision(options["augment"])
         spec = JobSpec.from_options(self.loader.job_options(job), **options)
-        self._spec = spec
-        self._options = options  # laid over the job's registered ones at each open
+        self._spec = spec  # what every open of it asks for
         # the job's seed, else one of its own: jobs never share draws
         seed = default_seed(job) if spec.seed is None else spec.seed
         self.generator = torch.Generator().manual_seed(int(seed))
@@ -153,14 +161,14 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     def _open(self) -> JobStream | RemoteStream:
         self._here()
         if self._stream is None:
-            self._stream = self.loader.open(
+            self._stream = self.loader.open(  # the spec checked once, at __init__
                 self.job,
+                spec=self._spec,
                 state=self._state,
                 prefetch=self._prefetch,
                 epochs=self._epochs,
                 rank=self._rank,
                 world_size=self._world_size,
-                **self._options,
             )
             self._state = None
         return self._stream
@@ -178,7 +186,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             stream.abandon(self._partial)
         self._partial = None
         epoch = stream.epoch
-        for batch in stream.iter_epoch():
+        while (batch := stream.take(epoch)) is not None:
             self._partial = epoch  # until the epoch's end is reached
             tensors = to_tensors(batch)
             yield self.transform(tensors, self.generator) if self.transform else tensors
@@ -191,9 +199,26 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         last batch may be short."""
         if self._rows is None:
             self._rows = self.loader.job_rows(self.job)
-        world_size = resolve_rank(self._rank, self._world_size)[1]
+        world_size = self.world_size
         batch_size = int(self._spec.batch_size)
-        return -(-rank_share(self._rows, batch_size, world_size) // batch_size)
+        share = rank_share(self._rows, batch_size, world_size, bool(self._spec.drop_last))
+        return -(-share // batch_size)
+
+    @property
+    def rank(self) -> int:
+        """This dataset's rank among the job's data-parallel ranks: the open stream's, else
+        the one it would open as now (``rank=``, else found from the launcher:
+        :mod:`tabloader.engine.ranks`), without opening."""
+        if self._stream is not None:
+            return self._stream.rank
+        return resolve_rank(self._rank, self._world_size)[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of the job's data-parallel ranks (as ``rank``)."""
+        if self._stream is not None:
+            return self._stream.world_size
+        return resolve_rank(self._rank, self._world_size)[1]
 
     @property
     def spec(self) -> JobSpec:

@@ -24,7 +24,8 @@ from catalog import _progress
 @pytest.fixture(autouse=True)
 def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     """No progress bars, no catalog and no data-parallel rank from the environment in tests."""
-    for name in ("TABLOADER_CATALOG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+    for name in ("TABLOADER_CATALOG", *launcher, "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TABLOADER_DISABLE_PROGRESS_BARS", "1")
     _progress.disable_progress_bars()

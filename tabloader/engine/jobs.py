@@ -12,8 +12,12 @@
 * **Epochs.** Each rank gets ``batches_per_rank(epoch)`` batches of an epoch: every row,
   the last batch maybe short, with one rank; with several, each rank gets
   :func:`~tabloader.engine.ranks.rank_share` rows of an epoch in full batches and the rest is
-  dropped, as ``DistributedSampler(drop_last=True)`` does. A resumed job's first epoch has
-  only the rows it had left; a fed job's (a cluster node's) epochs have ``rank_rows`` rows.
+  dropped, as ``DistributedSampler(drop_last=True)`` does; or, with the job option
+  ``drop_last = false`` (evaluation), ``ceil(n / world_size)`` rows, the last batch of each
+  rank maybe short, the shares padded with the epoch's first rows repeated (fewer than
+  ``world_size`` of them), as ``DistributedSampler(drop_last=False)`` does. A resumed job's
+  first epoch has only the rows it had left; a fed job's (a cluster node's) epochs have
+  ``rank_rows`` rows.
 * **Stalls.** Per rank, seconds blocked in ``take`` (``wait_s``: waiting for data) vs seconds
   between batches (``compute_s``: its own compute); a job's ``stats`` sum its ranks'.
 * **Pace.** The rows a job takes per second, measured (:class:`Pace`): its share of the
@@ -173,9 +177,13 @@ class JobState:
     cut_epoch: int = 0
     cut: int = 0
     # batches cut and not yet behind every rank: (epoch, index, rows), for ``state_dict``;
-    # an epoch's dropped remainder is logged with index ``batches_per_epoch``
+    # an epoch's dropped remainder is logged with index ``batches_per_epoch``, a padded
+    # batch with its own rows only (the repeats are no rows still to come)
     log: deque[tuple[int, int, npt.NDArray[np.int64]]] = field(default_factory=deque)
-    warned_pending: bool = False
+    # padding (``pads``): the first rows cut of epoch ``cut_epoch`` (up to ``world_size``),
+    # repeated in turn to pad its last batches; ``padded`` of them so far
+    pad_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
+    padded: int = 0
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
     spec: JobSpec = field(default_factory=JobSpec)  # the options it was opened with
@@ -205,11 +213,54 @@ class JobState:
         return all(r.opened or r.closed for r in self.ranks)
 
     def batches_per_rank(self, epoch: int) -> int:
-        """Batches each rank gets in ``epoch`` (the last may be short with a single rank)."""
+        """Batches each rank gets in ``epoch`` (the last may be short with a single rank, or
+        when the job ``pads``)."""
+        return -(-self.rank_rows_of(epoch) // self.batch_size)
+
+    def rank_rows_of(self, epoch: int) -> int:
+        """Rows each rank gets in ``epoch`` (padding included)."""
         if self.fed:
-            return -(-self.rank_rows // self.batch_size)
+            return self.rank_rows
         n = self.first_rows if epoch == self.first_epoch else self.num_ids
-        return -(-rank_share(n, self.batch_size, self.world_size) // self.batch_size)
+        return rank_share(n, self.batch_size, self.world_size, self.spec.drop_last)
+
+    def pads(self) -> bool:
+        """True if the ranks' shares of an epoch are padded to one size (``drop_last =
+        false`` with several ranks), none of its rows dropped."""
+        return self.world_size > 1 and not self.spec.drop_last
+
+    def cut_size(self) -> int:
+        """Rows of the next batch dealt (batch ``cut`` of epoch ``cut_epoch``), padding
+        included: ``batch_size``, but for a job that ``pads`` the last turn's (each rank's
+        share past its full batches). Fewer are left at an epoch's end without padding."""
+        if not self.pads():
+            return self.batch_size
+        share = self.rank_rows_of(self.cut_epoch)
+        full = share // self.batch_size  # full batches per rank
+        return self.batch_size if self.cut < full * self.world_size else share % self.batch_size
+
+    def owes_padding(self) -> bool:
+        """True if the job ``pads`` and epoch ``cut_epoch`` has had all its rows cut but not
+        all its batches: the rest are padding only (when ``world_size`` exceeds the rows of
+        the last turn)."""
+        total = self.batches_per_rank(self.cut_epoch) * self.world_size
+        if not self.pads() or not 0 < self.cut < total:
+            return False
+        if self.q_rows.size and self.q_epochs[0] == self.cut_epoch:
+            return False
+        return self.epoch > self.cut_epoch or self.left == 0
+
+    def pad(self, rows: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:
+        """The batch of ``rows`` (cut of epoch ``cut_epoch``) at ``size`` rows: the first
+        rows of the epoch are remembered, and repeated in turn to fill a short one."""
+        if self.pad_rows.size < self.world_size:
+            self.pad_rows = np.concatenate([self.pad_rows, rows])[: self.world_size]
+        short = size - rows.size
+        if short <= 0 or not self.pad_rows.size:
+            return rows
+        turn = (self.padded + np.arange(short)) % self.pad_rows.size
+        self.padded += short
+        return np.concatenate([rows, self.pad_rows[turn]])
 
     def done_sampling(self) -> bool:
         """True once the sampler has handed out the job's last epoch."""

@@ -319,9 +319,10 @@ class Loader:
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
-                ranks of the job (DDP). When both are None they are read from ``RANK`` and
-                ``WORLD_SIZE`` in the environment (as torchrun sets them; see
-                :mod:`tabloader.engine.ranks` for ``LOCAL_RANK``), else 0 and 1.
+                ranks of the job (DDP). When both are None they are found from what launched
+                this process (an initialised torch.distributed process group, ``RANK`` and
+                ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
+                checks are in :mod:`tabloader.engine.ranks`), else 0 and 1.
             remote: for the loader service: batches are handed over with their values
                 pinned in the arena (see ``tabloader.service.server``), not copied.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
@@ -335,14 +336,20 @@ class Loader:
         to rank ``k % world_size``. Every rank gets ``n // (batch_size * world_size)`` batches
         of an epoch of ``n`` rows; the last ``n % (batch_size * world_size)`` rows of the
         epoch's uniformly random order (so a random subset, another each epoch) are dropped,
-        as with ``DistributedSampler(drop_last=True)``. With ``world_size == 1`` nothing is
-        dropped (the last batch of an epoch may be short).
+        as with ``DistributedSampler(drop_last=True)``. With the job option ``drop_last =
+        false`` (evaluation jobs) no row is dropped: every rank gets ``ceil(n / world_size)``
+        rows (the last batch of each rank maybe short), the shares padded by repeating the
+        first rows of the epoch's order (fewer than ``world_size``), as with
+        ``DistributedSampler(drop_last=False)``. With ``world_size == 1`` nothing is dropped
+        or padded (the last batch of an epoch may be short).
 
         The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank
-        ahead of the others waits for the slowest (as DDP does anyway), so a rank that never
-        opens holds up the others. Each rank's stream has its own ``epoch`` and ``stats``;
-        ``state_dict()`` from any rank is the job's state at that rank's step, so every rank
-        should save at the same step (as DDP checkpoints do) and all reopen with that state.
+        ahead of the others waits for the slowest (as DDP does anyway); no rank gets a batch
+        before every rank has opened, and a rank that has waited ``rank_timeout`` seconds (a
+        job option, default 45) for one that never opened raises ``LoaderError``. Each rank's
+        stream has its own ``epoch`` and ``stats``; ``state_dict()`` from any rank is the
+        job's state at that rank's step, so every rank should save at the same step (as DDP
+        checkpoints do) and all reopen with that state.
         Closing a rank while the others go on drops its batches (a rank that leaves mid-epoch
         loses its share of that epoch; it cannot rejoin until every rank has closed); the job
         leaves the sampler with its last open rank.
@@ -359,12 +366,20 @@ class Loader:
             info = job if not isinstance(job, str) else self.catalog.job(job)
             if isinstance(options.get("on_error"), OnError):  # its value, as a WITH option
                 options["on_error"] = options["on_error"].value
-            spec = JobSpec.from_options(info.options if spec is None else spec.values, **options)
+            if spec is None or options:  # a spec alone was checked where it was made
+                spec = JobSpec.from_options(
+                    info.options if spec is None else spec.values, **options
+                )
             batch_size = spec.batch_size
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
-            share = rank_share(len(info.ids), batch_size, world_size)
+            if fed and not spec.drop_last:
+                raise LoaderError(
+                    f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "
+                    "a Ray cluster yet; open it there with drop_last = true (the default)."
+                )
+            share = rank_share(len(info.ids), batch_size, world_size, spec.drop_last)
             if share == 0 and world_size > 1:
                 raise LoaderError(
                     f"Job {info.name!r} has {len(info.ids)} rows, fewer than batch_size "

@@ -16,7 +16,10 @@ Data flow, per dataset::
   :class:`~tabloader.engine.jobs.RankState`, a plain job has one. Batches are cut from the
   job's queue as above and dealt round-robin,
   the k-th of an epoch to rank ``k % world_size``; the rows past the last full turn (the
-  last in the sampler's order) are dropped (see :mod:`tabloader.engine.jobs`). Lockstep: batches
+  last in the sampler's order) are dropped, or with ``drop_last = false`` dealt in a last
+  turn of shorter batches padded with the epoch's first rows (see
+  :mod:`tabloader.engine.jobs`). No rank gets a batch before every rank has opened; one that
+  waits ``rank_timeout`` seconds for a rank that never opened raises. Lockstep: batches
   are cut only while the rank whose turn it is has room below ``prefetch``, so a rank ahead
   waits for the slow one and at most ``prefetch`` batches per rank are in flight. A rank
   that left has its turns dropped, unprepared.
@@ -52,7 +55,6 @@ __all__ = ["DatasetScheduler"]
 logger = logging.getLogger(__name__)
 
 ABANDONED_CHECK_S = 1.0  # how often an idle scheduler looks for streams dropped without close()
-PENDING_WARN_S = 30.0  # a rank waiting this long for a rank that never opened logs a warning
 
 
 class DatasetScheduler:
@@ -292,17 +294,23 @@ class DatasetScheduler:
     def _activate_locked(self, job: JobState) -> None:
         """Cut the job's next batches from its queue, deal them to its ranks in turn and start
         preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
-        while job.q_rows.size:
-            epoch = int(job.q_epochs[0])
+        while job.q_rows.size or job.owes_padding():
+            if job.owes_padding():  # the epoch's rows are all cut, its last batches not
+                epoch, same, complete = job.cut_epoch, 0, True
+            else:
+                epoch = int(job.q_epochs[0])
+                # rows of this epoch at the head of the queue, counted up to a batch and one:
+                # a batch needs no more (the whole queue costs O(queue) per batch, 14 us at
+                # 1,000)
+                head = job.q_epochs[: job.batch_size + 1]
+                other = np.flatnonzero(head != epoch)
+                same = int(other[0]) if other.size else head.size
+                complete = other.size > 0 or epoch < job.epoch or job.left == 0
             if job.gone_from is not None and epoch >= job.gone_from:
                 return  # a rank died: its peers get no batch it would have shared
             if epoch != job.cut_epoch:
                 job.cut_epoch, job.cut = epoch, 0
-            # rows of this epoch at the head of the queue, counted up to a batch and one: a
-            # batch needs no more (the whole queue costs O(queue) per batch, 14 us at 1,000)
-            head = job.q_epochs[: job.batch_size + 1]
-            other = np.flatnonzero(head != epoch)
-            same = int(other[0]) if other.size else head.size
+                job.pad_rows, job.padded = job.pad_rows[:0], 0
             full = job.batches_per_rank(epoch) * job.world_size
             if job.cut >= full:  # the epoch's last rows, fewer than a batch per rank: dropped
                 rest = np.flatnonzero(job.q_epochs != epoch)
@@ -312,12 +320,14 @@ class DatasetScheduler:
             rank = job.ranks[job.cut % job.world_size]
             if not rank.closed and len(rank.batches) >= job.prefetch:
                 return
-            n = min(job.batch_size, same)
-            complete = other.size > 0 or epoch < job.epoch or job.left == 0
-            if n < job.batch_size and not complete:
+            size = job.cut_size()
+            n = min(size, same)
+            if n < size and not complete:
                 return
             rows = self.queues.pop(job, n)
             job.log.append((epoch, job.cut, rows))
+            if job.pads():  # the epoch's last batches are padded to every rank's share
+                rows = job.pad(rows, size)
             job.cut += 1
             if rank.closed:  # that rank left: its share is dropped, unprepared
                 continue
@@ -478,26 +488,33 @@ class DatasetScheduler:
             rank.rows += rows
 
     def _wait_locked(self, rank: RankState, since: float) -> None:
-        """Wait for news; warn once if the job's ranks wait for one that never opened."""
+        """Wait for news (``since``: when the rank's ``take`` began to wait).
+
+        No rank gets a batch before every rank has opened (as DDP's init_process_group waits
+        for every rank), so a rank that never opens would hold up the others forever: a rank
+        that has waited ``rank_timeout`` seconds for one raises. A rank that opened but is
+        slow is waited for as long as it takes.
+
+        Raises:
+            LoaderError: ``rank_timeout`` seconds passed with a rank not opened yet.
+        """
         job = rank.job
-        if job.warned_pending or job.all_joined():
+        if job.all_joined():
             rank.cond.wait()
             return
-        rank.cond.wait(PENDING_WARN_S)
-        if time.perf_counter() - since >= PENDING_WARN_S and not job.warned_pending:
-            missing = [r.rank for r in job.ranks if not r.opened and not r.closed]
-            if missing:
-                job.warned_pending = True
-                logger.warning(
-                    "job %r: rank %d has waited %.0f s for rank(s) %s, which have not opened "
-                    "the job in this loader; no rank gets a batch before every rank has opened "
-                    "(as DDP's init_process_group waits for every rank): start them all (ranks "
-                    "in separate processes meet only through the catalog's service)",
-                    job.name,
-                    rank.rank,
-                    PENDING_WARN_S,
-                    ", ".join(map(str, missing)),
-                )
+        waited = time.perf_counter() - since
+        if waited < job.spec.rank_timeout:
+            rank.cond.wait(job.spec.rank_timeout - waited)
+            return  # ``take`` looks again, and comes back here if it must still wait
+        missing = [r.rank for r in job.ranks if not r.opened and not r.closed]
+        logger.warning(
+            "job %r: rank %d waited %.0f s for rank(s) %s, which never opened the job; it raises",
+            job.name,
+            rank.rank,
+            waited,
+            ", ".join(map(str, missing)),
+        )
+        raise LoaderError(_never_opened(job.name, rank.rank, missing, waited))
 
     def _deliver(self, rank: RankState, work: Work) -> dict[str, Any] | None:
         if work.error is not None:
@@ -576,3 +593,21 @@ class DatasetScheduler:
         self.cond.notify_all()
         for job in self.jobs.values():
             self._wake_job(job)
+
+
+def _never_opened(job: str, rank: int, missing: list[int], waited: float) -> str:
+    """Why rank ``rank`` of ``job`` stops waiting for the ``missing`` ranks, and the fixes."""
+    them = (
+        f"rank {missing[0]}, which"
+        if len(missing) == 1
+        else (f"ranks {', '.join(map(str, missing))}, which")
+    )
+    return (
+        f"job {job!r}: rank {rank} waited {waited:.0f} s for {them} never opened the job. "
+        "Every rank must iterate its own JobDataset. Under accelerate (and the HF Trainer), "
+        "accelerate dispatches batches from process 0 by default: use "
+        "tabloader.integrations.accelerate.prepare(accelerator, dataset) instead of "
+        "accelerator.prepare(DataLoader(dataset)); or the other rank's process did not start "
+        "/ uses another world_size. Raise rank_timeout to wait longer (a job option, e.g. "
+        "JobDataset(..., rank_timeout=120) or WITH (rank_timeout = 120))."
+    )

@@ -37,6 +37,7 @@ from catalog.settings import setting
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.ranks import resolve_rank
 from tabloader.engine.shm import Segment
+from tabloader.service.listener import STARTER_ENV
 from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
@@ -128,10 +129,43 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
 
 
 def _start(root: Path, deadline: float) -> Client:
-    """Start the catalog's service and connect once it answers (the start lock held)."""
+    """Start the catalog's service and connect once it answers (the start lock held).
+
+    A service that holds the catalog's lock but did not answer (still starting, or too busy to
+    answer in time; or a ``tabloader serve`` of a user, started at the same time) is waited
+    for: a second one would only find the lock taken. Ours, if it loses that race all the same,
+    logs one line and exits 0 (``tabloader.service.server``); it is started again only if the
+    one it lost to went away without answering.
+    """
     log = runtime_dir(root) / LOG_FILE  # its output before it logs there itself, too
+    proc: subprocess.Popen[bytes] | None = None
+    start_of_ours = 0  # earlier services' lines are not this start's story
+    while True:
+        try:
+            return Client(root)
+        except ServiceError as exc:
+            ended = proc is not None and proc.poll() is not None
+            if proc is not None and ended and proc.returncode != 0:
+                raise _failed(root, log, start_of_ours, exc) from None
+            if time.monotonic() > deadline:
+                if proc is not None and not ended:
+                    proc.kill()
+                if isinstance(exc, ServiceStuckError):  # names the pid, and the way out
+                    raise
+                raise ServiceError(
+                    f"The tabloader service for catalog {root} did not answer within "
+                    f"{START_TIMEOUT_S:.0f} s; see {log}."
+                ) from exc
+            if (proc is None or ended) and service_pid(root) is None:
+                proc, start_of_ours = _spawn(root, log)
+            time.sleep(START_POLL_S)
+
+
+def _spawn(root: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The catalog's service, started detached with its output appended to ``log``; and
+    where in ``log`` its output begins."""
     with open(log, "ab") as out:
-        start_of_ours = out.tell()  # earlier services' lines are not this start's story
+        start = out.tell()  # before it runs: it writes through the same file offset
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -147,35 +181,22 @@ def _start(root: Path, deadline: float) -> Client:
             stdout=out,
             stderr=out,
             cwd="/",  # not the directory of whichever client came first
-            env=_service_env(),
+            env={**_service_env(), STARTER_ENV: str(os.getpid())},
             start_new_session=True,  # detached: it outlives this process, not its signals
         )
-    while True:
-        try:
-            return Client(root)
-        except ServiceError as exc:
-            if proc.poll() is not None:  # it exited: lost a race to another one, or failed
-                if service_pid(root) is not None and time.monotonic() < deadline:
-                    time.sleep(START_POLL_S)  # another one runs (not answering yet)
-                    continue
-                try:
-                    return Client(root)
-                except ServiceError:
-                    with open(log, "rb") as written:
-                        written.seek(start_of_ours)
-                        ours = written.read().decode(errors="replace")
-                    tail = ours.strip().splitlines()[-3:]
-                    raise ServiceError(
-                        f"The tabloader service for catalog {root} did not start: "
-                        f"{' | '.join(tail) or exc}. See {log}."
-                    ) from None
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise ServiceError(
-                    f"The tabloader service for catalog {root} did not answer within "
-                    f"{START_TIMEOUT_S:.0f} s; see {log}."
-                ) from exc
-            time.sleep(START_POLL_S)
+    return proc, start
+
+
+def _failed(root: Path, log: Path, start: int, exc: ServiceError) -> ServiceError:
+    """The error of a service that exited failing to start: the last lines it wrote."""
+    with open(log, "rb") as written:
+        written.seek(start)
+        ours = written.read().decode(errors="replace")
+    tail = ours.strip().splitlines()[-3:]
+    return ServiceError(
+        f"The tabloader service for catalog {root} did not start: "
+        f"{' | '.join(tail) or exc}. See {log}."
+    )
 
 
 def _node_client(root: Path, node: str, found: Locator) -> Client:
@@ -190,8 +211,9 @@ def _node_client(root: Path, node: str, found: Locator) -> Client:
             time.sleep(0.1)
 
 
-def _map_segment(ctl: Client) -> Segment:
-    """The service's arena, mapped read-only from the descriptor it sends (no name to open)."""
+def _map_segment(ctl: Client) -> tuple[Segment, int]:
+    """The service's arena, mapped read-only from the descriptor it sends (no name to open),
+    and the service's pid."""
     reply, fds = ctl.call_fds("segment")
     if len(fds) != 1:
         for fd in fds:
@@ -200,7 +222,8 @@ def _map_segment(ctl: Client) -> Segment:
             f"the tabloader service sent {len(fds)} descriptors for its shared memory, not 1; "
             "is it another version of tabloader? Restart it (`tabloader serve`)."
         )
-    return Segment.attach(fds[0], int(reply["size"]), str(reply["segment"]), readonly=True)
+    segment = Segment.attach(fds[0], int(reply["size"]), str(reply["segment"]), readonly=True)
+    return segment, int(reply["pid"])
 
 
 @dataclass
@@ -239,8 +262,7 @@ class RemoteLoader:
             else _node_client(self.root, self.node, found)
         )
         try:
-            self.service_pid = int(self._ctl.call("hello")["pid"])
-            self._segment = _map_segment(self._ctl)
+            self._segment, self.service_pid = _map_segment(self._ctl)
         except BaseException:
             self._ctl.close()
             raise
@@ -266,9 +288,11 @@ class RemoteLoader:
         """Open ``job`` in the service; arguments and job options as ``Loader.open``.
 
         The options are checked here (against the job's registered ones, fetched from the
-        service) and travel as one ``JobSpec``. ``rank`` and ``world_size`` default to
-        ``RANK`` and ``WORLD_SIZE`` of this process's environment (as torchrun sets them): the
-        ranks of a job, each in its own process, join the service as one job.
+        service) and travel as one ``JobSpec``. ``rank`` and ``world_size`` are found here, in
+        this process (never in the service), from what launched it when both are None (a
+        process group, torchrun's ``RANK`` and ``WORLD_SIZE``, Lightning's launcher, ...: see
+        :mod:`tabloader.engine.ranks`): the ranks of a job, each in its own process, join the
+        service as one job.
         """
         rank, world_size = resolve_rank(rank, world_size)
         args: dict[str, Any] = {"prefetch": prefetch, "lookahead": lookahead, "epochs": epochs}
@@ -278,22 +302,30 @@ class RemoteLoader:
         settle((self.root, self.node, job, rank))  # a stream of it dropped here
         conn = Client(self.root, node=self.node)
         try:
-            # The service answering must be the one whose memory this loader maps (checked
-            # before the job opens there: a refused open leaves nothing behind).
-            if conn.call("hello").get("segment") != self._segment.name:
+            if spec is None or options:  # else checked already (a JobDataset's)
+                stored = conn.call("options", job=job)["options"] if spec is None else spec.values
+                spec = JobSpec.from_options(stored, **options)
+            # The service answering must be the one whose memory this loader maps (it checks
+            # before the job opens: a refused open leaves nothing behind).
+            reply = conn.call(
+                "open", job=job, spec=spec.to_wire(), segment=self._segment.name, **args
+            )
+        except ServiceError as exc:
+            conn.close()
+            if "segment" in str(exc) and "not the memory" in str(exc):
                 raise ServiceError(
                     f"The tabloader service of catalog {self.root} this loader was connected "
                     f"to (pid {self.service_pid}) is gone, and another one runs now; its "
                     "batches are in memory this loader does not map. Make a new JobDataset or "
                     "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
-                )
-            stored = conn.call("options", job=job)["options"] if spec is None else spec.values
-            spec = JobSpec.from_options(stored, **options)
-            conn.call("open", job=job, spec=spec.to_wire(), **args)
+                ) from None
+            raise
         except BaseException:
             conn.close()
             raise
-        return RemoteStream(self, conn, job, rank, world_size, spec)
+        stream = RemoteStream(self, conn, job, rank, world_size, spec)
+        stream._epoch_hint = int(reply["epoch"])
+        return stream
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
@@ -381,11 +413,14 @@ class RemoteStream:
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
         self._copy_s = 0.0  # copying batches out of the shared memory, in all
         self._returned: float | None = None  # when take() last returned
+        self._epoch_hint: int | None = None  # the epoch it opened at, until a batch moves it
 
     @property
     def epoch(self) -> int:
         """The epoch of the next batch (0-based)."""
         with self._lock:
+            if self._epoch_hint is not None:  # nothing taken since the open said
+                return self._epoch_hint
             ready = self._peek()
             if ready is not None and not ready.get("end"):
                 return int(ready["epoch"])
@@ -394,6 +429,7 @@ class RemoteStream:
     def take(self, epoch: int | None = None) -> dict[str, Any] | None:
         """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
         with self._lock:
+            self._epoch_hint = None
             start = time.perf_counter()
             if self._returned is not None:
                 self._compute_s += start - self._returned
@@ -472,6 +508,7 @@ class RemoteStream:
         """Give up the rest of ``epoch`` (as ``JobStream.abandon``); the batch read ahead is
         dropped (and released) if it is of that epoch."""
         with self._lock:
+            self._epoch_hint = None
             ready = self._collect()
             release: list[int] = []
             if ready is not None and not ready.get("end") and int(ready["epoch"]) == epoch:

@@ -56,9 +56,27 @@ from tabloader.service.protocol import (
     send_frame,
 )
 
-__all__ = ["Handler", "Listener", "Session"]
+__all__ = ["STARTER_ENV", "Handler", "Listener", "ServiceRunningError", "Session"]
 
 logger = logging.getLogger(__name__)
+
+STARTER_ENV = "TABLOADER_SERVICE_STARTER"
+"""Set, to its pid, by a client in the environment of the service it starts in the background
+(:func:`tabloader.service.client.dial`): such a service that finds another one serving has
+lost a race, not met an error (see ``tabloader.service.server.Service``)."""
+
+LOCK_PROBE_S = 0.2
+"""How long a new service retries the catalog's service lock: ``service_pid`` holds it shared
+for an instant to read the pid of a service that runs, which is no service."""
+
+
+class ServiceRunningError(ServiceError):
+    """Another service holds the catalog's service lock: ``pid`` (None: it wrote none yet)."""
+
+    def __init__(self, message: str, pid: int | None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
 
 _HANDSHAKE_TIMEOUT = 5.0  # seconds the service waits for a new connection to authenticate
 # a request is watched (its client hanging up or sending its next request) once it has run this
@@ -111,7 +129,8 @@ class Listener:
         node: the Ray node whose loader this is (None: the catalog's local service).
 
     Raises:
-        ServiceError: a service already runs for the catalog, or the runtime dir is not private.
+        ServiceRunningError: a service already runs for the catalog.
+        ServiceError: the runtime dir is not private.
     """
 
     def __init__(
@@ -421,15 +440,22 @@ def _write_key(path: Path) -> bytes:
 def _lock_service(path: Path, root: Path) -> int:
     """Take the catalog's service lock (held until the fd closes) and write our pid in it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise ServiceError(
-            f"a service already runs for catalog {root} (pid {pid}); connect to it with Client, "
-            "or stop it first"
-        ) from None
+    deadline = time.monotonic() + LOCK_PROBE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise ServiceRunningError(
+                f"a service already runs for catalog {root} (pid {text or '?'}); connect to it "
+                "with Client, or stop it first",
+                int(text) if text.isdigit() else None,
+            ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +46,7 @@ from tabloader.engine.collate import release
 from tabloader.engine.stream import JobStream
 from tabloader.service.catalog_ops import CatalogOps, Statements
 from tabloader.service.catalog_ops import string_arg as _string
-from tabloader.service.listener import Listener, Session
+from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
 from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
@@ -85,8 +85,11 @@ class Service:
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
         max_image_megapixels: the pixel limit of a decode (``Loader``'s; None: the setting).
 
+    A service started by a client (``STARTER_ENV`` set) that finds another one serving exits 0
+    with one line in the log instead (see ``_lost_start``).
+
     Raises:
-        ServiceError: a service already runs for the catalog.
+        ServiceRunningError: a service already runs for the catalog.
         CatalogError: the directory is not a usable catalog.
     """
 
@@ -109,7 +112,13 @@ class Service:
         self._stop = threading.Event()
         self.lock = threading.RLock()  # the catalog: one statement or open at a time
         self._tickets = itertools.count()
-        self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
+        starter = os.environ.pop(STARTER_ENV, None)  # this process's, not its children's
+        try:
+            self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
+        except ServiceRunningError as exc:
+            if starter is None:  # a user's `tabloader serve`: theirs to see
+                raise
+            _lost_start(self.root, exc, starter)
         self.feed: Feed | None = None
         try:
             self.catalog = catalog.connect(self.root) if opened is None else opened
@@ -249,7 +258,12 @@ class _Handler(CatalogOps):
     def op_segment(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The arena's shared memory: its name and size, and a read-only descriptor of it."""
         segment = self.service.segment
-        return {"segment": segment.name, "size": segment.size, FDS: [segment.readonly_fd()]}
+        return {
+            "segment": segment.name,
+            "size": segment.size,
+            "pid": os.getpid(),
+            FDS: [segment.readonly_fd()],
+        }
 
     def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
         statement = _string(msg, "statement")
@@ -307,11 +321,17 @@ class _Handler(CatalogOps):
     def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.stream is not None:
             raise LoaderError("This connection has a job open already; open another connection.")
-        unknown = sorted(set(msg) - {"op", "v", "job", "spec", *_OPEN_ARGS})
+        unknown = sorted(set(msg) - {"op", "v", "job", "spec", "segment", *_OPEN_ARGS})
         if unknown:
             raise ServiceError(
                 f"Unknown open argument(s) {', '.join(unknown)}: a job's options travel as "
                 "spec=JobSpec.to_wire(); is the client another tabloader version?"
+            )
+        mapped = msg.get("segment")
+        if mapped is not None and mapped != self.service.segment.name:
+            raise ServiceError(
+                f"The client maps shared memory segment {str(mapped)[:80]!r}, not the memory of "
+                "this service: it was connected to a service that is gone."
             )
         kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
         if "state" in kw:
@@ -340,7 +360,7 @@ class _Handler(CatalogOps):
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        return {"job": stream.name}
+        return {"job": stream.name, "epoch": stream.epoch}
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The next batch. The request also says the client's job has the batch sent last
@@ -568,6 +588,23 @@ class _Handler(CatalogOps):
 
 # an open's arguments besides its job and its ``spec`` (``JobSpec.to_wire()``): a stream's own
 _OPEN_ARGS = ("prefetch", "lookahead", "epochs", "state", "rank", "world_size")
+
+
+def _lost_start(root: Path, exc: ServiceRunningError, starter: str) -> NoReturn:
+    """End a service that a client started in the background and that found another serving
+    the catalog (two clients, or a client and ``tabloader serve``, started one at once; or the
+    client found the one before answering too slowly): one line in the log says so, and it
+    exits 0. The client connects to the other one; a traceback or a ``ServiceError`` line
+    there read as a failure, which it is not."""
+    logger.warning(
+        "another tabloader service (pid %s) already serves catalog %s; this one (pid %d, "
+        "started by pid %s) exits",
+        "?" if exc.pid is None else exc.pid,
+        root,
+        os.getpid(),
+        starter,
+    )
+    raise SystemExit(0)
 
 
 def log_to_file(root: Path) -> Path:

@@ -176,3 +176,23 @@ def test_an_option_added_to_the_table_is_carried_as_it_is(monkeypatch):
     assert JobSpec.from_options({"momentum": 5}, momentum=6).momentum == 6
     with pytest.raises(OptionError, match=r"open\(momentum=100\): .* from 0 to 99"):
         JobSpec.from_options({}, momentum=100)
+
+
+def test_every_option_is_typed_for_mypy_on_job_spec():
+    """``JobSpec``'s ``if TYPE_CHECKING`` block types each option of the table (mypy then
+    refuses a misspelt ``spec.batch_sise``); a row added to ``JOB_OPTIONS`` needs its line."""
+    import ast
+    import inspect
+
+    import catalog.options as options_module
+
+    tree = ast.parse(inspect.getsource(options_module))
+    spec = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "JobSpec")
+    typed = {
+        stmt.target.id
+        for block in spec.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for stmt in block.body
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+    }
+    assert typed == set(JOB_OPTIONS)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 import catalog
 import tabloader
+from tabloader import cli
 from tabloader.cli import main
 
 
@@ -282,3 +284,35 @@ def test_import_refuses_links_out_unless_follow_links(capsys, tmp_path):
     args = ("--catalog", root, "import", "d", str(tmp_path / "images"), "--follow-links")
     code, out, _ = run(capsys, *args)
     assert (code, "Dataset d version 1: 1 rows" in out) == (0, True)
+
+
+@pytest.mark.parametrize("argv", [["status"], ["sql", "SELECT 1 AS a"]], ids=" ".join)
+def test_a_closed_stdout_pipe_ends_a_command_quietly(tmp_path, argv):
+    """``tabloader status | head -1``: the reader is gone before the first write here, so every
+    write fails as it can after ``head`` read its line."""
+    root = tmp_path / "cat"
+    tabloader.connect(root, create=True).close()
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tabloader", "--catalog", str(root), *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(monkeypatch, capsys):
+    """A service's socket that breaks is not a reader of stdout that left: it is raised."""
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe (the service's socket)")
+
+    monkeypatch.setitem(cli.COMMANDS, "status", (cli.COMMANDS["status"][0], broken))
+    with pytest.raises(BrokenPipeError, match=r"the service's socket"):
+        main(["status"])

@@ -113,6 +113,18 @@ def test_len_is_the_batches_of_an_epoch_of_this_rank(loader):
     assert len(JobDataset("j", loader=loader, batch_size=5)) == -(-rows // 5)
     ranked = JobDataset("j", loader=loader, rank=1, world_size=2)
     assert len(ranked) == rows // 8  # full batches of 4 for each of 2 ranks, the rest dropped
+    assert (ranked.rank, ranked.world_size) == (1, 2)
+
+
+def test_rank_and_world_size_come_from_the_launcher_without_opening(loader, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    data = JobDataset("j", loader=loader)
+    assert (data.rank, data.world_size) == (1, 2)
+    assert loader.stats()["jobs"] == {}  # nothing opened: rank 0 never came
+    monkeypatch.setenv("WORLD_SIZE", "x")
+    with pytest.raises(LoaderError, match="rank is unclear: .*Seen: RANK=1; WORLD_SIZE=x"):
+        len(data)  # len() finds the ranks as open would
 
 
 def test_job_loader_carries_the_state_and_refuses_batching_arguments(loader):

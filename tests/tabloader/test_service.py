@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from catalog.options import SPEC_VERSION
 from tabloader.engine.prep import decode_image
 from tabloader.engine.shm import shm_available
 from tabloader.service.client import RemoteLoader, service_loader
+from tabloader.service.listener import STARTER_ENV
 from tabloader.service.protocol import (
     MAX_MESSAGE,
     PROTOCOL_VERSION,
@@ -949,6 +951,96 @@ def test_clients_that_find_no_service_start_one_between_them(cat_dir, tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pids.pop(), signal.SIGTERM)
+
+
+def _background_serve(root: Path, log) -> subprocess.Popen:
+    """``tabloader serve`` as a client starts it (``client._SERVE``, marked as started by
+    this process), its output into ``log``."""
+    from tabloader.service import client
+
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-c", client._SERVE, "--catalog", str(root), "serve"),
+            *("--idle-exit", "60", "--workers", "2", "--cache-bytes", str(16 << 20)),
+        ],
+        stdout=log,
+        stderr=log,
+        env={**os.environ, STARTER_ENV: str(os.getpid())},
+    )
+
+
+def test_a_service_that_loses_the_race_to_start_says_so_in_one_line_and_exits_0(cat_dir):
+    """Two services started at once for one catalog, as two clients would start them: one
+    serves; the other writes one line naming it and exits 0, no traceback, no error."""
+    log_path = runtime_dir(cat_dir) / "service.log"
+    with open(log_path, "ab") as log:
+        procs = [_background_serve(cat_dir, log) for _ in range(2)]
+    try:
+        wait_for(lambda: any(p.poll() is not None for p in procs), "one service to end")
+        loser = next(p for p in procs if p.poll() is not None)  # it lost the race
+        winner = procs[1 - procs.index(loser)]
+        assert loser.returncode == 0
+        with RemoteLoader(cat_dir, start=False) as remote:
+            assert remote.service_pid == winner.pid
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(TIMEOUT)
+    log = log_path.read_text()
+    lost = [line for line in log.splitlines() if "already serves" in line]
+    assert lost == [
+        f"WARNING tabloader.service.server: another tabloader service (pid {winner.pid}) "
+        f"already serves catalog {cat_dir}; this one (pid {loser.pid}, started by pid "
+        f"{os.getpid()}) exits"
+    ], log
+    assert "Traceback" not in log, log
+    assert "Error" not in log, log
+
+
+def test_a_client_waits_for_a_lock_holder_then_starts_the_service_it_left_undone(cat_dir, tmp_path):
+    """A service that holds the catalog's lock without answering (starting, or stopping after
+    its idle time) is waited for, not joined by a second that finds the lock taken; when it
+    goes away without answering, the client starts one."""
+    script = tmp_path / "dial.py"
+    script.write_text(DIALS)
+    lock = os.open(runtime_dir(cat_dir) / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a service holds it
+        os.write(lock, f"{os.getpid()}\n".encode())
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(cat_dir), "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TABLOADER_IDLE_EXIT": "5"},
+        )
+        starting = os.open(runtime_dir(cat_dir) / "starting", os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # the client holds the start lock: it found no service, and waits in _start
+            wait_for(lambda: not _try_flock(starting), "the client to take the start lock")
+        finally:
+            os.close(starting)
+        time.sleep(3)  # what a second service took to start and find the lock taken, before
+    finally:
+        os.close(lock)  # the holder goes away without ever answering
+    out, err = proc.communicate(timeout=TIMEOUT * 2)
+    assert proc.returncode == 0, err
+    try:
+        log = (runtime_dir(cat_dir) / "service.log").read_text()
+        assert log.count("service.server: serving catalog") == 1, log
+        assert "already" not in log, log
+    finally:
+        _stop(int(out))
+
+
+def _try_flock(fd: int) -> bool:
+    """Whether ``fd``'s lock was free (taken and dropped again)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
 
 
 def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir):
