@@ -2,8 +2,7 @@
 
     from accelerate import Accelerator
     from tabloader.integrations.accelerate import prepare
-    from tabloader.engine.ranks import resolve_rank
-from tabloader.torch import JobDataset
+    from tabloader.torch import JobDataset
 
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -46,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 from accelerate.data_loader import DataLoaderShard
 
 from catalog.errors import LoaderError
-from tabloader.engine.ranks import resolve_rank
 from tabloader.torch import JobDataset
 
 if TYPE_CHECKING:
@@ -151,7 +149,7 @@ def prepare(
 
 def _check_ranks(accelerator: Accelerator, dataset: JobDataset) -> None:
     """The dataset's ranks are accelerate's processes: one stream per process."""
-    rank, world_size = resolve_rank(dataset._rank, dataset._world_size)  # as it will open
+    rank, world_size = dataset.rank, dataset.world_size
     expected = (accelerator.process_index, accelerator.num_processes)
     if (rank, world_size) == expected:
         return
