@@ -20,8 +20,9 @@ tabloader already gives each process its own share of every epoch (rank
   sends the others their slices, so the other ranks never open the job and process 0 waits
   for them until ``rank_timeout`` (a job option) runs out and raises ``LoaderError``;
 * with ``dispatch_batches=False`` it wraps the dataset in ``IterableDatasetShard``, which
-  splits each rank's share again: with 2 processes half the rows of each epoch are never
-  trained, silently.
+  splits each rank's share again: with a ``batch_size`` (the HF ``Trainer``'s loader) half
+  the rows of each epoch are never trained with 2 processes, silently; with
+  ``batch_size=None`` it fails at the first batch (``None * num_processes``).
 
 ``prepare`` builds accelerate's own per-process loader (``DataLoaderShard``) around the
 dataset as it is: batches move to ``accelerator.device``, ``accelerator.accumulate`` still
