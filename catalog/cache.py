@@ -17,6 +17,7 @@ from catalog.database import META, Database
 from catalog.errors import DatasetNotFoundError, did_you_mean
 from catalog.model import Dataset, is_payload
 from catalog.storage import DatasetReader, PartInfo
+from catalog.storage.stores import storage_uri
 
 __all__ = ["DatasetCache"]
 
@@ -27,10 +28,14 @@ class DatasetCache:
     Args:
         root: the catalog directory.
         db: its database.
+
+    The readers read their parts from ``$TABLOADER_STORAGE`` where it was set when the
+    catalog was opened (:func:`~catalog.storage.stores.storage_uri`), else from ``root``.
     """
 
     def __init__(self, root: Path, db: Database) -> None:
         self.root, self.db = root, db
+        self.storage = storage_uri(root)
         # (name, None) is the latest version, also cached under its number by the reader.
         self._datasets: dict[tuple[str, int | None], Dataset] = {}
         self._readers: dict[tuple[str, int], DatasetReader] = {}
@@ -94,6 +99,6 @@ class DatasetCache:
                 f"FROM {META}.parts WHERE dataset = ? AND version <= ? ORDER BY first_id",
                 [name, version],
             )
-            reader = DatasetReader(self.root, [PartInfo(*r) for r in rows], schema)
+            reader = DatasetReader(self.storage, [PartInfo(*r) for r in rows], schema)
             self._readers[(name, version)] = reader
         return reader

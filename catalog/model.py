@@ -56,8 +56,9 @@ class Dataset:
 
     @property
     def files(self) -> list[Path]:
-        """The Arrow IPC files of this version, in ``_id`` order."""
-        return [self._reader.root / p.path for p in self._reader.parts]
+        """The Arrow IPC files of this version, in ``_id`` order (where a store other than
+        local files holds them: their URLs, as paths)."""
+        return [Path(self._reader.locate_part(i)) for i in range(len(self._reader.parts))]
 
     @property
     def reader(self) -> DatasetReader:

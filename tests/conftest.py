@@ -27,6 +27,7 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
     for name in ("TABLOADER_CATALOG", *launcher, "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TABLOADER_STORAGE", raising=False)  # parts from each catalog's folder
     monkeypatch.setenv("TABLOADER_DISABLE_PROGRESS_BARS", "1")
     _progress.disable_progress_bars()
 

@@ -8,16 +8,23 @@ Every file records its dataset and part, and every record batch its columns' che
 
 from __future__ import annotations
 
-from catalog.storage.reader import DatasetReader
+from catalog.storage.reader import DatasetReader, ReaderSpec
+from catalog.storage.stores import LocalStore, Store, open_store, register_store, unregister_store
 from catalog.storage.verify import Damage, VerifyReport, verify_readers
 from catalog.storage.writer import PartInfo, PartWriter, choose_rows_per_batch
 
 __all__ = [
     "Damage",
     "DatasetReader",
+    "LocalStore",
     "PartInfo",
     "PartWriter",
+    "ReaderSpec",
+    "Store",
     "VerifyReport",
     "choose_rows_per_batch",
+    "open_store",
+    "register_store",
+    "unregister_store",
     "verify_readers",
 ]

@@ -1,5 +1,7 @@
 """Random-access reads of a dataset's rows from its Arrow IPC files.
 
+The files are opened through the reader's store (:mod:`catalog.storage.stores`): local files,
+or a store registered for its root's URI scheme; the reader's ``spec()`` names it by URI.
 Opening a part reads only its footer (``pa.ipc.open_file``); the file size, batch count and
 the identity the file records (dataset, part, file name, first ``_id``; see
 ``catalog.storage.checksums``) are checked against the catalog, so a truncated, replaced or
@@ -30,7 +32,7 @@ import sys
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -38,9 +40,9 @@ import pyarrow as pa
 
 from catalog.arrays import id_array
 from catalog.bitmaps import ID_COLUMN
-from catalog.directory import open_file, opened_path
 from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from catalog.storage.checksums import FileIdentity, column_digest, parse_digests
+from catalog.storage.stores import Store, open_store
 from catalog.storage.values import INDEX_ROWS, ValueIndex, binary_array, binary_offsets
 from catalog.storage.writer import PartInfo
 
@@ -49,13 +51,17 @@ __all__ = ["DatasetReader"]
 ID_FIELD = pa.field(ID_COLUMN, pa.int64(), nullable=False)
 _INT64 = pa.int64()
 Fields = tuple[int, ...] | None  # the field indices a file reader reads (None: all)
+ReaderSpec = tuple[str, list[PartInfo], pa.Schema, bool]
+"""What another process needs to open a reader again: its store's URI, parts, schema and
+whether it verifies (picklable; ``DatasetReader.spec``)."""
 
 
 class DatasetReader:
     """Read rows by ``_id`` from the parts of one dataset version.
 
     Args:
-        root: the catalog directory (part paths are relative to it).
+        root: where the parts lie (their paths are relative to it): the catalog directory, or
+            the URI of a store (:mod:`catalog.storage.stores`).
         parts: the parts, in ``_id`` order.
         schema: the stored schema (without ``_id``).
         memory_map: read through memory maps (True) or with ``pread`` (False); see above.
@@ -65,7 +71,7 @@ class DatasetReader:
 
     def __init__(
         self,
-        root: Path,
+        root: str | os.PathLike[str],
         parts: Sequence[PartInfo],
         schema: pa.Schema,
         *,
@@ -73,6 +79,7 @@ class DatasetReader:
         verify: bool = True,
     ) -> None:
         self.root = root
+        self.store: Store = open_store(root)
         self.memory_map = memory_map
         self.verify = verify
         self.parts = list(parts)
@@ -96,14 +103,17 @@ class DatasetReader:
         self._values: dict[tuple[int, Fields], ValueIndex | None] = {}
         self._lock = threading.Lock()
 
-    def spec(self) -> tuple[Path, list[PartInfo], pa.Schema, bool]:
-        """What another process needs to open this reader again (``from_spec``): picklable."""
-        return (self.root, self.parts, self.schema, self.verify)
+    def spec(self) -> ReaderSpec:
+        """What another process needs to open this reader again (``from_spec``): picklable,
+        the store named by its URI."""
+        return (self.store.uri, self.parts, self.schema, self.verify)
+
+    def locate_part(self, index: int) -> str:
+        """Where part ``index``'s file lies (a local path, or its store's URL)."""
+        return self.store.locate(self.parts[index].path)
 
     @classmethod
-    def from_spec(
-        cls, spec: tuple[Path, list[PartInfo], pa.Schema, bool], *, memory_map: bool
-    ) -> DatasetReader:
+    def from_spec(cls, spec: ReaderSpec, *, memory_map: bool) -> DatasetReader:
         """A reader of ``spec`` (``spec()``): the same files, its own caches and checks."""
         root, parts, schema, verify = spec
         return cls(root, parts, schema, memory_map=memory_map, verify=verify)
@@ -131,7 +141,7 @@ class DatasetReader:
 
     def _open(self, index: int, fields: Fields = None) -> pa.ipc.RecordBatchFileReader:
         part = self.parts[index]
-        path = self.root / part.path
+        path = self.locate_part(index)
         fix = "Restore the file or re-import the dataset (DROP DATASET, then CREATE DATASET)."
         of = f"'{path}' of dataset '{self.dataset}' (rows {_rows(part.first_id, part.end_id)})"
 
@@ -143,25 +153,31 @@ class DatasetReader:
                 rows=range(part.first_id, part.end_id),
             )
 
-        try:  # a regular file of its recorded size, never through a link (see open_file)
-            fd = open_file(path, what=f"Data file {of}", size=part.file_size)
+        try:  # local: a regular file of its recorded size, never through a link (open_file)
+            source = self.store.open_part(
+                part.path, size=part.file_size, what=f"Data file {of}", memory_map=self.memory_map
+            )
         except FileNotFoundError:
             raise fail(f"Missing data file {of}.") from None
         except StorageError as exc:
             raise fail(str(exc)) from None
         except OSError as exc:
             raise fail(f"Cannot read data file {of}: {exc.strerror or exc}.") from exc
+        size = source.size()
+        if size != part.file_size:  # (for a store that cannot tell before it opens)
+            source.close()
+            raise fail(
+                f"Data file {of} has {size} bytes, expected {part.file_size} "
+                "(truncated or replaced)."
+            )
         try:
-            name = opened_path(fd, path)
-            source = pa.memory_map(name, "r") if self.memory_map else pa.OSFile(name)
             options = (
                 None if fields is None else pa.ipc.IpcReadOptions(included_fields=list(fields))
             )
             reader = pa.ipc.open_file(source, options=options)
         except (pa.ArrowException, OSError) as exc:
+            source.close()
             raise fail(f"Corrupt data file {of}: {exc}.") from exc
-        finally:
-            os.close(fd)  # Arrow opened the same file again
         if reader.num_record_batches != part.num_batches:
             raise fail(
                 f"Data file {of} has {reader.num_record_batches} record batches, expected "
@@ -250,7 +266,7 @@ class DatasetReader:
 
     def _damaged(self, part: int, batch: int, exc: Exception, column: str | None) -> StorageError:
         info = self.parts[part]
-        path = self.root / info.path
+        path = self.locate_part(part)
         first = info.first_id + batch * info.rows_per_batch
         end = min(first + info.rows_per_batch, info.first_id + info.num_rows)
         where = f"dataset '{self.dataset}', rows {_rows(first, end)}"
@@ -290,7 +306,7 @@ class DatasetReader:
             raise self._corrupt(exc) from exc
 
     def _corrupt(self, exc: Exception) -> StorageError:
-        folder = (self.root / self.parts[0].path).parent
+        folder = self.store.locate(str(PurePosixPath(self.parts[0].path).parent))
         return StorageError(
             f"Corrupt data in '{folder}': {exc}. Re-import the dataset (DROP DATASET, then "
             "CREATE DATASET).",
@@ -486,7 +502,8 @@ class DatasetReader:
             if fields and info.rows_per_batch >= INDEX_ROWS and column is not None:
                 self._file(part, fields)  # opened and checked (size, identity) first
                 index = ValueIndex(
-                    self.root / info.path,
+                    self.store,
+                    info.path,
                     info.file_size,
                     info.num_rows,
                     info.rows_per_batch,

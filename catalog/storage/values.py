@@ -11,7 +11,8 @@ values lies in the file, and later reads of the batch's rows read those bytes on
 
 The positions come from the same batch seen through a memory map of the file (zero-copy: a
 value's buffer address less the map's address is its place in the file; a reader of some of
-the columns only would copy them); its offsets must
+the columns only would copy them; a store that copies every read, where a map cannot be had,
+gives no positions, and its parts are read a record batch at a time); its offsets must
 equal the checked batch's, value for value, or the file changed under the reader and the
 batch counts as damaged. Only the map's pages holding the batch's metadata and offsets are
 touched, never the values', so the map adds almost nothing to the process's resident set.
@@ -21,16 +22,15 @@ Memory: 12 bytes per row of an indexed part (400,000 rows: 4.8 MB), per reader a
 
 from __future__ import annotations
 
-import os
 import threading
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from catalog.directory import open_file, opened_path
+if TYPE_CHECKING:
+    from catalog.storage.stores import Store
 
 __all__ = ["INDEX_ROWS", "ValueIndex", "binary_array", "binary_offsets"]
 
@@ -64,17 +64,19 @@ class ValueIndex:
     """The file positions of one binary column's values in one part (see the module docstring).
 
     Args:
-        path: the part's file.
-        size: its size in bytes, as recorded (each open checks it: ``open_file``).
+        store: where the part lies (:mod:`catalog.storage.stores`).
+        name: the part's file in it.
+        size: its size in bytes, as recorded (each open checks it).
         num_rows: its rows.
         rows_per_batch: its rows per record batch.
         column: the column's index in the file's schema.
     """
 
     def __init__(
-        self, path: Path, size: int, num_rows: int, rows_per_batch: int, column: int
+        self, store: Store, name: str, size: int, num_rows: int, rows_per_batch: int, column: int
     ) -> None:
-        self.path, self.size, self.rows_per_batch, self._column = path, size, rows_per_batch, column
+        self.store, self.name, self.size = store, name, size
+        self.rows_per_batch, self._column = rows_per_batch, column
         self.start = np.full(num_rows, -1, np.int64)  # -1: not located yet, or null
         self.length = np.full(num_rows, -1, np.int32)  # -1: null (once located)
         self.located = np.zeros(-(-num_rows // rows_per_batch), bool)  # per record batch
@@ -91,6 +93,8 @@ class ValueIndex:
             ValueError: the file's batch is not the checked one (the file changed).
         """
         source, reader, base = self._mapped()
+        if base is None:  # the store copies what it reads: no place in the file to be had
+            return False
         mapped = binary_array(reader.get_batch(batch).column(self._column))
         if mapped is None or len(mapped) != len(checked):
             raise ValueError("the file changed while it was read")
@@ -118,7 +122,7 @@ class ValueIndex:
         if file is None:
             with self._lock:
                 if self._file is None:
-                    self._file = self._open(pa.OSFile)
+                    self._file = self._open(memory_map=False)
                 file = self._file
         read_at = file.read_at
         return [
@@ -126,20 +130,25 @@ class ValueIndex:
             for p, n in zip(self.start[rows].tolist(), self.length[rows].tolist(), strict=True)
         ]
 
-    def _open(self, opener: Any) -> Any:
-        """``opener`` (``pa.OSFile``, ``pa.memory_map``) on the file, checked (``open_file``)."""
-        fd = open_file(self.path, what=f"Data file '{self.path}'", size=self.size)
-        try:
-            return opener(opened_path(fd, self.path))
-        finally:
-            os.close(fd)
+    def _open(self, *, memory_map: bool) -> pa.NativeFile:
+        """The part opened through its store, checked as the store checks (local: a regular
+        file of its size, never through a link)."""
+        what = f"Data file '{self.store.locate(self.name)}'"
+        return self.store.open_part(self.name, size=self.size, what=what, memory_map=memory_map)
 
-    def _mapped(self) -> tuple[Any, Any, int]:
+    def _mapped(self) -> tuple[Any, Any, int | None]:
         with self._lock:
             if self._map is None:
-                source = self._open(pa.memory_map)
-                base = source.read_buffer(1).address  # zero-copy: where the map starts
+                source = self._open(memory_map=True)
+                first, again = _first_byte(source), _first_byte(source)
+                # zero-copy (two reads of the first byte are one byte): where the map starts
+                base = first.address if first.address == again.address else None
                 # every column: a reader of some columns only copies them (``included_fields``)
                 reader = pa.ipc.open_file(source)
                 self._map = (source, reader, base)
             return self._map  # type: ignore[no-any-return]
+
+
+def _first_byte(source: pa.NativeFile) -> pa.Buffer:
+    source.seek(0)
+    return source.read_buffer(1)

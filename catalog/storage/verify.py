@@ -102,7 +102,7 @@ def verify_readers(readers: Sequence[DatasetReader]) -> VerifyReport:
         reader.verify = True
         report.datasets.append(reader.dataset)
         for index, part in enumerate(reader.parts):
-            path = str(reader.root / part.path)
+            path = reader.locate_part(index)
             report.files += 1
             report.rows += part.num_rows
             try:

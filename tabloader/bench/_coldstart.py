@@ -134,7 +134,7 @@ class _Images:
         from tabloader.engine.prep import decode_image
 
         if self._reader is None:
-            spec = (self.root, self.parts, self.schema, self.verify)
+            spec = (str(self.root), self.parts, self.schema, self.verify)
             self._reader = DatasetReader.from_spec(spec, memory_map=True)
         value = self._reader.take([i], ["image"]).column("image")[0].as_buffer()
         return np.array(decode_image(value, size=224)), i

@@ -14,9 +14,10 @@ A module per step, in the order a row goes through them::
   :mod:`~tabloader.engine.work`): cheap columns gathered vectorized
   (:mod:`~tabloader.engine.gather`), images looked up in the arena, in-flight reads merged;
 * **prepare**: the shared, deterministic prefix once per row for every job
-  (:mod:`~tabloader.engine.prep`: decode; in :mod:`~tabloader.engine.decoding`'s processes or
-  the pool's threads); each job's own rest on top (:mod:`~tabloader.engine.augment`, planned
-  by :mod:`~tabloader.engine.planning`);
+  (:mod:`~tabloader.engine.prep`: decode, by the column's backend, chosen from
+  :mod:`~tabloader.engine.backends`' registry; in :mod:`~tabloader.engine.decoding`'s
+  processes or the pool's threads); each job's own rest on top
+  (:mod:`~tabloader.engine.augment`, planned by :mod:`~tabloader.engine.planning`);
 * **arena**: prepared values in slots of slabs of one buffer (:mod:`~tabloader.engine.arena`,
   :mod:`~tabloader.engine.slabs`), evicted by :mod:`~tabloader.engine.eviction`'s policy, in
   shared memory with no name (:mod:`~tabloader.engine.shm`: the layout and the reader/writer

@@ -55,8 +55,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from catalog.errors import LoaderError, RowReadError
-from catalog.storage import DatasetReader
+from catalog.errors import LoaderError, RowReadError, StorageError
+from catalog.storage import DatasetReader, register_store
+from catalog.storage.stores import store_factory
 from tabloader.engine.prep import Decoder, pixel_limit
 from tabloader.engine.shm import Segment, process_alive
 
@@ -113,6 +114,7 @@ def decode_rows(
             nbytes += len(raw[i])
     where = None if into is None else (lambda k, shape: into(todo[k], shape))
     prepared = dec.many([raw[i] for i in todo], rows[todo].tolist(), where)
+    shape = dec.fixed_shape  # a decode process writes it into a slot of that shape
     for i, value in zip(todo, prepared, strict=True):
         if isinstance(value, MemoryError):  # not the row's fault: not bad data
             failed[i] = LoaderError(
@@ -122,6 +124,12 @@ def decode_rows(
             failed[i].__cause__ = value
         elif isinstance(value, BaseException):
             failed[i] = value
+        elif shape is not None and (value.shape != shape or value.dtype != np.uint8):
+            failed[i] = LoaderError(
+                f"row {int(rows[i])}, column {dec.column!r}: its decode gave {value.dtype} "
+                f"{value.shape}, not uint8 {shape} (image_size {dec.image_size!r}); fix the "
+                f"decode backend {getattr(dec.backend, 'name', None)!r}."
+            )
         else:
             values[i] = value
     counters = _counters(t1 - t0, time.perf_counter() - t1, reads, nbytes)
@@ -277,7 +285,7 @@ class DecodePool:
         """
         known = self._specs.get(id(reader))
         if known is None:  # pickled once per reader (kept: its id stays unique); workers
-            spec = pickle.dumps(reader.spec())  # workers cache it by key
+            spec = _pickled_spec(reader)  # cache it by key
             known = self._specs[id(reader)] = (reader, len(self._specs), spec)
         _, key, spec = known
         task = _Task(Future(), key, spec, dec, rows, offsets)
@@ -383,6 +391,19 @@ def _socket_room(tempdir: str) -> str:
             "TMPDIR to a shorter folder (e.g. TMPDIR=/tmp) or use decode='threads'."
         )
     return tempdir
+
+
+def _pickled_spec(reader: DatasetReader) -> bytes:
+    """``reader``'s spec, and the factory of its store where that is not local files: pickled
+    by name, it brings its module (and the stores that registers) into the decode process.
+    A factory that cannot be pickled (a lambda) stays behind: the decode process then has
+    only the stores its own imports registered."""
+    spec = reader.spec()
+    factory = store_factory(spec[0])
+    try:
+        return pickle.dumps((spec, factory))
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return pickle.dumps((spec, None))
 
 
 @dataclass
@@ -589,6 +610,21 @@ def _exit_with(owner: int, tempdir: str) -> None:
     os._exit(0)
 
 
+def _reader_of(pickled: bytes) -> DatasetReader:
+    """The reader of a spec ``_pickled_spec`` pickled (its store registered here first)."""
+    spec, factory = pickle.loads(pickled)
+    if factory is not None and store_factory(spec[0]) is None:
+        register_store(spec[0].partition("://")[0], factory)
+    try:
+        return DatasetReader.from_spec(spec, memory_map=False)
+    except StorageError as exc:  # a store whose factory could not come along
+        raise StorageError(
+            f"{exc} (In a decode process: register it with a factory defined at the top level "
+            "of a module, which comes along by name, or use decode='threads'.)",
+            path=exc.path,
+        ) from None
+
+
 def _decode_into(
     key: int,
     spec: bytes,
@@ -600,7 +636,7 @@ def _decode_into(
     if reader is None:
         # A reader of its own: it checks each record batch's checksums on its first read in
         # this process, as the loader's reader does in the loader's.
-        reader = _READERS[key] = DatasetReader.from_spec(pickle.loads(spec), memory_map=False)
+        reader = _READERS[key] = _reader_of(spec)
         while len(_READERS) > 8:  # older versions of datasets
             _READERS.popitem(last=False)
     values, errors, counters = decode_rows(reader, dec, rows)

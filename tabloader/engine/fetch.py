@@ -282,12 +282,7 @@ class Fetcher:
                 work.shapes[ci][rest[hit]] = again.shapes[hit]
                 claim = rest[~hit]
                 claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
-                in_procs = (
-                    self.procs is not None
-                    and self.procs.ready
-                    and dec.image_size
-                    and not isinstance(dec.image_size, Fit)
-                )
+                in_procs = self.procs is not None and self.procs.ready and dec.in_processes
                 least = MIN_PROCESS_ROWS if in_procs else MIN_DECODE_ROWS
                 if dec.image_size is not None and not isinstance(dec.image_size, Fit):
                     value = math.prod(_fixed_shape(dec.image_size))  # small ones: fewer tasks
@@ -309,10 +304,11 @@ class Fetcher:
     # -- decoding (one task per group of rows) ------------------------------------------------
     def _dispatch(self, load: _Load) -> None:
         size = load.decoder.image_size
-        if self.procs is None or size is None or isinstance(size, Fit) or not self.procs.ready:
-            # a decode process fills slots reserved for a known shape: fixed sizes only; the
-            # first ones start the processes and are decoded here meanwhile
-            if self.procs is not None and size is not None and not isinstance(size, Fit):
+        if self.procs is None or not load.decoder.in_processes or not self.procs.ready:
+            # a decode process fills slots reserved for a known shape: fixed sizes only (of a
+            # backend that runs there); the first ones start the processes and are decoded
+            # here meanwhile
+            if self.procs is not None and load.decoder.in_processes:
                 self.procs.start()
             self.pool.submit(self._run_load, load, priority=load.priority)
             return

@@ -28,6 +28,12 @@ column name for raw values (``"label"``, ``"image"`` for raw bytes), and
 decode a column the same way share entries; different parameters never do. (A column whose
 own name contains ``@`` could collide with this grammar; don't name columns that way.)
 
+**Decode backends.** An image column's values are decoded by its decoder's ``backend``
+(:mod:`tabloader.engine.backends`), chosen once in :func:`decoder_for`: a registered backend
+that accepts the column, else :class:`SimpleJpegBackend` (libjpeg-turbo, then Pillow);
+:class:`PillowBackend` decodes with Pillow alone. A backend other than the default adds
+``+name`` to the cache key (``"image@224+pillow"``): its pixels are its own.
+
 **Sharing is read-only.** Decoded images are marked read-only, because one value is shared
 by every job that reads the row (in the engine's arena); each job gets a copy in its own
 batch. Other columns are never decoded one value at a time: :func:`batch_column` turns a
@@ -57,12 +63,13 @@ Example:
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import math
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -73,16 +80,27 @@ from PIL import Image, UnidentifiedImageError
 from catalog.arrays import to_numpy
 from catalog.errors import LoaderError, RowReadError
 from catalog.settings import SETTINGS, setting
+from tabloader.engine.backends import (
+    DEFAULT_BACKEND,
+    DecodeBackend,
+    Fit,
+    ImageSize,
+    IntoAt,
+    backend_for,
+)
 from tabloader.engine.imagesize import check_pixels, declared_size
 from tabloader.engine.resample import resize_hw, resize_many_hw
 
 __all__ = [
     "IMAGE_COLUMN_NAMES",
+    "DecodeBackend",
     "DecodeKind",
     "Decoder",
     "Fit",
     "ImageSize",
     "Into",
+    "PillowBackend",
+    "SimpleJpegBackend",
     "batch_column",
     "decode_image",
     "decode_images",
@@ -93,21 +111,6 @@ __all__ = [
     "resize_many_hw",
 ]
 
-
-class Fit(NamedTuple):
-    """An aspect-preserving decode size, the shared prefix of augmented jobs: the smallest
-    DCT-domain scale whose shorter side is still at least ``least`` (a full-size decode when
-    that is above half), then, where ``cap`` is set and the shorter side is larger than it, a
-    resize down to shorter side ``cap`` (FFCV's maximum resolution). Cache key suffix
-    ``min{least}`` (``min{least}max{cap}``)."""
-
-    least: int
-    cap: int | None = None
-
-
-ImageSize = int | tuple[int, int] | Fit
-"""``224``: shorter side to 224, then center crop 224x224; ``(h, w)``: exactly hxw; a
-:class:`Fit`: aspect kept (see there)."""
 
 IMAGE_COLUMN_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp", "picture", "photo"})
 """Binary columns decoded as images by default (case-insensitive)."""
@@ -151,6 +154,7 @@ def decode_image(
     size: ImageSize | None = None,
     into: Into | None = None,
     max_pixels: int | None = None,
+    turbo: bool = True,
 ) -> npt.NDArray[np.uint8]:
     """Decode encoded image bytes (JPEG, PNG, WebP...) to a read-only ``uint8`` (H, W, 3) array.
 
@@ -176,6 +180,8 @@ def decode_image(
             to fault in), or None for a new one. Otherwise unused.
         max_pixels: refuse an image whose header declares more pixels, before decoding it
             (None: :func:`pixel_limit`'s).
+        turbo: decode JPEGs with libjpeg-turbo (simplejpeg) where it can (False: Pillow
+            decodes every image; its pixels differ slightly).
 
     Returns:
         The decoded pixels, read-only (they may be shared between jobs): ``into``'s array
@@ -187,7 +193,7 @@ def decode_image(
     """
     target = _check_size(size)
     limit = pixel_limit() if max_pixels is None else max_pixels
-    arr = _decode(data, target, limit, into if isinstance(target, Fit) else None)
+    arr = _decode(data, target, limit, into if isinstance(target, Fit) else None, turbo=turbo)
     if target is not None:
         arr = _resize(arr, target)
     arr.flags.writeable = False
@@ -199,6 +205,7 @@ def decode_images(
     *,
     size: ImageSize,
     max_pixels: int | None = None,
+    turbo: bool = True,
 ) -> list[npt.NDArray[np.uint8] | LoaderError | MemoryError]:
     """:func:`decode_image` of each of ``values`` at ``size`` (the same pixels), or the
     ``LoaderError`` (or ``MemoryError``) it raised: the resizes of small images of one decoded
@@ -215,7 +222,7 @@ def decode_images(
     groups: dict[tuple[tuple[int, ...], int, int], list[tuple[int, npt.NDArray[np.uint8]]]] = {}
     for i, data in enumerate(values):
         try:
-            arr = _decode(data, target, limit)
+            arr = _decode(data, target, limit, turbo=turbo)
         except (LoaderError, MemoryError) as exc:
             out.append(exc)
             continue
@@ -245,6 +252,8 @@ def _decode(
     target: _Target | None,
     max_pixels: int,
     into: Into | None = None,
+    *,
+    turbo: bool = True,
 ) -> npt.NDArray[np.uint8]:
     """``data`` decoded as :func:`decode_image` does, before its resize to ``target``: its
     declared size checked against ``max_pixels`` first (the header, then Pillow's lazy
@@ -258,7 +267,7 @@ def _decode(
     declared = (header[1], header[0]) if header is not None else declared_size(view)
     if declared is not None:
         check_pixels(declared, max_pixels)
-    if header is not None:
+    if header is not None and turbo:
         fast = _decode_jpeg(view, target, header[:2], into)
         if fast is not None:
             return fast
@@ -456,6 +465,55 @@ def _resize_plan(
     return arr, out_h, out_w
 
 
+class PillowBackend:
+    """A decode backend (:mod:`tabloader.engine.backends`): Pillow decodes every image (a JPEG
+    scaled in the DCT domain by ``Image.draft``); a fixed size's resizes are batched
+    (:func:`decode_images`). Not chosen unless registered."""
+
+    name = "pillow"
+    processes = True
+    turbo = False  # whether JPEGs go through simplejpeg first
+
+    def accepts(self, field: pa.Field) -> bool:
+        return True
+
+    def decode(
+        self,
+        values: Sequence[Any],
+        *,
+        size: ImageSize | None,
+        max_pixels: int | None,
+        into: IntoAt | None,
+    ) -> list[npt.NDArray[np.uint8] | Exception]:
+        if size is not None and not isinstance(size, Fit):
+            return [*decode_images(values, size=size, max_pixels=max_pixels, turbo=self.turbo)]
+        return [self._one(value, size, max_pixels, into, k) for k, value in enumerate(values)]
+
+    def _one(
+        self, value: Any, size: ImageSize | None, limit: int | None, into: IntoAt | None, k: int
+    ) -> npt.NDArray[np.uint8] | Exception:
+        where = None if into is None else functools.partial(into, k)
+        try:
+            return decode_image(value, size=size, into=where, max_pixels=limit, turbo=self.turbo)
+        except Exception as exc:  # LoaderError: the bytes; MemoryError: not the row's fault
+            return exc
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class SimpleJpegBackend(PillowBackend):
+    """The default decode backend: JPEGs through libjpeg-turbo (simplejpeg: DCT-domain
+    scaling, the GIL released), Pillow for other formats and the JPEGs simplejpeg cannot turn
+    into RGB (CMYK)."""
+
+    name = DEFAULT_BACKEND
+    turbo = True
+
+
+_DEFAULT_BACKEND = SimpleJpegBackend()
+
+
 @dataclass(frozen=True)
 class Decoder:
     """Prepares the values of one column; callable as ``decoder(value, row_id=...)``.
@@ -467,6 +525,8 @@ class Decoder:
         dtype: numpy dtype of scalars / array items, or None to infer.
         max_pixels: images declaring more pixels are refused before decoding (None:
             :func:`pixel_limit`'s, read at each decode; a loader sets its own).
+        backend: what decodes an image column's values (:mod:`tabloader.engine.backends`;
+            None: the default, :class:`SimpleJpegBackend`); named in ``key`` unless default.
         key: the cache key column, ``column`` or ``f"{column}@{params}"``.
     """
 
@@ -475,6 +535,7 @@ class Decoder:
     image_size: ImageSize | None = None
     dtype: str | None = None
     max_pixels: int | None = None
+    backend: DecodeBackend | None = field(default=None, compare=False)
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -485,6 +546,13 @@ class Decoder:
                     f"is decoded as {self.kind.value}; only image columns take a size."
                 )
             object.__setattr__(self, "image_size", _check_size(self.image_size))
+        if self.kind is DecodeKind.IMAGE and self.backend is None:
+            object.__setattr__(self, "backend", _DEFAULT_BACKEND)
+        elif self.kind is not DecodeKind.IMAGE and self.backend is not None:
+            raise LoaderError(
+                f"decode backend {self.backend.name!r} given for column {self.column!r}, which "
+                f"is decoded as {self.kind.value}; only image columns have one."
+            )
         size = self.image_size
         if self.kind is not DecodeKind.IMAGE:
             key = self.column
@@ -496,26 +564,40 @@ class Decoder:
             key = f"{self.column}@{size}"
         else:
             key = f"{self.column}@{size[0]}x{size[1]}"
+        if self.backend is not None and self.backend.name != DEFAULT_BACKEND:
+            key += f"+{self.backend.name}"
         object.__setattr__(self, "key", key)
+
+    @property
+    def fixed_shape(self) -> tuple[int, int, int] | None:
+        """The shape of every value of a fixed ``image_size`` (an int: a square); None where
+        values differ in shape (full size, aspect kept) or are not images."""
+        size = self.image_size
+        if size is None or isinstance(size, Fit):
+            return None
+        return (size, size, 3) if isinstance(size, int) else (*size, 3)
+
+    @property
+    def in_processes(self) -> bool:
+        """Whether decode processes may decode this column: they fill slots reserved for a
+        fixed shape, with a backend that may run there (its ``processes``)."""
+        return self.fixed_shape is not None and self.backend is not None and self.backend.processes
 
     def many(
         self,
         values: Sequence[Any],
         row_ids: Sequence[int],
-        into: Callable[[int, tuple[int, int, int]], npt.NDArray[np.uint8] | None] | None = None,
+        into: IntoAt | None = None,
     ) -> list[Any]:
         """Prepare ``values`` of rows ``row_ids``: per value what ``self(value, row_id=...)``
-        returns first, or the exception it raises. Images of a fixed ``image_size`` are
-        decoded with their resizes batched (:func:`decode_images`: the same pixels), unless
-        a subclass prepares values its own way (overrides ``__call__``); aspect-kept ones
-        (a :class:`Fit`) into ``into(k, shape)``'s array for value ``k`` where it gives one
-        (see :func:`decode_image`)."""
-        size = self.image_size
+        returns first, or the exception it raises. Images go to the column's ``backend``
+        together (the default batches a fixed ``image_size``'s resizes: the same pixels),
+        unless a subclass prepares values its own way (overrides ``__call__``); aspect-kept
+        ones (a :class:`Fit`) into ``into(k, shape)``'s array for value ``k`` where the
+        backend uses it (see :func:`decode_image`)."""
         own_call = type(self).__call__ is not Decoder.__call__  # a subclass's: value by value
-        if into is not None and not own_call and isinstance(size, Fit):
-            pairs = enumerate(zip(values, row_ids, strict=True))
-            return [self._fit_into(v, r, k, into) for k, (v, r) in pairs]
-        if own_call or self.kind is not DecodeKind.IMAGE or size is None or isinstance(size, Fit):
+        backend = self.backend
+        if own_call or backend is None:
             out: list[Any] = []
             for value, row in zip(values, row_ids, strict=True):
                 try:
@@ -531,29 +613,18 @@ class Decoder:
                 todo.append(i)
             except LoaderError as exc:
                 out[i] = self._row_error(exc, row_ids[i])
-        decoded = decode_images([out[i] for i in todo], size=size, max_pixels=self.max_pixels)
+        where = into if into is None or len(todo) == len(values) else _skipping(into, todo)
+        decoded = backend.decode(
+            [out[i] for i in todo], size=self.image_size, max_pixels=self.max_pixels, into=where
+        )
+        if len(decoded) != len(todo):
+            raise LoaderError(
+                f"Decode backend {backend.name!r} returned {len(decoded)} values for "
+                f"{len(todo)} of column {self.column!r}; it must return one per value."
+            )
         for i, arr in zip(todo, decoded, strict=True):
             out[i] = self._row_error(arr, row_ids[i]) if isinstance(arr, LoaderError) else arr
         return out
-
-    def _fit_into(
-        self,
-        value: Any,
-        row_id: int,
-        k: int,
-        into: Callable[[int, tuple[int, int, int]], npt.NDArray[np.uint8] | None],
-    ) -> Any:
-        try:
-            return decode_image(
-                _image_bytes(self, value),
-                size=self.image_size,
-                into=lambda s: into(k, s),
-                max_pixels=self.max_pixels,
-            )
-        except LoaderError as exc:
-            return self._row_error(exc, row_id)
-        except MemoryError as exc:  # not the row's fault: see the module docstring
-            return exc
 
     def _row_error(self, exc: LoaderError, row_id: int) -> LoaderError:
         """``exc`` as ``__call__`` raises it for row ``row_id``."""
@@ -588,8 +659,18 @@ class Decoder:
             ) from exc
 
 
+def _skipping(into: IntoAt, todo: list[int]) -> IntoAt:
+    """``into`` for the values ``todo`` only: the backend's value ``k`` is value ``todo[k]``."""
+    return lambda k, shape: into(todo[k], shape)
+
+
 def _prepare_image(dec: Decoder, value: Any) -> tuple[Any, int]:
-    arr = decode_image(_image_bytes(dec, value), size=dec.image_size, max_pixels=dec.max_pixels)
+    assert dec.backend is not None  # (every image decoder has one)
+    (arr,) = dec.backend.decode(
+        [_image_bytes(dec, value)], size=dec.image_size, max_pixels=dec.max_pixels, into=None
+    )
+    if isinstance(arr, Exception):
+        raise arr
     return arr, arr.nbytes
 
 
@@ -710,7 +791,9 @@ def decoder_for(
         max_pixels: an image column's pixel limit (see :class:`Decoder`).
 
     Returns:
-        The decoder; its ``key`` is the cache key column.
+        The decoder; its ``key`` is the cache key column. An image column's decode backend
+        is the newest registered one that accepts ``field``, else the default
+        (:func:`~tabloader.engine.backends.backend_for`).
 
     Raises:
         LoaderError: a column listed in ``image_columns`` does not hold bytes, or
@@ -728,8 +811,14 @@ def decoder_for(
             )
     else:
         image = _is_hf_image(t) or (_is_binary(t) and field.name.lower() in IMAGE_COLUMN_NAMES)
-    if image:
-        return Decoder(field.name, DecodeKind.IMAGE, image_size=image_size, max_pixels=max_pixels)
+    if image:  # its backend chosen once here, for the column's plan
+        return Decoder(
+            field.name,
+            DecodeKind.IMAGE,
+            image_size=image_size,
+            max_pixels=max_pixels,
+            backend=backend_for(field),
+        )
     if _is_binary(t):
         return Decoder(field.name, DecodeKind.BYTES)
     if _is_list(t):

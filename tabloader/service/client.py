@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from catalog.directory import resolve_root
-from catalog.errors import ServiceError, ServiceStuckError, TabloaderError
+from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 from catalog.options import JobSpec
 from catalog.settings import setting
 from tabloader.engine.batchmem import BatchMemory
@@ -414,6 +414,8 @@ class RemoteStream:
         self._copy_s = 0.0  # copying batches out of the shared memory, in all
         self._returned: float | None = None  # when take() last returned
         self._epoch_hint: int | None = None  # the epoch it opened at, until a batch moves it
+        # the reply read ahead was this error, for a later epoch than the one being read
+        self._failed: TabloaderError | None = None
 
     @property
     def epoch(self) -> int:
@@ -422,6 +424,8 @@ class RemoteStream:
             if self._epoch_hint is not None:  # nothing taken since the open said
                 return self._epoch_hint
             ready = self._peek()
+            if self._failed is not None and hasattr(self._failed, "epoch"):
+                return int(self._failed.epoch)
             if ready is not None and not ready.get("end"):
                 return int(ready["epoch"])
             return int(self._conn.call("epoch")["epoch"])
@@ -434,6 +438,13 @@ class RemoteStream:
             if self._returned is not None:
                 self._compute_s += start - self._returned
             reply = self._collect()  # counts its own wait for a reply read ahead
+            failed = self._failed
+            if failed is not None:  # the next batch failed: raise it when it is asked for
+                if epoch is not None and getattr(failed, "epoch", epoch) > epoch:
+                    self._returned = time.perf_counter()
+                    return None  # ``epoch`` ended before it
+                self._failed = None
+                raise failed
             start = time.perf_counter()
             if reply is None:
                 reply = self._conn.call("next", **self._timing())
@@ -460,6 +471,8 @@ class RemoteStream:
             t0 = time.perf_counter()
             try:
                 self._ready = self._conn.receive()
+            except LoaderError as exc:  # the job's error: ``take`` raises it in its turn
+                self._failed = exc
             finally:
                 self._wait_s += time.perf_counter() - t0
         ready, self._ready = self._ready, None
@@ -487,8 +500,6 @@ class RemoteStream:
 
     def next_batch(self) -> dict[str, Any]:
         """The next batch (``LoaderError`` after the last epoch)."""
-        from catalog.errors import LoaderError
-
         batch = self.take(None)
         if batch is None:
             raise LoaderError(f"Job stream {self.name!r} has delivered its epochs.")

@@ -417,7 +417,7 @@ def dataset_to_wire(ds: Dataset) -> dict[str, Any]:
         "stored": reader.schema.serialize().to_pybytes().hex(),
         "class_names": ds.class_names,
         "description": ds.description,
-        "root": str(reader.root),
+        "root": reader.store.uri,
         "parts": [dataclasses.asdict(p) for p in reader.parts],
     }
 
@@ -432,7 +432,7 @@ def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
 
     stored = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(wire["stored"])))
     parts = [PartInfo(**p) for p in wire["parts"]]
-    reader = DatasetReader(Path(wire["root"]), parts, stored)
+    reader = DatasetReader(str(wire["root"]), parts, stored)
     schema = pa.schema([pa.field(ID_COLUMN, pa.int64(), nullable=False), *stored])
     queryable = tuple(f.name for f in schema if not is_payload(f.type))
     return Dataset(

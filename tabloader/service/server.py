@@ -371,7 +371,11 @@ class _Handler(CatalogOps):
         if self.unread is not None:
             stream.record_delivery(self.unread)
             self.unread = None
-        batch = stream.take(None)  # the client keeps one of a later epoch for its take(epoch)
+        try:  # the client keeps one of a later epoch for its take(epoch)
+            batch = stream.take(None)
+        except LoaderError as exc:  # the epoch it failed at: a take(epoch) before ends first
+            exc.epoch = stream.epoch  # type: ignore[attr-defined]
+            raise
         if batch is None:
             return {"end": True, "epoch": stream.epoch}
         reply = self._deliver(batch)

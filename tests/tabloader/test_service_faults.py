@@ -112,6 +112,33 @@ def test_a_rank_that_ends_after_its_share_of_an_epoch_is_no_death(service, cat_d
         remote.close()
 
 
+def test_a_peer_gone_before_the_last_batch_ends_the_epoch_then_raises(service, cat_dir, tmp_path):  # noqa: F811
+    """Rank 1 ends after its share while rank 0 still has its last batch of epoch 0 to take:
+    the batch rank 0 reads ahead (epoch 1's first) fails in the service, and that error waits
+    for epoch 1: rank 0's epoch 0 ends normally."""
+    remote = RemoteLoader(cat_dir, start=False)
+    victim = None
+    try:
+        rank0 = remote.open("a", batch_size=2, prefetch=1, rank=0, world_size=2)
+        victim = _rank1(tmp_path, cat_dir, "share")
+        share = len(rows_of(remote, "label < 3")) // 4  # batches of 2 per rank
+        mine = [rank0.take(0) for _ in range(share - 1)]
+        victim.communicate(timeout=TIMEOUT)
+        wait_for(lambda: _gone(remote, victim.pid), "the ended rank's connection to drop")
+        mine.append(rank0.take(0))  # the last of epoch 0; the next one is asked for now
+        assert all(b is not None for b in mine)
+        assert rank0.take(0) is None  # epoch 0 ended, not failed
+        assert rank0.epoch == 1
+        with pytest.raises(LoaderError, match=r"lost a rank: .* ended after epoch 0\."):
+            rank0.take(None)
+        rank0.close()
+    finally:
+        if victim is not None and victim.poll() is None:
+            victim.kill()
+            victim.communicate(timeout=TIMEOUT)
+        remote.close()
+
+
 REBIND = textwrap.dedent(
     """
     import gc, sys
