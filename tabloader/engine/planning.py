@@ -28,7 +28,8 @@ from tabloader.engine.augment import Augmenter, shared_fit
 from tabloader.engine.prep import Fit, ImageSize
 
 if TYPE_CHECKING:
-    from catalog import Catalog, Job
+    from catalog import Job
+    from catalog.api import CatalogAPI
 
 __all__ = ["column_plan", "job_augmenter"]
 
@@ -43,7 +44,7 @@ def job_augmenter(job: str, options: dict[str, Any]) -> tuple[Augmenter | None, 
     return Augmenter(text, default_seed(job) if seed is None else seed), cap
 
 
-def shared_need(catalog: Catalog, job: Job, column: str, cap: int | None) -> int | None:
+def shared_need(catalog: CatalogAPI, job: Job, column: str, cap: int | None) -> int | None:
     """The largest ``need`` of the registered augmented jobs reading ``column`` of ``job``'s
     dataset with decode cap ``cap`` and rows in common with ``job`` (None: no such job)."""
     needs = [
@@ -69,7 +70,7 @@ def _need(text: str) -> int | None:
 
 
 def column_plan(
-    catalog: Catalog,
+    catalog: CatalogAPI,
     job: Job,
     column: str,
     size: ImageSize | None,
