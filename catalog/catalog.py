@@ -81,7 +81,7 @@ from catalog.storage.verify import VerifyReport, verify_readers
 if TYPE_CHECKING:
     from sqlglot import exp
 
-__all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "connect", "default_root", "resolve_root"]
+__all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "default_root", "open_catalog", "resolve_root"]
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -101,14 +101,15 @@ def _synchronized(
     return locked
 
 
-def connect(
+def open_catalog(
     path: str | os.PathLike[str] | None = None,
     *,
     create: bool = False,
     memory_limit: int | str | None = None,
     statement_timeout: float | None = None,
 ) -> Catalog:
-    """Open the catalog directory ``path``.
+    """Open the catalog directory ``path`` in this process (``tabloader.connect`` goes through
+    the catalog's loader service while one runs, and opens it here otherwise).
 
     A directory that holds no catalog is created as one by the first import (or CREATE
     DATASET), or at once with ``create=True``; until then, reads (SHOW, DESCRIBE, SELECT,
@@ -133,6 +134,27 @@ def connect(
     )
 
 
+def connect(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    create: bool = False,
+    memory_limit: int | str | None = None,
+    statement_timeout: float | None = None,
+) -> Catalog:
+    """Deprecated: ``open_catalog`` (two public functions were called ``connect``); removed in
+    the next release."""
+    warnings.warn(
+        "catalog.connect is deprecated and goes in the next release: use "
+        "catalog.open_catalog (this process's catalog), or tabloader.connect (through the "
+        "catalog's loader service while one runs).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return open_catalog(
+        path, create=create, memory_limit=memory_limit, statement_timeout=statement_timeout
+    )
+
+
 @dataclass(frozen=True)
 class _Opened:
     """What an opened (existing) catalog holds."""
@@ -146,7 +168,7 @@ class Catalog(StatementTarget):
     """A catalog directory opened by this process. Use as a context manager or ``close()``.
 
     Its methods are thread-safe: they take one lock around the DuckDB connection. User
-    statements run within ``limits`` (see ``catalog.limits`` and ``connect``).
+    statements run within ``limits`` (see ``catalog.limits`` and ``open_catalog``).
     """
 
     def __init__(

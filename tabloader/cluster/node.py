@@ -126,7 +126,7 @@ class SnapshotCatalog(StatementTarget):
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
-                with catalog.connect(self.root) as cat:
+                with catalog.open_catalog(self.root) as cat:
                     return fn(cat)
             except CatalogLockedError:
                 if time.monotonic() > deadline:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyroaring import BitMap
 
-from catalog import Catalog, connect
+from catalog import Catalog, open_catalog
 from catalog.api import CatalogAPI
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
@@ -135,7 +135,7 @@ class Loader:
         self._seed = seed
         self._owns_catalog = catalog is None or isinstance(catalog, (str, os.PathLike))
         self.catalog = (
-            connect(Path(catalog) if catalog is not None else None)
+            open_catalog(Path(catalog) if catalog is not None else None)
             if catalog is None or isinstance(catalog, (str, os.PathLike))
             else catalog
         )

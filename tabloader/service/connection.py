@@ -15,7 +15,7 @@ What cannot be the same is said in one line with the fix: ``verify`` reads the c
 so it needs the service stopped; the service refuses DROP DATASET of a dataset its open jobs
 read.
 
-``catalog.connect`` stays the low-level catalog of this process only.
+``catalog.open_catalog`` stays the low-level catalog of this process only.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ __all__ = ["Connection", "connect"]
 
 
 def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Connection:
-    """The catalog at ``path`` (default as ``catalog.connect``), through its service while one
-    runs; ``options`` as ``catalog.connect`` (they apply when this process opens it).
+    """The catalog at ``path`` (default as ``catalog.open_catalog``), through its service while one
+    runs; ``options`` as ``catalog.open_catalog`` (they apply when this process opens it).
 
     Raises:
         CatalogLockedError: another process holds the catalog and it is not a service.
@@ -101,7 +101,7 @@ class Connection(CatalogAPI):
         deadline = time.monotonic() + RACE_S
         while self._ctl is None:
             try:
-                self._local = catalog.connect(path, **options)
+                self._local = catalog.open_catalog(path, **options)
                 self.root = self._local.root
                 return
             except CatalogLockedError as locked:

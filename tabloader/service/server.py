@@ -112,7 +112,9 @@ class Service:
         self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
         self.feed: Feed | None = None
         try:
-            self.catalog: StatementTarget = catalog.connect(self.root) if opened is None else opened
+            self.catalog: StatementTarget = (
+                catalog.open_catalog(self.root) if opened is None else opened
+            )
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)

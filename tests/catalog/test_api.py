@@ -97,3 +97,20 @@ def test_operation_call_runs_it_on_a_catalog(tmp_path):
         statement = OPERATIONS["sql"].call(cat, {"statement": "SELECT sum(x) AS s FROM t"})
         assert statement.to_pydict() == {"s": [6]}
         assert OPERATIONS["dataset"].call(cat, {"name": "t", "version": None}).num_rows == 3
+
+
+def test_catalog_connect_is_a_deprecated_name_of_open_catalog(tmp_path):
+    import catalog
+    import tabloader
+    from tabloader.service import connection
+
+    with pytest.warns(DeprecationWarning, match=r"catalog.connect is deprecated .*open_catalog"):
+        cat = catalog.connect(tmp_path / "c", create=True)
+    with cat:
+        assert isinstance(cat, Catalog)
+        assert cat.exists
+    assert "connect" not in catalog.__all__
+    assert "open_catalog" in catalog.__all__
+    # one public connect: tabloader's (through the service while one runs)
+    assert tabloader.connect is connection.connect
+    assert "open_catalog" not in tabloader.__all__

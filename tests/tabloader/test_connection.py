@@ -72,7 +72,7 @@ def empty(tmp_path, image_folder):
     """A catalog holding only ``imgs`` (a service reads a catalog; it creates none), and
     files to import."""
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", image_folder)
     data = tmp_path / "data"
     data.mkdir()
@@ -86,7 +86,7 @@ def empty(tmp_path, image_folder):
 def test_the_same_script_gives_the_same_answers_with_and_without_a_service(tmp_path, empty):
     root, data = empty
     alone = user_script(root, data)
-    with catalog.connect(root) as cat:  # again from the start, for the service's run
+    with catalog.open_catalog(root) as cat:  # again from the start, for the service's run
         cat.drop_dataset("nums", cascade=True)
     proc = start_service(root)
     try:
@@ -111,7 +111,7 @@ def test_the_same_script_gives_the_same_answers_with_and_without_a_service(tmp_p
 @pytest.fixture
 def served(empty):
     root, _ = empty
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.sql("REGISTER JOB a SELECT label FROM imgs")
     proc = start_service(root)
     yield root, proc
@@ -205,7 +205,7 @@ def test_the_services_catalog_operations_refuse_bad_arguments(served):
 HOLD = """
 import sys, time
 import catalog
-cat = catalog.connect(sys.argv[1])
+cat = catalog.open_catalog(sys.argv[1])
 print("holding", flush=True)
 time.sleep(1.0)
 cat.close()

@@ -97,14 +97,14 @@ def test_fed_jobs_have_no_local_state(loader):
 
 def test_snapshot_catalog_reads_again_only_after_a_change(tmp_path):
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_arrow("t", pa.table({"x": list(range(10))}))
         cat.register_job("j", "t", where="x < 5")
     snap = node.SnapshotCatalog(root)
     assert snap.exists
     assert len(snap.job("j").ids) == 5
     assert snap.job("j") is snap.job("j")  # cached while the catalog is unchanged
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.register_job("j", "t", where="x < 8", replace=True)
     assert len(snap.job("j").ids) == 8
     assert snap.dataset("t").num_rows == 10
@@ -112,7 +112,7 @@ def test_snapshot_catalog_reads_again_only_after_a_change(tmp_path):
 
 def test_snapshot_catalog_runs_statements_and_uncached_reads_on_the_catalog(tmp_path):
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_arrow("t", pa.table({"x": list(range(10))}))
     snap = node.SnapshotCatalog(root)
     assert snap.dataset_names() == ["t"]
@@ -126,7 +126,7 @@ def test_snapshot_catalog_runs_statements_and_uncached_reads_on_the_catalog(tmp_
 
 def test_snapshot_catalog_waits_for_the_catalog_then_says_who_holds_it(tmp_path, monkeypatch):
     monkeypatch.setattr(node, "LOCK_WAIT_S", 0.2)
-    with catalog.connect(tmp_path / "cat", create=True), pytest.raises(CatalogLockedError):
+    with catalog.open_catalog(tmp_path / "cat", create=True), pytest.raises(CatalogLockedError):
         node.SnapshotCatalog(tmp_path / "cat")
 
 
