@@ -109,8 +109,8 @@ def _string(value: Any, key: str) -> str:
 
 
 def _typed(*kinds: type) -> Callable[[Any, str], Any]:
-    """A check that the value is one of ``kinds`` (None among them: may be None); a bool
-    is not an int."""
+    """A check that the value is one of ``kinds`` (with ``type(None)``: it may be None); a
+    bool is not an int."""
 
     def check(value: Any, key: str) -> Any:
         if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
