@@ -77,7 +77,7 @@ def cat_dir():
     base = Path(tempfile.mkdtemp(prefix="tl-fw-", dir="/tmp"))  # short: socket paths
     folder = make_imagefolder(base / "images", num_images=ROWS, num_classes=4, size=(24, 16))
     root = base / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         options = f"WITH (batch_size = {BATCH}, image_size = 8)"
         for job in ("l1", "l1_limit", "ddp", "hf", "acc", "ray"):
@@ -392,7 +392,7 @@ def engine(image_cat_dir):
     """The engine in this process over 60 small images, job ``j``: 8 a batch, 8x8."""
     from tabloader.engine import Loader
 
-    cat = catalog.connect(image_cat_dir)
+    cat = catalog.open_catalog(image_cat_dir)
     cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (batch_size = 8, image_size = 8)")
     with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
         yield loader
