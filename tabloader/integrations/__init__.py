@@ -10,3 +10,7 @@ Plain PyTorch, torchrun, Lightning and Ray Train need none: return
 ``tabloader.torch.JobLoader(ds)`` from Lightning's ``train_dataloader()``; the README's
 "With your training framework" has a recipe for each.
 """
+
+from __future__ import annotations
+
+__all__: list[str] = []  # each framework is its own module: importing one imports that framework
