@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyroaring import BitMap
 
-from catalog import Catalog, connect
+from catalog import Catalog, open_catalog
+from catalog.api import CatalogAPI
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
@@ -58,7 +59,7 @@ logger = logging.getLogger(__name__)
 LOOKAHEAD_BATCHES = 4  # default horizon, in batches
 
 
-def _holds_bytes(cat: Catalog) -> bool:
+def _holds_bytes(cat: CatalogAPI) -> bool:
     """Whether a dataset of ``cat`` has a column of bytes, which a job may decode as images.
 
     Only then does ``wait_ready`` start the decode processes: a catalog of numbers and
@@ -73,8 +74,8 @@ class Loader:
     """One engine for every job of this process: a sampler per dataset, one arena, one pool.
 
     Args:
-        catalog: a ``Catalog`` or its directory (default: ``$TABLOADER_CATALOG`` or
-            ``./catalog``).
+        catalog: a ``Catalog`` (or another ``catalog.api.CatalogAPI``) or its directory
+            (default: ``$TABLOADER_CATALOG`` or ``./catalog``).
         cache_bytes: the arena's capacity in bytes (decoded images shared between jobs).
         workers: reader/decoder threads (default: the number of CPUs, at least 2).
         sampler: ``"dependent"`` (shared order) or ``"independent"`` (the baseline).
@@ -103,7 +104,7 @@ class Loader:
 
     def __init__(
         self,
-        catalog: Catalog | str | os.PathLike[str] | None = None,
+        catalog: CatalogAPI | str | os.PathLike[str] | None = None,
         *,
         cache_bytes: int = 1 << 30,
         workers: int | None = None,
@@ -134,7 +135,7 @@ class Loader:
         self._seed = seed
         self._owns_catalog = catalog is None or isinstance(catalog, (str, os.PathLike))
         self.catalog = (
-            connect(Path(catalog) if catalog is not None else None)
+            open_catalog(Path(catalog) if catalog is not None else None)
             if catalog is None or isinstance(catalog, (str, os.PathLike))
             else catalog
         )

@@ -39,6 +39,7 @@ from typing import Any, NoReturn, cast
 import numpy as np
 
 import catalog
+from catalog.api import StatementTarget
 from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from catalog.options import JobSpec
@@ -46,14 +47,13 @@ from tabloader.engine import Loader
 from tabloader.engine.collate import release
 from tabloader.engine.handoff import HandedBatch, Staging
 from tabloader.engine.stream import JobStream
-from tabloader.service.catalog_ops import CatalogOps, Statements
+from tabloader.service.catalog_ops import CatalogOps
 from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
 from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
-    result_to_wire,
     runtime_dir,
     state_from_wire,
     state_to_wire,
@@ -103,7 +103,7 @@ class Service:
         workers: int | None = None,
         idle_exit: float | None = None,
         node: str | None = None,
-        opened: catalog.Catalog | None = None,
+        opened: StatementTarget | None = None,
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
@@ -123,7 +123,9 @@ class Service:
             _lost_start(self.root, exc, starter)
         self.feed: Feed | None = None
         try:
-            self.catalog = catalog.connect(self.root) if opened is None else opened
+            self.catalog: StatementTarget = (
+                catalog.open_catalog(self.root) if opened is None else opened
+            )
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -266,26 +268,6 @@ class _Handler(CatalogOps):
             "pid": os.getpid(),
             FDS: [segment.readonly_fd()],
         }
-
-    def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
-        statement = _string(msg, "statement")
-        with self.service.lock:
-            return result_to_wire(Statements(self.service).sql(statement))
-
-    def op_import(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from catalog.importers import detect_format, open_source
-
-        name, path = _string(msg, "name"), _string(msg, "path")
-        fmt = msg.get("format") or detect_format(path)
-        options = {"split": msg["split"]} if fmt == "hf" and msg.get("split") else {}
-        if msg.get("follow_links") is True:
-            options["follow_links"] = True
-        with self.service.lock:
-            return result_to_wire(
-                self.service.catalog.import_source(
-                    name, open_source(fmt, path, **options), append=bool(msg.get("append"))
-                )
-            )
 
     def op_options(self, msg: dict[str, Any]) -> dict[str, Any]:
         with self.service.lock:

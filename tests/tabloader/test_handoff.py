@@ -224,7 +224,7 @@ def test_a_job_gets_the_same_batches_in_process_and_from_the_service(image_cat_d
 
     root = image_cat_dir
     options = "image_size = 16" if job == "plain" else f"augment = '{AUGMENT}'"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs WITH ({options})")
     with (
         Loader(root, workers=2, cache_bytes=32 << 20) as loader,
