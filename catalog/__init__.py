@@ -2,7 +2,7 @@
 
 Example:
     >>> import catalog, pyarrow as pa, tempfile
-    >>> cat = catalog.connect(tempfile.mkdtemp())
+    >>> cat = catalog.open_catalog(tempfile.mkdtemp())
     >>> ds = cat.import_arrow("numbers", pa.table({"x": list(range(10))}))
     >>> cat.sql("REGISTER JOB evens SELECT x FROM numbers WHERE x % 2 = 0").num_rows
     5
@@ -14,7 +14,8 @@ from __future__ import annotations
 import typing
 
 if typing.TYPE_CHECKING:
-    from catalog.catalog import Catalog, Dataset, Job, connect
+    from catalog.catalog import Catalog, Dataset, Job, open_catalog
+    from catalog.catalog import connect as connect  # deprecated: open_catalog
 from catalog.errors import (
     AlreadyExistsError,
     CacheError,
@@ -62,17 +63,19 @@ __all__ = [
     "StorageError",
     "TabloaderError",
     "UnknownColumnError",
-    "connect",
+    "open_catalog",
 ]
 
 
 def __getattr__(name: str) -> typing.Any:
-    """The catalog's classes and ``connect``, imported on first use (DuckDB, sqlglot: a process
-    that reads only files, such as a decode process, never needs them)."""
-    if name in ("Catalog", "Dataset", "Job", "connect"):
+    """The catalog's classes and ``open_catalog``, imported on first use (DuckDB, sqlglot: a
+    process that reads only files, such as a decode process, never needs them); ``connect``,
+    its deprecated name, warns at each call."""
+    if name in ("Catalog", "Dataset", "Job", "open_catalog", "connect"):
         from catalog import catalog as module
 
         value = getattr(module, name)
-        globals()[name] = value  # once
+        if name != "connect":  # not a public name any more
+            globals()[name] = value  # once
         return value
     raise AttributeError(f"module 'catalog' has no attribute {name!r}")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import duckdb
 import pyarrow as pa
 
+from catalog.api import StatementTarget
 from catalog.bitmaps import ID_COLUMN
 from catalog.cache import DatasetCache
 from catalog.database import DAMAGED_FIX, META, Database, disk_full_hint, duckdb_errors, quote
@@ -70,7 +71,7 @@ from catalog.errors import (
     did_you_mean,
 )
 from catalog.importers import Source
-from catalog.imports import Ingest, SourceImports
+from catalog.imports import Ingest
 from catalog.job_bitmaps import JobBitmaps
 from catalog.limits import Limits
 from catalog.model import Dataset, Job, JobInfo, check_columns, is_payload
@@ -80,7 +81,7 @@ from catalog.storage.verify import VerifyReport, verify_readers
 if TYPE_CHECKING:
     from sqlglot import exp
 
-__all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "connect", "default_root", "resolve_root"]
+__all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "default_root", "open_catalog", "resolve_root"]
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -100,14 +101,15 @@ def _synchronized(
     return locked
 
 
-def connect(
+def open_catalog(
     path: str | os.PathLike[str] | None = None,
     *,
     create: bool = False,
     memory_limit: int | str | None = None,
     statement_timeout: float | None = None,
 ) -> Catalog:
-    """Open the catalog directory ``path``.
+    """Open the catalog directory ``path`` in this process (``tabloader.connect`` goes through
+    the catalog's loader service while one runs, and opens it here otherwise).
 
     A directory that holds no catalog is created as one by the first import (or CREATE
     DATASET), or at once with ``create=True``; until then, reads (SHOW, DESCRIBE, SELECT,
@@ -132,6 +134,29 @@ def connect(
     )
 
 
+def _deprecated(opener: Callable[P, Catalog]) -> Callable[P, Catalog]:
+    """``opener`` under the name ``catalog.connect``, warning at each call."""
+
+    @functools.wraps(opener)
+    def connect(*args: P.args, **kwargs: P.kwargs) -> Catalog:
+        warnings.warn(
+            "catalog.connect is deprecated and goes in the next release: use "
+            "catalog.open_catalog (this process's catalog), or tabloader.connect (through the "
+            "catalog's loader service while one runs).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return opener(*args, **kwargs)
+
+    connect.__name__ = connect.__qualname__ = "connect"
+    connect.__doc__ = "Deprecated: ``open_catalog`` (two public functions were called connect)."
+    return connect
+
+
+connect = _deprecated(open_catalog)
+"""Deprecated for one release: ``open_catalog``."""
+
+
 @dataclass(frozen=True)
 class _Opened:
     """What an opened (existing) catalog holds."""
@@ -141,11 +166,11 @@ class _Opened:
     bitmaps: JobBitmaps
 
 
-class Catalog(SourceImports):
+class Catalog(StatementTarget):
     """A catalog directory opened by this process. Use as a context manager or ``close()``.
 
     Its methods are thread-safe: they take one lock around the DuckDB connection. User
-    statements run within ``limits`` (see ``catalog.limits`` and ``connect``).
+    statements run within ``limits`` (see ``catalog.limits`` and ``open_catalog``).
     """
 
     def __init__(
@@ -313,10 +338,6 @@ class Catalog(SourceImports):
         """Names of all datasets, sorted."""
         return self._cache.names()
 
-    def datasets(self) -> list[Dataset]:
-        """All datasets (their latest versions), sorted by name."""
-        return [self.dataset(n) for n in self.dataset_names()]
-
     @_synchronized
     def dataset(self, name: str, *, version: int | None = None) -> Dataset:
         """Return dataset ``name`` at its latest version or at ``version``.
@@ -382,6 +403,24 @@ class Catalog(SourceImports):
             self._cache.forget(name)
         logger.info("imported %d rows into %s (version %d)", ingest.num_rows, name, version)
         return self.dataset(name)
+
+    def import_path(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        format: str,
+        append: bool = False,
+        follow_links: bool = False,
+        split: str | None = None,
+    ) -> Dataset:
+        """Import the files at ``path`` in ``format`` (see ``CatalogAPI.import_path``)."""
+        from catalog.importers import open_source
+
+        options: dict[str, Any] = {"follow_links": follow_links}
+        if split is not None:
+            options["split"] = split
+        return self.import_source(name, open_source(format, path, **options), append=append)
 
     # -- checksums (catalog.storage.verify) --------------------------------------------------------
     def verify(self, name: str | None = None) -> VerifyReport:
@@ -476,10 +515,6 @@ class Catalog(SourceImports):
         """Names of all jobs, sorted."""
         return [r[0] for r in self._db.rows(f"SELECT name FROM {META}.jobs ORDER BY name")]
 
-    def jobs(self) -> list[Job]:
-        """All registered jobs, sorted by name."""
-        return [self.job(n) for n in self.job_names()]
-
     @_synchronized
     def job(self, name: str) -> Job:
         """Return job ``name``.
@@ -528,25 +563,8 @@ class Catalog(SourceImports):
         options: dict[str, Any] | None = None,
         replace: bool = False,
     ) -> Job:
-        """Register a job on the rows of ``dataset`` that satisfy ``where``.
-
-        Args:
-            name: the job name.
-            dataset: the dataset; the job is pinned to its current version.
-            columns: the columns the job reads (default: all).
-            where: a predicate in SQL (checked against an allow-list), or None for all rows.
-            options: job options, checked against ``catalog.options.JOB_OPTIONS``.
-            replace: replace a job of the same name (re-registering re-pins the version).
-
-        Warns:
-            UserWarning: a loader service with the default cache could not serve the job
-                (``catalog.options.default_cache_problem``).
-
-        Raises:
-            AlreadyExistsError: the job exists and ``replace`` is false.
-            UnknownColumnError, ForbiddenExpressionError: bad columns or predicate.
-            OptionError: an unknown option, or a value of the wrong type or out of range.
-        """
+        """Register a job: see ``CatalogAPI.register_job``. Its bitmap file is written
+        first and removed if its row is not: the catalog never names a missing bitmap."""
         check_name(name, "job")
         self._db.check_writable(f"REGISTER JOB {name}")
         ds = self.dataset(dataset)

@@ -138,7 +138,7 @@ def translate(
         return CatalogLockedError(
             f"Catalog '{root}' is in use by another process{owner}. If that is its tabloader "
             f"service (`tabloader --catalog {root} status` shows it), send statements through "
-            f"it: `tabloader.connect('{root}')` returns it in Python (`catalog.connect` opens "
+            f"it: `tabloader.connect('{root}')` returns it in Python (`catalog.open_catalog` opens "
             "the catalog in this process only), and `tabloader sql` uses it. Else stop that "
             "process."
         )

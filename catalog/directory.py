@@ -161,7 +161,7 @@ def not_a_catalog(root: Path) -> CatalogError:
         f"'{root}' is not a tabloader catalog (it {where}). Give the catalog's directory "
         f"(--catalog DIR or ${ENV_VAR}), or create one there by importing data: tabloader "
         f"--catalog {root} import NAME PATH, CREATE DATASET name FROM 'path', or "
-        f"catalog.connect('{root}', create=True)."
+        f"catalog.open_catalog('{root}', create=True)."
     )
 
 

@@ -1,4 +1,4 @@
-"""Imports: the ``import_*`` methods of ``Catalog`` and ``Ingest``, one atomic import.
+"""Imports: ``Ingest``, one atomic import (the ``import_*`` methods: ``catalog.api``).
 
 Imports are atomic: rows go to a hidden ``.tmp-*`` file and into the DuckDB table inside one
 transaction; the file is renamed into place just before the commit. Anything an interrupted
@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
@@ -24,92 +23,14 @@ from catalog.bitmaps import ID_COLUMN
 from catalog.database import META, Database, disk_full_hint, quote, translate
 from catalog.directory import DATA_DIR, make_private_dir, new_token
 from catalog.errors import ImportFailedError
-from catalog.importers import Source, open_source
-from catalog.importers.arrow import open_arrow
-from catalog.model import Dataset, is_payload
+from catalog.importers import Source
+from catalog.model import is_payload
 from catalog.storage import PartWriter, choose_rows_per_batch
 from catalog.storage.checksums import FileIdentity
 
-__all__ = ["INSERT_ROWS", "Ingest", "SourceImports"]
+__all__ = ["INSERT_ROWS", "Ingest"]
 
 INSERT_ROWS = 64 * 1024  # rows per INSERT into DuckDB during an import
-
-
-class SourceImports:
-    """The ``import_*`` methods: each opens its source format and calls ``import_source``."""
-
-    def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
-        """Import a streaming ``Source`` atomically (``Catalog`` implements it)."""
-        raise NotImplementedError
-
-    def import_arrow(self, name: str, data: Any, *, append: bool = False) -> Dataset:
-        """Import a ``pyarrow.Table``, ``RecordBatch`` or ``RecordBatchReader``."""
-        return self.import_source(name, open_arrow(data), append=append)
-
-    def import_parquet(
-        self,
-        name: str,
-        path_or_glob: str | os.PathLike[str],
-        *,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import a Parquet file, a directory of Parquet files or a glob.
-
-        A symbolic link that leads out of the directory (or the glob's folder) is refused
-        unless ``follow_links``; so for every ``import_*`` that takes a path.
-        """
-        source = open_source("parquet", path_or_glob, follow_links=follow_links)
-        return self.import_source(name, source, append=append)
-
-    def import_ipc(
-        self,
-        name: str,
-        path: str | os.PathLike[str],
-        *,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import Arrow IPC / Feather files (file or stream format; a path or a glob)."""
-        source = open_source("arrow", path, follow_links=follow_links)
-        return self.import_source(name, source, append=append)
-
-    def import_hf(
-        self,
-        name: str,
-        dataset_or_path: Any,
-        *,
-        split: str | None = None,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import a HuggingFace ``Dataset``, ``DatasetDict`` or ``save_to_disk`` folder.
-
-        Args:
-            name: the new dataset.
-            dataset_or_path: the source.
-            split: for a ``DatasetDict``, the split to import; None imports every split with a
-                ``split`` column.
-            append: add the rows to an existing dataset with the same schema.
-            follow_links: read what lies outside what was given: what the folder's symbolic
-                links lead to outside it, and image files named by path outside the folder
-                (for an in-memory dataset: absolute paths, or relative ones leading out of the
-                current directory). See ``catalog.importers.hf.open_hf``.
-        """
-        source = open_source("hf", dataset_or_path, split=split, follow_links=follow_links)
-        return self.import_source(name, source, append=append)
-
-    def import_imagefolder(
-        self,
-        name: str,
-        root: str | os.PathLike[str],
-        *,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import ``root/<class>/<file>`` images: image, label, label_name, path."""
-        source = open_source("imagefolder", root, follow_links=follow_links)
-        return self.import_source(name, source, append=append)
 
 
 class Ingest:

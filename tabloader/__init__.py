@@ -1,9 +1,10 @@
 """tabloader: several training jobs on one machine share reading and decoding of their data.
 
-The catalog's public names (``Catalog``, the errors...) are tabloader's too; the loading engine
-adds ``Loader`` and ``JobStream`` (``tabloader.torch`` adds ``JobDataset``). ``connect`` returns
-a ``Connection``: the catalog opened in this process, or, while its loader service runs (which
-owns it), the same methods answered by the service.
+The catalog's public names (``Catalog``, the errors...) are tabloader's too, but for
+``catalog.open_catalog``: ``connect`` is how tabloader opens a catalog. It returns a
+``Connection``: the catalog opened in this process, or, while its loader service runs (which
+owns it), the same methods answered by the service. The loading engine adds ``Loader`` and
+``JobStream`` (``tabloader.torch`` adds ``JobDataset``).
 
 Example:
     >>> import tabloader, pyarrow as pa, tempfile
@@ -21,7 +22,7 @@ from __future__ import annotations
 import sys
 import typing
 
-from catalog import __all__ as _catalog_all
+from catalog import __all__ as _catalog_names
 from tabloader.service.plugins import set_locator as _set_locator
 
 if typing.TYPE_CHECKING:
@@ -33,7 +34,7 @@ if typing.TYPE_CHECKING:
     from tabloader.engine import OnError as OnError
     from tabloader.engine import default_loader as default_loader
     from tabloader.service.connection import Connection as Connection
-    from tabloader.service.connection import connect as connect  # type: ignore[assignment]
+    from tabloader.service.connection import connect as connect
 
 
 class _RayLocator:
@@ -55,6 +56,8 @@ class _RayLocator:
 
 
 _set_locator(_RayLocator())
+
+_catalog_all = [n for n in _catalog_names if n != "open_catalog"]  # one way to open: connect
 
 # Imported on first use: a decode process (which imports tabloader.engine.decoding, so this package)
 # reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in
@@ -79,5 +82,14 @@ def __getattr__(name: str) -> typing.Any:
 __version__ = "0.1.0"
 
 __all__ = sorted(
-    [*_catalog_all, "Connection", "JobStream", "Loader", "OnError", "__version__", "default_loader"]
+    [
+        *_catalog_all,
+        "Connection",
+        "JobStream",
+        "Loader",
+        "OnError",
+        "__version__",
+        "connect",
+        "default_loader",
+    ]
 )

@@ -22,7 +22,7 @@ def _open_catalog(args: argparse.Namespace, *, create: bool = False) -> Any:
     """The catalog of ``--catalog``: only imports (``create``) make one where there is none."""
     import catalog
 
-    return catalog.connect(args.catalog, create=create)
+    return catalog.open_catalog(args.catalog, create=create)
 
 
 def _connect(args: argparse.Namespace, *, create: bool = False) -> Any:

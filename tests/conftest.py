@@ -45,7 +45,7 @@ def short_tmp():
 @pytest.fixture
 def cat(tmp_path):
     """A fresh catalog in a temporary directory."""
-    with catalog.connect(tmp_path / "cat", create=True) as c:
+    with catalog.open_catalog(tmp_path / "cat", create=True) as c:
         yield c
 
 
@@ -65,7 +65,7 @@ def image_catalog(tmp_path_factory, image_folder):
     Never open it: tests take a copy (``image_cat_dir``), which costs a tenth of an import.
     """
     root = tmp_path_factory.mktemp("image-catalog") / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_imagefolder("imgs", image_folder)
     return root
 

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "tabloader.service.*": SERVICE,
     "tabloader.cluster.*": CLUSTER,
     "tabloader.torch": TOP,
+    "tabloader.integrations.*": TOP,  # on top of torch.py: accelerate, transformers
     "tabloader.bench.*": TOP,
     "tabloader.demo": TOP,
     "tabloader.cli": CLI,

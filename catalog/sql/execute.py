@@ -1,21 +1,21 @@
 """Run one parsed statement: one handler per statement type, dispatched from ``HANDLERS``.
 
-The handlers talk to a ``StatementTarget`` (what ``Catalog`` offers statements), not to
-``Catalog`` itself, so this module does not import the catalog that imports it.
+The handlers talk to a ``StatementTarget`` (``catalog.api``: the catalog API, its limits and
+its read-only queries), not to ``Catalog`` itself, so this module does not import the catalog
+that imports it; the loader service gives them its own view of its catalog.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 from sqlglot import exp
 
+from catalog.api import StatementTarget
 from catalog.errors import ForbiddenExpressionError, StatementError, UnknownColumnError
-from catalog.importers import Source, detect_format, open_source
-from catalog.limits import Limits
-from catalog.model import Dataset, Job, JobInfo
+from catalog.importers import detect_format, open_source
 from catalog.sql.dialect import (
     MAX_NESTING,
     AppendDataset,
@@ -31,57 +31,6 @@ from catalog.sql.dialect import (
 from catalog.sql.validate import check_query, position
 
 __all__ = ["HANDLERS", "StatementTarget", "execute"]
-
-
-class StatementTarget(Protocol):
-    """What statements need of a catalog (``Catalog`` implements it)."""
-
-    limits: Limits
-
-    def dataset_names(self) -> list[str]:
-        """Names of all datasets (the only tables SELECT may read)."""
-        ...
-
-    def query(self, sql: str) -> pa.Table:
-        """Run a validated read-only query."""
-        ...
-
-    def dataset(self, name: str, *, version: int | None = None) -> Dataset:
-        """A dataset by name."""
-        ...
-
-    def datasets(self) -> list[Dataset]:
-        """All datasets."""
-        ...
-
-    def job_infos(self) -> list[JobInfo]:
-        """What is stored about every job (no bitmap is read)."""
-        ...
-
-    def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
-        """Import a source."""
-        ...
-
-    def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
-        """Drop a dataset."""
-        ...
-
-    def register_job(
-        self,
-        name: str,
-        dataset: str,
-        *,
-        columns: str | Sequence[str] | None = None,
-        where: str | exp.Expression | None = None,
-        options: dict[str, Any] | None = None,
-        replace: bool = False,
-    ) -> Job:
-        """Register a job."""
-        ...
-
-    def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
-        """Remove a job."""
-        ...
 
 
 def execute(catalog: StatementTarget, text: str) -> Any:

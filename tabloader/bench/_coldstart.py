@@ -42,7 +42,7 @@ def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> dict[str, 
     import catalog
 
     base = tmp / "cold-base"
-    with catalog.connect(base, create=True) as cat:
+    with catalog.open_catalog(base, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         cat.sql(
             f"REGISTER JOB {JOB} SELECT image, label FROM imgs "

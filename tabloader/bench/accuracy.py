@@ -317,7 +317,7 @@ def _prepare(
     counts = write_digits(images, labels, folder, args.size)
     root = work / "catalog"
     augment = AUGMENT.format(size=args.size)
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.sql(f"CREATE DATASET digits FROM '{folder}' FORMAT imagefolder")
         for seed in seeds:
             cat.sql(

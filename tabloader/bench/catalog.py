@@ -107,7 +107,7 @@ def bench_register(work: Path, rows: int) -> list[dict[str, Any]]:
     import catalog
     from tabloader.datagen import make_metadata_table
 
-    cat = catalog.connect(work / "register", create=True)
+    cat = catalog.open_catalog(work / "register", create=True)
     if "meta" not in cat.dataset_names():
         cat.import_arrow("meta", make_metadata_table(rows))
     con = cat.connection
@@ -149,7 +149,7 @@ def bench_register(work: Path, rows: int) -> list[dict[str, Any]]:
 def _open_and_read(path: Path) -> None:
     import catalog
 
-    with catalog.connect(path, create=True) as cat:
+    with catalog.open_catalog(path, create=True) as cat:
         ds = cat.dataset("d")
         ds.take([ds.num_rows // 2])
 
@@ -160,7 +160,7 @@ def bench_open(work: Path, rows: int) -> list[dict[str, Any]]:
 
     small, large = work / "open-small", work / "open-large"
     for path, n in ((small, rows // 100), (large, rows)):
-        with catalog.connect(path, create=True) as cat:
+        with catalog.open_catalog(path, create=True) as cat:
             if "d" not in cat.dataset_names():
                 cat.import_arrow("d", make_metadata_table(n, payload_bytes=256))
     best = _race(
@@ -189,7 +189,7 @@ def bench_take(work: Path, n: int) -> list[dict[str, Any]]:
     import catalog
 
     table = _payload_table(n, 100_000)
-    cat = catalog.connect(work / "take", create=True)
+    cat = catalog.open_catalog(work / "take", create=True)
     if "img" not in cat.dataset_names():
         cat.import_arrow("img", table)
     ds = cat.dataset("img")
@@ -344,7 +344,7 @@ from catalog import _progress
 from tabloader.bench import peak_rss_mib
 _progress.disable_progress_bars()
 t0 = time.perf_counter()
-with catalog.connect(sys.argv[1], create=True) as cat:
+with catalog.open_catalog(sys.argv[1], create=True) as cat:
     cat.import_parquet("big", sys.argv[2])
 print(json.dumps({"seconds": time.perf_counter() - t0,
                   "peak_rss_mib": peak_rss_mib()}))
@@ -384,7 +384,7 @@ def bench_import(work: Path, gib: float, big_gib: float) -> list[dict[str, Any]]
                 w.write_batch(b)
 
     def mine() -> None:
-        with catalog.connect(work / "import-cat", create=True) as cat:
+        with catalog.open_catalog(work / "import-cat", create=True) as cat:
             cat.import_parquet("d", src)
 
     def clean() -> None:  # deleting the last run's 1 GiB output takes ~0.25 s: not timed

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     root_path, _, _ = prepare(args)
     root = str(root_path)
     jobs = [f"cluster_{j}" for j in range(args.jobs)]
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         for j, name in enumerate(jobs):
             cat.register_job(
                 name,

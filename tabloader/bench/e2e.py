@@ -295,7 +295,7 @@ def _overhead(args: argparse.Namespace, root: Path, n: int) -> dict[str, Any]:
     import catalog
 
     rows = min(n, 4 * args.overhead_batch)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         register(cat, [{"name": "overhead", "where": f"_id < {rows}"}])
     value = args.overhead_size**2 * 3
     cache = 2 * rows * value + (64 << 20)
@@ -392,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
             bench_cache_bytes(shared_rows, 4, args.workers, args.batch_size, decoded_row, service=s)
             for s in (False, True)
         )
-        with catalog.connect(root, create=True) as cat:
+        with catalog.open_catalog(root, create=True) as cat:
             register(cat, jobs)
             sets = [cat.job(j["name"]).ids for j in jobs]
         union = len(sets[0].union(*sets[1:]))
@@ -434,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
             if scenario == "recipe-eval" and "service" in competitors:
                 # the arena's form of the evaluation job alone (no augmented job beside it to
                 # share a decode with): its own center crop, for the bytes per cached image
-                with catalog.connect(root) as cat:
+                with catalog.open_catalog(root) as cat:
                     register(cat, jobs[:1])
                 center = _run_processes("service", base, jobs[:1], ids)
             if scenario == "speeds" and "service" in competitors:

@@ -160,7 +160,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
     import catalog
     from tabloader.engine import Loader
 
-    cat = catalog.connect(spec["catalog"], create=True)
+    cat = catalog.open_catalog(spec["catalog"], create=True)
     jobs = spec["jobs"]
     sizes = {j["name"]: len(cat.job(j["name"]).ids) for j in jobs}
     progress = {j["name"]: 0 for j in jobs}

@@ -122,7 +122,7 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     for fraction in fractions:
         for start in starts:
             jobs = scale_jobs(start, args.scale_step)
-            with catalog.connect(data.root) as cat:
+            with catalog.open_catalog(data.root) as cat:
                 register(cat, jobs)
                 ids = [cat.job(j["name"]).ids for j in jobs]
                 sets, union = [len(i) for i in ids], len(ids[0].union(*ids[1:]))

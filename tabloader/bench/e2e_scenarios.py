@@ -82,7 +82,7 @@ def shared_decode_bytes(root: Path, text: str, rows: int) -> int:
     from tabloader.engine.slabs import size_class
 
     fit = shared_fit(parse_augment(text), None)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         images = cat.dataset("imgs").take(list(range(rows)), ["image"])["image"]
     sizes = [size_class(decode_image(v.as_buffer(), size=fit).nbytes, exact=False) for v in images]
     return int(np.mean(sizes))

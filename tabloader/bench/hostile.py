@@ -85,7 +85,7 @@ def _folder(path: Path, images: int, bombs: int) -> Path:
 def _catalog(root: Path, args: argparse.Namespace) -> None:
     import catalog
 
-    with catalog.connect(root / "catalog") as cat:
+    with catalog.open_catalog(root / "catalog") as cat:
         cat.import_imagefolder("clean", _folder(root / "clean", args.images, 0))
         cat.import_imagefolder("twin", _folder(root / "twin", args.other, 0))
         cat.import_imagefolder("bombs", _folder(root / "bombs", args.other, args.bombs))

@@ -27,7 +27,7 @@ def prepare(args: argparse.Namespace) -> tuple[Path, int, int]:
         Path(args.data) / f"images-{args.images}", num_images=args.images, num_classes=10
     )
     root = Path(args.data) / f"catalog-{args.images}"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         if "imgs" not in cat.dataset_names():
             cat.import_imagefolder("imgs", folder)
         ds = cat.dataset("imgs")

@@ -306,7 +306,7 @@ def register(root: Path, scenario: Scenario, *, size: int, batch_size: int) -> N
     import catalog
 
     stop_service(root)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         for name in cat.job_names():
             cat.sql(f"UNREGISTER JOB {name}")
         for j in scenario.job_list():

@@ -252,7 +252,7 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
             make_imagefolder(folder, num_images=args.images, num_classes=10)
             (folder / ".done").touch()
     if args.only in (None, "images"):
-        images = catalog.connect(tmp / "images", create=True)
+        images = catalog.open_catalog(tmp / "images", create=True)
         images.import_imagefolder("imgs", folder)
         for size in (224, 112):
             images.sql(f"REGISTER JOB img{size} SELECT image FROM imgs WITH (image_size = {size})")
@@ -262,7 +262,7 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
         images.sql(f"REGISTER JOB recipe SELECT image FROM recipe_imgs WITH (augment = '{RECIPE}')")
     if args.only in (None, "small"):
         rng = np.random.default_rng(0)
-        small = catalog.connect(tmp / "small", create=True)
+        small = catalog.open_catalog(tmp / "small", create=True)
         x, y = rng.integers(0, 1 << 40, args.rows), rng.random(args.rows)
         small.import_arrow("t", pa.table({"x": x, "y": y}))
         for i in range(5):

@@ -260,7 +260,7 @@ def cache_bytes(shared_rows: int, jobs: int, workers: int, batch: int, *, servic
 def _register(root: Path, jobs: list[str]) -> None:
     import catalog
 
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         for j in jobs:
             cat.sql(f"REGISTER OR REPLACE JOB {j} SELECT image, label FROM imgs")
 

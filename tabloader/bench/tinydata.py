@@ -56,7 +56,7 @@ def prepare_tiny(data: str | Path, rows: int, *, side: int = SIDE) -> TinyData:
     done = root / ".done"
     if not done.exists():
         shutil.rmtree(root, ignore_errors=True)  # an import cut off: start it again
-        with catalog.connect(root, create=True) as cat:
+        with catalog.open_catalog(root, create=True) as cat:
             cat.import_imagefolder("imgs", folder)
             ds = cat.dataset("imgs")
             schema = pa.schema(list(ds.schema)[1:]).serialize().to_pybytes().hex()  # no _id

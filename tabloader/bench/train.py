@@ -290,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     if args.image_size is None:
         args.image_size = 224 if gpu else 64
     root, n, _ = prepare(args)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         for i in range(max(counts)):
             cat.sql(f"REGISTER OR REPLACE JOB train{i} SELECT image, label FROM imgs")
     table: list[dict[str, Any]] = []

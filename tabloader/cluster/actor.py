@@ -130,7 +130,7 @@ class LeaderActor:
             return
         import catalog
 
-        with catalog.connect(self.catalog) as cat:
+        with catalog.open_catalog(self.catalog) as cat:
             job = cat.job(name)
         self.leader.add_catalog_job(job, nodes=nodes, batch_size=batch_size)
 

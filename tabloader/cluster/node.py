@@ -33,19 +33,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import catalog
+from catalog.api import Operation, StatementTarget, Wire
 from catalog.errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
 from tabloader.cluster.names import get_leader, node_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from catalog import Catalog, Dataset, Job
-    from catalog.model import JobInfo
+    from catalog import Catalog, Job
     from tabloader.cluster.leader import WorkList
     from tabloader.engine.stream import ServedStream
     from tabloader.service.server import Service
@@ -66,23 +66,33 @@ LOCK_WAIT_S = 30.0  # how long a lookup waits for another opener of the catalog
 LEADER_WAIT_S = 60.0  # how long a node waits for a restarted leader
 
 
-class SnapshotCatalog:
-    """The catalog's jobs and datasets, each read by opening the catalog for that moment.
+class SnapshotCatalog(StatementTarget):
+    """The catalog API, each operation run on the catalog opened for that moment.
 
-    Quacks like the part of :class:`~catalog.Catalog` a ``Loader`` and a service use (``job``,
-    ``job_infos``, ``dataset``, ``dataset_names``, ``sql``, ``exists``, ``root``, ``close``),
-    so that every node of a cluster and the leader can read one catalog (a ``Catalog`` holds
-    the catalog's single lock while open).
+    Every node of a cluster and the leader read one catalog, and a ``Catalog`` holds the
+    catalog's single lock while open; so this opens it for each operation (a service's
+    statements, a ``Loader``'s look-ups). A read that only looks at the catalog database
+    (names, datasets, jobs) is answered again from memory until the database changes.
     """
+
+    CACHED = (Wire.NAMES, Wire.DATASET, Wire.JOB, Wire.JOB_INFOS)
+    """The results that are kept (small, and read from the catalog database alone)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         from catalog.directory import DB_FILE
+        from catalog.limits import Limits
 
         self.root = Path(root).expanduser().resolve()
+        self.limits = Limits.resolve(None, None)  # what each opening gets
         self._files = [self.root / DB_FILE, self.root / f"{DB_FILE}.wal"]
-        self._cache: dict[tuple[str, str], tuple[Any, Any]] = {}  # (kind, name) -> stamp, value
+        self._cache: dict[Any, tuple[Any, Any]] = {}  # (op, arguments) -> stamp, value
         self._cache_lock = threading.Lock()
-        self.exists = self._with(lambda c: c.exists)
+        self._exists: bool = self._with(lambda c: c.exists)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the directory held a catalog when this was made."""
+        return self._exists
 
     def _stamp(self) -> tuple[tuple[int, int], ...]:
         """The catalog database's files as they are now: any write changes this."""
@@ -95,57 +105,38 @@ class SnapshotCatalog:
                 out.append((0, 0))
         return tuple(out)
 
-    def _cached(self, kind: str, name: str, fn: Callable[[Catalog], Any]) -> Any:
-        """``fn``'s answer, read again only if the catalog changed since (an open costs
-        ~0.1 s and every rank of the node asks)."""
+    def _perform(self, op: Operation, arguments: dict[str, Any]) -> Any:
+        """Run ``op`` on the catalog opened for it; a read of ``CACHED`` results is run
+        again only if the catalog changed since (an open costs ~0.1 s and every rank of the
+        node asks)."""
+        if op.writes or op.result not in self.CACHED:
+            return self._with(lambda c: op.call(c, arguments))
+        key = (op.name, *arguments.items())
         stamp = self._stamp()
         with self._cache_lock:
-            hit = self._cache.get((kind, name))
+            hit = self._cache.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        value = self._with(fn)
+        value = self._with(lambda c: op.call(c, arguments))
         with self._cache_lock:
-            self._cache[(kind, name)] = (stamp, value)
+            self._cache[key] = (stamp, value)
         return value
 
     def _with(self, fn: Callable[[Catalog], Any]) -> Any:
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
-                with catalog.connect(self.root) as cat:
+                with catalog.open_catalog(self.root) as cat:
                     return fn(cat)
             except CatalogLockedError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 
-    def job(self, name: str) -> Job:
-        """The job ``name`` (``Catalog.job``)."""
-        return cast("Job", self._cached("job", name, lambda c: c.job(name)))
-
-    def job_infos(self) -> list[JobInfo]:
-        """What is stored about every job (``Catalog.job_infos``)."""
-        return cast("list[JobInfo]", self._cached("job_infos", "", lambda c: c.job_infos()))
-
-    def dataset_names(self) -> list[str]:
-        """The datasets' names (``Catalog.dataset_names``)."""
-        return cast("list[str]", self._cached("datasets", "", lambda c: c.dataset_names()))
-
-    def column(self, name: str, column: str, *, rows: int, of: Dataset | None = None) -> pa.Array:
-        """A queryable column (``Catalog.column``)."""
-        return cast("pa.Array", self._with(lambda c: c.column(name, column, rows=rows, of=of)))
-
-    def dataset(self, name: str) -> Dataset:
-        """The dataset ``name`` (``Catalog.dataset``)."""
-        return cast("Dataset", self._cached("dataset", name, lambda c: c.dataset(name)))
-
-    def sql(self, statement: str) -> Any:
-        """Run one statement (``Catalog.sql``)."""
-        return self._with(lambda c: c.sql(statement))
-
-    def import_source(self, *args: Any, **kwargs: Any) -> Any:
-        """Import (``Catalog.import_source``)."""
-        return self._with(lambda c: c.import_source(*args, **kwargs))
+    def query(self, sql: str) -> pa.Table:
+        """A validated read-only query (``Catalog.query``)."""
+        table: pa.Table = self._with(lambda c: c.query(sql))
+        return table
 
     def close(self) -> None:
         """Nothing is held open."""
@@ -371,7 +362,7 @@ class NodeLoader:
         self.service: Service = Service(
             self.root,
             node=self.node,
-            opened=cast("Catalog", SnapshotCatalog(self.root)),
+            opened=SnapshotCatalog(self.root),
             feed=lambda service: NodeFeed(leader, self.node, lambda: node_stats(service)),
             **options,
         )

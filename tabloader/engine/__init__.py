@@ -22,9 +22,12 @@ A module per step, in the order a row goes through them::
   :mod:`~tabloader.engine.slabs`), evicted by :mod:`~tabloader.engine.eviction`'s policy, in
   shared memory with no name (:mod:`~tabloader.engine.shm`: the layout and the reader/writer
   contract that the service and the decode processes rely on);
-* **collate**: each value copied (or augmented) out of the arena into the job's own batch
-  (:mod:`~tabloader.engine.collate`, memory from :mod:`~tabloader.engine.batchmem`), counted
-  by :mod:`~tabloader.engine.accounting`;
+* **collate**: the batch laid out as a :class:`~tabloader.engine.handoff.HandedBatch` and
+  received by its job's receiver, chosen when it opened (:mod:`~tabloader.engine.collate`):
+  each value copied (or augmented) out of the arena into the job's own batch (the one
+  ``copy_out``, memory from :mod:`~tabloader.engine.batchmem`), or handed over pinned to a
+  service's client, which copies it out the same way; counted by
+  :mod:`~tabloader.engine.accounting`;
 * **stream**: the consumer side (:mod:`~tabloader.engine.stream`, ``JobStream``).
 
 :mod:`~tabloader.engine.loader` is the facade that wires them: :class:`Loader`. The service

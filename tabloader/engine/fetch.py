@@ -12,10 +12,11 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
    of at least ``MIN_DECODE_ROWS`` rows and ``MIN_TASK_BYTES`` (a batch's claimed rows split
    over the workers), one pool task per group, each reading its rows together. Decode and
    resize run with the GIL released (libjpeg-turbo through simplejpeg, torch).
-3. **Collate** when the last group a batch waits for lands (:mod:`tabloader.engine.collate`): copy
-   each value out of the arena into the job's own arrays (the one copy of each payload byte:
-   a batch never aliases the arena or another job's batch, so in-place writes stay in the
-   job), release the pins, and hand the batch to its job (``on_done``).
+3. **Collate** when the last group a batch waits for lands: the job's receiver (its plan's,
+   :mod:`tabloader.engine.collate`) copies each value out of the arena into the job's own
+   arrays (the one copy of each payload byte: a batch never aliases the arena or another
+   job's batch, so in-place writes stay in the job) and the pins are released, or hands it
+   over pinned to a service's client; then the batch goes to its job (``on_done``).
 
 Errors: a row that fails to read or decode is recorded for every batch that wanted it
 (``RowReadError`` names the row); the batch leaves it out (``skip``) or its job raises it.
@@ -47,7 +48,7 @@ from catalog.storage import DatasetReader
 from tabloader.engine.accounting import AccessLog, Counters
 from tabloader.engine.arena import Arena
 from tabloader.engine.batchmem import BatchMemory
-from tabloader.engine.collate import OwnSlots, collate, hand_over, release
+from tabloader.engine.collate import Collate, HandOver, OwnSlots, release
 from tabloader.engine.decoding import DecodePool, decode_rows
 from tabloader.engine.gather import Gatherer
 from tabloader.engine.pool import PriorityPool
@@ -131,6 +132,9 @@ class Fetcher:
         self._next_load = 0
         self.access_log: AccessLog | None = None  # set by a Loader asked to record one
         self.own = OwnSlots(arena)  # handed-over batches' augmented images
+        # the receivers of its jobs' batches (a job's plan names its own, chosen at its open)
+        self.collate = Collate(arena, self.memory)
+        self.hand_over = HandOver(arena, self.own)
         # column -> row -> why: rows whose own bytes failed, never read again (docstring)
         self._failed: dict[str, dict[int, str]] = {}
 
@@ -166,7 +170,7 @@ class Fetcher:
         """
         plan = work.plan
         self._mark_starting(work, +1)
-        inline = not plan.prepared or (work.remote and not plan.augment)
+        inline = not plan.prepared or (plan.receiver.pins and not plan.augment)
         if inline and self.gatherer.all_flat(plan.gathered):
             self._start(work)
             return
@@ -549,12 +553,10 @@ class Fetcher:
         handed_over = False
         try:
             if work.error is None and not (work.errors and not work.skip):
-                if work.remote:
-                    work.result, handed_over = hand_over(work, self.arena, self.own), True
-                    if work.discard and self.access_log is not None:  # sources released
-                        self.access_log.released(work)
-                else:
-                    work.result = collate(work, self.arena, self.memory)
+                work.result = work.plan.receiver.receive(work)
+                handed_over = work.plan.receiver.pins
+                if handed_over and work.discard and self.access_log is not None:
+                    self.access_log.released(work)  # the augmented images' sources
         except BaseException as exc:
             work.error = exc
         finally:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyroaring import BitMap
 
-from catalog import Catalog, connect
+from catalog import Catalog, open_catalog
+from catalog.api import CatalogAPI
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError
@@ -46,7 +47,7 @@ from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.engine.scheduler import DatasetScheduler
 from tabloader.engine.shm import Segment, shm_available
 from tabloader.engine.stream import JobStream, ServedStream
-from tabloader.engine.work import Plan
+from tabloader.engine.work import Plan, Receiver
 from tabloader.sampling import SAMPLERS, IndependentSampler
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 LOOKAHEAD_BATCHES = 4  # default horizon, in batches
 
 
-def _holds_bytes(cat: Catalog) -> bool:
+def _holds_bytes(cat: CatalogAPI) -> bool:
     """Whether a dataset of ``cat`` has a column of bytes, which a job may decode as images.
 
     Only then does ``wait_ready`` start the decode processes: a catalog of numbers and
@@ -74,8 +75,8 @@ class Loader:
     """One engine for every job of this process: a sampler per dataset, one arena, one pool.
 
     Args:
-        catalog: a ``Catalog`` or its directory (default: ``$TABLOADER_CATALOG`` or
-            ``./catalog``).
+        catalog: a ``Catalog`` (or another ``catalog.api.CatalogAPI``) or its directory
+            (default: ``$TABLOADER_CATALOG`` or ``./catalog``).
         cache_bytes: the arena's capacity in bytes (decoded images shared between jobs).
         workers: reader/decoder threads (default: the number of CPUs, at least 2).
         sampler: ``"dependent"`` (shared order) or ``"independent"`` (the baseline).
@@ -104,7 +105,7 @@ class Loader:
 
     def __init__(
         self,
-        catalog: Catalog | str | os.PathLike[str] | None = None,
+        catalog: CatalogAPI | str | os.PathLike[str] | None = None,
         *,
         cache_bytes: int = 1 << 30,
         workers: int | None = None,
@@ -135,7 +136,7 @@ class Loader:
         self._seed = seed
         self._owns_catalog = catalog is None or isinstance(catalog, (str, os.PathLike))
         self.catalog = (
-            connect(Path(catalog) if catalog is not None else None)
+            open_catalog(Path(catalog) if catalog is not None else None)
             if catalog is None or isinstance(catalog, (str, os.PathLike))
             else catalog
         )
@@ -324,8 +325,10 @@ class Loader:
                 this process (an initialised torch.distributed process group, ``RANK`` and
                 ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
                 checks are in :mod:`tabloader.engine.ranks`), else 0 and 1.
-            remote: for the loader service: batches are handed over with their values
-                pinned in the arena (see ``tabloader.service.server``), not copied.
+            remote: for the loader service: the job's batches are received by a ``HandOver``
+                (:mod:`tabloader.engine.collate`), not a ``Collate``: handed over with their
+                values pinned in the arena, which its client copies them out of (see
+                ``tabloader.service.server``). Chosen here once, in the job's plan.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
                 (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
 
@@ -391,13 +394,16 @@ class Loader:
             if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
                 raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
             sched = self._scheduler(dataset)
-            plan = self._plan(sched, dataset, info, spec.image_size, augmenter, cap)
+            # who receives its batches, chosen here once: the service's clients copy them
+            # out of shared memory, pinned until then; a job of this process copies at once
+            receiver = sched.fetcher.hand_over if remote else sched.fetcher.collate
+            plan = self._plan(sched, dataset, info, spec.image_size, receiver, augmenter, cap)
             if prefetch is None:
                 prefetch = default_prefetch(self.workers, batch_size, plan)
         if any(dec.dtype is None for dec in plan.gathered):  # strings, lists: pyarrow's own
             _warm_pyarrow()
         local = 1 if fed else world_size  # a fed rank is a job of its own here
-        if remote:  # the service's cache holds its clients' prepared batches, pinned
+        if receiver.pins:  # the service's cache holds its clients' prepared batches
             rows = min(batch_size, len(info.ids))  # the batch the job can really produce
             prefetch = fit_prefetch(self._arena.buffer.size, plan, rows * local, prefetch, given)
         if fed and state is not None:
@@ -423,7 +429,7 @@ class Loader:
             epochs=epochs,
             world_size=local,
             id_array=bitmap_to_array(info.ids).astype(np.int64),
-            remote=remote,
+            remote=receiver.pins,
             fed=fed,
             rank_rows=share,
             spec=spec,
@@ -445,6 +451,7 @@ class Loader:
         dataset: Dataset,
         job: Job,
         size: Any,
+        receiver: Receiver,
         augmenter: Augmenter | None = None,
         cap: int | None = None,
     ) -> Plan:
@@ -471,7 +478,7 @@ class Loader:
                 prepared.append((dec, space))
             else:
                 gathered.append(dec)
-        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment)
+        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment, receiver)
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""

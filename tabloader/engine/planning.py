@@ -40,7 +40,8 @@ from tabloader.engine.augment import Augmenter, shared_fit
 from tabloader.engine.prep import Fit, ImageSize
 
 if TYPE_CHECKING:
-    from catalog import Catalog, Job
+    from catalog import Job
+    from catalog.api import CatalogAPI
 
 __all__ = ["column_plan", "job_augmenter"]
 
@@ -119,7 +120,7 @@ def _components(n: int, meets: Callable[[int, int], bool], member: list[bool]) -
 
 
 def _readers(
-    catalog: Catalog, job: Job, column: str, cap: int | None, own: _Reader
+    catalog: CatalogAPI, job: Job, column: str, cap: int | None, own: _Reader
 ) -> list[_Reader]:
     """The readers of ``column`` of ``job``'s dataset with decode cap ``cap``, as registered;
     ``job`` itself (first) as ``own``, the options it is opened with."""
@@ -152,7 +153,7 @@ def _need(text: str) -> int | None:
 
 
 def column_plan(
-    catalog: Catalog,
+    catalog: CatalogAPI,
     job: Job,
     column: str,
     size: ImageSize | None,

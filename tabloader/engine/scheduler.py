@@ -591,7 +591,9 @@ def _never_opened(job: str, rank: int, missing: list[int], waited: float) -> str
         "Every rank must iterate its own JobDataset. Under accelerate (and the HF Trainer), "
         "accelerate dispatches batches from process 0 by default: use "
         "tabloader.integrations.accelerate.prepare(accelerator, dataset) instead of "
-        "accelerator.prepare(DataLoader(dataset)); or the other rank's process did not start "
+        "accelerator.prepare(DataLoader(dataset)), and "
+        "tabloader.integrations.transformers.JobTrainer instead of Trainer; or the other "
+        "rank's process did not start "
         "/ uses another world_size. Raise rank_timeout to wait longer (a job option, e.g. "
         "JobDataset(..., rank_timeout=120) or WITH (rank_timeout = 120))."
     )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -19,20 +19,33 @@ import numpy.typing as npt
 from tabloader.engine.augment import Augmenter
 from tabloader.engine.prep import Decoder
 
-__all__ = ["Plan", "Work"]
+__all__ = ["Plan", "Receiver", "Work"]
 
 _SEQ = itertools.count()
+
+
+class Receiver(Protocol):
+    """What becomes of a job's prepared batch, chosen once when the job opens (the two, in
+    :mod:`tabloader.engine.collate`: copied out for a job of this process, or handed over
+    pinned to a loader service's client)."""
+
+    pins: bool  # the batch keeps its values pinned once received, until its client has it
+
+    def receive(self, work: Work) -> Any:
+        """The batch ``work`` prepared, as its job receives it (``Work.result``)."""
 
 
 @dataclass(frozen=True)
 class Plan:
     """How a job's columns are prepared: gathered, or decoded into an arena space (and then
-    augmented for the job, when ``augment`` is set: every prepared column is an image)."""
+    augmented for the job, when ``augment`` is set: every prepared column is an image); and
+    who receives its batches (``receiver``)."""
 
     columns: tuple[str, ...]  # output order (``_id`` first, not listed)
     gathered: tuple[Decoder, ...]
     prepared: tuple[tuple[Decoder, int], ...]  # (decoder, arena space)
-    augment: Mapping[str, Augmenter] = field(default_factory=dict)  # by prepared column
+    augment: Mapping[str, Augmenter]  # by prepared column
+    receiver: Receiver
 
 
 class Work:
@@ -93,6 +106,8 @@ class Work:
         # prepared columns whose ``offsets`` are slots of the batch's own (its augmented
         # images, handed over by the service): freed on release, not unpinned
         self.discard: set[int] = set()
+        # the receiver's: the job's batch (None: every row failed); a receiver that pins
+        # makes a ``HandedBatch`` instead, which the scheduler passes on as it is
         self.result: dict[str, Any] | None = None
         self.ready = False  # set by the job's scheduler once ``on_done`` ran
         self.dropped = False  # its rank gave it up (``abandon``): released once it lands

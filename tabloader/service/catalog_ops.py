@@ -1,15 +1,22 @@
-"""The service's catalog operations: what ``tabloader.connect`` sends while a service runs.
+"""The catalog's operations over the service's socket: one request, dispatched from one table.
 
-:class:`CatalogOps` holds the ``op_*`` handlers of a connection (the server's ``_Handler``
-inherits them) for the catalog calls of :class:`tabloader.service.connection.Connection`:
-datasets and jobs by name, their names, registering and dropping, and imports of data the
-client spooled to a file. Each runs under the service's catalog lock, as ``op_sql`` does.
+``catalog.api.OPERATIONS`` lists the operations and how each argument and result crosses the
+wire; this module holds those codecs and both ends of the one request:
+
+* :func:`request` (the client, ``tabloader.connect``'s ``Connection``): sends
+  ``{"op": "catalog", "call": name, "args": {...}}`` and decodes the reply's ``result``;
+* :meth:`CatalogOps.op_catalog` (the server's ``_Handler`` inherits it): checks each argument
+  against its kind, runs the operation on :class:`ServiceCatalog` under the service's catalog
+  lock, and encodes the result.
 
 A dataset travels as its files' description (:func:`~tabloader.service.protocol.dataset_to_wire`),
 so a client reads ``take`` rows from storage itself; a job travels with its bitmap serialized.
+Data in memory (``import_arrow``, a HuggingFace ``Dataset``) is spooled by the client to an
+Arrow IPC file in the catalog's private service directory and imported from there; paths go
+absolute, and so do the relative paths of a statement.
 
 Exclusive access: statements that would pull data from under the service's open jobs are
-refused with the fix (:class:`Statements`): DROP DATASET of a dataset an open job reads.
+refused with the fix (:class:`ServiceCatalog`): DROP DATASET of a dataset an open job reads.
 """
 
 from __future__ import annotations
@@ -17,14 +24,31 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Protocol, cast
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from catalog.api import OPERATIONS, Arg, Operation, StatementTarget, Wire
 from catalog.errors import DatasetInUseError, ServiceError
-from tabloader.service.protocol import dataset_to_wire, job_to_wire, result_to_wire
+from tabloader.service.protocol import (
+    Client,
+    dataset_from_wire,
+    dataset_to_wire,
+    job_from_wire,
+    job_to_wire,
+    result_from_wire,
+    result_to_wire,
+    runtime_dir,
+    table_from_wire,
+    table_to_wire,
+)
 
 if TYPE_CHECKING:
-    from catalog import Catalog
-    from catalog.sql.execute import StatementTarget
+    import pyarrow as pa
+
+    from catalog.limits import Limits
     from tabloader.engine import Loader
 
 
@@ -32,44 +56,226 @@ class ServiceView(Protocol):
     """What these handlers use of the server's ``Service`` (no import of the server: it
     imports this module)."""
 
-    catalog: Catalog
+    catalog: StatementTarget
     loader: Loader
     lock: threading.RLock | threading.Lock
 
 
-__all__ = ["CatalogOps", "Statements", "string_arg"]
+__all__ = ["ARGS", "RESULTS", "CatalogOps", "ServiceCatalog", "request", "string_arg"]
 
 
 def string_arg(msg: dict[str, Any], key: str) -> str:
     """Request argument ``key``, which must be a string."""
-    value = msg.get(key)
+    return _string(msg.get(key), key)
+
+
+# -- the codecs: each kind of argument and result of catalog.api ---------------------------------
+class Spool:
+    """The files a request's data in memory was written to, for the service to read; removed
+    once the request is answered."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files: list[Path] = []
+
+    def new_file(self) -> Path:
+        path = runtime_dir(self.root) / f"import-{uuid.uuid4().hex}.arrows"
+        self.files.append(path)
+        return path
+
+    def remove(self) -> None:
+        for path in self.files:
+            path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class ArgCodec:
+    """An argument kind: ``send`` makes the client's value a JSON value (``Spool`` for data
+    written to files); ``receive`` checks the request's value in the service and makes it
+    the operation's (raising ``ServiceError`` that names the argument)."""
+
+    send: Callable[[Any, Spool], Any]
+    receive: Callable[[Any, str], Any]
+
+
+def _as_is(value: Any, _: Spool) -> Any:
+    return value
+
+
+def _string(value: Any, key: str) -> str:
     if not isinstance(value, str):
         raise ServiceError(f"The request needs a string {key!r}, got {value!r}.")
     return value
 
 
-def _optional(msg: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    value = msg.get(key)
-    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
-        return value
-    raise ServiceError(f"The request's {key!r} has the wrong type: {value!r}.")
+def _typed(*kinds: type) -> Callable[[Any, str], Any]:
+    """A check that the value is one of ``kinds`` (with ``type(None)``: it may be None); a
+    bool is not an int."""
+
+    def check(value: Any, key: str) -> Any:
+        if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
+            return value
+        raise ServiceError(f"The request's {key!r} has the wrong type: {value!r}.")
+
+    return check
 
 
-class Statements:
-    """The service's catalog as statements see it: every call goes to the catalog, but a
-    DROP DATASET of a dataset that jobs open in this service read is refused (their readers
-    would lose their files mid-epoch)."""
+def _send_source(source: Any, spool: Spool) -> dict[str, Any]:
+    import pyarrow as pa
+
+    path = spool.new_file()
+    with pa.OSFile(str(path), "wb") as out, pa.ipc.new_stream(out, source.schema) as writer:
+        for batch in source.batches:
+            writer.write_batch(batch)
+    return {
+        "path": str(path),
+        "class_names": source.class_names,
+        "description": source.description,
+    }
+
+
+def _receive_source(value: Any, key: str) -> Any:
+    """The Arrow IPC stream a client wrote (data it had in memory), with the class names and
+    description of its source."""
+    from catalog.importers import open_source
+
+    value = _typed(dict)(value, key)
+    source = open_source("arrow", _string(value.get("path"), f"{key}.path"))
+    return dataclasses.replace(
+        source,
+        class_names=_typed(dict, type(None))(value.get("class_names"), key) or {},
+        description=_typed(str, type(None))(value.get("description"), key) or source.description,
+    )
+
+
+def _receive_dataset(value: Any, key: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return dataset_from_wire(_typed(dict)(value, key))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ServiceError(f"The request's {key!r} is not a dataset: {exc!r}.") from exc
+
+
+ARGS: dict[Arg, ArgCodec] = {
+    Arg.STR: ArgCodec(_as_is, _string),
+    Arg.STR_OR_NONE: ArgCodec(_as_is, _typed(str, type(None))),
+    Arg.INT: ArgCodec(_as_is, _typed(int)),
+    Arg.INT_OR_NONE: ArgCodec(_as_is, _typed(int, type(None))),
+    Arg.BOOL: ArgCodec(_as_is, _typed(bool)),
+    Arg.STATEMENT: ArgCodec(lambda text, _: _absolute_paths(text), _string),
+    Arg.PATH: ArgCodec(lambda path, _: str(Path(path).absolute()), _string),
+    Arg.COLUMNS: ArgCodec(
+        lambda cols, _: cols if cols is None or isinstance(cols, str) else list(cols),
+        _typed(str, list, type(None)),
+    ),
+    Arg.WHERE: ArgCodec(
+        lambda where, _: where if where is None or isinstance(where, str) else where.sql("duckdb"),
+        _typed(str, type(None)),
+    ),
+    Arg.OPTIONS: ArgCodec(_as_is, _typed(dict, type(None))),
+    Arg.DATASET_OR_NONE: ArgCodec(
+        lambda ds, _: None if ds is None else dataset_to_wire(ds), _receive_dataset
+    ),
+    Arg.SOURCE: ArgCodec(_send_source, _receive_source),
+}
+"""The codec of each kind of argument."""
+
+
+def _absolute_paths(statement: str) -> str:
+    from catalog.sql.dialect import absolute_paths  # sqlglot: at the first statement
+
+    return absolute_paths(statement)
+
+
+@dataclass(frozen=True)
+class ResultCodec:
+    """A result kind: ``to_wire`` in the service, ``from_wire`` in the client."""
+
+    to_wire: Callable[[Any], Any]
+    from_wire: Callable[[Any], Any]
+
+
+def _array_to_wire(array: pa.Array) -> str:
+    import pyarrow as pa
+
+    return table_to_wire(pa.table({"values": array}))
+
+
+def _array_from_wire(text: str) -> pa.Array:
+    return table_from_wire(text).column(0).combine_chunks()
+
+
+def _infos_to_wire(infos: list[Any]) -> list[dict[str, Any]]:
+    return [{**dataclasses.asdict(i), "columns": list(i.columns)} for i in infos]
+
+
+def _infos_from_wire(wire: list[dict[str, Any]]) -> list[Any]:
+    from catalog.model import JobInfo
+
+    return [JobInfo(**{**i, "columns": tuple(i["columns"])}) for i in wire]
+
+
+def _local(_: Any) -> Any:
+    raise ServiceError("This operation reads the catalog itself: it never crosses the wire.")
+
+
+RESULTS: dict[Wire, ResultCodec] = {
+    Wire.NONE: ResultCodec(lambda _: None, lambda _: None),
+    Wire.NAMES: ResultCodec(list, list),
+    Wire.DATASET: ResultCodec(dataset_to_wire, dataset_from_wire),
+    Wire.JOB: ResultCodec(job_to_wire, job_from_wire),
+    Wire.JOB_INFOS: ResultCodec(_infos_to_wire, _infos_from_wire),
+    Wire.ARRAY: ResultCodec(
+        _array_to_wire, lambda t: table_from_wire(t).column(0).combine_chunks()
+    ),
+    Wire.RESULT: ResultCodec(result_to_wire, result_from_wire),
+    Wire.LOCAL: ResultCodec(_local, _local),
+}
+"""The codec of each kind of result."""
+
+
+# -- the client's end --------------------------------------------------------------------------
+def request(client: Client, root: Path, op: Operation, arguments: dict[str, Any]) -> Any:
+    """Run ``op`` in the service of catalog ``root`` that ``client`` is connected to: the
+    one request of every catalog operation."""
+    spool = Spool(root)
+    try:
+        args = {name: ARGS[kind].send(arguments[name], spool) for name, kind in op.args}
+        reply = client.call("catalog", call=op.name, args=args)
+    finally:
+        spool.remove()
+    return RESULTS[op.result].from_wire(reply.get("result"))
+
+
+# -- the service's end -------------------------------------------------------------------------
+class ServiceCatalog(StatementTarget):
+    """The service's catalog as statements and clients see it: every operation goes to the
+    catalog, but a DROP DATASET of a dataset that jobs open in this service read is refused
+    (their readers would lose their files mid-epoch)."""
 
     def __init__(self, service: ServiceView) -> None:
         self._service = service
+        self.root = service.catalog.root
+        self.limits: Limits = service.catalog.limits
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._service.catalog, name)
+    def _perform(self, op: Operation, arguments: dict[str, Any]) -> Any:
+        return op.call(self._service.catalog, arguments)
 
-    def sql(self, text: str) -> Any:
+    @property
+    def exists(self) -> bool:
+        return self._service.catalog.exists
+
+    def close(self) -> None:
+        """Nothing: the service closes its catalog."""
+
+    def query(self, sql: str) -> pa.Table:
+        return self._service.catalog.query(sql)
+
+    def sql(self, statement: str) -> Any:
         from catalog.sql.execute import execute
 
-        return execute(cast("StatementTarget", self), text)
+        return execute(self, statement)
 
     def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
         jobs = self._service.loader.stats()["jobs"]
@@ -85,69 +291,22 @@ class Statements:
 
 
 class CatalogOps:
-    """The catalog's ``op_*`` handlers of one service connection (see the module docstring)."""
+    """The catalog's one request handler of a service connection (see the module)."""
 
     service: Any  # the server's Service (this module cannot import it; see ServiceView)
 
-    def op_dataset(self, msg: dict[str, Any]) -> dict[str, Any]:
-        name, version = string_arg(msg, "name"), _optional(msg, "version", int)
-        with self.service.lock:
-            return {"dataset": dataset_to_wire(self.service.catalog.dataset(name, version=version))}
-
-    def op_job(self, msg: dict[str, Any]) -> dict[str, Any]:
-        with self.service.lock:
-            return {"job": job_to_wire(self.service.catalog.job(string_arg(msg, "name")))}
-
-    def op_names(self, msg: dict[str, Any]) -> dict[str, Any]:
-        kind = msg.get("kind")
-        if kind not in ("datasets", "jobs"):
-            raise ServiceError(f"'kind' is 'datasets' or 'jobs', got {kind!r}.")
-        with self.service.lock:
-            cat = self.service.catalog
-            return {"names": cat.dataset_names() if kind == "datasets" else cat.job_names()}
-
-    def op_register_job(self, msg: dict[str, Any]) -> dict[str, Any]:
-        columns = _optional(msg, "columns", (str, list))
-        with self.service.lock:
-            job = self.service.catalog.register_job(
-                string_arg(msg, "name"),
-                string_arg(msg, "dataset"),
-                columns=columns,
-                where=_optional(msg, "where", str),
-                options=_optional(msg, "options", dict),
-                replace=bool(_optional(msg, "replace", bool)),
+    def op_catalog(self, msg: dict[str, Any]) -> dict[str, Any]:
+        name = msg.get("call")
+        op = OPERATIONS.get(name) if isinstance(name, str) else None
+        if op is None or op.result is Wire.LOCAL:
+            raise ServiceError(
+                f"Unknown catalog operation {name!r}; is the client another tabloader version?"
             )
-        return {"job": job_to_wire(job)}
-
-    def op_unregister_job(self, msg: dict[str, Any]) -> dict[str, Any]:
+        given = _typed(dict, type(None))(msg.get("args"), "args") or {}
+        unknown = sorted(set(given) - {n for n, _ in op.args})
+        if unknown:
+            raise ServiceError(f"{op.name} takes no argument(s) {', '.join(map(repr, unknown))}.")
+        args = {n: ARGS[kind].receive(given.get(n, op.defaults.get(n)), n) for n, kind in op.args}
         with self.service.lock:
-            self.service.catalog.unregister_job(
-                string_arg(msg, "name"), if_exists=bool(_optional(msg, "if_exists", bool))
-            )
-        return {}
-
-    def op_drop_dataset(self, msg: dict[str, Any]) -> dict[str, Any]:
-        with self.service.lock:
-            Statements(self.service).drop_dataset(
-                string_arg(msg, "name"),
-                cascade=bool(_optional(msg, "cascade", bool)),
-                if_exists=bool(_optional(msg, "if_exists", bool)),
-            )
-        return {}
-
-    def op_import_spooled(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Import the Arrow IPC stream a client wrote to ``path`` (data it had in memory), with
-        the class names and description of its source."""
-        from catalog.importers import open_source
-
-        source = open_source("arrow", string_arg(msg, "path"))
-        source = dataclasses.replace(
-            source,
-            class_names=_optional(msg, "class_names", dict) or {},
-            description=_optional(msg, "description", str) or source.description,
-        )
-        with self.service.lock:
-            dataset = self.service.catalog.import_source(
-                string_arg(msg, "name"), source, append=bool(_optional(msg, "append", bool))
-            )
-        return result_to_wire(dataset)
+            result = op.call(ServiceCatalog(self.service), args)
+        return {"result": RESULTS[op.result].to_wire(result)}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from catalog.errors import LoaderError, ServiceError, ServiceStuckError, Tabload
 from catalog.options import JobSpec
 from catalog.settings import setting
 from tabloader.engine.batchmem import BatchMemory
+from tabloader.engine.handoff import HandedBatch
 from tabloader.engine.ranks import resolve_rank
 from tabloader.engine.shm import Segment
 from tabloader.service.listener import STARTER_ENV
@@ -454,7 +454,7 @@ class RemoteStream:
                 self._ready, batch = reply, None  # of a later epoch: kept for its take
             else:
                 copy = time.perf_counter()
-                batch = self._build(reply["columns"])
+                batch = self._build(reply.get("batch"))
                 done = time.perf_counter()
                 self._copy_s += done - copy
                 self._wait_s += done - start  # the copy counts as waiting
@@ -573,73 +573,16 @@ class RemoteStream:
         self.close()
 
     # -- copying out of shared memory -----------------------------------------------------------
-    def _build(self, columns: list[dict[str, Any]]) -> dict[str, Any]:
-        arena = self._loader.arena
-        batch: dict[str, Any] = {}
-        for col in columns:
-            kind = col["kind"]
-            if kind == "raw":
-                dtype, shape = np.dtype(col["dtype"]), tuple(col["shape"])
-                view = np.frombuffer(arena, dtype, math.prod(shape), int(col["offset"]))
-                batch[col["name"]] = view.reshape(shape).copy()
-            elif kind == "arrow":  # strings, variable lists: pyarrow only where a job has them
-                import pyarrow as pa
-
-                from tabloader.engine.prep import batch_column, decoder_for
-
-                start = int(col["offset"])
-                table = pa.ipc.open_stream(
-                    pa.py_buffer(arena[start : start + col["size"]])
-                ).read_all()
-                values = table.column(0).combine_chunks()
-                batch[col["name"]] = batch_column(values, decoder_for(table.schema.field(0)))
-            elif kind == "augmented":
-                batch[col["name"]] = _augmented(arena, col, self._loader)
-            else:
-                batch[col["name"]] = _images(arena, col, self._loader)
+    def _build(self, wire: Any) -> dict[str, Any]:
+        """The job's batch, copied out of the service's shared memory as the reply's layout
+        says (checked first: a malformed one is a ``ServiceError``)."""
+        loader = self._loader
+        handed = HandedBatch.from_wire(wire, loader.arena)
+        batch = handed.copy_out(loader.arena, loader.memory)
+        images, prepared, staged = handed.images()
+        # ours, and the service's into staging of the values the arena had no room for
+        loader.count_copies(images, prepared, prepared + staged)
         return batch
-
-
-def _index(arena: np.ndarray, col: dict[str, Any], width: int) -> np.ndarray:
-    """A prepared column's index in staging (int64, ``rows`` x ``width``): per value its
-    start in the mapping, then (images) its height, width and channels (0: grey)."""
-    n = int(col["rows"])
-    return np.frombuffer(arena, np.int64, n * width, int(col["index"])).reshape(n, width).copy()
-
-
-def _augmented(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
-    """A column the job augments, made by the service: every value one shape and dtype."""
-    shape, dtype = tuple(col["shape"]), np.dtype(col["dtype"])
-    n = math.prod(shape) * dtype.itemsize
-    starts = _index(arena, col, 1)[:, 0].tolist()
-    out = loader.memory.empty((len(starts), *shape), dtype)
-    rows = out.reshape(len(starts), -1).view(np.uint8)
-    for k, start in enumerate(starts):
-        rows[k] = arena[start : start + n]
-    loader.count_copies(len(starts), out.nbytes, out.nbytes + int(col["staged_bytes"]))
-    return out
-
-
-def _images(arena: np.ndarray, col: dict[str, Any], loader: RemoteLoader) -> Any:
-    index = _index(arena, col, 4)
-    starts = index[:, 0].tolist()
-    if len(index) and (index[:, 1:] == index[0, 1:]).all():
-        shape = tuple(index[0, 1:4] if index[0, 3] else index[0, 1:3])
-        out: Any = loader.memory.empty((len(starts), *shape))
-        rows, n = out.reshape(len(starts), -1), math.prod(shape)
-        for k, start in enumerate(starts):
-            rows[k] = arena[start : start + n]
-        prepared = out.nbytes
-    else:
-        shapes = [tuple(s[: 3 if s[2] else 2]) for s in index[:, 1:].tolist()]
-        out = [
-            arena[start : start + math.prod(shape)].reshape(shape).copy()
-            for start, shape in zip(starts, shapes, strict=True)
-        ]
-        prepared = sum(v.nbytes for v in out)
-    # ours, and the service's into staging of the values the arena had no room for
-    loader.count_copies(len(starts), prepared, prepared + int(col["staged_bytes"]))
-    return out
 
 
 _LOADERS: dict[Path, RemoteLoader] = {}

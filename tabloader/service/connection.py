@@ -2,18 +2,20 @@
 
 A :class:`Connection` opens the catalog in this process when no other process holds it, and
 otherwise talks to the catalog's running service (which holds it: DuckDB allows one owner).
-Every method returns the same types either way: ``sql`` a ``pyarrow.Table``, a ``Dataset``, a
-``Job`` or None; ``dataset`` a ``catalog.Dataset`` whose ``take`` reads the storage files in
-this process (the service sends where they are, never their bytes); ``job`` a ``catalog.Job``
-(its bitmap travels serialized). Errors are the same classes too (the service's are raised
-here as theirs).
+A ``Connection`` is the catalog API (:class:`catalog.api.CatalogAPI`): each operation of its
+table either calls the ``Catalog`` of this process or goes to the service as one request
+(:mod:`tabloader.service.catalog_ops`, which says how values cross). Every method returns the
+same types either way: ``sql`` a ``pyarrow.Table``, a ``Dataset``, a ``Job`` or None;
+``dataset`` a ``catalog.Dataset`` whose ``take`` reads the storage files in this process (the
+service sends where they are, never their bytes); ``job`` a ``catalog.Job`` (its bitmap
+travels serialized). Errors are the same classes too (the service's are raised here as
+theirs).
 
 What cannot be the same is said in one line with the fix: ``verify`` reads the catalog itself,
 so it needs the service stopped; the service refuses DROP DATASET of a dataset its open jobs
-read. Data in memory (``import_arrow``, a HuggingFace ``Dataset``) is spooled to an Arrow IPC
-file in the catalog's private service directory and imported from there; paths go absolute.
+read.
 
-``catalog.connect`` stays the low-level catalog of this process only.
+``catalog.open_catalog`` stays the low-level catalog of this process only.
 """
 
 from __future__ import annotations
@@ -21,44 +23,29 @@ from __future__ import annotations
 import os
 import re
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 import catalog
+from catalog.api import CatalogAPI, Operation, Wire
 from catalog.directory import resolve_root
 from catalog.errors import CatalogLockedError, ServiceError, ServiceStuckError
 from catalog.model import Job
 from catalog.options import default_cache_problem
-from catalog.sql.dialect import absolute_paths
+from tabloader.service.catalog_ops import request
 from tabloader.service.client import dial
-from tabloader.service.protocol import (
-    Client,
-    dataset_from_wire,
-    job_from_wire,
-    result_from_wire,
-    runtime_dir,
-    service_pid,
-)
+from tabloader.service.protocol import Client, service_pid
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from sqlglot import exp
-
-    from catalog import Catalog, Dataset
-    from catalog.importers import Source
-    from catalog.storage.verify import VerifyReport
+    from catalog import Catalog
 
 __all__ = ["Connection", "connect"]
 
 
 def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Connection:
-    """The catalog at ``path`` (default as ``catalog.connect``), through its service while one
-    runs; ``options`` as ``catalog.connect`` (they apply when this process opens it).
+    """The catalog at ``path`` (default as ``catalog.open_catalog``), through its service while one
+    runs; ``options`` as ``catalog.open_catalog`` (they apply when this process opens it).
 
     Raises:
         CatalogLockedError: another process holds the catalog and it is not a service.
@@ -92,13 +79,14 @@ def _service_holds(root: Path, locked: CatalogLockedError) -> bool:
 
 
 def _warn_default_cache(job: Job) -> None:
-    """Say here what ``Catalog.register_job`` said in the service (into its log)."""
+    """Say here what ``Catalog.register_job`` said in the service (into its log), at the
+    caller of the operation (past ``Connection._perform`` and ``catalog.api``'s dispatch)."""
     problem = default_cache_problem(job.name, job.options, job.num_rows)
     if problem is not None:
-        warnings.warn(problem, stacklevel=3)
+        warnings.warn(problem, stacklevel=4)
 
 
-class Connection:
+class Connection(CatalogAPI):
     """A catalog seen from this process, with or without its service (see the module).
 
     Attributes:
@@ -113,7 +101,7 @@ class Connection:
         deadline = time.monotonic() + RACE_S
         while self._ctl is None:
             try:
-                self._local = catalog.connect(path, **options)
+                self._local = catalog.open_catalog(path, **options)
                 self.root = self._local.root
                 return
             except CatalogLockedError as locked:
@@ -132,10 +120,23 @@ class Connection:
             self._ctl.close()
             raise
 
-    def _call(self, op: str, **args: Any) -> dict[str, Any]:
+    def _perform(self, op: Operation, arguments: dict[str, Any]) -> Any:
+        """Every operation of the API: by the catalog of this process, or by the service."""
+        if self._local is not None:
+            return op.call(self._local, arguments)
+        if op.result is Wire.LOCAL:
+            pid = self.service_pid
+            raise CatalogLockedError(
+                f"{op.name} reads catalog {self.root} itself, and its loader service (pid {pid}) "
+                f"holds it: stop the service (`kill {pid}`; one started by a job also ends 30 s "
+                f"after its last client leaves), then run {op.name} again."
+            )
         if self._ctl is None:
             raise ServiceError(f"This connection to catalog {self.root} is closed; connect again.")
-        return self._ctl.call(op, **args)
+        result = request(self._ctl, self.root, op, arguments)
+        if op.writes and isinstance(result, Job):  # REGISTER JOB, register_job
+            _warn_default_cache(result)
+        return result
 
     @property
     def catalog(self) -> Catalog:
@@ -157,204 +158,6 @@ class Connection:
     def exists(self) -> bool:
         """Whether the directory holds a catalog (a service runs only for one)."""
         return self._local.exists if self._local is not None else True
-
-    # -- statements --------------------------------------------------------------------------
-    def sql(self, statement: str) -> Any:
-        """Run one statement: a ``pyarrow.Table`` (SELECT, SHOW, DESCRIBE), the ``Dataset``
-        (CREATE DATASET), the ``Job`` (REGISTER JOB), or None. A relative path in it means one
-        in this process's working directory."""
-        if self._local is not None:
-            return self._local.sql(statement)
-        result = result_from_wire(self._call("sql", statement=absolute_paths(statement)))
-        if isinstance(result, Job):  # REGISTER JOB
-            _warn_default_cache(result)
-        return result
-
-    # -- datasets ----------------------------------------------------------------------------
-    def dataset_names(self) -> list[str]:
-        """Names of all datasets, sorted."""
-        if self._local is not None:
-            return self._local.dataset_names()
-        return list(self._call("names", kind="datasets")["names"])
-
-    def datasets(self) -> list[Dataset]:
-        """All datasets (their latest versions), sorted by name."""
-        return [self.dataset(n) for n in self.dataset_names()]
-
-    def dataset(self, name: str, *, version: int | None = None) -> Dataset:
-        """Dataset ``name`` at its latest version or at ``version`` (``take`` reads here)."""
-        if self._local is not None:
-            return self._local.dataset(name, version=version)
-        return dataset_from_wire(self._call("dataset", name=name, version=version)["dataset"])
-
-    def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
-        """Drop a dataset (refused by a service while its open jobs read it)."""
-        if self._local is not None:
-            return self._local.drop_dataset(name, cascade=cascade, if_exists=if_exists)
-        self._call("drop_dataset", name=name, cascade=cascade, if_exists=if_exists)
-        return None
-
-    def verify(self, name: str | None = None) -> VerifyReport:
-        """Check every stored byte of dataset ``name`` (default all); see ``Catalog.verify``.
-
-        Raises:
-            CatalogLockedError: a service holds the catalog (stop it first).
-        """
-        if self._local is None:
-            pid = self.service_pid
-            raise CatalogLockedError(
-                f"verify reads catalog {self.root} itself, and its loader service (pid {pid}) "
-                f"holds it: stop the service (`kill {pid}`; one started by a job also ends 30 s "
-                "after its last client leaves), then run verify again."
-            )
-        return self._local.verify(name)
-
-    # -- jobs --------------------------------------------------------------------------------
-    def job_names(self) -> list[str]:
-        """Names of all jobs, sorted."""
-        if self._local is not None:
-            return self._local.job_names()
-        return list(self._call("names", kind="jobs")["names"])
-
-    def jobs(self) -> list[Job]:
-        """All registered jobs, sorted by name."""
-        return [self.job(n) for n in self.job_names()]
-
-    def job(self, name: str) -> Job:
-        """Job ``name``, with its bitmap of row ids."""
-        if self._local is not None:
-            return self._local.job(name)
-        return job_from_wire(self._call("job", name=name)["job"])
-
-    def register_job(
-        self,
-        name: str,
-        dataset: str,
-        *,
-        columns: str | Sequence[str] | None = None,
-        where: str | exp.Expression | None = None,
-        options: dict[str, Any] | None = None,
-        replace: bool = False,
-    ) -> Job:
-        """Register a job (see ``Catalog.register_job``)."""
-        if self._local is not None:
-            return self._local.register_job(
-                name, dataset, columns=columns, where=where, options=options, replace=replace
-            )
-        cols = columns if columns is None or isinstance(columns, str) else list(columns)
-        text = where if where is None or isinstance(where, str) else where.sql("duckdb")
-        reply = self._call(
-            "register_job",
-            name=name,
-            dataset=dataset,
-            columns=cols,
-            where=text,
-            options=options,
-            replace=replace,
-        )
-        job = job_from_wire(reply["job"])
-        _warn_default_cache(job)
-        return job
-
-    def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
-        """Remove job ``name``."""
-        if self._local is not None:
-            return self._local.unregister_job(name, if_exists=if_exists)
-        self._call("unregister_job", name=name, if_exists=if_exists)
-        return None
-
-    # -- imports -----------------------------------------------------------------------------
-    def _import_path(self, fmt: str, name: str, path: Any, **options: Any) -> Dataset:
-        """Import from a path, here or in the service (given absolute)."""
-        if self._local is not None:
-            from catalog.importers import open_source
-
-            append = options.pop("append")
-            source = open_source(fmt, path, **options)
-            return self._local.import_source(name, source, append=append)
-        options = {k: v for k, v in options.items() if v is not None}
-        path = str(Path(path).absolute())
-        return result_from_wire(self._call("import", name=name, path=path, format=fmt, **options))  # type: ignore[no-any-return]
-
-    def _import_memory(self, source: Source, name: str, append: bool) -> Dataset:
-        """Import data this process holds: spooled to a private file the service reads."""
-        if self._local is not None:
-            return self._local.import_source(name, source, append=append)
-        spool = runtime_dir(self.root) / f"import-{uuid.uuid4().hex}.arrows"
-        try:
-            with pa.OSFile(str(spool), "wb") as out, pa.ipc.new_stream(out, source.schema) as w:
-                for batch in source.batches:
-                    w.write_batch(batch)
-            reply = self._call(
-                "import_spooled",
-                name=name,
-                path=str(spool),
-                append=append,
-                class_names=source.class_names,
-                description=source.description,
-            )
-        finally:
-            spool.unlink(missing_ok=True)
-        return result_from_wire(reply)  # type: ignore[no-any-return]
-
-    def import_arrow(self, name: str, data: Any, *, append: bool = False) -> Dataset:
-        """Import a ``pyarrow.Table``, ``RecordBatch`` or ``RecordBatchReader``."""
-        from catalog.importers.arrow import open_arrow
-
-        return self._import_memory(open_arrow(data), name, append)
-
-    def import_parquet(
-        self,
-        name: str,
-        path: str | os.PathLike[str],
-        *,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import a Parquet file, directory or glob (see ``Catalog.import_parquet``)."""
-        return self._import_path("parquet", name, path, append=append, follow_links=follow_links)
-
-    def import_ipc(
-        self,
-        name: str,
-        path: str | os.PathLike[str],
-        *,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import Arrow IPC / Feather files (a path or a glob)."""
-        return self._import_path("arrow", name, path, append=append, follow_links=follow_links)
-
-    def import_imagefolder(
-        self,
-        name: str,
-        root: str | os.PathLike[str],
-        *,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import ``root/<class>/<file>`` images: image, label, label_name, path."""
-        return self._import_path(
-            "imagefolder", name, root, append=append, follow_links=follow_links
-        )
-
-    def import_hf(
-        self,
-        name: str,
-        dataset_or_path: Any,
-        *,
-        split: str | None = None,
-        append: bool = False,
-        follow_links: bool = False,
-    ) -> Dataset:
-        """Import a HuggingFace ``Dataset``, ``DatasetDict`` or ``save_to_disk`` folder."""
-        if isinstance(dataset_or_path, (str, os.PathLike)):
-            return self._import_path(
-                "hf", name, dataset_or_path, split=split, append=append, follow_links=follow_links
-            )
-        from catalog.importers import open_source
-
-        return self._import_memory(open_source("hf", dataset_or_path, split=split), name, append)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -93,8 +93,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 5  # 5: an open's job options as one JobSpec; 4: datasets and jobs as
-# results; 3: shared memory by descriptor
+PROTOCOL_VERSION: int = 6  # 6: the catalog's operations as one request, "catalog"; 5: an
+# open's job options as one JobSpec; 4: datasets and jobs as results; 3: shared memory by
+# descriptor
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
 CONNECT_TIMEOUT_S: float = 5.0  # a service that does not answer by then is stopped or hung
 

@@ -4,15 +4,18 @@ Control plane: :mod:`tabloader.service.protocol` (an authenticated Unix socket, 
 plane: the arena is shared memory of no name (:mod:`tabloader.engine.shm`), which clients map
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
-* its images stay where the shared decode put them, pinned in the arena; the reply lists each
-  value's ``(offset, shape)``; a job that augments gets its own images instead, made by the
-  engine's threads into slots of the batch's own (``kind: augmented``: one shape and dtype);
-* its other columns (``_id``, labels, ...) and any image the arena had no room for are written
-  once into a *staging* slot of the arena, laid out in the reply: fixed-width columns as raw
-  arrays (``dtype``, ``shape``, ``offset``), others (strings, variable lists) as an Arrow IPC
-  stream;
-* the client copies every value into its own arrays (the one copy: its batch is its own) and
-  names the ticket in its next request, which releases the pins and the staging slot.
+* the engine hands it over as a :class:`~tabloader.engine.handoff.HandedBatch` (its job opened
+  ``remote``): its images stay where the shared decode put them, pinned in the arena; a job
+  that augments gets its own images instead, made by the engine's threads into slots of the
+  batch's own (one shape and dtype);
+* its other columns (``_id``, labels, ...), each prepared column's index (each value's start
+  and shape) and any image the arena had no room for are written once into a *staging* slot
+  of the arena; the reply's ``batch`` says where (``HandedBatch.to_wire``: fixed-width columns
+  as raw arrays, others as an Arrow IPC stream);
+* the client checks that layout (``HandedBatch.from_wire``), copies every value into its own
+  arrays with the same ``copy_out`` as a job of the engine's process (the one copy: its batch
+  is its own) and names the ticket in its next request, which releases the pins and the
+  staging slot.
 
 No payload byte crosses the socket and nothing is pickled. A client whose connection closes
 (exit, crash, SIGKILL) leaves: its job's stream closes and its tickets are released.
@@ -34,24 +37,23 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import numpy as np
-import pyarrow as pa
 
 import catalog
-from catalog.bitmaps import ID_COLUMN
+from catalog.api import StatementTarget
 from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
 from catalog.options import JobSpec
 from tabloader.engine import Loader
 from tabloader.engine.collate import release
+from tabloader.engine.handoff import HandedBatch, Staging
 from tabloader.engine.stream import ServedStream
-from tabloader.service.catalog_ops import CatalogOps, Statements
+from tabloader.service.catalog_ops import CatalogOps
 from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
 from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
-    result_to_wire,
     runtime_dir,
     state_from_wire,
     state_to_wire,
@@ -101,7 +103,7 @@ class Service:
         workers: int | None = None,
         idle_exit: float | None = None,
         node: str | None = None,
-        opened: catalog.Catalog | None = None,
+        opened: StatementTarget | None = None,
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
@@ -121,7 +123,9 @@ class Service:
             _lost_start(self.root, exc, starter)
         self.feed: Feed | None = None
         try:
-            self.catalog = catalog.connect(self.root) if opened is None else opened
+            self.catalog: StatementTarget = (
+                catalog.open_catalog(self.root) if opened is None else opened
+            )
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -265,26 +269,6 @@ class _Handler(CatalogOps):
             FDS: [segment.readonly_fd()],
         }
 
-    def op_sql(self, msg: dict[str, Any]) -> dict[str, Any]:
-        statement = _string(msg, "statement")
-        with self.service.lock:
-            return result_to_wire(Statements(self.service).sql(statement))
-
-    def op_import(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from catalog.importers import detect_format, open_source
-
-        name, path = _string(msg, "name"), _string(msg, "path")
-        fmt = msg.get("format") or detect_format(path)
-        options = {"split": msg["split"]} if fmt == "hf" and msg.get("split") else {}
-        if msg.get("follow_links") is True:
-            options["follow_links"] = True
-        with self.service.lock:
-            return result_to_wire(
-                self.service.catalog.import_source(
-                    name, open_source(fmt, path, **options), append=bool(msg.get("append"))
-                )
-            )
-
     def op_options(self, msg: dict[str, Any]) -> dict[str, Any]:
         with self.service.lock:
             return {"options": self.service.loader.job_options(_string(msg, "job"))}
@@ -379,8 +363,9 @@ class _Handler(CatalogOps):
             raise
         if batch is None:
             return {"end": True, "epoch": stream.epoch}
-        reply = self._deliver(batch)
-        self.unread = len(batch[ID_COLUMN])
+        handed = _handed(batch)
+        reply = self._deliver(handed)
+        self.unread = len(handed)
         return reply
 
     def _record_stalls(self, msg: dict[str, Any]) -> None:
@@ -436,59 +421,13 @@ class _Handler(CatalogOps):
         return self.stream
 
     # -- the data plane ------------------------------------------------------------------------
-    def _deliver(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Lay a handed-over batch out in shared memory; the reply says where."""
+    def _deliver(self, batch: HandedBatch) -> dict[str, Any]:
+        """Lay a handed-over batch out in shared memory; the reply says where
+        (``HandedBatch.to_wire``, read by the client's ``HandedBatch.from_wire``)."""
         arena, service = self.service.arena, self.service
-        columns: list[dict[str, Any]] = []
-        pieces: list[tuple[int, Any]] = []  # (offset in staging, bytes-like)
-        used = 0
-
-        def stage(data: Any) -> int:
-            nonlocal used
-            start = used
-            pieces.append((start, data))
-            used += -(-len(memoryview(data).cast("B")) // 64) * 64
-            return start
-
-        ids = np.ascontiguousarray(batch[ID_COLUMN])
-        columns.append(_raw(ID_COLUMN, ids, stage(ids)))
-        for name, value in batch["gathered"].items():
-            if isinstance(value, np.ndarray) and value.dtype != object:
-                value = np.ascontiguousarray(value)
-                columns.append(_raw(name, value, stage(value)))
-            else:
-                sink = pa.BufferOutputStream()
-                table = pa.table({name: pa.array(list(value))})
-                with pa.ipc.new_stream(sink, table.schema) as writer:
-                    writer.write_table(table)
-                buf = sink.getvalue()
-                columns.append(
-                    {"name": name, "kind": "arrow", "offset": stage(buf), "size": buf.size}
-                )
-        # Each prepared column's index (where each value starts, and for images their shapes)
-        # goes as int64 in staging, not as JSON lists: 256 tiny images' offsets and shapes
-        # took more of the service's and the client's time to encode and parse than to copy.
-        # Values staged here (the arena had no room for them) get their starts once staging
-        # is placed (``fixups``).
-        fixups: list[tuple[np.ndarray, int, int]] = []  # (index, row, start in staging)
-        for name, handed in batch["prepared"].items():
-            n = len(handed.offsets)
-            if handed.dtype is None:  # decodes: start, height, width, channels (0: grey)
-                index = np.empty((n, 4), dtype=np.int64)
-                index[:, 1:] = handed.shapes
-                col: dict[str, Any] = {"name": name, "kind": "images"}
-            else:  # the job's augmented images, all of one shape
-                index = np.empty((n, 1), dtype=np.int64)
-                col = {"name": name, "kind": "augmented", "dtype": handed.dtype.str}
-                col["shape"] = list(handed.shape)
-            index[:, 0] = handed.offsets
-            staged = 0  # bytes
-            for k, value in handed.private.items():  # values the arena had no room for
-                value = np.ascontiguousarray(value)
-                fixups.append((index, int(k), stage(value)))
-                staged += value.nbytes
-            col.update(rows=n, index=stage(index), staged_bytes=staged)
-            columns.append(col)
+        staged = Staging()
+        wire = batch.to_wire(staged)
+        used = staged.used
         ticket = service.ticket()
         staging, block = -1, -1
         if 0 < used <= STAGING_BLOCK:
@@ -501,7 +440,7 @@ class _Handler(CatalogOps):
         elif used and block < 0:
             staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
         if used and staging < 0:
-            self._released(batch["work"])
+            self._released(batch.work)
             raise LoaderError(
                 f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
                 "part; raise the service's cache size or lower batch_size."
@@ -512,22 +451,15 @@ class _Handler(CatalogOps):
                 if block >= 0
                 else arena.buffer[staging:]
             )
-            for index, k, start in fixups:
-                index[k, 0] = staging + start
-            for start, data in pieces:
-                raw = np.frombuffer(memoryview(data).cast("B"), np.uint8)
-                target[start : start + raw.size] = raw
-            for col in columns:
-                for key in ("offset", "index"):
-                    if key in col:
-                        col[key] += staging
+            staged.write(target, staging)
+        wire["base"] = staging
         with self.lock:
-            self.out[ticket] = (staging, block, batch["work"])
+            self.out[ticket] = (staging, block, batch.work)
             closed = self.closed
         if closed:
             self._release([ticket])
             raise ServiceError("the client left")
-        return {"ticket": ticket, "epoch": batch["work"].epoch, "columns": columns}
+        return {"ticket": ticket, "epoch": batch.work.epoch, "batch": wire}
 
     def _release(self, tickets: list[Any]) -> None:
         arena = self.service.arena
@@ -658,14 +590,11 @@ def yield_to_jobs() -> bool:
     return True
 
 
-def _raw(name: str, value: np.ndarray, offset: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "kind": "raw",
-        "dtype": value.dtype.str,
-        "shape": list(value.shape),
-        "offset": offset,
-    }
+def _handed(batch: object) -> HandedBatch:
+    """A batch of a stream opened ``remote`` (the engine's ``HandOver`` made it)."""
+    if not isinstance(batch, HandedBatch):  # pragma: no cover - every job here opens remote
+        raise LoaderError(f"A service's job got a {type(batch).__name__} batch, not handed over.")
+    return batch
 
 
 def _jsonable(value: Any) -> Any:

@@ -57,19 +57,19 @@ def test_connect_default_path_uses_env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TABLOADER_CATALOG", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    with catalog.connect() as c:  # not ./catalog: that is the source package in a checkout
+    with catalog.open_catalog() as c:  # not ./catalog: that is the source package in a checkout
         assert c.root == tmp_path / "xdg" / "tabloader" / "catalog"
         assert not c.exists
     assert not (tmp_path / "xdg").exists()  # a read-only open creates nothing
     monkeypatch.setenv("TABLOADER_CATALOG", str(tmp_path / "elsewhere"))
-    with catalog.connect(create=True) as c:
+    with catalog.open_catalog(create=True) as c:
         assert c.root == tmp_path / "elsewhere"
         assert (tmp_path / "elsewhere" / "catalog.duckdb").exists()
 
 
 def test_reads_refuse_a_directory_that_is_not_a_catalog(tmp_path):
     root = tmp_path / "typo"
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         for read in (
             c.dataset_names,
             c.job_names,
@@ -102,13 +102,13 @@ def test_connect_refuses_a_file(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(CatalogError, match="is a file; give a directory"):
-        catalog.connect(f)
+        catalog.open_catalog(f)
 
 
 def test_connect_refuses_a_non_duckdb_file(tmp_path):
     (tmp_path / "catalog.duckdb").write_bytes(b"not a database" * 100)
     with pytest.raises(CatalogError, match="Opening catalog .* failed in DuckDB"):
-        catalog.connect(tmp_path)
+        catalog.open_catalog(tmp_path)
 
 
 def make_data_a_file(root):
@@ -126,7 +126,7 @@ def make_data_a_file(root):
 )
 def test_connect_maps_os_errors(tmp_path, make_root, problem):
     with pytest.raises(CatalogError, match=rf"as a catalog directory \({problem}.*\)\. Give a new"):
-        catalog.connect(make_root(tmp_path), create=True)
+        catalog.open_catalog(make_root(tmp_path), create=True)
 
 
 def test_os_error_after_duckdb_opened_is_mapped(tmp_path, monkeypatch):
@@ -135,7 +135,7 @@ def test_os_error_after_duckdb_opened_is_mapped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(catalog.Catalog, "_collect_garbage", unreadable)
     with pytest.raises(CatalogError, match=r"\(Permission denied: '.*/jobs'\)\. Give a new"):
-        catalog.connect(tmp_path, create=True)
+        catalog.open_catalog(tmp_path, create=True)
 
 
 def files_under(root) -> list[str]:
@@ -153,14 +153,14 @@ def test_connect_refuses_a_directory_that_is_not_a_catalog(tmp_path, folder):
     (tmp_path / folder).mkdir(parents=True)
     (tmp_path / folder / "shard0.arrow").write_bytes(b"user data")
     with pytest.raises(CatalogError, match=r"not a tabloader catalog: .* empty or new directory"):
-        catalog.connect(tmp_path, create=True)
+        catalog.open_catalog(tmp_path, create=True)
     assert (tmp_path / folder / "shard0.arrow").read_bytes() == b"user data"
     assert not (tmp_path / "catalog.duckdb").exists()
 
 
 def test_garbage_collection_deletes_only_tabloader_files(tmp_path):
     root = tmp_path / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_arrow("t", make_table(10))
         cat.register_job("j", "t")
         kept = files_under(root)
@@ -185,7 +185,7 @@ def test_garbage_collection_deletes_only_tabloader_files(tmp_path):
     for rel in theirs + ours:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"x")
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         assert files_under(root) == sorted(kept + theirs)
         assert not (root / "data/u").exists()  # emptied by the collection
         assert cat.dataset("t").take([3]).num_rows == 1
@@ -521,7 +521,7 @@ def test_killed_import_is_cleaned_up_at_next_open(tmp_path):
                     time.sleep(60)
                 yield pa.record_batch([pa.array(np.arange(100)), pa.array([b"y" * 1000] * 100)],
                                       schema=schema)
-        cat = catalog.connect({str(root)!r})
+        cat = catalog.open_catalog({str(root)!r})
         cat.import_arrow("t", pa.RecordBatchReader.from_batches(schema, batches()))
     """)
     with subprocess.Popen(
@@ -532,7 +532,7 @@ def test_killed_import_is_cleaned_up_at_next_open(tmp_path):
         assert leftovers, "the import should have a temp file open"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         assert cat.dataset_names() == []
         assert list((root / "data").rglob("*")) == []
         assert cat.import_arrow("t", make_table(10)).num_rows == 10
@@ -557,7 +557,7 @@ def test_append_bumps_version_and_old_version_stays(cat):
 
 def test_second_open_in_one_process_is_refused(tmp_path):
     root = tmp_path / "cat"
-    first = catalog.connect(root)
+    first = catalog.open_catalog(root)
     first.import_arrow("t", make_table(10))
     (tmp_path / "link").symlink_to(root)
     for spelling in (root, tmp_path / "link"):
@@ -566,11 +566,11 @@ def test_second_open_in_one_process_is_refused(tmp_path):
             match=r"Catalog '.*' is open already in this process\. Reuse that Catalog object "
             r"\(pass it as catalog= to Loader or JobDataset\), or close\(\) it",
         ):
-            catalog.connect(spelling)
+            catalog.open_catalog(spelling)
     assert first.dataset("t").take([3]).num_rows == 1  # the refused open changed nothing
     first.close()
     first.close()
-    with catalog.connect(root) as again:
+    with catalog.open_catalog(root) as again:
         assert again.dataset_names() == ["t"]
 
 
@@ -584,17 +584,17 @@ def test_failed_or_dropped_catalog_frees_its_root(tmp_path, monkeypatch):
 
     monkeypatch.setattr(catalog.Catalog, "_collect_garbage", fails)
     with pytest.raises(CatalogError, match="Input/output error") as info:
-        catalog.connect(root, create=True)
+        catalog.open_catalog(root, create=True)
     monkeypatch.undo()
-    catalog.connect(root).import_arrow("t", make_table(10))  # dropped without close()
+    catalog.open_catalog(root).import_arrow("t", make_table(10))  # dropped without close()
     gc.collect()
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         assert cat.dataset_names() == ["t"]
     assert info.traceback  # its frames (and the half-opened Catalog) were alive all along
 
 
 def test_second_process_gets_a_clear_error(cat):
-    code = f"import catalog; catalog.connect({str(cat.root)!r})"
+    code = f"import catalog; catalog.open_catalog({str(cat.root)!r})"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "CatalogLockedError" in proc.stderr
@@ -603,7 +603,7 @@ def test_second_process_gets_a_clear_error(cat):
 
 def test_corrupt_and_truncated_files(tmp_path):
     root = tmp_path / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_arrow("t", make_table(1000))
         cat.import_arrow("u", make_table(1000))
         [t_file] = cat.dataset("t").files
@@ -612,7 +612,7 @@ def test_corrupt_and_truncated_files(tmp_path):
         f.truncate(os.path.getsize(t_file) - 100)
     size = os.path.getsize(u_file)
     u_file.write_bytes(b"\0" * size)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         with pytest.raises(
             StorageError, match=r"truncated or replaced\)\. Restore the file or re-import"
         ):
@@ -633,7 +633,7 @@ def test_corrupt_bytes_give_storage_error_or_rows(tmp_path):
     from catalog.storage import DatasetReader
 
     table = make_table(1000)
-    with catalog.connect(tmp_path / "cat") as cat:
+    with catalog.open_catalog(tmp_path / "cat") as cat:
         ds = cat.import_arrow("t", table)
     [path] = ds.files
     good = path.read_bytes()
@@ -669,14 +669,14 @@ def test_short_buffer_is_caught_by_validate(tmp_path):
     import struct
 
     root = tmp_path / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         [path] = cat.import_arrow("t", pa.table({"x": np.arange(10)})).files
     data = path.read_bytes()
     buffer = struct.pack("<qq", 0, 80)  # (offset, length) of the 80 bytes of x in the header
     assert data.count(buffer) == 1
     path.write_bytes(data.replace(buffer, struct.pack("<qq", 0, 8)))
     with (
-        catalog.connect(root) as cat,
+        catalog.open_catalog(root) as cat,
         pytest.raises(
             StorageError, match=r"Corrupt record batch 0 in .*: .*Buffer #1 too small.* Re-import"
         ),
@@ -709,17 +709,17 @@ def test_inconsistent_batch_offsets_give_storage_error(cat, monkeypatch):
 )
 def test_part_row_counts_are_checked(tmp_path, change, message):
     root = tmp_path / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_arrow("t", make_table(1000, payload=10))
         assert cat.dataset("t").reader.parts[0].num_batches == 1
         cat.connection.execute(f"UPDATE _tabloader.parts SET {change}")
-    with catalog.connect(root) as cat, pytest.raises(StorageError, match=message):
+    with catalog.open_catalog(root) as cat, pytest.raises(StorageError, match=message):
         cat.dataset("t").take([0])
 
 
 def test_stock_duckdb_cli_reads_the_catalog(tmp_path):
     root = tmp_path / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_arrow("imagenet", make_table(100))
         cat.sql("REGISTER JOB j SELECT label FROM imagenet WHERE label < 3")
     query = "SELECT count(*), max(_id) FROM imagenet; SELECT name, num_ids FROM _tabloader.jobs"
@@ -783,12 +783,12 @@ def test_corrupt_offsets_never_crash_a_large_take(tmp_path):
     """A gather over a batch with damaged offsets reads out of bounds (SIGSEGV seen with the
     cheap validate() alone); every batch's values are checked on first read. In a child
     process, so a crash fails this test instead of killing the run."""
-    with catalog.connect(tmp_path / "cat") as cat:
+    with catalog.open_catalog(tmp_path / "cat") as cat:
         ds = cat.import_arrow("t", make_table(1000))
     script = textwrap.dedent(f"""
         import numpy as np, catalog
         from catalog import StorageError
-        with catalog.connect({str(tmp_path / "cat")!r}) as cat:
+        with catalog.open_catalog({str(tmp_path / "cat")!r}) as cat:
             reader = cat.dataset("t").reader
         [part] = reader.parts
         path = reader.root / part.path

@@ -20,7 +20,7 @@ from catalog.job_bitmaps import max_bitmap_bytes
 
 
 def make_catalog(root):
-    with catalog.connect(root, create=True) as c:
+    with catalog.open_catalog(root, create=True) as c:
         c.import_arrow("t", pa.table({"x": list(range(1000))}))
         c.sql("REGISTER JOB a SELECT x FROM t WHERE x < 10")
         c.sql("REGISTER JOB b SELECT x FROM t WHERE x >= 990")
@@ -72,7 +72,7 @@ def test_a_bitmap_replaced_by_a_link_a_fifo_or_a_giant_is_rebuilt(tmp_path, capl
     (file,) = (root / "jobs").glob("a-*.roaring")
     replace_with(file, kind)
     caplog.set_level(logging.WARNING, logger="catalog.job_bitmaps")
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         ids = bounded(lambda: c.job("a").ids)
         assert sorted(ids) == list(range(10))
         assert sorted(c.job("b").ids) == list(range(990, 1000))
@@ -85,11 +85,11 @@ def test_a_bitmap_replaced_by_a_link_a_fifo_or_a_giant_is_rebuilt(tmp_path, capl
 def test_a_bitmap_link_that_cannot_be_rebuilt_is_one_line(tmp_path, caplog):
     root = tmp_path / "cat"
     make_catalog(root)
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         c.connection.execute("UPDATE _tabloader.jobs SET num_ids = 11 WHERE name = 'a'")
     (file,) = (root / "jobs").glob("a-*.roaring")
     replace_with(file, "link")
-    with catalog.connect(root) as c, pytest.raises(StorageError) as info:
+    with catalog.open_catalog(root) as c, pytest.raises(StorageError) as info:
         bounded(lambda: c.job("a"))
     text = str(info.value)
     assert "\n" not in text
@@ -101,7 +101,7 @@ def test_a_bitmap_link_that_cannot_be_rebuilt_is_one_line(tmp_path, caplog):
 def test_a_data_file_replaced_by_a_link_or_a_fifo_is_refused(tmp_path, kind):
     root = tmp_path / "cat"
     make_catalog(root)
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         [part] = c.dataset("t").files
     if kind == "copy":  # a link to an identical copy: still a link
         shutil.copy(part, tmp_path / "copy.arrow")
@@ -110,7 +110,7 @@ def test_a_data_file_replaced_by_a_link_or_a_fifo_is_refused(tmp_path, kind):
     else:
         replace_with(part, kind)
     problem = "is a symbolic link" if kind != "fifo" else "is a FIFO, not a regular file"
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         for memory_map in (True, False):
             reader = c.dataset("t").reader
             reader.memory_map = memory_map
@@ -171,7 +171,7 @@ def test_what_tabloader_creates_in_a_catalog_is_private_whatever_the_umask(tmp_p
         make_catalog(root)
         shared = tmp_path / "shared"
         shared.mkdir(0o755)  # a catalog directory the user made: its mode stays
-        with catalog.connect(shared, create=True) as c:
+        with catalog.open_catalog(shared, create=True) as c:
             c.import_arrow("t", pa.table({"x": [1, 2]}))
     finally:
         os.umask(old)

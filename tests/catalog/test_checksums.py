@@ -72,12 +72,12 @@ def test_every_type_reads_back_with_matching_checksums(cat, monkeypatch):
 def test_flipped_image_byte_is_a_storage_error_naming_dataset_file_and_rows(tmp_path):
     table = image_table(40)
     root = tmp_path / "cat"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         ds = cat.import_arrow("imgs", table)
         [path] = ds.files
         assert ds.reader.parts[0].rows_per_batch == 2
     flip_byte_in(path, table.column("image")[13].as_py())  # row 13: batch 6, rows 12..13
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         ds = cat.dataset("imgs")
         assert ds.take([11]).column("label").to_pylist() == [11 % 7]  # other batches read
         for ids in ([13], [12], [30, 13, 2]):
@@ -127,12 +127,12 @@ def test_storage_error_pickles_with_its_fields():
 def test_a_file_swapped_for_another_datasets_file_of_the_same_size_is_refused(tmp_path):
     root = tmp_path / "cat"
     table = image_table(6)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         [a] = cat.import_arrow("aa", table).files
         [b] = cat.import_arrow("bb", table).files
     assert a.stat().st_size == b.stat().st_size
     shutil.copyfile(b, a)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         with pytest.raises(StorageError) as info:
             cat.dataset("aa").take([0])
         assert str(info.value).startswith(f"Data file '{a}' of dataset 'aa' (rows 0..5) holds ")
@@ -146,7 +146,7 @@ def test_a_file_swapped_for_another_datasets_file_of_the_same_size_is_refused(tm
 def test_the_other_part_of_the_same_dataset_is_refused(tmp_path):
     root = tmp_path / "cat"
     table = image_table(4)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         for append in (False, True, True):  # parts of rows 0..3, 4..7 and 8..11
             cat.import_arrow("d", table, append=append)
         first, second, _ = cat.dataset("d").files
@@ -154,7 +154,7 @@ def test_the_other_part_of_the_same_dataset_is_refused(tmp_path):
     data_1, data_2 = first.read_bytes(), second.read_bytes()
     first.write_bytes(data_2)
     second.write_bytes(data_1)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         ds = cat.dataset("d")
         assert ds.take([9]).column("label").to_pylist() == [9 % 4 % 7]  # part 3 is fine
         swapped = r"holds dataset 'd' part 2 .*not dataset 'd' part 1"
@@ -175,7 +175,7 @@ def run_cli(capsys, *argv):
 def test_verify_command_reports_damaged_ranges_and_exit_code(tmp_path, capsys):
     root = tmp_path / "cat"
     table = image_table(10)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         [a] = cat.import_arrow("a", table).files
         cat.import_arrow("b", table)
     code, out, err = run_cli(capsys, "--catalog", str(root), "verify")
@@ -230,11 +230,11 @@ def rewrite_without_checksums(cat, name: str) -> None:
 def test_files_without_checksums_open_unverified(tmp_path, capsys):
     root = tmp_path / "cat"
     table = image_table(6)
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_arrow("old", table)
         rewrite_without_checksums(cat, "old")
         cat.import_arrow("old", table, append=True)  # a new part: with checksums
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         ds = cat.dataset("old")
         assert (
             ds.take(list(range(12))).drop_columns(["_id"]).equals(pa.concat_tables([table, table]))

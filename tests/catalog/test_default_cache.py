@@ -14,7 +14,7 @@ from catalog.options import default_cache_problem
 
 @pytest.fixture
 def cat(tmp_path):
-    with catalog.connect(tmp_path / "cat", create=True) as c:
+    with catalog.open_catalog(tmp_path / "cat", create=True) as c:
         c.import_arrow("t", pa.table({"image": [b"x"] * 600, "label": [i % 3 for i in range(600)]}))
         yield c
 

@@ -24,7 +24,7 @@ README = Path(__file__).parents[2] / "README.md"
 
 @pytest.fixture
 def cat(tmp_path):
-    with catalog.connect(tmp_path / "cat", memory_limit="64MiB", statement_timeout=2) as c:
+    with catalog.open_catalog(tmp_path / "cat", memory_limit="64MiB", statement_timeout=2) as c:
         c.import_arrow(
             "t",
             pa.table(
@@ -77,7 +77,7 @@ def test_predicate_generators_are_checked_when_allowed(cat, monkeypatch):
 
 
 def test_a_slow_predicate_is_stopped_at_the_time_limit(tmp_path):
-    with catalog.connect(tmp_path / "slow", statement_timeout=0.001) as slow:
+    with catalog.open_catalog(tmp_path / "slow", statement_timeout=0.001) as slow:
         slow.import_arrow("big", pa.table({"x": pa.array(range(1_000_000), pa.int64())}))
         with pytest.raises(StatementError, match="The predicate of job 'j' was stopped: it ran"):
             slow.sql(
@@ -117,9 +117,9 @@ def test_a_long_statement_is_stopped_at_the_time_limit(cat):
 def test_limits_come_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TABLOADER_MEMORY_LIMIT", "128MiB")
     monkeypatch.setenv("TABLOADER_STATEMENT_TIMEOUT", "7")
-    with catalog.connect(tmp_path) as c:
+    with catalog.open_catalog(tmp_path) as c:
         assert c.limits == Limits(128 << 20, 7.0)
-    with catalog.connect(tmp_path, memory_limit=1 << 30, statement_timeout=2) as c:
+    with catalog.open_catalog(tmp_path, memory_limit=1 << 30, statement_timeout=2) as c:
         assert c.limits == Limits(1 << 30, 2.0)
 
 
@@ -135,7 +135,7 @@ def test_limits_come_from_the_environment(tmp_path, monkeypatch):
 )
 def test_bad_limits_are_refused(tmp_path, kwargs, message):
     with pytest.raises(CatalogError, match=message):
-        catalog.connect(tmp_path, **kwargs)
+        catalog.open_catalog(tmp_path, **kwargs)
 
 
 def test_parse_bytes():

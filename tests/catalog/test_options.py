@@ -22,7 +22,7 @@ from catalog.options import (
 
 @pytest.fixture
 def cat(tmp_path):
-    with catalog.connect(tmp_path / "cat") as c:
+    with catalog.open_catalog(tmp_path / "cat") as c:
         c.import_arrow("t", pa.table({"x": list(range(100))}))
         yield c
 

@@ -34,7 +34,7 @@ def table() -> pa.Table:
 def env(table, tmp_path_factory):
     import catalog
 
-    cat = catalog.connect(tmp_path_factory.mktemp("prop") / "cat")
+    cat = catalog.open_catalog(tmp_path_factory.mktemp("prop") / "cat")
     cat.import_arrow("t", table)
     con = duckdb.connect()  # an independent in-memory DuckDB as the oracle
     arrow = table.add_column(0, "_id", pa.array(np.arange(N, dtype=np.int64)))

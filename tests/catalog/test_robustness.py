@@ -16,7 +16,7 @@ from catalog import CatalogError, ImportFailedError, StorageError
 
 
 def make_catalog(root):
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         c.import_arrow("t", pa.table({"x": list(range(100_000))}))
         c.sql("REGISTER JOB a SELECT x FROM t WHERE x < 10")
         c.sql("REGISTER JOB b SELECT x FROM t WHERE x >= 99990")
@@ -35,7 +35,7 @@ def test_a_truncated_catalog_is_one_line_naming_the_fix(tmp_path):
     with open(db, "r+b") as f:
         f.truncate(db.stat().st_size // 2)
     with pytest.raises(CatalogError) as info:
-        catalog.connect(root)
+        catalog.open_catalog(root)
     text = one_line(info.value)
     assert f"Opening catalog '{db}' failed in DuckDB" in text
     assert "damaged or is not a DuckDB database: restore it from a backup" in text
@@ -69,7 +69,7 @@ def run_briefly(fn):
 
 @pytest.fixture
 def cat(tmp_path):
-    with catalog.connect(tmp_path / "cat", create=True) as c:
+    with catalog.open_catalog(tmp_path / "cat", create=True) as c:
         yield c
 
 
@@ -136,7 +136,7 @@ def test_a_swapped_bitmap_is_rebuilt_and_affects_only_its_job(tmp_path):
     root = tmp_path / "cat"
     make_catalog(root)
     file = swap_bitmap(root, "a", "b")  # a valid bitmap, but b's
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         assert c.sql("SHOW DATASETS").column("jobs").to_pylist() == [2]
         assert c.sql("SHOW JOBS").column("rows").to_pylist() == [10, 10]
         assert sorted(c.job("a").ids) == list(range(10))  # rebuilt from its predicate
@@ -147,10 +147,10 @@ def test_a_swapped_bitmap_is_rebuilt_and_affects_only_its_job(tmp_path):
 def test_an_unrebuildable_bitmap_fails_only_its_job(tmp_path):
     root = tmp_path / "cat"
     make_catalog(root)
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         c.connection.execute("UPDATE _tabloader.jobs SET num_ids = 11 WHERE name = 'a'")
     swap_bitmap(root, "a", "b")
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         assert c.sql("SHOW DATASETS").column("jobs").to_pylist() == [2]
         assert c.sql("SHOW JOBS").column("name").to_pylist() == ["a", "b"]
         assert c.job("b").num_rows == 10
@@ -169,6 +169,6 @@ def test_empty_dataset_folders_are_removed_at_open(tmp_path):
     (root / "data" / "killed").mkdir()  # what a killed import leaves
     (root / "data" / "keep").mkdir()
     (root / "data" / "keep" / "notes.txt").write_text("not tabloader's")
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         assert sorted(p.name for p in (root / "data").iterdir()) == ["keep", "t"]
         assert c.dataset("t").num_rows == 100_000

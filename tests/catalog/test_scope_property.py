@@ -160,7 +160,7 @@ def _key(name: Name) -> str:
 def cat(tmp_path_factory):
     import catalog
 
-    with catalog.connect(tmp_path_factory.mktemp("scope") / "cat", create=True) as c:
+    with catalog.open_catalog(tmp_path_factory.mktemp("scope") / "cat", create=True) as c:
         c.import_arrow("ds", pa.table({"v": ["dataset", "dataset"]}))
         yield c
 

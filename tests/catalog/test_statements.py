@@ -435,7 +435,7 @@ def test_leftover_job_files_are_removed_at_open(cat, imagenet):
     (cat.root / "jobs" / ".tmp-y-0123456789ab.roaring").write_bytes(b"")
     root = cat.root
     cat.close()
-    with catalog.connect(root) as again:
+    with catalog.open_catalog(root) as again:
         assert job_files(again) == kept
         assert again.job("a").ids == expected_ids(again, "label < 100")
 
@@ -443,7 +443,7 @@ def test_leftover_job_files_are_removed_at_open(cat, imagenet):
 def test_catalog_with_bitmaps_in_duckdb_is_upgraded(tmp_path):
     """A catalog of tabloader 0.1.0 stored each job's bitmap in a BLOB column."""
     root = tmp_path / "old"
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.import_arrow("t", pa.table({"x": np.arange(100)}))
         cat.register_job("j", "t", where="x % 3 = 0")
         ids = cat.job("j").ids
@@ -454,6 +454,6 @@ def test_catalog_with_bitmaps_in_duckdb_is_upgraded(tmp_path):
         con.execute("ALTER TABLE _tabloader.jobs DROP COLUMN crc32")
     for f in (root / "jobs").iterdir():
         f.unlink()
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         assert cat.job("j").ids == ids == BitMap(range(0, 100, 3))
         assert len(job_files(cat)) == 1

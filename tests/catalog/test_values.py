@@ -97,7 +97,7 @@ def test_a_damaged_batch_fails_its_own_rows_only(tmp_path, monkeypatch):
     monkeypatch.setattr("catalog.storage.writer.TARGET_BATCH_BYTES", 4096)
     table = pa.table({"image": pa.array([bytes([i % 251]) * 200 for i in range(400)])})
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         ds = cat.import_arrow("t", table)
         rpb = ds.reader.parts[0].rows_per_batch
         assert rpb >= INDEX_ROWS

@@ -11,7 +11,7 @@ from tabloader.datagen import corrupt_image
 @pytest.fixture
 def images(image_cat_dir):
     """An open catalog holding ``image_folder`` as ``imgs`` (this test's own copy)."""
-    cat = catalog.connect(image_cat_dir)
+    cat = catalog.open_catalog(image_cat_dir)
     yield cat
     cat.close()
 
@@ -23,7 +23,7 @@ def corrupt(tmp_path, image_folder):
     shutil.copytree(image_folder, folder)
     victim = sorted(folder.rglob("*.jpg"))[0]
     corrupt_image(victim)
-    cat = catalog.connect(tmp_path / "cat")
+    cat = catalog.open_catalog(tmp_path / "cat")
     ds = cat.import_imagefolder("imgs", folder)
     paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
     yield cat, paths.index(victim.relative_to(folder).as_posix())

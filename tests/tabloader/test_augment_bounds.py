@@ -112,9 +112,10 @@ def test_a_row_the_augmentation_may_not_take_is_skipped_or_raised_as_on_error_sa
         # a service's client: the batch handed over (augmented into slots of its own)
         with loader.open("j", batch_size=5, epochs=1, on_error="skip", remote=True) as handed:
             batch = handed.take()
-            assert sorted(batch["_id"].tolist()) == [0, 1, 2, 4]
-            assert len(batch["prepared"]["image"].offsets) == 4
-            release(batch["work"], loader.arena)
+            ids, image = batch.columns
+            assert sorted(ids.value.tolist()) == [0, 1, 2, 4]
+            assert len(image.starts) == 4
+            release(batch.work, loader.arena)
         assert loader.arena.stats().pinned == 0
 
 

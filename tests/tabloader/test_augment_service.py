@@ -24,7 +24,7 @@ TRAIN = "RandomResizedCrop(20, scale=(0.2, 1.0)), RandomHorizontalFlip(), Normal
 @pytest.fixture
 def aug_dir(image_cat_dir):
     root = image_cat_dir
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.sql(f"REGISTER JOB tr SELECT image, label FROM imgs WITH (augment = '{TRAIN}')")
         cat.sql("REGISTER JOB ev SELECT image FROM imgs WHERE label < 2 WITH (image_size = 20)")
         ds = cat.dataset("imgs")

@@ -20,7 +20,7 @@ def folder_and_catalog(tmp_path):
         tmp_path / "images", num_images=IMAGES, num_classes=3, size=(64, 48), seed=2
     )
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
     return folder, root
 

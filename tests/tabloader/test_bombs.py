@@ -45,7 +45,7 @@ def bombed(tmp_path, image_folder):
     cls = sorted(p for p in folder.iterdir() if p.is_dir())[0]
     for kind in KINDS:
         (cls / f"zz-{kind}{SUFFIX[kind]}").write_bytes(bomb(kind))
-    cat = catalog.connect(tmp_path / "cat")
+    cat = catalog.open_catalog(tmp_path / "cat")
     ds = cat.import_imagefolder("imgs", folder)
     paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
     rows = {i: p.split("zz-")[1].split(".")[0] for i, p in enumerate(paths) if "zz-" in p}
@@ -262,7 +262,7 @@ from catalog.errors import CatalogLockedError
 deadline = time.monotonic() + 30
 while True:
     try:
-        catalog.connect(sys.argv[1]).close()
+        catalog.open_catalog(sys.argv[1]).close()
         break
     except CatalogLockedError:
         if time.monotonic() > deadline:

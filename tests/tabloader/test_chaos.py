@@ -93,7 +93,7 @@ FOREVER = 1000  # epochs: a client of the first service reads until it is stoppe
 def _expected(root: Path) -> dict[str, dict[int, tuple[str | None, int]]]:
     """Every job's rows: ``{job: {row: (digest of its decoded image, label)}}``."""
     expected = {}
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         for job, size in SIZES.items():
             ids = sorted(int(i) for i in cat.job(job).ids)
             table = cat.dataset("imgs").take(ids, ["image", "label"])
@@ -168,7 +168,7 @@ def test_chaos_every_surviving_job_reads_each_epoch_once_and_nothing_is_left(
     tmp_path,
     short_tmp,
 ):
-    with catalog.connect(cat_dir) as cat:
+    with catalog.open_catalog(cat_dir) as cat:
         cat.sql("REGISTER JOB d SELECT image, label FROM imgs WITH (image_size = 24)")
         cat.sql(
             "REGISTER JOB e SELECT image, label FROM imgs WHERE label >= 2 WITH (image_size = 20)"

@@ -20,7 +20,7 @@ from tabloader.engine.shm import shm_available
 def damaged(image_cat_dir):
     """A catalog of the image folder with one byte flipped inside one stored JPEG; yields
     (catalog, the damaged rows, the file)."""
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         ds = cat.dataset("imgs")
         [path] = ds.files
         part = ds.reader.parts[0]
@@ -33,7 +33,7 @@ def damaged(image_cat_dir):
     damaged_jpeg = bytes(data[at - len(jpeg) // 2 : at - len(jpeg) // 2 + len(jpeg)])
     assert decode_image(damaged_jpeg, size=16).shape == (16, 16, 3)  # decodes all the same
     rows = range(part.rows_per_batch, min(2 * part.rows_per_batch, part.num_rows))
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (image_size = 16)")
         yield cat, rows, path
 

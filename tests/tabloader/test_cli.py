@@ -149,7 +149,7 @@ def test_reads_refuse_a_directory_that_is_not_a_catalog(capsys, tmp_path, where)
         f"CatalogError: '{root}' is not a tabloader catalog (it does not exist). Give the "
         "catalog's directory (--catalog DIR or $TABLOADER_CATALOG), or create one there by "
         f"importing data: tabloader --catalog {root} import NAME PATH, CREATE DATASET name FROM "
-        f"'path', or catalog.connect('{root}', create=True)."
+        f"'path', or catalog.open_catalog('{root}', create=True)."
     )
     assert not root.exists()  # nothing was created
 
@@ -257,7 +257,7 @@ def test_serve_refuses_bad_sizes_in_one_line(capsys, monkeypatch, tmp_path, argv
 
 def test_names_and_values_with_terminal_escapes_are_printed_inert(capsys, tmp_path):
     red = "\x1b[31m"
-    with catalog.connect(tmp_path / "cat") as cat:
+    with catalog.open_catalog(tmp_path / "cat") as cat:
         cat.import_arrow("t", pa.table({"s": [f"{red}red", "plain\x07"]}))
     root = str(tmp_path / "cat")
     assert main(["--catalog", root, "sql", f'SELECT s AS "x{red}" FROM t']) == 0

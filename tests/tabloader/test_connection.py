@@ -52,6 +52,8 @@ def user_script(root, data) -> dict:
         seen["datasets"] = [(d.name, d.num_rows) for d in cat.datasets()]
         seen["select"] = cat.sql("SELECT sum(x) AS s FROM nums").to_pydict()
         seen["show"] = cat.sql("SHOW JOBS").column("name").to_pylist()
+        seen["infos"] = [(i.name, i.columns, i.options, i.num_rows) for i in cat.job_infos()]
+        seen["values"] = cat.column("nums", "x", rows=3, of=cat.dataset("nums")).to_pylist()
         with pytest.raises(JobNotFoundError) as missing:
             cat.job("smal")
         seen["missing"] = str(missing.value)
@@ -70,7 +72,7 @@ def empty(tmp_path, image_folder):
     """A catalog holding only ``imgs`` (a service reads a catalog; it creates none), and
     files to import."""
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", image_folder)
     data = tmp_path / "data"
     data.mkdir()
@@ -84,7 +86,7 @@ def empty(tmp_path, image_folder):
 def test_the_same_script_gives_the_same_answers_with_and_without_a_service(tmp_path, empty):
     root, data = empty
     alone = user_script(root, data)
-    with catalog.connect(root) as cat:  # again from the start, for the service's run
+    with catalog.open_catalog(root) as cat:  # again from the start, for the service's run
         cat.drop_dataset("nums", cascade=True)
     proc = start_service(root)
     try:
@@ -102,12 +104,14 @@ def test_the_same_script_gives_the_same_answers_with_and_without_a_service(tmp_p
     assert alone["class_names"]["label"]  # the image folder's classes, by value
     assert "Did you mean 'small'" in alone["missing"]
     assert alone["after"] == (["small"], ["imgs", "nums"])
+    assert alone["infos"] == [("big", ("x",), {"batch_size": 4}, 5), ("small", ("x",), {}, 10)]
+    assert alone["values"] == [0, 1, 2]
 
 
 @pytest.fixture
 def served(empty):
     root, _ = empty
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.sql("REGISTER JOB a SELECT label FROM imgs")
     proc = start_service(root)
     yield root, proc
@@ -166,12 +170,17 @@ def test_without_a_service_the_catalog_is_opened_here(empty):
 
 
 BAD_ARGUMENTS = [
-    ("names", {"kind": "tables"}, r"'kind' is 'datasets' or 'jobs', got 'tables'"),
+    ("tables", {}, r"Unknown catalog operation 'tables'; is the client another"),
+    ("verify", {}, r"Unknown catalog operation 'verify'"),  # runs where the catalog is open
     ("job", {"name": 3}, r"needs a string 'name', got 3"),
+    ("job", {"name": "j", "version": 1}, r"job takes no argument\(s\) 'version'"),
     ("dataset", {"name": "imgs", "version": "1"}, r"'version' has the wrong type: '1'"),
     ("register_job", {"name": "j", "dataset": "imgs", "replace": 1}, r"'replace' has the"),
     ("register_job", {"name": "j", "dataset": "imgs", "options": [1]}, r"'options' has"),
     ("drop_dataset", {"name": "imgs", "cascade": "yes"}, r"'cascade' has the wrong type"),
+    ("column", {"name": "imgs", "column": "label", "rows": True}, r"'rows' has the wrong"),
+    ("column", {"name": "imgs", "column": "label", "rows": 1, "of": {}}, r"'of' is not a"),
+    ("import_source", {"name": "x", "source": {"path": 1}}, r"string 'source.path', got 1"),
 ]
 
 
@@ -184,8 +193,11 @@ def test_the_services_catalog_operations_refuse_bad_arguments(served):
     try:
         for op, args, error in BAD_ARGUMENTS:
             with pytest.raises(ServiceError, match=error):
-                client.call(op, **args)
-        assert client.call("names", kind="datasets")["names"] == ["imgs"]  # still connected
+                client.call("catalog", call=op, args=args)
+        with pytest.raises(ServiceError, match=r"'args' has the wrong type: \[\]"):
+            client.call("catalog", call="job", args=[])
+        names = client.call("catalog", call="dataset_names")["result"]
+        assert names == ["imgs"]  # still connected
     finally:
         client.close()
 
@@ -193,7 +205,7 @@ def test_the_services_catalog_operations_refuse_bad_arguments(served):
 HOLD = """
 import sys, time
 import catalog
-cat = catalog.connect(sys.argv[1])
+cat = catalog.open_catalog(sys.argv[1])
 print("holding", flush=True)
 time.sleep(1.0)
 cat.close()
@@ -227,3 +239,12 @@ def test_a_statement_racing_a_stopping_service_waits_for_it(empty, role, capsys)
         assert out.err.startswith("CatalogLockedError: Catalog")
         assert f"(PID {proc.pid})" in out.err
         assert took < 1.0
+
+
+def test_every_kind_of_argument_and_result_has_its_codec():
+    from catalog.api import OPERATIONS, Arg, Wire
+    from tabloader.service.catalog_ops import ARGS, RESULTS
+
+    assert set(ARGS) == set(Arg)
+    assert set(RESULTS) == set(Wire)
+    assert {kind for op in OPERATIONS.values() for _, kind in op.args} <= set(ARGS)

@@ -206,7 +206,7 @@ def test_a_catalog_without_bytes_starts_no_decode_processes(tmp_path):
 
     import catalog
 
-    cat = catalog.connect(tmp_path / "cat")
+    cat = catalog.open_catalog(tmp_path / "cat")
     cat.import_arrow("nums", pa.table({"x": list(range(64)), "y": [0.5] * 64}))
     cat.sql("REGISTER JOB j SELECT x, y FROM nums")
     with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
@@ -370,7 +370,7 @@ NO_GUARD = textwrap.dedent(
     from tabloader.engine import Loader, shm
     with open(sys.argv[2], "a") as runs:  # no `if __name__ == "__main__":` guard
         runs.write(f"{os.getpid()}\\n")
-    cat = catalog.connect(sys.argv[1])
+    cat = catalog.open_catalog(sys.argv[1])
     with Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes") as loader:
         loader.wait_ready()  # its decode processes run (they start lazily)
         print(sum(len(b["_id"]) for b in loader.open("j", batch_size=8, epochs=1)))
@@ -404,7 +404,7 @@ WITHOUT_TORCH = textwrap.dedent(
     import catalog
     from tabloader.engine import Loader, shm
     from tabloader.engine.prep import decode_image
-    cat = catalog.connect(sys.argv[1])
+    cat = catalog.open_catalog(sys.argv[1])
     raw = cat.dataset("imgs").take(cat.job("j").ids, ["image"]).column("image")
     expected = {i: decode_image(v.as_buffer(), size=16) for i, v in zip(cat.job("j").ids, raw)}
     assert "torch" not in sys.modules
@@ -452,7 +452,7 @@ KILLED = textwrap.dedent(
     import json, os, sys, time
     import catalog
     from tabloader.engine import Loader, shm
-    cat = catalog.connect(sys.argv[1])
+    cat = catalog.open_catalog(sys.argv[1])
     loader = Loader(cat, cache_bytes=1 << 24, workers=2, decode="processes")
     loader.wait_ready()  # its decode processes run (they start lazily)
     stream = loader.open("j", batch_size=8)
@@ -507,7 +507,7 @@ LONG_TMPDIR = textwrap.dedent(
     import sys
     import catalog
     from tabloader.engine import Loader, shm
-    loader = Loader(catalog.connect(sys.argv[1]), cache_bytes=1 << 24, decode="processes")
+    loader = Loader(catalog.open_catalog(sys.argv[1]), cache_bytes=1 << 24, decode="processes")
     loader.wait_ready()
     n = sum(len(b["_id"]) for b in loader.open("j", batch_size=8, epochs=1))
     print(n, loader.decode_pool.status)

@@ -16,6 +16,7 @@ import catalog
 from catalog import JobNotFoundError, LoaderError, OptionError, RowReadError
 from catalog.options import JOB_OPTIONS, JobOption
 from tabloader.engine import Loader
+from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.prep import decode_image
 from tabloader.engine.shm import shm_available
 from tabloader.sampling import DependentSampler
@@ -621,7 +622,7 @@ def test_skipped_batches_never_cross_an_epoch(tmp_path):
         encoded.append(buf.getvalue() if i % 4 else b"not an image")  # rows 0, 4, 8 corrupt
     import pyarrow as pa
 
-    with catalog.connect(tmp_path / "cat") as cat:
+    with catalog.open_catalog(tmp_path / "cat") as cat:
         cat.import_arrow("t", pa.table({"image": pa.array(encoded, pa.binary())}))
         cat.sql("REGISTER JOB j SELECT image FROM t")
         with Loader(cat, cache_bytes=1 << 20) as loader:
@@ -783,7 +784,7 @@ def test_the_scheduler_of_a_dataset_no_job_opened_is_a_clear_error(images):
 def test_exit_with_an_open_stream_is_quiet(tmp_path, image_cat_dir, make):
     """Open loaders close at exit before the thread pools refuse work: a scheduler in the
     middle of a round used to log "cannot schedule new futures after interpreter shutdown"."""
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
     script = textwrap.dedent(f"""
         import time
@@ -813,7 +814,7 @@ def test_numbers_and_images_never_wake_pyarrows_pandas_shim(tmp_path):
     is quiet."""
     import pyarrow as pa
 
-    with catalog.connect(tmp_path / "cat", create=True) as cat:
+    with catalog.open_catalog(tmp_path / "cat", create=True) as cat:
         cat.import_arrow("t", pa.table({"x": list(range(40)), "s": [str(i) for i in range(40)]}))
         cat.sql("REGISTER JOB nums SELECT x FROM t")
         cat.sql("REGISTER JOB strs SELECT x, s FROM t")
@@ -1009,13 +1010,14 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
         table = images.sql("SELECT _id, label FROM imgs").to_pydict()
         labels = dict(zip(table["_id"], table["label"], strict=True))
         seen = []
-        while (batch := remote.take()) is not None:
-            offsets, _, private = batch["prepared"]["image"][:3]
-            assert not private
-            assert (offsets >= 0).all()
+        while (handed := remote.take()) is not None:
+            image = {c.name: c for c in handed.columns}["image"]
+            assert not image.private
+            assert (image.starts >= 0).all()
+            batch = handed.copy_out(loader.arena.buffer, BatchMemory())
             seen += batch["_id"].tolist()
-            assert batch["gathered"]["label"].tolist() == [labels[i] for i in batch["_id"]]
-            loader.arena.release(offsets)
+            assert batch["label"].tolist() == [labels[i] for i in batch["_id"]]
+            loader.arena.release(image.starts)
         remote.close()
         assert sorted(seen) == list(range(n))
         assert tasks == []
@@ -1079,7 +1081,7 @@ def test_image_jobs_never_wake_pyarrows_pandas_shim(image_cat_dir):
     """The first batches of an augmented and an evaluation job (reads of image values, their
     labels, their ids) take no path that imports pandas: 0.2-0.4 s of a cold service's first
     batch when pandas is installed."""
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         cat.sql("REGISTER JOB aug SELECT image, label FROM imgs WITH (augment = 'RandomCrop(8)')")
         cat.sql("REGISTER JOB ev SELECT image, label FROM imgs WITH (image_size = 8)")
     script = textwrap.dedent(f"""

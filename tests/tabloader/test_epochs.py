@@ -25,7 +25,7 @@ TIMEOUT = 60
 
 @pytest.fixture
 def loader(image_cat_dir):
-    cat = catalog.connect(image_cat_dir)
+    cat = catalog.open_catalog(image_cat_dir)
     cat.sql(
         "REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
         "WITH (batch_size = 4, image_size = 16, seed = 3)"
@@ -212,7 +212,7 @@ def test_a_state_saved_with_two_ranks_resumes_with_one(loader):
 def served(image_cat_dir, short_tmp, monkeypatch):
     """The catalog (with job ``j``) served by a ``tabloader serve`` child; its job rows."""
     monkeypatch.setenv("TMPDIR", str(short_tmp))
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         cat.sql(
             "REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
             "WITH (batch_size = 4, image_size = 16)"

@@ -157,7 +157,7 @@ def test_values_handed_out_uncached_are_copies_too(images, decode):
 
 
 def test_numeric_list_and_string_columns_are_copies(tmp_path):
-    cat = catalog.connect(tmp_path / "cat")
+    cat = catalog.open_catalog(tmp_path / "cat")
     n = 50
     table = pa.table(
         {

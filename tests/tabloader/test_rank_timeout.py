@@ -20,6 +20,7 @@ NEVER_OPENED = (
     r"job 'j': rank 0 waited 1 s for rank 1, which never opened the job\. Every rank must "
     r"iterate its own JobDataset\. Under accelerate .* "
     r"tabloader\.integrations\.accelerate\.prepare\(accelerator, dataset\) .* "
+    r"tabloader\.integrations\.transformers\.JobTrainer instead of Trainer.* "
     r"uses another world_size\. Raise rank_timeout to wait longer"
 )
 

@@ -33,7 +33,7 @@ HOW = {
 @pytest.fixture
 def root(tmp_path):
     path = tmp_path / "cat"
-    with catalog.connect(path, create=True) as c:
+    with catalog.open_catalog(path, create=True) as c:
         c.import_arrow("t", pa.table({"x": list(range(100)), "y": [i % 7 for i in range(100)]}))
         c.sql("REGISTER JOB a SELECT x, y FROM t WHERE x < 50")
     return path
@@ -81,7 +81,7 @@ def snapshot(root):
 def test_a_read_only_catalog_serves_reads_and_refuses_writes(root, monkeypatch, how):
     before = snapshot(root)
     read_only(monkeypatch, root, how)
-    with catalog.connect(root) as c:
+    with catalog.open_catalog(root) as c:
         assert c.sql("SHOW DATASETS").column("name").to_pylist() == ["t"]
         assert c.sql("SHOW JOBS").column("name").to_pylist() == ["a"]
         assert c.sql("SELECT count(*) AS n FROM t WHERE y = 3").column("n").to_pylist() == [14]
@@ -125,7 +125,7 @@ def test_a_damaged_catalog_is_still_damaged(tmp_path):
     root.mkdir()
     (root / "catalog.duckdb").write_bytes(b"not a database" * 100)
     with pytest.raises(CatalogError, match="damaged or is not a DuckDB database"):
-        catalog.connect(root)
+        catalog.open_catalog(root)
 
 
 def test_a_catalog_this_user_may_not_even_read_says_so(root, monkeypatch):
@@ -136,7 +136,7 @@ def test_a_catalog_this_user_may_not_even_read_says_so(root, monkeypatch):
 
     monkeypatch.setattr(duckdb, "connect", refuse)
     with pytest.raises(CatalogError) as info:
-        catalog.connect(root)
+        catalog.open_catalog(root)
     assert str(info.value) == (
         f"Opening catalog '{root / 'catalog.duckdb'}' failed: this user may not read it "
         f"(Permission denied). Its owner can share it (chmod -R g+rX {root}, for the group), "

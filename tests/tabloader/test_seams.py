@@ -93,7 +93,7 @@ def epoch(loader, job, **kw):
 
 def copy_parts(root: Path, store: MemStore) -> list[Path]:
     """The parts of ``imgs`` in the catalog at ``root`` copied into ``store``; their files."""
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         ds = cat.dataset("imgs")
         for part in ds.reader.parts:
             store.parts[part.path] = (root / part.path).read_bytes()
@@ -104,14 +104,14 @@ def copy_parts(root: Path, store: MemStore) -> list[Path]:
 def test_a_registered_store_serves_a_jobs_batches_through_the_loader(
     image_cat_dir, mem, monkeypatch
 ):
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (image_size = 16)")
         with Loader(cat, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
             local = epoch(loader, "j")
     for file in copy_parts(image_cat_dir, mem):
         file.unlink()  # only the store has them now
     monkeypatch.setenv(STORAGE_ENV, "mem://t")
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         assert cat.dataset("imgs").reader.spec()[0] == "mem://t"
         with Loader(cat, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
             stored = epoch(loader, "j")
@@ -126,7 +126,7 @@ def test_a_registered_store_serves_a_jobs_batches_through_the_loader(
 def test_the_readers_spec_and_wire_carry_the_stores_uri(image_cat_dir, mem, monkeypatch):
     copy_parts(image_cat_dir, mem)
     monkeypatch.setenv(STORAGE_ENV, "mem://t")
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         ds = cat.dataset("imgs")
         wire = json.loads(json.dumps(dataset_to_wire(ds)))
         assert wire["root"] == "mem://t"
@@ -139,7 +139,7 @@ def test_the_readers_spec_and_wire_carry_the_stores_uri(image_cat_dir, mem, monk
 
 
 def test_file_uris_and_bare_paths_are_the_local_store(image_cat_dir):
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         ds = cat.dataset("imgs")
         reader = DatasetReader(f"file://{image_cat_dir}", ds.reader.parts, ds.reader.schema)
         assert reader.take([0, 7]).equals(ds.take([0, 7]))
@@ -171,14 +171,14 @@ def test_a_store_that_copies_its_reads_still_reads_small_values(cat):
 def test_missing_or_truncated_parts_in_a_store_name_the_part(image_cat_dir, mem, monkeypatch):
     copy_parts(image_cat_dir, mem)
     monkeypatch.setenv(STORAGE_ENV, "mem://t")
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         name = cat.dataset("imgs").reader.parts[0].path
         whole = mem.parts.pop(name)
         with pytest.raises(StorageError, match=rf"Missing data file 'mem://t/{name}'"):
             cat.dataset("imgs").take([0])
     mem.parts[name] = whole[:-10]
     with (
-        catalog.connect(image_cat_dir) as cat,
+        catalog.open_catalog(image_cat_dir) as cat,
         pytest.raises(StorageError, match=r"has \d+ bytes, expected \d+ \(truncated"),
     ):
         cat.dataset("imgs").take([0])
@@ -203,7 +203,7 @@ def test_decode_processes_read_through_the_store_of_the_readers_uri(image_cat_di
     register_store("logged", logged_store)  # a factory of a module: it travels by name
     monkeypatch.setenv(STORAGE_ENV, f"logged://{image_cat_dir}")
     try:
-        with catalog.connect(image_cat_dir) as cat:
+        with catalog.open_catalog(image_cat_dir) as cat:
             cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (image_size = 16)")
             with Loader(cat, cache_bytes=8 << 20, workers=2) as loader:
                 loader.wait_ready()

@@ -59,7 +59,7 @@ TIMEOUT = 60
 @pytest.fixture
 def cat_dir(image_cat_dir):
     root = image_cat_dir
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.sql(
             "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
         )
@@ -149,7 +149,7 @@ def test_two_training_scripts_share_one_service_exactly_once_each(cat_dir, tmp_p
     service_pid = outs[0]["pid"]
     wait_for(lambda: not _alive(service_pid), "the idle service to stop")
     assert not socket_path(cat_dir).exists()
-    with catalog.connect(cat_dir) as cat:
+    with catalog.open_catalog(cat_dir) as cat:
         for job, out in zip("ab", outs, strict=True):
             rows = sorted(cat.job(job).ids)
             for ids in out["epochs"]:
@@ -238,22 +238,22 @@ def test_statements_go_through_the_running_service(service, cat_dir):
 
 
 def test_the_catalog_package_opened_beside_a_service_names_the_way_through_it(service, cat_dir):
-    """``catalog.connect`` opens the catalog in this process only; its error says what does
+    """``catalog.open_catalog`` opens the catalog in this process only; its error says what does
     reach the service's catalog."""
     with pytest.raises(
         CatalogLockedError,
         match=rf"in use by another process \(PID {service.pid}\)\. If that is its tabloader "
         r"service .*`tabloader.connect\(.*\)` returns it in Python .*`tabloader sql` uses it",
     ):
-        catalog.connect(cat_dir)
+        catalog.open_catalog(cat_dir)
 
 
 def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir):
     holder = subprocess.Popen(
         [
             *(sys.executable, "-c"),
-            "import catalog, sys, time; c = catalog.connect(sys.argv[1]); print(1, flush=True);"
-            " time.sleep(60)",
+            "import catalog, sys, time; c = catalog.open_catalog(sys.argv[1]);"
+            " print(1, flush=True); time.sleep(60)",
             str(cat_dir),
         ],
         stdout=subprocess.PIPE,
@@ -383,7 +383,7 @@ def test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job(service, cat_dir, tm
 def test_a_small_cache_evicts_for_a_batch_larger_than_a_slab(cat_dir):
     """1 MiB of cache: 64 KiB slabs, and a 160x160 image (75 KiB) is never cached, so each
     batch carries its images in staging (300 KiB for 4): whole slabs, their values evicted."""
-    with catalog.connect(cat_dir) as cat:
+    with catalog.open_catalog(cat_dir) as cat:
         cat.sql("REGISTER JOB big SELECT image, label FROM imgs WITH (image_size = 160)")
         rows = sorted(cat.job("big").ids)
     proc = start_service(cat_dir, "--cache-bytes", str(1 << 20))
@@ -901,7 +901,7 @@ def test_a_started_service_starts_decode_processes_when_asked_under_sched_batch(
 def test_a_started_service_serving_augmented_jobs_starts_no_decode_process(cat_dir, tmp_path):
     """An augmented job's shared decode is made in the service's threads: its decode
     processes (a forkserver and its imports, a core taken from the first batch) never start."""
-    with catalog.connect(cat_dir) as cat:
+    with catalog.open_catalog(cat_dir) as cat:
         cat.sql("REGISTER JOB aug SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(8)')")
     started = _started(tmp_path, cat_dir, "aug", "no")
     try:

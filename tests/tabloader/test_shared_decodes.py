@@ -30,7 +30,7 @@ JOBS = {
 
 @pytest.fixture
 def chain(image_cat_dir):
-    with catalog.connect(image_cat_dir) as cat:
+    with catalog.open_catalog(image_cat_dir) as cat:
         for name, (where, options) in JOBS.items():
             cat.sql(f"REGISTER JOB {name} SELECT image FROM imgs WHERE {where} WITH ({options})")
         ds = cat.dataset("imgs")
@@ -77,7 +77,7 @@ def test_overlapping_jobs_decode_each_row_of_their_union_once(chain, order, conc
 
 def test_an_image_size_job_meeting_no_reader_of_a_shared_decode_keeps_its_fixed_values(chain):
     root, raw = chain
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.sql("REGISTER JOB e3 SELECT image FROM imgs WHERE label < 2 WITH (image_size = 24)")
     with Loader(root, cache_bytes=32 << 20, decode="threads") as loader:
         got: dict[int, np.ndarray] = {}

@@ -18,7 +18,7 @@ from tabloader.torch import JobDataset
 
 @pytest.fixture
 def loader(image_cat_dir):
-    cat = catalog.connect(image_cat_dir)
+    cat = catalog.open_catalog(image_cat_dir)
     cat.sql(
         "REGISTER JOB j SELECT image, label FROM imgs WHERE label < 3 "
         "WITH (batch_size = 8, image_size = 16, seed = 3)"

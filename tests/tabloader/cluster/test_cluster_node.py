@@ -97,22 +97,36 @@ def test_fed_jobs_have_no_local_state(loader):
 
 def test_snapshot_catalog_reads_again_only_after_a_change(tmp_path):
     root = tmp_path / "cat"
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_arrow("t", pa.table({"x": list(range(10))}))
         cat.register_job("j", "t", where="x < 5")
     snap = node.SnapshotCatalog(root)
     assert snap.exists
     assert len(snap.job("j").ids) == 5
     assert snap.job("j") is snap.job("j")  # cached while the catalog is unchanged
-    with catalog.connect(root) as cat:
+    with catalog.open_catalog(root) as cat:
         cat.register_job("j", "t", where="x < 8", replace=True)
     assert len(snap.job("j").ids) == 8
     assert snap.dataset("t").num_rows == 10
 
 
+def test_snapshot_catalog_runs_statements_and_uncached_reads_on_the_catalog(tmp_path):
+    root = tmp_path / "cat"
+    with catalog.open_catalog(root, create=True) as cat:
+        cat.import_arrow("t", pa.table({"x": list(range(10))}))
+    snap = node.SnapshotCatalog(root)
+    assert snap.dataset_names() == ["t"]
+    snap.sql("REGISTER JOB j SELECT x FROM t WHERE x > 6")  # a write: the catalog's
+    assert [i.num_rows for i in snap.job_infos()] == [3]
+    assert snap.column("t", "x", rows=3).to_pylist() == [0, 1, 2]
+    assert snap.query("SELECT count(*) AS n FROM t").to_pydict() == {"n": [10]}
+    snap.drop_dataset("t", cascade=True)
+    assert snap.dataset_names() == []  # read again: the catalog changed
+
+
 def test_snapshot_catalog_waits_for_the_catalog_then_says_who_holds_it(tmp_path, monkeypatch):
     monkeypatch.setattr(node, "LOCK_WAIT_S", 0.2)
-    with catalog.connect(tmp_path / "cat", create=True), pytest.raises(CatalogLockedError):
+    with catalog.open_catalog(tmp_path / "cat", create=True), pytest.raises(CatalogLockedError):
         node.SnapshotCatalog(tmp_path / "cat")
 
 

@@ -116,7 +116,7 @@ def image_catalog(root, folder):
     """A catalog of the generated JPEGs with two overlapping jobs (closed on return)."""
     import catalog
 
-    with catalog.connect(root, create=True) as cat:
+    with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         opts = {"image_size": 32, "batch_size": 4}
         cat.register_job("a", "imgs", columns=["image", "label"], where="label < 3", options=opts)

@@ -43,7 +43,7 @@ CLUSTER = {
 @pytest.fixture
 def root(tmp_path):
     path = tmp_path / "cat"
-    catalog.connect(path, create=True).close()
+    catalog.open_catalog(path, create=True).close()
     return path
 
 
