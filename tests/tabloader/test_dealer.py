@@ -17,11 +17,20 @@ from tabloader.engine.jobs import JobState, OnError
 from tabloader.engine.work import Plan
 
 
+class Kept:
+    """A receiver that keeps nothing pinned (batches here are never prepared)."""
+
+    pins = False
+
+    def receive(self, work):
+        return None
+
+
 def job(n: int, *, world_size: int, drop_last: bool = True, prefetch: int = 8) -> JobState:
     state = JobState(
         "j",
         BitMap(range(n)),
-        Plan(columns=(), gathered=(), prepared=()),
+        Plan(columns=(), gathered=(), prepared=(), augment={}, receiver=Kept()),
         batch_size=4,
         prefetch=prefetch,
         queue=JobQueue(horizon=n),
