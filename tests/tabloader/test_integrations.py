@@ -18,12 +18,13 @@ The README's "With your training framework" recipes and the test that runs each:
 * Lightning: ``test_lightning_one_process_*``, ``test_lightning_ddp_*`` (``lightning_run.py``);
 * Hugging Face Trainer: ``test_hf_trainer_*`` (``hf_run.py``);
 * accelerate: ``test_accelerate_*`` (``accelerate_run.py``);
-* Ray Train: ``test_ray_train_*`` (``ray_train_run.py``).
+* Ray Train: ``tests/tabloader/cluster/test_cluster_ray.py``
+  (``test_ray_train_ranks_split_each_epoch``: ``JobDataset`` in a ``TorchTrainer``'s train
+  function, 2 workers, each its share of the epoch from the ranks Ray Train sets).
 
-The launched ones run one after another in one xdist worker (group ``frameworks``; Ray
-Train's in the ``ray`` group) and are marked slow: each launch imports torch and the
-framework (a few seconds each on 2 cores; a local Ray and its Train workers take most of a
-minute). The last tests run in this process: the integrations' bookkeeping and errors.
+The launched ones run one after another in one xdist worker (group ``frameworks``) and are
+marked slow: each launch imports torch and the framework (a few seconds each on 2 cores).
+The last tests run in this process: the integrations' bookkeeping and errors.
 """
 
 from __future__ import annotations
@@ -47,13 +48,20 @@ import catalog
 from catalog.errors import ServiceError
 from tabloader.engine.shm import shm_available
 
-pytest.importorskip("lightning", reason="the test extra installs lightning")  # never hides a
-pytest.importorskip("transformers", reason="the test extra installs transformers")  # failure:
-pytest.importorskip("accelerate", reason="the test extra installs accelerate")  # CI has them
-
-# one group per test, not per module: xdist joins a test's groups into one name, and the Ray
-# Train test must be in the suite's "ray" group (one Ray at a time)
+# one group per test, not per module: xdist joins a test's groups into one name
 frameworks = pytest.mark.xdist_group("frameworks")
+
+
+@pytest.mark.parametrize("framework", ["lightning", "transformers", "accelerate"])
+def test_the_frameworks_are_installed(framework):
+    """The test extra installs them: a run without one fails here (and in its tests) instead
+    of skipping what it cannot check."""
+    import importlib.util
+
+    assert importlib.util.find_spec(framework) is not None, (
+        f"{framework} is not installed: pip install -e '.[test]' (torch pinned first)"
+    )
+
 
 pytestmark = [
     pytest.mark.skipif(not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system"),
@@ -80,7 +88,7 @@ def cat_dir():
     with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         options = f"WITH (batch_size = {BATCH}, image_size = 8)"
-        for job in ("l1", "l1_limit", "ddp", "hf", "acc", "ray"):
+        for job in ("l1", "l1_limit", "ddp", "hf", "acc"):
             cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs {options}")
         quick = f"WITH (batch_size = {BATCH}, image_size = 8, rank_timeout = 5)"
         cat.sql(f"REGISTER JOB acc_plain SELECT image, label FROM imgs {quick}")
@@ -365,23 +373,6 @@ def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     assert "LoaderError" in result.stderr, result.stderr[-4000:]
     assert "rank 0 waited 5 s for rank 1, which never opened the job" in result.stderr
     assert "tabloader.integrations.accelerate.prepare(accelerator, dataset)" in result.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("ray")  # one Ray at a time (see tests/conftest.py)
-def test_ray_train_workers_find_their_ranks(cat_dir, tmp_path):
-    """``JobDataset`` in a ``TorchTrainer``'s train function, 2 workers on a local Ray: each
-    worker its share of every epoch from the ranks Ray Train sets."""
-    rows = job_rows(cat_dir, "ray")
-    succeeds("ray_train_run.py", "--catalog", cat_dir, "--job", "ray", "--out", tmp_path)
-    epochs = recorded(tmp_path)
-    assert sorted(epochs) == [0, 1]
-    for ids in epochs.values():
-        assert_epoch(ids, rows, 2)
-    assert {p.name for p in tmp_path.glob("train-rank*.jsonl")} == {
-        "train-rank0.jsonl",
-        "train-rank1.jsonl",
-    }
 
 
 # -- in this process: the integrations' own bookkeeping and errors, no launcher ---------------
