@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -34,6 +35,10 @@ def test_errors_reach_the_future_and_shutdown_cancels_or_refuses():
         pool.submit(boom).result(30)
     gate = threading.Event()
     running = [pool.submit(gate.wait, 30) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while not all(f.running() for f in running):  # both threads have taken theirs
+        assert time.monotonic() < deadline, "the pool's threads did not start their tasks"
+        time.sleep(0.01)
     queued = pool.submit(print, "never")
     threading.Thread(target=lambda: (threading.Event().wait(0.2), gate.set())).start()
     pool.shutdown(wait=True, cancel_futures=True)
