@@ -48,3 +48,4 @@ for epoch in range(start, args.epochs):
                 Path(args.ckpt, "epoch").write_text(str(epoch))
             accelerator.wait_for_everyone()
             crash()
+accelerator.end_training()  # as a training script ends (destroys the process group)

@@ -74,3 +74,5 @@ trainer = JobTrainer(  # the README's Hugging Face recipe
     callbacks=[Epochs()],
 )
 trainer.train(resume_from_checkpoint=args.resume)
+if torch.distributed.is_initialized():  # as a training script ends: a group left to the
+    torch.distributed.destroy_process_group()  # interpreter's exit may abort in gloo's threads
