@@ -60,7 +60,7 @@ STATE_FILE = "tabloader_job.pt"
 """The job's position in each checkpoint folder of a ``JobTrainer``."""
 
 
-class JobTrainer(transformers.Trainer):
+class JobTrainer(transformers.Trainer):  # type: ignore[misc]  # not followed: pyproject.toml
     """``transformers.Trainer`` whose ``JobDataset`` datasets load one share per process and
     resume exactly once (see the module's docstring). Other datasets load as in the
     ``Trainer``."""
