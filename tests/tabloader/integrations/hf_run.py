@@ -65,6 +65,7 @@ trainer = JobTrainer(  # the README's Hugging Face recipe
         eval_strategy="epoch" if args.val_job else "no",
         report_to=[],
         use_cpu=True,
+        ddp_find_unused_parameters=False,  # every parameter is used (and no unused-search pass)
         disable_tqdm=True,
     ),
     train_dataset=JobDataset(args.job, catalog=args.catalog, epochs=args.epochs, transform=names),
