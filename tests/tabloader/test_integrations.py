@@ -90,7 +90,7 @@ def cat_dir():
         options = f"WITH (batch_size = {BATCH}, image_size = 8)"
         for job in ("l1", "l1_limit", "ddp", "hf", "acc"):
             cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs {options}")
-        quick = f"WITH (batch_size = {BATCH}, image_size = 8, rank_timeout = 5)"
+        quick = f"WITH (batch_size = {BATCH}, image_size = 8, rank_timeout = 2)"
         cat.sql(f"REGISTER JOB acc_plain SELECT image, label FROM imgs {quick}")
         cat.sql(f"REGISTER JOB val SELECT image, label FROM imgs WHERE label = 0 {options}")
         rows = {job: set(cat.job(job).ids) for job in ("l1", "val")}
@@ -371,7 +371,7 @@ def test_accelerates_own_prepare_fails_fast_naming_the_fix(cat_dir, tmp_path):
     result = launch("accelerate_run.py", *common, "--plain-prepare", torchrun=2)
     assert result.returncode != 0
     assert "LoaderError" in result.stderr, result.stderr[-4000:]
-    assert "rank 0 waited 5 s for rank 1, which never opened the job" in result.stderr
+    assert "rank 0 waited 2 s for rank 1, which never opened the job" in result.stderr
     assert "tabloader.integrations.accelerate.prepare(accelerator, dataset)" in result.stderr
 
 
