@@ -400,8 +400,8 @@ class DatasetScheduler:
         """
         job = rank.job
         with self.cond:
-            rank.abandoned_rows += ahead_rows
             before = rank.abandoned_rows
+            rank.abandoned_rows += ahead_rows
             rank.abandoning = epoch
             try:
                 while not rank.finished() and rank.next_epoch() == epoch:
@@ -422,7 +422,7 @@ class DatasetScheduler:
             self._trim_log_locked(job)
             self._activate_locked(job)
             self._poke(job)
-            given_up = rank.abandoned_rows - before + ahead_rows
+            given_up = rank.abandoned_rows - before
         if given_up:
             logger.info(
                 "job %s abandoned %d rows of epoch %d (a new iteration starts the next epoch)",

@@ -312,7 +312,7 @@ class RemoteLoader:
             )
         except ServiceError as exc:
             conn.close()
-            if "segment" in str(exc) and "not the memory" in str(exc):
+            if getattr(exc, "stale_segment", False):  # this loader's service is gone
                 raise ServiceError(
                     f"The tabloader service of catalog {self.root} this loader was connected "
                     f"to (pid {self.service_pid}) is gone, and another one runs now; its "

@@ -313,10 +313,12 @@ class _Handler(CatalogOps):
             )
         mapped = msg.get("segment")
         if mapped is not None and mapped != self.service.segment.name:
-            raise ServiceError(
+            stale = ServiceError(
                 f"The client maps shared memory segment {str(mapped)[:80]!r}, not the memory of "
                 "this service: it was connected to a service that is gone."
             )
+            stale.stale_segment = True  # type: ignore[attr-defined]  # travels with the error
+            raise stale
         kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
         if "state" in kw:
             kw["state"] = state_from_wire(kw["state"])
