@@ -223,6 +223,21 @@ class WeightedJob:
         if self.tree.total() == 0 and self.left:
             self.tree = SumTree(live.astype(np.float64))
 
+    def advance(self, draws: int) -> None:
+        """``draws`` draws of static weights with replacement, across epochs (the same ``q``
+        each: what ``restart`` at each epoch's end would leave)."""
+        over = draws - self.left
+        if over <= 0:
+            self.left -= draws
+            return
+        n = self.id_arr.size
+        epochs = -(-over // n)
+        for e in range(self.epoch + 1, self.epoch + epochs + 1):
+            self.past[e] = self.q
+        self.past = {e: q for e, q in self.past.items() if e >= self.epoch + epochs - KEEP_EPOCHS}
+        self.epoch += epochs
+        self.left = epochs * n - over
+
     def restart(self) -> None:
         self.epoch += 1
         self.begin()
@@ -319,7 +334,11 @@ class WeightedJobs:
                     job.restart()
                 steps = min(n - t, job.left)
                 lead = lead_of(job)
-                if job.replacement:
+                if job.replacement and job.scores is None:  # q is every epoch's: one go
+                    steps = n - t
+                    idx = self._with(job, u, t, steps, lead, r0)
+                    job.advance(steps)
+                elif job.replacement:
                     idx = self._with(job, u, t, steps, lead, r0)
                     job.left -= steps
                 else:
@@ -460,7 +479,9 @@ class WeightedJobs:
         return out
 
     def row_weights(self, name: str, epoch: int, rows: I64) -> npt.NDArray[np.float32]:
-        """``1 / (N q_row)`` for ``rows`` drawn in ``epoch`` with replacement; 1.0 without
+        """``1 / (N q_row)`` for ``rows`` drawn in ``epoch`` with replacement (``N``: the rows
+        of positive ``q``, so the mean under ``q`` is 1 and a loss weighted by it is unbiased for
+        the plain mean over the rows that can be drawn); 1.0 without
         (each row comes once an epoch, so an epoch's plain mean is already unbiased). Epochs
         before ``epoch`` are forgotten (the dealer cuts epochs in order).
 
@@ -483,7 +504,8 @@ class WeightedJobs:
                 f"row_weights({name!r}, {epoch}): that epoch's distribution is gone (epochs "
                 f"kept: {sorted(job.past)}); ask for epochs in order."
             )
-        return (1.0 / (job.id_arr.size * q[i])).astype(np.float32)
+        support = int(np.count_nonzero(q))  # rows of weight 0 are never drawn
+        return (1.0 / (support * q[i])).astype(np.float32)
 
     # -- give back -------------------------------------------------------------------------------
     def give_back(self, name: str, rows: I64) -> None:
