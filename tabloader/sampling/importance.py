@@ -43,12 +43,16 @@ What SHADE also does and this module leaves to others: the epoch's draws and the
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from pyroaring import BitMap
 
+from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
+from tabloader.engine.streams import REPORT_ROWS_MAX
 
 __all__ = ["B0", "FLATTEN", "PRIOR", "ROWS_MAX", "S_MAX", "ImportanceScores", "floor"]
 
@@ -61,8 +65,9 @@ PRIOR = 1.0
 FLATTEN = 0.1
 """The flattening term added to every score, as a share of the mean score."""
 
-ROWS_MAX = 65_536
-"""The most rows one :meth:`ImportanceScores.report` accepts (a minibatch, not an epoch)."""
+ROWS_MAX = REPORT_ROWS_MAX
+"""The most rows one :meth:`ImportanceScores.report` accepts (a minibatch, not an epoch): the
+report path's bound (``JobDataset.report``, the service's message)."""
 
 S_MAX = math.log(ROWS_MAX - 1 + B0)
 """The highest score a report can give: the top rank of the largest batch."""
@@ -96,12 +101,16 @@ class ImportanceScores:
                 f"got shape {ids.shape}, dtype {ids.dtype}."
             )
         ids = ids.astype(np.int64, copy=True)
-        if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        if not (ids[0] >= 0 and ids[-1] < 1 << 32 and bool(np.all(ids[1:] > ids[:-1]))):
             raise SamplingError(
-                "ImportanceScores needs sorted unique row ids; pass bitmap_to_array(job ids)."
+                "ImportanceScores needs sorted unique row ids in [0, 2**32); pass "
+                "bitmap_to_array(job ids)."
             )
         self.ids = ids
         self.scores = np.full(ids.size, PRIOR, dtype=np.float64)
+        # each row's rank + 1 in the batch that scored it last (0: never reported): the state
+        # keeps these, 4 bytes a row before compression, not the scores' 8
+        self.ranks = np.zeros(ids.size, dtype=np.int32)
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -117,7 +126,7 @@ class ImportanceScores:
         pos, loss = self._check(ids, losses)
         if loss.size == 0:
             return
-        lower = np.searchsorted(np.sort(loss), loss, side="left")
+        lower = np.searchsorted(np.sort(loss), loss, side="left")  # rows with a lower loss
         score = np.log(lower + B0)
         # A row listed twice keeps its higher score: order by (position, score) and keep the
         # last of each position (plain fancy assignment leaves repeated indices unspecified).
@@ -127,6 +136,7 @@ class ImportanceScores:
         last[-1] = True
         np.not_equal(pos[1:], pos[:-1], out=last[:-1])
         self.scores[pos[last]] = score[last]
+        self.ranks[pos[last]] = lower[order][last] + 1
 
     def _check(self, ids: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The positions of ``ids`` in the job and the losses as float64, checked."""
@@ -188,11 +198,13 @@ class ImportanceScores:
         return p
 
     def state_dict(self) -> dict[str, Any]:
-        """A plain dict (arrays as bytes, like the samplers' state) to resume exactly."""
+        """A plain dict to resume exactly, of bytes like the samplers' state: the ids as a
+        serialized bitmap, the ranks compressed (a job's state travels in one message of the
+        service, ``MAX_MESSAGE``)."""
         return {
             "version": _STATE_VERSION,
-            "ids": self.ids.tobytes(),
-            "scores": self.scores.tobytes(),
+            "ids": bitmap_from_array(self.ids).serialize(),
+            "ranks": zlib.compress(self.ranks.tobytes(), 1),
         }
 
     @classmethod
@@ -204,9 +216,11 @@ class ImportanceScores:
         """
         try:
             version = state["version"]
-            ids = np.frombuffer(state["ids"], dtype=np.int64)
-            scores = np.frombuffer(state["scores"], dtype=np.float64)
-        except (KeyError, TypeError, ValueError) as e:
+            ids = bitmap_to_array(BitMap.deserialize(state["ids"])).astype(np.int64)
+            inflate = zlib.decompressobj()
+            raw = inflate.decompress(state["ranks"], 4 * ids.size + 4)  # bounded: 4 B a row
+            ranks = np.frombuffer(raw, dtype=np.int32)
+        except (KeyError, TypeError, ValueError, zlib.error) as e:
             raise SamplingError(
                 f"importance state is not from ImportanceScores.state_dict() ({e}); pass "
                 "what state_dict() returned."
@@ -216,13 +230,13 @@ class ImportanceScores:
                 f"importance state version {version!r} is not {_STATE_VERSION}; it was saved "
                 "by another tabloader version: re-register the job."
             )
-        if ids.size != scores.size or not bool(
-            (np.isfinite(scores) & (scores >= PRIOR) & (scores <= S_MAX)).all()
-        ):
+        if ids.size != ranks.size or not bool(((ranks >= 0) & (ranks <= ROWS_MAX)).all()):
             raise SamplingError(
-                "importance state has mismatched ids and scores or scores out of "
-                f"[{PRIOR}, {S_MAX:.3f}]; pass what state_dict() returned."
+                "importance state has mismatched ids and ranks or ranks out of "
+                f"[0, {ROWS_MAX}]; pass what state_dict() returned."
             )
         out = cls(ids)
-        out.scores = scores.copy()
+        out.ranks = ranks.copy()
+        reported = ranks > 0
+        out.scores[reported] = np.log(ranks[reported] - 1 + B0)
         return out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
+from pyroaring import BitMap
 
 from catalog.errors import SamplingError
 from tabloader.sampling.importance import (
@@ -123,19 +125,36 @@ def test_state_round_trip_gives_identical_probabilities():
     assert r.scores[0] != s.scores[0] or r.scores[1] != s.scores[1]
 
 
+def _state(ids, ranks) -> dict:
+    return {
+        "version": 1,
+        "ids": BitMap(ids).serialize(),
+        "ranks": zlib.compress(np.asarray(ranks, np.int32).tobytes()),
+    }
+
+
+def test_state_is_compact():
+    """The state of a million-row job fits a service message many times over."""
+    s = ImportanceScores(np.arange(1_000_000, dtype=np.int64))
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        s.report(rng.choice(1_000_000, 4096, replace=False), rng.random(4096))
+    state = s.state_dict()
+    assert len(state["ids"]) + len(state["ranks"]) < 1_500_000  # scores alone: 8 MB
+    np.testing.assert_array_equal(
+        ImportanceScores.from_state(state).probabilities(), s.probabilities()
+    )
+
+
 @pytest.mark.parametrize(
     ("state", "match"),
     [
         ({}, "not from ImportanceScores.state_dict"),
-        ({"version": 99, "ids": b"", "scores": b""}, "version 99"),
-        (
-            {"version": 1, "ids": np.arange(2).tobytes(), "scores": np.ones(3).tobytes()},
-            "mismatched ids and scores",
-        ),
-        (
-            {"version": 1, "ids": np.arange(2).tobytes(), "scores": np.full(2, np.nan).tobytes()},
-            "out of",
-        ),
+        ({**_state([1, 2], [0, 0]), "ranks": b"junk"}, "not from ImportanceScores.state_dict"),
+        ({**_state([1, 2], [0, 0]), "version": 99}, "version 99"),
+        (_state([1, 2], [0, 0, 0]), "mismatched ids and ranks"),
+        (_state([1, 2], [0, ROWS_MAX + 1]), "out of"),
+        (_state([1, 2], [-1, 0]), "out of"),
     ],
 )
 def test_bad_state_is_refused(state, match):
