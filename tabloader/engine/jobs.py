@@ -137,6 +137,8 @@ class JobState:
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
     spec: JobSpec = field(default_factory=JobSpec)  # the options it was opened with
+    # a weighted job's weight of each row (option weight), aligned with ``id_array``
+    weights: npt.NDArray[np.float64] | None = None
     gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
     # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
     gone_from: int | None = None

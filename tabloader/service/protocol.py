@@ -449,19 +449,30 @@ def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
 
 
 def job_to_wire(job: Job) -> dict[str, Any]:
-    """A job for a message: its bitmap serialized, in hex."""
+    """A job for a message: its bitmap serialized, and its weights (float64 little-endian, or
+    None), in hex."""
     fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
-    return {**fields, "columns": list(job.columns), "ids": job.ids.serialize().hex()}
+    weights = None if job.weights is None else job.weights.astype("<f8").tobytes().hex()
+    return {
+        **fields,
+        "columns": list(job.columns),
+        "ids": job.ids.serialize().hex(),
+        "weights": weights,
+    }
 
 
 def job_from_wire(wire: dict[str, Any]) -> Job:
     """The ``Job`` that ``job_to_wire`` put in a message."""
+    import numpy as np
     from pyroaring import BitMap
 
     from catalog.model import Job
 
     ids = BitMap.deserialize(bytes.fromhex(wire["ids"]))
-    return Job(**{**wire, "columns": tuple(wire["columns"]), "ids": ids})
+    weights = wire.get("weights")
+    if weights is not None:
+        weights = np.frombuffer(bytes.fromhex(weights), dtype="<f8").astype(np.float64)
+    return Job(**{**wire, "columns": tuple(wire["columns"]), "ids": ids, "weights": weights})
 
 
 def result_to_wire(result: Any) -> dict[str, Any]:
