@@ -91,8 +91,10 @@ class JobQueues:
         if remaining is None:
             sampler.add_job(job.name, job.ids, job.spec)
             remaining = job.ids
-        else:
-            sampler.add_job(job.name, job.ids, job.spec, remaining=remaining, epoch=epoch)
+        else:  # an importance job resumes with its scores (``JobState.scores``)
+            sampler.add_job(
+                job.name, job.ids, job.spec, remaining=remaining, epoch=epoch, scores=job.scores
+            )
             q.epoch = epoch
         q.left = q.first_rows = len(remaining)
         q.first_epoch = q.epoch

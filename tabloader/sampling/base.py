@@ -18,6 +18,7 @@ from catalog.errors import SamplingError
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
+    from tabloader.sampling.importance import ImportanceScores
 
 __all__ = [
     "Sampler",
@@ -47,12 +48,14 @@ class Sampler(Protocol):
         remaining: BitMap | None = None,
         epoch: int = 0,
         weights: np.ndarray | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         """Register ``name``; its first epoch is all of ``ids`` (or ``remaining`` of them,
         epoch ``epoch``, when it resumes). ``spec``: the job's options (``importance`` and
         ``replacement`` are read). ``weights`` (float64, aligned with ``ids`` ascending) or
         ``spec.importance == 'loss'`` make the job *weighted*: it draws from its own
-        distribution (:mod:`tabloader.sampling.weighted`)."""
+        distribution (:mod:`tabloader.sampling.weighted`). ``scores``: an importance job
+        resumes with these (``importance_scores`` of the run saved) instead of the prior."""
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; no other job gains, loses or repeats a row."""
@@ -86,6 +89,10 @@ class Sampler(Protocol):
 
     def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
         """One reported batch of losses of an ``importance = 'loss'`` job."""
+
+    def importance_scores(self, name: str) -> ImportanceScores | None:
+        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
+        what a job's state saves, and ``add_job(scores=)`` resumes with."""
 
     def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
         """The ``_weight`` column of ``rows`` handed to ``name`` in ``epoch`` (float32), or

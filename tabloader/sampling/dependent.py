@@ -38,6 +38,7 @@ from tabloader.sampling.base import (
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
+    from tabloader.sampling.importance import ImportanceScores
 from tabloader.sampling.regions import Regions
 from tabloader.sampling.weighted import Lead, WeightedJob, WeightedJobs
 
@@ -104,6 +105,7 @@ class DependentSampler:
         remaining: BitMap | None = None,
         epoch: int = 0,
         weights: np.ndarray | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
@@ -118,6 +120,7 @@ class DependentSampler:
             epoch: the number of the current epoch (when resuming).
             weights: static weights, one per row of ``ids`` in ascending order: the job is
                 weighted (see the module docstring).
+            scores: an importance job's scores to resume with (default: the prior).
 
         Raises:
             SamplingError: ``name`` is already registered, ``ids`` is empty, ``remaining``
@@ -133,7 +136,7 @@ class DependentSampler:
         start = check_remaining(name, bm, remaining)
         importance = getattr(spec, "importance", None) == "loss"
         if weights is not None or importance:
-            self._add_weighted(name, bm, spec, weights, importance, remaining, epoch)
+            self._add_weighted(name, bm, spec, weights, importance, remaining, epoch, scores)
             return
         used = {j.slot for j in self._jobs.values()}
         slot = next(s for s in range(len(used) + 1) if s not in used)
@@ -157,13 +160,15 @@ class DependentSampler:
         importance: bool,
         remaining: BitMap | None,
         epoch: int,
+        scores: ImportanceScores | None = None,
     ) -> None:
         if weights is not None and importance:
             raise SamplingError(
                 f"Job {name!r} has both weights and importance = 'loss'; give one of them."
             )
-        scores = None
-        if importance:
+        if not importance:
+            scores = None
+        elif scores is None:
             from tabloader.sampling.importance import ImportanceScores
 
             scores = ImportanceScores(bitmap_to_array(ids).astype(np.int64))
@@ -202,6 +207,15 @@ class DependentSampler:
                 "to draw by its losses."
             )
         job.scores.report(np.asarray(ids), np.asarray(losses))
+
+    def importance_scores(self, name: str) -> ImportanceScores | None:
+        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
+        what a job's state saves, and ``add_job(scores=)`` resumes with."""
+        job = self._weighted.jobs.get(name)
+        if job is None:
+            self._job(name)  # unknown: that error
+            return None
+        return job.scores
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; the other jobs keep exactly their remaining rows.

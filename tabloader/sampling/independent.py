@@ -31,6 +31,7 @@ from tabloader.sampling.weighted import WeightedJobs
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
+    from tabloader.sampling.importance import ImportanceScores
 
 __all__ = ["IndependentSampler"]
 
@@ -80,6 +81,7 @@ class IndependentSampler:
         remaining: BitMap | None = None,
         epoch: int = 0,
         weights: np.ndarray | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
@@ -108,8 +110,9 @@ class IndependentSampler:
                 raise SamplingError(
                     f"Job {name!r} has both weights and importance = 'loss'; give one of them."
                 )
-            scores = None
-            if importance:
+            if not importance:
+                scores = None
+            elif scores is None:
                 from tabloader.sampling.importance import ImportanceScores
 
                 scores = ImportanceScores(bitmap_to_array(bm).astype(np.int64))
@@ -181,6 +184,15 @@ class IndependentSampler:
                 "to draw by its losses."
             )
         scores.report(np.asarray(ids), np.asarray(losses))
+
+    def importance_scores(self, name: str) -> ImportanceScores | None:
+        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
+        what a job's state saves, and ``add_job(scores=)`` resumes with."""
+        own = self._weighted.get(name)
+        if own is None:
+            self._job(name)  # unknown: that error
+            return None
+        return own.jobs[name].scores
 
     def expected_draws(self, ids: np.ndarray) -> np.ndarray:
         """Per row of ``ids``: its expected draws left in the weighted jobs' epochs."""
