@@ -33,11 +33,11 @@ from catalog.bitmaps import ID_COLUMN
 from tabloader.engine.arena import Arena
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.handoff import (
+    WEIGHT_COLUMN,
     Augment,
     Augmented,
     Column,
     HandedBatch,
-    WEIGHT_COLUMN,
     Held,
     ImageList,
     Images,

@@ -157,14 +157,13 @@ class Lead:
         rest = ~found & (seg == self.last)
         if rest.any():
             out[rest] = self.still(y[rest])
-        return out
+        return np.asarray(out, dtype=bool)
 
     def member1(self, t: int, y: int) -> bool:
         """:meth:`member` of one row (the sequential draws' path)."""
         if self._drawn is None:
-            self._drawn = dict(
-                zip(zip(self.seg.tolist(), self.rows.tolist(), strict=True), range(self.rows.size))
-            )
+            keys = zip(self.seg.tolist(), self.rows.tolist(), strict=True)
+            self._drawn = {key: t for t, key in enumerate(keys)}
         seg = int(self.seg[t])
         at = self._drawn.get((seg, y))
         if at is not None:
@@ -253,11 +252,12 @@ class WeightedJob:
             return self.q
         assert self.tree is not None
         leaves = self.tree.leaves(self.id_arr.size)
-        return leaves / leaves.sum()
+        return np.asarray(leaves / leaves.sum(), dtype=np.float64)
 
     def remove(self, i: int) -> None:
         """Without replacement: row ``i`` is drawn."""
-        assert self.tree is not None and self.live is not None
+        assert self.tree is not None
+        assert self.live is not None
         self.live[i] = False
         self.left -= 1
         self.tree.set(i, 0.0)
@@ -294,7 +294,9 @@ class WeightedJobs:
 
     def fallback(self, r: int) -> np.random.Generator:
         """Round ``r``'s own stream: the same for every weighted job of the round."""
-        return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(self.key, 1, r)))
+        return np.random.default_rng(
+            np.random.SeedSequence(self.entropy, spawn_key=(self.key, 1, r))
+        )
 
     # -- jobs ------------------------------------------------------------------------------------
     def add(
@@ -352,7 +354,7 @@ class WeightedJobs:
 
     def _pick(self, job: WeightedJob, v: F64) -> I64:
         """Rows by inverse CDF of the epoch's ``q`` (with replacement), never one of weight 0."""
-        i = np.searchsorted(job.cum, v * job.cum[-1], side="right")
+        i: I64 = np.searchsorted(job.cum, v * job.cum[-1], side="right").astype(np.int64)
         return np.minimum(i, job.top)
 
     def _with(
@@ -446,7 +448,9 @@ class WeightedJobs:
             total = tree.total()
             for v, b in vb.tolist():
                 y = tree.find(v * total)
-                if not lead.member1(t, int(job.id_arr[y])) or b < 1 - 1 / (size * tree.leaf(y) / total):
+                if not lead.member1(t, int(job.id_arr[y])) or b < 1 - 1 / (
+                    size * tree.leaf(y) / total
+                ):
                     return y
         q = job.probs()
         p = np.where(lead.member(np.full(q.size, t, np.int64), job.id_arr), 1.0 / size, 0.0)

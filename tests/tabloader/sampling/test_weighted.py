@@ -211,7 +211,8 @@ def test_expected_draws_and_row_weights():
     assert np.allclose((q[[0, 1, 3]] * s.row_weights("w", 0, rows)).sum(), 1.0)  # mean 1 under q
     assert s.row_weights("v", 0, np.array([1, 4])).tolist() == [1.0, 1.0]
     assert s.row_weights("p", 0, rows) is None
-    assert s.weighted("w") and not s.weighted("p")
+    assert s.weighted("w")
+    assert not s.weighted("p")
 
 
 @pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
@@ -258,8 +259,57 @@ def test_give_back_returns_draws_of_a_weighted_job():
     assert sorted([*got["v"][:2].tolist(), *rest["v"].tolist()]) == list(range(6))
     assert s.epoch("w") == 0
     s.sample_many(["v", "w"], 1)  # both start their next epoch
-    assert s.epoch("w") == 1 and len(s.remaining("v")) == 5
+    assert s.epoch("w") == 1
+    assert len(s.remaining("v")) == 5
     with pytest.raises(SamplingError, match="not in its remaining set"):
         s.give_back("v", np.array([s.remaining("v").min()]))
     with pytest.raises(SamplingError, match="rows must be ids of the job"):
         s.give_back("w", np.array([99]))
+
+
+IMPORTANCE = SimpleNamespace(importance="loss", replacement=True)
+
+
+@pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
+def test_an_importance_job_draws_its_next_epoch_from_the_reported_losses(cls):
+    n = 10
+    s = cls(seed=6)
+    s.add_job("i", BitMap(range(100, 100 + n)), IMPORTANCE)
+    first = s.sample_many(["i"], n)["i"]  # epoch 0: the prior (uniform)
+    assert np.allclose(s.row_weights("i", 0, first), 1.0)
+    ids = np.arange(100, 100 + n)
+    s.report("i", ids, np.arange(n, dtype=np.float64))  # row 100 + k: k rows below it
+    s.report("i", ids[:3], np.array([0.0, 1.0, 2.0]))  # a later report replaces the scores
+    scores = s.importance_scores("i")
+    q = scores.probabilities()
+    epochs = 600
+    got = s.sample_many(["i"], n * epochs)["i"]
+    assert s.epoch("i") == epochs
+    assert chi2_pvalue(np.bincount(got - 100, minlength=n), q * n * epochs) > 1e-3
+    assert chi2_pvalue(np.bincount(got - 100, minlength=n), np.full(n, epochs)) < 1e-6
+    w = s.row_weights("i", epochs, ids)
+    assert np.allclose(w, 1 / (n * q))
+    assert np.isclose((q * w).sum(), 1.0)
+
+
+def test_an_importance_job_resumes_with_its_scores_and_draws():
+    def make():
+        s = DependentSampler(seed=1)
+        s.add_job("a", BitMap(range(40)))
+        s.add_job("i", BitMap(range(40)), IMPORTANCE)
+        return s
+
+    first = make()
+    first.sample_many(["a", "i"], 25)
+    first.report("i", np.arange(0, 40, 3), np.linspace(0, 1, 14))
+    first.sample_many(["a", "i"], 30)  # the next epoch drew from the reports
+    state = first.state_dict()
+    rest = first.sample_many(["a", "i"], 90)
+    resumed = DependentSampler(seed=0)
+    resumed.load_state_dict(state)
+    again = resumed.sample_many(["a", "i"], 90)
+    assert rest["i"].tolist() == again["i"].tolist()
+    assert rest["a"].tolist() == again["a"].tolist()
+    np.testing.assert_array_equal(
+        resumed.importance_scores("i").probabilities(), first.importance_scores("i").probabilities()
+    )
