@@ -238,6 +238,20 @@ def test_a_catalog_without_the_weights_column_is_upgraded(tmp_path):
         np.testing.assert_array_equal(c.job("w").weights, job.weights)
 
 
+def test_an_older_catalog_opened_read_only_reads_its_jobs_without_weights(tmp_path, monkeypatch):
+    root = tmp_path / "cat"
+    with catalog.open_catalog(root, create=True) as c:
+        c.import_arrow("t", _table())
+        c.register_job("j", "t", where="x < 5")
+        c.connection.execute("ALTER TABLE _tabloader.jobs DROP COLUMN weights_crc32")
+    monkeypatch.setattr("catalog.catalog.not_writable", lambda *_: "a test says so")
+    with catalog.open_catalog(root) as c:
+        assert c.job("j").weights is None
+        assert c.job("j").num_rows == 5
+        with pytest.raises(catalog.CatalogError, match="is read-only: a test says so"):
+            c.register_job("w", "t", options={"weight": "x"})
+
+
 def test_a_weighted_job_crosses_the_service_wire():
     from pyroaring import BitMap
 
