@@ -57,8 +57,9 @@ claim of optimality for those pairs (the optimum for many distributions at once 
 known to be attainable jointly). The leader is the plain job of the round with the largest
 estimated overlap ``sum_i min(1/|ids_L|, q_i)`` (``R_L`` taken as all of ``L``'s ids, ``q``
 as of ``w``'s epoch start; recomputed at each of ``w``'s epoch starts; ties: the earlier
-registered). A round without a plain job draws ``w`` from ``q`` directly, by inverse CDF on
-the shared uniform (weighted jobs with similar ``q`` still mostly agree).
+registered). A round without a plain job (or none sharing a row ``w`` may draw) draws ``w``
+from ``q`` directly, by inverse CDF on the shared uniform (weighted jobs with similar ``q``
+still mostly agree).
 
 *Bookkeeping.* ``refcount(s)`` count plain jobs only; :meth:`DependentSampler.expected_draws`
 gives a weighted job's expected future draws of a row (``q_row x draws left`` with
@@ -431,6 +432,8 @@ class DependentSampler:
                 return None
             best = max(plain, key=lambda p: (w.overlap(self._jobs[p].seq, self._jobs[p].ids),
                                              -self._jobs[p].seq))  # fmt: skip
+            if w.overlap(self._jobs[best].seq, self._jobs[best].ids) == 0:
+                return None  # no plain job shares a row it may draw: no one to follow
             if best not in leads:
                 leads[best] = self._lead(best, np.concatenate(cols[best]), first[best])
             return leads[best]

@@ -138,17 +138,25 @@ def test_agreement_with_the_leader_meets_the_maximal_coupling(sets):
     assert (indep == out["a"]).mean() < b.mean() - 10 * se
 
 
-def test_without_replacement_agreement_meets_the_bound_at_the_epochs_first_round():
-    n, epochs = 10, 2000
+def test_without_replacement_agreement_meets_the_bound_every_round():
+    n, epochs = 10, 800
     s = DependentSampler(seed=2)
     w = skewed(n)
     s.add_job("a", BitMap(range(n)))
-    s.add_job("w", BitMap(range(n)), WITHOUT, weights=w)
-    out = s.sample_many(["a", "w"], n * epochs)
-    first = out["a"][::n] == out["w"][::n]  # round 0 of each epoch: p uniform, q the weights
-    bound = np.minimum(1 / n, w / w.sum()).sum()
-    se = np.sqrt(bound * (1 - bound) / epochs)
-    assert abs(first.mean() - bound) < 4 * se
+    s.add_job("v", BitMap(range(n)), WITHOUT, weights=w)
+    out = s.sample_many(["a", "v"], n * epochs)
+    b = np.empty(n * epochs)  # p uniform over a's remaining rows, q: w over v's, renormalised
+    for t, (x, y) in enumerate(zip(out["a"].tolist(), out["v"].tolist(), strict=True)):
+        if t % n == 0:
+            left_a, left_v = np.ones(n, bool), np.ones(n, bool)
+        q = np.where(left_v, w, 0.0)
+        b[t] = np.minimum(left_a / left_a.sum(), q / q.sum()).sum()
+        left_a[x] = left_v[y] = False
+    agree = out["a"] == out["v"]
+    se = np.sqrt((b * (1 - b)).sum()) / b.size
+    assert abs(agree.mean() - b.mean()) < 4 * se
+    first = agree[::n]  # round 0 of each epoch: p uniform, q the weights
+    assert abs(first.mean() - b[0]) < 4 * np.sqrt(b[0] * (1 - b[0]) / epochs)
 
 
 def test_sample_many_is_n_calls_of_sample():
@@ -313,3 +321,16 @@ def test_an_importance_job_resumes_with_its_scores_and_draws():
     np.testing.assert_array_equal(
         resumed.importance_scores("i").probabilities(), first.importance_scores("i").probabilities()
     )
+
+
+def test_weighted_jobs_without_a_leader_share_by_common_random_numbers():
+    s = DependentSampler(seed=7)
+    s.add_job("far", BitMap(range(100, 110)))  # a plain job sharing no row: no leader
+    w = skewed(10)
+    s.add_job("w", BitMap(range(10)), weights=w)
+    s.add_job("v", BitMap(range(10)), weights=w * (1 + 0.01 * np.arange(10)))  # close to w
+    out = s.sample_many(["far", "w", "v"], 3000)
+    # inverse CDF on the same uniform: agreement near 1 - TV distance, far above independence
+    q = w / w.sum()
+    assert (out["w"] == out["v"]).mean() > 0.9 > (q * q).sum() * 3
+    assert chi2_pvalue(np.bincount(out["w"], minlength=10), q * 3000) > 1e-3
