@@ -455,7 +455,12 @@ class DependentSampler:
             out[ok] = has[reg[y[ok]]]
             return out
 
-        return Lead(rows.astype(np.int64), first, len(job.ids), still)
+        held, where = has.tolist(), regions.reg
+
+        def still1(y: int) -> bool:
+            return y < len(where) and bool(held[where[y]])  # -1: the trailing False
+
+        return Lead(rows.astype(np.int64), first, len(job.ids), still, still1)
 
     def _run_plain(self, names: Sequence[str], n: int) -> list[list[_Part]]:
         """``n`` rounds of DSA for the plain jobs ``names``."""

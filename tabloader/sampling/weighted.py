@@ -131,9 +131,17 @@ class Lead:
         first: ``|R|`` before round 0 (its epoch restarts when it runs out: ``n_ids`` again).
         n_ids: the job's rows.
         still: whether rows are in its remaining set after the call (vectorised).
+        still1: the same for one row (the sequential draws ask row by row).
     """
 
-    def __init__(self, rows: I64, first: int, n_ids: int, still: Callable[[I64], Any]) -> None:
+    def __init__(
+        self,
+        rows: I64,
+        first: int,
+        n_ids: int,
+        still: Callable[[I64], Any],
+        still1: Callable[[int], bool],
+    ) -> None:
         t = np.arange(rows.size, dtype=np.int64)
         after = t >= first
         self.seg = np.where(after, 1 + (t - first) // n_ids, 0)  # epoch of the call, per round
@@ -142,7 +150,7 @@ class Lead:
         order = np.argsort(key, kind="stable")
         self.keys, self.at = key[order], order
         self.last = int(self.seg[-1]) if rows.size else 0
-        self.rows, self.still = rows, still
+        self.rows, self.still, self.still1 = rows, still, still1
         self._drawn: dict[tuple[int, int], int] | None = None
 
     def member(self, t: I64, y: I64) -> npt.NDArray[np.bool_]:
@@ -168,7 +176,7 @@ class Lead:
         at = self._drawn.get((seg, y))
         if at is not None:
             return at >= t
-        return seg == self.last and bool(self.still(np.array([y], dtype=np.int64))[0])
+        return seg == self.last and self.still1(y)
 
 
 @dataclass
