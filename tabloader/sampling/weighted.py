@@ -502,7 +502,7 @@ class WeightedJobs:
                 one of the job's.
         """
         job = self.jobs[name]
-        for e in [e for e in job.past if e < epoch]:
+        for e in [e for e in job.past if e < min(epoch, job.epoch)]:  # never the current one
             del job.past[e]
         rows = np.asarray(rows, dtype=np.int64)
         i = job.index(rows)

@@ -298,6 +298,10 @@ def test_an_importance_job_draws_its_next_epoch_from_the_reported_losses(cls):
     w = s.row_weights("i", epochs, ids)
     assert np.allclose(w, 1 / (n * q))
     assert np.isclose((q * w).sum(), 1.0)
+    with pytest.raises(SamplingError, match=r"epoch's distribution is gone .* in order"):
+        s.row_weights("i", 0, ids)  # the dealer asked for a later epoch already
+    with pytest.raises(SamplingError, match="rows not of the job"):
+        s.row_weights("i", epochs, np.array([5]))
 
 
 def test_an_importance_job_resumes_with_its_scores_and_draws():
