@@ -40,7 +40,7 @@ __all__ = ["BLOCK", "K", "Lead", "SumTree", "WeightedJob", "WeightedJobs", "chec
 
 K = 16  # residual attempts per round in the round's block of uniforms
 BLOCK = 1 + 2 * K  # uniforms per round
-KEEP_EPOCHS = 16  # past epochs' distributions kept for ``row_weights`` (the dealer lags)
+KEEP_EPOCHS = 64  # past epochs' distributions kept for ``row_weights`` (a queue may span several)
 FALLBACK_TRIES = 256  # more attempts (the round's own stream) before the explicit residual
 
 F64 = npt.NDArray[np.float64]

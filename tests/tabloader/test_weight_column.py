@@ -25,7 +25,7 @@ class Kept:
         return None
 
 
-def dealt(name: str, sampler: DependentSampler, n: int) -> list:
+def dealt(name: str, sampler: DependentSampler, n: int) -> tuple[JobState, Dealer, list]:
     state = JobState(
         name,
         BitMap(range(n)),
@@ -46,8 +46,9 @@ def dealt(name: str, sampler: DependentSampler, n: int) -> list:
     q.append(rows, np.arange(n, dtype=np.int64))
     q.left = 0
     out: list = []
-    Dealer(state, pop=q.pop, submit=out.append).deal()
-    return out
+    dealer = Dealer(state, pop=q.pop, submit=out.append)
+    dealer.deal()
+    return state, dealer, out
 
 
 def test_a_weighted_jobs_batches_carry_its_weights_in_process_and_on_the_wire():
@@ -55,7 +56,7 @@ def test_a_weighted_jobs_batches_carry_its_weights_in_process_and_on_the_wire():
     s = DependentSampler(seed=0)
     s.add_job("w", BitMap(range(8)), weights=w)
     s.add_job("p", BitMap(range(8)))
-    works = dealt("w", s, 8)
+    _, _, works = dealt("w", s, 8)
     assert len(works) == 2  # 8 draws (with replacement), row 7 never
     q = w / w.sum()
     for work in works:
@@ -74,5 +75,22 @@ def test_a_weighted_jobs_batches_carry_its_weights_in_process_and_on_the_wire():
         assert remote[WEIGHT_COLUMN].tolist() == local[WEIGHT_COLUMN].tolist()
         kept = collate._batch(work, np.array([1, 3]), {}).copy_out(memory, None)
         assert kept[WEIGHT_COLUMN].tolist() == local[WEIGHT_COLUMN][[1, 3]].tolist()
-    plain = dealt("p", s, 8)
+    _, _, plain = dealt("p", s, 8)
     assert [c.name for c in collate._batch(plain[0], None, {}).columns] == ["_id"]
+
+
+def test_a_weighted_job_with_replacement_saves_its_draws_left():
+    s = DependentSampler(seed=0)
+    s.add_job("w", BitMap(range(8)), weights=np.arange(1.0, 9.0))
+    state, dealer, _ = dealt("w", s, 8)  # 8 draws, maybe repeats, in 2 batches
+    assert BitMap.deserialize(dealer.state(state.ranks[0])["remaining"]) == BitMap(range(8))
+    state.ranks[0].taken = 1
+    saved = dealer.state(state.ranks[0])
+    remaining = BitMap.deserialize(saved["remaining"])
+    assert len(remaining) == 4  # draws left, whichever rows
+    resumed = DependentSampler(seed=1)
+    resumed.add_job("w", BitMap(range(8)), weights=np.arange(1.0, 9.0), remaining=remaining)
+    resumed.sample_many(["w"], 4)
+    assert resumed.epoch("w") == 0
+    resumed.sample_many(["w"], 1)
+    assert resumed.epoch("w") == 1
