@@ -306,3 +306,8 @@ def test_report_errors_are_one_line_and_name_the_fix(imp_loader):
         assert "\n" not in str(info.value)
     np.testing.assert_array_equal(saved_scores(data).ranks, before)  # nothing scored
     data.close()
+    stream = imp_loader.open("imp", epochs=1)
+    ids = stream.next_batch()["_id"]
+    stream.close()
+    with pytest.raises(LoaderError, match="is closed; open the job again"):
+        stream.report(ids, np.zeros(ids.size))
