@@ -14,6 +14,60 @@ A round serves any subset ``A`` of the registered jobs, sorted by ``|R_j|`` asce
 All draws of a round see the round-start sets; the rows move to their new regions at
 the end of the round. The structure is described (and mapped onto JOADER's dependent
 sampling tree) in :mod:`tabloader.sampling.regions`.
+
+Weighted jobs (issue 39): sharing without bias
+----------------------------------------------
+A *weighted* job ``w`` (static weights, or ``importance = 'loss'``) has a next-draw
+distribution ``q``: the epoch's frozen ``q`` with replacement (an epoch is ``len(ids)``
+draws), or without replacement ``q`` restricted to ``w``'s rows not drawn yet this epoch,
+renormalised (rows of weight 0 last, uniformly). Weighted jobs hold no region bit: the plain
+jobs' rounds above run first, exactly as without them, and read the plain jobs' own uniform
+stream only, so **a weighted job never changes what a plain job draws**.
+
+Then, in each round, ``w`` couples to a *leader* ``L``, a plain job of the same round, whose
+draw ``x`` is uniform over its round-start set ``R`` (``p_i = 1/|R|`` on ``R``, else 0):
+
+1. keep ``x`` with probability ``min(1, q_x / p_x)`` (uniform ``a``: ``a < q_x |R|``);
+2. else draw from the residual ``r = (q - min(p, q))^+ / (1 - sum_i min(p_i, q_i))``, by
+   rejection: ``y ~ q``, accepted with probability ``1 - min(1, p_y / q_y)``.
+
+*Exactness.* Conditional on the whole history (every job's earlier rows, the round's plain
+uniforms), DSA's ``x`` is uniform over ``R`` (each plain job's draw is, whatever the others
+draw: JOADER's property, unchanged here) and ``a`` and the residual uniforms are fresh, so
+``P(out = i) = p_i min(1, q_i/p_i) + (1 - sum_j min(p_j, q_j)) r_i = min(p_i, q_i) +
+(q_i - min(p_i, q_i)) = q_i``: each draw follows ``q`` exactly given the past, hence with
+replacement the draws are i.i.d. ``q`` and without replacement the order is successive
+sampling by weight, whatever the plain jobs do. *Optimality.* ``P(out = x) >= sum_i min(p_i,
+q_i)`` (equality: the residual has no mass where ``x`` can be, up to the rejection loop
+landing on ``x`` again), which is the largest agreement any coupling of ``p`` and ``q`` can
+have (``P(X = Y) <= sum_i min(p_i, q_i)`` for any joint law): the maximal coupling. For two
+plain jobs the bound is JOADER's ``|I| / max(|R_1|, |R_2|)``, which DSA attains (above).
+*Cost.* A rejection attempt succeeds with probability ``1 - sum min(p, q)`` and the
+residual is entered with that probability, so a round costs one attempt on average; after
+``K`` attempts a round reads a stream of its own and, after more, draws the residual
+explicitly (``(q - p)^+`` over ``w``'s rows), so a round whose residual mass is tiny (``q``
+close to ``p``) never loops long.
+
+*Several jobs.* Every weighted job of a round reads the same uniforms (common random
+numbers: the same ``a``, the same attempts), so two weighted jobs with the same ``q`` and
+leader draw the same row, and similar ones mostly do; for a weighted job and its leader the
+agreement is the pairwise optimum above. Two weighted jobs with different leaders, or a
+weighted job and a plain job that is not its leader, agree as the couplings chain: no
+claim of optimality for those pairs (the optimum for many distributions at once is not
+known to be attainable jointly). The leader is the plain job of the round with the largest
+estimated overlap ``sum_i min(1/|ids_L|, q_i)`` (``R_L`` taken as all of ``L``'s ids, ``q``
+as of ``w``'s epoch start; recomputed at each of ``w``'s epoch starts; ties: the earlier
+registered). A round without a plain job (or none sharing a row ``w`` may draw) draws ``w``
+from ``q`` directly, by inverse CDF on the shared uniform (weighted jobs with similar ``q``
+still mostly agree).
+
+*Bookkeeping.* ``refcount(s)`` count plain jobs only; :meth:`DependentSampler.expected_draws`
+gives a weighted job's expected future draws of a row (``q_row x draws left`` with
+replacement, 1 for a row not drawn yet without). ``remaining`` of a weighted job with
+replacement is all its rows while it has draws left. The batch column ``_weight`` is
+:meth:`DependentSampler.row_weights`. The implementation is :mod:`tabloader.sampling.weighted`
+(with replacement vectorised per batch of rounds, inverse CDF by ``searchsorted``; without,
+one draw at a time on a sum tree, O(log n) each).
 """
 
 from __future__ import annotations
@@ -87,7 +141,9 @@ class DependentSampler:
         self._regions = Regions()
         self._jobs: dict[str, _Job] = {}
         self._uniforms = Uniforms(seed)
-        self._weighted = WeightedJobs(int(np.random.SeedSequence(seed).entropy))
+        entropy = np.random.SeedSequence(seed).entropy  # an int: ``seed`` is one or None
+        assert isinstance(entropy, int)
+        self._weighted = WeightedJobs(entropy)
         self._count: list[int] = []  # slot -> |R_j|
         self._seqs: list[int] = []  # slot -> registration sequence (tie break)
         self._next_seq = 0
@@ -376,6 +432,8 @@ class DependentSampler:
                 return None
             best = max(plain, key=lambda p: (w.overlap(self._jobs[p].seq, self._jobs[p].ids),
                                              -self._jobs[p].seq))  # fmt: skip
+            if w.overlap(self._jobs[best].seq, self._jobs[best].ids) == 0:
+                return None  # no plain job shares a row it may draw: no one to follow
             if best not in leads:
                 leads[best] = self._lead(best, np.concatenate(cols[best]), first[best])
             return leads[best]

@@ -258,7 +258,9 @@ class IndependentSampler:
         for name in jobs:
             own = self._weighted.get(name)
             if own is not None:
-                out[name] = own.draw([name], n, lambda _: None)[name] if n else np.empty(0, np.int64)
+                out[name] = (
+                    own.draw([name], n, lambda _: None)[name] if n else np.empty(0, np.int64)
+                )
                 continue
             job = self._jobs[name]
             parts = []

@@ -157,14 +157,13 @@ class Lead:
         rest = ~found & (seg == self.last)
         if rest.any():
             out[rest] = self.still(y[rest])
-        return out
+        return np.asarray(out, dtype=bool)
 
     def member1(self, t: int, y: int) -> bool:
         """:meth:`member` of one row (the sequential draws' path)."""
         if self._drawn is None:
-            self._drawn = dict(
-                zip(zip(self.seg.tolist(), self.rows.tolist(), strict=True), range(self.rows.size))
-            )
+            keys = zip(self.seg.tolist(), self.rows.tolist(), strict=True)
+            self._drawn = {key: t for t, key in enumerate(keys)}
         seg = int(self.seg[t])
         at = self._drawn.get((seg, y))
         if at is not None:
@@ -223,6 +222,21 @@ class WeightedJob:
         if self.tree.total() == 0 and self.left:
             self.tree = SumTree(live.astype(np.float64))
 
+    def advance(self, draws: int) -> None:
+        """``draws`` draws of static weights with replacement, across epochs (the same ``q``
+        each: what ``restart`` at each epoch's end would leave)."""
+        over = draws - self.left
+        if over <= 0:
+            self.left -= draws
+            return
+        n = self.id_arr.size
+        epochs = -(-over // n)
+        for e in range(self.epoch + 1, self.epoch + epochs + 1):
+            self.past[e] = self.q
+        self.past = {e: q for e, q in self.past.items() if e >= self.epoch + epochs - KEEP_EPOCHS}
+        self.epoch += epochs
+        self.left = epochs * n - over
+
     def restart(self) -> None:
         self.epoch += 1
         self.begin()
@@ -238,11 +252,12 @@ class WeightedJob:
             return self.q
         assert self.tree is not None
         leaves = self.tree.leaves(self.id_arr.size)
-        return leaves / leaves.sum()
+        return np.asarray(leaves / leaves.sum(), dtype=np.float64)
 
     def remove(self, i: int) -> None:
         """Without replacement: row ``i`` is drawn."""
-        assert self.tree is not None and self.live is not None
+        assert self.tree is not None
+        assert self.live is not None
         self.live[i] = False
         self.left -= 1
         self.tree.set(i, 0.0)
@@ -279,7 +294,9 @@ class WeightedJobs:
 
     def fallback(self, r: int) -> np.random.Generator:
         """Round ``r``'s own stream: the same for every weighted job of the round."""
-        return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(self.key, 1, r)))
+        return np.random.default_rng(
+            np.random.SeedSequence(self.entropy, spawn_key=(self.key, 1, r))
+        )
 
     # -- jobs ------------------------------------------------------------------------------------
     def add(
@@ -319,7 +336,11 @@ class WeightedJobs:
                     job.restart()
                 steps = min(n - t, job.left)
                 lead = lead_of(job)
-                if job.replacement:
+                if job.replacement and job.scores is None:  # q is every epoch's: one go
+                    steps = n - t
+                    idx = self._with(job, u, t, steps, lead, r0)
+                    job.advance(steps)
+                elif job.replacement:
                     idx = self._with(job, u, t, steps, lead, r0)
                     job.left -= steps
                 else:
@@ -333,7 +354,7 @@ class WeightedJobs:
 
     def _pick(self, job: WeightedJob, v: F64) -> I64:
         """Rows by inverse CDF of the epoch's ``q`` (with replacement), never one of weight 0."""
-        i = np.searchsorted(job.cum, v * job.cum[-1], side="right")
+        i: I64 = np.searchsorted(job.cum, v * job.cum[-1], side="right").astype(np.int64)
         return np.minimum(i, job.top)
 
     def _with(
@@ -427,7 +448,9 @@ class WeightedJobs:
             total = tree.total()
             for v, b in vb.tolist():
                 y = tree.find(v * total)
-                if not lead.member1(t, int(job.id_arr[y])) or b < 1 - 1 / (size * tree.leaf(y) / total):
+                if not lead.member1(t, int(job.id_arr[y])) or b < 1 - 1 / (
+                    size * tree.leaf(y) / total
+                ):
                     return y
         q = job.probs()
         p = np.where(lead.member(np.full(q.size, t, np.int64), job.id_arr), 1.0 / size, 0.0)
@@ -460,7 +483,9 @@ class WeightedJobs:
         return out
 
     def row_weights(self, name: str, epoch: int, rows: I64) -> npt.NDArray[np.float32]:
-        """``1 / (N q_row)`` for ``rows`` drawn in ``epoch`` with replacement; 1.0 without
+        """``1 / (N q_row)`` for ``rows`` drawn in ``epoch`` with replacement (``N``: the rows
+        of positive ``q``, so the mean under ``q`` is 1 and a loss weighted by it is unbiased for
+        the plain mean over the rows that can be drawn); 1.0 without
         (each row comes once an epoch, so an epoch's plain mean is already unbiased). Epochs
         before ``epoch`` are forgotten (the dealer cuts epochs in order).
 
@@ -483,7 +508,8 @@ class WeightedJobs:
                 f"row_weights({name!r}, {epoch}): that epoch's distribution is gone (epochs "
                 f"kept: {sorted(job.past)}); ask for epochs in order."
             )
-        return (1.0 / (job.id_arr.size * q[i])).astype(np.float32)
+        support = int(np.count_nonzero(q))  # rows of weight 0 are never drawn
+        return (1.0 / (support * q[i])).astype(np.float32)
 
     # -- give back -------------------------------------------------------------------------------
     def give_back(self, name: str, rows: I64) -> None:

@@ -238,6 +238,20 @@ def test_a_catalog_without_the_weights_column_is_upgraded(tmp_path):
         np.testing.assert_array_equal(c.job("w").weights, job.weights)
 
 
+def test_an_older_catalog_opened_read_only_reads_its_jobs_without_weights(tmp_path, monkeypatch):
+    root = tmp_path / "cat"
+    with catalog.open_catalog(root, create=True) as c:
+        c.import_arrow("t", _table())
+        c.register_job("j", "t", where="x < 5")
+        c.connection.execute("ALTER TABLE _tabloader.jobs DROP COLUMN weights_crc32")
+    monkeypatch.setattr("catalog.catalog.not_writable", lambda *_: "a test says so")
+    with catalog.open_catalog(root) as c:
+        assert c.job("j").weights is None
+        assert c.job("j").num_rows == 5
+        with pytest.raises(catalog.CatalogError, match="is read-only: a test says so"):
+            c.register_job("w", "t", options={"weight": "x"})
+
+
 def test_a_weighted_job_crosses_the_service_wire():
     from pyroaring import BitMap
 
@@ -256,3 +270,52 @@ def test_a_weighted_job_crosses_the_service_wire():
 
 def job_fields(job):
     return job.name, job.dataset, job.dataset_version, job.columns, None, {}, job.ids
+
+
+def test_a_cluster_node_refuses_a_weighted_job(cat):
+    """A Ray cluster's leader samples each job's rows, and it knows no weights yet."""
+    from catalog.errors import LoaderError
+    from tabloader.engine import Loader
+
+    cat.register_job("j", "t", options={"weight": "x + 1"})
+    with (
+        Loader(cat, cache_bytes=1 << 20) as loader,
+        pytest.raises(LoaderError, match=r"weighted jobs .* not supported on a Ray cluster yet"),
+    ):
+        loader.open(cat.job("j"), fed=True, batch_size=4)
+
+
+def test_the_weights_reach_the_engines_sampler(cat, monkeypatch):
+    """An in-process loader hands the job's stored weights to its sampler: a job that weighs
+    only ``x < 10`` draws only those rows with replacement, and them first without."""
+    from tabloader.engine import Loader
+    from tabloader.sampling.dependent import DependentSampler
+    from tabloader.sampling.independent import IndependentSampler
+
+    given: dict[str, np.ndarray | None] = {}
+    for cls in (DependentSampler, IndependentSampler):
+        add = cls.add_job
+
+        def record(self, name, ids, spec=None, *, _add=add, **kw):
+            given[name] = kw.get("weights")
+            return _add(self, name, ids, spec, **kw)
+
+        monkeypatch.setattr(cls, "add_job", record)
+    first = "CASE WHEN x < 10 THEN 1 ELSE 0 END"
+    cat.register_job("drawn", "t", columns="x", options={"weight": first, "batch_size": 8})
+    cat.register_job("ordered", "t", columns="x", options={"weight": first, "replacement": False})
+    cat.register_job("plain", "t", columns="x")
+    epochs = {}
+    with Loader(cat, cache_bytes=1 << 20) as loader:
+        for name in ("drawn", "ordered", "plain"):
+            with loader.open(name, epochs=1) as stream:
+                epochs[name] = np.concatenate([np.asarray(b["_id"]) for b in stream])
+    np.testing.assert_array_equal(given["drawn"], (X < 10).astype(np.float64))
+    np.testing.assert_array_equal(given["ordered"], given["drawn"])
+    assert given["plain"] is None
+    drawn = epochs["drawn"]
+    assert drawn.size == N
+    assert set(drawn.tolist()) <= set(range(10))  # 40 draws of 10 rows: repeats
+    assert sorted(epochs["ordered"].tolist()) == list(range(N))  # every row once
+    assert set(epochs["ordered"][:10].tolist()) == set(range(10))  # the weighted rows first
+    assert sorted(epochs["plain"].tolist()) == list(range(N))
