@@ -156,9 +156,20 @@ class Dealer:
             work = Work(
                 rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
             )
+            work.weights = self.weights(epoch, rows)
             rank.batches.append(work)
             rank.requests += rows.size * len(job.plan.columns)
             self._submit(work)
+
+    def weights(self, epoch: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
+        """The batch's ``_weight`` column: a weighted job's ``1 / (N p_row)`` from its sampler
+        (``row_weights``), asked in cut order (it forgets the epochs before); None for a plain
+        job (and a fed one: no sampler here)."""
+        row_weights = getattr(self.job.queue.sampler, "row_weights", None)
+        if row_weights is None:
+            return None
+        got = row_weights(self.job.name, epoch, rows)
+        return None if got is None else np.asarray(got, dtype=np.float32)
 
     # -- state ---------------------------------------------------------------------------------
     def trim_log(self) -> None:

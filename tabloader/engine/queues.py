@@ -106,10 +106,18 @@ class JobQueues:
         q = job.queue
         q.sampler = sampler = self.sampler if job.plan.prepared else self.gather_sampler
         if remaining is None:
-            sampler.add_job(job.name, job.ids, job.spec)
+            sampler.add_job(job.name, job.ids, job.spec, weights=job.weights)
             remaining = job.ids
-        else:
-            sampler.add_job(job.name, job.ids, job.spec, remaining=remaining, epoch=epoch)
+        else:  # an importance job resumes with its scores (``JobState.scores``)
+            sampler.add_job(
+                job.name,
+                job.ids,
+                job.spec,
+                remaining=remaining,
+                epoch=epoch,
+                weights=job.weights,
+                scores=job.scores,
+            )
             q.epoch = epoch
         q.left = q.first_rows = len(remaining)
         q.first_epoch = q.epoch

@@ -48,12 +48,14 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from catalog.errors import LoaderError
+from catalog.errors import LoaderError, SamplingError
 from tabloader.engine.dealer import Dealer
 from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
 from tabloader.engine.queues import JobQueues
+from tabloader.engine.streams import no_importance
 from tabloader.engine.work import Work
+from tabloader.sampling.importance import ImportanceScores
 
 __all__ = ["DatasetScheduler"]
 
@@ -459,6 +461,31 @@ class DatasetScheduler:
             "reads each epoch together; start every rank again (from a state_dict to resume)."
         )
 
+    def report(
+        self, job: JobState, ids: npt.NDArray[np.int64], losses: npt.NDArray[np.float64]
+    ) -> None:
+        """Hand a batch's per-row losses to the job's sampler (``Sampler.report``), under the
+        lock its rounds are drawn under; the ranks of a job report to its one entry there.
+
+        Raises:
+            LoaderError: the job was not opened with ``importance = 'loss'``, is fed (its
+                sampler is the cluster leader's), is closed, or the sampler refused the rows
+                (not the job's).
+        """
+        if job.spec.importance != "loss":
+            raise no_importance(job.name)
+        with self.cond:
+            sampler = job.queue.sampler
+            if job.closed or sampler is None:
+                raise LoaderError(
+                    f"Job {job.name!r} is {'closed' if job.closed else 'fed by a cluster leader'}"
+                    "; report the losses of an open job's batches through its stream."
+                )
+            try:
+                sampler.report(job.name, ids, losses)
+            except SamplingError as exc:
+                raise LoaderError(f"Job {job.name!r}: {exc}") from None
+
     def record_stalls(
         self, rank: RankState, wait_s: float, compute_s: float, augment_s: float = 0.0
     ) -> None:
@@ -555,7 +582,18 @@ class DatasetScheduler:
             )
         with self.cond:
             self._check(rank)
-            return self.dealers[job].state(rank, undelivered)
+            state = self.dealers[job].state(rank, undelivered)
+            scores = self._scores_locked(job)
+            if scores is not None:  # a resume draws from them (``Loader.open``)
+                state["importance"] = scores.state_dict()
+            return state
+
+    def _scores_locked(self, job: JobState) -> ImportanceScores | None:
+        """The importance scores of ``job`` in its sampler now (None: not an importance job)."""
+        sampler = job.queue.sampler
+        if job.spec.importance != "loss" or sampler is None:
+            return None
+        return sampler.importance_scores(job.name)
 
     def close(self) -> None:
         with self.cond:
