@@ -174,12 +174,14 @@ def _train(
     accuracy, rows, probs, agree, bound = [], [], [], [], []
     plain: dict[str, list[np.ndarray]] = {"u1": [], "u2": []}
     for _ in range(args.epochs):
-        q = sampler.expected_draws(ids) / n if importance else np.full(n, 1 / n)
-        probs.append(q)
-        drawn = {name: [] for name in ("train", "u1", "u2")}
+        q = np.full(n, 1 / n)
+        drawn: dict[str, list[np.ndarray]] = {name: [] for name in ("train", "u1", "u2")}
         model.train()
         for start in range(0, n, BATCH):
             got = sampler.sample_many(["train", "u1", "u2"], min(BATCH, n - start))
+            if importance and start == 0:  # the epoch's distribution, frozen at its start
+                left = sampler.expected_draws(ids)
+                q = left / left.sum()
             for name, r in got.items():
                 drawn[name].append(r)
             batch = got["train"]
@@ -189,6 +191,7 @@ def _train(
             opt.step()
             if importance:
                 sampler.report("train", batch, losses.detach().numpy())
+        probs.append(q)
         epoch = {name: np.concatenate(r) for name, r in drawn.items()}
         rows.append(epoch["train"])
         agree.append(float(np.mean(epoch["train"] == epoch["u1"])))
@@ -306,10 +309,13 @@ def run(args: argparse.Namespace) -> int:
     print(
         format_table(
             [
-                [e + 1, *(f"{100 * curves[a][e]:.2f}" for a in arms)]
+                {
+                    "epoch": e + 1,
+                    "importance acc %": f"{100 * curves['importance'][e]:.2f}",
+                    "uniform acc %": f"{100 * curves['uniform'][e]:.2f}",
+                }
                 for e in range(args.epochs)
-            ],
-            ["epoch", "importance acc %", "uniform acc %"],
+            ]
         )
     )
     finals = {arm: [r["accuracy"][-1] for r in runs] for arm, runs in arms.items()}
@@ -319,26 +325,27 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\nimportance reaches the uniform arm's final {100 * target:.2f}% at epoch "
         f"{reach if reach else 'never'} (uniform: {args.epochs}); final difference "
-        f"{diff['diff_pp']:+.2f} pp, noise (Welch SE) {diff['se_pp']:.2f} pp"
+        f"{diff['diff_pp']:+.2f} pp, noise (Welch SE) {diff['se_pp']:.2f} pp\n"
     )
     imp = arms["importance"]
+    agreement = float(np.mean([r["agreement"] for r in imp]))
+    bound = float(np.mean([r["bound"] for r in imp]))
     chi = [v for r in imp for v in r["uniformity"].values()]
     print(
         format_table(
             [
-                [
-                    "importance job vs its uniform leader",
-                    f"{np.mean([r['agreement'] for r in imp]):.4f}",
-                    f"{np.mean([r['bound'] for r in imp]):.4f}",
-                    f"{np.mean([r['agreement'] for r in imp]) / np.mean([r['bound'] for r in imp]):.3f}",
-                ]
-            ],
-            ["rounds", "agreement", "coupling bound", "ratio"],
+                {
+                    "rounds": "importance job vs its uniform leader",
+                    "agreement": f"{agreement:.4f}",
+                    "coupling bound": f"{bound:.4f}",
+                    "ratio": f"{agreement / bound:.3f}",
+                }
+            ]
         )
     )
     print(
         f"plain jobs beside it: uniformity chi-square (81 dof, 99% point {CHI2_99_81}): "
-        f"median {np.median(chi):.1f}, max {max(chi):.1f}, over {len(chi)} jobs x epochs"
+        f"median {np.median(chi):.1f}, max {max(chi):.1f}, over {len(chi)} jobs x epochs\n"
     )
     first = imp[0]
     hits = []
@@ -346,19 +353,15 @@ def run(args: argparse.Namespace) -> int:
         capacity = max(1, int(fraction * len(first["ids"])))
         h = hit_ratios(first["rows"], first["probs"], first["ids"], capacity)
         hits.append(
-            [
-                f"{fraction:.0%}",
-                capacity,
-                *(f"{v:.3f}" for v in h.values()),
-                f"{h['tabloader'] / h['LRU']:.2f}" if h["LRU"] else "inf",
-            ]
+            {
+                "cache": f"{fraction:.0%} ({capacity} rows)",
+                "LRU hits": f"{h['LRU']:.3f}",
+                "tabloader hits": f"{h['tabloader']:.3f}",
+                "MIN hits": f"{h['Belady MIN']:.3f}",
+                "tabloader / LRU": f"{h['tabloader'] / h['LRU']:.2f}" if h["LRU"] else "inf",
+            }
         )
-    print()
-    print(
-        format_table(
-            hits, ["cache", "rows", "LRU hits", "tabloader hits", "MIN hits", "tabloader / LRU"]
-        )
-    )
+    print(format_table(hits))
     payload: dict[str, Any] = {
         "cpu": cpu_line(),
         "curves": {a: c.tolist() for a, c in curves.items()},
