@@ -97,8 +97,8 @@ class LeaderActor:
         self._save()
 
     def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
-        """A rank scored rows by their losses (:meth:`Leader.report`). Not checkpointed: a
-        restarted leader starts the job's scores over from the prior."""
+        """A rank scored rows by their losses (:meth:`Leader.report`); checkpointed with the
+        next acknowledgement (a restarted leader loses at most the reports since)."""
         self.leader.report(name, ids, losses)
 
     def remove_node(self, node: str, reason: str = "") -> list[str]:

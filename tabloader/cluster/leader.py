@@ -48,6 +48,7 @@ from catalog.options import JobSpec
 from tabloader.cluster.membership import Membership
 from tabloader.cluster.placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
+from tabloader.sampling.importance import ImportanceScores
 
 if TYPE_CHECKING:
     from catalog import Job
@@ -211,6 +212,7 @@ class Leader:
         parts: list[_EpochPart],
         epoch: int = 0,
         spec: JobSpec | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         if name in self._jobs:
             raise SamplingError(f"Job {name!r} is already on the leader; remove_job() it first.")
@@ -224,7 +226,9 @@ class Leader:
             )
             self._placers[dataset] = Placer(slack=self.slack)
         first = parts.pop(0) if parts else _EpochPart(epoch, ids, [0] * len(nodes))
-        sampler.add_job(name, ids, spec, remaining=first.remaining, epoch=first.epoch)
+        sampler.add_job(
+            name, ids, spec, remaining=first.remaining, epoch=first.epoch, scores=scores
+        )
         self._placers[dataset].add_job(
             name,
             size=len(ids),
@@ -435,8 +439,16 @@ class Leader:
     def _start_epoch(self, job: _Job, sampler: DependentSampler, placer: Placer) -> None:
         if job.later:
             part = job.later.pop(0)
+            scores = sampler.importance_scores(job.name)  # kept across the re-add
             sampler.remove_job(job.name)
-            sampler.add_job(job.name, job.ids, job.spec, remaining=part.remaining, epoch=part.epoch)
+            sampler.add_job(
+                job.name,
+                job.ids,
+                job.spec,
+                remaining=part.remaining,
+                epoch=part.epoch,
+                scores=scores,
+            )
             placer.remove_job(job.name)
             placer.add_job(
                 job.name,
@@ -538,8 +550,14 @@ class Leader:
         out.extend(_EpochPart(p.epoch, BitMap(p.remaining), list(p.counts)) for p in job.later)
         return out
 
+    def _scores_state(self, job: _Job) -> dict[str, Any] | None:
+        """An importance job's scores for the checkpoint (None: not one)."""
+        scores = self._samplers[job.group].importance_scores(job.name)
+        return None if scores is None else scores.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
-        """Each job's epochs not complete (rows owed, rows per rank done), as plain values."""
+        """Each job's epochs not complete (rows owed, rows per rank done), its options and an
+        importance job's scores, as plain values."""
         jobs = []
         for job in self._jobs.values():
             parts = self._parts(job)
@@ -553,6 +571,7 @@ class Leader:
                     "last_epoch": job.last_epoch,
                     "ids": job.ids.serialize(),
                     "spec": None if job.spec is None else job.spec.to_wire(),
+                    "importance": self._scores_state(job),
                     # the epoch that starts next when no epoch is owed
                     "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
                     "epochs": [
@@ -606,6 +625,11 @@ class Leader:
                 parts=parts,
                 epoch=int(j["epoch"]),
                 spec=None if j.get("spec") is None else JobSpec.from_wire(j["spec"]),
+                scores=(
+                    None
+                    if j.get("importance") is None
+                    else ImportanceScores.from_state(j["importance"])
+                ),
             )
             leader._members.left[j["name"]] = set(j.get("left", ()))
             leader._jobs[j["name"]].last_epoch = j.get("last_epoch")

@@ -462,24 +462,27 @@ class DatasetScheduler:
         )
 
     def report(
-        self, job: JobState, ids: npt.NDArray[np.int64], losses: npt.NDArray[np.float64]
+        self, rank: RankState, ids: npt.NDArray[np.int64], losses: npt.NDArray[np.float64]
     ) -> None:
-        """Hand a batch's per-row losses to the job's sampler (``Sampler.report``), under the
-        lock its rounds are drawn under; the ranks of a job report to its one entry there.
+        """Hand per-row losses of a batch of ``rank`` to its job's sampler (``Sampler.report``),
+        under the lock its rounds are drawn under; every rank of a job reports to the job's
+        one entry there.
 
         Raises:
-            LoaderError: the job was not opened with ``importance = 'loss'``, is fed (its
-                sampler is the cluster leader's), is closed, or the sampler refused the rows
-                (not the job's).
+            LoaderError: the job was not opened with ``importance = 'loss'``, the rank is
+                closed, the job is fed (its sampler is the cluster leader's: the service
+                forwards there), or the sampler refused the rows (not the job's).
         """
+        job = rank.job
         if job.spec.importance != "loss":
             raise no_importance(job.name)
         with self.cond:
+            self._check(rank)
             sampler = job.queue.sampler
-            if job.closed or sampler is None:
+            if sampler is None:
                 raise LoaderError(
-                    f"Job {job.name!r} is {'closed' if job.closed else 'fed by a cluster leader'}"
-                    "; report the losses of an open job's batches through its stream."
+                    f"Job {job.name!r} is fed by a cluster leader, which takes its reports; "
+                    "report through the node's loader service (a RemoteStream)."
                 )
             try:
                 sampler.report(job.name, ids, losses)

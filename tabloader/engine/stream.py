@@ -145,7 +145,7 @@ class JobStream:
                 without ``importance = 'loss'``.
         """
         checked_ids, checked_losses = report_arrays(ids, losses)
-        self._scheduler.report(self._job, checked_ids, checked_losses)
+        self._scheduler.report(self._rank, checked_ids, checked_losses)
 
     def state_dict(self, *, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is: its epoch and the rows of that epoch it has not received yet.
