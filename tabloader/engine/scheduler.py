@@ -261,9 +261,13 @@ class DatasetScheduler:
         """The arena's eviction inputs: (round of next queued use, future uses) per row.
 
         A row of a batch cut and submitted but not yet looked up (so not pinned yet) is
-        counted as a use due before every queued one (round -1).
+        counted as a use due before every queued one (round -1). A job drawing with
+        replacement adds its expected draws of the row (:meth:`JobQueues.expected`).
         """
         n, u = self.queues.future.of(space, rows)
+        expected = self.queues.expected(space, rows)
+        if expected is not None:  # weighted jobs' draws beyond what they sampled (SHADE)
+            u = u + expected
         starting = self.fetcher.starting(space, rows)
         if starting.any():
             n[starting > 0] = -1
