@@ -461,7 +461,10 @@ def replay(
             pinned.discard(row)
             left = int(ref[row]) - counts[i]
             ref[row] = left
-            uses = left if expected is None else left + expected(i, row)
+            if expected is not None:  # draws with replacement are no reference counts: a
+                uses: float = max(left, 0) + expected(i, row)  # weighted job's rows stay at 0
+            else:
+                uses = left
             nu = nxt[i]
             if nu < n and nu > i + window:
                 heapq.heappush(reveal, (nu - window, row, nu))

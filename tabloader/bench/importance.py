@@ -26,8 +26,9 @@ in the wheel; 80/20 split per class by a fixed seed, as ``bench accuracy``), wit
    10%, 20% and 50% of the working set: LRU (:class:`~tabloader.engine.eviction.LeastRecent`),
    tabloader's policy (:data:`~tabloader.engine.eviction.ARENA_POLICY`, the object the arena
    ranks by, with each row's future uses = its expected draws left, as
-   ``DependentSampler.expected_draws`` gives the arena, and next uses known inside the
-   sampler's lookahead), and Belady's MIN (offline, the bound).
+   ``DependentSampler.expected_draws`` gives the arena): once alone (no lookahead, SHADE's
+   importance cache) and once as the engine runs it (next uses known inside the sampler's
+   lookahead first); and Belady's MIN (offline, the bound).
 4. **Through the service** (``--no-service`` skips it): the digits as 16x16 JPEGs in an image
    folder, one importance job reporting losses beside two plain jobs, three threads of one
    process reading ``JobDataset`` through one auto-started loader service: decodes against
@@ -117,9 +118,11 @@ def agreement_bound(leader: np.ndarray, ids: np.ndarray, q: np.ndarray) -> np.nd
 def hit_ratios(
     rows: np.ndarray, probs: list[np.ndarray], ids: np.ndarray, capacity: int
 ) -> dict[str, float]:
-    """Hit ratios of LRU, tabloader's policy and Belady's MIN replaying ``rows`` (epochs of
-    ``len(ids)`` draws; ``probs[e]`` the job's distribution in epoch ``e``) through a cache of
-    ``capacity`` rows."""
+    """Hit ratios replaying ``rows`` (epochs of ``len(ids)`` draws; ``probs[e]`` the job's
+    distribution in epoch ``e``) through a cache of ``capacity`` rows: LRU; the arena's policy
+    with the expected draws alone (no lookahead: SHADE's importance cache); the arena's policy
+    as the engine runs it (next uses inside the sampler's lookahead, then expected draws);
+    Belady's MIN."""
     from tabloader.bench.cachesim import LOOKAHEAD_FACTOR, Policy, Stream, replay, simulate
     from tabloader.engine.eviction import ARENA_POLICY, LeastRecent
 
@@ -140,6 +143,7 @@ def hit_ratios(
 
     out = {
         "LRU": replay(stream, LeastRecent(), capacity, 0, pins=False),
+        "expected draws": replay(stream, ARENA_POLICY, capacity, 0, expected=expected),
         "tabloader": replay(
             stream, ARENA_POLICY, capacity, int(LOOKAHEAD_FACTOR * capacity), expected=expected
         ),
@@ -232,7 +236,7 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
                 f"REGISTER JOB {name} SELECT image, label FROM digits "
                 f"WHERE path LIKE '%/train/%' WITH (batch_size = {BATCH}, image_size = 16{extra})"
             )
-        union = len(cat.sql("SELECT _id FROM digits WHERE path LIKE '%/train/%'").fetchall())
+        union = cat.sql("SELECT _id FROM digits WHERE path LIKE '%/train/%'").num_rows
     orders: dict[str, list[np.ndarray]] = {"u1": [], "u2": []}
     errors: list[BaseException] = []
     datasets = {name: JobDataset(name, catalog=root, epochs=epochs) for name in ("imp", "u1", "u2")}
@@ -269,12 +273,13 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
         t.join()
     if errors:
         raise errors[0]
-    stats = datasets["imp"].stats()
+    stats = [ds.stats() for ds in datasets.values()]
     for ds in datasets.values():
         ds.close()
     ids = np.sort(np.concatenate([orders["u1"][0]]))
     return {
-        "decodes": int(stats.get("decodes", 0)),
+        "decodes": sum(int(st["decoded"]) for st in stats),
+        "requests": sum(int(st["requests"]) for st in stats),
         "union": union,
         "uniformity": {
             name: uniformity([np.asarray(o) for o in e], np.sort(e[0])) for name, e in orders.items()
@@ -356,8 +361,10 @@ def run(args: argparse.Namespace) -> int:
             {
                 "cache": f"{fraction:.0%} ({capacity} rows)",
                 "LRU hits": f"{h['LRU']:.3f}",
-                "tabloader hits": f"{h['tabloader']:.3f}",
+                "expected draws": f"{h['expected draws']:.3f}",
+                "+ lookahead (tabloader)": f"{h['tabloader']:.3f}",
                 "MIN hits": f"{h['Belady MIN']:.3f}",
+                "expected / LRU": f"{h['expected draws'] / h['LRU']:.2f}" if h["LRU"] else "inf",
                 "tabloader / LRU": f"{h['tabloader'] / h['LRU']:.2f}" if h["LRU"] else "inf",
             }
         )
@@ -379,7 +386,8 @@ def run(args: argparse.Namespace) -> int:
         payload["service"] = service
         print(
             f"\nthrough the service (1 importance job + 2 plain jobs, {service['union']} rows): "
-            f"decodes / union {service['decodes'] / service['union']:.3f}; plain jobs' "
+            f"{service['requests']} rows asked for, {service['decodes']} decodes: decodes / union "
+            f"{service['decodes'] / service['union']:.3f}; plain jobs' "
             "uniformity chi-square "
             + ", ".join(f"{k} {v:.1f}" for k, v in service["uniformity"].items())
         )
