@@ -451,9 +451,9 @@ def replay(
             _, ids, delta = events[ev]
             ref[ids] += delta
             cached = ids[np.isin(ids, np.fromiter(state, np.int64, len(state)))]
-            for row, uses in zip(cached.tolist(), ref[cached].tolist(), strict=True):
+            for row, count in zip(cached.tolist(), ref[cached].tolist(), strict=True):
                 nu, _, last, _ = state[row]
-                cache.put(row, nu, uses, last)
+                cache.put(row, nu, count, last)
             ev += 1
         pinned = set(rows[a:b]) if pins else set()
         for i in range(a, b):
@@ -461,10 +461,8 @@ def replay(
             pinned.discard(row)
             left = int(ref[row]) - counts[i]
             ref[row] = left
-            if expected is not None:  # draws with replacement are no reference counts: a
-                uses: float = max(left, 0) + expected(i, row)  # weighted job's rows stay at 0
-            else:
-                uses = left
+            # draws with replacement are no reference counts: a weighted job's rows stay at 0
+            uses = left if expected is None else max(left, 0) + expected(i, row)
             nu = nxt[i]
             if nu < n and nu > i + window:
                 heapq.heappush(reveal, (nu - window, row, nu))

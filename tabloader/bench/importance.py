@@ -255,7 +255,7 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
                         x @ weights, batch["label"], reduction="none"
                     )
                     opt.zero_grad()
-                    losses.mean().backward()
+                    losses.mean().backward()  # type: ignore[no-untyped-call]
                     opt.step()
                     ds.report(batch["_id"], losses.detach())
                 else:
@@ -263,7 +263,7 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
                     if sum(len(e) for e in epoch) >= union // BATCH * BATCH:
                         orders[name].append(np.concatenate(epoch))
                         epoch = []
-        except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        except BaseException as exc:  # reported by the parent
             errors.append(exc)
 
     threads = [threading.Thread(target=read, args=(name,)) for name in datasets]
@@ -282,9 +282,10 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
         "requests": sum(int(st["requests"]) for st in stats),
         "union": union,
         "uniformity": {
-            name: uniformity([np.asarray(o) for o in e], np.sort(e[0])) for name, e in orders.items()
+            name: uniformity([np.asarray(o) for o in e], np.sort(e[0]))
+            for name, e in orders.items()
         },
-        "rows_checked": int(len(ids)),
+        "rows_checked": len(ids),
     }
 
 

@@ -294,7 +294,7 @@ class JobQueues:
         """
         if not any(j.queue.repeats and space in j.queue.spaces() for j in self.jobs.values()):
             return None
-        draws: npt.NDArray[np.float64] = self.sampler.expected_draws(rows)
+        draws: npt.NDArray[np.float64] = self.sampler.expected_draws(rows, repeats_only=True)
         return draws
 
     # -- cutting -----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ class FutureUses:
         self.uses: dict[int, npt.NDArray[np.int32]] = {}  # arena space -> row -> future uses
         self.next_round: dict[int, npt.NDArray[np.float64]] = {}  # space -> row -> round
         self._first: dict[Any, npt.NDArray[np.float64]] = {}  # job -> row -> its first round
-        self._count: dict[Any, npt.NDArray[np.int8]] = {}  # job -> row -> entries queued
+        self._count: dict[Any, npt.NDArray[np.integer[Any]]] = {}  # job -> row -> entries queued
         self._mark = np.zeros(num_rows, bool)  # scratch: rows being unqueued
 
     def grow(self, num_rows: int) -> None:
@@ -85,11 +85,14 @@ class FutureUses:
             nxt = self.next_round[space]
             nxt[rows] = np.minimum(nxt[rows], rounds)
 
-    def _queue_of(self, job: Any) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8]]:
+    def _queue_of(self, job: Any) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.integer[Any]]]:
         first = self._first.get(job)
         if first is None:
             first = self._first[job] = np.full(self.num_rows, np.inf)
-            self._count[job] = np.zeros(self.num_rows, np.int8)
+            # a permutation queues a row at most twice (two epochs); draws with replacement
+            # may queue one row thousands of times
+            dtype = np.int32 if getattr(job, "repeats", False) else np.int8
+            self._count[job] = np.zeros(self.num_rows, dtype)
         return first, self._count[job]
 
     def unqueued(

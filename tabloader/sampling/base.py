@@ -81,8 +81,9 @@ class Sampler(Protocol):
     def refcounts(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`refcount` for many rows (int64 array)."""
 
-    def expected_draws(self, ids: np.ndarray) -> np.ndarray:
-        """Per row, its expected draws left in the weighted jobs' epochs (float64)."""
+    def expected_draws(self, ids: np.ndarray, *, repeats_only: bool = False) -> np.ndarray:
+        """Per row, its expected draws left in the weighted jobs' epochs (float64);
+        ``repeats_only``: of the jobs drawing with replacement only."""
 
     def weighted(self, name: str) -> bool:
         """Whether ``name`` is a weighted job."""

@@ -356,12 +356,14 @@ class DependentSampler:
         """:meth:`refcount` of every row of ``ids`` (int64 array)."""
         return self._regions.refcounts(np.asarray(ids))
 
-    def expected_draws(self, ids: np.ndarray) -> np.ndarray:
+    def expected_draws(self, ids: np.ndarray, *, repeats_only: bool = False) -> np.ndarray:
         """Per row of ``ids`` (float64): its expected draws left in the weighted jobs'
         epochs, ``q_row x draws left`` for a job with replacement and 1 for a row not drawn
         yet by a job without (0: no weighted job's). Beside :meth:`refcounts`, the expected
-        reads of a row left this epoch."""
-        return self._weighted.expected_draws(np.asarray(ids, dtype=np.int64))
+        reads of a row left this epoch. ``repeats_only``: of the jobs with replacement only
+        (the engine counts the others' rows as it counts a plain job's: once an epoch)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return self._weighted.expected_draws(ids, repeats_only=repeats_only)
 
     def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
         """The batch column ``_weight`` of ``rows`` handed to ``name`` in ``epoch``: float32

@@ -194,12 +194,13 @@ class IndependentSampler:
             return None
         return own.jobs[name].scores
 
-    def expected_draws(self, ids: np.ndarray) -> np.ndarray:
-        """Per row of ``ids``: its expected draws left in the weighted jobs' epochs."""
+    def expected_draws(self, ids: np.ndarray, *, repeats_only: bool = False) -> np.ndarray:
+        """Per row of ``ids``: its expected draws left in the weighted jobs' epochs (as
+        :meth:`DependentSampler.expected_draws`)."""
         ids = np.asarray(ids, dtype=np.int64)
         out = np.zeros(ids.size, dtype=np.float64)
         for own in self._weighted.values():
-            out += own.expected_draws(ids)
+            out += own.expected_draws(ids, repeats_only=repeats_only)
         return out
 
     def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:

@@ -475,12 +475,15 @@ class WeightedJobs:
         assert job.live is not None
         return bitmap_from_array(job.id_arr[job.live].astype(np.uint32))
 
-    def expected_draws(self, ids: I64) -> F64:
+    def expected_draws(self, ids: I64, *, repeats_only: bool = False) -> F64:
         """Per row of ``ids``: the expected draws of it left in the weighted jobs' epochs
-        (``q_row x draws left`` with replacement; 1 for a row not drawn yet without)."""
+        (``q_row x draws left`` with replacement; 1 for a row not drawn yet without, unless
+        ``repeats_only``)."""
         ids = np.asarray(ids, dtype=np.int64)
         out = np.zeros(ids.size, dtype=np.float64)
         for job in self.jobs.values():
+            if repeats_only and not job.replacement:
+                continue
             i = job.index(ids) if job.id_arr.size else np.full(ids.size, -1)
             has = i >= 0
             if job.replacement:

@@ -125,3 +125,17 @@ def test_sampled_ids_of_a_weighted_job_are_its_own():
     e = s.expected_draws(np.arange(15, dtype=np.int64))
     assert e[10:].tolist() == [0.0] * 5
     np.testing.assert_allclose(e[:10], np.arange(1.0, 11.0) / 55 * 7)
+
+
+def test_a_row_queued_hundreds_of_times_by_a_job_drawing_with_replacement_is_counted():
+    """A permutation queues a row at most twice; draws with replacement of a heavy row may
+    queue it hundreds of times in one queue (an int8 count would wrap at 128)."""
+    future = FutureUses(4)
+    q = JobQueue(horizon=1000, arena_spaces=[0], repeats=True)
+    rows = np.full(300, 2, dtype=np.int64)
+    q.append(rows, np.arange(300, dtype=np.int64))
+    future.count(q, rows, +1, repeats=True)  # as the queues count a draw with replacement
+    future.queued(q, rows, np.arange(300, dtype=np.int64))
+    future.unqueued(q, q.pop(100), [q])
+    assert future.next_round[0][2] == 100  # still queued 200 times, next at round 100
+    assert future.uses[0][2] == 200
