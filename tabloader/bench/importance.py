@@ -222,7 +222,9 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
     import torch
 
     import catalog
+    from tabloader.bench._procs import ServiceProcess
     from tabloader.bench.accuracy import write_digits
+    from tabloader.service.client import RemoteLoader
     from tabloader.torch import JobDataset
 
     images, labels = load_digits()
@@ -239,17 +241,15 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
         union = cat.sql("SELECT _id FROM digits WHERE path LIKE '%/train/%'").num_rows
     orders: dict[str, list[np.ndarray]] = {"u1": [], "u2": []}
     errors: list[BaseException] = []
-    datasets = {name: JobDataset(name, catalog=root, epochs=epochs) for name in ("imp", "u1", "u2")}
 
-    def read(name: str) -> None:
+    def read(ds: JobDataset) -> None:
         try:
-            ds = datasets[name]
             torch.manual_seed(0)
             weights = torch.zeros(16 * 16 * 3, 10, requires_grad=True)
             opt = torch.optim.SGD([weights], lr=0.1)
             epoch: list[np.ndarray] = []
             for batch in ds:
-                if name == "imp":
+                if ds.job == "imp":
                     x = batch["image"].float().reshape(len(batch["label"]), -1) / 255
                     losses = torch.nn.functional.cross_entropy(
                         x @ weights, batch["label"], reduction="none"
@@ -261,24 +261,30 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
                 else:
                     epoch.append(batch["_id"].numpy())
                     if sum(len(e) for e in epoch) >= union // BATCH * BATCH:
-                        orders[name].append(np.concatenate(epoch))
+                        orders[ds.job].append(np.concatenate(epoch))
                         epoch = []
         except BaseException as exc:  # reported by the parent
             errors.append(exc)
 
-    threads = [threading.Thread(target=read, args=(name,)) for name in datasets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ServiceProcess(root, cache_bytes=64 << 20, workers=2, log=work / "service.log") as svc:
+        remote = RemoteLoader(root, start=False)
+        names = ("imp", "u1", "u2")
+        datasets = [JobDataset(name, loader=remote, epochs=epochs) for name in names]
+        threads = [threading.Thread(target=read, args=(ds,)) for ds in datasets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = [ds.stats() for ds in datasets]
+        for ds in datasets:
+            ds.close()
+        remote.close()
+        decodes = int(svc.stats()["decodes"])
     if errors:
         raise errors[0]
-    stats = [ds.stats() for ds in datasets.values()]
-    for ds in datasets.values():
-        ds.close()
     ids = np.sort(np.concatenate([orders["u1"][0]]))
     return {
-        "decodes": sum(int(st["decoded"]) for st in stats),
+        "decodes": decodes,
         "requests": sum(int(st["requests"]) for st in stats),
         "union": union,
         "uniformity": {
