@@ -27,7 +27,9 @@ row of an assignment carries its batch weight ``_weight`` (``row_weights`` asked
 sampled: the epoch's distribution is the sampler's then), which the node queues with the row.
 A job drawing with replacement owes *draws*, not rows: its checkpoint keeps how many (the draws
 placed and not acknowledged, and those not sampled yet), and a restored leader draws that many
-from the job's distribution (the weights are in the checkpoint, an importance job's scores too).
+from the job's distribution (the weights are in the checkpoint, an importance job's scores too:
+its restored epoch draws the rest from the scores as checkpointed, reports of the epoch so far
+included, where the leader before drew the whole epoch from the scores at the epoch's start).
 
 Membership (what the node loaders report; :mod:`tabloader.cluster.membership`): each rank joins
 (:meth:`join`) from its node and the job starts once all its ranks have joined (DDP's

@@ -330,8 +330,10 @@ class JobQueues:
 
         The dependent sampler sums them over its weighted jobs: two such jobs in different
         arena spaces add to each other's rows there (a ranking hint for the eviction only).
+        A fed job's draws are the cluster leader's, whose sampler this node has not.
         """
-        if not any(j.queue.repeats and space in j.queue.spaces() for j in self.jobs.values()):
+        jobs = self.jobs.values()
+        if not any(j.queue.repeats and not j.fed and space in j.queue.spaces() for j in jobs):
             return None
         draws: npt.NDArray[np.float64] = self.sampler.expected_draws(rows, repeats_only=True)
         return draws
