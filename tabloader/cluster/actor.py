@@ -129,11 +129,18 @@ class LeaderActor:
         batch_size: int,
         ids: bytes | None = None,
         dataset: str = "",
+        weights: np.ndarray | None = None,
     ) -> None:
-        """Register job ``name`` of the catalog (or with ``ids``, a serialized bitmap)."""
+        """Register job ``name`` of the catalog (or with ``ids``, a serialized bitmap, and a
+        weighted job's ``weights``)."""
         if ids is not None:
             self.leader.add_job(
-                name, BitMap.deserialize(ids), nodes=nodes, batch_size=batch_size, dataset=dataset
+                name,
+                BitMap.deserialize(ids),
+                nodes=nodes,
+                batch_size=batch_size,
+                dataset=dataset,
+                weights=weights,
             )
             return
         import catalog

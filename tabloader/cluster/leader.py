@@ -21,6 +21,16 @@ handed out and not acknowledged are sampled again, so a node's loader must drop 
 had not acknowledged when the leader restarts (the lists carry the leader's ``generation``).
 Rounds never straddle an epoch: a job's rows of one step all belong to one epoch.
 
+Weighted jobs (static ``weight``, ``importance = 'loss'``): the leader's sampler draws them as
+a local one does (it gets the job's stored weights, and the losses its ranks report), and each
+row of an assignment carries its batch weight ``_weight`` (``row_weights`` asked as the rows are
+sampled: the epoch's distribution is the sampler's then), which the node queues with the row.
+A job drawing with replacement owes *draws*, not rows: its checkpoint keeps how many (the draws
+placed and not acknowledged, and those not sampled yet), and a restored leader draws that many
+from the job's distribution (the weights are in the checkpoint, an importance job's scores too:
+its restored epoch draws the rest from the scores as checkpointed, reports of the epoch so far
+included, where the leader before drew the whole epoch from the scores at the epoch's start).
+
 Membership (what the node loaders report; :mod:`tabloader.cluster.membership`): each rank joins
 (:meth:`join`) from its node and the job starts once all its ranks have joined (DDP's
 rendezvous). A rank that leaves (:meth:`leave`) normally loses its share (as a local rank does);
@@ -42,7 +52,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from catalog.bitmaps import bitmap_from_array
+from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
 from catalog.options import JobSpec
 from tabloader.cluster.membership import Membership
@@ -68,6 +78,7 @@ class Assignment(NamedTuple):
     epoch: int
     rows: IntArray
     rounds: IntArray  # each row's global round number: when it is used (eviction by next use)
+    weights: npt.NDArray[np.float32] | None = None  # a weighted job's ``_weight`` of each row
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,8 @@ class _Job:
     done: dict[int, IntArray] = field(default_factory=dict)  # epoch -> rows acked per rank
     later: list[_EpochPart] = field(default_factory=list)  # restored epochs after ``epoch``
     spec: JobSpec | None = None  # the options its ranks opened it with (its sampler's)
+    weights: npt.NDArray[np.float64] | None = None  # static weights, aligned with ``ids``
+    draws: bool = False  # weighted with replacement: an epoch is ``len(ids)`` draws, not rows
 
 
 class Leader:
@@ -177,28 +190,40 @@ class Leader:
         batch_size: int,
         dataset: str = "",
         spec: JobSpec | None = None,
+        weights: npt.NDArray[np.float64] | None = None,
     ) -> None:
         """Register ``name``: its rows, the node of each of its ranks and its batch size
-        (``spec``: its options, which the sampler reads: ``importance`` for ``report``).
+        (``spec``: its options, which the sampler reads: ``importance`` for ``report``,
+        ``replacement``; ``weights``: a weighted job's, one per row of ``ids`` ascending).
 
         Jobs of the same ``dataset`` (a dataset version: rows with the same id are the same
         row) share one sampler; jobs of different datasets never share rows.
 
         Raises:
-            SamplingError: the name is taken, ``ids`` is empty, or no ranks.
+            SamplingError: the name is taken, ``ids`` is empty, no ranks, or bad weights.
         """
         self._add(
-            name, ids, nodes=nodes, batch_size=batch_size, dataset=dataset, parts=[], spec=spec
+            name,
+            ids,
+            nodes=nodes,
+            batch_size=batch_size,
+            dataset=dataset,
+            parts=[],
+            spec=spec,
+            weights=weights,
         )
 
     def add_catalog_job(self, job: Job, *, nodes: Sequence[str], batch_size: int) -> None:
-        """:meth:`add_job` for a catalog :class:`~catalog.Job` (its rows and dataset version)."""
+        """:meth:`add_job` for a catalog :class:`~catalog.Job` (its rows, dataset version,
+        options and stored weights)."""
         self.add_job(
             job.name,
             job.ids,
             nodes=nodes,
             batch_size=batch_size,
             dataset=f"{job.dataset}@{job.dataset_version}",
+            spec=JobSpec.from_options(job.options),
+            weights=job.weights,
         )
 
     def _add(
@@ -213,6 +238,7 @@ class Leader:
         epoch: int = 0,
         spec: JobSpec | None = None,
         scores: ImportanceScores | None = None,
+        weights: npt.NDArray[np.float64] | None = None,
     ) -> None:
         if name in self._jobs:
             raise SamplingError(f"Job {name!r} is already on the leader; remove_job() it first.")
@@ -227,7 +253,13 @@ class Leader:
             self._placers[dataset] = Placer(slack=self.slack)
         first = parts.pop(0) if parts else _EpochPart(epoch, ids, [0] * len(nodes))
         sampler.add_job(
-            name, ids, spec, remaining=first.remaining, epoch=first.epoch, scores=scores
+            name,
+            ids,
+            spec,
+            remaining=first.remaining,
+            epoch=first.epoch,
+            weights=weights,
+            scores=scores,
         )
         self._placers[dataset].add_job(
             name,
@@ -247,6 +279,8 @@ class Leader:
             left=len(first.remaining),
             later=parts,
             spec=spec,
+            weights=weights,
+            draws=sampler.weighted(name) and (spec is None or spec.replacement),
         )
         job.done[first.epoch] = np.asarray(first.counts, dtype=np.int64)
         self._jobs[name] = job
@@ -310,15 +344,17 @@ class Leader:
         ids: BitMap,
         dataset: str = "",
         epochs: int | None = None,
+        weights: npt.NDArray[np.float64] | None = None,
     ) -> bool:
         """Rank ``rank`` of job ``name`` reads on ``node``, opened with the job options
         ``spec`` (``JobSpec.to_wire()``); True once every rank has joined (the job is then
         sampled, :meth:`add_job`; ``epochs``: it reads that many, then the leader samples no
-        more for it).
+        more for it; ``weights``: a weighted job's stored weights, ``Job.weights``).
 
         Raises:
-            SamplingError: the rank joined already, or the ranks disagree (world size, job
-                options, rows). OptionError: ``spec`` is not a job spec of this version.
+            SamplingError: the rank joined already, the ranks disagree (world size, job
+                options, rows, weights), or bad weights. OptionError: ``spec`` is not a job
+                spec of this version.
         """
         if name in self._jobs:
             raise SamplingError(
@@ -335,6 +371,7 @@ class Leader:
             ids=ids,
             dataset=dataset,
             epochs=epochs,
+            weights=weights,
         )
         if joined is None:
             return False
@@ -346,6 +383,7 @@ class Leader:
             batch_size=joined.batch_size,
             dataset=dataset,
             spec=joined.spec,
+            weights=joined.weights,
         )
         if epochs is not None:
             self._jobs[name].last_epoch = epochs - 1
@@ -447,6 +485,7 @@ class Leader:
                 job.spec,
                 remaining=part.remaining,
                 epoch=part.epoch,
+                weights=job.weights,
                 scores=scores,
             )
             placer.remove_job(job.name)
@@ -482,9 +521,18 @@ class Leader:
         for job in want:
             job.left -= k
             r = ranks[job.name]
+            # a weighted job's ``_weight``s, from the epoch's distribution the rows came from
+            weights = sampler.row_weights(job.name, job.epoch, rows[job.name])
             for rank in np.unique(r[r != DROPPED]).tolist():
                 sel = r == rank
-                item = Assignment(job.name, rank, job.epoch, rows[job.name][sel], rounds[sel])
+                item = Assignment(
+                    job.name,
+                    rank,
+                    job.epoch,
+                    rows[job.name][sel],
+                    rounds[sel],
+                    None if weights is None else weights[sel],
+                )
                 per_node.setdefault(job.nodes[rank], []).append(item)
                 job.outstanding += item.rows.size
         for node, items in per_node.items():
@@ -529,17 +577,26 @@ class Leader:
 
     # ------------------------------------------------------------------ state
     def _parts(self, job: _Job) -> list[_EpochPart]:
-        """The job's epochs not complete: rows owed (not acknowledged) and rows done per rank."""
+        """The job's epochs not complete: rows owed (not acknowledged) and rows done per rank.
+
+        A job that draws with replacement owes draws: ``n`` of them are its first ``n`` ids
+        (which ones does not matter: ``add_job(remaining=)`` takes their number)."""
         owed: dict[int, list[IntArray]] = {}
         for lists in self._lists.values():
             for w in lists:
                 for a in w.items:
                     if a.job == job.name:
                         owed.setdefault(a.epoch, []).append(a.rows)
+        if job.draws:
+            if job.left > 0:
+                owed.setdefault(job.epoch, []).append(np.empty(job.left, np.int64))
+            first = bitmap_to_array(job.ids)
+            counts = {e: sum(r.size for r in rows) for e, rows in owed.items()}
+            owed = {e: [first[:n]] for e, n in counts.items()}
         parts: dict[int, BitMap] = {
             e: bitmap_from_array(np.concatenate(rows)) for e, rows in owed.items()
         }
-        if job.left > 0:
+        if job.left > 0 and not job.draws:
             rest = self._samplers[job.group].remaining(job.name)
             parts[job.epoch] = parts.get(job.epoch, BitMap()) | rest
         out = [
@@ -556,8 +613,9 @@ class Leader:
         return None if scores is None else scores.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Each job's epochs not complete (rows owed, rows per rank done), its options and an
-        importance job's scores, as plain values."""
+        """Each job's epochs not complete (rows owed, rows per rank done; draws owed for a job
+        with replacement), its options, a weighted job's weights and an importance job's
+        scores, as plain values."""
         jobs = []
         for job in self._jobs.values():
             parts = self._parts(job)
@@ -571,6 +629,7 @@ class Leader:
                     "last_epoch": job.last_epoch,
                     "ids": job.ids.serialize(),
                     "spec": None if job.spec is None else job.spec.to_wire(),
+                    "weights": None if job.weights is None else job.weights.tobytes(),
                     "importance": self._scores_state(job),
                     # the epoch that starts next when no epoch is owed
                     "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
@@ -629,6 +688,11 @@ class Leader:
                     None
                     if j.get("importance") is None
                     else ImportanceScores.from_state(j["importance"])
+                ),
+                weights=(
+                    None
+                    if j.get("weights") is None
+                    else np.frombuffer(j["weights"], np.float64).copy()
                 ),
             )
             leader._members.left[j["name"]] = set(j.get("left", ()))

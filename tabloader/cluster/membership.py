@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.errors import SamplingError
@@ -42,6 +44,7 @@ class Pending:
     dataset: str
     epochs: int | None = None
     nodes: dict[int, str] = field(default_factory=dict)
+    weights: npt.NDArray[np.float64] | None = None  # a weighted job's stored weights
 
     @property
     def batch_size(self) -> int:
@@ -68,23 +71,27 @@ class Membership:
         ids: BitMap,
         dataset: str = "",
         epochs: int | None = None,
+        weights: npt.NDArray[np.float64] | None = None,
     ) -> Pending | None:
-        """Rank ``rank`` of job ``name`` joins from ``node``, opened with ``spec``; the job's
-        ranks once every rank has joined (the job then runs), else None.
+        """Rank ``rank`` of job ``name`` joins from ``node``, opened with ``spec`` (and a
+        weighted job's ``weights``); the job's ranks once every rank has joined (the job then
+        runs), else None.
 
         Raises:
             SamplingError: the rank joined already, or the ranks disagree (world size, job
-                options, rows).
+                options, rows, weights).
         """
         self.gone.pop(name, None)
         pending = self.pending.setdefault(
-            name, Pending(world_size, spec, BitMap(ids), dataset, epochs)
+            name, Pending(world_size, spec, BitMap(ids), dataset, epochs, weights=weights)
         )
         mine = {"world_size": pending.world_size, **pending.spec.resolved()}
         theirs = {"world_size": world_size, **spec.resolved()}
         differ = [f"{k}={theirs[k]!r} (others: {v!r})" for k, v in mine.items() if theirs[k] != v]
         if BitMap(ids) != pending.ids:
             differ.append(f"{len(ids)} rows (others: {len(pending.ids)}, or other rows)")
+        if not _same(weights, pending.weights):
+            differ.append("other row weights (the job was registered again meanwhile?)")
         if differ:
             raise SamplingError(
                 f"Rank {rank} of job {name!r} joined with {', '.join(differ)}: every rank must "
@@ -135,3 +142,10 @@ class Membership:
     def pending_on(self, node: str) -> list[str]:
         """The jobs waiting for ranks of which one joined from ``node``."""
         return [n for n, p in self.pending.items() if node in p.nodes.values()]
+
+
+def _same(a: npt.NDArray[np.float64] | None, b: npt.NDArray[np.float64] | None) -> bool:
+    """Whether two ranks' weights are the same (both None: a plain job)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))

@@ -12,11 +12,13 @@ What differs from a local service is where rows come from: every job opened on a
 and opens it in its engine as a job of its own (``Loader.open(fed=True)``); a :class:`NodeFeed`
 thread polls the leader for the node's work lists while some fed rank has fewer rows ahead than
 its horizon, acknowledges them, and queues each rank's rows with the leader's rounds (the arena
-evicts by next use). Acknowledge first, queue after: the leader checkpoints on every ack, so a
-restarted leader never hands a node the rows it queued. If the ack's answer is lost (the leader
-died), the node asks the restarted leader which ``(job, rank, epoch)`` counts it recorded
-(:meth:`Leader.acked`) and queues the lists it had whose ack took effect, dropping the others,
-which the restored leader owes again: each rank still sees each of its rows once per epoch.
+evicts by next use; a weighted job's rows come with their ``_weight``s, which its batches
+carry as a local job's do). Acknowledge first, queue after: the leader checkpoints on every
+ack, so a restarted leader never hands a node the rows it queued. If the ack's answer is lost
+(the leader died), the node asks the restarted leader which ``(job, rank, epoch)`` counts it
+recorded (:meth:`Leader.acked`) and queues the lists it had whose ack took effect, dropping the
+others, which the restored leader owes again: each rank still sees each of its rows once per
+epoch.
 
 A rank that leaves normally (its stream closed, or all its epochs read) leaves the leader's
 job with its share (as a local rank does); a rank whose process dies mid-run fails its job on
@@ -184,6 +186,7 @@ class NodeFeed:
                     ids=job.ids.serialize(),
                     dataset=f"{job.dataset}@{job.dataset_version}",
                     epochs=stream.epochs,
+                    weights=job.weights,  # a weighted job's: the leader's sampler draws by them
                 ),
                 timeout=LEADER_WAIT_S,
             )
@@ -313,7 +316,7 @@ class NodeFeed:
                 if found is None:  # the rank left: its share is dropped
                     continue
                 try:
-                    found.feed(item.epoch, item.rows.astype(np.int64), item.rounds)
+                    found.feed(item.epoch, item.rows.astype(np.int64), item.rounds, item.weights)
                 except LoaderError as exc:
                     found.fail(str(exc))
 

@@ -143,6 +143,7 @@ class Dealer:
             n = min(size, same)
             if n < size and not complete:
                 return
+            sent = q.head_weights(n)  # a fed weighted job's: the leader's, with the rows
             rows = self._pop(n)
             self.log.append((epoch, self.cut, rows))
             if self.pads():  # the epoch's last batches are padded to every rank's share
@@ -157,7 +158,7 @@ class Dealer:
             work = Work(
                 rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
             )
-            work.weights = self.weights(epoch, rows)
+            work.weights = sent if job.fed else self.weights(epoch, rows)
             rank.batches.append(work)
             rank.requests += rows.size * len(job.plan.columns)
             self._submit(work)
@@ -165,7 +166,7 @@ class Dealer:
     def weights(self, epoch: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
         """The batch's ``_weight`` column: a weighted job's ``1 / (N p_row)`` from its sampler
         (``row_weights``), asked in cut order (it forgets the epochs before); None for a plain
-        job (and a fed one: no sampler here)."""
+        job. A fed job's come from the cluster leader with its rows (``JobQueue.head_weights``)."""
         row_weights = getattr(self.job.queue.sampler, "row_weights", None)
         if row_weights is None:
             return None

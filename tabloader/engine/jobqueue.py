@@ -1,6 +1,7 @@
 """One job's queue (:class:`JobQueue`): the rows sampled for it and not yet cut into batches.
 
-The queue is three arrays of one length (row, round it is used in, epoch), the sampler's
+The queue is three arrays of one length (row, round it is used in, epoch; a fed weighted job
+has a fourth, each row's ``_weight`` as the cluster leader sent it), the sampler's
 position for the job (``epoch``, ``left``: rows of that epoch it still hands out) and how far
 ahead the job samples (``horizon``, from ``lookahead`` or the cache). Only
 :mod:`tabloader.engine.queues` writes it (rounds append, cuts pop the head, a newcomer gets
@@ -20,6 +21,7 @@ from tabloader.sampling.base import Sampler
 __all__ = ["NO_ROWS", "JobQueue", "RoundLog"]
 
 NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
+NO_WEIGHTS = np.empty(0, np.float32)  # no weights queued (every job but a fed weighted one)
 
 
 class RoundLog:
@@ -68,6 +70,8 @@ class JobQueue:
     q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
+    # a fed weighted job's ``_weight`` of each queued row (the leader's); else empty
+    q_weights: npt.NDArray[np.float32] = field(default_factory=lambda: NO_WEIGHTS)
     epoch: int = 0  # epoch of the rows the sampler hands out next
     left: int = 0  # rows of that epoch the sampler still has to hand out
     # the job draws with replacement (a weighted job): a row may come twice in an epoch or
@@ -93,8 +97,16 @@ class JobQueue:
         prepared columns in the arena)."""
         return self.lookahead is None and self.cache_rows > 0
 
-    def append(self, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]) -> None:
-        """Queue ``rows`` of the current epoch, used in ``rounds``."""
+    def append(
+        self,
+        rows: npt.NDArray[np.int64],
+        rounds: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
+    ) -> None:
+        """Queue ``rows`` of the current epoch, used in ``rounds`` (with their ``weights``:
+        a fed weighted job's, given with every append or never)."""
+        if weights is not None:
+            self.q_weights = np.concatenate((self.q_weights, weights))
         self.q_rows = np.concatenate((self.q_rows, rows))
         self.q_rounds = np.concatenate((self.q_rounds, rounds))
         self.q_epochs = np.concatenate((self.q_epochs, np.full(rows.size, self.epoch, np.int64)))
@@ -103,6 +115,7 @@ class JobQueue:
         """The first ``n`` rows leave (cut into a batch, or dropped); their rounds are logged."""
         rows = self.q_rows[:n].copy()
         self.cut_rounds.add(self.q_rounds[:n], 2 * self.horizon)
+        self.q_weights = self.q_weights[n:]
         self.q_rows, self.q_rounds, self.q_epochs = (
             self.q_rows[n:],
             self.q_rounds[n:],
@@ -110,9 +123,14 @@ class JobQueue:
         )
         return rows
 
+    def head_weights(self, n: int) -> npt.NDArray[np.float32] | None:
+        """The ``_weight``s of the first ``n`` rows (None: the queue carries none)."""
+        return self.q_weights[:n].copy() if self.q_weights.size else None
+
     def keep(self, n: int) -> npt.NDArray[np.int64]:
         """Keep the first ``n`` rows; the rest leave (given back to the sampler)."""
         rows = self.q_rows[n:]
+        self.q_weights = self.q_weights[:n]
         self.q_rows, self.q_rounds, self.q_epochs = (
             self.q_rows[:n],
             self.q_rounds[:n],
@@ -124,4 +142,5 @@ class JobQueue:
         """Empty the queue (the job leaves); the rows it held."""
         rows = self.q_rows
         self.q_rows = self.q_rounds = self.q_epochs = NO_ROWS
+        self.q_weights = NO_WEIGHTS
         return rows

@@ -379,11 +379,6 @@ class Loader:
             check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
-            if fed and info.weights is not None:
-                raise LoaderError(
-                    f"Job {info.name!r}: weighted jobs (WITH (weight = ...)) are not supported on "
-                    "a Ray cluster yet; open it in a loader service or in-process."
-                )
             if fed and not spec.drop_last:
                 raise LoaderError(
                     f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "

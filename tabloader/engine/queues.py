@@ -74,6 +74,34 @@ def draws_with_replacement(spec: JobSpec) -> bool:
     return bool((spec.weight is not None or spec.importance is not None) and spec.replacement)
 
 
+def _fed_weights(
+    job: JobState, rows: npt.NDArray[np.int64], weights: npt.NDArray[np.float32] | None
+) -> npt.NDArray[np.float32] | None:
+    """The ``_weight``s the cluster leader sent with ``rows`` of the fed ``job``, checked: one
+    finite positive number per row for a weighted job (``weight``, ``importance``), none for a
+    plain one.
+
+    Raises:
+        LoaderError: weights missing, unexpected, of another length or not finite and > 0.
+    """
+    weighted = job.spec.weight is not None or job.spec.importance is not None
+    if weights is None and not weighted:
+        return None
+    if weights is None or not weighted:
+        raise LoaderError(
+            f"Job {job.name!r} got rows {'without' if weighted else 'with'} weights from the "
+            f"cluster leader, but it is {'' if weighted else 'not '}a weighted job here: the "
+            "leader and this node disagree on its options; restart the job."
+        )
+    w = np.asarray(weights, dtype=np.float32)
+    if w.shape != rows.shape or not (np.isfinite(w) & (w > 0)).all():
+        raise LoaderError(
+            f"Job {job.name!r} got {w.size} weights for {rows.size} rows from the cluster "
+            "leader, or weights not finite and > 0; restart the job."
+        )
+    return w
+
+
 class JobQueues:
     """The open jobs of one dataset, their samplers, queues and future uses.
 
@@ -131,6 +159,7 @@ class JobQueues:
         """Register the fed ``job``: no sampler, nothing received of epoch 0 yet (``feed``)."""
         job.queue.left = job.queue.first_rows = 0
         job.queue.epoch = -1
+        job.queue.repeats = draws_with_replacement(job.spec)  # the leader's draws may repeat
         self.jobs[job.name] = job
 
     def close(self, job: JobState) -> None:
@@ -151,14 +180,18 @@ class JobQueues:
         epoch: int,
         rows: npt.NDArray[np.int64],
         rounds: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
     ) -> None:
-        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds.
+        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds and, for
+        a weighted job, each row's ``_weight`` (what its batches carry).
 
         Raises:
-            LoaderError: rows of an epoch come before the previous epoch is complete, or more
-                rows than the epoch has (the leader and this node disagree).
+            LoaderError: rows of an epoch come before the previous epoch is complete, more
+                rows than the epoch has, or weights missing, unexpected or bad (the leader and
+                this node disagree).
         """
         q = job.queue
+        weights = _fed_weights(job, rows, weights)
         if epoch != q.epoch:
             if q.left or epoch < q.epoch:
                 raise LoaderError(
@@ -173,8 +206,9 @@ class JobQueues:
                 "restart the job."
             )
         q.left -= rows.size
-        self.future.count(q, rows, +1)  # a sampled job counted its epoch's rows at start
-        self._queue(q, rows, rounds)
+        # a sampled job counted its epoch's rows at start; a draw may repeat a row
+        self.future.count(q, rows, +1, repeats=q.repeats)
+        self._queue(q, rows, rounds, weights)
 
     def sample(self) -> None:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
@@ -236,10 +270,15 @@ class JobQueues:
             q.horizon = max(q.floor, min(share, most))
 
     def _queue(
-        self, q: JobQueue, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
+        self,
+        q: JobQueue,
+        rows: npt.NDArray[np.int64],
+        rounds: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
     ) -> None:
-        """Append ``rows`` of the job's current epoch, used in ``rounds``, to its queue."""
-        q.append(rows, rounds)
+        """Append ``rows`` of the job's current epoch, used in ``rounds`` (a fed weighted
+        job's with their ``weights``), to its queue."""
+        q.append(rows, rounds, weights)
         self.future.queued(q, rows, rounds)
 
     def _queues(self) -> list[JobQueue]:
@@ -291,8 +330,10 @@ class JobQueues:
 
         The dependent sampler sums them over its weighted jobs: two such jobs in different
         arena spaces add to each other's rows there (a ranking hint for the eviction only).
+        A fed job's draws are the cluster leader's, whose sampler this node has not.
         """
-        if not any(j.queue.repeats and space in j.queue.spaces() for j in self.jobs.values()):
+        jobs = self.jobs.values()
+        if not any(j.queue.repeats and not j.fed and space in j.queue.spaces() for j in jobs):
             return None
         draws: npt.NDArray[np.float64] = self.sampler.expected_draws(rows, repeats_only=True)
         return draws

@@ -160,17 +160,18 @@ class DatasetScheduler:
         epoch: int,
         rows: npt.NDArray[np.int64],
         rounds: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
     ) -> None:
-        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds
-        (:meth:`JobQueues.feed`) and start preparing its batches.
+        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds and a
+        weighted job's ``_weight``s (:meth:`JobQueues.feed`) and start preparing its batches.
 
         Raises:
-            LoaderError: the leader and this node disagree on the job's epochs.
+            LoaderError: the leader and this node disagree on the job's epochs or weights.
         """
         with self.cond:
             if job.closed or (job.epochs is not None and epoch >= job.epochs):
                 return  # past the epochs the job reads: nothing to load
-            self.queues.feed(job, epoch, rows, rounds)
+            self.queues.feed(job, epoch, rows, rounds, weights)
             self._activate_locked(job)
             self._wake_job(job)
 

@@ -248,13 +248,21 @@ class ServedStream(JobStream):
             return self._rank.finished() or self._rank.share_done(undelivered) is not None
 
     # -- a stream opened ``fed`` (on a node of a Ray cluster: its rows come from the leader) --
-    def feed(self, epoch: int, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]) -> None:
-        """Queue ``rows`` of ``epoch`` that the cluster leader sent, with their rounds.
+    def feed(
+        self,
+        epoch: int,
+        rows: npt.NDArray[np.int64],
+        rounds: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
+    ) -> None:
+        """Queue ``rows`` of ``epoch`` that the cluster leader sent, with their rounds (and a
+        weighted job's ``_weight`` of each row, which its batches carry).
 
         Raises:
-            LoaderError: the leader and this node disagree on the job's epochs.
+            LoaderError: the leader and this node disagree on the job's epochs, or on
+                whether and how its rows are weighted.
         """
-        self._scheduler.feed(self._job, epoch, rows, rounds)
+        self._scheduler.feed(self._job, epoch, rows, rounds, weights)
 
     def fail(self, reason: str) -> None:
         """The cluster job is gone: the stream raises ``reason`` once it would wait for rows

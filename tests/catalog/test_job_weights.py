@@ -272,19 +272,6 @@ def job_fields(job):
     return job.name, job.dataset, job.dataset_version, job.columns, None, {}, job.ids
 
 
-def test_a_cluster_node_refuses_a_weighted_job(cat):
-    """A Ray cluster's leader samples each job's rows, and it knows no weights yet."""
-    from catalog.errors import LoaderError
-    from tabloader.engine import Loader
-
-    cat.register_job("j", "t", options={"weight": "x + 1"})
-    with (
-        Loader(cat, cache_bytes=1 << 20) as loader,
-        pytest.raises(LoaderError, match=r"weighted jobs .* not supported on a Ray cluster yet"),
-    ):
-        loader.open(cat.job("j"), fed=True, batch_size=4)
-
-
 def test_the_weights_reach_the_engines_sampler(cat, monkeypatch):
     """An in-process loader hands the job's stored weights to its sampler: a job that weighs
     only ``x < 10`` draws only those rows with replacement, and them first without."""

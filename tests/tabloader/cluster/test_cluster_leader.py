@@ -297,3 +297,148 @@ def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_res
     np.testing.assert_array_equal(again.ranks, scores.ranks)  # the checkpoint keeps them
     restored.report("imp", np.array([2002]), np.array([1.0]))  # and it takes reports
     assert again.ranks[2] == 1
+
+
+# -- weighted jobs (issue 39) ------------------------------------------------------------------
+WIDS = np.arange(60)
+WEIGHTS = 1.0 + WIDS % 4  # rows weigh 1 to 4: a leader drawing uniformly is far off
+
+
+def weighted_leader(seed):
+    """A weighted job with replacement on two nodes, one without on ``n0``, and a plain job
+    sharing their rows."""
+    leader = Leader(seed=seed, lookahead=60, round_rows=20)
+    with_r = JobSpec({"batch_size": 5, "weight": "w"})
+    leader.add_job(
+        "w", BitMap(WIDS), nodes=["n0", "n1"], batch_size=5, spec=with_r, weights=WEIGHTS
+    )
+    without = JobSpec({"batch_size": 5, "weight": "w", "replacement": False})
+    leader.add_job("o", BitMap(WIDS), nodes=["n0"], batch_size=5, spec=without, weights=WEIGHTS)
+    leader.add_job("p", BitMap(WIDS), nodes=["n1"], batch_size=5)
+    return leader
+
+
+def run(leader, nodes, polls):
+    for _ in range(polls):
+        for node in ("n0", "n1"):
+            nodes.poll(leader, node)
+
+
+def draws_of(delivered, name):
+    """Per epoch, the rows each rank of ``name`` got (concatenated over its lists)."""
+    return {
+        e: {r: np.concatenate(parts) for r, parts in per.items()}
+        for e, per in delivered.get(name, {}).items()
+    }
+
+
+def check_weighted_items(lists_or_items):
+    """Every assignment carries ``_weight``s: ``1 / (N q_row)`` with replacement (computed
+    here from the weights, not asked of the sampler), 1 without, none for the plain job."""
+    q = WEIGHTS / WEIGHTS.sum()
+    for a in lists_or_items:
+        if a.job == "w":
+            np.testing.assert_allclose(a.weights, 1.0 / (60 * q[a.rows]), rtol=1e-6)
+        elif a.job == "o":
+            np.testing.assert_array_equal(a.weights, np.ones(a.rows.size, np.float32))
+        else:
+            assert a.weights is None
+
+
+def chi_square_p(rows):
+    from scipy.stats import chisquare
+
+    counts = np.bincount(rows, minlength=60)
+    return chisquare(counts, counts.sum() * WEIGHTS / WEIGHTS.sum()).pvalue
+
+
+def test_a_weighted_job_draws_by_its_weights_and_its_rows_carry_their_weight():
+    leader = weighted_leader(seed=4)
+    nodes = Nodes(np.random.default_rng(1), lag=2)
+    fetched = []
+    for _ in range(40):
+        for node in ("n0", "n1"):
+            held = len(nodes.held.get(node, []))
+            nodes.poll(leader, node)
+            fetched += nodes.held.get(node, [])[held:]
+    check_weighted_items([a for w in fetched for a in w.items])
+    draws = draws_of(nodes.delivered, "w")
+    full = [e for e, per in draws.items() if sum(r.size for r in per.values()) == 60]
+    assert len(full) >= 15
+    for e in full:  # an epoch is 60 draws, 30 per rank
+        assert sorted(r.size for r in draws[e].values()) == [30, 30]
+    rows = np.concatenate([r for e in full for r in draws[e].values()])
+    assert np.unique(rows).size < rows.size  # with replacement: rows repeat
+    assert chi_square_p(rows) > 1e-3  # uniform draws: p ~ 1e-40 here
+    assert len(complete_epochs(nodes.delivered, "o", WIDS, ["n0"], 5)) >= 15  # rows once
+    assert len(complete_epochs(nodes.delivered, "p", WIDS, ["n1"], 5)) >= 15
+
+
+@pytest.mark.parametrize("stop_after", [3, 8])
+def test_a_restored_leader_owes_a_weighted_jobs_draws_and_keeps_drawing_by_its_weights(
+    stop_after,
+):
+    """Checkpointed mid-epoch (through the actor's JSON), a leader owes the job with
+    replacement exactly the draws not acknowledged (60 an epoch, 30 a rank), still draws them
+    by the weights with their ``_weight``s; the job without still reads each row once."""
+    leader = weighted_leader(seed=stop_after)
+    nodes = Nodes(np.random.default_rng(stop_after), lag=3)
+    run(leader, nodes, stop_after)
+    before = {
+        e: sum(r.size for r in per.values()) for e, per in draws_of(nodes.delivered, "w").items()
+    }
+    assert any(0 < n < 60 for n in before.values())  # stopped mid-epoch
+    restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
+    nodes.held.clear()  # the loaders drop what they had not acknowledged
+    fetched = []
+    for _ in range(40):
+        for node in ("n0", "n1"):
+            held = len(nodes.held.get(node, []))
+            nodes.poll(restored, node)
+            fetched += nodes.held.get(node, [])[held:]
+    check_weighted_items([a for w in fetched for a in w.items])
+    draws = draws_of(nodes.delivered, "w")
+    last = max(draws)  # that epoch and the one before may miss lists held by a node
+    assert all(r.size <= 30 for per in draws.values() for r in per.values())
+    for e in range(last - 1):  # the others: exactly their draws, never more
+        assert sorted(r.size for r in draws[e].values()) == [30, 30], e
+    after = [a.rows for w in fetched for a in w.items if a.job == "w"]
+    assert chi_square_p(np.concatenate(after)) > 1e-3
+    done = complete_epochs(nodes.delivered, "o", WIDS, ["n0"], 5)
+    assert done == list(range(len(done)))
+    assert len(done) >= 10
+
+
+def test_rows_of_an_importance_job_carry_the_weights_of_the_distribution_they_came_from():
+    """An epoch starts from the scores the ranks reported before it: its rows' ``_weight`` is
+    ``1 / (N p_row)`` for ``p`` the scores' probabilities then (1 for the prior's epoch)."""
+    leader = Leader(seed=0, lookahead=40, round_rows=40)
+    imp = JobSpec({"batch_size": 4, "importance": "loss"}).to_wire()
+    ids = np.arange(100, 140)
+    leader.join("imp", rank=0, world_size=1, node="n0", spec=imp, ids=BitMap(ids))
+    (first,) = leader.work("n0")
+    np.testing.assert_array_equal(first.items[0].weights, np.ones(40, np.float32))
+    leader.ack("n0", first.seq)
+    leader.report("imp", ids[:8], np.arange(8.0))
+    leader.report("imp", ids[8:16], np.arange(8.0)[::-1])
+    p = leader._samplers[""].importance_scores("imp").probabilities().copy()
+    (second,) = leader.work("n0")
+    (a,) = second.items
+    assert a.epoch == 1
+    want = 1.0 / (40 * p[a.rows - 100])
+    assert np.ptp(want) > 0.1  # the reports changed the distribution
+    np.testing.assert_allclose(a.weights, want, rtol=1e-6)
+
+
+def test_ranks_joining_with_other_weights_are_refused():
+    leader = Leader(seed=0)
+    ws = JobSpec({"batch_size": 5, "weight": "w"}).to_wire()
+    ids = BitMap(range(10))
+    leader.join("w", rank=0, world_size=2, node="n0", spec=ws, ids=ids, weights=np.ones(10))
+    with pytest.raises(SamplingError, match="Rank 1 of job 'w' joined with other row weights"):
+        leader.join("w", rank=1, world_size=2, node="n1", spec=ws, ids=ids, weights=np.ones(10) * 2)
+    with pytest.raises(SamplingError, match="Rank 1 of job 'w' joined with other row weights"):
+        leader.join("w", rank=1, world_size=2, node="n1", spec=ws, ids=ids)
+    assert leader.join("w", rank=1, world_size=2, node="n1", spec=ws, ids=ids, weights=np.ones(10))
+    with pytest.raises(SamplingError, match=r"weights of job 'v' .* all zero"):
+        leader.join("v", rank=0, world_size=1, node="n0", spec=ws, ids=ids, weights=np.zeros(10))

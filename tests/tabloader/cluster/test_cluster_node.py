@@ -254,3 +254,55 @@ def test_a_report_goes_to_the_leader_and_its_error_comes_back(monkeypatch):
             feed.report("plain", np.array([3]), np.array([0.5]))
     finally:
         feed.close()
+
+
+def weighted_fed(cat, loader, **options):
+    """A job of the loader's table weighted by ``x + 10``, opened fed, and its catalog job."""
+    cat.register_job("w", "t", where="x < 300", options={"weight": "x + 10", **options})
+    info = cat.job("w")
+    return loader.open("w", fed=True, batch_size=4, epochs=2), info
+
+
+def test_a_fed_weighted_jobs_batches_carry_the_weights_the_leader_drew_by(cat, loader):
+    """No refusal on a cluster any more: the leader gets the job's stored weights with the
+    join, draws by them, and the node's batches carry each row's ``_weight`` as a local job's
+    do: ``1 / (N q_row)`` for the weights' distribution ``q``."""
+    stream, info = weighted_fed(cat, loader)
+    leader = Leader(seed=5, lookahead=1000, round_rows=7)
+    wire = stream.spec.to_wire()
+    leader.join("w", rank=0, world_size=1, node="n", spec=wire, ids=info.ids, weights=info.weights)
+    lists, _ = leader.poll("n")
+    sent: dict[int, list] = {}
+    for w in lists:
+        for a in w.items:
+            stream.feed(a.epoch, a.rows, a.rounds, a.weights)
+            sent.setdefault(a.epoch, []).append(a.rows)
+    q = info.weights / info.weights.sum()
+    want = 1.0 / (30 * q)  # indexed by row id: the job's ids are 0..29
+    for epoch in (0, 1):
+        batches = list(stream.iter_epoch())
+        ids = np.concatenate([np.asarray(b["_id"]) for b in batches])
+        weights = np.concatenate([np.asarray(b["_weight"]) for b in batches])
+        np.testing.assert_array_equal(ids, np.concatenate(sent[epoch]))
+        assert weights.dtype == np.float32
+        np.testing.assert_allclose(weights, want[ids], rtol=1e-6)
+    assert np.unique(ids).size < ids.size  # drawn with replacement: rows repeat
+    stream.close()
+
+
+def test_feed_refuses_weights_the_leader_and_node_disagree_on(cat, loader):
+    stream, _ = weighted_fed(cat, loader)
+    rows = np.arange(4, dtype=np.int64)
+    with pytest.raises(LoaderError, match="got rows without weights .* but it is a weighted job"):
+        stream.feed(0, rows, rows)
+    with pytest.raises(LoaderError, match="got 3 weights for 4 rows .* or weights not finite"):
+        stream.feed(0, rows, rows, np.ones(3, np.float32))
+    with pytest.raises(LoaderError, match="got 4 weights for 4 rows .* or weights not finite"):
+        stream.feed(0, rows, rows, np.array([1, np.nan, 1, 1], np.float32))
+    with pytest.raises(LoaderError, match="got 4 weights for 4 rows .* or weights not finite"):
+        stream.feed(0, rows, rows, np.array([1, 0, 1, 1], np.float32))
+    plain, _ = fed(loader)
+    with pytest.raises(LoaderError, match="got rows with weights .* but it is not a weighted"):
+        plain.feed(0, rows, rows, np.ones(4, np.float32))
+    stream.close()
+    plain.close()

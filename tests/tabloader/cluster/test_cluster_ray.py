@@ -113,7 +113,8 @@ def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
 
 
 def image_catalog(root, folder):
-    """A catalog of the generated JPEGs with two overlapping jobs (closed on return)."""
+    """A catalog of the generated JPEGs with two overlapping jobs and one weighted by label
+    (closed on return)."""
     import catalog
 
     with catalog.open_catalog(root, create=True) as cat:
@@ -121,6 +122,7 @@ def image_catalog(root, folder):
         opts = {"image_size": 32, "batch_size": 4}
         cat.register_job("a", "imgs", columns=["image", "label"], where="label < 3", options=opts)
         cat.register_job("b", "imgs", columns=["image", "label"], where="label >= 1", options=opts)
+        cat.register_job("w", "imgs", columns=["label"], options={**opts, "weight": "label + 1"})
         return {name: set(cat.job(name).ids) for name in ("a", "b")}
 
 
@@ -137,6 +139,22 @@ def read_epoch(root, job, rank, world_size):
         time.sleep(0.01)  # a training step: the jobs' ranks overlap in time
     ds.close()
     return ray.get_runtime_context().get_node_id(), ids
+
+
+@ray.remote(num_cpus=0)
+def read_weighted(root):
+    """One epoch of the weighted job on a node, one rank: its ids and ``_weight``s."""
+    from tabloader.torch import JobDataset
+
+    os.environ.update(RANK="0", WORLD_SIZE="1")  # a reused worker has another rank's
+
+    ds = JobDataset("w", catalog=root, epochs=1)
+    ids, weights = [], []
+    for batch in ds:
+        ids += [int(i) for i in batch["_id"]]
+        weights += [float(w) for w in batch["_weight"]]
+    ds.close()
+    return ids, weights
 
 
 def node_ids():
@@ -200,6 +218,16 @@ def test_ranks_on_two_nodes_read_each_row_once_and_share_each_nodes_decodes(imag
     where = {x: {i for i in range(2) for j in "ab" if x in got[(j, i)][1]} for x in both}
     read = [w for w in where.values() if w]
     assert sum(len(w) == 1 for w in read) >= 0.7 * len(read)
+    # a weighted job reads on the cluster: the leader draws by its stored weights and its
+    # batches carry each row's ``_weight``, 1 / (N q_row), as a local job's do
+    import catalog
+
+    with catalog.open_catalog(root) as cat:
+        job = cat.job("w")
+    ids, weights = ray.get(read_weighted.options(**on(0)).remote(root), timeout=TIMEOUT)
+    assert len(ids) == len(job.ids)
+    q = dict(zip(list(job.ids), job.weights / job.weights.sum(), strict=True))
+    assert weights == pytest.approx([1 / (len(q) * q[i]) for i in ids], rel=1e-5)
     status = cluster.status()
     assert isinstance(status["decodes"], int)
     assert status["decodes"] > 0
