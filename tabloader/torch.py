@@ -19,6 +19,7 @@ the process; ``JobLoader`` also carries the job's position into framework checkp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from catalog.augment import default_seed, from_torchvision
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
+from tabloader.engine.opening import OpenRequest
 from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.service.client import RemoteLoader, service_loader
 
@@ -115,28 +117,25 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         catalog: Catalog | str | os.PathLike[str] | None = None,
         loader: Loader | RemoteLoader | None = None,
         transform: Transform | None = None,
-        prefetch: int | None = None,
-        epochs: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        **options: Any,
+        **args: Any,
     ) -> None:
         super().__init__()
         self.job = job
         self._pid = os.getpid()  # its loader's connection and threads are this process's
+        if args.get("augment") is not None and not isinstance(args["augment"], str):
+            args["augment"] = from_torchvision(args["augment"])
+        # every open of it asks for this: its arguments checked here, once (the options each
+        # on its own; with the registered ones where they are, when it opens)
+        self._request = OpenRequest.make(job, **args)
         if loader is None:
             loader = _loader_for(catalog)
         self.loader: Loader | RemoteLoader = loader
         self.transform = transform
-        if options.get("augment") is not None and not isinstance(options["augment"], str):
-            options["augment"] = from_torchvision(options["augment"])
-        spec = JobSpec.from_options(self.loader.job_options(job), **options)
-        self._spec = spec  # what every open of it asks for
-        # the job's seed, else one of its own: jobs never share draws
-        seed = default_seed(job) if spec.seed is None else spec.seed
-        self.generator = torch.Generator().manual_seed(int(seed))
-        self._prefetch, self._epochs = prefetch, epochs
-        self._rank, self._world_size = rank, world_size
+        # the job's seed, else one of its own: jobs never share draws (the registered seed is
+        # known when it opens: it seeds the generator then)
+        seed = self._request.options.get("seed")
+        self.generator = torch.Generator().manual_seed(int(default_seed(job) if seed is None else seed))
+        self._seeded = seed is not None
         self._stream: Stream | None = None
         self._state: dict[str, Any] | None = None
         self._rows: int | None = None  # the job's, for len()
@@ -159,19 +158,24 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             "and create the JobDataset there."
         )
 
-    def _open(self) -> Stream:
+    def _open(self, *, read_ahead: bool = False) -> Stream:
+        """The job's stream, opened with the request made at ``__init__`` (and the state
+        loaded); ``read_ahead``: for an iteration (a service's first batch is asked for with
+        the open)."""
         self._here()
         if self._stream is None:
-            self._stream = self.loader.open(  # the spec checked once, at __init__
-                self.job,
-                spec=self._spec,
-                state=self._state,
-                prefetch=self._prefetch,
-                epochs=self._epochs,
-                rank=self._rank,
-                world_size=self._world_size,
-            )
+            request = self._request
+            if self._state is not None:
+                request = dataclasses.replace(request, state=self._state)
+            if read_ahead and isinstance(self.loader, RemoteLoader):
+                self._stream = self.loader.open(request, read_ahead=True)
+            else:
+                self._stream = self.loader.open(request)
             self._state = None
+            if not self._seeded:  # the registered seed, known now
+                seed = self._stream.spec.seed
+                self.generator.manual_seed(int(default_seed(self.job) if seed is None else seed))
+                self._seeded = True
         return self._stream
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -180,7 +184,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 "JobDataset runs in the main process: use DataLoader(ds, batch_size=None) with "
                 "num_workers=0; tabloader decodes with its own threads."
             )
-        stream = self._open()
+        stream = self._open(read_ahead=True)
         if self._resuming:
             self._resuming = False
         elif self._partial is not None:  # the last iteration stopped mid-epoch: a new one
@@ -201,8 +205,13 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if self._rows is None:
             self._rows = self.loader.job_rows(self.job)
         world_size = self.world_size
-        batch_size = int(self._spec.batch_size)
-        share = rank_share(self._rows, batch_size, world_size, bool(self._spec.drop_last))
+        spec = (
+            self._stream.spec
+            if self._stream is not None
+            else self._request.resolve_spec(self.loader.job_options(self.job))
+        )
+        batch_size = int(spec.batch_size)
+        share = rank_share(self._rows, batch_size, world_size, bool(spec.drop_last))
         return -(-share // batch_size)
 
     @property
@@ -212,14 +221,14 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         :mod:`tabloader.engine.ranks`), without opening."""
         if self._stream is not None:
             return self._stream.rank
-        return resolve_rank(self._rank, self._world_size)[0]
+        return resolve_rank(self._request.rank, self._request.world_size)[0]
 
     @property
     def world_size(self) -> int:
         """The number of the job's data-parallel ranks (as ``rank``)."""
         if self._stream is not None:
             return self._stream.world_size
-        return resolve_rank(self._rank, self._world_size)[1]
+        return resolve_rank(self._request.rank, self._request.world_size)[1]
 
     @property
     def spec(self) -> JobSpec:
@@ -263,6 +272,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             self._stream = None
         self._state = state["stream"]
         self.generator.set_state(state["generator"])
+        self._seeded = True  # the generator goes on from there
         self._resuming, self._partial = True, None
 
     def close(self) -> None:

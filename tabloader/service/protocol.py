@@ -53,6 +53,7 @@ from catalog.errors import (
     StorageError,
     TabloaderError,
 )
+from tabloader.engine.opening import state_from_wire, state_to_wire
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -93,7 +94,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 6  # 6: the catalog's operations as one request, "catalog"; 5: an
+PROTOCOL_VERSION: int = 7  # 7: an open is one OpenRequest, its reply maps the memory and
+# reads the first batch ahead; 6: the catalog's operations as one request, "catalog"; 5: an
 # open's job options as one JobSpec; 4: datasets and jobs as results; 3: shared memory by
 # descriptor
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
@@ -258,15 +260,18 @@ class Client:
         with self._call_lock:
             self._send_locked(op, args)
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any]:
-        """The reply to the oldest request not answered yet (as ``call``).
+    def receive(
+        self, timeout: float | None = None, fds: list[int] | None = None
+    ) -> dict[str, Any]:
+        """The reply to the oldest request not answered yet (as ``call``); the descriptors
+        it carries are appended to ``fds`` (the caller's to close; None: closed unread).
 
         Raises:
             ServiceError: also when ``timeout`` seconds passed (the connection is then closed:
                 a reply may still be on its way).
         """
         with self._call_lock:
-            return self._receive_locked(timeout)
+            return self._receive_locked(timeout, fds)
 
     def call_fds(self, op: str, **args: Any) -> tuple[dict[str, Any], list[int]]:
         """``call``, for a reply that carries descriptors: the reply and them (the caller's
@@ -374,23 +379,6 @@ def _recv_exact(sock: socket.socket, size: int) -> bytearray:
 
 
 # -- values in messages (JSON has no bytes: those travel as hex) ---------------------------------
-def state_to_wire(state: dict[str, Any]) -> dict[str, Any]:
-    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap in hex."""
-    return {**state, "remaining": bytes(state["remaining"]).hex()}
-
-
-def state_from_wire(state: Any) -> dict[str, Any]:
-    """The job state that ``state_to_wire`` put in a message.
-
-    Raises:
-        LoaderError: ``state`` is not one.
-    """
-    try:
-        return {**state, "remaining": bytes.fromhex(state["remaining"])}
-    except (TypeError, KeyError, ValueError) as exc:
-        raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
-
-
 def table_to_wire(table: pa.Table) -> str:
     """A statement's result table for a message: an Arrow IPC stream, in hex."""
     import pyarrow as pa  # here: a job process that only reads batches never needs it
