@@ -133,9 +133,10 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self.transform = transform
         # the job's seed, else one of its own: jobs never share draws (the registered seed is
         # known when it opens: it seeds the generator then)
-        seed = self._request.options.get("seed")
-        self.generator = torch.Generator().manual_seed(int(default_seed(job) if seed is None else seed))
-        self._seeded = seed is not None
+        self._generator = torch.Generator()
+        self._seeded = False  # by the job's seed: given here, else registered (see generator)
+        if self._request.options.get("seed") is not None:
+            self._seed(self._request.options["seed"])
         self._stream: Stream | None = None
         self._state: dict[str, Any] | None = None
         self._rows: int | None = None  # the job's, for len()
@@ -173,10 +174,21 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 self._stream = self.loader.open(request)
             self._state = None
             if not self._seeded:  # the registered seed, known now
-                seed = self._stream.spec.seed
-                self.generator.manual_seed(int(default_seed(self.job) if seed is None else seed))
-                self._seeded = True
+                self._seed(self._stream.spec.seed)
         return self._stream
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator of this job's ``transform``: seeded by the job's ``seed`` (given
+        here, else registered), else by one of its own (jobs never share draws). The
+        registered seed comes with the first open; read before it, it is asked for."""
+        if not self._seeded:
+            self._seed(self._request.resolve_spec(self.loader.job_options(self.job)).seed)
+        return self._generator
+
+    def _seed(self, seed: int | None) -> None:
+        self._generator.manual_seed(int(default_seed(self.job) if seed is None else seed))
+        self._seeded = True
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if get_worker_info() is not None:
@@ -271,7 +283,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             self._stream.close()
             self._stream = None
         self._state = state["stream"]
-        self.generator.set_state(state["generator"])
+        self._generator.set_state(state["generator"])
         self._seeded = True  # the generator goes on from there
         self._resuming, self._partial = True, None
 

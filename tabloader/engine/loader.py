@@ -364,11 +364,13 @@ class Loader:
                 f"open(OpenRequest, {', '.join(args)}=...): the request carries every argument "
                 "of the open; make it with them (OpenRequest.make)."
             )
-        known = None if isinstance(job, (str, OpenRequest)) else job  # a Job: no look-up
+        known: Job | None = None  # a Job given: no look-up
         if isinstance(job, OpenRequest):
             request = job
+        elif isinstance(job, str):
+            request = OpenRequest.make(job, **args)
         else:
-            request = OpenRequest.make(job if known is None else known.name, **args)
+            request, known = OpenRequest.make(job.name, **args), job
         rank, world_size = resolve_rank(request.rank, request.world_size)
         prefetch, lookahead, epochs = request.prefetch, request.lookahead, request.epochs
         state = None if request.state is None else dict(request.state)

@@ -35,9 +35,7 @@ __all__ = ["OPEN_VERSION", "OpenRequest", "state_from_wire", "state_to_wire"]
 
 OPEN_VERSION = 1  # of the wire encoding: both ends read the same
 _COUNTS = ("prefetch", "lookahead", "epochs")
-_WIRE_KEYS = frozenset(
-    {"v", "job", "options", "spec", "rank", "world_size", *_COUNTS, "state"}
-)
+_WIRE_KEYS = frozenset({"v", "job", "options", "spec", "rank", "world_size", *_COUNTS, "state"})
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,9 @@ class OpenRequest:
             keys = sorted(map(str, wire)) if isinstance(wire, Mapping) else type(wire).__name__
             raise _malformed(f"not an open request: {str(keys)[:120]}")
         if type(wire["v"]) is not int or wire["v"] != OPEN_VERSION:
-            raise _malformed(f"an open request of version {str(wire['v'])[:20]}, not {OPEN_VERSION}")
+            raise _malformed(
+                f"an open request of version {str(wire['v'])[:20]}, not {OPEN_VERSION}"
+            )
         for name in ("rank", "world_size"):
             if type(wire[name]) is not int:
                 raise _malformed(f"{name} is {str(wire[name])[:20]}, not an integer")
@@ -168,7 +168,9 @@ class OpenRequest:
                 spec,
                 wire["rank"],
                 wire["world_size"],
-                *(wire[name] for name in _COUNTS),
+                wire["prefetch"],
+                wire["lookahead"],
+                wire["epochs"],
                 state,
             )
         except ServiceError:

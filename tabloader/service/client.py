@@ -323,7 +323,9 @@ class RemoteLoader:
     def _control_locked(self) -> Client:
         if self._ctl is None:
             if self._closed:
-                raise ServiceError(f"This RemoteLoader of catalog {self.root} is closed; make a new one.")
+                raise ServiceError(
+                    f"This RemoteLoader of catalog {self.root} is closed; make a new one."
+                )
             self._ctl = Client(self.root, node=self.node)
         return self._ctl
 

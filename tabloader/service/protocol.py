@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from catalog import errors
 from catalog.directory import read_file
 from catalog.errors import (
-    LoaderError,
     ServiceError,
     ServiceStuckError,
     StorageError,
@@ -260,9 +259,7 @@ class Client:
         with self._call_lock:
             self._send_locked(op, args)
 
-    def receive(
-        self, timeout: float | None = None, fds: list[int] | None = None
-    ) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None, fds: list[int] | None = None) -> dict[str, Any]:
         """The reply to the oldest request not answered yet (as ``call``); the descriptors
         it carries are appended to ``fds`` (the caller's to close; None: closed unread).
 

@@ -720,7 +720,9 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
         conn = Client(cat_dir)
         try:
             with pytest.raises(error, match=message):
-                conn.call("open", request=OpenRequest.make("a", rank=0, world_size=1).to_wire() | bad)
+                conn.call(
+                    "open", request=OpenRequest.make("a", rank=0, world_size=1).to_wire() | bad
+                )
         finally:
             conn.close()
     remote = RemoteLoader(cat_dir, start=False)
@@ -1299,3 +1301,39 @@ def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
     ) as info:
         RemoteLoader(cat_dir)
     assert "OLD LINE" not in str(info.value)
+
+
+def test_a_job_asks_the_service_once_before_its_first_batch(service, cat_dir, monkeypatch):
+    """One connection and one request before the first batch: the open (its reply maps the
+    service's memory) with the first ``next`` behind it, both sent before either reply is
+    read; the batch after is asked for as the job computes (it reads one ahead)."""
+    from tabloader.torch import JobDataset
+
+    log: list[str] = []
+
+    def counted(name, what):
+        real = getattr(Client, name)
+
+        def wrapper(self, *args, **kwargs):
+            log.append(what(args))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Client, name, wrapper)
+
+    counted("__init__", lambda args: "connect")
+    counted("send", lambda args: args[0])
+    counted("receive", lambda args: "reply")
+    counted("call", lambda args: f"call {args[0]}")
+    counted("call_fds", lambda args: f"call {args[0]}")
+    remote = RemoteLoader(cat_dir, start=False)
+    ds = JobDataset("a", loader=remote, batch_size=4, epochs=1)
+    try:
+        batch = next(iter(ds))
+        assert log == ["connect", "open", "next", "reply", "reply", "next"]
+        assert batch["image"].shape == (4, 16, 16, 3)
+        assert ds.spec.values == {"image_size": 16, "batch_size": 4}  # REGISTER's + ours
+        assert remote.service_pid == service.pid  # the open's reply said
+        assert log[6:] == []  # without asking
+    finally:
+        ds.close()
+        remote.close()
