@@ -72,6 +72,10 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             tests, jobs on threads).
         loader: a ``Loader`` (or ``RemoteLoader``) to use instead.
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
+
+        The other arguments are those of every open (one ``OpenRequest``, made and checked
+        here; see ``tabloader.engine.opening``):
+
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
             the last one.
@@ -92,7 +96,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             processes (torchrun) meet in the catalog's service; each must save its
             ``state_dict()`` at the same step (see ``Loader.open``).
         **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
-            was registered with), checked here:
+            was registered with), each checked here (with the registered ones when it opens):
 
             * ``batch_size``: rows per batch (default 32).
             * ``seed``: seed of this job's generator and its augmentations (default: a hash
