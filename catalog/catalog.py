@@ -8,6 +8,7 @@ The catalog's work is split by concern; this module composes it:
 * ``catalog.cache``: the ``Dataset`` cache;
 * ``catalog.imports``: the ``import_*`` methods and the atomic import;
 * ``catalog.job_bitmaps``: job predicates evaluated to bitmaps, and the bitmap files;
+* ``catalog.job_weights``: job ``weight`` expressions evaluated to weights, and their files;
 * ``catalog.sql``: statements, dispatched from a table.
 
 DuckDB allows one read-write process per database file. A second process gets
@@ -58,6 +59,7 @@ from catalog.directory import (
     release_root,
     remove_leftovers,
     resolve_root,
+    weights_path,
 )
 from catalog.errors import (
     AlreadyExistsError,
@@ -73,6 +75,7 @@ from catalog.errors import (
 from catalog.importers import Source
 from catalog.imports import Ingest
 from catalog.job_bitmaps import JobBitmaps
+from catalog.job_weights import JobWeights, weights_crc
 from catalog.limits import Limits
 from catalog.model import Dataset, Job, JobInfo, check_columns, is_payload
 from catalog.options import check_options, default_cache_problem
@@ -164,6 +167,7 @@ class _Opened:
     db: Database
     cache: DatasetCache
     bitmaps: JobBitmaps
+    weights: JobWeights
 
 
 class Catalog(StatementTarget):
@@ -222,6 +226,10 @@ class Catalog(StatementTarget):
     def _bitmaps(self) -> JobBitmaps:
         return self._opened().bitmaps
 
+    @property
+    def _weights(self) -> JobWeights:
+        return self._opened().weights
+
     def _open(self) -> None:
         new = not self.path.exists()
         with self._os_errors():
@@ -240,7 +248,12 @@ class Catalog(StatementTarget):
                 duckdb_errors(f"Opening catalog '{self.path}'", root=self.root, fix=DAMAGED_FIX),
             ):
                 migrate(self.root, db)
-                self._state = _Opened(db, DatasetCache(self.root, db), JobBitmaps(self.root, db))
+                self._state = _Opened(
+                    db,
+                    DatasetCache(self.root, db),
+                    JobBitmaps(self.root, db),
+                    JobWeights(self.root, db),
+                )
                 if db.read_only is None:
                     if new:
                         os.chmod(self.path, FILE_MODE)  # private (see catalog.directory)
@@ -523,8 +536,8 @@ class Catalog(StatementTarget):
             JobNotFoundError: no such job.
         """
         rows = self._db.rows(
-            f"SELECT dataset, version, columns, predicate, options, bitmap, num_ids, crc32 "
-            f"FROM {META}.jobs WHERE name = ?",
+            f"SELECT dataset, version, columns, predicate, options, bitmap, num_ids, crc32, "
+            f"{self._db.weights_column} FROM {META}.jobs WHERE name = ?",
             [name],
         )
         if not rows:
@@ -533,12 +546,17 @@ class Catalog(StatementTarget):
                 f"{did_you_mean(name, self.job_names())} SHOW JOBS lists them; REGISTER JOB "
                 "adds one."
             )
-        dataset, version, columns, predicate, options, path, num_ids, crc = rows[0]
+        dataset, version, columns, predicate, options, path, num_ids, crc, weighted = rows[0]
         ds = self.dataset(dataset, version=version)
         ids = self._bitmaps.read(name, ds, predicate, path, num_ids, crc)
-        return Job(
-            name, dataset, version, tuple(json.loads(columns)), predicate, json.loads(options), ids
-        )
+        opts = json.loads(options)
+        weights = None
+        if weighted is not None:
+            weights = self._weights.read(
+                name, ds, predicate, opts["weight"], ids, weights_path(path), weighted
+            )
+        cols = tuple(json.loads(columns))
+        return Job(name, dataset, version, cols, predicate, opts, ids, weights)
 
     @_synchronized
     def job_infos(self) -> list[JobInfo]:
@@ -574,17 +592,27 @@ class Catalog(StatementTarget):
         predicate = check_predicate(where, ds, limits=self.limits) if where is not None else None
         bitmap = self._bitmaps.evaluate(name, ds, predicate)
         opts = check_options(options)
+        weights = None
+        if opts.get("weight") is not None:
+            opts["weight"] = check_predicate(
+                opts["weight"], ds, limits=self.limits, what="a job's weight"
+            )
+            weights = self._weights.evaluate(name, ds, predicate, opts["weight"], bitmap)
         path = self._bitmaps.new_path(name)
         blob = bitmap.serialize()
         try:
             self._bitmaps.write(path, blob)
+            if weights is not None:
+                self._weights.write(weights_path(path), weights)
         except OSError as exc:
+            (self.root / path).unlink(missing_ok=True)
             raise CatalogError(
-                f"REGISTER JOB {name} failed: cannot write its bitmap file {path}: {exc}."
+                f"REGISTER JOB {name} failed: cannot write its files ({path}): {exc}."
                 f"{disk_full_hint(exc, self.root)} The catalog is unchanged."
             ) from exc
         row = [ds.name, ds.version, json.dumps(cols), predicate, json.dumps(opts), path]
-        row += [len(bitmap), zlib.crc32(blob), name]
+        row += [len(bitmap), zlib.crc32(blob)]
+        row += [None if weights is None else weights_crc(weights), name]
         exists = (
             f"Job '{name}' exists already; UNREGISTER JOB {name} first, or use REGISTER OR "
             f"REPLACE JOB {name}."
@@ -598,7 +626,7 @@ class Catalog(StatementTarget):
                     and self.connection.execute(
                         f"UPDATE {META}.jobs SET dataset = ?, version = ?, columns = ?, "
                         "predicate = ?, options = ?, bitmap = ?, num_ids = ?, crc32 = ?, "
-                        "created = current_timestamp WHERE name = ?",
+                        "weights_crc32 = ?, created = current_timestamp WHERE name = ?",
                         row,
                     ).fetchall()[0][0]
                 )
@@ -606,18 +634,19 @@ class Catalog(StatementTarget):
                     self._check_name_case(name, "job")
                     self.connection.execute(
                         f"INSERT INTO {META}.jobs (dataset, version, columns, predicate, "
-                        "options, bitmap, num_ids, crc32, name) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "options, bitmap, num_ids, crc32, weights_crc32, name) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         row,
                     )
         except BaseException:
             (self.root / path).unlink(missing_ok=True)
+            (self.root / weights_path(path)).unlink(missing_ok=True)
             raise
         self._bitmaps.remove(name, keep=path)
         problem = default_cache_problem(name, opts, len(bitmap))
         if problem is not None:  # the job is fine in-process, or with a larger cache
             warnings.warn(problem, stacklevel=3)
-        return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap)
+        return Job(name, ds.name, ds.version, tuple(cols), predicate, opts, bitmap, weights)
 
     @_synchronized
     def unregister_job(self, name: str, *, if_exists: bool = False) -> None:

@@ -76,7 +76,7 @@ CREATE TABLE IF NOT EXISTS {META}.jobs (
     name VARCHAR PRIMARY KEY, dataset VARCHAR NOT NULL, version INTEGER NOT NULL,
     columns VARCHAR NOT NULL, predicate VARCHAR, options VARCHAR NOT NULL,
     bitmap VARCHAR NOT NULL, num_ids BIGINT NOT NULL, crc32 BIGINT NOT NULL,
-    created TIMESTAMP DEFAULT current_timestamp);
+    created TIMESTAMP DEFAULT current_timestamp, weights_crc32 BIGINT);
 """
 
 
@@ -185,7 +185,11 @@ class Database:
 
     Attributes:
         read_only: why the catalog is open read-only, or None.
+        weights_column: what reads ``jobs.weights_crc32`` (NULL in a catalog of an older
+            tabloader opened read-only, which has no such column: ``directory.migrate``).
     """
+
+    weights_column = "weights_crc32"
 
     def __init__(
         self, path: Path, root: Path, limits: Limits, *, read_only: str | None = None

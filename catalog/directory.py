@@ -6,6 +6,7 @@ open.
     catalog.duckdb                 the DuckDB database (see ``catalog.database``)
     data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``catalog.storage``)
     jobs/<job>-<token>.roaring     a job's row ids (see ``catalog.job_bitmaps``)
+    jobs/<job>-<token>.weights     a weighted job's row weights (see ``catalog.job_weights``)
 
 Permissions: what tabloader creates in a catalog is private to its owner, whatever the umask,
 like the service's ``.service`` folder: folders 0700 (``make_private_dir``; the catalog
@@ -67,6 +68,7 @@ __all__ = [
     "release_root",
     "remove_leftovers",
     "resolve_root",
+    "weights_path",
     "write_file",
 ]
 
@@ -82,7 +84,7 @@ NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # a dataset's or a job's
 # The names of the files tabloader writes, each made unique by a token (``new_token``).
 # Garbage collection deletes nothing else: a catalog directory may hold other files.
 PART_FILE_RE = re.compile(r"(part-v\d{5,}|\.tmp)-[0-9a-f]{12}\.arrow")
-JOB_FILE_RE = re.compile(rf"(\.tmp-)?{NAME_RE.pattern}-[0-9a-f]{{12}}\.roaring")
+JOB_FILE_RE = re.compile(rf"(\.tmp-)?{NAME_RE.pattern}-[0-9a-f]{{12}}\.(roaring|weights)")
 
 # The catalogs this process has open, by resolved root (a collected Catalog frees its root).
 _OPEN_ROOTS: weakref.WeakValueDictionary[Path, Any] = weakref.WeakValueDictionary()
@@ -138,6 +140,12 @@ def release_root(key: Path, owner: object) -> None:
     with _OPEN_LOCK:
         if _OPEN_ROOTS.get(key) is owner:
             del _OPEN_ROOTS[key]
+
+
+def weights_path(bitmap: str) -> str:
+    """The weights file of the job whose bitmap file is ``bitmap`` (both relative to the
+    catalog directory): the same name and token, so the row names both."""
+    return bitmap.removesuffix(".roaring") + ".weights"
 
 
 def check_name(name: str, kind: str) -> None:
@@ -333,7 +341,7 @@ def collect_garbage(root: Path, db: Database) -> None:
             with contextlib.suppress(OSError):  # not empty: it holds other files
                 folder.rmdir()
     jobs = {row[0] for row in db.con.execute(f"SELECT bitmap FROM {META}.jobs").fetchall()}
-    remove_leftovers(root, root / JOBS_DIR, JOB_FILE_RE, jobs)
+    remove_leftovers(root, root / JOBS_DIR, JOB_FILE_RE, jobs | {weights_path(b) for b in jobs})
 
 
 def remove_leftovers(root: Path, folder: Path, pattern: re.Pattern[str], keep: set[str]) -> int:
@@ -354,6 +362,25 @@ def remove_leftovers(root: Path, folder: Path, pattern: re.Pattern[str], keep: s
 def migrate(root: Path, db: Database) -> None:
     """Upgrade a catalog of an older tabloader in place (each step is a no-op when done)."""
     _move_bitmaps_to_files(root, db)
+    _add_weights_column(db)
+
+
+def _add_weights_column(db: Database) -> None:
+    """Upgrade a catalog of tabloader <= 0.2, whose jobs had no weights (``weights_crc32``:
+    NULL for each of them). A catalog opened read-only is left as it is: ``Database``
+    reads NULL in its place (``Database.weights_column``)."""
+    from catalog.database import META
+
+    columns = db.con.execute(
+        "SELECT column_name FROM information_schema.columns "
+        f"WHERE table_schema = '{META}' AND table_name = 'jobs'"
+    ).fetchall()
+    if ("weights_crc32",) in columns:
+        return
+    if db.read_only is not None:
+        db.weights_column = "NULL"
+        return
+    db.con.execute(f"ALTER TABLE {META}.jobs ADD COLUMN weights_crc32 BIGINT")
 
 
 def _move_bitmaps_to_files(root: Path, db: Database) -> None:

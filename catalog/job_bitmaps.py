@@ -147,7 +147,8 @@ class JobBitmaps:
         )
 
     def remove(self, name: str, keep: str | None = None) -> None:
-        """Delete the bitmap files of job ``name`` but ``keep`` (after the row changed)."""
+        """Delete the bitmap files of job ``name`` but ``keep`` (after the row changed), and
+        their weights files (``directory.weights_path``)."""
         known = self._paths.pop(name, None)
         if known is not None:  # the file this process last wrote or read for the job
             files = [self.root / known]
@@ -156,5 +157,6 @@ class JobBitmaps:
         for f in files:
             if f.relative_to(self.root).as_posix() != keep:
                 f.unlink(missing_ok=True)
+                f.with_suffix(".weights").unlink(missing_ok=True)
         if keep is not None:
             self._paths[name] = keep

@@ -95,6 +95,8 @@ class Job:
         predicate: the normalized WHERE text, or None for all rows.
         options: the ``WITH (...)`` options.
         ids: the ``_id`` of every row of the job.
+        weights: a weighted job's weight of each row (option ``weight``), float64 aligned
+            with ``ids`` in ascending order; None for any other job.
     """
 
     name: str
@@ -104,6 +106,7 @@ class Job:
     predicate: str | None
     options: dict[str, Any]
     ids: BitMap = field(compare=False, repr=False)
+    weights: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_rows(self) -> int:

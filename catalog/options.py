@@ -184,8 +184,49 @@ JOB_OPTIONS: dict[str, JobOption] = {
             "every rank (FALSE: pad the ranks' shares with repeated rows, for evaluation)",
             example=False,
         ),
+        JobOption(
+            "weight",
+            str,
+            None,
+            "each row's weight in the job's draws, a SQL expression over the dataset's "
+            "queryable columns (evaluated at REGISTER: non-negative, finite, not all zero)",
+            example="CASE WHEN source = 'web' THEN 0.3 ELSE 1.0 END",
+            parse=lambda text: _expression(JOB_OPTIONS["weight"], text),
+        ),
+        JobOption(
+            "importance",
+            str,
+            None,
+            "where the job's per-row importance comes from (SHADE: the losses the training "
+            "loop reports with JobDataset.report)",
+            choices=("loss",),
+            example="loss",
+        ),
+        JobOption(
+            "replacement",
+            bool,
+            True,
+            "whether a weighted job's epoch draws len(job) rows with replacement (TRUE, as "
+            "WeightedRandomSampler) or an order drawn by weight with every row once (FALSE)",
+            example=False,
+        ),
     )
 }
+
+WEIGHT_CHARS = 4096
+"""The longest ``weight`` expression (the predicate's statement limits apply at REGISTER)."""
+
+
+def _expression(option: JobOption, value: Any) -> str:
+    """A ``weight`` expression as given: non-empty text of at most ``WEIGHT_CHARS``. Its
+    columns and functions are checked at REGISTER, against the dataset."""
+    if not isinstance(value, str) or not value.strip() or len(value) > WEIGHT_CHARS:
+        raise OptionError(
+            f"Job option {option.name} = {_sql(value)[:60]} is not a SQL expression of 1 to "
+            f"{WEIGHT_CHARS} characters; {option.help}, e.g. WITH ({option.name} = "
+            f"{_sql(option.example)})."
+        )
+    return value.strip()
 
 
 def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -224,7 +265,23 @@ def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     size = out.get("image_size")
     if size is not None:
         _check_batch_bytes(batch, size, size)
+    _check_weighting(out)
     return out
+
+
+def _check_weighting(out: Mapping[str, Any]) -> None:
+    """Refuse ``weight`` with ``importance``, and ``replacement`` on a job that is neither."""
+    if out.get("weight") is not None and out.get("importance") is not None:
+        raise OptionError(
+            "Job options weight and importance are both set: a job draws either by fixed "
+            "weights or by the importance of its reported losses; drop one of them."
+        )
+    if "replacement" in out and out.get("weight") is None and out.get("importance") is None:
+        raise OptionError(
+            f"Job option replacement = {_sql(out['replacement'])} is set on a job without "
+            "weight or importance: a plain job's epoch is a permutation, every row once; "
+            "drop replacement, or set weight = '<expression>' or importance = 'loss'."
+        )
 
 
 def _check_batch_bytes(batch: int, height: int, width: int) -> None:
@@ -319,6 +376,9 @@ class JobSpec:
         on_error: str = field(init=False)
         rank_timeout: int = field(init=False)
         drop_last: bool = field(init=False)
+        weight: str | None = field(init=False)
+        importance: str | None = field(init=False)
+        replacement: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", MappingProxyType(_check_spec(self.values)))
@@ -355,6 +415,11 @@ class JobSpec:
                 naming the open's arguments.
         """
         given = {k: v for k, v in overrides.items() if v is not None}
+        if "weight" in given and given["weight"] != stored.get("weight"):
+            raise OptionError(
+                f"open(weight={given['weight']!r}): a job's weights are evaluated at REGISTER "
+                "and stored with it; REGISTER OR REPLACE JOB with WITH (weight = ...) instead."
+            )
         merged = {**stored, **given}
         if "augment" in given and "image_size" not in given:  # one replaces the other
             merged.pop("image_size", None)

@@ -60,6 +60,14 @@ def to_tensors(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _to_numpy(value: Any) -> Any:
+    """A tensor (any device, with or without grad) as a CPU numpy array; others as they are."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+    return value
+
+
 class JobDataset(IterableDataset):  # type: ignore[type-arg]
     """The batches of a registered job, as dicts of tensors with the ``_id`` column.
 
@@ -259,6 +267,37 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     def stats(self) -> dict[str, Any]:
         """The job's counters (batches, rows, epoch, rows per second...)."""
         return self._open().stats()
+
+    def report(self, ids: torch.Tensor | np.ndarray, losses: torch.Tensor | np.ndarray) -> None:
+        """Report the per-row losses of a batch of a job with ``importance = 'loss'``: rows
+        that score high (SHADE's rank of the loss within its batch,
+        :mod:`tabloader.sampling.importance`) are drawn more often from the next epoch on.
+
+        ``ids``: the batch's ``batch["_id"]``; ``losses``: one loss per row (e.g.
+        ``F.cross_entropy(out, y, reduction="none")``), a tensor on any device (it is
+        detached and copied to the CPU) or an array. Every rank of a data-parallel job reports
+        its own batches; they score the job's one set of rows. ``state_dict()`` keeps the
+        scores (a resume draws as the run would have).
+
+        Example:
+            >>> for batch in JobLoader(ds):                              # doctest: +SKIP
+            ...     per_row = F.cross_entropy(model(batch["image"]), batch["label"],
+            ...                               reduction="none")
+            ...     ds.report(batch["_id"], per_row)
+            ...     (per_row * batch["_weight"]).mean().backward()
+
+        Raises:
+            LoaderError: the job is not open (iterate it first), has no ``importance =
+                'loss'``, or the arrays are bad (shapes, dtypes, non-finite losses, rows not
+                of the job).
+        """
+        self._here()
+        if self._stream is None:
+            raise LoaderError(
+                f"Job {self.job!r}: report() scores rows of the batches this dataset yielded; "
+                "iterate it first."
+            )
+        self._stream.report(_to_numpy(ids), _to_numpy(losses))
 
     def state_dict(self, unused: int = 0) -> dict[str, Any]:
         """Where the job is (epoch, rows not yet delivered) and its generator's state.

@@ -187,9 +187,16 @@ def _forbid(node: exp.Expr, what: str, fix: str) -> ForbiddenExpressionError:
 
 
 def check_predicate(
-    where: str | exp.Expression, ds: Dataset, *, limits: Limits | None = None
+    where: str | exp.Expression,
+    ds: Dataset,
+    *,
+    limits: Limits | None = None,
+    what: str = "a job predicate",
 ) -> str:
     """Check a job predicate against the allow-list and ``ds``'s columns (and ``limits``).
+
+    A job's ``weight`` expression is checked by the same rules (``what``: "a job's weight",
+    as the errors name it).
 
     Returns:
         the normalized predicate SQL (unqualified columns, DuckDB syntax).
@@ -203,7 +210,7 @@ def check_predicate(
         if isinstance(node, exp.Subquery | exp.Select | exp.Query):
             raise _forbid(
                 node,
-                "Subqueries are not allowed in a job predicate.",
+                f"Subqueries are not allowed in {what}.",
                 "Filter with comparisons on the dataset's own columns.",
             )
         if isinstance(node, exp.Anonymous):
@@ -211,7 +218,7 @@ def check_predicate(
                 continue
             raise _forbid(
                 node,
-                f"Function {node.name}() is not allowed in a job predicate.",
+                f"Function {node.name}() is not allowed in {what}.",
                 "Use comparisons, IN, BETWEEN, LIKE, arithmetic, casts or one of the "
                 f"functions {_FUNCTION_LIST}.",
             )
@@ -219,18 +226,18 @@ def check_predicate(
             name = node.sql(dialect="duckdb") if isinstance(node, exp.Func) else node.key.upper()
             raise _forbid(
                 node,
-                f"'{name[:40]}' is not allowed in a job predicate.",
+                f"'{name[:40]}' is not allowed in {what}.",
                 "Use comparisons, boolean logic, IN, BETWEEN, LIKE, IS NULL, arithmetic,"
                 f" casts and the functions {_FUNCTION_LIST} on the dataset's columns.",
             )
         if isinstance(node, exp.Column):
-            _check_column(node, ds)
+            _check_column(node, ds, what)
     if limits is not None:
         check_sizes(expr, limits)
     return expr.sql(dialect="duckdb")
 
 
-def _check_column(node: exp.Column, ds: Dataset) -> None:
+def _check_column(node: exp.Column, ds: Dataset, what: str) -> None:
     line, col = position(node)
     if node.table and node.table != ds.name:
         raise UnknownColumnError(
@@ -248,9 +255,14 @@ def _check_column(node: exp.Column, ds: Dataset) -> None:
             col=col,
         )
     if name not in ds.queryable:
+        use = (
+            ("filtered on", "Filter on")
+            if what == "a job predicate"
+            else (f"used in {what}", "Use")
+        )
         raise ForbiddenExpressionError(
             f"Column '{name}' holds binary payload, which is not stored in DuckDB and cannot be "
-            f"filtered on. Filter on {', '.join(c for c in ds.queryable if c != ID_COLUMN)} "
+            f"{use[0]}. {use[1]} {', '.join(c for c in ds.queryable if c != ID_COLUMN)} "
             "instead.",
             line=line,
             col=col,

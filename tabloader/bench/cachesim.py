@@ -43,7 +43,7 @@ import heapq
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -373,7 +373,7 @@ class PolicyCache:
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
-        self.state: dict[int, tuple[float, int, int, int]] = {}  # row -> (next, uses, last, ver)
+        self.state: dict[int, tuple[float, float, int, int]] = {}  # row -> (next, uses, last, ver)
         self._heap: list[tuple[tuple[float, ...], int, int]] = []  # (keys, version, row)
         self._version = 0
 
@@ -383,7 +383,7 @@ class PolicyCache:
     def __contains__(self, row: int) -> bool:
         return row in self.state
 
-    def put(self, row: int, next_use: float, uses: int, last_use: int) -> None:
+    def put(self, row: int, next_use: float, uses: float, last_use: int) -> None:
         """Cache ``row`` (or update it) with these eviction inputs."""
         self._version += 1
         self.state[row] = (next_use, uses, last_use, self._version)
@@ -413,7 +413,13 @@ class PolicyCache:
 
 
 def replay(
-    stream: Stream, policy: EvictionPolicy, capacity: int, window: int, *, pins: bool = True
+    stream: Stream,
+    policy: EvictionPolicy,
+    capacity: int,
+    window: int,
+    *,
+    pins: bool = True,
+    expected: Callable[[int, int], float] | None = None,
 ) -> int:
     """Replay ``stream`` through a :class:`PolicyCache` of ``capacity`` rows ranked by ``policy``.
 
@@ -422,7 +428,9 @@ def replay(
     this epoch; its last use is the position of its last request. With ``pins`` the rest of
     the current round is pinned, as the engine's batches pin their rows (the textbook LRU
     baseline runs without). The requested row is cached before the eviction, so it may be
-    the victim (not kept). Returns the number of reads.
+    the victim (not kept). ``expected(i, row)``, when given, adds a weighted job's expected
+    draws of ``row`` left after request ``i`` to its uses (the arena adds
+    ``DependentSampler.expected_draws`` alike). Returns the number of reads.
     """
     rows = stream.rows.tolist()
     n = len(rows)
@@ -451,8 +459,12 @@ def replay(
         for i in range(a, b):
             row = rows[i]
             pinned.discard(row)
-            uses = int(ref[row]) - counts[i]
-            ref[row] = uses
+            left = int(ref[row]) - counts[i]
+            ref[row] = left
+            if expected is not None:  # draws with replacement are no reference counts: a
+                uses: float = max(left, 0) + expected(i, row)  # weighted job's rows stay at 0
+            else:
+                uses = left
             nu = nxt[i]
             if nu < n and nu > i + window:
                 heapq.heappush(reveal, (nu - window, row, nu))

@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyroaring import BitMap
 
@@ -42,6 +42,9 @@ from catalog.directory import read_file
 from tabloader.cluster.leader import Leader, WorkList
 from tabloader.cluster.names import NAMESPACE, get_leader, leader_name, loader_name
 from tabloader.cluster.record import DIAL_TIMEOUT_S, dial, record_leader
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "LEADER_DEFAULTS",
@@ -92,6 +95,11 @@ class LeaderActor:
         """A rank leaves (:meth:`Leader.leave`)."""
         self.leader.leave(name, **kw)
         self._save()
+
+    def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
+        """A rank scored rows by their losses (:meth:`Leader.report`); checkpointed with the
+        next acknowledgement (a restarted leader loses at most the reports since)."""
+        self.leader.report(name, ids, losses)
 
     def remove_node(self, node: str, reason: str = "") -> list[str]:
         """A node left the cluster (:meth:`Leader.remove_node`)."""

@@ -48,6 +48,7 @@ from catalog.options import JobSpec
 from tabloader.cluster.membership import Membership
 from tabloader.cluster.placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
+from tabloader.sampling.importance import ImportanceScores
 
 if TYPE_CHECKING:
     from catalog import Job
@@ -113,6 +114,7 @@ class _Job:
     last_epoch: int | None = None  # the job reads epochs up to this one (None: no end)
     done: dict[int, IntArray] = field(default_factory=dict)  # epoch -> rows acked per rank
     later: list[_EpochPart] = field(default_factory=list)  # restored epochs after ``epoch``
+    spec: JobSpec | None = None  # the options its ranks opened it with (its sampler's)
 
 
 class Leader:
@@ -174,8 +176,10 @@ class Leader:
         nodes: Sequence[str],
         batch_size: int,
         dataset: str = "",
+        spec: JobSpec | None = None,
     ) -> None:
-        """Register ``name``: its rows, the node of each of its ranks and its batch size.
+        """Register ``name``: its rows, the node of each of its ranks and its batch size
+        (``spec``: its options, which the sampler reads: ``importance`` for ``report``).
 
         Jobs of the same ``dataset`` (a dataset version: rows with the same id are the same
         row) share one sampler; jobs of different datasets never share rows.
@@ -183,7 +187,9 @@ class Leader:
         Raises:
             SamplingError: the name is taken, ``ids`` is empty, or no ranks.
         """
-        self._add(name, ids, nodes=nodes, batch_size=batch_size, dataset=dataset, parts=[])
+        self._add(
+            name, ids, nodes=nodes, batch_size=batch_size, dataset=dataset, parts=[], spec=spec
+        )
 
     def add_catalog_job(self, job: Job, *, nodes: Sequence[str], batch_size: int) -> None:
         """:meth:`add_job` for a catalog :class:`~catalog.Job` (its rows and dataset version)."""
@@ -205,6 +211,8 @@ class Leader:
         dataset: str,
         parts: list[_EpochPart],
         epoch: int = 0,
+        spec: JobSpec | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         if name in self._jobs:
             raise SamplingError(f"Job {name!r} is already on the leader; remove_job() it first.")
@@ -218,7 +226,9 @@ class Leader:
             )
             self._placers[dataset] = Placer(slack=self.slack)
         first = parts.pop(0) if parts else _EpochPart(epoch, ids, [0] * len(nodes))
-        sampler.add_job(name, ids, remaining=first.remaining, epoch=first.epoch)
+        sampler.add_job(
+            name, ids, spec, remaining=first.remaining, epoch=first.epoch, scores=scores
+        )
         self._placers[dataset].add_job(
             name,
             size=len(ids),
@@ -236,6 +246,7 @@ class Leader:
             epoch=first.epoch,
             left=len(first.remaining),
             later=parts,
+            spec=spec,
         )
         job.done[first.epoch] = np.asarray(first.counts, dtype=np.int64)
         self._jobs[name] = job
@@ -264,6 +275,17 @@ class Leader:
     def nodes(self) -> list[str]:
         """Every node that runs a rank of some job, sorted."""
         return sorted({n for job in self._jobs.values() for n in job.nodes})
+
+    def report(self, name: str, ids: IntArray, losses: npt.NDArray[np.float64]) -> None:
+        """A rank of ``name`` scored rows by their losses (``importance = 'loss'``): to the
+        sampler of the job's dataset (``DependentSampler.report``).
+
+        Raises:
+            SamplingError: an unknown job, one without ``importance = 'loss'``, or rows not
+                of the job.
+        """
+        job = self._job(name)
+        self._samplers[job.group].report(name, ids, losses)
 
     def epoch(self, name: str) -> int:
         """The epoch ``name`` is sampling now."""
@@ -317,7 +339,14 @@ class Leader:
         if joined is None:
             return False
         nodes = [joined.nodes[r] for r in range(world_size)]
-        self.add_job(name, joined.ids, nodes=nodes, batch_size=joined.batch_size, dataset=dataset)
+        self.add_job(
+            name,
+            joined.ids,
+            nodes=nodes,
+            batch_size=joined.batch_size,
+            dataset=dataset,
+            spec=joined.spec,
+        )
         if epochs is not None:
             self._jobs[name].last_epoch = epochs - 1
         return True
@@ -410,8 +439,16 @@ class Leader:
     def _start_epoch(self, job: _Job, sampler: DependentSampler, placer: Placer) -> None:
         if job.later:
             part = job.later.pop(0)
+            scores = sampler.importance_scores(job.name)  # kept across the re-add
             sampler.remove_job(job.name)
-            sampler.add_job(job.name, job.ids, remaining=part.remaining, epoch=part.epoch)
+            sampler.add_job(
+                job.name,
+                job.ids,
+                job.spec,
+                remaining=part.remaining,
+                epoch=part.epoch,
+                scores=scores,
+            )
             placer.remove_job(job.name)
             placer.add_job(
                 job.name,
@@ -513,8 +550,14 @@ class Leader:
         out.extend(_EpochPart(p.epoch, BitMap(p.remaining), list(p.counts)) for p in job.later)
         return out
 
+    def _scores_state(self, job: _Job) -> dict[str, Any] | None:
+        """An importance job's scores for the checkpoint (None: not one)."""
+        scores = self._samplers[job.group].importance_scores(job.name)
+        return None if scores is None else scores.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
-        """Each job's epochs not complete (rows owed, rows per rank done), as plain values."""
+        """Each job's epochs not complete (rows owed, rows per rank done), its options and an
+        importance job's scores, as plain values."""
         jobs = []
         for job in self._jobs.values():
             parts = self._parts(job)
@@ -527,6 +570,8 @@ class Leader:
                     "left": sorted(self._members.left.get(job.name, ())),
                     "last_epoch": job.last_epoch,
                     "ids": job.ids.serialize(),
+                    "spec": None if job.spec is None else job.spec.to_wire(),
+                    "importance": self._scores_state(job),
                     # the epoch that starts next when no epoch is owed
                     "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
                     "epochs": [
@@ -579,6 +624,12 @@ class Leader:
                 dataset=j["dataset"],
                 parts=parts,
                 epoch=int(j["epoch"]),
+                spec=None if j.get("spec") is None else JobSpec.from_wire(j["spec"]),
+                scores=(
+                    None
+                    if j.get("importance") is None
+                    else ImportanceScores.from_state(j["importance"])
+                ),
             )
             leader._members.left[j["name"]] = set(j.get("left", ()))
             leader._jobs[j["name"]].last_epoch = j.get("last_epoch")

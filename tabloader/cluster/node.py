@@ -221,6 +221,24 @@ class NodeFeed:
                     )
                     return
 
+    def report(self, job: str, ids: np.ndarray, losses: np.ndarray) -> None:
+        """A rank of ``job`` on this node scored rows by their losses: to the leader's sampler
+        (which draws the job's rows), whose error is raised here as it raised it there."""
+        import ray
+
+        try:
+            ray.get(self.leader.report.remote(job, ids, losses), timeout=LEADER_WAIT_S)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)  # the leader's own error, raised there
+            if isinstance(cause, TabloaderError):
+                raise LoaderError(f"{cause}") from None
+            raise
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            raise LoaderError(
+                f"Job {job!r}: the cluster leader did not take the losses reported ({exc}); "
+                "report the next batch's (the leader may be restarting)."
+            ) from None
+
     # -- the feed thread -----------------------------------------------------------------------
     def _hungry(self) -> bool:
         with self._lock:

@@ -33,6 +33,7 @@ from catalog.bitmaps import ID_COLUMN
 from tabloader.engine.arena import Arena
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.handoff import (
+    WEIGHT_COLUMN,
     Augment,
     Augmented,
     Column,
@@ -132,6 +133,9 @@ def _batch(
     """The batch of the rows kept: its ids, then the job's columns in its order."""
     rows = work.rows.copy() if keep is None else work.rows[keep]
     columns: list[Column] = [Held(ID_COLUMN, rows)]
+    if work.weights is not None:  # a weighted job's: after the ids, before its own columns
+        weights = work.weights.copy() if keep is None else work.weights[keep]
+        columns.append(Held(WEIGHT_COLUMN, weights))
     for name in work.plan.columns:
         if name in prepared:
             columns.append(prepared[name])

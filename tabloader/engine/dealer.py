@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
 from tabloader.engine.jobqueue import NO_ROWS
 from tabloader.engine.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
@@ -156,9 +157,20 @@ class Dealer:
             work = Work(
                 rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
             )
+            work.weights = self.weights(epoch, rows)
             rank.batches.append(work)
             rank.requests += rows.size * len(job.plan.columns)
             self._submit(work)
+
+    def weights(self, epoch: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
+        """The batch's ``_weight`` column: a weighted job's ``1 / (N p_row)`` from its sampler
+        (``row_weights``), asked in cut order (it forgets the epochs before); None for a plain
+        job (and a fed one: no sampler here)."""
+        row_weights = getattr(self.job.queue.sampler, "row_weights", None)
+        if row_weights is None:
+            return None
+        got = row_weights(self.job.name, epoch, rows)
+        return None if got is None else np.asarray(got, dtype=np.float32)
 
     # -- state ---------------------------------------------------------------------------------
     def trim_log(self) -> None:
@@ -181,18 +193,32 @@ class Dealer:
 
     def state(self, rank: RankState, back: int = 0) -> dict[str, Any]:
         """The job's state at ``rank``'s step ``back`` batches ago (``position``): its epoch
-        and the rows of that epoch not in the batches every rank had taken at that step."""
+        and the rows of that epoch not in the batches every rank had taken at that step.
+
+        A weighted job with replacement has draws left, not rows: its state is that many rows
+        (its first ids: which ones does not matter, a job resumed with ``remaining`` draws
+        ``len(remaining)`` more in that epoch)."""
         job, q = self.job, self.job.queue
         epoch, taken = rank.position(back)
         behind = taken * job.world_size  # batches of the epoch every rank has had
         parts = [rows for e, k, rows in self.log if e == epoch and k >= behind]
         parts.append(q.q_rows[q.q_epochs == epoch])
+        if self._draws():
+            left = sum(p.size for p in parts) + (q.left if epoch == q.epoch else 0)
+            left = len(job.ids) if epoch > q.epoch else left
+            ids = bitmap_to_array(job.ids)[:left].astype(np.uint32)
+            return {"job": job.name, "epoch": epoch, "remaining": BitMap(ids).serialize()}
         rows = BitMap(np.concatenate(parts).astype(np.uint32))
         if epoch == q.epoch and q.left > 0:
             rows |= q.remaining(job.name)
         elif epoch > q.epoch:  # nothing of that epoch handed out yet
             rows = BitMap(job.ids)
         return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
+
+    def _draws(self) -> bool:
+        """Whether the job's epochs are counts of draws (a weighted job with replacement)."""
+        weighted = getattr(self.job.queue.sampler, "weighted", None)
+        return bool(weighted is not None and weighted(self.job.name) and self.job.spec.replacement)
 
     def check_state(self, rank: int, remaining: BitMap | None, epoch: int) -> None:
         """Rank ``rank`` joins with the state ``remaining`` rows of ``epoch`` (or None).

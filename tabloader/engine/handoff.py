@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LAYOUT_VERSION",
+    "WEIGHT_COLUMN",
     "Arrow",
     "Augment",
     "Augmented",
@@ -54,6 +55,9 @@ __all__ = [
 ]
 
 LAYOUT_VERSION = 1  # of the wire encoding: both ends read the same
+WEIGHT_COLUMN = "_weight"
+"""A weighted job's batch column after ``_id``: float32 ``1 / (N p_row)`` per row (a plain
+job's batches have none); it travels as any held column does."""
 ALIGN = 64  # bytes: where each staged piece starts
 
 Memory = npt.NDArray[np.uint8]

@@ -70,6 +70,9 @@ class JobQueue:
     q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     epoch: int = 0  # epoch of the rows the sampler hands out next
     left: int = 0  # rows of that epoch the sampler still has to hand out
+    # the job draws with replacement (a weighted job): a row may come twice in an epoch or
+    # never, so its rows count as future uses when sampled, not all at the epoch's start
+    repeats: bool = False
     # where the job started: its first epoch has ``first_rows`` rows (fewer when resumed)
     first_epoch: int = 0
     first_rows: int = 0

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +50,9 @@ from tabloader.engine.jobqueue import NO_ROWS, JobQueue
 from tabloader.engine.prep import Fit
 from tabloader.engine.ranks import rank_share
 from tabloader.engine.work import Plan, Work
+
+if TYPE_CHECKING:
+    from tabloader.sampling.importance import ImportanceScores
 
 __all__ = [
     "MAX_UNDELIVERED",
@@ -137,6 +140,10 @@ class JobState:
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
     spec: JobSpec = field(default_factory=JobSpec)  # the options it was opened with
+    # a weighted job's weight of each row (option weight), aligned with ``id_array``
+    weights: npt.NDArray[np.float64] | None = None
+    # an importance job resumed from a state: the scores it had (its sampler draws from them)
+    scores: ImportanceScores | None = None
     gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
     # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
     gone_from: int | None = None

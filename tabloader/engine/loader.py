@@ -27,7 +27,8 @@ from catalog import Catalog, open_catalog
 from catalog.api import CatalogAPI
 from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
-from catalog.errors import CacheError, LoaderError
+from catalog.errors import CacheError, LoaderError, SamplingError
+from catalog.options import JobSpec
 from catalog.settings import SETTINGS, physical_memory, setting
 from catalog.storage import DatasetReader
 from tabloader.engine.accounting import AccessLog
@@ -49,6 +50,7 @@ from tabloader.engine.shm import Segment, shm_available
 from tabloader.engine.stream import JobStream, ServedStream
 from tabloader.engine.work import Plan, Receiver
 from tabloader.sampling import SAMPLERS, IndependentSampler
+from tabloader.sampling.importance import ImportanceScores
 
 if TYPE_CHECKING:
     from catalog import Dataset, Job
@@ -380,6 +382,11 @@ class Loader:
             batch_size = spec.batch_size
             given = prefetch
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
+            if fed and info.weights is not None:
+                raise LoaderError(
+                    f"Job {info.name!r}: weighted jobs (WITH (weight = ...)) are not supported on "
+                    "a Ray cluster yet; open it in a loader service or in-process."
+                )
             if fed and not spec.drop_last:
                 raise LoaderError(
                     f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "
@@ -435,8 +442,10 @@ class Loader:
             fed=fed,
             rank_rows=share,
             spec=spec,
+            weights=info.weights,
         )
         remaining, epoch = (None, 0) if state is None else _check_state(state, info)
+        state_obj.scores = None if state is None else _resumed_scores(state, spec, info)
         joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)
         logger.info(
             "job %s opened on %s (%d rows)%s",
@@ -614,6 +623,24 @@ def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
             "job re-registered since? Start it without a state."
         )
     return remaining, epoch
+
+
+def _resumed_scores(state: dict[str, Any], spec: JobSpec, job: Job) -> ImportanceScores | None:
+    """The importance scores a job state carries (``DatasetScheduler.state_dict``), for a job
+    opened with ``importance = 'loss'`` (None: a fresh start from the prior)."""
+    saved = state.get("importance")
+    if saved is None or spec.importance != "loss":
+        return None
+    try:
+        scores = ImportanceScores.from_state(saved)
+    except SamplingError as exc:
+        raise LoaderError(f"The state's importance scores are bad: {exc}") from None
+    if not np.array_equal(scores.ids, bitmap_to_array(job.ids)):
+        raise LoaderError(
+            f"The state's importance scores are of other rows than job {job.name!r}'s; was the "
+            "job re-registered since? Start it without a state."
+        )
+    return scores
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}

@@ -200,15 +200,21 @@ def _given(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def state_to_wire(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap in hex.
+    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap, and
+    an importance job's scores (``ImportanceScores.state_dict()``: bytes), in hex.
 
     Raises:
         LoaderError: ``state`` is not one.
     """
     try:
-        return {**state, "remaining": bytes(state["remaining"]).hex()}
-    except (TypeError, KeyError, ValueError) as exc:
+        wire = {**state, "remaining": bytes(state["remaining"]).hex()}
+        if state.get("importance") is not None:
+            wire["importance"] = {
+                k: v.hex() if isinstance(v, bytes) else v for k, v in state["importance"].items()
+            }
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
+    return wire
 
 
 def state_from_wire(state: Any) -> dict[str, Any]:
@@ -218,9 +224,14 @@ def state_from_wire(state: Any) -> dict[str, Any]:
         LoaderError: ``state`` is not one.
     """
     try:
-        return {**state, "remaining": bytes.fromhex(state["remaining"])}
-    except (TypeError, KeyError, ValueError) as exc:
+        out = {**state, "remaining": bytes.fromhex(state["remaining"])}
+        if state.get("importance") is not None:
+            scores = state["importance"]
+            out["importance"] = {**scores, "ids": bytes.fromhex(scores["ids"])}
+            out["importance"]["ranks"] = bytes.fromhex(scores["ranks"])
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
+    return out
 
 
 def _malformed(what: str) -> ServiceError:

@@ -14,7 +14,11 @@
   refills as it consumes (a round when an eighth of its horizon is free), so its next uses
   stay known; a round samples at most ``ROUND_ROWS`` rows (the first batch waits for one).
 * **Future uses** (the arena's eviction inputs) follow each queue change:
-  :mod:`tabloader.engine.uses`.
+  :mod:`tabloader.engine.uses`. A job that draws with replacement (weighted, SHADE's
+  importance) counts its rows when they are sampled, and adds, beyond what it sampled, its
+  *expected* draws of each row (the epoch's probability times the draws left,
+  ``DependentSampler.expected_draws``): :meth:`JobQueues.expected`, SHADE's priority cache in
+  the arena's one policy.
 * **Own pace.** A slow job's queue reaches its horizon and it stops taking part in rounds; the
   fast jobs go on alone. Nobody waits for anybody.
 * **Joining.** When a job opens, the jobs of its sampler give back (``give_back``) the rows
@@ -40,12 +44,19 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_to_array
 from catalog.errors import LoaderError
+from catalog.options import JobSpec
 from tabloader.engine.jobqueue import NO_ROWS, JobQueue
 from tabloader.engine.jobs import JobState
 from tabloader.engine.uses import FutureUses
 from tabloader.sampling.base import Sampler
 
-__all__ = ["LOOKAHEAD_CACHES", "LOOKAHEAD_ROWS", "ROUND_ROWS", "JobQueues"]
+__all__ = [
+    "LOOKAHEAD_CACHES",
+    "LOOKAHEAD_ROWS",
+    "ROUND_ROWS",
+    "JobQueues",
+    "draws_with_replacement",
+]
 
 LOOKAHEAD_CACHES = 2
 """The lookahead window, in rounds, in arena capacities (of the job's values); each job samples
@@ -55,6 +66,12 @@ ROUND_ROWS = 2048  # rows a round samples at most (a long lookahead fills over s
 LOOKAHEAD_ROWS = 1 << 18
 """A job's horizon at most, per rank (its queue: 24 bytes a row): a cache of tiny values can
 hold millions, and a window that large costs more memory than it saves decodes."""
+
+
+def draws_with_replacement(spec: JobSpec) -> bool:
+    """Whether a job of ``spec`` draws with replacement: weighted (``weight``, ``importance``)
+    with ``replacement`` on (a row may come twice in an epoch, or never)."""
+    return bool((spec.weight is not None or spec.importance is not None) and spec.replacement)
 
 
 class JobQueues:
@@ -89,14 +106,24 @@ class JobQueues:
         q = job.queue
         q.sampler = sampler = self.sampler if job.plan.prepared else self.gather_sampler
         if remaining is None:
-            sampler.add_job(job.name, job.ids, job.spec)
+            sampler.add_job(job.name, job.ids, job.spec, weights=job.weights)
             remaining = job.ids
-        else:
-            sampler.add_job(job.name, job.ids, job.spec, remaining=remaining, epoch=epoch)
+        else:  # an importance job resumes with its scores (``JobState.scores``)
+            sampler.add_job(
+                job.name,
+                job.ids,
+                job.spec,
+                remaining=remaining,
+                epoch=epoch,
+                weights=job.weights,
+                scores=job.scores,
+            )
             q.epoch = epoch
         q.left = q.first_rows = len(remaining)
         q.first_epoch = q.epoch
-        self.future.count(q, bitmap_to_array(remaining), +1)
+        q.repeats = draws_with_replacement(job.spec)
+        if not q.repeats:
+            self.future.count(q, bitmap_to_array(remaining), +1)
         self._rebase(job)
         self.jobs[job.name] = job
 
@@ -113,7 +140,7 @@ class JobQueues:
         q = job.queue
         self.future.unqueued(q, q.clear(), self._queues())
         if q.sampler is not None:  # a fed job has none here
-            if q.left:  # the rows of this epoch that the sampler still had for the job
+            if q.left and not q.repeats:  # the rows of this epoch the sampler still had for it
                 self.future.count(q, bitmap_to_array(q.remaining(job.name)), -1)
             q.sampler.remove_job(job.name)
 
@@ -172,13 +199,16 @@ class JobQueues:
             if j.queue.left == 0:  # the sampler starts the job's next epoch on this call
                 j.queue.epoch += 1
                 j.queue.left = len(j.ids)
-                self.future.count(j.queue, j.id_array, +1)
+                if not j.queue.repeats:
+                    self.future.count(j.queue, j.id_array, +1)
         k = min(ROUND_ROWS, *(j.room() + j.batch_size for j in want), *(j.queue.left for j in want))
         ids = sampler.sample_many([j.name for j in want], k)
         base, self.round = self.round, self.round + k
         rounds = np.arange(base, base + k, dtype=np.int64)
         for j in want:
             j.queue.left -= k
+            if j.queue.repeats:
+                self.future.count(j.queue, ids[j.name], +1, repeats=True)
             self._queue(j.queue, ids[j.name], rounds)
 
     def _set_horizons(self) -> None:
@@ -249,9 +279,23 @@ class JobQueues:
             if keep == q.q_rows.size:
                 continue
             rows = q.keep(keep)
-            self.future.unqueued(q, rows, self._queues(), used=False)
+            # a row given back stays a future use of an epoch counted at its start; a draw
+            # with replacement given back is drawn again, counted again when it is
+            self.future.unqueued(q, rows, self._queues(), used=q.repeats)
             give_back(j.name, rows)
             q.left += int(rows.size)
+
+    def expected(self, space: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64] | None:
+        """The expected draws of ``rows`` beyond what is sampled, by the open jobs that draw
+        with replacement in arena ``space`` (None when there is none: the usual case).
+
+        The dependent sampler sums them over its weighted jobs: two such jobs in different
+        arena spaces add to each other's rows there (a ranking hint for the eviction only).
+        """
+        if not any(j.queue.repeats and space in j.queue.spaces() for j in self.jobs.values()):
+            return None
+        draws: npt.NDArray[np.float64] = self.sampler.expected_draws(rows)
+        return draws
 
     # -- cutting -----------------------------------------------------------------------------------
     def pop(self, job: JobState, n: int) -> npt.NDArray[np.int64]:

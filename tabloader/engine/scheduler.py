@@ -48,12 +48,14 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from catalog.errors import LoaderError
+from catalog.errors import LoaderError, SamplingError
 from tabloader.engine.dealer import Dealer
 from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
 from tabloader.engine.queues import JobQueues
+from tabloader.engine.streams import no_importance
 from tabloader.engine.work import Work
+from tabloader.sampling.importance import ImportanceScores
 
 __all__ = ["DatasetScheduler"]
 
@@ -259,9 +261,13 @@ class DatasetScheduler:
         """The arena's eviction inputs: (round of next queued use, future uses) per row.
 
         A row of a batch cut and submitted but not yet looked up (so not pinned yet) is
-        counted as a use due before every queued one (round -1).
+        counted as a use due before every queued one (round -1). A job drawing with
+        replacement adds its expected draws of the row (:meth:`JobQueues.expected`).
         """
         n, u = self.queues.future.of(space, rows)
+        expected = self.queues.expected(space, rows)
+        if expected is not None:  # weighted jobs' draws beyond what they sampled (SHADE)
+            u = u + expected
         starting = self.fetcher.starting(space, rows)
         if starting.any():
             n[starting > 0] = -1
@@ -455,21 +461,54 @@ class DatasetScheduler:
             "reads each epoch together; start every rank again (from a state_dict to resume)."
         )
 
+    def report(
+        self, rank: RankState, ids: npt.NDArray[np.int64], losses: npt.NDArray[np.float64]
+    ) -> None:
+        """Hand per-row losses of a batch of ``rank`` to its job's sampler (``Sampler.report``),
+        under the lock its rounds are drawn under; every rank of a job reports to the job's
+        one entry there.
+
+        Raises:
+            LoaderError: the job was not opened with ``importance = 'loss'``, the rank is
+                closed, the job is fed (its sampler is the cluster leader's: the service
+                forwards there), or the sampler refused the rows (not the job's).
+        """
+        job = rank.job
+        if job.spec.importance != "loss":
+            raise no_importance(job.name)
+        with self.cond:
+            self._check(rank)
+            sampler = job.queue.sampler
+            if sampler is None:
+                raise LoaderError(
+                    f"Job {job.name!r} is fed by a cluster leader, which takes its reports; "
+                    "report through the node's loader service (a RemoteStream)."
+                )
+            try:
+                sampler.report(job.name, ids, losses)
+            except SamplingError as exc:
+                raise LoaderError(f"Job {job.name!r}: {exc}") from None
+
     def record_stalls(
         self, rank: RankState, wait_s: float, compute_s: float, augment_s: float = 0.0
     ) -> None:
         """Add seconds a service's client measured: waiting for batches, between them, and
-        augmenting them (its own threads)."""
-        with self.cond:
-            rank.wait_s += wait_s
-            rank.compute_s += compute_s
-            rank.augment_s += augment_s
+        augmenting them (its own threads).
+
+        Without the scheduler's lock, as ``take`` counts an in-process rank's: only the rank's
+        own consumer (its connection's thread) writes these counters, and ``stats`` only reads
+        them. (Taken on every request, the lock was the most contended wait of four tiny-row
+        jobs' connections: 8% of the service's samples.)
+        """
+        rank.wait_s += wait_s
+        rank.compute_s += compute_s
+        rank.augment_s += augment_s
 
     def record_delivery(self, rank: RankState, rows: int) -> None:
-        """A service's client has handed a batch of ``rows`` rows to its job."""
-        with self.cond:
-            rank.delivered += 1
-            rank.rows += rows
+        """A service's client has handed a batch of ``rows`` rows to its job (no lock: see
+        ``record_stalls``)."""
+        rank.delivered += 1
+        rank.rows += rows
 
     def _wait_locked(self, rank: RankState, since: float) -> None:
         """Wait for news (``since``: when the rank's ``take`` began to wait).
@@ -551,7 +590,18 @@ class DatasetScheduler:
             )
         with self.cond:
             self._check(rank)
-            return self.dealers[job].state(rank, undelivered)
+            state = self.dealers[job].state(rank, undelivered)
+            scores = self._scores_locked(job)
+            if scores is not None:  # a resume draws from them (``Loader.open``)
+                state["importance"] = scores.state_dict()
+            return state
+
+    def _scores_locked(self, job: JobState) -> ImportanceScores | None:
+        """The importance scores of ``job`` in its sampler now (None: not an importance job)."""
+        sampler = job.queue.sampler
+        if job.spec.importance != "loss" or sampler is None:
+            return None
+        return sampler.importance_scores(job.name)
 
     def close(self) -> None:
         with self.cond:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from catalog.errors import LoaderError
 from tabloader.engine.jobs import JobState, RankState
 from tabloader.engine.scheduler import DatasetScheduler
+from tabloader.engine.streams import report_arrays
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -133,6 +134,19 @@ class JobStream:
         batch read ahead), counted too."""
         return self._scheduler.abandon(self._rank, epoch, ahead_rows)
 
+    def report(self, ids: Any, losses: Any) -> None:
+        """Score the rows ``ids`` of a batch of this job by their per-row ``losses`` (a job
+        with ``importance = 'loss'``: its next epochs draw the rows that score high more
+        often; see :mod:`tabloader.sampling.importance`). Every rank of a data-parallel job
+        reports into the job's one set of scores.
+
+        Raises:
+            LoaderError: bad arrays (``streams.report_arrays``), rows not of the job, or a job
+                without ``importance = 'loss'``.
+        """
+        checked_ids, checked_losses = report_arrays(ids, losses)
+        self._scheduler.report(self._rank, checked_ids, checked_losses)
+
     def state_dict(self, *, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is: its epoch and the rows of that epoch it has not received yet.
 
@@ -145,6 +159,9 @@ class JobStream:
         ``undelivered``: batches taken from this stream that the job has not trained on yet
         (at most ``MAX_UNDELIVERED``: the loader service's client reads one ahead, and a
         framework may fetch one before it trains); their rows count as still to come.
+
+        A job with ``importance = 'loss'`` also saves its scores (``importance``), as they
+        are when saved: a resume draws from them as the run would have.
 
         Raises:
             LoaderError: the stream is closed.

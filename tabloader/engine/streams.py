@@ -4,6 +4,9 @@ Two streams implement it: :class:`~tabloader.engine.stream.JobStream` (a loader 
 process) and :class:`~tabloader.service.client.RemoteStream` (a job of the loader service).
 ``tabloader.torch`` and the integrations take either. This module imports nothing of the
 engine, so a job process of the service can name the type without loading it.
+
+:func:`report_arrays` checks a job's reported losses (``Stream.report``) the same way on
+each side of the service: before they leave the job's process, and where they arrive.
 """
 
 from __future__ import annotations
@@ -11,12 +14,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
+
+from catalog.errors import LoaderError
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from catalog.options import JobSpec
 
-__all__ = ["Stream"]
+__all__ = ["REPORT_ROWS_MAX", "Stream", "no_importance", "report_arrays"]
+
+REPORT_ROWS_MAX = 65_536
+"""The most rows one report may carry: a minibatch's, never an epoch's (bounds the message)."""
 
 
 @runtime_checkable
@@ -58,6 +68,9 @@ class Stream(Protocol):
     def state_dict(self, *, undelivered: int = 0) -> dict[str, Any]:
         """Where the job is (``undelivered``: batches taken and not trained on yet)."""
 
+    def report(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """Score rows of a batch by their losses (a job with ``importance = 'loss'``)."""
+
     def abandon(self, epoch: int) -> int:
         """Give up the rest of ``epoch``; the rows given up."""
 
@@ -70,3 +83,50 @@ class Stream(Protocol):
     def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+def report_arrays(ids: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` (a batch's ``_id``) and their per-row ``losses`` as int64 and float64 arrays,
+    checked: 1-D, equally long, at most ``REPORT_ROWS_MAX`` rows, integer ids, finite real
+    losses.
+
+    Raises:
+        LoaderError: one of those does not hold (the message names the fix).
+    """
+    ids, losses = np.asarray(ids), np.asarray(losses)
+    if ids.ndim != 1 or losses.ndim != 1:
+        raise LoaderError(
+            f"report(ids, losses) takes 1-D arrays, one loss per row; got shapes {ids.shape} "
+            f"and {losses.shape}: compute the loss per row (reduction='none') and flatten it."
+        )
+    if ids.size != losses.size:
+        raise LoaderError(
+            f"report got {ids.size} ids and {losses.size} losses; pass batch['_id'] and one "
+            "loss per row of that batch."
+        )
+    if ids.size > REPORT_ROWS_MAX:
+        raise LoaderError(
+            f"report got {ids.size} rows, more than {REPORT_ROWS_MAX}; report each batch on "
+            "its own."
+        )
+    if ids.size and (ids.dtype.kind not in "iu" or losses.dtype.kind not in "iuf"):
+        raise LoaderError(
+            f"report takes integer ids (batch['_id']) and real losses, got dtypes {ids.dtype} "
+            f"and {losses.dtype}."
+        )
+    ids, losses = ids.astype(np.int64), losses.astype(np.float64)
+    finite = np.isfinite(losses)
+    if not bool(finite.all()):
+        raise LoaderError(
+            f"report got non-finite losses (NaN or inf) for rows {ids[~finite][:3].tolist()}; "
+            "report finite per-row losses (a diverged step: skip its report)."
+        )
+    return ids, losses
+
+
+def no_importance(job: str) -> LoaderError:
+    """The error of a report on ``job``, which does not draw by its losses."""
+    return LoaderError(
+        f"Job {job!r} reports losses but does not draw by them; register it WITH "
+        "(importance = 'loss') (or open it with importance='loss') to draw by them."
+    )

@@ -59,14 +59,20 @@ class FutureUses:
         self._mark = np.zeros(num_rows, bool)
         self.num_rows = num_rows
 
-    def count(self, job: JobQueue, rows: npt.NDArray[Any], delta: int) -> None:
-        """``job`` will use ``rows`` (``delta`` +1), or no longer will (-1)."""
+    def count(
+        self, job: JobQueue, rows: npt.NDArray[Any], delta: int, *, repeats: bool = False
+    ) -> None:
+        """``job`` will use ``rows`` (``delta`` +1), or no longer will (-1); ``repeats``:
+        ``rows`` may hold a row more than once (draws with replacement), each counted."""
         for space in job.spaces():
             counts = self.uses.get(space)
             if counts is None:
                 counts = self.uses[space] = np.zeros(self.num_rows, np.int32)
                 self.next_round[space] = np.full(self.num_rows, np.inf)
-            counts[rows.astype(np.intp, copy=False)] += delta
+            if repeats:
+                np.add.at(counts, rows, delta)
+            else:
+                counts[rows.astype(np.intp, copy=False)] += delta
 
     def queued(
         self, job: JobQueue, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]

@@ -73,6 +73,7 @@ class Work:
         "skip",
         "values",
         "waiting",
+        "weights",
     )
 
     def __init__(
@@ -93,6 +94,8 @@ class Work:
         self.plan = plan
         self.skip = skip
         self.values: dict[str, Any] = {}
+        # a weighted job's ``_weight`` of each row (the dealer sets it); None: a plain job's
+        self.weights: npt.NDArray[np.float32] | None = None
         self.gathered = False  # ``values`` were read (before the decodes, or after them)
         n = len(plan.prepared)
         self.offsets = [np.full(rows.size, -1, np.int64) for _ in range(n)]

@@ -18,6 +18,7 @@ from catalog.errors import SamplingError
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
+    from tabloader.sampling.importance import ImportanceScores
 
 __all__ = [
     "Sampler",
@@ -46,10 +47,15 @@ class Sampler(Protocol):
         *,
         remaining: BitMap | None = None,
         epoch: int = 0,
+        weights: np.ndarray | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         """Register ``name``; its first epoch is all of ``ids`` (or ``remaining`` of them,
-        epoch ``epoch``, when it resumes). ``spec``: the job's options, kept with it (a sampler
-        that weighs jobs reads them; the two here draw every job alike)."""
+        epoch ``epoch``, when it resumes). ``spec``: the job's options (``importance`` and
+        ``replacement`` are read). ``weights`` (float64, aligned with ``ids`` ascending) or
+        ``spec.importance == 'loss'`` make the job *weighted*: it draws from its own
+        distribution (:mod:`tabloader.sampling.weighted`). ``scores``: an importance job
+        resumes with these (``importance_scores`` of the run saved) instead of the prior."""
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; no other job gains, loses or repeats a row."""
@@ -75,6 +81,23 @@ class Sampler(Protocol):
     def refcounts(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`refcount` for many rows (int64 array)."""
 
+    def expected_draws(self, ids: np.ndarray) -> np.ndarray:
+        """Per row, its expected draws left in the weighted jobs' epochs (float64)."""
+
+    def weighted(self, name: str) -> bool:
+        """Whether ``name`` is a weighted job."""
+
+    def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
+        """One reported batch of losses of an ``importance = 'loss'`` job."""
+
+    def importance_scores(self, name: str) -> ImportanceScores | None:
+        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
+        what a job's state saves, and ``add_job(scores=)`` resumes with."""
+
+    def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
+        """The ``_weight`` column of ``rows`` handed to ``name`` in ``epoch`` (float32), or
+        None for a plain job."""
+
     def state_dict(self) -> dict[str, Any]:
         """A plain dict to resume from exactly (bitmaps as serialized bytes)."""
 
@@ -92,7 +115,7 @@ class Uniforms:
 
     BLOCK = 8192
 
-    def __init__(self, seed: int | None) -> None:
+    def __init__(self, seed: int | np.random.SeedSequence | None) -> None:
         self.rng = np.random.default_rng(seed)
         self.buf: list[float] = []
         self.i = 0

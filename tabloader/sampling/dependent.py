@@ -14,6 +14,60 @@ A round serves any subset ``A`` of the registered jobs, sorted by ``|R_j|`` asce
 All draws of a round see the round-start sets; the rows move to their new regions at
 the end of the round. The structure is described (and mapped onto JOADER's dependent
 sampling tree) in :mod:`tabloader.sampling.regions`.
+
+Weighted jobs (issue 39): sharing without bias
+----------------------------------------------
+A *weighted* job ``w`` (static weights, or ``importance = 'loss'``) has a next-draw
+distribution ``q``: the epoch's frozen ``q`` with replacement (an epoch is ``len(ids)``
+draws), or without replacement ``q`` restricted to ``w``'s rows not drawn yet this epoch,
+renormalised (rows of weight 0 last, uniformly). Weighted jobs hold no region bit: the plain
+jobs' rounds above run first, exactly as without them, and read the plain jobs' own uniform
+stream only, so **a weighted job never changes what a plain job draws**.
+
+Then, in each round, ``w`` couples to a *leader* ``L``, a plain job of the same round, whose
+draw ``x`` is uniform over its round-start set ``R`` (``p_i = 1/|R|`` on ``R``, else 0):
+
+1. keep ``x`` with probability ``min(1, q_x / p_x)`` (uniform ``a``: ``a < q_x |R|``);
+2. else draw from the residual ``r = (q - min(p, q))^+ / (1 - sum_i min(p_i, q_i))``, by
+   rejection: ``y ~ q``, accepted with probability ``1 - min(1, p_y / q_y)``.
+
+*Exactness.* Conditional on the whole history (every job's earlier rows, the round's plain
+uniforms), DSA's ``x`` is uniform over ``R`` (each plain job's draw is, whatever the others
+draw: JOADER's property, unchanged here) and ``a`` and the residual uniforms are fresh, so
+``P(out = i) = p_i min(1, q_i/p_i) + (1 - sum_j min(p_j, q_j)) r_i = min(p_i, q_i) +
+(q_i - min(p_i, q_i)) = q_i``: each draw follows ``q`` exactly given the past, hence with
+replacement the draws are i.i.d. ``q`` and without replacement the order is successive
+sampling by weight, whatever the plain jobs do. *Optimality.* ``P(out = x) >= sum_i min(p_i,
+q_i)`` (equality: the residual has no mass where ``x`` can be, up to the rejection loop
+landing on ``x`` again), which is the largest agreement any coupling of ``p`` and ``q`` can
+have (``P(X = Y) <= sum_i min(p_i, q_i)`` for any joint law): the maximal coupling. For two
+plain jobs the bound is JOADER's ``|I| / max(|R_1|, |R_2|)``, which DSA attains (above).
+*Cost.* A rejection attempt succeeds with probability ``1 - sum min(p, q)`` and the
+residual is entered with that probability, so a round costs one attempt on average; after
+``K`` attempts a round reads a stream of its own and, after more, draws the residual
+explicitly (``(q - p)^+`` over ``w``'s rows), so a round whose residual mass is tiny (``q``
+close to ``p``) never loops long.
+
+*Several jobs.* Every weighted job of a round reads the same uniforms (common random
+numbers: the same ``a``, the same attempts), so two weighted jobs with the same ``q`` and
+leader draw the same row, and similar ones mostly do; for a weighted job and its leader the
+agreement is the pairwise optimum above. Two weighted jobs with different leaders, or a
+weighted job and a plain job that is not its leader, agree as the couplings chain: no
+claim of optimality for those pairs (the optimum for many distributions at once is not
+known to be attainable jointly). The leader is the plain job of the round with the largest
+estimated overlap ``sum_i min(1/|ids_L|, q_i)`` (``R_L`` taken as all of ``L``'s ids, ``q``
+as of ``w``'s epoch start; recomputed at each of ``w``'s epoch starts; ties: the earlier
+registered). A round without a plain job (or none sharing a row ``w`` may draw) draws ``w``
+from ``q`` directly, by inverse CDF on the shared uniform (weighted jobs with similar ``q``
+still mostly agree).
+
+*Bookkeeping.* ``refcount(s)`` count plain jobs only; :meth:`DependentSampler.expected_draws`
+gives a weighted job's expected future draws of a row (``q_row x draws left`` with
+replacement, 1 for a row not drawn yet without). ``remaining`` of a weighted job with
+replacement is all its rows while it has draws left. The batch column ``_weight`` is
+:meth:`DependentSampler.row_weights`. The implementation is :mod:`tabloader.sampling.weighted`
+(with replacement vectorised per batch of rounds, inverse CDF by ``searchsorted``; without,
+one draw at a time on a sum tree, O(log n) each).
 """
 
 from __future__ import annotations
@@ -38,7 +92,9 @@ from tabloader.sampling.base import (
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
+    from tabloader.sampling.importance import ImportanceScores
 from tabloader.sampling.regions import Regions
+from tabloader.sampling.weighted import Lead, WeightedJob, WeightedJobs
 
 try:
     import tabloader.sampling._rounds as _walk
@@ -85,6 +141,9 @@ class DependentSampler:
         self._regions = Regions()
         self._jobs: dict[str, _Job] = {}
         self._uniforms = Uniforms(seed)
+        entropy = np.random.SeedSequence(seed).entropy  # an int: ``seed`` is one or None
+        assert isinstance(entropy, int)
+        self._weighted = WeightedJobs(entropy)
         self._count: list[int] = []  # slot -> |R_j|
         self._seqs: list[int] = []  # slot -> registration sequence (tie break)
         self._next_seq = 0
@@ -101,28 +160,40 @@ class DependentSampler:
         *,
         remaining: BitMap | None = None,
         epoch: int = 0,
+        weights: np.ndarray | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
         Args:
             name: the job.
-            ids: the job's rows (every epoch is a permutation of them).
-            spec: the job's options (every job is drawn alike here: unused).
+            ids: the job's rows (every epoch of a plain job is a permutation of them).
+            spec: the job's options: ``importance = 'loss'`` makes it weighted by its reported
+                losses, ``replacement`` (default true) picks how a weighted job draws.
             remaining: resume mid-epoch: the rows of the current epoch still to read (a
-                non-empty subset of ``ids``); default all of ``ids``.
+                non-empty subset of ``ids``; for a weighted job with replacement, its draws
+                left are ``len(remaining)``); default all of ``ids``.
             epoch: the number of the current epoch (when resuming).
+            weights: static weights, one per row of ``ids`` in ascending order: the job is
+                weighted (see the module docstring).
+            scores: an importance job's scores to resume with (default: the prior).
 
         Raises:
-            SamplingError: ``name`` is already registered, ``ids`` is empty, or ``remaining``
-                is not a non-empty subset of ``ids``.
+            SamplingError: ``name`` is already registered, ``ids`` is empty, ``remaining``
+                is not a non-empty subset of ``ids``, or the weights are bad (not one finite
+                non-negative number per row, all zero, or given with ``importance``).
         """
-        if name in self._jobs:
+        if name in self._jobs or name in self._weighted.jobs:
             raise SamplingError(
                 f"Job {name!r} is already registered; remove_job({name!r}) first or use "
                 "another name."
             )
         bm = check_ids(name, ids)
         start = check_remaining(name, bm, remaining)
+        importance = getattr(spec, "importance", None) == "loss"
+        if weights is not None or importance:
+            self._add_weighted(name, bm, spec, weights, importance, remaining, epoch, scores)
+            return
         used = {j.slot for j in self._jobs.values()}
         slot = next(s for s in range(len(used) + 1) if s not in used)
         while len(self._count) <= slot:
@@ -136,12 +207,80 @@ class DependentSampler:
         self._count[slot] = len(start)
         logger.debug("job %s joined with %d rows (slot %d)", name, len(bm), slot)
 
+    def _add_weighted(
+        self,
+        name: str,
+        ids: BitMap,
+        spec: JobSpec | None,
+        weights: np.ndarray | None,
+        importance: bool,
+        remaining: BitMap | None,
+        epoch: int,
+        scores: ImportanceScores | None = None,
+    ) -> None:
+        if weights is not None and importance:
+            raise SamplingError(
+                f"Job {name!r} has both weights and importance = 'loss'; give one of them."
+            )
+        if not importance:
+            scores = None
+        elif scores is None:
+            from tabloader.sampling.importance import ImportanceScores
+
+            scores = ImportanceScores(bitmap_to_array(ids).astype(np.int64))
+        self._weighted.add(
+            name,
+            self._next_seq,
+            ids,
+            weights=weights,
+            scores=scores,
+            replacement=bool(getattr(spec, "replacement", True)),
+            remaining=remaining,
+            epoch=epoch,
+        )
+        self._next_seq += 1
+
+    def weighted(self, name: str) -> bool:
+        """Whether ``name`` draws from a distribution of its own (weights or importance)."""
+        if name in self._weighted.jobs:
+            return True
+        self._job(name)
+        return False
+
+    def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
+        """One reported batch of ``name``'s losses, for its importance scores (its next
+        epoch draws from them).
+
+        Raises:
+            SamplingError: ``name`` is unknown or not an ``importance = 'loss'`` job, or the
+                report is bad (``ImportanceScores.report``).
+        """
+        job = self._weighted.jobs.get(name)
+        if job is None or job.scores is None:
+            self.weighted(name)  # unknown: that error
+            raise SamplingError(
+                f"Job {name!r} takes no loss reports: register it WITH (importance = 'loss') "
+                "to draw by its losses."
+            )
+        job.scores.report(np.asarray(ids), np.asarray(losses))
+
+    def importance_scores(self, name: str) -> ImportanceScores | None:
+        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
+        what a job's state saves, and ``add_job(scores=)`` resumes with."""
+        job = self._weighted.jobs.get(name)
+        if job is None:
+            self._job(name)  # unknown: that error
+            return None
+        return job.scores
+
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; the other jobs keep exactly their remaining rows.
 
         Raises:
             SamplingError: ``name`` is not registered.
         """
+        if self._weighted.jobs.pop(name, None) is not None:
+            return
         job = self._job(name)
         self._regions.drop_bit(1 << job.slot)
         self._count[job.slot] = 0
@@ -149,7 +288,9 @@ class DependentSampler:
 
     def jobs(self) -> list[str]:
         """The registered job names, in registration order."""
-        return list(self._jobs)
+        seqs = {name: job.seq for name, job in self._jobs.items()}
+        seqs.update((name, job.seq) for name, job in self._weighted.jobs.items())
+        return sorted(seqs, key=seqs.__getitem__)
 
     def give_back(self, name: str, rows: np.ndarray) -> None:
         """Return ``rows``, handed out to ``name`` in its current epoch and not read yet, to
@@ -159,10 +300,15 @@ class DependentSampler:
         which rows they are (e.g. the tail of a queue, cut at a position): what was handed
         out before is a uniform prefix, and rounds from ``R_name`` continue it uniformly.
 
+        A weighted job with replacement has its draws undone (its draws left go up).
+
         Raises:
             SamplingError: ``name`` is not registered, or a row is not one of its ids or is
                 still in ``R_name`` (never handed out this epoch).
         """
+        if name in self._weighted.jobs:
+            self._weighted.give_back(name, np.asarray(rows, dtype=np.int64))
+            return
         job = self._job(name)
         ids = np.unique(np.asarray(rows, dtype=np.int64))
         if ids.size == 0:
@@ -190,20 +336,42 @@ class DependentSampler:
 
     # ------------------------------------------------------------------ queries
     def remaining(self, name: str) -> BitMap:
-        """The rows ``name`` still has to read in its current epoch."""
+        """The rows ``name`` still has to read in its current epoch (a weighted job with
+        replacement: all its rows while it has draws left, any of them may come)."""
+        if name in self._weighted.jobs:
+            return self._weighted.remaining(name)
         return bitmap_from_array(self._regions.members(1 << self._job(name).slot))
 
     def epoch(self, name: str) -> int:
         """The current epoch of ``name`` (0 for the first)."""
-        return self._job(name).epoch
+        w = self._weighted.jobs.get(name)
+        return w.epoch if w is not None else self._job(name).epoch
 
     def refcount(self, row_id: int) -> int:
-        """How many jobs still need ``row_id`` this epoch."""
+        """How many plain jobs still need ``row_id`` this epoch (weighted jobs need no row
+        for sure: :meth:`expected_draws` counts them)."""
         return int(self._regions.refcounts(np.array([row_id]))[0])
 
     def refcounts(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`refcount` of every row of ``ids`` (int64 array)."""
         return self._regions.refcounts(np.asarray(ids))
+
+    def expected_draws(self, ids: np.ndarray) -> np.ndarray:
+        """Per row of ``ids`` (float64): its expected draws left in the weighted jobs'
+        epochs, ``q_row x draws left`` for a job with replacement and 1 for a row not drawn
+        yet by a job without (0: no weighted job's). Beside :meth:`refcounts`, the expected
+        reads of a row left this epoch."""
+        return self._weighted.expected_draws(np.asarray(ids, dtype=np.int64))
+
+    def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
+        """The batch column ``_weight`` of ``rows`` handed to ``name`` in ``epoch``: float32
+        ``1 / (N p_row)`` for a weighted job with replacement (mean 1 under its distribution:
+        a loss weighted by it is unbiased for the plain mean), 1.0 for one without (every row
+        once an epoch); None for a plain job (its batches have no ``_weight``)."""
+        if name not in self._weighted.jobs:
+            self._job(name)
+            return None
+        return self._weighted.row_weights(name, epoch, np.asarray(rows, dtype=np.int64))
 
     # ------------------------------------------------------------------ sampling
     def sample(self, jobs: Sequence[str]) -> dict[str, int]:
@@ -244,7 +412,58 @@ class DependentSampler:
 
     def _run(self, names: Sequence[str], n: int) -> list[list[_Part]]:
         """``n`` rounds for ``names``: per job, its rows in parts (concatenate them)."""
-        check_round(self._jobs, names)
+        weighted = self._weighted.jobs
+        check_round({**self._jobs, **weighted}, names)
+        wnames = [name for name in names if name in weighted]
+        if not wnames:
+            return self._run_plain(names, n)
+        plain = [name for name in names if name not in weighted]
+        if n == 0:
+            return [[] for _ in names]
+        first = {}
+        for name in plain:
+            job = self._jobs[name]
+            first[name] = self._count[job.slot] or len(job.ids)
+        cols = dict(zip(plain, self._run_plain(plain, n), strict=True))
+        leads: dict[str, Lead] = {}
+
+        def lead_of(w: WeightedJob) -> Lead | None:
+            if not plain:
+                return None
+            best = max(plain, key=lambda p: (w.overlap(self._jobs[p].seq, self._jobs[p].ids),
+                                             -self._jobs[p].seq))  # fmt: skip
+            if w.overlap(self._jobs[best].seq, self._jobs[best].ids) == 0:
+                return None  # no plain job shares a row it may draw: no one to follow
+            if best not in leads:
+                leads[best] = self._lead(best, np.concatenate(cols[best]), first[best])
+            return leads[best]
+
+        drawn = self._weighted.draw(wnames, n, lead_of)
+        return [[drawn[name]] if name in drawn else cols[name] for name in names]
+
+    def _lead(self, name: str, rows: np.ndarray, first: int) -> Lead:
+        """Plain job ``name``'s rows of this call as a leader (its regions after the call
+        tell which rows it still has)."""
+        job = self._jobs[name]
+        regions = self._regions
+        has = np.array([k >> job.slot & 1 for k in regions.keys] + [0], dtype=bool)
+        reg = np.frombuffer(regions.reg, dtype=np.int32)
+
+        def still(y: np.ndarray) -> np.ndarray:
+            ok = y < reg.size
+            out = np.zeros(y.size, dtype=bool)
+            out[ok] = has[reg[y[ok]]]
+            return out
+
+        held, where = has.tolist(), regions.reg
+
+        def still1(y: int) -> bool:
+            return y < len(where) and bool(held[where[y]])  # -1: the trailing False
+
+        return Lead(rows.astype(np.int64), first, len(job.ids), still, still1)
+
+    def _run_plain(self, names: Sequence[str], n: int) -> list[list[_Part]]:
+        """``n`` rounds of DSA for the plain jobs ``names``."""
         jobs = [self._jobs[name] for name in names]
         m = len(jobs)
         cols: list[list[_Part]] = [[] for _ in range(m)]
@@ -453,6 +672,7 @@ class DependentSampler:
             ],
             "regions": self._regions.state_dict(),
             "rng": self._uniforms.state_dict(),
+            "weighted": self._weighted.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -484,3 +704,7 @@ class DependentSampler:
         self._next_seq = int(state["next_seq"])
         self._regions.load_state_dict(state["regions"])
         self._uniforms.load_state_dict(state["rng"])
+        if "weighted" in state:  # states saved before weighted jobs have none
+            self._weighted.load_state_dict(state["weighted"])
+        else:
+            self._weighted.jobs = {}

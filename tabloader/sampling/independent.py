@@ -4,6 +4,10 @@ Each job draws a fresh permutation of its set at every epoch from its own genera
 (spawned from the sampler's seed and the job's registration number), so a job's stream
 does not depend on when the other jobs start epochs, and :meth:`sample_many` is exactly
 ``n`` calls of :meth:`sample`.
+
+A weighted job (weights, or ``importance = 'loss'``) draws from its own distribution
+(:mod:`tabloader.sampling.weighted`) with no leader and streams of its own: i.i.d. draws, or
+an order drawn by weight.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from tabloader.sampling.base import (
     check_round,
     unknown_job,
 )
+from tabloader.sampling.weighted import WeightedJobs
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
+    from tabloader.sampling.importance import ImportanceScores
 
 __all__ = ["IndependentSampler"]
 
@@ -54,6 +60,7 @@ class IndependentSampler:
         self._jobs: dict[str, _Job] = {}
         self._next_seq = 0
         self._refs = np.zeros(0, dtype=np.int32)
+        self._weighted: dict[str, WeightedJobs] = {}  # each weighted job with streams of its own
 
     def _grow(self, size: int) -> None:
         if size > len(self._refs):
@@ -73,27 +80,56 @@ class IndependentSampler:
         *,
         remaining: BitMap | None = None,
         epoch: int = 0,
+        weights: np.ndarray | None = None,
+        scores: ImportanceScores | None = None,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
         Args:
             name: the job.
             ids: the job's rows.
-            spec: the job's options (every job is drawn alike here: unused).
+            spec: the job's options (``importance``, ``replacement``: as ``weights``).
             remaining: resume mid-epoch with these rows of ``ids`` still to read.
             epoch: the number of the current epoch (when resuming).
+            weights: static weights, one per row of ``ids`` ascending: a weighted job.
 
         Raises:
-            SamplingError: ``name`` is already registered, ``ids`` is empty, or ``remaining``
-                is not a non-empty subset of ``ids``.
+            SamplingError: ``name`` is already registered, ``ids`` is empty, ``remaining``
+                is not a non-empty subset of ``ids``, or the weights are bad.
         """
-        if name in self._jobs:
+        if name in self._jobs or name in self._weighted:
             raise SamplingError(
                 f"Job {name!r} is already registered; remove_job({name!r}) first or use "
                 "another name."
             )
         bm = check_ids(name, ids)
         start = check_remaining(name, bm, remaining)
+        importance = getattr(spec, "importance", None) == "loss"
+        if weights is not None or importance:
+            if weights is not None and importance:
+                raise SamplingError(
+                    f"Job {name!r} has both weights and importance = 'loss'; give one of them."
+                )
+            if not importance:
+                scores = None
+            elif scores is None:
+                from tabloader.sampling.importance import ImportanceScores
+
+                scores = ImportanceScores(bitmap_to_array(bm).astype(np.int64))
+            own = WeightedJobs(int(self._root.entropy), key=self._next_seq)  # type: ignore[arg-type]
+            own.add(
+                name,
+                self._next_seq,
+                bm,
+                weights=weights,
+                scores=scores,
+                replacement=bool(getattr(spec, "replacement", True)),
+                remaining=remaining,
+                epoch=epoch,
+            )
+            self._weighted[name] = own
+            self._next_seq += 1
+            return
         job = _Job(self._next_seq, bm, self._rng(self._next_seq), np.empty(0, np.uint32))
         self._next_seq += 1
         self._jobs[name] = job
@@ -114,13 +150,65 @@ class IndependentSampler:
         Raises:
             SamplingError: ``name`` is not registered.
         """
+        if self._weighted.pop(name, None) is not None:
+            return
         job = self._job(name)
         self._refs[job.perm[job.ptr :]] -= 1
         del self._jobs[name]
 
     def jobs(self) -> list[str]:
         """The registered job names, in registration order."""
-        return list(self._jobs)
+        seqs = {name: job.seq for name, job in self._jobs.items()}
+        seqs.update((name, w.jobs[name].seq) for name, w in self._weighted.items())
+        return sorted(seqs, key=seqs.__getitem__)
+
+    def weighted(self, name: str) -> bool:
+        """Whether ``name`` draws from a distribution of its own."""
+        if name in self._weighted:
+            return True
+        self._job(name)
+        return False
+
+    def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
+        """One reported batch of ``name``'s losses (an ``importance = 'loss'`` job).
+
+        Raises:
+            SamplingError: ``name`` is unknown or takes no reports, or the report is bad.
+        """
+        own = self._weighted.get(name)
+        scores = None if own is None else own.jobs[name].scores
+        if scores is None:
+            self.weighted(name)
+            raise SamplingError(
+                f"Job {name!r} takes no loss reports: register it WITH (importance = 'loss') "
+                "to draw by its losses."
+            )
+        scores.report(np.asarray(ids), np.asarray(losses))
+
+    def importance_scores(self, name: str) -> ImportanceScores | None:
+        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
+        what a job's state saves, and ``add_job(scores=)`` resumes with."""
+        own = self._weighted.get(name)
+        if own is None:
+            self._job(name)  # unknown: that error
+            return None
+        return own.jobs[name].scores
+
+    def expected_draws(self, ids: np.ndarray) -> np.ndarray:
+        """Per row of ``ids``: its expected draws left in the weighted jobs' epochs."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(ids.size, dtype=np.float64)
+        for own in self._weighted.values():
+            out += own.expected_draws(ids)
+        return out
+
+    def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
+        """The ``_weight`` column of ``rows`` (see ``DependentSampler.row_weights``)."""
+        own = self._weighted.get(name)
+        if own is None:
+            self._job(name)
+            return None
+        return own.row_weights(name, epoch, np.asarray(rows, dtype=np.int64))
 
     def _job(self, name: str) -> _Job:
         job = self._jobs.get(name)
@@ -130,12 +218,16 @@ class IndependentSampler:
 
     def remaining(self, name: str) -> BitMap:
         """The rows ``name`` still has to read this epoch."""
+        own = self._weighted.get(name)
+        if own is not None:
+            return own.remaining(name)
         job = self._job(name)
         return bitmap_from_array(np.sort(job.perm[job.ptr :]))
 
     def epoch(self, name: str) -> int:
         """The current epoch of ``name`` (0 for the first)."""
-        return self._job(name).epoch
+        own = self._weighted.get(name)
+        return own.jobs[name].epoch if own is not None else self._job(name).epoch
 
     def refcount(self, row_id: int) -> int:
         """How many jobs still need ``row_id`` this epoch."""
@@ -159,11 +251,17 @@ class IndependentSampler:
 
     def sample_many(self, jobs: Sequence[str], n: int) -> dict[str, np.ndarray]:
         """``n`` rounds for the same ``jobs``; identical to ``n`` calls of :meth:`sample`."""
-        check_round(self._jobs, jobs)
+        check_round({**self._jobs, **self._weighted}, jobs)
         if n < 0:
             raise SamplingError(f"n must be >= 0, got {n}.")
         out: dict[str, np.ndarray] = {}
         for name in jobs:
+            own = self._weighted.get(name)
+            if own is not None:
+                out[name] = (
+                    own.draw([name], n, lambda _: None)[name] if n else np.empty(0, np.int64)
+                )
+                continue
             job = self._jobs[name]
             parts = []
             need = n
@@ -198,6 +296,7 @@ class IndependentSampler:
                 }
                 for name, job in self._jobs.items()
             ],
+            "weighted": {name: own.state_dict() for name, own in self._weighted.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -215,6 +314,11 @@ class IndependentSampler:
         self._next_seq = int(state["next_seq"])
         self._jobs = {}
         self._refs = np.zeros(0, dtype=np.int32)
+        self._weighted = {}
+        for name, own_state in state.get("weighted", {}).items():
+            own = WeightedJobs(0)
+            own.load_state_dict(own_state)
+            self._weighted[name] = own
         for j in state["jobs"]:
             rng = np.random.default_rng()
             rng.bit_generator.state = j["rng"]

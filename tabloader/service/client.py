@@ -38,11 +38,13 @@ from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.handoff import HandedBatch
 from tabloader.engine.opening import OpenRequest
 from tabloader.engine.shm import Segment
+from tabloader.engine.streams import report_arrays
 from tabloader.service.listener import STARTER_ENV
 from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
     Client,
+    report_to_wire,
     runtime_dir,
     service_pid,
     state_from_wire,
@@ -620,6 +622,20 @@ class RemoteStream:
                 self._ready = ready  # of a later epoch (or the end): still to deliver
             reply = self._conn.call("abandon", epoch=epoch, release=release, **self._timing())
         return int(reply["rows"])
+
+    def report(self, ids: Any, losses: Any) -> None:
+        """Score rows of a batch by their losses (as ``JobStream.report``), checked here
+        first. It waits for the batch read ahead (the service answers in order), which the
+        next ``take`` then returns at once.
+
+        Raises:
+            LoaderError: as ``JobStream.report`` (the service's own check included).
+        """
+        checked_ids, checked_losses = report_arrays(ids, losses)
+        wire = {"ids": report_to_wire(checked_ids), "losses": report_to_wire(checked_losses)}
+        with self._lock:
+            self._peek()  # the reply read ahead comes before this one
+            self._conn.call("report", **wire)
 
     def stats(self) -> dict[str, Any]:
         """The job's counters (as ``JobStream.stats()``)."""

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from catalog import Job
     from catalog.errors import ServiceError
     from tabloader.engine.stream import ServedStream
@@ -31,6 +33,10 @@ class Feed(Protocol):
 
     def leave(self, job: str, rank: int, *, failed: bool, reason: str = "") -> None:
         """Rank ``rank`` of ``job`` left (``failed``: its process died mid-run, ``reason``)."""
+
+    def report(self, job: str, ids: np.ndarray, losses: np.ndarray) -> None:
+        """A rank of ``job`` scored rows by their losses (``importance = 'loss'``): to the
+        sampler that draws the job's rows."""
 
     def close(self) -> None:
         """Stop feeding (the service is closing)."""

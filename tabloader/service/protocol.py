@@ -44,6 +44,8 @@ from multiprocessing import AuthenticationError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
+
 from catalog import errors
 from catalog.directory import read_file
 from catalog.errors import (
@@ -53,6 +55,7 @@ from catalog.errors import (
     TabloaderError,
 )
 from tabloader.engine.opening import state_from_wire, state_to_wire
+from tabloader.engine.streams import REPORT_ROWS_MAX, report_arrays
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -79,6 +82,8 @@ __all__ = [
     "job_to_wire",
     "key_path",
     "recv_frame",
+    "report_from_wire",
+    "report_to_wire",
     "result_from_wire",
     "result_to_wire",
     "runtime_dir",
@@ -376,6 +381,36 @@ def _recv_exact(sock: socket.socket, size: int) -> bytearray:
 
 
 # -- values in messages (JSON has no bytes: those travel as hex) ---------------------------------
+def report_to_wire(values: np.ndarray) -> str:
+    """A report's ids (int64) or losses (float64) for a message: little-endian bytes, in hex
+    (exact, and 20x faster to encode than a JSON list of floats)."""
+    return values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes().hex()
+
+
+def report_from_wire(msg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The ids and losses of a ``report`` request, bounded and checked (``report_arrays``).
+
+    Raises:
+        ServiceError: a field is missing, not hex of whole 8-byte values, or over the bound.
+        LoaderError: the arrays themselves are bad (lengths, non-finite losses).
+    """
+    limit = REPORT_ROWS_MAX * 16  # hex digits of the most rows one report carries
+    arrays = []
+    for key, dtype in (("ids", "<i8"), ("losses", "<f8")):
+        text = msg.get(key)
+        if not isinstance(text, str) or len(text) > limit or len(text) % 16:
+            what = f"{len(text)} hex digits" if isinstance(text, str) else type(text).__name__
+            raise ServiceError(
+                f"A report's {key!r} must be hex of at most {REPORT_ROWS_MAX} 8-byte values, "
+                f"got {what}; is the client another tabloader version?"
+            )
+        try:
+            arrays.append(np.frombuffer(bytes.fromhex(text), dtype=dtype))
+        except ValueError:
+            raise ServiceError(f"A report's {key!r} is not hex.") from None
+    return report_arrays(arrays[0], arrays[1])
+
+
 def table_to_wire(table: pa.Table) -> str:
     """A statement's result table for a message: an Arrow IPC stream, in hex."""
     import pyarrow as pa  # here: a job process that only reads batches never needs it
@@ -434,19 +469,30 @@ def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
 
 
 def job_to_wire(job: Job) -> dict[str, Any]:
-    """A job for a message: its bitmap serialized, in hex."""
+    """A job for a message: its bitmap serialized, and its weights (float64 little-endian, or
+    None), in hex."""
     fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
-    return {**fields, "columns": list(job.columns), "ids": job.ids.serialize().hex()}
+    weights = None if job.weights is None else job.weights.astype("<f8").tobytes().hex()
+    return {
+        **fields,
+        "columns": list(job.columns),
+        "ids": job.ids.serialize().hex(),
+        "weights": weights,
+    }
 
 
 def job_from_wire(wire: dict[str, Any]) -> Job:
     """The ``Job`` that ``job_to_wire`` put in a message."""
+    import numpy as np
     from pyroaring import BitMap
 
     from catalog.model import Job
 
     ids = BitMap.deserialize(bytes.fromhex(wire["ids"]))
-    return Job(**{**wire, "columns": tuple(wire["columns"]), "ids": ids})
+    weights = wire.get("weights")
+    if weights is not None:
+        weights = np.frombuffer(bytes.fromhex(weights), dtype="<f8").astype(np.float64)
+    return Job(**{**wire, "columns": tuple(wire["columns"]), "ids": ids, "weights": weights})
 
 
 def result_to_wire(result: Any) -> dict[str, Any]:

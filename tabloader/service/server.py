@@ -47,6 +47,7 @@ from tabloader.engine.collate import release
 from tabloader.engine.handoff import HandedBatch, Staging
 from tabloader.engine.opening import OpenRequest
 from tabloader.engine.stream import ServedStream
+from tabloader.engine.streams import no_importance
 from tabloader.service.catalog_ops import CatalogOps
 from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
@@ -54,6 +55,7 @@ from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
+    report_from_wire,
     runtime_dir,
     state_to_wire,
 )
@@ -415,6 +417,21 @@ class _Handler(CatalogOps):
         if dropped and self.unread is not None:  # the batch sent last: never delivered
             ahead_rows, self.unread = self.unread, None
         return {"rows": stream.abandon(epoch, ahead_rows=ahead_rows)}
+
+    def op_report(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The client's job scored rows of a batch by their losses (``Stream.report``): to
+        the job's sampler here, or on a Ray node to the cluster leader's (the feed)."""
+        ids, losses = report_from_wire(msg)
+        stream = self._stream()
+        feed = self.service.feed
+        if feed is None:
+            stream.report(ids, losses)
+            return {}
+        if stream.spec.importance != "loss":  # the leader would say so too, one hop later
+            raise no_importance(stream.name)
+        job = stream.name if self.joined is None else self.joined[0]
+        feed.report(job, ids, losses)
+        return {}
 
     def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.left = True

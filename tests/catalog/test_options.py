@@ -196,3 +196,48 @@ def test_every_option_is_typed_for_mypy_on_job_spec():
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
     }
     assert typed == set(JOB_OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("importance = 'gradient'", r"importance = 'gradient' is not one of 'loss'"),
+        ("weight = ''", r"weight = '' is not a SQL expression of 1 to 4096 characters"),
+        ("weight = 3", r"weight = 3 is not a SQL expression of 1 to 4096 characters"),
+        ("replacement = 'maybe'", r"replacement = 'maybe' is not TRUE or FALSE"),
+        (
+            "weight = 'x', importance = 'loss'",
+            r"weight and importance are both set: .*; drop one of them\.",
+        ),
+        (
+            "replacement = FALSE",
+            r"replacement = FALSE is set on a job without weight or importance: .* drop "
+            r"replacement, or set weight",
+        ),
+        ("replacement = TRUE", r"replacement = TRUE is set on a job without weight"),
+    ],
+)
+def test_bad_weighting_options_are_refused_at_register(cat, options, message):
+    with pytest.raises(OptionError, match=message) as info:
+        cat.sql(f"REGISTER JOB j SELECT x FROM t WITH ({options})")
+    assert "\n" not in str(info.value)
+    assert cat.job_names() == []
+
+
+def test_weighting_options_are_stored_and_typed(cat):
+    cat.sql("REGISTER JOB i SELECT x FROM t WITH (importance = 'LOSS', replacement = FALSE)")
+    spec = JobSpec(cat.job("i").options)
+    assert (spec.importance, spec.replacement, spec.weight) == ("loss", False, None)
+    cat.sql("REGISTER JOB w SELECT x FROM t WITH (weight = 'x + 1')")
+    spec = JobSpec(cat.job("w").options)
+    assert (spec.weight, spec.replacement, spec.importance) == ("x + 1", True, None)
+    assert JobSpec.from_wire(spec.to_wire()) == spec
+
+
+def test_an_open_may_not_change_the_weight_expression():
+    stored = {"weight": "x + 1"}
+    assert JobSpec.from_options(stored, weight="x + 1", replacement=False).replacement is False
+    with pytest.raises(OptionError, match=r"open\(weight='x'\): .* evaluated at REGISTER"):
+        JobSpec.from_options(stored, weight="x")
+    with pytest.raises(OptionError, match=r"open\(importance='loss'\): .*both set"):
+        JobSpec.from_options(stored, importance="loss")

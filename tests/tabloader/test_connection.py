@@ -44,6 +44,9 @@ def user_script(root, data) -> dict:
         )
         seen["big"] = (big.dataset_version, big.predicate, big.options, sorted(big.ids))
         seen["big_options"] = cat.job("big").options
+        weighted = cat.register_job("w", "nums", where="x < 3", options={"weight": "x + 0.5"})
+        seen["weights"] = (weighted.weights.tolist(), cat.job("w").weights.tolist())
+        cat.unregister_job("w")
         seen["take"] = cat.dataset("nums").take([24, 3, 1], ["name"]).to_pydict()
         seen["take_v1"] = cat.dataset("nums", version=1).num_rows
         seen["images"] = cat.dataset("imgs").take([0], ["label"]).to_pydict()
@@ -100,6 +103,7 @@ def test_the_same_script_gives_the_same_answers_with_and_without_a_service(tmp_p
     assert alone["type"] == "Connection"
     assert alone["imported"][0] == "Dataset"
     assert alone["small_ids"] == [0, 1, 2, 3, 4, 20, 21, 22, 23, 24]
+    assert alone["weights"] == ([0.5, 1.5, 2.5] * 2, [0.5, 1.5, 2.5] * 2)  # ids 0-2, 20-22
     assert alone["take"] == {"_id": [24, 3, 1], "name": ["n4", "n3", "n1"]}
     assert alone["class_names"]["label"]  # the image folder's classes, by value
     assert "Did you mean 'small'" in alone["missing"]

@@ -217,13 +217,17 @@ def _epochs(stream, epochs: int = 2) -> list[list[dict]]:
 
 
 @pytest.mark.skipif(not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system")
-@pytest.mark.parametrize("job", ["plain", "augmented"])
+@pytest.mark.parametrize("job", ["plain", "augmented", "weighted"])
 def test_a_job_gets_the_same_batches_in_process_and_from_the_service(image_cat_dir, job):
     from tabloader.service.client import RemoteLoader
     from tabloader.service.server import Service
 
     root = image_cat_dir
-    options = "image_size = 16" if job == "plain" else f"augment = '{AUGMENT}'"
+    options = {
+        "plain": "image_size = 16",
+        "augmented": f"augment = '{AUGMENT}'",
+        "weighted": "image_size = 16, weight = 'label + 1'",  # batches carry ``_weight``
+    }[job]
     with catalog.open_catalog(root) as cat:
         cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs WITH ({options})")
     with (
@@ -250,4 +254,11 @@ def test_a_job_gets_the_same_batches_in_process_and_from_the_service(image_cat_d
         assert len(mine) == len(theirs)
         for a, b in zip(mine, theirs, strict=True):
             _equal(a, b)  # the same ids in the same order, the same pixels and labels
-    assert here[0][0]["image"].shape[1:] == ((16, 16, 3) if job == "plain" else (12, 12, 3))
+    assert here[0][0]["image"].shape[1:] == ((12, 12, 3) if job == "augmented" else (16, 16, 3))
+    assert ("_weight" in here[0][0]) == (job == "weighted")
+    if job == "weighted":  # 1 / (N p_row), p_row = (label + 1) / sum(label + 1): mean 1
+        batch = here[0][0]
+        assert list(batch)[:2] == ["_id", "_weight"]
+        assert batch["_weight"].dtype == np.float32
+        scaled = batch["_weight"] * (batch["label"] + 1.0)  # sum(label + 1) / N for every row
+        assert np.allclose(scaled, scaled[0], rtol=1e-6)

@@ -14,11 +14,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _sockets import authenticated_socket, frame, read_to_eof
 
 from catalog.errors import (
     JobNotFoundError,
+    LoaderError,
     RowReadError,
     ServiceError,
     StatementError,
@@ -32,6 +34,8 @@ from tabloader.service.protocol import (
     PROTOCOL_VERSION,
     Client,
     key_path,
+    report_from_wire,
+    report_to_wire,
     runtime_dir,
     socket_path,
 )
@@ -632,3 +636,42 @@ def test_stale_socket_of_a_killed_service_is_replaced(tmp_path):
         check_serves(tmp_path)
     finally:
         svc.close()
+
+
+# -- a report's arrays on the wire ----------------------------------------------------------
+def _report(ids, losses) -> dict:
+    return {
+        "ids": report_to_wire(np.asarray(ids, np.int64)),
+        "losses": report_to_wire(np.asarray(losses, np.float64)),
+    }
+
+
+def test_a_report_round_trips_exactly():
+    losses = np.array([0.1, 1 / 3, 2.5e-300, 7.0])
+    ids, back = report_from_wire(json.loads(json.dumps(_report([5, 0, 2**40, 3], losses))))
+    assert ids.dtype == np.int64 and back.dtype == np.float64  # noqa: PT018
+    assert ids.tolist() == [5, 0, 2**40, 3]
+    assert back.tobytes() == losses.tobytes()  # bit for bit
+
+
+@pytest.mark.parametrize(
+    ("msg", "error", "match"),
+    [
+        ({}, ServiceError, r"'ids' must be hex of at most 65536 8-byte values, got NoneType"),
+        ({**_report([1], [0.5]), "ids": 7}, ServiceError, "'ids' must be hex .* got int"),
+        ({**_report([1], [0.5]), "losses": "abc"}, ServiceError, "'losses' .* got 3 hex digits"),
+        ({**_report([1], [0.5]), "ids": "zz" * 8}, ServiceError, "'ids' is not hex"),
+        (
+            {**_report([1], [0.5]), "ids": "00" * 8 * 65537},
+            ServiceError,
+            "at most 65536 8-byte values",
+        ),
+        (_report([1, 2], [0.5]), LoaderError, "2 ids and 1 losses"),
+        (_report([1, 2], [0.5, float("nan")]), LoaderError, r"non-finite losses .* rows \[2\]"),
+        (_report([1], [float("-inf")]), LoaderError, r"non-finite losses .* rows \[1\]"),
+    ],
+)
+def test_bad_reports_are_refused_in_one_line(msg, error, match):
+    with pytest.raises(error, match=match) as info:
+        report_from_wire(msg)
+    assert "\n" not in str(info.value)

@@ -1337,3 +1337,58 @@ def test_a_job_asks_the_service_once_before_its_first_batch(service, cat_dir, mo
     finally:
         ds.close()
         remote.close()
+
+
+def test_ranks_report_losses_through_the_service_and_a_resume_keeps_the_scores(cat_dir):
+    """Two ranks of an importance job report through the service into one set of scores;
+    its state carries them to a resume; a plain job's report and garbage get one-line errors
+    and the service goes on."""
+    from tabloader.sampling.importance import PRIOR, ImportanceScores
+
+    with catalog.open_catalog(cat_dir) as cat:
+        cat.sql(
+            "REGISTER JOB imp SELECT image, label FROM imgs WHERE label < 3 "
+            "WITH (image_size = 16, importance = 'loss')"
+        )
+    proc = start_service(cat_dir)
+    try:
+        with RemoteLoader(cat_dir, start=False) as remote:
+            ranks = [remote.open("imp", batch_size=4, rank=r, world_size=2) for r in (0, 1)]
+            reported: dict[int, int] = {}  # row -> rank + 1 of the report that scored it
+            for stream in ranks:
+                ids = stream.take()["_id"]
+                losses = np.arange(ids.size, dtype=np.float32)[::-1]  # the first row: highest
+                stream.report(ids, losses)
+                mine: dict[int, int] = {}  # a row twice in a batch keeps its higher rank
+                for k, i in enumerate(ids.tolist()):
+                    mine[i] = max(mine.get(i, 0), ids.size - k)
+                reported.update(mine)  # a later report replaces an earlier one
+            state = ranks[0].state_dict()
+            scores = ImportanceScores.from_state(state["importance"])
+            got = dict(zip(scores.ids.tolist(), scores.ranks.tolist(), strict=True))
+            assert {r: got[r] for r in reported} == reported  # both ranks' rows, as reported
+            assert sum(v > 0 for v in got.values()) == len(reported)
+            assert scores.scores.max() > PRIOR
+            for stream in ranks:
+                stream.close()
+            with remote.open("imp", batch_size=4, state=state, rank=0, world_size=1) as again:
+                again.take()
+                after = ImportanceScores.from_state(again.state_dict()["importance"])
+            np.testing.assert_array_equal(after.ranks, scores.ranks)
+            with remote.open("a", batch_size=4, epochs=1) as plain:
+                ids = plain.take()["_id"]
+                with pytest.raises(LoaderError, match=r"register it WITH \(importance = 'loss'\)"):
+                    plain.report(ids, np.zeros(ids.size))
+                assert plain.take() is not None  # the stream goes on
+            raw = Client(cat_dir)
+            with pytest.raises(ServiceError, match="'ids' must be hex"):
+                raw.call("report", ids=[1, 2], losses="00" * 8)
+            with pytest.raises(ServiceError, match="'losses' is not hex"):
+                raw.call("report", ids="00" * 8, losses="zz" * 8)
+            with pytest.raises(LoaderError, match="No job is open on this connection"):
+                raw.call("report", ids="00" * 8, losses="00" * 8)
+            raw.close()
+            assert remote.alive()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)

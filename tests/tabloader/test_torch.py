@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
 import re
 import traceback
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -13,6 +15,7 @@ from torch.utils.data import DataLoader
 import catalog
 from catalog import LoaderError, OptionError
 from tabloader.engine import Loader
+from tabloader.sampling.importance import PRIOR, ImportanceScores
 from tabloader.torch import JobDataset
 
 
@@ -193,3 +196,118 @@ def test_pickling_says_to_create_it_in_the_other_process(loader):
     with pytest.raises(TypeError, match=r"JobDataset \(job 'j'\) cannot be pickled: .* there"):
         pickle.dumps(data)
     data.close()
+
+
+# -- importance = 'loss': reported losses ---------------------------------------------------
+@pytest.fixture
+def imp_loader(image_cat_dir):
+    cat = catalog.open_catalog(image_cat_dir)
+    cat.sql(
+        "REGISTER JOB imp SELECT image, label FROM imgs WHERE label < 3 "
+        "WITH (batch_size = 8, image_size = 16, seed = 3, importance = 'loss')"
+    )
+    cat.sql("REGISTER JOB j SELECT image, label FROM imgs WITH (batch_size = 8, image_size = 16)")
+    with Loader(cat, cache_bytes=8 << 20, workers=2) as engine:
+        yield engine
+    cat.close()
+
+
+def saved_scores(data: JobDataset) -> ImportanceScores:
+    return ImportanceScores.from_state(data.state_dict()["stream"]["importance"])
+
+
+def shade_by_hand(reports: list[tuple[list[int], list[float]]]) -> dict[int, float]:
+    """SHADE's score of each reported row, written out: log(#lower losses in its batch + 10);
+    a later report replaces an earlier one; a row twice in one batch keeps its higher."""
+    out: dict[int, float] = {}
+    for ids, losses in reports:
+        mine: dict[int, float] = {}
+        for row, loss in zip(ids, losses, strict=True):
+            score = math.log(sum(other < loss for other in losses) + 10)
+            mine[row] = max(mine.get(row, 0.0), score)
+        out.update(mine)
+    return out
+
+
+def test_two_ranks_report_into_one_set_of_scores(imp_loader):
+    ranks = [JobDataset("imp", loader=imp_loader, rank=r, world_size=2) for r in (0, 1)]
+    for data in ranks:
+        assert data.epoch == 0  # opens both ranks before either waits for the other
+    its = [iter(DataLoader(data, batch_size=None)) for data in ranks]
+    reports = []
+    for _ in range(2):
+        for data, it in zip(ranks, its, strict=True):
+            ids = next(it)["_id"]
+            # a tensor with grad, on the device the model put it; bfloat16 as AMP gives
+            losses = (ids.float() * 0.37 % 1.0).requires_grad_() * 2
+            data.report(ids, losses if data.rank == 0 else losses.to(torch.bfloat16))
+            sent = losses if data.rank == 0 else losses.to(torch.bfloat16).float()
+            reports.append((ids.tolist(), sent.tolist()))
+    want = shade_by_hand(reports)
+    by_rank = [set(ids) for ids, _ in reports]
+    assert by_rank[0] - by_rank[1]
+    assert by_rank[1] - by_rank[0]
+    for data in ranks:  # the job's one set, whichever rank saves
+        scores = saved_scores(data)
+        got = dict(zip(scores.ids.tolist(), scores.scores.tolist(), strict=True))
+        assert {r: got[r] for r in want} == pytest.approx(want, rel=1e-12)
+        assert all(got[r] == PRIOR for r in got if r not in want)
+    for data in ranks:
+        data.close()
+
+
+def test_a_resume_restores_the_scores_exactly(imp_loader):
+    data = JobDataset("imp", loader=imp_loader)
+    it = iter(DataLoader(data, batch_size=None))
+    for _ in range(3):
+        batch = next(it)
+        data.report(batch["_id"], (batch["_id"] * 7 % 5).double())
+    before = saved_scores(data)
+    assert (before.scores > PRIOR).sum() >= 8  # the reports changed them
+    state = data.state_dict()
+    data.close()
+    again = JobDataset("imp", loader=imp_loader)
+    again.load_state_dict(state)
+    next(iter(DataLoader(again, batch_size=None)))  # the job reopens from the state
+    after = saved_scores(again)
+    np.testing.assert_array_equal(after.ranks, before.ranks)
+    np.testing.assert_array_equal(after.probabilities(), before.probabilities())
+    fresh = JobDataset("imp", loader=imp_loader)  # no state: a fresh start from the prior
+    again.close()
+    next(iter(DataLoader(fresh, batch_size=None)))
+    assert (saved_scores(fresh).scores == PRIOR).all()
+    fresh.close()
+
+
+def test_report_errors_are_one_line_and_name_the_fix(imp_loader):
+    plain = JobDataset("j", loader=imp_loader)
+    with pytest.raises(LoaderError, match="report.* iterate it first"):
+        plain.report(torch.tensor([1]), torch.tensor([0.5]))
+    batch = next(iter(DataLoader(plain, batch_size=None)))
+    with pytest.raises(LoaderError, match=r"WITH \(importance = 'loss'\)"):
+        plain.report(batch["_id"], torch.zeros(len(batch["_id"])))
+    plain.close()
+    data = JobDataset("imp", loader=imp_loader)
+    ids = next(iter(DataLoader(data, batch_size=None)))["_id"]
+    n = len(ids)
+    outside = max(imp_loader.catalog.job("j").ids)  # a row of label 3: not one of the job's
+    bad = [
+        (ids, torch.zeros(n, 2), "1-D arrays"),
+        (ids, torch.zeros(n + 1), f"{n} ids and {n + 1} losses"),
+        (ids, torch.full((n,), float("nan")), "non-finite losses"),
+        (ids.float(), torch.zeros(n), "integer ids"),
+        (np.zeros(65_537, np.int64), np.zeros(65_537), "more than 65536"),
+        (torch.tensor([outside]), torch.tensor([1.0]), rf"rows \[{outside}\] .*not rows of"),
+    ]
+    before = saved_scores(data).ranks
+    for ids_, losses, match in bad:
+        with pytest.raises(LoaderError, match=match) as info:
+            data.report(ids_, losses)
+        assert "\n" not in str(info.value)
+    np.testing.assert_array_equal(saved_scores(data).ranks, before)  # nothing scored
+    data.close()
+    stream = imp_loader.open("imp", epochs=1)
+    ids = stream.next_batch()["_id"]
+    stream.close()
+    with pytest.raises(LoaderError, match="is closed; open the job again"):
+        stream.report(ids, np.zeros(ids.size))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -8,6 +9,7 @@ from pyroaring import BitMap
 
 from catalog.errors import OptionError, SamplingError
 from catalog.options import JobSpec
+from tabloader.cluster.actor import _decode, state_json
 from tabloader.cluster.leader import Leader
 
 # name -> (ids, node of each rank, batch size, dataset)
@@ -272,3 +274,26 @@ def test_no_rows_sampled_past_a_jobs_last_epoch():
     assert sum(w.num_rows for w in lists) == 80
     restored = Leader.from_state_dict(leader.state_dict())
     assert job_status(restored, "a")["last_epoch"] == 1
+
+
+def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_restore():
+    """A rank's report reaches the leader's sampler of the job; the job's options survive a
+    restore (so the restored leader still takes reports); a plain job's are refused."""
+    leader = make_leader()
+    imp = JobSpec({"batch_size": 4, "importance": "loss"}).to_wire()
+    rows = BitMap(range(2000, 2040))
+    assert leader.join("imp", rank=0, world_size=1, node="n0", spec=imp, ids=rows, dataset="x")
+    leader.report("imp", np.array([2001, 2005, 2003]), np.array([0.5, 0.1, 0.9]))
+    scores = leader._samplers["x"].importance_scores("imp")
+    got = dict(zip(scores.ids.tolist(), scores.ranks.tolist(), strict=True))
+    assert (got[2005], got[2001], got[2003]) == (1, 2, 3)  # lowest loss: rank 0, stored + 1
+    assert sum(v > 0 for v in got.values()) == 3
+    with pytest.raises(SamplingError, match=r"register it WITH \(importance = 'loss'\)"):
+        leader.report("a", np.array([1]), np.array([0.5]))
+    with pytest.raises(SamplingError, match="not rows of this job"):
+        leader.report("imp", np.array([1]), np.array([0.5]))
+    restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
+    again = restored._samplers["x"].importance_scores("imp")
+    np.testing.assert_array_equal(again.ranks, scores.ranks)  # the checkpoint keeps them
+    restored.report("imp", np.array([2002]), np.array([1.0]))  # and it takes reports
+    assert again.ranks[2] == 1

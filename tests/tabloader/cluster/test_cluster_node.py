@@ -229,3 +229,28 @@ def test_a_poll_answered_before_a_rank_joined_does_not_fail_it(loader, monkeypat
     finally:
         feed.close()
         stream.close()
+
+
+def test_a_report_goes_to_the_leader_and_its_error_comes_back(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)  # calls run in place
+    got = []
+
+    def report(job, ids, losses):
+        if job == "plain":
+            raise TimeoutError("no answer")
+        got.append((job, ids.tolist(), losses.tolist()))
+
+    leader = SimpleNamespace(
+        poll=SimpleNamespace(remote=lambda node, stats=None: ([], {})),
+        report=SimpleNamespace(remote=report),
+    )
+    feed = node.NodeFeed(leader, "n", stats=dict)
+    try:
+        feed.report("j", np.array([3, 1]), np.array([0.5, 0.25]))
+        assert got == [("j", [3, 1], [0.5, 0.25])]
+        with pytest.raises(LoaderError, match="the cluster leader did not take the losses"):
+            feed.report("plain", np.array([3]), np.array([0.5]))
+    finally:
+        feed.close()
