@@ -258,8 +258,9 @@ class RemoteLoader:
         found = locator()  # a Ray worker's node, when a cluster serves the catalog
         self.node = None if found is None else found.node(self.root)
         self._lock = threading.Lock()  # the control connection and the mapping
+        self._asking = threading.Lock()  # a request of the loader's own is on ``_ctl``
         # Its own requests' connection; the first stream opened takes it (its connect is that
-        # stream's) and ``_control`` makes another when one is needed.
+        # stream's) and ``_ask`` makes another when one is needed.
         self._ctl: Client | None = (
             dial(self.root, start=start)
             if found is None or self.node is None
@@ -277,7 +278,7 @@ class RemoteLoader:
     def arena(self) -> npt.NDArray[np.uint8]:
         """The service's arena, mapped read-only from the descriptor it sends (no name to
         open): by the first open's reply, else asked for now."""
-        with self._lock:
+        with self._asking, self._lock:
             if self._arena is None:
                 reply, fds = self._control_locked().call_fds("segment")
                 self._map_locked(reply, fds)
@@ -288,7 +289,7 @@ class RemoteLoader:
     def service_pid(self) -> int:
         """The pid of the service this loader maps the memory of (or would connect to)."""
         if self._service_pid is None:
-            self._service_pid = _int_field(self._control().call("hello"), "pid")
+            self._service_pid = _int_field(self._ask("hello"), "pid")
         return self._service_pid
 
     def _map_locked(self, reply: dict[str, Any], fds: list[int]) -> None:
@@ -331,17 +332,24 @@ class RemoteLoader:
             self._ctl = Client(self.root, node=self.node)
         return self._ctl
 
-    def _control(self) -> Client:
-        """The loader's connection for its own requests (made again once a stream took it,
-        or it broke)."""
-        with self._lock:
-            return self._control_locked()
+    def _ask(self, op: str, **args: Any) -> dict[str, Any]:
+        """A request of the loader's own, on its connection (made again once a stream took
+        it, or it broke); no stream takes it meanwhile."""
+        with self._asking:
+            with self._lock:
+                ctl = self._control_locked()
+            return ctl.call(op, **args)
 
     def _connection(self) -> Client:
         """A connection for a stream: the loader's own if no stream took it yet (a first open
-        connects once), else a new one."""
-        with self._lock:
-            conn, self._ctl = self._ctl, None
+        connects once) and no request of the loader's is on it, else a new one."""
+        conn = None
+        if self._asking.acquire(blocking=False):
+            try:
+                with self._lock:
+                    conn, self._ctl = self._ctl, None
+            finally:
+                self._asking.release()
         return conn if conn is not None else Client(self.root, node=self.node)
 
     def _keep_connected(self) -> None:
@@ -416,21 +424,21 @@ class RemoteLoader:
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
-        return dict(self._control().call("options", job=job)["options"])
+        return dict(self._ask("options", job=job)["options"])
 
     def job_rows(self, job: str) -> int:
         """The number of rows of a registered job."""
-        return int(self._control().call("rows", job=job)["rows"])
+        return int(self._ask("rows", job=job)["rows"])
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``), and its ``clients``: the
         other client processes connected (``Service.clients``)."""
-        return dict(self._control().call("stats")["stats"])
+        return dict(self._ask("stats")["stats"])
 
     def wait_ready(self) -> None:
         """Wait until the service's decode processes have started (as ``Loader.wait_ready()``):
         for a benchmark that times steady state, as jobs need not."""
-        self._control().call("ready")
+        self._ask("ready")
 
     def count_copies(self, images: int, prepared_bytes: int, copied_bytes: int) -> None:
         """Add a batch's images to ``copies`` (its streams may run on several threads)."""
@@ -444,7 +452,7 @@ class RemoteLoader:
         if self._closed:
             return False
         try:
-            reply = self._control().call("hello")
+            reply = self._ask("hello")
         except ServiceError:
             with self._lock:
                 self._ctl = None  # broken: the next request connects again
