@@ -19,6 +19,7 @@ the process; ``JobLoader`` also carries the job's position into framework checkp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from catalog.augment import default_seed, from_torchvision
 from catalog.errors import CatalogLockedError, LoaderError
 from catalog.options import JobSpec
+from tabloader.engine.opening import OpenRequest
 from tabloader.engine.ranks import rank_share, resolve_rank
 from tabloader.service.client import RemoteLoader, service_loader
 
@@ -78,6 +80,10 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             tests, jobs on threads).
         loader: a ``Loader`` (or ``RemoteLoader``) to use instead.
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
+
+        The other arguments are those of every open (one ``OpenRequest``, made and checked
+        here; see ``tabloader.engine.opening``):
+
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
             the last one.
@@ -98,7 +104,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             processes (torchrun) meet in the catalog's service; each must save its
             ``state_dict()`` at the same step (see ``Loader.open``).
         **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
-            was registered with), checked here:
+            was registered with), each checked here (with the registered ones when it opens):
 
             * ``batch_size``: rows per batch (default 32).
             * ``seed``: seed of this job's generator and its augmentations (default: a hash
@@ -123,28 +129,26 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         catalog: Catalog | str | os.PathLike[str] | None = None,
         loader: Loader | RemoteLoader | None = None,
         transform: Transform | None = None,
-        prefetch: int | None = None,
-        epochs: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        **options: Any,
+        **args: Any,
     ) -> None:
         super().__init__()
         self.job = job
         self._pid = os.getpid()  # its loader's connection and threads are this process's
+        if args.get("augment") is not None and not isinstance(args["augment"], str):
+            args["augment"] = from_torchvision(args["augment"])
+        # every open of it asks for this: its arguments checked here, once (the options each
+        # on its own; with the registered ones where they are, when it opens)
+        self._request = OpenRequest.make(job, **args)
         if loader is None:
             loader = _loader_for(catalog)
         self.loader: Loader | RemoteLoader = loader
         self.transform = transform
-        if options.get("augment") is not None and not isinstance(options["augment"], str):
-            options["augment"] = from_torchvision(options["augment"])
-        spec = JobSpec.from_options(self.loader.job_options(job), **options)
-        self._spec = spec  # what every open of it asks for
-        # the job's seed, else one of its own: jobs never share draws
-        seed = default_seed(job) if spec.seed is None else spec.seed
-        self.generator = torch.Generator().manual_seed(int(seed))
-        self._prefetch, self._epochs = prefetch, epochs
-        self._rank, self._world_size = rank, world_size
+        # the job's seed, else one of its own: jobs never share draws (the registered seed is
+        # known when it opens: it seeds the generator then)
+        self._generator = torch.Generator()
+        self._seeded = False  # by the job's seed: given here, else registered (see generator)
+        if self._request.options.get("seed") is not None:
+            self._seed(self._request.options["seed"])
         self._stream: Stream | None = None
         self._state: dict[str, Any] | None = None
         self._rows: int | None = None  # the job's, for len()
@@ -167,20 +171,36 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             "and create the JobDataset there."
         )
 
-    def _open(self) -> Stream:
+    def _open(self, *, read_ahead: bool = False) -> Stream:
+        """The job's stream, opened with the request made at ``__init__`` (and the state
+        loaded); ``read_ahead``: for an iteration (a service's first batch is asked for with
+        the open)."""
         self._here()
         if self._stream is None:
-            self._stream = self.loader.open(  # the spec checked once, at __init__
-                self.job,
-                spec=self._spec,
-                state=self._state,
-                prefetch=self._prefetch,
-                epochs=self._epochs,
-                rank=self._rank,
-                world_size=self._world_size,
-            )
+            request = self._request
+            if self._state is not None:
+                request = dataclasses.replace(request, state=self._state)
+            if read_ahead and isinstance(self.loader, RemoteLoader):
+                self._stream = self.loader.open(request, read_ahead=True)
+            else:
+                self._stream = self.loader.open(request)
             self._state = None
+            if not self._seeded:  # the registered seed, known now
+                self._seed(self._stream.spec.seed)
         return self._stream
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator of this job's ``transform``: seeded by the job's ``seed`` (given
+        here, else registered), else by one of its own (jobs never share draws). The
+        registered seed comes with the first open; read before it, it is asked for."""
+        if not self._seeded:
+            self._seed(self._request.resolve_spec(self.loader.job_options(self.job)).seed)
+        return self._generator
+
+    def _seed(self, seed: int | None) -> None:
+        self._generator.manual_seed(int(default_seed(self.job) if seed is None else seed))
+        self._seeded = True
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if get_worker_info() is not None:
@@ -188,7 +208,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 "JobDataset runs in the main process: use DataLoader(ds, batch_size=None) with "
                 "num_workers=0; tabloader decodes with its own threads."
             )
-        stream = self._open()
+        stream = self._open(read_ahead=True)
         if self._resuming:
             self._resuming = False
         elif self._partial is not None:  # the last iteration stopped mid-epoch: a new one
@@ -209,8 +229,13 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if self._rows is None:
             self._rows = self.loader.job_rows(self.job)
         world_size = self.world_size
-        batch_size = int(self._spec.batch_size)
-        share = rank_share(self._rows, batch_size, world_size, bool(self._spec.drop_last))
+        spec = (
+            self._stream.spec
+            if self._stream is not None
+            else self._request.resolve_spec(self.loader.job_options(self.job))
+        )
+        batch_size = int(spec.batch_size)
+        share = rank_share(self._rows, batch_size, world_size, bool(spec.drop_last))
         return -(-share // batch_size)
 
     @property
@@ -220,14 +245,14 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         :mod:`tabloader.engine.ranks`), without opening."""
         if self._stream is not None:
             return self._stream.rank
-        return resolve_rank(self._rank, self._world_size)[0]
+        return resolve_rank(self._request.rank, self._request.world_size)[0]
 
     @property
     def world_size(self) -> int:
         """The number of the job's data-parallel ranks (as ``rank``)."""
         if self._stream is not None:
             return self._stream.world_size
-        return resolve_rank(self._rank, self._world_size)[1]
+        return resolve_rank(self._request.rank, self._request.world_size)[1]
 
     @property
     def spec(self) -> JobSpec:
@@ -301,7 +326,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             self._stream.close()
             self._stream = None
         self._state = state["stream"]
-        self.generator.set_state(state["generator"])
+        self._generator.set_state(state["generator"])
+        self._seeded = True  # the generator goes on from there
         self._resuming, self._partial = True, None
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from catalog.bitmaps import bitmap_to_array
 from catalog.directory import not_a_catalog, resolve_root
 from catalog.errors import CacheError, LoaderError, SamplingError
 from catalog.options import JobSpec
-from catalog.settings import SETTINGS, check_counts, physical_memory, setting
+from catalog.settings import SETTINGS, physical_memory, setting
 from catalog.storage import DatasetReader
 from tabloader.engine.accounting import AccessLog
 from tabloader.engine.arena import Arena
@@ -39,6 +39,7 @@ from tabloader.engine.decoding import DecodePool
 from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobqueue import JobQueue
 from tabloader.engine.jobs import JobState, OnError, cache_rows, default_prefetch, fit_prefetch
+from tabloader.engine.opening import OpenRequest
 from tabloader.engine.planning import column_plan, job_augmenter
 from tabloader.engine.pool import PriorityPool
 from tabloader.engine.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
@@ -288,23 +289,17 @@ class Loader:
 
     def open(
         self,
-        job: str | Job,
+        job: str | Job | OpenRequest,
         *,
-        spec: JobSpec | None = None,
-        prefetch: int | None = None,
-        lookahead: int | None = None,
-        epochs: int | None = None,
-        state: dict[str, Any] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
         remote: bool = False,
         fed: bool = False,
-        **options: Any,
+        **args: Any,
     ) -> JobStream:
         """Start consuming a registered job (or one rank of it, for data-parallel training).
 
         Args:
-            job: the job name (or ``Job``).
+            job: the job name (or ``Job``), or the whole :class:`OpenRequest` (then alone):
+                ``args`` are its arguments (``OpenRequest.make``), declared there once:
             spec: the job's options (default: the ones it was registered with).
             **options: job options (``catalog.options.JOB_OPTIONS``: ``batch_size``,
                 ``image_size``, here also ``(height, width)``, ``augment``...) laid over
@@ -366,17 +361,25 @@ class Loader:
         """
         if self._closed:
             raise LoaderError("The loader is closed; create a new Loader.")
-        rank, world_size = resolve_rank(rank, world_size)
+        if isinstance(job, OpenRequest) and args:
+            raise LoaderError(
+                f"open(OpenRequest, {', '.join(args)}=...): the request carries every argument "
+                "of the open; make it with them (OpenRequest.make)."
+            )
+        known: Job | None = None  # a Job given: no look-up
+        if isinstance(job, OpenRequest):
+            request = job
+        elif isinstance(job, str):
+            request = OpenRequest.make(job, **args)
+        else:
+            request, known = OpenRequest.make(job.name, **args), job
+        rank, world_size = resolve_rank(request.rank, request.world_size)
+        prefetch, lookahead, epochs = request.prefetch, request.lookahead, request.epochs
+        state = None if request.state is None else dict(request.state)
         with self._lock:
-            info = job if not isinstance(job, str) else self.catalog.job(job)
-            if isinstance(options.get("on_error"), OnError):  # its value, as a WITH option
-                options["on_error"] = options["on_error"].value
-            if spec is None or options:  # a spec alone was checked where it was made
-                spec = JobSpec.from_options(
-                    info.options if spec is None else spec.values, **options
-                )
+            info = self.catalog.job(request.job) if known is None else known
+            spec = request.resolve_spec(info.options)  # the one check of the merged options
             batch_size = spec.batch_size
-            check_counts(LoaderError, prefetch=prefetch, lookahead=lookahead, epochs=epochs)
             given = prefetch
             augmenter, cap = job_augmenter(info.name, dict(spec.values))
             if fed and not spec.drop_last:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from catalog.directory import resolve_root
 from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
@@ -35,7 +36,7 @@ from catalog.options import JobSpec
 from catalog.settings import setting
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.handoff import HandedBatch
-from tabloader.engine.ranks import resolve_rank
+from tabloader.engine.opening import OpenRequest
 from tabloader.engine.shm import Segment
 from tabloader.engine.streams import report_arrays
 from tabloader.service.listener import STARTER_ENV
@@ -47,7 +48,6 @@ from tabloader.service.protocol import (
     runtime_dir,
     service_pid,
     state_from_wire,
-    state_to_wire,
 )
 from tabloader.service.reopen import Ahead, forget, register, settle
 
@@ -213,19 +213,18 @@ def _node_client(root: Path, node: str, found: Locator) -> Client:
             time.sleep(0.1)
 
 
-def _map_segment(ctl: Client) -> tuple[Segment, int]:
-    """The service's arena, mapped read-only from the descriptor it sends (no name to open),
-    and the service's pid."""
-    reply, fds = ctl.call_fds("segment")
-    if len(fds) != 1:
-        for fd in fds:
-            os.close(fd)
-        raise ServiceError(
-            f"the tabloader service sent {len(fds)} descriptors for its shared memory, not 1; "
-            "is it another version of tabloader? Restart it (`tabloader serve`)."
-        )
-    segment = Segment.attach(fds[0], int(reply["size"]), str(reply["segment"]), readonly=True)
-    return segment, int(reply["pid"])
+def _int_field(reply: dict[str, Any], name: str) -> int:
+    value = reply.get(name)
+    if type(value) is not int:
+        raise _malformed_reply(f"{name} {str(value)[:20]}")
+    return value
+
+
+def _malformed_reply(what: str) -> ServiceError:
+    return ServiceError(
+        f"The tabloader service sent a malformed reply to an open ({what}); is it another "
+        "version of tabloader? Restart it (`tabloader serve`)."
+    )
 
 
 @dataclass
@@ -258,94 +257,188 @@ class RemoteLoader:
         self.root = Path(root).absolute()
         found = locator()  # a Ray worker's node, when a cluster serves the catalog
         self.node = None if found is None else found.node(self.root)
-        self._ctl = (
+        self._lock = threading.Lock()  # the control connection and the mapping
+        self._asking = threading.Lock()  # a request of the loader's own is on ``_ctl``
+        # Its own requests' connection; the first stream opened takes it (its connect is that
+        # stream's) and ``_ask`` makes another when one is needed.
+        self._ctl: Client | None = (
             dial(self.root, start=start)
             if found is None or self.node is None
             else _node_client(self.root, self.node, found)
         )
-        try:
-            self._segment, self.service_pid = _map_segment(self._ctl)
-        except BaseException:
-            self._ctl.close()
-            raise
-        self.arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
+        self._segment: Segment | None = None  # mapped by the first open's reply (or ``arena``)
+        self._arena: npt.NDArray[np.uint8] | None = None
+        self._service_pid: int | None = None
         self.copies = Copies()  # of every stream of this loader
         self.memory = BatchMemory()  # the streams' image batches, recycled
         self._copies_lock = threading.Lock()
         self._closed = False
 
-    def open(
-        self,
-        job: str,
-        *,
-        spec: JobSpec | None = None,
-        prefetch: int | None = None,
-        lookahead: int | None = None,
-        epochs: int | None = None,
-        state: dict[str, Any] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        **options: Any,
-    ) -> RemoteStream:
-        """Open ``job`` in the service; arguments and job options as ``Loader.open``.
+    @property
+    def arena(self) -> npt.NDArray[np.uint8]:
+        """The service's arena, mapped read-only from the descriptor it sends (no name to
+        open): by the first open's reply, else asked for now."""
+        with self._asking, self._lock:
+            if self._arena is None:
+                reply, fds = self._control_locked().call_fds("segment")
+                self._map_locked(reply, fds)
+            assert self._arena is not None
+            return self._arena
 
-        The options are checked here (against the job's registered ones, fetched from the
-        service) and travel as one ``JobSpec``. ``rank`` and ``world_size`` are found here, in
-        this process (never in the service), from what launched it when both are None (a
-        process group, torchrun's ``RANK`` and ``WORLD_SIZE``, Lightning's launcher, ...: see
-        :mod:`tabloader.engine.ranks`): the ranks of a job, each in its own process, join the
-        service as one job.
-        """
-        rank, world_size = resolve_rank(rank, world_size)
-        args: dict[str, Any] = {"prefetch": prefetch, "lookahead": lookahead, "epochs": epochs}
-        args.update(rank=rank, world_size=world_size)
-        if state is not None:
-            args["state"] = state_to_wire(state)
-        settle((self.root, self.node, job, rank))  # a stream of it dropped here
-        conn = Client(self.root, node=self.node)
+    @property
+    def service_pid(self) -> int:
+        """The pid of the service this loader maps the memory of (or would connect to)."""
+        if self._service_pid is None:
+            self._service_pid = _int_field(self._ask("hello"), "pid")
+        return self._service_pid
+
+    def _map_locked(self, reply: dict[str, Any], fds: list[int]) -> None:
+        """Map the memory a reply sent the descriptor of (``_lock`` held): once; a later
+        one, of the same memory, is closed (two first opens at once)."""
         try:
-            if spec is None or options:  # else checked already (a JobDataset's)
-                stored = conn.call("options", job=job)["options"] if spec is None else spec.values
-                spec = JobSpec.from_options(stored, **options)
-            # The service answering must be the one whose memory this loader maps (it checks
-            # before the job opens: a refused open leaves nothing behind).
-            reply = conn.call(
-                "open", job=job, spec=spec.to_wire(), segment=self._segment.name, **args
+            if len(fds) != 1:
+                raise ServiceError(
+                    f"the tabloader service sent {len(fds)} descriptors for its shared memory, "
+                    "not 1; is it another version of tabloader? Restart it (`tabloader serve`)."
+                )
+            name, size = reply.get("segment"), _int_field(reply, "size")
+            if not isinstance(name, str):
+                raise _malformed_reply(f"segment {str(name)[:40]}")
+            pid = _int_field(reply, "pid")
+            if self._segment is None:
+                self._segment = Segment.attach(fds.pop(), size, name, readonly=True)
+                self._arena = np.frombuffer(self._segment.buf, np.uint8)  # read-only
+                self._service_pid = pid
+            elif name != self._segment.name:  # pragma: no cover - a new service, mid-open
+                raise self._stale()
+        finally:
+            while fds:
+                os.close(fds.pop())
+
+    def _stale(self) -> ServiceError:
+        return ServiceError(
+            f"The tabloader service of catalog {self.root} this loader was connected "
+            f"to (pid {self._service_pid}) is gone, and another one runs now; its "
+            "batches are in memory this loader does not map. Make a new JobDataset or "
+            "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
+        )
+
+    def _control_locked(self) -> Client:
+        if self._ctl is None:
+            if self._closed:
+                raise ServiceError(
+                    f"This RemoteLoader of catalog {self.root} is closed; make a new one."
+                )
+            self._ctl = Client(self.root, node=self.node)
+        return self._ctl
+
+    def _ask(self, op: str, **args: Any) -> dict[str, Any]:
+        """A request of the loader's own, on its connection (made again once a stream took
+        it, or it broke); no stream takes it meanwhile."""
+        with self._asking:
+            with self._lock:
+                ctl = self._control_locked()
+            return ctl.call(op, **args)
+
+    def _connection(self) -> Client:
+        """A connection for a stream: the loader's own if no stream took it yet (a first open
+        connects once) and no request of the loader's is on it, else a new one."""
+        conn = None
+        if self._asking.acquire(blocking=False):
+            try:
+                with self._lock:
+                    conn, self._ctl = self._ctl, None
+            finally:
+                self._asking.release()
+        return conn if conn is not None else Client(self.root, node=self.node)
+
+    def _keep_connected(self) -> None:
+        """A stream leaves: the loader connects again if it holds no connection, so that the
+        service stays up while the loader is open (it stops ``idle_exit`` seconds after its
+        last client left), as it did while the stream was open."""
+        with self._lock:
+            if self._ctl is None and not self._closed:
+                with contextlib.suppress(ServiceError):
+                    self._ctl = Client(self.root, node=self.node)
+
+    def open(
+        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Any
+    ) -> RemoteStream:
+        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (``OpenRequest.make``),
+        or the whole ``OpenRequest``.
+
+        ``rank`` and ``world_size`` are found here, in this process (never in the service),
+        from what launched it when both are None (a process group, torchrun's ``RANK`` and
+        ``WORLD_SIZE``, Lightning's launcher, ...: see :mod:`tabloader.engine.ranks`): the
+        ranks of a job, each in its own process, join the service as one job. The options
+        given are checked here each on its own, and with the job's registered ones in the
+        service (the open's error says which).
+
+        One request: the open carries the request and, the first time, asks for the
+        service's memory (its reply sends the descriptor; later opens name the memory they
+        map, and a service that is not that one refuses them before the job opens). With
+        ``read_ahead`` (a job about to iterate) the first batch is asked for behind the open,
+        before its reply is read: a first batch is then one round trip away.
+        """
+        if isinstance(job, OpenRequest) and args:
+            raise LoaderError(
+                f"open(OpenRequest, {', '.join(args)}=...): the request carries every argument "
+                "of the open; make it with them (OpenRequest.make)."
             )
+        request = job if isinstance(job, OpenRequest) else OpenRequest.make(job, **args)
+        request = request.resolved()  # this process's ranks
+        rank, world_size = int(request.rank or 0), int(request.world_size or 1)
+        settle((self.root, self.node, request.job, rank))  # a stream of it dropped here
+        conn = self._connection()
+        with self._lock:
+            mapped = None if self._segment is None else self._segment.name
+        fds: list[int] = []
+        try:
+            conn.send("open", request=request.to_wire(), segment=mapped)
+            if read_ahead:
+                conn.send("next")
+            reply = conn.receive(fds=fds)
+            if mapped is None:
+                with self._lock:
+                    self._map_locked(reply, fds)
+            epoch = _int_field(reply, "epoch")
+            try:
+                spec = JobSpec.from_wire(reply.get("spec"))
+            except TabloaderError as exc:
+                raise _malformed_reply(str(exc)) from None
         except ServiceError as exc:
             conn.close()
             if getattr(exc, "stale_segment", False):  # this loader's service is gone
-                raise ServiceError(
-                    f"The tabloader service of catalog {self.root} this loader was connected "
-                    f"to (pid {self.service_pid}) is gone, and another one runs now; its "
-                    "batches are in memory this loader does not map. Make a new JobDataset or "
-                    "RemoteLoader for the job (with state= a state_dict() you saved to resume)."
-                ) from None
+                raise self._stale() from None
             raise
         except BaseException:
             conn.close()
             raise
-        stream = RemoteStream(self, conn, job, rank, world_size, spec)
-        stream._epoch_hint = int(reply["epoch"])
+        finally:
+            while fds:
+                os.close(fds.pop())
+        stream = RemoteStream(self, conn, request.job, rank, world_size, spec)
+        stream._epoch_hint = epoch
+        stream._ahead = read_ahead
         return stream
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
-        return dict(self._ctl.call("options", job=job)["options"])
+        return dict(self._ask("options", job=job)["options"])
 
     def job_rows(self, job: str) -> int:
         """The number of rows of a registered job."""
-        return int(self._ctl.call("rows", job=job)["rows"])
+        return int(self._ask("rows", job=job)["rows"])
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (as ``Loader.stats()``), and its ``clients``: the
         other client processes connected (``Service.clients``)."""
-        return dict(self._ctl.call("stats")["stats"])
+        return dict(self._ask("stats")["stats"])
 
     def wait_ready(self) -> None:
         """Wait until the service's decode processes have started (as ``Loader.wait_ready()``):
         for a benchmark that times steady state, as jobs need not."""
-        self._ctl.call("ready")
+        self._ask("ready")
 
     def count_copies(self, images: int, prepared_bytes: int, copied_bytes: int) -> None:
         """Add a batch's images to ``copies`` (its streams may run on several threads)."""
@@ -355,21 +448,28 @@ class RemoteLoader:
             self.copies.copied_bytes += copied_bytes
 
     def alive(self) -> bool:
-        """Whether the service this loader is connected to still answers."""
+        """Whether the service this loader maps the memory of still answers."""
         if self._closed:
             return False
         try:
-            self._ctl.call("hello")
+            reply = self._ask("hello")
         except ServiceError:
+            with self._lock:
+                self._ctl = None  # broken: the next request connects again
             return False
-        return True
+        with self._lock:
+            return self._segment is None or reply.get("segment") == self._segment.name
 
     def close(self) -> None:
         """Disconnect (open streams stay usable until closed)."""
-        if not self._closed:
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            self._ctl.close()
-            self.memory.close()  # the blocks kept for reuse go (a stream still works)
+            ctl, self._ctl = self._ctl, None
+        if ctl is not None:
+            ctl.close()
+        self.memory.close()  # the blocks kept for reuse go (a stream still works)
 
     def __enter__(self) -> RemoteLoader:
         return self
@@ -572,6 +672,7 @@ class RemoteStream:
                 pass
             finally:
                 self._lock.release()
+        self._loader._keep_connected()  # before this connection goes: the service stays up
         self._conn.close()
 
     @property

@@ -49,12 +49,12 @@ import numpy as np
 from catalog import errors
 from catalog.directory import read_file
 from catalog.errors import (
-    LoaderError,
     ServiceError,
     ServiceStuckError,
     StorageError,
     TabloaderError,
 )
+from tabloader.engine.opening import state_from_wire, state_to_wire
 from tabloader.engine.streams import REPORT_ROWS_MAX, report_arrays
 
 if TYPE_CHECKING:
@@ -98,7 +98,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION: int = 6  # 6: the catalog's operations as one request, "catalog"; 5: an
+PROTOCOL_VERSION: int = 7  # 7: an open is one OpenRequest, its reply maps the memory and
+# reads the first batch ahead; 6: the catalog's operations as one request, "catalog"; 5: an
 # open's job options as one JobSpec; 4: datasets and jobs as results; 3: shared memory by
 # descriptor
 MAX_MESSAGE: int = 16 << 20  # bytes; a larger frame closes the connection
@@ -263,15 +264,16 @@ class Client:
         with self._call_lock:
             self._send_locked(op, args)
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any]:
-        """The reply to the oldest request not answered yet (as ``call``).
+    def receive(self, timeout: float | None = None, fds: list[int] | None = None) -> dict[str, Any]:
+        """The reply to the oldest request not answered yet (as ``call``); the descriptors
+        it carries are appended to ``fds`` (the caller's to close; None: closed unread).
 
         Raises:
             ServiceError: also when ``timeout`` seconds passed (the connection is then closed:
                 a reply may still be on its way).
         """
         with self._call_lock:
-            return self._receive_locked(timeout)
+            return self._receive_locked(timeout, fds)
 
     def call_fds(self, op: str, **args: Any) -> tuple[dict[str, Any], list[int]]:
         """``call``, for a reply that carries descriptors: the reply and them (the caller's
@@ -379,34 +381,6 @@ def _recv_exact(sock: socket.socket, size: int) -> bytearray:
 
 
 # -- values in messages (JSON has no bytes: those travel as hex) ---------------------------------
-def state_to_wire(state: dict[str, Any]) -> dict[str, Any]:
-    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap, and
-    an importance job's scores (``ImportanceScores.state_dict()``: bytes), in hex."""
-    wire = {**state, "remaining": bytes(state["remaining"]).hex()}
-    if state.get("importance") is not None:
-        wire["importance"] = {
-            k: v.hex() if isinstance(v, bytes) else v for k, v in state["importance"].items()
-        }
-    return wire
-
-
-def state_from_wire(state: Any) -> dict[str, Any]:
-    """The job state that ``state_to_wire`` put in a message.
-
-    Raises:
-        LoaderError: ``state`` is not one.
-    """
-    try:
-        out = {**state, "remaining": bytes.fromhex(state["remaining"])}
-        if state.get("importance") is not None:
-            scores = state["importance"]
-            out["importance"] = {**scores, "ids": bytes.fromhex(scores["ids"])}
-            out["importance"]["ranks"] = bytes.fromhex(scores["ranks"])
-        return out
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
-
-
 def report_to_wire(values: np.ndarray) -> str:
     """A report's ids (int64) or losses (float64) for a message: little-endian bytes, in hex
     (exact, and 20x faster to encode than a JSON list of floats)."""

@@ -42,10 +42,10 @@ import catalog
 from catalog.api import StatementTarget
 from catalog.directory import not_a_catalog
 from catalog.errors import LoaderError, ServiceError
-from catalog.options import JobSpec
 from tabloader.engine import Loader
 from tabloader.engine.collate import release
 from tabloader.engine.handoff import HandedBatch, Staging
+from tabloader.engine.opening import OpenRequest
 from tabloader.engine.stream import ServedStream
 from tabloader.engine.streams import no_importance
 from tabloader.service.catalog_ops import CatalogOps
@@ -57,7 +57,6 @@ from tabloader.service.protocol import (
     LOG_FILE,
     report_from_wire,
     runtime_dir,
-    state_from_wire,
     state_to_wire,
 )
 
@@ -305,38 +304,39 @@ class _Handler(CatalogOps):
 
     # -- a job ---------------------------------------------------------------------------------
     def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Open a job on this connection: ``request`` is an ``OpenRequest.to_wire()``;
+        ``segment`` the shared memory the client maps already (a stale client's open is
+        refused before the job opens), or None: the reply carries a read-only descriptor of
+        it, so that a client's first open is its only request before its first batch (it sends
+        its first ``next`` behind it without waiting)."""
         if self.stream is not None:
             raise LoaderError("This connection has a job open already; open another connection.")
-        unknown = sorted(set(msg) - {"op", "v", "job", "spec", "segment", *_OPEN_ARGS})
+        unknown = sorted(set(msg) - {"op", "v", "request", "segment"})
         if unknown:
             raise ServiceError(
-                f"Unknown open argument(s) {', '.join(unknown)}: a job's options travel as "
-                "spec=JobSpec.to_wire(); is the client another tabloader version?"
+                f"Unknown open argument(s) {', '.join(unknown)}: an open's arguments travel as "
+                "request=OpenRequest.to_wire(); is the client another tabloader version?"
             )
+        segment = self.service.segment
         mapped = msg.get("segment")
-        if mapped is not None and mapped != self.service.segment.name:
+        if mapped is not None and mapped != segment.name:
             stale = ServiceError(
                 f"The client maps shared memory segment {str(mapped)[:80]!r}, not the memory of "
                 "this service: it was connected to a service that is gone."
             )
             stale.stale_segment = True  # type: ignore[attr-defined]  # travels with the error
             raise stale
-        kw = {k: msg[k] for k in _OPEN_ARGS if msg.get(k) is not None}
-        if "state" in kw:
-            kw["state"] = state_from_wire(kw["state"])
-        spec = None if msg.get("spec") is None else JobSpec.from_wire(msg["spec"])
-        if "rank" not in kw and "world_size" not in kw:  # the client's, never this process's
-            kw["rank"], kw["world_size"] = 0, 1  # RANK/WORLD_SIZE (it may have started us)
+        request = OpenRequest.from_wire(msg.get("request"))
         feed = self.service.feed
         with self.service.lock:
             if feed is None:
-                opened = self.service.loader.open(_string(msg, "job"), spec=spec, remote=True, **kw)
+                opened = self.service.loader.open(request, remote=True)
             else:
-                info = self.service.catalog.job(_string(msg, "job"))
-                opened = self.service.loader.open(info, spec=spec, remote=True, fed=True, **kw)
+                info = self.service.catalog.job(request.job)
+                opened = self.service.loader.open(request, remote=True, fed=True)
         stream = ServedStream.of(opened)
         if feed is not None:
-            rank, world_size = int(kw["rank"]), int(kw["world_size"])
+            rank, world_size = int(request.rank or 0), int(request.world_size or 1)
             try:
                 feed.join(stream, info, rank=rank, world_size=world_size)
             except BaseException:
@@ -349,7 +349,11 @@ class _Handler(CatalogOps):
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        return {"job": stream.name, "epoch": stream.epoch}
+        reply = {"job": stream.name, "epoch": stream.epoch, "spec": stream.spec.to_wire()}
+        reply.update(segment=segment.name, size=segment.size, pid=os.getpid())
+        if mapped is None:
+            reply[FDS] = [segment.readonly_fd()]
+        return reply
 
     def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The next batch. The request also says the client's job has the batch sent last
@@ -540,10 +544,6 @@ class _Handler(CatalogOps):
                     reason="" if ended else f"{who}, node {node}) died mid-run",
                 )
         self._release(tickets)
-
-
-# an open's arguments besides its job and its ``spec`` (``JobSpec.to_wire()``): a stream's own
-_OPEN_ARGS = ("prefetch", "lookahead", "epochs", "state", "rank", "world_size")
 
 
 def _lost_start(root: Path, exc: ServiceRunningError, starter: str) -> NoReturn:

@@ -37,6 +37,7 @@ from catalog.errors import (
     ServiceError,
 )
 from catalog.options import SPEC_VERSION
+from tabloader.engine.opening import OpenRequest
 from tabloader.engine.prep import decode_image
 from tabloader.engine.shm import shm_available
 from tabloader.service.client import RemoteLoader, service_loader
@@ -697,24 +698,31 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
     def spec(**options):
         return {"spec": {"v": SPEC_VERSION, "options": options}}
 
+    def given(**options):
+        return {"options": options}
+
+    malformed = r"malformed open request \(%s.*run the same tabloader on both ends"
     for bad, error, message in (
-        ({"epochs": [1]}, LoaderError, r"epochs \[1\] is not a whole number"),
-        (spec(batch_size="x"), OptionError, "batch_size = 'x' is not an integer"),
-        ({"prefetch": {"n": 1}}, LoaderError, "prefetch {'n': 1} is not a whole number"),
-        (spec(image_size=100000), OptionError, r"image_size = 100000 is out of range"),
-        (spec(batch_size=65536, image_size=512), OptionError, "over the 4 GiB limit"),
-        (spec(batchsize=4), OptionError, r"Unknown job option 'batchsize'\. Did you mean"),
-        ({"spec": {"v": 0, "options": {}}}, OptionError, "A job spec of version 0"),
-        ({"spec": [4]}, OptionError, "Not a job spec"),
-        ({"batch_size": 4}, ServiceError, r"Unknown open argument\(s\) batch_size: .* spec="),
+        ({"epochs": [1]}, ServiceError, malformed % r"epochs is \[1\], not an integer"),
+        (spec(batch_size="x"), ServiceError, "batch_size = 'x' is not an integer"),
+        (given(batch_size="x"), ServiceError, "batch_size = 'x' is not an integer"),
+        ({"prefetch": 0}, ServiceError, malformed % "prefetch 0 is below the range"),
+        (given(image_size=100000), ServiceError, r"image_size = 100000 is out of range"),
+        (given(batch_size=65536, image_size=512), OptionError, "over the 4 GiB limit"),
+        (given(batchsize=4), ServiceError, r"Unknown job option 'batchsize'\. Did you mean"),
+        ({"spec": {"v": 0, "options": {}}}, ServiceError, "A job spec of version 0"),
+        ({"spec": [4]}, ServiceError, "Not a job spec"),
+        ({"batch_size": 4}, ServiceError, malformed % r"not an open request: \['batch_size'"),
         # within REGISTER's bounds, but more than this service's cache (16 MiB) holds
-        (spec(batch_size=32, image_size=256), LoaderError, r"6\.0 MiB of decoded images"),
-        (spec(image_size=128) | {"prefetch": 9}, LoaderError, r"11 of them .* cache of 16"),
+        (given(batch_size=32, image_size=256), LoaderError, r"6\.0 MiB of decoded images"),
+        (given(image_size=128) | {"prefetch": 9}, LoaderError, r"11 of them .* cache of 16"),
     ):
         conn = Client(cat_dir)
         try:
             with pytest.raises(error, match=message):
-                conn.call("open", job="a", **bad)
+                conn.call(
+                    "open", request=OpenRequest.make("a", rank=0, world_size=1).to_wire() | bad
+                )
         finally:
             conn.close()
     remote = RemoteLoader(cat_dir, start=False)
@@ -1062,9 +1070,10 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
     stats = json.loads(raw.stdout)
     assert stats["service_pid"] == service.pid
     assert stats["decodes"] >= 8  # the first batch was decoded
-    # this process: a connection for statements, one for its job's stream; not the status
+    # this process: one connection, its loader's, which its job's stream took (the open was
+    # its only request before the first batch); not the status
     job = {"job": "a", "rank": 0, "world_size": 1}
-    assert stats["clients"] == [{"pid": os.getpid(), "connections": 2, "jobs": [job]}]
+    assert stats["clients"] == [{"pid": os.getpid(), "connections": 1, "jobs": [job]}]
     [a] = stats["jobs"]
     assert (a["job"], a["dataset"], a["batches"], a["epoch"]) == ("a", "imgs", 1, 0)
     assert a["rows_per_s"] > 0
@@ -1271,13 +1280,13 @@ def test_verify_beside_a_service_says_to_stop_it(service, cat_dir, capsys):
 def test_a_job_held_by_another_client_says_so(service, cat_dir):
     first, second = Client(cat_dir), Client(cat_dir)
     try:
-        first.call("open", job="a")
+        first.call("open", request=OpenRequest.make("a", rank=0, world_size=1).to_wire())
         with pytest.raises(
             LoaderError,
             match=r"Job 'a' is open already in the loader service, by another process or another "
             r"stream of this one \(`tabloader status` lists the clients and their jobs\): close",
         ):
-            second.call("open", job="a")
+            second.call("open", request=OpenRequest.make("a", rank=0, world_size=1).to_wire())
     finally:
         first.close()
         second.close()
@@ -1292,6 +1301,42 @@ def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
     ) as info:
         RemoteLoader(cat_dir)
     assert "OLD LINE" not in str(info.value)
+
+
+def test_a_job_asks_the_service_once_before_its_first_batch(service, cat_dir, monkeypatch):
+    """One connection and one request before the first batch: the open (its reply maps the
+    service's memory) with the first ``next`` behind it, both sent before either reply is
+    read; the batch after is asked for as the job computes (it reads one ahead)."""
+    from tabloader.torch import JobDataset
+
+    log: list[str] = []
+
+    def counted(name, what):
+        real = getattr(Client, name)
+
+        def wrapper(self, *args, **kwargs):
+            log.append(what(args))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Client, name, wrapper)
+
+    counted("__init__", lambda args: "connect")
+    counted("send", lambda args: args[0])
+    counted("receive", lambda args: "reply")
+    counted("call", lambda args: f"call {args[0]}")
+    counted("call_fds", lambda args: f"call {args[0]}")
+    remote = RemoteLoader(cat_dir, start=False)
+    ds = JobDataset("a", loader=remote, batch_size=4, epochs=1)
+    try:
+        batch = next(iter(ds))
+        assert log == ["connect", "open", "next", "reply", "reply", "next"]
+        assert batch["image"].shape == (4, 16, 16, 3)
+        assert ds.spec.values == {"image_size": 16, "batch_size": 4}  # REGISTER's + ours
+        assert remote.service_pid == service.pid  # the open's reply said
+        assert log[6:] == []  # without asking
+    finally:
+        ds.close()
+        remote.close()
 
 
 def test_ranks_report_losses_through_the_service_and_a_resume_keeps_the_scores(cat_dir):
