@@ -334,3 +334,27 @@ def test_a_backend_decodes_into_the_slots_of_the_values_it_was_given(images):
     assert got[0].ctypes.data == slots[0].ctypes.data  # decoded in place
     assert got[2].ctypes.data == slots[2].ctypes.data
     assert "column 'image' is null in this row" in str(got[1])
+
+
+def test_a_job_option_added_to_the_table_reaches_the_engine_end_to_end(images, monkeypatch):
+    """A new job option is one row in ``JOB_OPTIONS`` (here added by the test alone): REGISTER
+    checks and stores it, SHOW JOBS lists it, an open can override it, the open request and the
+    spec carry it over the service's wire, and the engine reads it from the job's spec."""
+    from catalog import options
+    from catalog.errors import OptionError
+    from tabloader.engine.opening import OpenRequest
+
+    toy = options.JobOption("toy", int, 0, "a knob no module knows", minimum=0, maximum=9)
+    monkeypatch.setitem(options.JOB_OPTIONS, "toy", toy)
+    images.sql("REGISTER JOB j SELECT image FROM imgs WITH (toy = 3, image_size = 16)")
+    with pytest.raises(OptionError, match=r"toy"):
+        images.sql("REGISTER JOB k SELECT image FROM imgs WITH (toy = 12)")
+    listed = images.sql("SHOW JOBS").to_pylist()
+    assert "toy=3" in next(r["options"] for r in listed if r["name"] == "j")
+    request = OpenRequest.make("j", epochs=1, batch_size=4, toy=5)
+    assert OpenRequest.from_wire(request.to_wire()).options["toy"] == 5  # the service's wire
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        for given, seen in (({}, 3), ({"toy": 5}, 5)):
+            with loader.open("j", epochs=1, batch_size=4, **given) as stream:
+                assert stream.take() is not None
+                assert loader.scheduler("imgs").jobs["j"].spec.toy == seen
