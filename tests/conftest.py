@@ -42,10 +42,27 @@ def short_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def copy_catalog(template: Path, dest: Path) -> Path:
+    """A closed catalog ``template`` copied to ``dest`` (its files dated now, as if written
+    there): opening a copy costs under half of creating a catalog or importing into one."""
+    shutil.copytree(template, dest, copy_function=shutil.copy)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def empty_catalog(tmp_path_factory):
+    """An empty catalog, created once per test run (closed): ``cat`` opens a copy."""
+    root = tmp_path_factory.mktemp("empty-catalog") / "cat"
+    with catalog.open_catalog(root, create=True):
+        pass
+    return root
+
+
 @pytest.fixture
-def cat(tmp_path):
-    """A fresh catalog in a temporary directory."""
-    with catalog.open_catalog(tmp_path / "cat", create=True) as c:
+def cat(tmp_path, empty_catalog):
+    """A fresh catalog in a temporary directory (a copy of ``empty_catalog``, the same bytes
+    a create writes: 237 tests take one)."""
+    with catalog.open_catalog(copy_catalog(empty_catalog, tmp_path / "cat"), create=True) as c:
         yield c
 
 
