@@ -2,7 +2,8 @@
 
 The suite runs in pytest-xdist workers (``-n auto --maxprocesses 4 --dist loadgroup``, the
 README's command and ``.ci/run``): every test has its own folders, catalogs, services and
-sockets, so workers share nothing but the machine. Tests that start Ray are marked
+sockets, so workers share nothing but the machine (``LONG_FIRST`` says in what order they
+take the tests). Tests that start Ray are marked
 ``xdist_group("ray")`` and run one after another in one worker: a second local Ray beside
 test_cluster_ray.py's module-wide cluster would be found by ``ray.init`` and join it. Paths
 that hold a Unix socket or a ``$TMPDIR`` come from ``short_tmp``: xdist's workers put
@@ -19,6 +20,23 @@ import pytest
 
 import catalog
 from catalog import _progress
+
+# The longest tests outside the xdist groups (a benchmark, a script, mypy or the README's
+# commands run in subprocesses: 4-35 s a file), moved to the front of the collection.
+# ``--dist loadgroup`` hands out the groups first, then the other tests one at a time in
+# collection order, where these came last (tests/test_*.py) or late: one of them at the end
+# kept a worker busy for its whole length while the other had nothing left to run.
+LONG_FIRST = (
+    "tests/tabloader/test_bench_",
+    "tests/test_examples.py",
+    "tests/test_lint.py",
+    "tests/test_readme.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``LONG_FIRST`` files first, in their order; the others after, in theirs."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
 
 
 @pytest.fixture(autouse=True)
