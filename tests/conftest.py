@@ -13,6 +13,7 @@ that hold a Unix socket or a ``$TMPDIR`` come from ``short_tmp``: xdist's worker
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,12 @@ import pytest
 
 import catalog
 from catalog import _progress
+
+# pytest keeps each test module with its asserts rewritten in __pycache__ (gitignored), unless
+# bytecode is not to be written (PYTHONDONTWRITEBYTECODE, set on the shared machines): then
+# every xdist worker rewrote and compiled all ~200 test modules at each run, ~4 s of a core
+# each. This process only (the interpreters the tests start keep their environment).
+sys.dont_write_bytecode = False
 
 # The longest tests outside the xdist groups (a benchmark, a script, mypy or the README's
 # commands run in subprocesses: 4-35 s a file), moved to the front of the collection.
