@@ -28,13 +28,18 @@ from catalog import _progress
 # each. This process only (the interpreters the tests start keep their environment).
 sys.dont_write_bytecode = False
 
-# The longest tests outside the xdist groups (a benchmark, a script, mypy or the README's
-# commands run in subprocesses: 4-35 s a file), moved to the front of the collection.
-# ``--dist loadgroup`` hands out the groups first, then the other tests one at a time in
-# collection order, where these came last (tests/test_*.py) or late: one of them at the end
-# kept a worker busy for its whole length while the other had nothing left to run.
+# The files of the longest tests outside the xdist groups (a benchmark, a script, mypy, the
+# README's commands or a service in subprocesses; a rank's timeout: 3-12 s a test), moved to
+# the front of the collection. ``--dist loadgroup`` hands out the groups first, then the other
+# tests one at a time in collection order, where these came last (tests/test_*.py) or late:
+# one of them at the end kept a worker busy for its whole length while the other had nothing
+# left to run. Short tests are left for the end, where they even out the two workers.
 LONG_FIRST = (
     "tests/tabloader/test_bench_",
+    "tests/tabloader/test_chaos.py",
+    "tests/tabloader/test_rank_timeout.py",
+    "tests/tabloader/test_service",  # test_service.py, test_service_faults.py
+    "tests/tabloader/test_torch.py",
     "tests/test_examples.py",
     "tests/test_lint.py",
     "tests/test_readme.py",
