@@ -4,6 +4,7 @@ only, and the predicate function allow-list matches the parser."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -22,9 +23,11 @@ from catalog.sql.validate import PREDICATE_FUNCTION_CALLS
 README = Path(__file__).parents[2] / "README.md"
 
 
-@pytest.fixture
-def cat(tmp_path):
-    with catalog.open_catalog(tmp_path / "cat", memory_limit="64MiB", statement_timeout=2) as c:
+@pytest.fixture(scope="module")
+def table_t(tmp_path_factory):
+    """A closed catalog holding dataset ``t``, imported once: each test opens a copy."""
+    root = tmp_path_factory.mktemp("limits") / "cat"
+    with catalog.open_catalog(root, create=True) as c:
         c.import_arrow(
             "t",
             pa.table(
@@ -36,6 +39,13 @@ def cat(tmp_path):
                 }
             ),
         )
+    return root
+
+
+@pytest.fixture
+def cat(tmp_path, table_t):
+    shutil.copytree(table_t, tmp_path / "cat", copy_function=shutil.copy)
+    with catalog.open_catalog(tmp_path / "cat", memory_limit="64MiB", statement_timeout=2) as c:
         yield c
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pyarrow as pa
 import pytest
@@ -20,10 +21,19 @@ from catalog.options import (
 )
 
 
-@pytest.fixture
-def cat(tmp_path):
-    with catalog.open_catalog(tmp_path / "cat") as c:
+@pytest.fixture(scope="module")
+def table_t(tmp_path_factory):
+    """A closed catalog holding dataset ``t``, imported once: each test opens a copy."""
+    root = tmp_path_factory.mktemp("options") / "cat"
+    with catalog.open_catalog(root) as c:
         c.import_arrow("t", pa.table({"x": list(range(100))}))
+    return root
+
+
+@pytest.fixture
+def cat(tmp_path, table_t):
+    shutil.copytree(table_t, tmp_path / "cat", copy_function=shutil.copy)
+    with catalog.open_catalog(tmp_path / "cat") as c:
         yield c
 
 

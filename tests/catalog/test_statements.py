@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,11 +22,11 @@ from catalog import (
 )
 
 
-@pytest.fixture
-def imagenet(cat):
+@pytest.fixture(scope="module")
+def imagenet_table():
     n = 2000
     rng = np.random.default_rng(3)
-    table = pa.table(
+    return pa.table(
         {
             "label": rng.integers(0, 1000, n),
             "split": np.where(rng.random(n) < 0.9, "train", "val"),
@@ -32,8 +34,32 @@ def imagenet(cat):
             "image": [rng.bytes(64) for _ in range(n)],
         }
     )
-    cat.import_arrow("imagenet", table)
-    return table
+
+
+@pytest.fixture(scope="module")
+def imagenet_catalog(tmp_path_factory, imagenet_table):
+    """A catalog holding ``imagenet_table`` as dataset ``imagenet``, imported once (closed)."""
+    root = tmp_path_factory.mktemp("imagenet") / "cat"
+    with catalog.open_catalog(root, create=True) as cat:
+        cat.import_arrow("imagenet", imagenet_table)
+    return root
+
+
+@pytest.fixture
+def cat(request, tmp_path):
+    """The suite's ``cat``; with ``imagenet`` it holds that dataset already (a copy of one
+    import per module: 66 tests take it)."""
+    wanted = "imagenet_catalog" if "imagenet" in request.fixturenames else "empty_catalog"
+    root = tmp_path / "cat"  # copied as conftest's ``cat`` copies ``empty_catalog``
+    shutil.copytree(request.getfixturevalue(wanted), root, copy_function=shutil.copy)
+    with catalog.open_catalog(root, create=True) as c:
+        yield c
+
+
+@pytest.fixture
+def imagenet(cat, imagenet_table):
+    """Dataset ``imagenet`` of ``cat`` (imported by ``cat`` itself, see there): its table."""
+    return imagenet_table
 
 
 def expected_ids(cat, where: str) -> BitMap:

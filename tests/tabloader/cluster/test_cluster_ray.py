@@ -427,10 +427,13 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
 
 
 @pytest.mark.slow
-def test_ray_train_ranks_split_each_epoch(two_nodes, tmp_path, image_folder):
+def test_ray_train_ranks_split_each_epoch(two_nodes, tmp_path, image_folder, monkeypatch):
     """A Ray Train TorchTrainer with a worker per node: the training loop is plain
     ``JobDataset(job, catalog=DIR)``; its ranks (Ray Train sets RANK/WORLD_SIZE) split the
     epoch like local DDP ranks."""
+    # Ray Train's controller sees the workers end at its next poll, 2 s apart by default
+    # (the driver's value goes to the controller): the test then waited ~1 s for nothing
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
