@@ -63,6 +63,7 @@ TEST_FRACTION = 0.2
 BATCH = 64
 CHI2_99_81 = 113.51  # the 99% point of chi-square with 81 degrees of freedom
 CACHE_FRACTIONS = (0.1, 0.2, 0.5)
+QUICK_SERVED = 500  # --quick: digits written and served in part 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -217,7 +218,7 @@ def _train(
 
 
 # -- through the service ---------------------------------------------------------------------------
-def _service(work: Path, epochs: int) -> dict[str, Any]:
+def _service(work: Path, epochs: int, images_kept: int | None = None) -> dict[str, Any]:
     """One importance job reporting losses beside two plain jobs, through one service."""
     import torch
 
@@ -228,6 +229,7 @@ def _service(work: Path, epochs: int) -> dict[str, Any]:
     from tabloader.torch import JobDataset
 
     images, labels = load_digits()
+    images, labels = images[:images_kept], labels[:images_kept]  # --quick: the first ones
     folder = work / "digits"
     write_digits(images, labels, folder, 16)
     root = work / "catalog"
@@ -389,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if not args.no_service:
         with tempfile.TemporaryDirectory(prefix="tabloader-importance-") as tmp:
-            service = _service(Path(tmp), max(2, min(args.epochs, 3)))
+            kept = QUICK_SERVED if args.quick else None
+            service = _service(Path(tmp), 2 if args.quick else 3, kept)
         payload["service"] = service
         print(
             f"\nthrough the service (1 importance job + 2 plain jobs, {service['union']} rows): "
