@@ -42,22 +42,20 @@ TARGET = 1.5  # the neighbour's epoch beside the bombs / alone
 SUFFIX = {"progressive": "jpg", "jpeg": "jpg", "png": "png", "webp": "webp", "gif": "gif"}
 
 # The second job, in its own process: epochs of ``job`` until ``seconds`` pass, ``step``
-# seconds per batch, from one open as a training script reads them; prints its rows and the
-# rows it skipped.
+# seconds per batch; prints its rows and the rows it skipped.
 _SECOND = """
 import sys, time
 from tabloader.service.client import RemoteLoader
 root, job, seconds, step = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-rows = 0
+rows = skipped = 0
 with RemoteLoader(root, start=False) as remote:
     end = time.monotonic() + seconds
-    with remote.open(job, batch_size=64) as stream:
-        for batch in stream:
-            rows += len(batch["_id"])
-            if time.monotonic() >= end:
-                break
-            time.sleep(step)
-        skipped = stream.stats()["skipped"]
+    while time.monotonic() < end:
+        with remote.open(job, batch_size=64, epochs=1) as stream:
+            for batch in stream:
+                rows += len(batch["_id"])
+                time.sleep(step)
+            skipped += stream.stats()["skipped"]
 print(rows, skipped)
 """
 
