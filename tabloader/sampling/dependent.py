@@ -77,15 +77,16 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
-from tabloader.sampling.base import SamplerBase, Uniforms, check_round
+from tabloader.sampling.base import Uniforms, check_round
 from tabloader.sampling.regions import Regions
+from tabloader.sampling.shared import SamplerBase
+from tabloader.sampling.states import DependentState, SamplerState
 from tabloader.sampling.weighted import Lead, WeightedJob, WeightedJobs
 
 try:
@@ -499,10 +500,10 @@ class DependentSampler(SamplerBase[_Job]):
         return picks
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> DependentState:
         """Everything needed to resume exactly, as a plain dict."""
         return {
-            "kind": self.KIND,
+            "kind": "dependent",
             "version": self.VERSION,
             "next_seq": self._next_seq,
             "jobs": [
@@ -521,13 +522,14 @@ class DependentSampler(SamplerBase[_Job]):
             "weighted": self._weighted.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SamplerState) -> None:
         """Restore what :meth:`state_dict` returned (replaces every job).
 
         Raises:
             SamplingError: ``state`` is not a dependent sampler state.
         """
         self._check_state(state)
+        assert state["kind"] == "dependent"  # checked: the other kind's keys are not read
         self._jobs = {}
         slots = [int(j["slot"]) for j in state["jobs"]]
         size = max(slots, default=-1) + 1

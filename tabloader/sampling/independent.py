@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
-from tabloader.sampling.base import SamplerBase, check_round
+from tabloader.sampling.base import check_round
+from tabloader.sampling.shared import SamplerBase
+from tabloader.sampling.states import IndependentState, SamplerState
 from tabloader.sampling.weighted import WeightedJobs
 
 __all__ = ["IndependentSampler"]
@@ -149,10 +150,10 @@ class IndependentSampler(SamplerBase[_Job]):
             out[name] = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> IndependentState:
         """Everything needed to resume exactly, as a plain dict."""
         return {
-            "kind": self.KIND,
+            "kind": "independent",
             "version": self.VERSION,
             "entropy": self._root.entropy,
             "next_seq": self._next_seq,
@@ -171,13 +172,14 @@ class IndependentSampler(SamplerBase[_Job]):
             "weighted": {name: own.state_dict() for name, own in self._weighted.items()},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SamplerState) -> None:
         """Restore what :meth:`state_dict` returned (replaces every job).
 
         Raises:
             SamplingError: ``state`` is not an independent sampler state.
         """
         self._check_state(state)
+        assert state["kind"] == "independent"  # checked: the other kind's keys are not read
         self._root = np.random.SeedSequence(state["entropy"])
         self._next_seq = int(state["next_seq"])
         self._jobs = {}
