@@ -10,11 +10,7 @@ and :class:`~tabloader.sampling.IndependentSampler` implement it, on
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import (
-    TYPE_CHECKING,
-    Protocol,
-    runtime_checkable,
-)
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 from pyroaring import BitMap
