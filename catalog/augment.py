@@ -67,6 +67,7 @@ import difflib
 import functools
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -559,7 +560,7 @@ def _probability(op: str, v: Any) -> float:
     raise OptionError(f"augment: {op}'s p = {_show(v)} is not a probability from 0 to 1.")
 
 
-def _channels(key: str) -> Any:
+def _channels(key: str) -> Callable[[str, Any], tuple[float, float, float]]:
     def check(op: str, v: Any) -> tuple[float, float, float]:
         items = v if isinstance(v, tuple) else (v,)
         if len(items) in (1, 3) and all(_is_num(x) and abs(x) <= _FLOAT32_MAX for x in items):
@@ -578,7 +579,7 @@ def _channels(key: str) -> Any:
     return check
 
 
-_CHECK: dict[str, Any] = {
+_CHECK: dict[str, Callable[[str, Any], object]] = {  # an argument checked, as stored
     "size": _size,
     "scale": _scale,
     "ratio": _ratio,

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import duckdb
 import pyarrow as pa
@@ -31,6 +31,9 @@ from catalog.errors import (
     TabloaderError,
 )
 from catalog.limits import Limits
+
+if TYPE_CHECKING:
+    from typing_extensions import Required, Unpack
 
 __all__ = [
     "DAMAGED_FIX",
@@ -100,28 +103,31 @@ def disk_full_hint(exc: BaseException, root: Path) -> str:
     return f" The disk holding {root} is full: free space there and try again." if full else ""
 
 
-def translate(
-    exc: Exception,
-    what: str,
-    *,
-    root: Path,
-    error: type[TabloaderError] = CatalogError,
-    fix: str = "",
-    exists: str | None = None,
-    limits: Limits | None = None,
-) -> TabloaderError:
-    """The tabloader error for DuckDB's ``exc`` raised while doing ``what``.
+class Failure(TypedDict, total=False):
+    """How a DuckDB error becomes a tabloader error (``translate``, ``duckdb_errors``).
 
-    Args:
-        exc: the DuckDB exception.
-        what: what failed, as the message's subject ("Import of 'x'", "REGISTER JOB j").
-        root: the catalog directory (named when its disk is full).
-        error: the class for an error with no more specific mapping.
+    Attributes:
+        root: the catalog directory (named when its disk is full); always given.
+        error: the class for an error with no more specific mapping (default
+            ``CatalogError``).
         fix: a sentence appended to the message (what to do, or what state is left).
         exists: the message of an ``AlreadyExistsError`` for a constraint violation (a
-            duplicate primary key), or None to treat it as any other error.
+            duplicate primary key); without it, that is any other error.
         limits: the statement limits, named when one was reached.
     """
+
+    root: Required[Path]
+    error: type[TabloaderError]
+    fix: str
+    exists: str | None
+    limits: Limits | None
+
+
+def translate(exc: Exception, what: str, **how: Unpack[Failure]) -> TabloaderError:
+    """The tabloader error for DuckDB's ``exc`` raised while doing ``what`` (the message's
+    subject: "Import of 'x'", "REGISTER JOB j"); ``how``: see :class:`Failure`."""
+    root, error = how["root"], how.get("error", CatalogError)
+    fix, exists, limits = how.get("fix", ""), how.get("exists"), how.get("limits")
     text = str(exc).split("\n", 1)[0].rstrip().rstrip(".")
     # A DuckDB error met while reading a result as an Arrow stream arrives as an Arrow one.
     interrupted = isinstance(exc, duckdb.InterruptException) or text.startswith("INTERRUPT")
@@ -148,14 +154,7 @@ def translate(
 
 @contextmanager
 def duckdb_errors(
-    what: str,
-    *,
-    root: Path,
-    error: type[TabloaderError] = CatalogError,
-    fix: str = "",
-    exists: str | None = None,
-    limits: Limits | None = None,
-    arrow_stream: bool = False,
+    what: str, *, arrow_stream: bool = False, **how: Unpack[Failure]
 ) -> Iterator[None]:
     """Translate a ``duckdb.Error`` raised in the block (see ``translate``).
 
@@ -168,9 +167,7 @@ def duckdb_errors(
     try:
         yield
     except caught as exc:
-        raise translate(
-            exc, what, root=root, error=error, fix=fix, exists=exists, limits=limits
-        ) from exc
+        raise translate(exc, what, **how) from exc
 
 
 class Database:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
 
 import numpy as np
 from pyroaring import BitMap
@@ -24,7 +26,7 @@ from catalog.directory import JOBS_DIR, new_token, read_file, write_file
 from catalog.errors import StatementError, StorageError
 from catalog.model import Dataset
 
-__all__ = ["JobBitmaps", "max_bitmap_bytes"]
+__all__ = ["JobBitmaps", "JobFiles", "max_bitmap_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +40,75 @@ def max_bitmap_bytes(num_ids: int, num_rows: int) -> int:
     return 2 * num_ids + 16 * containers + 4096
 
 
-class JobBitmaps:
-    """Evaluate job predicates and keep the jobs' bitmap files.
+T = TypeVar("T")
+
+
+class JobFiles(Generic[T]):
+    """A job's derived data (its bitmap, its weights) kept in a file: the job's row in
+    ``jobs`` (its CRC-32) is the truth, and a file lost or torn is evaluated again.
 
     Args:
         root: the catalog directory.
-        db: its database (predicates run on its ``ids_con``).
+        db: its database (predicates and expressions run on its ``ids_con``).
     """
+
+    what: ClassVar[str]  # what the file holds, in messages
+    log: ClassVar[logging.Logger]
 
     def __init__(self, root: Path, db: Database) -> None:
         self.root, self.db = root, db
+
+    def _read_or_rebuild(
+        self,
+        name: str,
+        file: Path,
+        load: Callable[[], T | str],
+        rebuild: Callable[[], T | str],
+        fails: str,
+        save: Callable[[T], None],
+    ) -> T:
+        """Job ``name``'s value from its ``file``: ``load()`` (the file's value, or what is
+        wrong with it), else ``rebuild()`` (its value evaluated again, or why it is not the
+        stored one; a ``StatementError``: ``fails``), saved.
+
+        Raises:
+            StorageError: the file is bad and the value evaluated again is not the stored
+                one; the message says which, and how to re-register the job.
+        """
+        try:
+            loaded = load()
+        except StorageError as exc:
+            loaded = f"{exc}".removeprefix(f"its file {file} ").rstrip(".")
+        except (OSError, ValueError) as exc:
+            loaded = f"is unreadable ({type(exc).__name__}: {exc})"
+        if not isinstance(loaded, str):
+            return loaded
+        self.log.warning(
+            "job '%s': rebuilding its %s (its file %s %s)", name, self.what, file, loaded
+        )
+        try:
+            rebuilt = rebuild()
+        except StatementError as exc:
+            rebuilt = f"{fails}: {exc}"
+        if not isinstance(rebuilt, str):
+            with contextlib.suppress(OSError):  # read-only disk: rebuilt again next time
+                save(rebuilt)
+            return rebuilt
+        raise StorageError(
+            f"The {self.what} of job '{name}' are lost: its file {file} {loaded}, and {rebuilt}. "
+            f"Register the job again: REGISTER OR REPLACE JOB {name} ...",
+            path=str(file),
+        )
+
+
+class JobBitmaps(JobFiles[BitMap]):
+    """Evaluate job predicates and keep the jobs' bitmap files (:class:`JobFiles`)."""
+
+    what = "row ids"
+    log = logger
+
+    def __init__(self, root: Path, db: Database) -> None:
+        super().__init__(root, db)
         self._paths: dict[str, str] = {}  # job -> its bitmap file, when known
 
     def evaluate(self, name: str, ds: Dataset, predicate: str | None) -> BitMap:
@@ -109,42 +170,30 @@ class JobBitmaps:
                 message says which, and how to re-register the job.
         """
         file = self.root / path
-        try:
-            blob = read_file(
-                file, what=f"its file {file}", max_bytes=max_bitmap_bytes(num_ids, ds.num_rows)
-            )
-            ids = BitMap.deserialize(blob)
-        except StorageError as exc:
-            problem = f"{exc}".removeprefix(f"its file {file} ").rstrip(".")
-        except (OSError, ValueError) as exc:
-            problem = f"is unreadable ({type(exc).__name__}: {exc})"
-        else:
+
+        def load() -> BitMap | str:
+            most = max_bitmap_bytes(num_ids, ds.num_rows)
+            ids = BitMap.deserialize(read_file(file, what=f"its file {file}", max_bytes=most))
             if len(ids) == num_ids and zlib.crc32(ids.serialize()) == crc:
                 return ids
-            problem = (
+            return (
                 f"does not hold the job's ids ({len(ids)} ids or a CRC-32 that differs from "
                 f"the stored {num_ids} ids)"
             )
-        logger.warning("job '%s': rebuilding its row ids (its file %s %s)", name, file, problem)
-        try:
+
+        def rebuild() -> BitMap | str:
             ids = self.evaluate(name, ds, predicate)
-        except StatementError as exc:
-            why = f"its predicate fails at version {ds.version}: {exc}"
-        else:
             if len(ids) == num_ids and zlib.crc32(ids.serialize()) == crc:
-                with contextlib.suppress(OSError):  # read-only disk: rebuilt again next time
-                    write_file(file, ids.serialize())
                 return ids
             other = f"{len(ids)} rows" if len(ids) != num_ids else "other rows (CRC-32 differs)"
-            why = (
+            return (
                 f"its predicate selects {other} of '{ds.name}' version {ds.version}, not the "
                 f"stored {num_ids}"
             )
-        raise StorageError(
-            f"The row ids of job '{name}' are lost: its file {file} {problem}, and {why}. "
-            f"Register the job again: REGISTER OR REPLACE JOB {name} ...",
-            path=str(file),
-        )
+
+        fails = f"its predicate fails at version {ds.version}"
+        save = lambda ids: write_file(file, ids.serialize())  # noqa: E731
+        return self._read_or_rebuild(name, file, load, rebuild, fails, save)
 
     def remove(self, name: str, keep: str | None = None) -> None:
         """Delete the bitmap files of job ``name`` but ``keep`` (after the row changed), and

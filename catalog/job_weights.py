@@ -18,19 +18,19 @@ checked against the CRC.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import zlib
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
 from catalog.bitmaps import ID_COLUMN, bitmap_to_array
-from catalog.database import Database, duckdb_errors, quote
+from catalog.database import duckdb_errors, quote
 from catalog.directory import read_file, write_file
-from catalog.errors import OptionError, StatementError, StorageError
+from catalog.errors import OptionError, StatementError
+from catalog.job_bitmaps import JobFiles
 from catalog.model import Dataset
 
 __all__ = ["SHOWN_IDS", "JobWeights", "weights_crc"]
@@ -48,16 +48,11 @@ def weights_crc(weights: Weights) -> int:
     return zlib.crc32(np.ascontiguousarray(weights, dtype="<f8").tobytes())
 
 
-class JobWeights:
-    """Evaluate jobs' ``weight`` expressions and keep their weights files.
+class JobWeights(JobFiles[Weights]):
+    """Evaluate jobs' ``weight`` expressions and keep their weights files (:class:`JobFiles`)."""
 
-    Args:
-        root: the catalog directory.
-        db: its database (expressions run on its ``ids_con``).
-    """
-
-    def __init__(self, root: Path, db: Database) -> None:
-        self.root, self.db = root, db
+    what = "weights"
+    log = logger
 
     def evaluate(
         self, name: str, ds: Dataset, predicate: str | None, expression: str, ids: BitMap
@@ -129,32 +124,22 @@ class JobWeights:
                 the message says which, and how to re-register the job.
         """
         file = self.root / path
-        try:
+
+        def load() -> Weights | str:
             blob = read_file(file, what=f"its file {file}", size=8 * len(ids))
-        except StorageError as exc:
-            problem = f"{exc}".removeprefix(f"its file {file} ").rstrip(".")
-        except OSError as exc:
-            problem = f"is unreadable ({type(exc).__name__}: {exc})"
-        else:
             if zlib.crc32(blob) == crc:
                 return np.frombuffer(blob, dtype="<f8").astype(np.float64)
-            problem = "does not hold the job's weights (its CRC-32 differs from the stored one)"
-        logger.warning("job '%s': rebuilding its weights (its file %s %s)", name, file, problem)
-        try:
+            return "does not hold the job's weights (its CRC-32 differs from the stored one)"
+
+        def rebuild() -> Weights | str:
             weights = self.evaluate(name, ds, predicate, expression, ids)
-        except StatementError as exc:
-            why = f"its weight fails at version {ds.version}: {exc}"
-        else:
             if weights_crc(weights) == crc:
-                with contextlib.suppress(OSError):  # read-only disk: rebuilt again next time
-                    self.write(path, weights)
                 return weights
-            why = f"its weight gives other values at '{ds.name}' version {ds.version}"
-        raise StorageError(
-            f"The weights of job '{name}' are lost: its file {file} {problem}, and {why}. "
-            f"Register the job again: REGISTER OR REPLACE JOB {name} ...",
-            path=str(file),
-        )
+            return f"its weight gives other values at '{ds.name}' version {ds.version}"
+
+        fails = f"its weight fails at version {ds.version}"
+        save = functools.partial(self.write, path)
+        return self._read_or_rebuild(name, file, load, rebuild, fails, save)
 
 
 def _check(name: str, expression: str, ids: np.ndarray, w: Weights, null: np.ndarray) -> None:

@@ -84,7 +84,19 @@ class Dataset:
 
 
 @dataclass(frozen=True)
-class Job:
+class _JobRow:
+    """What the catalog's ``jobs`` row says of a job: what ``Job`` and ``JobInfo`` share."""
+
+    name: str
+    dataset: str
+    dataset_version: int
+    columns: tuple[str, ...]
+    predicate: str | None
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Job(_JobRow):
     """A registered training job: a dataset version, columns and the bitmap of its rows.
 
     Attributes:
@@ -99,12 +111,6 @@ class Job:
             with ``ids`` in ascending order; None for any other job.
     """
 
-    name: str
-    dataset: str
-    dataset_version: int
-    columns: tuple[str, ...]
-    predicate: str | None
-    options: dict[str, Any]
     ids: BitMap = field(compare=False, repr=False)
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
 
@@ -115,19 +121,13 @@ class Job:
 
 
 @dataclass(frozen=True)
-class JobInfo:
+class JobInfo(_JobRow):
     """What the catalog stores about a job, without its bitmap (for listings: a damaged bitmap
     file of one job does not stop SHOW JOBS or SHOW DATASETS).
 
     Attributes: as ``Job``; ``num_rows`` is the stored id count.
     """
 
-    name: str
-    dataset: str
-    dataset_version: int
-    columns: tuple[str, ...]
-    predicate: str | None
-    options: dict[str, Any]
     num_rows: int
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "IMPORTERS",
     "MAX_FILE_BYTES",
     "Source",
+    "check_folder",
     "check_inside",
     "check_regular_file",
     "detect_format",
@@ -43,6 +44,19 @@ _KINDS = {
     stat.S_IFBLK: "a block device",
     stat.S_IFSOCK: "a socket",
 }
+
+
+def check_folder(path: Path, shown: object, not_a_file: str) -> None:
+    """Raise unless ``path`` (named ``shown`` in the message) is a folder; ``not_a_file``
+    follows "'<path>' is a file" and says what to pass instead.
+
+    Raises:
+        ImportFailedError: ``path`` is missing or not a folder.
+    """
+    if not path.exists():
+        raise ImportFailedError(f"No such directory: '{shown}'. Check the path.")
+    if not path.is_dir():
+        raise ImportFailedError(f"'{shown}' is a file{not_a_file}")
 
 
 def _not_regular(path: Path, mode: int) -> ImportFailedError:

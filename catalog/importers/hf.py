@@ -40,6 +40,7 @@ from catalog.errors import ImportFailedError, did_you_mean
 from catalog.importers import (
     FOLLOW_LINKS_FIX,
     Source,
+    check_folder,
     check_inside,
     is_inside,
     read_regular_file,
@@ -144,13 +145,12 @@ def _import_datasets() -> ModuleType:
 
 
 def _load_from_disk(hf: ModuleType, path: Path, follow_links: bool) -> Any:
-    if not path.exists():
-        raise ImportFailedError(f"No such directory: '{path}'. Check the path.")
-    if not path.is_dir():
-        raise ImportFailedError(
-            f"'{path}' is a file, not a folder written by datasets' save_to_disk; pass that "
-            "folder (or use FORMAT parquet/arrow for a single file)."
-        )
+    check_folder(
+        path,
+        path,
+        ", not a folder written by datasets' save_to_disk; pass that folder (or use FORMAT "
+        "parquet/arrow for a single file).",
+    )
     for folder, dirs, files in os.walk(path):  # links are not followed: each is checked
         for name in dirs + files:
             if os.path.islink(os.path.join(folder, name)):

@@ -35,7 +35,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from catalog.errors import ImportFailedError
-from catalog.importers import Source, check_inside, read_regular_file
+from catalog.importers import Source, check_folder, check_inside, read_regular_file
 
 __all__ = ["DEFAULT_EXTENSIONS", "SCHEMA", "open_imagefolder"]
 
@@ -90,13 +90,7 @@ def open_imagefolder(
         raise ImportFailedError(f"batch_size must be a positive integer, not {batch_size!r}.")
     exts = _normalize_extensions(extensions)
     base = Path(root)
-    if not base.exists():
-        raise ImportFailedError(f"No such directory: '{root}'. Check the path.")
-    if not base.is_dir():
-        raise ImportFailedError(
-            f"'{root}' is a file; FORMAT imagefolder needs a folder laid out as "
-            "root/<class>/<file>."
-        )
+    check_folder(base, root, "; FORMAT imagefolder needs a folder laid out as root/<class>/<file>.")
     entries = sorted(p for p in base.iterdir() if not p.name.startswith("."))
     if not entries:
         raise ImportFailedError(

@@ -10,7 +10,7 @@ from its constant arguments (folded by sqlglot) and refuses one over a quarter o
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from sqlglot import exp
 from sqlglot.optimizer.simplify import simplify
@@ -71,7 +71,7 @@ def _name(node: exp.Func) -> str:
 
 
 # Functions whose value grows with an argument, and the bytes a call builds (None: unknown).
-GENERATORS: dict[str, Any] = {
+GENERATORS: dict[str, Callable[[exp.Func], float | None]] = {
     "RANGE": lambda n: _series_bytes(_args(n), inclusive=False),
     "GENERATE_SERIES": lambda n: _series_bytes(_args(n), inclusive=True),
     "REPEAT": lambda n: _times(_args(n)[1], _string_length(_args(n)[0])),

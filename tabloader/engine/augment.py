@@ -385,7 +385,8 @@ def _pad(
     return out
 
 
-_APPLY: dict[str, Any] = {  # the ops that are views or copies (the resizes are apply's own)
+_Apply = Callable[[Op, Any, npt.NDArray[np.uint8]], npt.NDArray[np.uint8]]
+_APPLY: dict[str, _Apply] = {  # the ops that are views or copies (the resizes are apply's own)
     "CenterCrop": _apply_center,
     "RandomCrop": _apply_crop,
 }

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +45,9 @@ __all__ = [
     "Arrow",
     "Augment",
     "Augmented",
+    "BatchWire",
     "Column",
+    "ColumnWire",
     "HandedBatch",
     "Held",
     "ImageList",
@@ -63,6 +65,36 @@ ALIGN = 64  # bytes: where each staged piece starts
 Memory = npt.NDArray[np.uint8]
 
 
+class _Named(TypedDict):
+    name: str
+    kind: str  # the column's class (its ``kind``): which of the other keys it has
+
+
+class ColumnWire(_Named, total=False):
+    """A column of a batch as JSON (``Column.to_wire``); offsets are relative to the batch's
+    ``base``. ``raw``: ``offset``, ``dtype`` (numpy's ``str``), ``shape``; ``arrow``:
+    ``offset``, ``size``; the prepared kinds: ``rows``, ``index`` (where their int64 index
+    is), ``staged_bytes``, and ``shape`` (``images``, ``augmented``), ``dtype``
+    (``augmented``)."""
+
+    offset: int
+    dtype: str
+    shape: list[int]
+    size: int
+    rows: int
+    index: int
+    staged_bytes: int
+
+
+class BatchWire(TypedDict):
+    """A batch as JSON (:meth:`HandedBatch.to_wire`): the layout's version ``v``, where its
+    staging lies (``base``: set by who places it) and its columns."""
+
+    v: int
+    base: int
+    columns: list[ColumnWire]
+
+
 class Column(Protocol):
     """One column of a handed-over batch."""
 
@@ -71,7 +103,7 @@ class Column(Protocol):
     def copy_out(self, memory: Memory, into: BatchMemory) -> Any:
         """The column's values as the job's own (arrays from ``into``)."""
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         """The column as JSON, its bytes added to ``staging``."""
 
 
@@ -145,7 +177,7 @@ class HandedBatch:
                 staged += col.staged_bytes
         return count, nbytes, staged
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> BatchWire:
         """The batch as JSON, its bytes added to ``staging``; offsets in it are relative to
         ``base``, which the caller sets where the staging is placed (``Staging.write``)."""
         return {
@@ -174,7 +206,7 @@ class HandedBatch:
             kind = col.get("kind") if isinstance(col, Mapping) else None
             if kind not in _KINDS or not isinstance(col.get("name"), str):
                 raise _malformed(f"a column {str(col)[:80]}")
-            read.append(_KINDS[kind].read(_Wire(col, base, memory.size), memory))
+            read.append(_KINDS[kind](_Wire(col, base, memory.size), memory))
         first = read[0]
         if not isinstance(first, Raw) or first.name != ID_COLUMN or len(first.shape) != 1:
             raise _malformed(f"its first column is not the {ID_COLUMN} array")
@@ -255,7 +287,7 @@ class Held:
     def copy_out(self, memory: Memory, into: BatchMemory) -> Any:
         return self.value
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         value = self.value
         if isinstance(value, np.ndarray) and value.dtype != object:
             value = np.ascontiguousarray(value)
@@ -283,7 +315,7 @@ class Raw:
         view = np.frombuffer(memory, self.dtype, math.prod(self.shape), self.offset)
         return view.reshape(self.shape).copy()
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         return {
             "name": self.name,
             "kind": self.kind,
@@ -321,7 +353,7 @@ class Arrow:
         values = table.column(0).combine_chunks()
         return batch_column(values, decoder_for(table.schema.field(0)))
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         return {"name": self.name, "kind": self.kind, "offset": self.offset, "size": self.size}
 
     @classmethod
@@ -354,7 +386,7 @@ class _Prepared:
             return self.private[k]
         return memory[start : start + math.prod(shape)].reshape(shape)
 
-    def _wire(self, staging: Staging, index: npt.NDArray[np.int64], kind: str) -> dict[str, Any]:
+    def _wire(self, staging: Staging, index: npt.NDArray[np.int64], kind: str) -> ColumnWire:
         index[:, 0] = self.starts
         staged = sum(np.asarray(v).nbytes for v in self.private.values())
         return {
@@ -396,7 +428,7 @@ class Images(_Prepared):
             out[k] = self._value(memory, k, self.shape)
         return out
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         wire = self._wire(staging, np.empty((len(self.starts), 1), np.int64), self.kind)
         wire["shape"] = list(self.shape)
         return wire
@@ -433,7 +465,7 @@ class ImageList(_Prepared):
         shapes = self.shapes.tolist()
         return [np.array(self._value(memory, k, image_shape(s))) for k, s in enumerate(shapes)]
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         index = np.empty((len(self.starts), 4), np.int64)
         index[:, 1:] = self.shapes
         return self._wire(staging, index, self.kind)
@@ -483,9 +515,9 @@ class Augmented(_Prepared):
                 rows[k] = memory[start : start + rows.shape[1]]
         return out
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         wire = self._wire(staging, np.empty((len(self.starts), 1), np.int64), self.kind)
-        wire.update(dtype=self.dtype.str, shape=list(self.shape))
+        wire["dtype"], wire["shape"] = self.dtype.str, list(self.shape)
         return wire
 
     @classmethod
@@ -535,14 +567,16 @@ class Augment(_Prepared):
         self.seconds += time.perf_counter() - t0
         return out
 
-    def to_wire(self, staging: Staging) -> dict[str, Any]:
+    def to_wire(self, staging: Staging) -> ColumnWire:
         raise ServiceError(  # pragma: no cover - a service augments before it hands over
             f"Column {self.name!r} is augmented as it is copied out, in this process; a "
             "service's batch carries its images augmented already (kind 'augmented')."
         )
 
 
-_KINDS: dict[str, Any] = {c.kind: c for c in (Raw, Arrow, Images, ImageList, Augmented)}
+_KINDS: dict[str, Callable[[_Wire, Memory], Column]] = {
+    c.kind: c.read for c in (Raw, Arrow, Images, ImageList, Augmented)
+}
 
 
 def image_shape(shape: list[int]) -> tuple[int, ...]:

@@ -37,6 +37,7 @@ around every call and cuts the batches (:meth:`JobQueues.pop`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,7 @@ __all__ = [
     "LOOKAHEAD_CACHES",
     "LOOKAHEAD_ROWS",
     "ROUND_ROWS",
+    "FedRows",
     "JobQueues",
     "draws_with_replacement",
 ]
@@ -72,6 +74,17 @@ def draws_with_replacement(spec: JobSpec) -> bool:
     """Whether a job of ``spec`` draws with replacement: weighted (``weight``, ``importance``)
     with ``replacement`` on (a row may come twice in an epoch, or never)."""
     return bool((spec.weight is not None or spec.importance is not None) and spec.replacement)
+
+
+@dataclass(frozen=True)
+class FedRows:
+    """Rows of one epoch that the cluster leader sent a fed job, with the rounds (the
+    leader's) they are used in and, for a weighted job, each row's ``_weight``."""
+
+    epoch: int
+    rows: npt.NDArray[np.int64]
+    rounds: npt.NDArray[np.int64]
+    weights: npt.NDArray[np.float32] | None = None
 
 
 def _fed_weights(
@@ -174,24 +187,19 @@ class JobQueues:
             q.sampler.remove_job(job.name)
 
     # -- filling the queues ------------------------------------------------------------------------
-    def feed(
-        self,
-        job: JobState,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
-        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds and, for
-        a weighted job, each row's ``_weight`` (what its batches carry).
+    def feed(self, job: JobState, fed: FedRows) -> None:
+        """Queue the rows the cluster leader sent the fed ``job`` (``fed``), with their
+        (leader's) rounds and, for a weighted job, each row's ``_weight`` (what its batches
+        carry).
 
         Raises:
             LoaderError: rows of an epoch come before the previous epoch is complete, more
                 rows than the epoch has, or weights missing, unexpected or bad (the leader and
                 this node disagree).
         """
+        epoch, rows = fed.epoch, fed.rows
         q = job.queue
-        weights = _fed_weights(job, rows, weights)
+        weights = _fed_weights(job, rows, fed.weights)
         if epoch != q.epoch:
             if q.left or epoch < q.epoch:
                 raise LoaderError(
@@ -208,7 +216,8 @@ class JobQueues:
         q.left -= rows.size
         # a sampled job counted its epoch's rows at start; a draw may repeat a row
         self.future.count(q, rows, +1, repeats=q.repeats)
-        self._queue(q, rows, rounds, weights)
+        q.append(rows, fed.rounds, weights)
+        self.future.queued(q, rows, fed.rounds)
 
     def sample(self) -> None:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
@@ -243,7 +252,8 @@ class JobQueues:
             j.queue.left -= k
             if j.queue.repeats:
                 self.future.count(j.queue, ids[j.name], +1, repeats=True)
-            self._queue(j.queue, ids[j.name], rounds)
+            j.queue.append(ids[j.name], rounds)
+            self.future.queued(j.queue, ids[j.name], rounds)
 
     def _set_horizons(self) -> None:
         """The horizons of the jobs whose lookahead follows the cache (``JobState.dynamic``):
@@ -268,18 +278,6 @@ class JobQueues:
             share = int(window * pace / fastest)
             most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
             q.horizon = max(q.floor, min(share, most))
-
-    def _queue(
-        self,
-        q: JobQueue,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
-        """Append ``rows`` of the job's current epoch, used in ``rounds`` (a fed weighted
-        job's with their ``weights``), to its queue."""
-        q.append(rows, rounds, weights)
-        self.future.queued(q, rows, rounds)
 
     def _queues(self) -> list[JobQueue]:
         """The open jobs' queues (``FutureUses`` finds a row's next use among them)."""

@@ -52,7 +52,7 @@ from catalog.errors import LoaderError, SamplingError
 from tabloader.engine.dealer import Dealer
 from tabloader.engine.fetch import Fetcher
 from tabloader.engine.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
-from tabloader.engine.queues import JobQueues
+from tabloader.engine.queues import FedRows, JobQueues
 from tabloader.engine.streams import no_importance
 from tabloader.engine.work import Work
 from tabloader.sampling.importance import ImportanceScores
@@ -154,24 +154,17 @@ class DatasetScheduler:
             joined.opened = True
             return joined
 
-    def feed(
-        self,
-        job: JobState,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
-        """Queue ``rows`` of ``epoch`` for the fed ``job`` with their (leader's) rounds and a
-        weighted job's ``_weight``s (:meth:`JobQueues.feed`) and start preparing its batches.
+    def feed(self, job: JobState, fed: FedRows) -> None:
+        """Queue the rows the cluster leader sent the fed ``job`` (:meth:`JobQueues.feed`) and
+        start preparing its batches.
 
         Raises:
             LoaderError: the leader and this node disagree on the job's epochs or weights.
         """
         with self.cond:
-            if job.closed or (job.epochs is not None and epoch >= job.epochs):
+            if job.closed or (job.epochs is not None and fed.epoch >= job.epochs):
                 return  # past the epochs the job reads: nothing to load
-            self.queues.feed(job, epoch, rows, rounds, weights)
+            self.queues.feed(job, fed)
             self._activate_locked(job)
             self._wake_job(job)
 

@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from catalog.errors import LoaderError
 from tabloader.engine.jobs import JobState, RankState
+from tabloader.engine.queues import FedRows
 from tabloader.engine.scheduler import DatasetScheduler
 from tabloader.engine.streams import report_arrays
 
@@ -262,7 +263,7 @@ class ServedStream(JobStream):
             LoaderError: the leader and this node disagree on the job's epochs, or on
                 whether and how its rows are weighted.
         """
-        self._scheduler.feed(self._job, epoch, rows, rounds, weights)
+        self._scheduler.feed(self._job, FedRows(epoch, rows, rounds, weights))
 
     def fail(self, reason: str) -> None:
         """The cluster job is gone: the stream raises ``reason`` once it would wait for rows

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from catalog.errors import LoaderError
+from catalog.errors import LoaderError, TabloaderError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -85,39 +85,51 @@ class Stream(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-def report_arrays(ids: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+def report_arrays(
+    ids: Any, losses: Any, error: type[TabloaderError] = LoaderError
+) -> tuple[np.ndarray, np.ndarray]:
     """``ids`` (a batch's ``_id``) and their per-row ``losses`` as int64 and float64 arrays,
     checked: 1-D, equally long, at most ``REPORT_ROWS_MAX`` rows, integer ids, finite real
-    losses.
+    losses (``ImportanceScores.report`` checks them so too, raising ``SamplingError``).
 
     Raises:
-        LoaderError: one of those does not hold (the message names the fix).
+        error: one of those does not hold (the message names the fix).
     """
     ids, losses = np.asarray(ids), np.asarray(losses)
     if ids.ndim != 1 or losses.ndim != 1:
-        raise LoaderError(
-            f"report(ids, losses) takes 1-D arrays, one loss per row; got shapes {ids.shape} "
-            f"and {losses.shape}: compute the loss per row (reduction='none') and flatten it."
+        raise error(
+            f"report takes 1-D ids and losses (1-D arrays, one loss per row); got shapes "
+            f"{ids.shape} and {losses.shape}: compute the loss per row (reduction='none') and "
+            "flatten it."
         )
     if ids.size != losses.size:
-        raise LoaderError(
+        raise error(
             f"report got {ids.size} ids and {losses.size} losses; pass batch['_id'] and one "
             "loss per row of that batch."
         )
     if ids.size > REPORT_ROWS_MAX:
-        raise LoaderError(
+        raise error(
             f"report got {ids.size} rows, more than {REPORT_ROWS_MAX}; report each batch on "
             "its own."
         )
-    if ids.size and (ids.dtype.kind not in "iu" or losses.dtype.kind not in "iuf"):
-        raise LoaderError(
-            f"report takes integer ids (batch['_id']) and real losses, got dtypes {ids.dtype} "
-            f"and {losses.dtype}."
+    if ids.size and ids.dtype.kind not in "iu":
+        raise error(
+            f"report ids must be integers: pass integer ids (batch['_id']), got dtype {ids.dtype}."
+        )
+    if ids.size and losses.dtype.kind not in "iuf":
+        raise error(
+            f"report losses must be real numbers, got dtype {losses.dtype}; pass the per-row "
+            "loss as floats."
+        )
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
+        raise error(
+            f"report names rows above {np.iinfo(np.int64).max}, which no job has; pass "
+            "batch['_id'] of this job's own batches."
         )
     ids, losses = ids.astype(np.int64), losses.astype(np.float64)
     finite = np.isfinite(losses)
     if not bool(finite.all()):
-        raise LoaderError(
+        raise error(
             f"report got non-finite losses (NaN or inf) for rows {ids[~finite][:3].tolist()}; "
             "report finite per-row losses (a diverged step: skip its report)."
         )

@@ -3,18 +3,20 @@
 A sampler holds the registered jobs of one dataset and, for each, the rows ``R_j`` it
 still has to read in its current epoch. :class:`Sampler` is the ``Protocol`` the engine
 (and the cache simulator) program against; :class:`~tabloader.sampling.DependentSampler`
-and :class:`~tabloader.sampling.IndependentSampler` implement it.
+and :class:`~tabloader.sampling.IndependentSampler` implement it, on
+:class:`~tabloader.sampling.shared.SamplerBase` (what they do alike).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 from pyroaring import BitMap
 
 from catalog.errors import SamplingError
+from tabloader.sampling.states import SamplerState, UniformsState
 
 if TYPE_CHECKING:
     from catalog.options import JobSpec
@@ -99,10 +101,10 @@ class Sampler(Protocol):
         """The ``_weight`` column of ``rows`` handed to ``name`` in ``epoch`` (float32), or
         None for a plain job."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> SamplerState:
         """A plain dict to resume from exactly (bitmaps as serialized bytes)."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SamplerState) -> None:
         """Restore what :meth:`state_dict` returned."""
 
 
@@ -138,14 +140,14 @@ class Uniforms:
             return np.asarray(head, dtype=np.float64)
         return np.concatenate((np.asarray(head, dtype=np.float64), self.rng.random(k - len(head))))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> UniformsState:
         """Generator state plus the unread part of the buffer."""
         return {
             "bit_generator": self.rng.bit_generator.state,
             "buffer": np.asarray(self.buf[self.i :], dtype=np.float64).tobytes(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: UniformsState) -> None:
         """Restore from :meth:`state_dict`."""
         self.rng.bit_generator.state = state["bit_generator"]
         self.buf = np.frombuffer(state["buffer"], dtype=np.float64).tolist()
@@ -181,7 +183,7 @@ def check_remaining(name: str, ids: BitMap, remaining: BitMap | None) -> BitMap:
     return remaining
 
 
-def check_round(registered: dict[str, Any], jobs: Sequence[str]) -> None:
+def check_round(registered: Collection[str], jobs: Sequence[str]) -> None:
     """Validate the job list of a round.
 
     Raises:
@@ -199,7 +201,7 @@ def check_round(registered: dict[str, Any], jobs: Sequence[str]) -> None:
         seen.add(name)
 
 
-def unknown_job(registered: dict[str, Any], name: str) -> SamplingError:
+def unknown_job(registered: Collection[str], name: str) -> SamplingError:
     """The error for a lookup of an unregistered job."""
     known = ", ".join(repr(j) for j in registered) or "none"
     return SamplingError(f"Unknown job {name!r}; registered jobs: {known}.")

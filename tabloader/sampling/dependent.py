@@ -72,28 +72,21 @@ one draw at a time on a sum tree, O(log n) each).
 
 from __future__ import annotations
 
+import array
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from itertools import chain
 
 import numpy as np
 from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
-from tabloader.sampling.base import (
-    Uniforms,
-    check_ids,
-    check_remaining,
-    check_round,
-    unknown_job,
-)
-
-if TYPE_CHECKING:
-    from catalog.options import JobSpec
-    from tabloader.sampling.importance import ImportanceScores
+from tabloader.sampling.base import Uniforms, check_round
 from tabloader.sampling.regions import Regions
+from tabloader.sampling.shared import SamplerBase
+from tabloader.sampling.states import DependentState, SamplerState
 from tabloader.sampling.weighted import Lead, WeightedJob, WeightedJobs
 
 try:
@@ -108,6 +101,16 @@ logger = logging.getLogger(__name__)
 _Part = list[int] | np.ndarray  # some rounds' rows of one job
 
 
+def _nth(rows: list[array.array[int]], regions: Iterable[int], idx: int) -> int:
+    """Row ``idx`` of the rows of ``regions`` laid end to end (-1: past the end)."""
+    for r in regions:
+        arr = rows[r]
+        if idx < len(arr):
+            return arr[idx]
+        idx -= len(arr)
+    return -1
+
+
 @dataclass
 class _Job:
     slot: int
@@ -116,7 +119,7 @@ class _Job:
     epoch: int = 0
 
 
-class DependentSampler:
+class DependentSampler(SamplerBase[_Job]):
     """Jobs on overlapping sets ask for the same rows at about the same time.
 
     Each job's id stream, cut every ``len(ids)`` rows, is a sequence of uniformly random
@@ -135,7 +138,7 @@ class DependentSampler:
         True
     """
 
-    VERSION = 1
+    KIND = "dependent"
 
     def __init__(self, seed: int | None = None) -> None:
         self._regions = Regions()
@@ -152,126 +155,28 @@ class DependentSampler:
         self.vectorize = True
 
     # ------------------------------------------------------------------ jobs
-    def add_job(
-        self,
-        name: str,
-        ids: BitMap,
-        spec: JobSpec | None = None,
-        *,
-        remaining: BitMap | None = None,
-        epoch: int = 0,
-        weights: np.ndarray | None = None,
-        scores: ImportanceScores | None = None,
-    ) -> None:
-        """Register ``name`` now; its first epoch is all of ``ids``.
+    def _own(self, name: str) -> WeightedJobs | None:
+        return self._weighted if name in self._weighted.jobs else None
 
-        Args:
-            name: the job.
-            ids: the job's rows (every epoch of a plain job is a permutation of them).
-            spec: the job's options: ``importance = 'loss'`` makes it weighted by its reported
-                losses, ``replacement`` (default true) picks how a weighted job draws.
-            remaining: resume mid-epoch: the rows of the current epoch still to read (a
-                non-empty subset of ``ids``; for a weighted job with replacement, its draws
-                left are ``len(remaining)``); default all of ``ids``.
-            epoch: the number of the current epoch (when resuming).
-            weights: static weights, one per row of ``ids`` in ascending order: the job is
-                weighted (see the module docstring).
-            scores: an importance job's scores to resume with (default: the prior).
+    def _homes(self) -> Iterable[WeightedJobs]:
+        return (self._weighted,)
 
-        Raises:
-            SamplingError: ``name`` is already registered, ``ids`` is empty, ``remaining``
-                is not a non-empty subset of ``ids``, or the weights are bad (not one finite
-                non-negative number per row, all zero, or given with ``importance``).
-        """
-        if name in self._jobs or name in self._weighted.jobs:
-            raise SamplingError(
-                f"Job {name!r} is already registered; remove_job({name!r}) first or use "
-                "another name."
-            )
-        bm = check_ids(name, ids)
-        start = check_remaining(name, bm, remaining)
-        importance = getattr(spec, "importance", None) == "loss"
-        if weights is not None or importance:
-            self._add_weighted(name, bm, spec, weights, importance, remaining, epoch, scores)
-            return
+    def _home_for(self, name: str) -> WeightedJobs:
+        return self._weighted
+
+    def _add_plain(self, name: str, ids: BitMap, start: BitMap, epoch: int) -> None:
         used = {j.slot for j in self._jobs.values()}
         slot = next(s for s in range(len(used) + 1) if s not in used)
         while len(self._count) <= slot:
             self._count.append(0)
             self._seqs.append(0)
-        job = _Job(slot=slot, seq=self._next_seq, ids=bm, epoch=epoch)
+        job = _Job(slot=slot, seq=self._next_seq, ids=ids, epoch=epoch)
         self._next_seq += 1
         self._jobs[name] = job
         self._seqs[slot] = job.seq
         self._regions.add_bit(bitmap_to_array(start), 1 << slot)
         self._count[slot] = len(start)
-        logger.debug("job %s joined with %d rows (slot %d)", name, len(bm), slot)
-
-    def _add_weighted(
-        self,
-        name: str,
-        ids: BitMap,
-        spec: JobSpec | None,
-        weights: np.ndarray | None,
-        importance: bool,
-        remaining: BitMap | None,
-        epoch: int,
-        scores: ImportanceScores | None = None,
-    ) -> None:
-        if weights is not None and importance:
-            raise SamplingError(
-                f"Job {name!r} has both weights and importance = 'loss'; give one of them."
-            )
-        if not importance:
-            scores = None
-        elif scores is None:
-            from tabloader.sampling.importance import ImportanceScores
-
-            scores = ImportanceScores(bitmap_to_array(ids).astype(np.int64))
-        self._weighted.add(
-            name,
-            self._next_seq,
-            ids,
-            weights=weights,
-            scores=scores,
-            replacement=bool(getattr(spec, "replacement", True)),
-            remaining=remaining,
-            epoch=epoch,
-        )
-        self._next_seq += 1
-
-    def weighted(self, name: str) -> bool:
-        """Whether ``name`` draws from a distribution of its own (weights or importance)."""
-        if name in self._weighted.jobs:
-            return True
-        self._job(name)
-        return False
-
-    def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
-        """One reported batch of ``name``'s losses, for its importance scores (its next
-        epoch draws from them).
-
-        Raises:
-            SamplingError: ``name`` is unknown or not an ``importance = 'loss'`` job, or the
-                report is bad (``ImportanceScores.report``).
-        """
-        job = self._weighted.jobs.get(name)
-        if job is None or job.scores is None:
-            self.weighted(name)  # unknown: that error
-            raise SamplingError(
-                f"Job {name!r} takes no loss reports: register it WITH (importance = 'loss') "
-                "to draw by its losses."
-            )
-        job.scores.report(np.asarray(ids), np.asarray(losses))
-
-    def importance_scores(self, name: str) -> ImportanceScores | None:
-        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
-        what a job's state saves, and ``add_job(scores=)`` resumes with."""
-        job = self._weighted.jobs.get(name)
-        if job is None:
-            self._job(name)  # unknown: that error
-            return None
-        return job.scores
+        logger.debug("job %s joined with %d rows (slot %d)", name, len(ids), slot)
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; the other jobs keep exactly their remaining rows.
@@ -285,12 +190,6 @@ class DependentSampler:
         self._regions.drop_bit(1 << job.slot)
         self._count[job.slot] = 0
         del self._jobs[name]
-
-    def jobs(self) -> list[str]:
-        """The registered job names, in registration order."""
-        seqs = {name: job.seq for name, job in self._jobs.items()}
-        seqs.update((name, job.seq) for name, job in self._weighted.jobs.items())
-        return sorted(seqs, key=seqs.__getitem__)
 
     def give_back(self, name: str, rows: np.ndarray) -> None:
         """Return ``rows``, handed out to ``name`` in its current epoch and not read yet, to
@@ -328,52 +227,13 @@ class DependentSampler:
         regions.add_bit(ids.astype(np.uint32), bit)
         self._count[job.slot] += int(ids.size)
 
-    def _job(self, name: str) -> _Job:
-        job = self._jobs.get(name)
-        if job is None:
-            raise unknown_job(self._jobs, name)
-        return job
-
     # ------------------------------------------------------------------ queries
-    def remaining(self, name: str) -> BitMap:
-        """The rows ``name`` still has to read in its current epoch (a weighted job with
-        replacement: all its rows while it has draws left, any of them may come)."""
-        if name in self._weighted.jobs:
-            return self._weighted.remaining(name)
-        return bitmap_from_array(self._regions.members(1 << self._job(name).slot))
-
-    def epoch(self, name: str) -> int:
-        """The current epoch of ``name`` (0 for the first)."""
-        w = self._weighted.jobs.get(name)
-        return w.epoch if w is not None else self._job(name).epoch
-
-    def refcount(self, row_id: int) -> int:
-        """How many plain jobs still need ``row_id`` this epoch (weighted jobs need no row
-        for sure: :meth:`expected_draws` counts them)."""
-        return int(self._regions.refcounts(np.array([row_id]))[0])
+    def _plain_remaining(self, job: _Job) -> BitMap:
+        return bitmap_from_array(self._regions.members(1 << job.slot))
 
     def refcounts(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`refcount` of every row of ``ids`` (int64 array)."""
         return self._regions.refcounts(np.asarray(ids))
-
-    def expected_draws(self, ids: np.ndarray, *, repeats_only: bool = False) -> np.ndarray:
-        """Per row of ``ids`` (float64): its expected draws left in the weighted jobs'
-        epochs, ``q_row x draws left`` for a job with replacement and 1 for a row not drawn
-        yet by a job without (0: no weighted job's). Beside :meth:`refcounts`, the expected
-        reads of a row left this epoch. ``repeats_only``: of the jobs with replacement only
-        (the engine counts the others' rows as it counts a plain job's: once an epoch)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        return self._weighted.expected_draws(ids, repeats_only=repeats_only)
-
-    def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
-        """The batch column ``_weight`` of ``rows`` handed to ``name`` in ``epoch``: float32
-        ``1 / (N p_row)`` for a weighted job with replacement (mean 1 under its distribution:
-        a loss weighted by it is unbiased for the plain mean), 1.0 for one without (every row
-        once an epoch); None for a plain job (its batches have no ``_weight``)."""
-        if name not in self._weighted.jobs:
-            self._job(name)
-            return None
-        return self._weighted.row_weights(name, epoch, np.asarray(rows, dtype=np.int64))
 
     # ------------------------------------------------------------------ sampling
     def sample(self, jobs: Sequence[str]) -> dict[str, int]:
@@ -546,16 +406,7 @@ class DependentSampler:
                     k += 1
                 if k > s:
                     idx = int(buf[bi + 1] * size_i)
-                    row = -1
-                    for lv in range(covered, s + 1):
-                        for r in levels[lv]:
-                            arr = rows[r]
-                            if idx < len(arr):
-                                row = arr[idx]
-                                break
-                            idx -= len(arr)
-                        if row >= 0:
-                            break
+                    row = _nth(rows, chain.from_iterable(levels[covered : s + 1]), idx)
                     pick_rows.append(row)
                     pick_masks.append(prefix[k] ^ prefix[s])
                     for t in range(s, k):
@@ -563,13 +414,7 @@ class DependentSampler:
                 else:
                     k = s + 1
                     idx = int(buf[bi + 1] * (c0[s] - rnd - size_s - size_i))
-                    row = -1
-                    for r in dec[s]:
-                        arr = rows[r]
-                        if idx < len(arr):
-                            row = arr[idx]
-                            break
-                        idx -= len(arr)
+                    row = _nth(rows, dec[s], idx)
                     pick_rows.append(row)
                     pick_masks.append(bits[s])
                     out_cols[s].append(row)
@@ -655,7 +500,7 @@ class DependentSampler:
         return picks
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> DependentState:
         """Everything needed to resume exactly, as a plain dict."""
         return {
             "kind": "dependent",
@@ -677,17 +522,14 @@ class DependentSampler:
             "weighted": self._weighted.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SamplerState) -> None:
         """Restore what :meth:`state_dict` returned (replaces every job).
 
         Raises:
             SamplingError: ``state`` is not a dependent sampler state.
         """
-        if state.get("kind") != "dependent" or state.get("version") != self.VERSION:
-            raise SamplingError(
-                f"Not a DependentSampler state (kind={state.get('kind')!r}, "
-                f"version={state.get('version')!r}); use the sampler that saved it."
-            )
+        self._check_state(state)
+        assert state["kind"] == "dependent"  # checked: the other kind's keys are not read
         self._jobs = {}
         slots = [int(j["slot"]) for j in state["jobs"]]
         size = max(slots, default=-1) + 1

@@ -52,7 +52,7 @@ from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
-from tabloader.engine.streams import REPORT_ROWS_MAX
+from tabloader.engine.streams import REPORT_ROWS_MAX, report_arrays
 
 __all__ = ["B0", "FLATTEN", "PRIOR", "ROWS_MAX", "S_MAX", "ImportanceScores", "floor"]
 
@@ -140,43 +140,7 @@ class ImportanceScores:
 
     def _check(self, ids: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The positions of ``ids`` in the job and the losses as float64, checked."""
-        ids, losses = np.asarray(ids), np.asarray(losses)
-        if ids.ndim != 1 or losses.ndim != 1:
-            raise SamplingError(
-                f"report takes 1-D ids and losses (one per row); got shapes {ids.shape} and "
-                f"{losses.shape}; pass per-row losses (reduction='none'), flattened."
-            )
-        if ids.size != losses.size:
-            raise SamplingError(
-                f"report got {ids.size} ids and {losses.size} losses; pass one loss per row."
-            )
-        if ids.size > ROWS_MAX:
-            raise SamplingError(
-                f"report got {ids.size} rows, more than {ROWS_MAX}; report each minibatch "
-                "on its own."
-            )
-        if ids.dtype.kind not in "iu" and ids.size:
-            raise SamplingError(
-                f"report ids must be integers (batch['_id']), got dtype {ids.dtype}."
-            )
-        if losses.dtype.kind not in "iuf" and losses.size:
-            raise SamplingError(
-                f"report losses must be real numbers, got dtype {losses.dtype}; pass the "
-                "per-row loss as floats."
-            )
-        if ids.dtype.kind == "u" and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
-            raise SamplingError(
-                f"report names rows above {np.iinfo(np.int64).max}, which no job has; pass "
-                "batch['_id'] of this job's own batches."
-            )
-        ids = ids.astype(np.int64, copy=False)
-        loss = losses.astype(np.float64, copy=False)
-        if not bool(np.isfinite(loss).all()):
-            bad = ids[~np.isfinite(loss)][:3].tolist()
-            raise SamplingError(
-                f"report got non-finite losses (NaN or inf) for rows {bad}; report only "
-                "finite per-row losses (check the training step for divergence)."
-            )
+        ids, loss = report_arrays(ids, losses, SamplingError)
         pos = np.searchsorted(self.ids, ids)
         known = pos < self.ids.size
         known[known] = self.ids[pos[known]] == ids[known]

@@ -12,26 +12,18 @@ an order drawn by weight.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyroaring import BitMap
 
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
-from tabloader.sampling.base import (
-    check_ids,
-    check_remaining,
-    check_round,
-    unknown_job,
-)
+from tabloader.sampling.base import check_round
+from tabloader.sampling.shared import SamplerBase
+from tabloader.sampling.states import IndependentState, SamplerState
 from tabloader.sampling.weighted import WeightedJobs
-
-if TYPE_CHECKING:
-    from catalog.options import JobSpec
-    from tabloader.sampling.importance import ImportanceScores
 
 __all__ = ["IndependentSampler"]
 
@@ -46,14 +38,14 @@ class _Job:
     epoch: int = 0
 
 
-class IndependentSampler:
+class IndependentSampler(SamplerBase[_Job]):
     """Every job reads its own uniformly random permutation per epoch; nothing is shared.
 
     Args:
         seed: Seed of the jobs' generators; same seed and same calls give the same output.
     """
 
-    VERSION = 1
+    KIND = "independent"
 
     def __init__(self, seed: int | None = None) -> None:
         self._root = np.random.SeedSequence(seed)
@@ -72,65 +64,20 @@ class IndependentSampler:
         ss = np.random.SeedSequence(self._root.entropy, spawn_key=(seq,))
         return np.random.default_rng(ss)
 
-    def add_job(
-        self,
-        name: str,
-        ids: BitMap,
-        spec: JobSpec | None = None,
-        *,
-        remaining: BitMap | None = None,
-        epoch: int = 0,
-        weights: np.ndarray | None = None,
-        scores: ImportanceScores | None = None,
-    ) -> None:
-        """Register ``name`` now; its first epoch is all of ``ids``.
+    def _own(self, name: str) -> WeightedJobs | None:
+        return self._weighted.get(name)
 
-        Args:
-            name: the job.
-            ids: the job's rows.
-            spec: the job's options (``importance``, ``replacement``: as ``weights``).
-            remaining: resume mid-epoch with these rows of ``ids`` still to read.
-            epoch: the number of the current epoch (when resuming).
-            weights: static weights, one per row of ``ids`` ascending: a weighted job.
+    def _homes(self) -> Iterable[WeightedJobs]:
+        return self._weighted.values()
 
-        Raises:
-            SamplingError: ``name`` is already registered, ``ids`` is empty, ``remaining``
-                is not a non-empty subset of ``ids``, or the weights are bad.
-        """
-        if name in self._jobs or name in self._weighted:
-            raise SamplingError(
-                f"Job {name!r} is already registered; remove_job({name!r}) first or use "
-                "another name."
-            )
-        bm = check_ids(name, ids)
-        start = check_remaining(name, bm, remaining)
-        importance = getattr(spec, "importance", None) == "loss"
-        if weights is not None or importance:
-            if weights is not None and importance:
-                raise SamplingError(
-                    f"Job {name!r} has both weights and importance = 'loss'; give one of them."
-                )
-            if not importance:
-                scores = None
-            elif scores is None:
-                from tabloader.sampling.importance import ImportanceScores
+    def _home_for(self, name: str) -> WeightedJobs:
+        return WeightedJobs(int(self._root.entropy), key=self._next_seq)  # type: ignore[arg-type]
 
-                scores = ImportanceScores(bitmap_to_array(bm).astype(np.int64))
-            own = WeightedJobs(int(self._root.entropy), key=self._next_seq)  # type: ignore[arg-type]
-            own.add(
-                name,
-                self._next_seq,
-                bm,
-                weights=weights,
-                scores=scores,
-                replacement=bool(getattr(spec, "replacement", True)),
-                remaining=remaining,
-                epoch=epoch,
-            )
-            self._weighted[name] = own
-            self._next_seq += 1
-            return
-        job = _Job(self._next_seq, bm, self._rng(self._next_seq), np.empty(0, np.uint32))
+    def _keep(self, name: str, home: WeightedJobs) -> None:
+        self._weighted[name] = home
+
+    def _add_plain(self, name: str, ids: BitMap, start: BitMap, epoch: int) -> None:
+        job = _Job(self._next_seq, ids, self._rng(self._next_seq), np.empty(0, np.uint32))
         self._next_seq += 1
         self._jobs[name] = job
         self._start_epoch(job, start)
@@ -156,83 +103,8 @@ class IndependentSampler:
         self._refs[job.perm[job.ptr :]] -= 1
         del self._jobs[name]
 
-    def jobs(self) -> list[str]:
-        """The registered job names, in registration order."""
-        seqs = {name: job.seq for name, job in self._jobs.items()}
-        seqs.update((name, w.jobs[name].seq) for name, w in self._weighted.items())
-        return sorted(seqs, key=seqs.__getitem__)
-
-    def weighted(self, name: str) -> bool:
-        """Whether ``name`` draws from a distribution of its own."""
-        if name in self._weighted:
-            return True
-        self._job(name)
-        return False
-
-    def report(self, name: str, ids: np.ndarray, losses: np.ndarray) -> None:
-        """One reported batch of ``name``'s losses (an ``importance = 'loss'`` job).
-
-        Raises:
-            SamplingError: ``name`` is unknown or takes no reports, or the report is bad.
-        """
-        own = self._weighted.get(name)
-        scores = None if own is None else own.jobs[name].scores
-        if scores is None:
-            self.weighted(name)
-            raise SamplingError(
-                f"Job {name!r} takes no loss reports: register it WITH (importance = 'loss') "
-                "to draw by its losses."
-            )
-        scores.report(np.asarray(ids), np.asarray(losses))
-
-    def importance_scores(self, name: str) -> ImportanceScores | None:
-        """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
-        what a job's state saves, and ``add_job(scores=)`` resumes with."""
-        own = self._weighted.get(name)
-        if own is None:
-            self._job(name)  # unknown: that error
-            return None
-        return own.jobs[name].scores
-
-    def expected_draws(self, ids: np.ndarray, *, repeats_only: bool = False) -> np.ndarray:
-        """Per row of ``ids``: its expected draws left in the weighted jobs' epochs (as
-        :meth:`DependentSampler.expected_draws`)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        out = np.zeros(ids.size, dtype=np.float64)
-        for own in self._weighted.values():
-            out += own.expected_draws(ids, repeats_only=repeats_only)
-        return out
-
-    def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
-        """The ``_weight`` column of ``rows`` (see ``DependentSampler.row_weights``)."""
-        own = self._weighted.get(name)
-        if own is None:
-            self._job(name)
-            return None
-        return own.row_weights(name, epoch, np.asarray(rows, dtype=np.int64))
-
-    def _job(self, name: str) -> _Job:
-        job = self._jobs.get(name)
-        if job is None:
-            raise unknown_job(self._jobs, name)
-        return job
-
-    def remaining(self, name: str) -> BitMap:
-        """The rows ``name`` still has to read this epoch."""
-        own = self._weighted.get(name)
-        if own is not None:
-            return own.remaining(name)
-        job = self._job(name)
+    def _plain_remaining(self, job: _Job) -> BitMap:
         return bitmap_from_array(np.sort(job.perm[job.ptr :]))
-
-    def epoch(self, name: str) -> int:
-        """The current epoch of ``name`` (0 for the first)."""
-        own = self._weighted.get(name)
-        return own.jobs[name].epoch if own is not None else self._job(name).epoch
-
-    def refcount(self, row_id: int) -> int:
-        """How many jobs still need ``row_id`` this epoch."""
-        return int(self.refcounts(np.array([row_id]))[0])
 
     def refcounts(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`refcount` of every row of ``ids`` (int64 array)."""
@@ -278,7 +150,7 @@ class IndependentSampler:
             out[name] = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> IndependentState:
         """Everything needed to resume exactly, as a plain dict."""
         return {
             "kind": "independent",
@@ -300,17 +172,14 @@ class IndependentSampler:
             "weighted": {name: own.state_dict() for name, own in self._weighted.items()},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SamplerState) -> None:
         """Restore what :meth:`state_dict` returned (replaces every job).
 
         Raises:
             SamplingError: ``state`` is not an independent sampler state.
         """
-        if state.get("kind") != "independent" or state.get("version") != self.VERSION:
-            raise SamplingError(
-                f"Not an IndependentSampler state (kind={state.get('kind')!r}, "
-                f"version={state.get('version')!r}); use the sampler that saved it."
-            )
+        self._check_state(state)
+        assert state["kind"] == "independent"  # checked: the other kind's keys are not read
         self._root = np.random.SeedSequence(state["entropy"])
         self._next_seq = int(state["next_seq"])
         self._jobs = {}

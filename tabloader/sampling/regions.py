@@ -39,9 +39,10 @@ from __future__ import annotations
 import array
 import itertools
 import logging
-from typing import Any
 
 import numpy as np
+
+from tabloader.sampling.states import RegionsState
 
 __all__ = ["Regions", "chunk_starts", "swap_remove"]
 
@@ -300,7 +301,7 @@ class Regions:
         return out
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> RegionsState:
         """Keys and rows (in pick order) of every region, empty ones included.
 
         Region ids fix the order in which a pick walks the regions, so they are kept.
@@ -311,7 +312,7 @@ class Regions:
             "size": len(self.reg),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: RegionsState) -> None:
         """Rebuild from :meth:`state_dict` output."""
         self.__init__()  # type: ignore[misc]
         self._grow(int(state["size"]))

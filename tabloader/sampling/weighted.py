@@ -21,7 +21,7 @@ the round's number (:meth:`WeightedJobs.fallback`), then draws the residual expl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +32,20 @@ from pyroaring import BitMap
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
 from tabloader.sampling.base import Uniforms
+from tabloader.sampling.states import WeightedState
 
 if TYPE_CHECKING:
     from tabloader.sampling.importance import ImportanceScores
 
-__all__ = ["BLOCK", "K", "Lead", "SumTree", "WeightedJob", "WeightedJobs", "check_weights"]
+__all__ = [
+    "BLOCK",
+    "K",
+    "Lead",
+    "SumTree",
+    "WeightedJob",
+    "WeightedJobs",
+    "check_weights",
+]
 
 K = 16  # residual attempts per round in the round's block of uniforms
 BLOCK = 1 + 2 * K  # uniforms per round
@@ -554,7 +563,7 @@ class WeightedJobs:
         job.set_live(live)
 
     # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> WeightedState:
         return {
             "entropy": self.entropy,
             "key": self.key,
@@ -577,7 +586,7 @@ class WeightedJobs:
             ],
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: WeightedState) -> None:
         self.__init__(int(state["entropy"]), int(state["key"]))  # type: ignore[misc]
         self.round = int(state["round"])
         self.uni.load_state_dict(state["rng"])
@@ -599,6 +608,8 @@ class WeightedJobs:
                 job.top = int(np.flatnonzero(job.q > 0)[-1])
                 job.left = int(j["left"])
             else:
-                bits = np.frombuffer(j["live"], np.uint8)
+                live = j["live"]
+                assert live is not None  # saved for every job without replacement
+                bits = np.frombuffer(live, np.uint8)
                 job.set_live(np.unpackbits(bits, count=arr.size).astype(bool))
             self.jobs[j["name"]] = job
