@@ -11,13 +11,22 @@ import argparse
 import importlib
 import json
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from tabloader._format import format_table
 
-__all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "positive_int", "write_json"]
+__all__ = [
+    "BENCHMARKS",
+    "format_table",
+    "load",
+    "main",
+    "peak_rss_mib",
+    "positive_int",
+    "write_json",
+]
 
 BENCHMARKS: dict[str, str] = {
     "accuracy": "tabloader.bench.accuracy",
@@ -67,7 +76,23 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(BENCHMARKS[name])
 
 
-def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
+def main(
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    *,
+    prog: str | None = None,
+    description: str | None = None,
+    **defaults: Any,
+) -> NoReturn:
+    """``python -m tabloader.bench.NAME``: parse the module's options (and ``defaults`` for
+    what the ``tabloader`` command would set, e.g. ``catalog``), run it, exit with its code."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.set_defaults(**defaults)
+    add_arguments(parser)
+    raise SystemExit(run(parser.parse_args()))
+
+
+def write_json(path: str | Path | None, payload: Mapping[str, object]) -> None:
     """Write ``payload`` as JSON to ``path`` (``-`` or None: nowhere)."""
     if path is None:
         return

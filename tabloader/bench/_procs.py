@@ -24,13 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
     "START_TIMEOUT_S",
+    "JobsRun",
     "ServiceProcess",
     "halfway_reached",
     "mark_halfway",
@@ -216,7 +217,18 @@ def _job_main(module: str, child: str, log: str) -> None:
         sys.stderr.flush()
 
 
-def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600) -> dict[str, Any]:
+class JobsRun(TypedDict):
+    """:func:`run_jobs`' result: the common start, the wall to the last job's ``end``, and
+    each job's result as it wrote it (its module's JSON)."""
+
+    go: float
+    wall_s: float
+    results: list[Any]
+
+
+def run_jobs(
+    module: str, specs: Sequence[Mapping[str, object]], *, timeout: float = 3600
+) -> JobsRun:
     """Start one process per spec, start them together, wait for all; their results.
 
     Returns:
@@ -256,7 +268,7 @@ def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600)
     return {"go": go, "wall_s": max(r["end"] for r in results) - go, "results": results}
 
 
-def run_one(module: str, spec: dict[str, Any]) -> str:
+def run_one(module: str, spec: Mapping[str, object]) -> str:
     """Run ``python -m module --child JSON`` once (forked from the zygote, like ``run_jobs``);
     its output.
 
@@ -285,9 +297,9 @@ def _check(procs: list[multiprocessing.process.BaseProcess], sync: Path) -> None
 
 
 # -- inside a job process ------------------------------------------------------------------------
-def wait_for_start(spec: dict[str, Any]) -> float:
+def wait_for_start(spec: Mapping[str, object]) -> float:
     """Say this process is ready, wait for the common start; its ``time.time()``."""
-    sync = Path(spec["sync"])
+    sync = Path(str(spec["sync"]))
     (sync / f"ready-{spec['index']}").touch()
     go = sync / "go"
     while not go.exists():
@@ -295,17 +307,17 @@ def wait_for_start(spec: dict[str, Any]) -> float:
     return float(go.read_text())
 
 
-def mark_halfway(spec: dict[str, Any]) -> None:
+def mark_halfway(spec: Mapping[str, object]) -> None:
     """The first job is half-way: a late job may start."""
-    (Path(spec["sync"]) / "halfway").touch()
+    (Path(str(spec["sync"])) / "halfway").touch()
 
 
-def halfway_reached(spec: dict[str, Any]) -> bool:
-    return (Path(spec["sync"]) / "halfway").exists()
+def halfway_reached(spec: Mapping[str, object]) -> bool:
+    return (Path(str(spec["sync"])) / "halfway").exists()
 
 
-def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
+def write_result(spec: Mapping[str, object], result: Mapping[str, object]) -> None:
     """This process's result, for ``run_jobs``."""
-    path = Path(spec["sync"]) / f"result-{spec['index']}.json"
+    path = Path(str(spec["sync"])) / f"result-{spec['index']}.json"
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").rename(path)

@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from tabloader.bench import format_table, write_json
 from tabloader.bench.launched import (
     Scenario,
+    ScenarioRun,
+    TargetRow,
     check,
     machine,
     machine_line,
@@ -49,19 +50,16 @@ DECODES = 1.25  # a guard that sharing works: the four interpreters come up to 0
 # zygote mode's ``late`` scenario measures that against Belady's MIN)
 
 
-def targets(runs: list[dict[str, Any]], images: int) -> list[dict[str, Any]]:
+def targets(runs: list[ScenarioRun], images: int) -> list[TargetRow]:
     """The target rows of the no-step runs."""
-    rows: list[dict[str, Any]] = []
+    rows: list[TargetRow] = []
     for name in LAUNCHED_SCENARIOS:
         ours, theirs = pick(runs, name, "tabloader"), pick(runs, name, "dataloader(2)")
         if ours is None:
             continue
-        check(
-            rows,
-            f"{name} x4: service decodes / images",
-            ours["service"]["decodes"] / images,
-            DECODES,
-        )
+        service = ours["service"]
+        assert service is not None  # a tabloader run's
+        check(rows, f"{name} x4: service decodes / images", service["decodes"] / images, DECODES)
         if theirs is None:
             continue
         wall = ours["wall_s"] / theirs["wall_s"]

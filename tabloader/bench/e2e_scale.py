@@ -33,12 +33,16 @@ import argparse
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tabloader.bench import format_table, positive_int
 from tabloader.bench._cpu import cpu_line
 from tabloader.bench._procs import ServiceProcess, run_jobs
 from tabloader.bench.tinydata import DEFAULT_DATA, prepare_tiny
+
+if TYPE_CHECKING:
+    from tabloader.bench.e2e_records import Spec, Target
+    from tabloader.bench.e2e_scenarios import ScenarioJob
 
 __all__ = ["STARTS", "TARGET_VS_MIN", "add_arguments", "print_scale", "run_scale", "scale_jobs"]
 
@@ -72,7 +76,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale-data", default=DEFAULT_DATA, help="'scale': data cache folder")
 
 
-def scale_jobs(start: str, step: float) -> list[dict[str, Any]]:
+class Cell(TypedDict):
+    """One cell's run: the service's counters, wall time and memory, and its jobs' rows."""
+
+    decodes: int
+    reads: int
+    wall_s: float
+    service_rss_mib: float
+    service_anon_ready_mib: float
+    service_anon_mib: float
+    decoders_anon_mib: float
+    jobs: dict[str, dict[str, float]]
+
+
+class CellRun(Cell):
+    """A cell's run with its jobs' union and sets of rows, its cache and Belady's MIN."""
+
+    union: int
+    sets: list[int]
+    cache_bytes: int
+    belady: dict[str, int]
+
+
+class ScaleResult(TypedDict):
+    """The scenario's result: its sizes, table rows, targets and every cell's run."""
+
+    cpu: str
+    rows: int
+    batch_size: int
+    step: float
+    table: list[dict[str, object]]
+    targets: list[Target]
+    runs: dict[str, CellRun]
+
+
+def scale_jobs(start: str, step: float) -> list[ScenarioJob]:
     """The four jobs of a cell (``bench e2e``'s job dicts: name, rows, step, late)."""
     steps = [step, 2 * step, 4 * step, 4 * step] if start == "speeds" else [0.0] * JOBS
     return [
@@ -97,7 +135,7 @@ def cache_bytes(shared_rows: int, workers: int, batch: int) -> int:
     return max(1 << 20, (shared_rows + JOBS * (prefetch + 2) * batch) * ROW_BYTES)
 
 
-def run_scale(args: argparse.Namespace) -> dict[str, Any]:
+def run_scale(args: argparse.Namespace) -> ScaleResult:
     """Run every cell (``args``: ``bench e2e``'s, with :func:`add_arguments`'); the results."""
     import catalog
     from tabloader.bench.e2e_scenarios import register
@@ -116,9 +154,9 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
             f"--scale-caches: fractions (got {args.scale_caches!r})."
         )
     data = prepare_tiny(args.scale_data, args.scale_rows)
-    table: list[dict[str, Any]] = []
-    targets: list[dict[str, Any]] = []
-    runs: dict[str, Any] = {}
+    table: list[dict[str, object]] = []
+    targets: list[Target] = []
+    runs: dict[str, CellRun] = {}
     for fraction in fractions:
         for start in starts:
             jobs = scale_jobs(start, args.scale_step)
@@ -187,15 +225,15 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_cell(
     root: Path,
-    jobs: list[dict[str, Any]],
+    jobs: list[ScenarioJob],
     sets: list[int],
     size: int,
     access_log: Path,
     args: argparse.Namespace,
-) -> dict[str, Any]:
+) -> Cell:
     """One cell: the four job processes through a service of cache ``size`` that records
     ``access_log``; its counters, wall time and memory."""
-    specs = [
+    specs: list[Spec] = [
         {
             "role": "job",
             "kind": "service",
@@ -294,7 +332,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def print_scale(result: dict[str, Any]) -> None:
+def print_scale(result: ScaleResult) -> None:
     """The scenario's table (its targets go in ``bench e2e``'s target table)."""
     print(
         f"\nscale: {result['rows']} tiny JPEGs (24x24, read at {SIZE}x{SIZE}), four jobs of 75% "

@@ -26,6 +26,8 @@ from typing import Any
 from tabloader.bench import format_table, write_json
 from tabloader.bench.launched import (
     Scenario,
+    ScenarioRun,
+    TargetRow,
     check,
     machine,
     machine_line,
@@ -40,17 +42,17 @@ SCENARIOS = [Scenario("recipe", 1, "train"), Scenario("eval", 1, "eval")]
 TARGETS = {"epoch": 1.1, "after_first": 1.3, "first_batch_s": 0.5, "crop_ms": 0.2}
 
 
-def epoch_rate(run: dict[str, Any]) -> float:
+def epoch_rate(run: ScenarioRun) -> float:
     """Images/s of a run's whole epoch, from building the loader to the last batch."""
     (proc,) = run["processes"]
     return float(proc["rows"] / (proc["end"] - proc["building"]))
 
 
 def targets(
-    runs: list[dict[str, Any]], crop_ms: float | None, crop_arm: str | None = None
-) -> list[dict[str, Any]]:
+    runs: list[ScenarioRun], crop_ms: float | None, crop_arm: str | None = None
+) -> list[TargetRow]:
     """The target rows of the recipe job (no step) and the kernel's time per image."""
-    rows: list[dict[str, Any]] = []
+    rows: list[TargetRow] = []
     ours, theirs = pick(runs, "recipe", "tabloader"), pick(runs, "recipe", "dataloader(2)")
     if ours is not None and theirs is not None:
         check(
