@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,11 +21,13 @@ from tabloader._format import format_table
 
 __all__ = [
     "BENCHMARKS",
+    "add_loader_arguments",
     "format_table",
     "load",
     "main",
     "peak_rss_mib",
     "positive_int",
+    "proc_status_mib",
     "write_json",
 ]
 
@@ -54,18 +57,36 @@ def positive_int(text: str) -> int:
     return value
 
 
+def proc_status_mib(pid: int | str, field: str) -> float | None:
+    """``field`` of ``/proc/PID/status`` in MiB (``VmHWM``: the peak resident set,
+    ``RssAnon``: the private resident memory); None where it cannot be read (gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def add_loader_arguments(parser: argparse.ArgumentParser, *, workers_help: str) -> None:
+    """``--workers`` (decode workers, default: the cores) and ``--cache`` (a fraction of the
+    dataset): how a benchmark sizes the loaders it compares."""
+    parser.add_argument(
+        "--workers", type=positive_int, default=os.cpu_count() or 2, help=workers_help
+    )
+    parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
+
+
 def peak_rss_mib() -> float:
     """Peak resident set of this process in MiB (``VmHWM``).
 
     Not ``ru_maxrss``: it survives ``exec``, so a child started by a big parent reports the
     parent's size (measured: 1.5 GB reported for an import that peaked at 0.45 GB).
     """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak = proc_status_mib("self", "VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -29,12 +29,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypedDict
 
+from tabloader.bench import proc_status_mib
+
 __all__ = [
     "START_TIMEOUT_S",
     "JobsRun",
     "ServiceProcess",
+    "descendants",
     "halfway_reached",
     "mark_halfway",
+    "peak_rss_of",
     "run_jobs",
     "run_one",
     "rusage",
@@ -53,7 +57,20 @@ def tree_cpu_s(pid: int) -> float:
     The service's decode processes are children of its forkserver, not of the service, so
     ``getrusage`` would miss them; ``/proc`` sees the whole tree.
     """
-    procs: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu ticks)
+    procs = _processes()
+    tree = {pid, *_below(pid, procs)}
+    ticks = sum(procs[p][1] for p in tree if p in procs)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (a service's forkserver and decode processes)."""
+    return _below(pid, _processes())
+
+
+def _processes() -> dict[int, tuple[int, float]]:
+    """Every process ``/proc`` shows: pid -> (parent pid, CPU ticks with reaped children)."""
+    procs: dict[int, tuple[int, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -63,14 +80,19 @@ def tree_cpu_s(pid: int) -> float:
             continue
         rest = stat[stat.rfind(")") + 2 :].split()
         procs[int(entry.name)] = (int(rest[1]), sum(float(x) for x in rest[11:15]))
-    tree, frontier = {pid}, [pid]
+    return procs
+
+
+def _below(pid: int, procs: dict[int, tuple[int, float]]) -> list[int]:
+    found: list[int] = []
+    seen, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
-        kids = [p for p, (pp, _) in procs.items() if pp == parent and p not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
-    ticks = sum(procs[p][1] for p in tree if p in procs)
-    return ticks / os.sysconf("SC_CLK_TCK")
+        kids = [p for p, (pp, _) in procs.items() if pp == parent and p not in seen]
+        seen.update(kids)
+        found += kids
+        frontier += kids
+    return found
 
 
 def rusage() -> tuple[float, float]:
@@ -88,14 +110,9 @@ def rusage() -> tuple[float, float]:
     return cpu, max(peak_rss_mib(), kids.ru_maxrss / 1024)
 
 
-def _peak_rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+def peak_rss_of(pid: int) -> float:
+    """The peak resident set of process ``pid`` in MiB (0 if gone)."""
+    return proc_status_mib(pid, "VmHWM") or 0.0
 
 
 class ServiceProcess:
@@ -161,7 +178,7 @@ class ServiceProcess:
 
     def usage(self) -> tuple[float, float]:
         """(CPU seconds so far of the service and its decode processes, its peak RSS in MiB)."""
-        return tree_cpu_s(self.proc.pid), _peak_rss_mib(self.proc.pid)
+        return tree_cpu_s(self.proc.pid), peak_rss_of(self.proc.pid)
 
     def stop(self) -> None:
         """SIGTERM and wait (SIGKILL after a minute)."""

@@ -112,11 +112,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tabloader.bench import format_table, main, positive_int, write_json
+from tabloader.bench import add_loader_arguments, format_table, main, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, run_one
-from tabloader.bench.cachesim import belady_pinned
+from tabloader.bench.cachesim import belady_of_log
 from tabloader.bench.e2e_children import run_child
-from tabloader.bench.e2e_records import Belady, Overhead, Run, ScenarioRuns, Spec
+from tabloader.bench.e2e_records import Overhead, Run, ScenarioRuns, Spec
 from tabloader.bench.e2e_scale import add_arguments as scale_arguments
 from tabloader.bench.e2e_scale import print_scale, run_scale
 from tabloader.bench.e2e_scenarios import (
@@ -171,13 +171,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds per batch of the fastest 'speeds' job (step-bound, so "
         "its throughput alone is not limited by decoding)",
     )
-    parser.add_argument(
-        "--workers",
-        type=positive_int,
-        default=os.cpu_count() or 2,
-        help="decode workers of each competitor (the DataLoaders split them); default: cores",
+    add_loader_arguments(
+        parser,
+        workers_help="decode workers of each competitor (the DataLoaders split them); "
+        "default: cores",
     )
-    parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument(
         "--scenarios",
         help="comma-separated; launched mode: of recipe, eval (default both: four jobs each); "
@@ -445,7 +443,9 @@ def run(args: argparse.Namespace) -> int:
                 log = results[c].pop("access_log")
                 if c != "dataloader":
                     arena = service_cache_bytes if c == "service" else cache_bytes
-                    results[c]["belady"] = _belady(log, values_that_fit(arena, decoded_row))
+                    results[c]["belady"] = belady_of_log(log, values_that_fit(arena, decoded_row))[
+                        0
+                    ]
             alone, solo, center = None, None, None
             if scenario == "recipe-eval" and "service" in competitors:
                 # the arena's form of the evaluation job alone (no augmented job beside it to
@@ -560,19 +560,6 @@ def median_run(runs: list[Run]) -> Run:
         **median,
         "wall_s_runs": [r["wall_s"] for r in runs],
         "service_pids": [p for r in runs for p in r.get("service_pids", [])],
-    }
-
-
-def _belady(access_log: Path, capacity_rows: int) -> Belady:
-    """Belady's MIN on a competitor's recorded requests, with a cache of ``capacity_rows``:
-    keeping what batches hold (``decodes``, the bound the targets use) and not
-    (``decodes_unpinned``, lower still)."""
-    with np.load(access_log) as log:
-        kind, space, row = log["kind"], log["space"], log["row"]
-    return {
-        "capacity_rows": capacity_rows,
-        "decodes": belady_pinned(kind, space, row, capacity_rows),
-        "decodes_unpinned": belady_pinned(kind, space, row, capacity_rows, pins=False),
     }
 
 

@@ -10,12 +10,15 @@ processes into a :class:`Run`, keeps the median of each competitor per scenario 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from tabloader.bench.e2e_scenarios import ScenarioJob
 from tabloader.bench.stalls import Stalls
 
-__all__ = ["Belady", "JobResult", "Overhead", "Run", "ScenarioRuns", "Spec", "Target"]
+if TYPE_CHECKING:
+    from tabloader.bench.cachesim import Belady
+
+__all__ = ["JobResult", "Overhead", "Run", "ScenarioRuns", "Spec", "Target"]
 
 
 class Spec(TypedDict, total=False):
@@ -62,14 +65,6 @@ class JobResult(JobRun):
     peak_rss_mib: float
     copies: NotRequired[dict[str, int]]
     transforms: NotRequired[str]
-
-
-class Belady(TypedDict):
-    """Belady's MIN on a competitor's requests with a cache of ``capacity_rows``."""
-
-    capacity_rows: int
-    decodes: int
-    decodes_unpinned: int
 
 
 class Run(TypedDict):

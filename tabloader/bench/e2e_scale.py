@@ -35,10 +35,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from tabloader.bench import format_table, positive_int
+from tabloader.bench import format_table, proc_status_mib
 from tabloader.bench._cpu import cpu_line
-from tabloader.bench._procs import ServiceProcess, run_jobs
-from tabloader.bench.tinydata import DEFAULT_DATA, prepare_tiny
+from tabloader.bench._procs import ServiceProcess, descendants, run_jobs
+from tabloader.bench.cachesim import Belady, belady_of_log
+from tabloader.bench.tinydata import add_data_arguments, prepare_tiny
 
 if TYPE_CHECKING:
     from tabloader.bench.e2e_records import Spec, Target
@@ -55,9 +56,7 @@ JOBS = 4
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scale scenario's options (of ``bench e2e``)."""
-    parser.add_argument(
-        "--scale-rows", type=positive_int, default=400_000, help="'scale': tiny JPEGs (24x24)"
-    )
+    add_data_arguments(parser, "scale")
     parser.add_argument(
         "--scale-caches",
         default="0.02,0.05,0.10",
@@ -66,14 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scale-starts", default=",".join(STARTS), help=f"'scale': of {', '.join(STARTS)}"
     )
-    parser.add_argument("--scale-batch", type=positive_int, default=256, help="'scale': batch")
     parser.add_argument(
         "--scale-step",
         type=float,
         default=0.004,
         help="'scale' speeds: seconds per batch of the fastest job (then 2x, 4x, 4x)",
     )
-    parser.add_argument("--scale-data", default=DEFAULT_DATA, help="'scale': data cache folder")
 
 
 class Cell(TypedDict):
@@ -89,13 +86,19 @@ class Cell(TypedDict):
     jobs: dict[str, dict[str, float]]
 
 
+class ScaleBelady(Belady):
+    """Belady's MIN on a cell's access log and the log's entries."""
+
+    log_entries: int
+
+
 class CellRun(Cell):
     """A cell's run with its jobs' union and sets of rows, its cache and Belady's MIN."""
 
     union: int
     sets: list[int]
     cache_bytes: int
-    belady: dict[str, int]
+    belady: ScaleBelady
 
 
 class ScaleResult(TypedDict):
@@ -268,7 +271,7 @@ def _run_cell(
         stats = service.stats()
         peak.append(_anon_mib(pid))
         rss = service.usage()[1]  # its peak resident set: private memory and the arena's pages
-        decoders = sum(_anon_mib(p) for p in _descendants(pid))
+        decoders = sum(_anon_mib(p) for p in descendants(pid))
     delivered = [r["rows"] for r in out["results"]]
     if delivered != sets:
         raise RuntimeError(f"the jobs delivered {delivered} rows, not their sets {sets}")
@@ -284,52 +287,16 @@ def _run_cell(
     }
 
 
-def _belady(access_log: Path, capacity_rows: int) -> dict[str, int]:
-    """Belady's MIN on a run's access log with a cache of ``capacity_rows`` values: keeping
-    what batches hold (``decodes``: the target's bound) and not (``decodes_unpinned``), as
-    ``bench e2e``'s other scenarios replay theirs."""
-    import numpy as np
-
-    from tabloader.bench.cachesim import belady_pinned
-
-    with np.load(access_log) as log:
-        kind, space, row = log["kind"], log["space"], log["row"]
-    return {
-        "capacity_rows": capacity_rows,
-        "decodes": belady_pinned(kind, space, row, capacity_rows),
-        "decodes_unpinned": belady_pinned(kind, space, row, capacity_rows, pins=False),
-        "log_entries": int(row.size),
-    }
+def _belady(access_log: Path, capacity_rows: int) -> ScaleBelady:
+    """Belady's MIN on a run's access log, as ``bench e2e``'s other scenarios replay theirs,
+    with the log's entries (the service keeps the log for the benchmark: not its own)."""
+    belady, entries = belady_of_log(access_log, capacity_rows)
+    return {**belady, "log_entries": entries}
 
 
 def _anon_mib(pid: int) -> float:
     """The private resident memory (``RssAnon``) of process ``pid`` in MiB (0 if gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (the service's forkserver and decode processes)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
+    return proc_status_mib(pid, "RssAnon") or 0.0
 
 
 def print_scale(result: ScaleResult) -> None:

@@ -47,7 +47,16 @@ from tabloader.bench._cpu import cpu_model, simd_level
 from tabloader.engine import resample
 from tabloader.engine.augment import Augmenter
 
-__all__ = ["RECIPE", "add_arguments", "cpu_description", "measure", "run", "table"]
+__all__ = [
+    "CPU",
+    "RECIPE",
+    "KernelResult",
+    "add_arguments",
+    "cpu_description",
+    "measure",
+    "run",
+    "table",
+]
 
 RECIPE = "RandomResizedCrop(224), RandomHorizontalFlip()"
 SHAPE = (375, 500)

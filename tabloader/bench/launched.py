@@ -29,6 +29,7 @@ kernel's cost differs several-fold between CPUs of one family.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -40,7 +41,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-__all__ = ["SCRIPTS", "Job", "machine", "run_dataloaders", "run_tabloader", "stop_service"]
+__all__ = [
+    "SCRIPTS",
+    "Job",
+    "Machine",
+    "ScenarioRun",
+    "TargetRow",
+    "machine",
+    "measure",
+    "report",
+    "run_dataloaders",
+    "run_tabloader",
+    "stop_service",
+]
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RUN_TIMEOUT_S = 1800.0
@@ -269,7 +282,7 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
 
 def _service_usage(root: Path) -> ServiceUsage:
     """The running service's counters, CPU (itself and its decode processes) and peak RSS."""
-    from tabloader.bench._procs import _peak_rss_mib, tree_cpu_s
+    from tabloader.bench._procs import peak_rss_of, tree_cpu_s
     from tabloader.service.client import RemoteLoader
     from tabloader.service.protocol import service_pid
 
@@ -287,7 +300,7 @@ def _service_usage(root: Path) -> ServiceUsage:
         "pid": pid,
         "cpu_s": own,
         "decode_procs_cpu_s": max(0.0, tree - own) + reaped,
-        "peak_rss_mib": _peak_rss_mib(pid),
+        "peak_rss_mib": peak_rss_of(pid),
         "decodes": int(stats["decodes"]),
         "reads": int(stats["reads"]),
         "threads_s": {
@@ -482,6 +495,53 @@ def run_scenarios(
                     }
                 )
     return out
+
+
+def measure(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    *,
+    steps: list[float],
+    size: int,
+    batch_size: int,
+    repeat: int,
+) -> tuple[Machine, int, list[ScenarioRun]]:
+    """The machine, the image count and the runs of ``scenarios`` on ``args.images``
+    generated images (:func:`run_scenarios`; DataLoaders of 2 workers and of the cores)."""
+    from catalog import _progress
+    from tabloader.bench.imagedata import prepare
+
+    _progress.disable_progress_bars()
+    root, n, _ = prepare(args)
+    folder = Path(args.data) / f"images-{args.images}"
+    info = machine()
+    runs = run_scenarios(
+        root,
+        folder,
+        scenarios,
+        steps=steps,
+        workers=[2, os.cpu_count() or 2],
+        size=size,
+        batch_size=batch_size,
+        repeat=repeat,
+    )
+    return info, n, runs
+
+
+def report(
+    info: Machine, header: str, runs: list[ScenarioRun], checked: list[TargetRow], *notes: str
+) -> None:
+    """Print the machine, ``header``, the runs' table, any ``notes`` and the targets."""
+    from tabloader.bench import format_table
+
+    print(machine_line(info))
+    print(header)
+    print(format_table(table_rows(runs)))
+    for note in notes:
+        print()
+        print(note)
+    print()
+    print(format_table(checked))
 
 
 def table_rows(runs: list[ScenarioRun]) -> list[dict[str, object]]:

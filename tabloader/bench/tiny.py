@@ -54,7 +54,7 @@ from tabloader.bench._procs import (
     write_result,
 )
 from tabloader.bench._verdict import Verdict, verdict
-from tabloader.bench.tinydata import DEFAULT_DATA, open_reader, prepare_tiny
+from tabloader.bench.tinydata import add_data_arguments, open_reader, prepare_tiny
 
 __all__ = ["TARGETS", "TinyResult", "add_arguments", "cache_bytes", "print_tiny", "run_tiny"]
 
@@ -91,23 +91,19 @@ class TinyResult(TypedDict):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The tiny scenario's options (of ``bench throughput``)."""
-    parser.add_argument(
-        "--tiny-rows", type=positive_int, default=400_000, help="tiny JPEGs (24x24) of 'tiny'"
-    )
+    add_data_arguments(parser, "tiny")
     parser.add_argument(
         "--tiny-cache",
         type=float,
         default=0.10,
         help="'tiny': the cache, as a fraction of the rows' decoded bytes",
     )
-    parser.add_argument("--tiny-batch", type=positive_int, default=256, help="'tiny': batch size")
     parser.add_argument(
         "--tiny-dataloader-rows",
         type=positive_int,
         default=100_000,
         help="'tiny': rows each DataLoader reads of its epoch",
     )
-    parser.add_argument("--tiny-data", default=DEFAULT_DATA, help="'tiny': data cache folder")
 
 
 # -- the DataLoaders ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from tabloader.bench import format_table, main, positive_int, write_json
+from tabloader.bench import add_loader_arguments, format_table, main, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
 from tabloader.bench.e2e import bench_cache_bytes
 from tabloader.bench.e2e_children import MapDataset
@@ -71,13 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: ResNet18 on a GPU with torchvision, else the small CNN; resnet18 on a CPU "
         "too (slow)",
     )
-    parser.add_argument(
-        "--workers",
-        type=positive_int,
-        default=os.cpu_count() or 2,
-        help="decode workers (default: cores)",
+    add_loader_arguments(
+        parser,
+        workers_help="decode workers (default: cores)",
     )
-    parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument("--data", default="bench-results/e2e-data", help="image folder cache")
     parser.add_argument("--out", default="bench-results/train.json", help="JSON output")
     parser.add_argument("--child", help=argparse.SUPPRESS)
