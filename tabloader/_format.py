@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["describe_result", "format_table", "printable"]
@@ -30,7 +31,7 @@ def _cell(v: Any) -> list[str]:
     return textwrap.wrap(text, WIDTH, break_on_hyphens=False) or [""]
 
 
-def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+def format_table(rows: Sequence[Mapping[str, Any]], columns: list[str] | None = None) -> str:
     """Format dict rows as an aligned plain-text table."""
     if not rows:
         return "(no rows)" if columns is None else printable("  ".join(columns)) + "\n(no rows)"

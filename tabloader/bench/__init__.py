@@ -10,14 +10,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from tabloader._format import format_table
 
-__all__ = ["BENCHMARKS", "format_table", "load", "peak_rss_mib", "positive_int", "write_json"]
+__all__ = [
+    "BENCHMARKS",
+    "add_loader_arguments",
+    "format_table",
+    "load",
+    "main",
+    "peak_rss_mib",
+    "positive_int",
+    "proc_status_mib",
+    "write_json",
+]
 
 BENCHMARKS: dict[str, str] = {
     "accuracy": "tabloader.bench.accuracy",
@@ -45,18 +57,36 @@ def positive_int(text: str) -> int:
     return value
 
 
+def proc_status_mib(pid: int | str, field: str) -> float | None:
+    """``field`` of ``/proc/PID/status`` in MiB (``VmHWM``: the peak resident set,
+    ``RssAnon``: the private resident memory); None where it cannot be read (gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def add_loader_arguments(parser: argparse.ArgumentParser, *, workers_help: str) -> None:
+    """``--workers`` (decode workers, default: the cores) and ``--cache`` (a fraction of the
+    dataset): how a benchmark sizes the loaders it compares."""
+    parser.add_argument(
+        "--workers", type=positive_int, default=os.cpu_count() or 2, help=workers_help
+    )
+    parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
+
+
 def peak_rss_mib() -> float:
     """Peak resident set of this process in MiB (``VmHWM``).
 
     Not ``ru_maxrss``: it survives ``exec``, so a child started by a big parent reports the
     parent's size (measured: 1.5 GB reported for an import that peaked at 0.45 GB).
     """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak = proc_status_mib("self", "VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -67,7 +97,23 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(BENCHMARKS[name])
 
 
-def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
+def main(
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    *,
+    prog: str | None = None,
+    description: str | None = None,
+    **defaults: Any,
+) -> NoReturn:
+    """``python -m tabloader.bench.NAME``: parse the module's options (and ``defaults`` for
+    what the ``tabloader`` command would set, e.g. ``catalog``), run it, exit with its code."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.set_defaults(**defaults)
+    add_arguments(parser)
+    raise SystemExit(run(parser.parse_args()))
+
+
+def write_json(path: str | Path | None, payload: Mapping[str, object]) -> None:
     """Write ``payload`` as JSON to ``path`` (``-`` or None: nowhere)."""
     if path is None:
         return

@@ -24,12 +24,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from tabloader.bench import format_table
 from tabloader.bench._procs import run_jobs, wait_for_start, write_result
+from tabloader.bench._verdict import Verdict, verdict
 
-__all__ = ["TARGET_COLD_S", "cold_start", "report"]
+__all__ = ["TARGET_COLD_S", "ColdStart", "cold_start", "report"]
 
 TARGET_COLD_S = 1.5
 JOB = "first"
@@ -37,7 +38,33 @@ READER = "reader.pickle"
 STOP_TIMEOUT_S = 60.0
 
 
-def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> dict[str, Any]:
+class _Spec(TypedDict):
+    """A competitor's process: the catalog, its DataLoader's workers and its ``role``
+    (``dataloader`` or ``job``); ``run_jobs`` adds ``sync`` and ``index``."""
+
+    catalog: str
+    workers: int
+    role: NotRequired[str]
+
+
+class _Result(TypedDict):
+    """A competitor's seconds to its first batch (a job's: the service it started)."""
+
+    first_s: float
+    end: float
+    service_pid: NotRequired[int | None]
+
+
+class ColdStart(TypedDict):
+    """Each competitor's seconds to its first batch, per round and the best round."""
+
+    workers: int
+    runs: dict[str, list[float]]
+    best: dict[str, float]
+    services: list[int]
+
+
+def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> ColdStart:
     """Each competitor's time to first batch per round (``folder``: an image folder)."""
     import catalog
 
@@ -56,21 +83,23 @@ def cold_start(folder: Path, tmp: Path, workers: int, rounds: int) -> dict[str, 
     for r in range(rounds):
         root = tmp / f"cold-{r}"  # a fresh catalog: no service has run for it
         shutil.copytree(base, root)
-        child = {"catalog": str(root), "workers": workers}
+        child: _Spec = {"catalog": str(root), "workers": workers}
         runs["dataloader"].append(_first(child, "dataloader")["first_s"])
         cold = _first(child, "job")
-        services.append(int(cold["service_pid"]))
+        pid = cold.get("service_pid")
+        assert pid is not None, "the cold job started no service"
+        services.append(pid)
         try:
             runs["cold"].append(cold["first_s"])
             runs["warm"].append(_first(child, "job")["first_s"])
         finally:
-            _stop(int(cold["service_pid"]))
+            _stop(pid)
         shutil.rmtree(root, ignore_errors=True)
     best = {k: min(v) for k, v in runs.items()}
     return {"workers": workers, "runs": runs, "best": best, "services": services}
 
 
-def report(result: dict[str, Any]) -> dict[str, str]:
+def report(result: ColdStart) -> Verdict:
     """Print the rounds' table; the target's verdict row."""
     best = result["best"]
     print(f"\ntime to first batch (s; best of {len(result['runs']['cold'])} rounds)")
@@ -87,18 +116,12 @@ def report(result: dict[str, Any]) -> dict[str, str]:
             ]
         )
     )
-    cold = best["cold"]
-    return {
-        "check": "cold start (s)",
-        "ratio": f"{cold:.2f}",
-        "target": f"<= {TARGET_COLD_S}",
-        "result": "PASS" if cold <= TARGET_COLD_S else "FAIL",
-    }
+    return verdict("cold start (s)", best["cold"], TARGET_COLD_S, at_most=True)
 
 
-def _first(child: dict[str, Any], role: str) -> dict[str, Any]:
-    result: dict[str, Any] = run_jobs(__name__, [{**child, "role": role}], timeout=600)
-    return dict(result["results"][0])
+def _first(child: _Spec, role: str) -> _Result:
+    result: _Result = run_jobs(__name__, [{**child, "role": role}], timeout=600)["results"][0]
+    return result
 
 
 def _stop(pid: int) -> None:
@@ -140,7 +163,7 @@ class _Images:
         return np.array(decode_image(value, size=224)), i
 
 
-def _child(spec: dict[str, Any]) -> None:
+def _child(spec: _Spec) -> None:
     """Time one competitor's first batch from the common start (imports done before it)."""
     from torch.utils.data import DataLoader
 

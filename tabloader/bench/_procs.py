@@ -24,16 +24,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from tabloader.bench import proc_status_mib
 
 __all__ = [
     "START_TIMEOUT_S",
+    "JobsRun",
     "ServiceProcess",
+    "descendants",
     "halfway_reached",
     "mark_halfway",
+    "peak_rss_of",
     "run_jobs",
     "run_one",
     "rusage",
@@ -52,7 +57,20 @@ def tree_cpu_s(pid: int) -> float:
     The service's decode processes are children of its forkserver, not of the service, so
     ``getrusage`` would miss them; ``/proc`` sees the whole tree.
     """
-    procs: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu ticks)
+    procs = _processes()
+    tree = {pid, *_below(pid, procs)}
+    ticks = sum(procs[p][1] for p in tree if p in procs)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (a service's forkserver and decode processes)."""
+    return _below(pid, _processes())
+
+
+def _processes() -> dict[int, tuple[int, float]]:
+    """Every process ``/proc`` shows: pid -> (parent pid, CPU ticks with reaped children)."""
+    procs: dict[int, tuple[int, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -62,14 +80,19 @@ def tree_cpu_s(pid: int) -> float:
             continue
         rest = stat[stat.rfind(")") + 2 :].split()
         procs[int(entry.name)] = (int(rest[1]), sum(float(x) for x in rest[11:15]))
-    tree, frontier = {pid}, [pid]
+    return procs
+
+
+def _below(pid: int, procs: dict[int, tuple[int, float]]) -> list[int]:
+    found: list[int] = []
+    seen, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
-        kids = [p for p, (pp, _) in procs.items() if pp == parent and p not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
-    ticks = sum(procs[p][1] for p in tree if p in procs)
-    return ticks / os.sysconf("SC_CLK_TCK")
+        kids = [p for p, (pp, _) in procs.items() if pp == parent and p not in seen]
+        seen.update(kids)
+        found += kids
+        frontier += kids
+    return found
 
 
 def rusage() -> tuple[float, float]:
@@ -87,14 +110,9 @@ def rusage() -> tuple[float, float]:
     return cpu, max(peak_rss_mib(), kids.ru_maxrss / 1024)
 
 
-def _peak_rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+def peak_rss_of(pid: int) -> float:
+    """The peak resident set of process ``pid`` in MiB (0 if gone)."""
+    return proc_status_mib(pid, "VmHWM") or 0.0
 
 
 class ServiceProcess:
@@ -160,7 +178,7 @@ class ServiceProcess:
 
     def usage(self) -> tuple[float, float]:
         """(CPU seconds so far of the service and its decode processes, its peak RSS in MiB)."""
-        return tree_cpu_s(self.proc.pid), _peak_rss_mib(self.proc.pid)
+        return tree_cpu_s(self.proc.pid), peak_rss_of(self.proc.pid)
 
     def stop(self) -> None:
         """SIGTERM and wait (SIGKILL after a minute)."""
@@ -216,7 +234,18 @@ def _job_main(module: str, child: str, log: str) -> None:
         sys.stderr.flush()
 
 
-def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600) -> dict[str, Any]:
+class JobsRun(TypedDict):
+    """:func:`run_jobs`' result: the common start, the wall to the last job's ``end``, and
+    each job's result as it wrote it (its module's JSON)."""
+
+    go: float
+    wall_s: float
+    results: list[Any]
+
+
+def run_jobs(
+    module: str, specs: Sequence[Mapping[str, object]], *, timeout: float = 3600
+) -> JobsRun:
     """Start one process per spec, start them together, wait for all; their results.
 
     Returns:
@@ -256,7 +285,7 @@ def run_jobs(module: str, specs: list[dict[str, Any]], *, timeout: float = 3600)
     return {"go": go, "wall_s": max(r["end"] for r in results) - go, "results": results}
 
 
-def run_one(module: str, spec: dict[str, Any]) -> str:
+def run_one(module: str, spec: Mapping[str, object]) -> str:
     """Run ``python -m module --child JSON`` once (forked from the zygote, like ``run_jobs``);
     its output.
 
@@ -285,9 +314,9 @@ def _check(procs: list[multiprocessing.process.BaseProcess], sync: Path) -> None
 
 
 # -- inside a job process ------------------------------------------------------------------------
-def wait_for_start(spec: dict[str, Any]) -> float:
+def wait_for_start(spec: Mapping[str, object]) -> float:
     """Say this process is ready, wait for the common start; its ``time.time()``."""
-    sync = Path(spec["sync"])
+    sync = Path(str(spec["sync"]))
     (sync / f"ready-{spec['index']}").touch()
     go = sync / "go"
     while not go.exists():
@@ -295,17 +324,17 @@ def wait_for_start(spec: dict[str, Any]) -> float:
     return float(go.read_text())
 
 
-def mark_halfway(spec: dict[str, Any]) -> None:
+def mark_halfway(spec: Mapping[str, object]) -> None:
     """The first job is half-way: a late job may start."""
-    (Path(spec["sync"]) / "halfway").touch()
+    (Path(str(spec["sync"])) / "halfway").touch()
 
 
-def halfway_reached(spec: dict[str, Any]) -> bool:
-    return (Path(spec["sync"]) / "halfway").exists()
+def halfway_reached(spec: Mapping[str, object]) -> bool:
+    return (Path(str(spec["sync"])) / "halfway").exists()
 
 
-def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
+def write_result(spec: Mapping[str, object], result: Mapping[str, object]) -> None:
     """This process's result, for ``run_jobs``."""
-    path = Path(spec["sync"]) / f"result-{spec['index']}.json"
+    path = Path(str(spec["sync"])) / f"result-{spec['index']}.json"
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").rename(path)

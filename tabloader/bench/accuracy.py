@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench import format_table, main, positive_int, write_json
 
 __all__ = [
     "AUGMENT",
@@ -461,8 +461,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m tabloader.bench.accuracy")
-    add_arguments(_parser)
-    _ns = _parser.parse_args()
-    _ns.catalog = None
-    raise SystemExit(run(_ns))
+    main(add_arguments, run, prog="python -m tabloader.bench.accuracy", catalog=None)

@@ -46,6 +46,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 from pyroaring import BitMap
@@ -56,11 +58,13 @@ from tabloader.sampling import Sampler
 __all__ = [
     "LOOKAHEAD_FACTOR",
     "POLICIES",
+    "Belady",
     "JobSpec",
     "Policy",
     "PolicyCache",
     "Scenario",
     "Stream",
+    "belady_of_log",
     "belady_pinned",
     "generate_stream",
     "replay",
@@ -306,6 +310,28 @@ def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
             cached[row] = nu
             heapq.heappush(heap, (-nu, row))
     return reads
+
+
+class Belady(TypedDict):
+    """Belady's MIN on a recorded access log with a cache of ``capacity_rows``."""
+
+    capacity_rows: int
+    decodes: int
+    decodes_unpinned: int
+
+
+def belady_of_log(access_log: Path, capacity_rows: int) -> tuple[Belady, int]:
+    """Belady's MIN on the requests recorded in ``access_log`` (an ``AccessLog``'s ``.npz``)
+    with a cache of ``capacity_rows`` values, keeping what batches hold (``decodes``: the
+    targets' bound) and not (``decodes_unpinned``, lower still); and the log's entries."""
+    with np.load(access_log) as log:
+        kind, space, row = log["kind"], log["space"], log["row"]
+    result: Belady = {
+        "capacity_rows": capacity_rows,
+        "decodes": belady_pinned(kind, space, row, capacity_rows),
+        "decodes_unpinned": belady_pinned(kind, space, row, capacity_rows, pins=False),
+    }
+    return result, int(row.size)
 
 
 def belady_pinned(

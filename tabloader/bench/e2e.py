@@ -109,17 +109,23 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench import add_loader_arguments, format_table, main, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, run_one
-from tabloader.bench.cachesim import belady_pinned
+from tabloader.bench.cachesim import belady_of_log
 from tabloader.bench.e2e_children import run_child
+from tabloader.bench.e2e_records import Overhead, Run, ScenarioRuns, Spec
 from tabloader.bench.e2e_scale import add_arguments as scale_arguments
 from tabloader.bench.e2e_scale import print_scale, run_scale
-from tabloader.bench.e2e_scenarios import SCENARIOS, register, scenarios_of, shared_decode_bytes
+from tabloader.bench.e2e_scenarios import (
+    SCENARIOS,
+    ScenarioJob,
+    register,
+    scenarios_of,
+    shared_decode_bytes,
+)
 from tabloader.bench.e2e_targets import cache_bytes_per_image, recipe_notes
 from tabloader.bench.e2e_targets import targets as _targets
 from tabloader.bench.imagedata import prepare
@@ -165,13 +171,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds per batch of the fastest 'speeds' job (step-bound, so "
         "its throughput alone is not limited by decoding)",
     )
-    parser.add_argument(
-        "--workers",
-        type=positive_int,
-        default=os.cpu_count() or 2,
-        help="decode workers of each competitor (the DataLoaders split them); default: cores",
+    add_loader_arguments(
+        parser,
+        workers_help="decode workers of each competitor (the DataLoaders split them); "
+        "default: cores",
     )
-    parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument(
         "--scenarios",
         help="comma-separated; launched mode: of recipe, eval (default both: four jobs each); "
@@ -215,7 +219,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale_arguments(parser)
 
 
-def _run_threads(spec: dict[str, Any]) -> dict[str, Any]:
+def _run_threads(spec: Spec) -> Run:
     out = run_one("tabloader.bench.e2e", spec)  # its warnings share the output: the JSON line
     line = next(ln for ln in reversed(out.splitlines()) if ln.startswith("{"))
     return json.loads(line)  # type: ignore[no-any-return]
@@ -223,15 +227,15 @@ def _run_threads(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run_processes(
     kind: str,
-    base: dict[str, Any],
-    jobs: list[dict[str, Any]],
+    base: Spec,
+    jobs: list[ScenarioJob],
     ids: dict[str, Path],
     access_log: Path | None = None,
-) -> dict[str, Any]:
+) -> Run:
     """The jobs as separate processes, through a service (``kind="service"``, recording its
     ``access_log`` if given) or DataLoaders."""
     root = Path(base["catalog"])
-    specs = [
+    specs: list[Spec] = [
         {
             **base,
             "role": "job",
@@ -266,14 +270,19 @@ def _run_processes(
         cache = {k: stats["cache"][k] for k in ("entries", "size_bytes")}
         pids = [service.proc.pid]
     results = out["results"]
-    result: dict[str, Any] = {
+    result: Run = {
         "wall_s": out["wall_s"],
         "cpu_s": sum(r["cpu_s"] for r in results) + service_cpu,
         "peak_rss_mib": max([service_rss] + [r["peak_rss_mib"] for r in results]),
         "decodes": decodes,
         "reads": reads,
         "jobs": {
-            r["name"]: {k: r[k] for k in ("rows", "seconds", "wait_s", "compute_s")}
+            r["name"]: {
+                "rows": r["rows"],
+                "seconds": r["seconds"],
+                "wait_s": r["wait_s"],
+                "compute_s": r["compute_s"],
+            }
             for r in results
         },
         "dataset_s": dataset_s,
@@ -291,15 +300,15 @@ def _run_processes(
     return result
 
 
-def _overhead(args: argparse.Namespace, root: Path, n: int) -> dict[str, Any]:
+def _overhead(args: argparse.Namespace, root: Path, n: int) -> Overhead:
     import catalog
 
     rows = min(n, 4 * args.overhead_batch)
     with catalog.open_catalog(root) as cat:
-        register(cat, [{"name": "overhead", "where": f"_id < {rows}"}])
+        register(cat, [{"name": "overhead", "where": f"_id < {rows}", "step": 0.0, "late": False}])
     value = args.overhead_size**2 * 3
     cache = 2 * rows * value + (64 << 20)
-    spec = {
+    spec: Spec = {
         "role": "overhead",
         "catalog": str(root),
         "rows": rows,
@@ -311,7 +320,7 @@ def _overhead(args: argparse.Namespace, root: Path, n: int) -> dict[str, Any]:
     with ServiceProcess(
         root, cache_bytes=cache, workers=args.workers, log=root / "bench.log"
     ) as service:
-        result = run_jobs("tabloader.bench.e2e", [spec])["results"][0]
+        result: Overhead = run_jobs("tabloader.bench.e2e", [spec])["results"][0]
     return {**result, "service_pids": [service.proc.pid]}
 
 
@@ -377,14 +386,14 @@ def run(args: argparse.Namespace) -> int:
     root, n, _ = prepare(args)
     shared_rows = int(args.cache * n)
     row_bytes = {"": args.image_size * args.image_size * 3}  # by augment text ("": none)
-    rows: list[dict[str, Any]] = []
-    stalls: list[dict[str, Any]] = []
-    runs: dict[str, Any] = {}
+    rows: list[dict[str, object]] = []
+    stalls: list[dict[str, object]] = []
+    runs: dict[str, ScenarioRuns] = {}
     for scenario in scenarios:
         jobs = scenarios_of(n, args.step, args.speeds_rows, args.speeds_step, args.recipe_size)[
             scenario
         ]
-        recipe = max(j.get("options", {}).get("augment", "") for j in jobs)
+        recipe = max(str(j.get("options", {}).get("augment", "")) for j in jobs)
         if recipe not in row_bytes:  # the shared decode, aspect kept: about 3.7x 224x224x3
             row_bytes[recipe] = shared_decode_bytes(root, recipe, min(n, 32))
         decoded_row = row_bytes[recipe]
@@ -396,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
             register(cat, jobs)
             sets = [cat.job(j["name"]).ids for j in jobs]
         union = len(sets[0].union(*sets[1:]))
-        base = {
+        base: Spec = {
             "catalog": str(root),
             "jobs": jobs,
             "batch_size": args.batch_size,
@@ -405,13 +414,13 @@ def run(args: argparse.Namespace) -> int:
             "cache_bytes": cache_bytes,
             "service_cache_bytes": service_cache_bytes,
         }
-        results: dict[str, Any] = {}
+        results: dict[str, Run] = {}
         with tempfile.TemporaryDirectory(prefix="tabloader-bench-ids-") as tmp:
             ids = {}
             for j, s in zip(jobs, sets, strict=True):
                 ids[j["name"]] = Path(tmp, f"{j['name']}.npy")
                 np.save(ids[j["name"]], np.array(s, np.int64))
-            trials: dict[str, list[dict[str, Any]]] = {c: [] for c in competitors}
+            trials: dict[str, list[Run]] = {c: [] for c in competitors}
             for k in range(args.repeat):  # interleaved, each in turn first: the machine's
                 # drift (other tenants: the same decodes vary by 30% here) hits all alike
                 for c in competitors[k % len(competitors) :] + competitors[: k % len(competitors)]:
@@ -421,7 +430,12 @@ def run(args: argparse.Namespace) -> int:
                     elif c == "service":
                         r = _run_processes(c, base, jobs, ids, log)
                     else:
-                        spec = {**base, "role": "threads", "competitor": c, "access_log": str(log)}
+                        spec: Spec = {
+                            **base,
+                            "role": "threads",
+                            "competitor": c,
+                            "access_log": str(log),
+                        }
                         r = _run_threads(spec)
                     trials[c].append({**r, "access_log": log})
             for c, runs_of in trials.items():
@@ -429,7 +443,9 @@ def run(args: argparse.Namespace) -> int:
                 log = results[c].pop("access_log")
                 if c != "dataloader":
                     arena = service_cache_bytes if c == "service" else cache_bytes
-                    results[c]["belady"] = _belady(log, values_that_fit(arena, decoded_row))
+                    results[c]["belady"] = belady_of_log(log, values_that_fit(arena, decoded_row))[
+                        0
+                    ]
             alone, solo, center = None, None, None
             if scenario == "recipe-eval" and "service" in competitors:
                 # the arena's form of the evaluation job alone (no augmented job beside it to
@@ -438,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
                     register(cat, jobs[:1])
                 center = _run_processes("service", base, jobs[:1], ids)
             if scenario == "speeds" and "service" in competitors:
-                fastest = {**jobs[0], "late": False}
+                fastest: ScenarioJob = {**jobs[0], "late": False}
                 solo = median_run(  # one job: the median wall is the median rows/s
                     [_run_processes("service", base, [fastest], ids) for _ in range(args.repeat)]
                 )
@@ -536,7 +552,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_run(runs: list[Run]) -> Run:
     """The run of median wall time (of an even count, the lower middle), with every run's wall
     time (``wall_s_runs``, in order) and every run's service processes (``service_pids``)."""
     median = sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2]
@@ -547,22 +563,5 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _belady(access_log: Path, capacity_rows: int) -> dict[str, int]:
-    """Belady's MIN on a competitor's recorded requests, with a cache of ``capacity_rows``:
-    keeping what batches hold (``decodes``, the bound the targets use) and not
-    (``decodes_unpinned``, lower still)."""
-    with np.load(access_log) as log:
-        kind, space, row = log["kind"], log["space"], log["row"]
-    return {
-        "capacity_rows": capacity_rows,
-        "decodes": belady_pinned(kind, space, row, capacity_rows),
-        "decodes_unpinned": belady_pinned(kind, space, row, capacity_rows, pins=False),
-    }
-
-
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m tabloader.bench.e2e")
-    add_arguments(_parser)
-    _ns = _parser.parse_args()
-    _ns.catalog = None
-    raise SystemExit(run(_ns))
+    main(add_arguments, run, prog="python -m tabloader.bench.e2e", catalog=None)

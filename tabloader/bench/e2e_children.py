@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import numpy as np
 
@@ -34,7 +34,11 @@ from tabloader.bench._procs import (
     wait_for_start,
     write_result,
 )
-from tabloader.bench.stalls import StallClock, dataset_seconds, stalls_of
+from tabloader.bench.stalls import StallClock, Stalls, dataset_seconds, stalls_of
+
+if TYPE_CHECKING:
+    from tabloader.bench.e2e_records import JobResult, JobRun, Run, Spec
+    from tabloader.bench.e2e_scenarios import JobOptions, ScenarioJob
 
 __all__ = [
     "MapDataset",
@@ -85,7 +89,7 @@ class RecipeDataset(MapDataset):
     which was used.
     """
 
-    def __init__(self, root: str, dataset: str, ids: list[int], options: dict[str, Any]) -> None:
+    def __init__(self, root: str, dataset: str, ids: list[int], options: JobOptions) -> None:
         from tabloader.engine.augment import Augmenter
 
         self.augment = None
@@ -138,7 +142,11 @@ def torchvision_recipe(size: int) -> Any:
     return v2.Compose([v2.RandomResizedCrop(size), v2.RandomHorizontalFlip()])
 
 
-def open_size(spec: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+class _OpenSize(TypedDict, total=False):
+    image_size: int
+
+
+def open_size(spec: Spec, job: ScenarioJob) -> _OpenSize:
     """The ``image_size`` a job is opened with: the run's, unless the job was registered
     with ``options`` (a recipe's ``augment``, or its own ``image_size``): then the catalog's."""
     return {} if job.get("options") else {"image_size": spec["image_size"]}
@@ -155,7 +163,7 @@ def open_reader(root: str, dataset: str) -> Any:
     return DatasetReader(Path(root), [PartInfo(**p) for p in spec["parts"]], schema)
 
 
-def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
+def _threads_child(spec: Spec) -> Run:
     """The in-process mode: one ``Loader``, the jobs on threads of this process."""
     import catalog
     from tabloader.engine import Loader
@@ -166,7 +174,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
     progress = {j["name"]: 0 for j in jobs}
     halfway = threading.Event()
     first = jobs[0]["name"]
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, JobRun] = {}
     errors: list[BaseException] = []
     eng = Loader(
         cat,
@@ -180,7 +188,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
     cpu0 = tree_cpu_s(os.getpid())
     t0 = time.perf_counter()
 
-    def run_job(job: dict[str, Any]) -> None:
+    def run_job(job: ScenarioJob) -> None:
         try:
             if job["late"]:
                 halfway.wait()
@@ -229,7 +237,7 @@ def _threads_child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _job_child(spec: dict[str, Any]) -> None:
+def _job_child(spec: Spec) -> None:
     """One job in its own process: through the service, or with its own DataLoader."""
     job = spec["job"]
     transforms: str | None = None  # a DataLoader's recipe
@@ -238,7 +246,7 @@ def _job_child(spec: dict[str, Any]) -> None:
         from tabloader.torch import to_tensors
 
         remote = RemoteLoader(spec["catalog"], start=False)
-        stalls: dict[str, float] = {}
+        stalls: Stalls = {"wait_s": 0.0, "compute_s": 0.0}
 
         def batches() -> Any:
             stream = remote.open(
@@ -288,7 +296,8 @@ def _job_child(spec: dict[str, Any]) -> None:
             mark_halfway(spec)
     end = time.time()
     cpu, rss = rusage()
-    result = {
+    stalls_then = stalls_of(stalls_now())
+    result: JobResult = {
         "name": job["name"],
         "start": started,
         "end": end,
@@ -296,7 +305,8 @@ def _job_child(spec: dict[str, Any]) -> None:
         "seconds": end - started,
         "cpu_s": cpu - cpu0,
         "peak_rss_mib": rss,
-        **stalls_of(stalls_now()),
+        "wait_s": stalls_then["wait_s"],
+        "compute_s": stalls_then["compute_s"],
     }
     if spec["kind"] == "service":
         result["copies"] = vars(remote.copies)
@@ -306,7 +316,7 @@ def _job_child(spec: dict[str, Any]) -> None:
     write_result(spec, result)
 
 
-def _overhead_child(spec: dict[str, Any]) -> None:
+def _overhead_child(spec: Spec) -> None:
     """Time request -> tensors ready for batches the service has prepared (see
     :mod:`tabloader.bench.e2e`)."""
     from tabloader.service.client import RemoteLoader
@@ -350,7 +360,7 @@ def _overhead_child(spec: dict[str, Any]) -> None:
     )
 
 
-def run_child(spec: dict[str, Any]) -> int:
+def run_child(spec: Spec) -> int:
     """Run the child process that ``spec["role"]`` names (``--child JSON``); its exit status."""
     if spec["role"] == "threads":
         print(json.dumps(_threads_child(spec)))

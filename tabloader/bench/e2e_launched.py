@@ -25,20 +25,9 @@ processes):
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
-from typing import Any
 
-from tabloader.bench import format_table, write_json
-from tabloader.bench.launched import (
-    Scenario,
-    check,
-    machine,
-    machine_line,
-    pick,
-    run_scenarios,
-    table_rows,
-)
+from tabloader.bench import write_json
+from tabloader.bench.launched import Scenario, ScenarioRun, TargetRow, check, measure, pick, report
 
 __all__ = ["LAUNCHED_SCENARIOS", "TARGETS", "run_launched", "targets"]
 
@@ -49,19 +38,16 @@ DECODES = 1.25  # a guard that sharing works: the four interpreters come up to 0
 # zygote mode's ``late`` scenario measures that against Belady's MIN)
 
 
-def targets(runs: list[dict[str, Any]], images: int) -> list[dict[str, Any]]:
+def targets(runs: list[ScenarioRun], images: int) -> list[TargetRow]:
     """The target rows of the no-step runs."""
-    rows: list[dict[str, Any]] = []
+    rows: list[TargetRow] = []
     for name in LAUNCHED_SCENARIOS:
         ours, theirs = pick(runs, name, "tabloader"), pick(runs, name, "dataloader(2)")
         if ours is None:
             continue
-        check(
-            rows,
-            f"{name} x4: service decodes / images",
-            ours["service"]["decodes"] / images,
-            DECODES,
-        )
+        service = ours["service"]
+        assert service is not None  # a tabloader run's
+        check(rows, f"{name} x4: service decodes / images", service["decodes"] / images, DECODES)
         if theirs is None:
             continue
         wall = ours["wall_s"] / theirs["wall_s"]
@@ -80,10 +66,6 @@ def targets(runs: list[dict[str, Any]], images: int) -> list[dict[str, Any]]:
 
 def run_launched(args: argparse.Namespace) -> int:
     """Run the launched scenarios, print the tables and write JSON."""
-    from catalog import _progress
-    from tabloader.bench.imagedata import prepare
-
-    _progress.disable_progress_bars()
     names = [s for s in (args.scenarios or "recipe,eval").split(",") if s]
     unknown = sorted(set(names) - set(LAUNCHED_SCENARIOS))
     if unknown or not names:
@@ -96,30 +78,24 @@ def run_launched(args: argparse.Namespace) -> int:
     repeat = args.repeat
     if args.quick:
         args.images, steps, repeat = min(args.images, 400), steps[:1], 1
-    root, n, _ = prepare(args)
-    folder = Path(args.data) / f"images-{args.images}"
     batch_size = 64 if args.batch_size is None else args.batch_size
-    info = machine()
-    runs = run_scenarios(
-        root,
-        folder,
+    info, n, runs = measure(
+        args,
         [LAUNCHED_SCENARIOS[s] for s in names],
         steps=steps,
-        workers=[2, os.cpu_count() or 2],
         size=args.recipe_size,
         batch_size=batch_size,
         repeat=repeat,
     )
     checked = targets(runs, n)
-    print(machine_line(info))
-    print(
+    report(
+        info,
         f"{n} images (about 500x375 JPEGs), batch {batch_size}, recipes at {args.recipe_size}; "
         "each job a fresh `python train.py` launched at once, imports and the auto-started "
-        f"service inside the wall; median of {repeat} run(s)"
+        f"service inside the wall; median of {repeat} run(s)",
+        runs,
+        checked,
     )
-    print(format_table(table_rows(runs)))
-    print()
-    print(format_table(checked))
     write_json(
         args.out,
         {

@@ -33,12 +33,17 @@ import argparse
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
-from tabloader.bench import format_table, positive_int
+from tabloader.bench import format_table, proc_status_mib
 from tabloader.bench._cpu import cpu_line
-from tabloader.bench._procs import ServiceProcess, run_jobs
-from tabloader.bench.tinydata import DEFAULT_DATA, prepare_tiny
+from tabloader.bench._procs import ServiceProcess, descendants, run_jobs
+from tabloader.bench.cachesim import Belady, belady_of_log
+from tabloader.bench.tinydata import add_data_arguments, prepare_tiny
+
+if TYPE_CHECKING:
+    from tabloader.bench.e2e_records import Spec, Target
+    from tabloader.bench.e2e_scenarios import ScenarioJob
 
 __all__ = ["STARTS", "TARGET_VS_MIN", "add_arguments", "print_scale", "run_scale", "scale_jobs"]
 
@@ -51,9 +56,7 @@ JOBS = 4
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The scale scenario's options (of ``bench e2e``)."""
-    parser.add_argument(
-        "--scale-rows", type=positive_int, default=400_000, help="'scale': tiny JPEGs (24x24)"
-    )
+    add_data_arguments(parser, "scale")
     parser.add_argument(
         "--scale-caches",
         default="0.02,0.05,0.10",
@@ -62,17 +65,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scale-starts", default=",".join(STARTS), help=f"'scale': of {', '.join(STARTS)}"
     )
-    parser.add_argument("--scale-batch", type=positive_int, default=256, help="'scale': batch")
     parser.add_argument(
         "--scale-step",
         type=float,
         default=0.004,
         help="'scale' speeds: seconds per batch of the fastest job (then 2x, 4x, 4x)",
     )
-    parser.add_argument("--scale-data", default=DEFAULT_DATA, help="'scale': data cache folder")
 
 
-def scale_jobs(start: str, step: float) -> list[dict[str, Any]]:
+class Cell(TypedDict):
+    """One cell's run: the service's counters, wall time and memory, and its jobs' rows."""
+
+    decodes: int
+    reads: int
+    wall_s: float
+    service_rss_mib: float
+    service_anon_ready_mib: float
+    service_anon_mib: float
+    decoders_anon_mib: float
+    jobs: dict[str, dict[str, float]]
+
+
+class ScaleBelady(Belady):
+    """Belady's MIN on a cell's access log and the log's entries."""
+
+    log_entries: int
+
+
+class CellRun(Cell):
+    """A cell's run with its jobs' union and sets of rows, its cache and Belady's MIN."""
+
+    union: int
+    sets: list[int]
+    cache_bytes: int
+    belady: ScaleBelady
+
+
+class ScaleResult(TypedDict):
+    """The scenario's result: its sizes, table rows, targets and every cell's run."""
+
+    cpu: str
+    rows: int
+    batch_size: int
+    step: float
+    table: list[dict[str, object]]
+    targets: list[Target]
+    runs: dict[str, CellRun]
+
+
+def scale_jobs(start: str, step: float) -> list[ScenarioJob]:
     """The four jobs of a cell (``bench e2e``'s job dicts: name, rows, step, late)."""
     steps = [step, 2 * step, 4 * step, 4 * step] if start == "speeds" else [0.0] * JOBS
     return [
@@ -97,7 +138,7 @@ def cache_bytes(shared_rows: int, workers: int, batch: int) -> int:
     return max(1 << 20, (shared_rows + JOBS * (prefetch + 2) * batch) * ROW_BYTES)
 
 
-def run_scale(args: argparse.Namespace) -> dict[str, Any]:
+def run_scale(args: argparse.Namespace) -> ScaleResult:
     """Run every cell (``args``: ``bench e2e``'s, with :func:`add_arguments`'); the results."""
     import catalog
     from tabloader.bench.e2e_scenarios import register
@@ -116,9 +157,9 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
             f"--scale-caches: fractions (got {args.scale_caches!r})."
         )
     data = prepare_tiny(args.scale_data, args.scale_rows)
-    table: list[dict[str, Any]] = []
-    targets: list[dict[str, Any]] = []
-    runs: dict[str, Any] = {}
+    table: list[dict[str, object]] = []
+    targets: list[Target] = []
+    runs: dict[str, CellRun] = {}
     for fraction in fractions:
         for start in starts:
             jobs = scale_jobs(start, args.scale_step)
@@ -187,15 +228,15 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_cell(
     root: Path,
-    jobs: list[dict[str, Any]],
+    jobs: list[ScenarioJob],
     sets: list[int],
     size: int,
     access_log: Path,
     args: argparse.Namespace,
-) -> dict[str, Any]:
+) -> Cell:
     """One cell: the four job processes through a service of cache ``size`` that records
     ``access_log``; its counters, wall time and memory."""
-    specs = [
+    specs: list[Spec] = [
         {
             "role": "job",
             "kind": "service",
@@ -230,7 +271,7 @@ def _run_cell(
         stats = service.stats()
         peak.append(_anon_mib(pid))
         rss = service.usage()[1]  # its peak resident set: private memory and the arena's pages
-        decoders = sum(_anon_mib(p) for p in _descendants(pid))
+        decoders = sum(_anon_mib(p) for p in descendants(pid))
     delivered = [r["rows"] for r in out["results"]]
     if delivered != sets:
         raise RuntimeError(f"the jobs delivered {delivered} rows, not their sets {sets}")
@@ -246,55 +287,19 @@ def _run_cell(
     }
 
 
-def _belady(access_log: Path, capacity_rows: int) -> dict[str, int]:
-    """Belady's MIN on a run's access log with a cache of ``capacity_rows`` values: keeping
-    what batches hold (``decodes``: the target's bound) and not (``decodes_unpinned``), as
-    ``bench e2e``'s other scenarios replay theirs."""
-    import numpy as np
-
-    from tabloader.bench.cachesim import belady_pinned
-
-    with np.load(access_log) as log:
-        kind, space, row = log["kind"], log["space"], log["row"]
-    return {
-        "capacity_rows": capacity_rows,
-        "decodes": belady_pinned(kind, space, row, capacity_rows),
-        "decodes_unpinned": belady_pinned(kind, space, row, capacity_rows, pins=False),
-        "log_entries": int(row.size),
-    }
+def _belady(access_log: Path, capacity_rows: int) -> ScaleBelady:
+    """Belady's MIN on a run's access log, as ``bench e2e``'s other scenarios replay theirs,
+    with the log's entries (the service keeps the log for the benchmark: not its own)."""
+    belady, entries = belady_of_log(access_log, capacity_rows)
+    return {**belady, "log_entries": entries}
 
 
 def _anon_mib(pid: int) -> float:
     """The private resident memory (``RssAnon``) of process ``pid`` in MiB (0 if gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return proc_status_mib(pid, "RssAnon") or 0.0
 
 
-def _descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (the service's forkserver and decode processes)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
-def print_scale(result: dict[str, Any]) -> None:
+def print_scale(result: ScaleResult) -> None:
     """The scenario's table (its targets go in ``bench e2e``'s target table)."""
     print(
         f"\nscale: {result['rows']} tiny JPEGs (24x24, read at {SIZE}x{SIZE}), four jobs of 75% "

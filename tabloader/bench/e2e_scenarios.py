@@ -11,11 +11,19 @@ measures is in :mod:`tabloader.bench.e2e`'s docstring.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-__all__ = ["RECIPE", "SCENARIOS", "register", "scenarios_of", "shared_decode_bytes"]
+__all__ = [
+    "RECIPE",
+    "SCENARIOS",
+    "JobOptions",
+    "ScenarioJob",
+    "register",
+    "scenarios_of",
+    "shared_decode_bytes",
+]
 
 SCENARIOS = ("same", "overlap", "speeds", "late", "recipe", "recipe-eval", "scale")
 """``scale`` runs on data of its own: :mod:`tabloader.bench.e2e_scale`."""
@@ -23,9 +31,28 @@ RECIPE = "RandomResizedCrop({size}), RandomHorizontalFlip()"
 """The training recipe of the ``recipe`` scenarios (torchvision's ImageNet reference)."""
 
 
+class JobOptions(TypedDict, total=False):
+    """The options a job is registered with: a training recipe's ``augment`` and ``seed``,
+    or an evaluation job's ``image_size``."""
+
+    augment: str
+    seed: int
+    image_size: int
+
+
+class ScenarioJob(TypedDict):
+    """A scenario's job (see the module docstring)."""
+
+    name: str
+    where: str
+    step: float
+    late: bool
+    options: NotRequired[JobOptions]
+
+
 def scenarios_of(
     n: int, step: float, speeds_rows: int, speeds_step: float, recipe_size: int
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, list[ScenarioJob]]:
     """Each scenario's jobs: name, rows (``where``), seconds per batch (``step``), whether it
     comes ``late``, and the ``options`` it is registered with (none: it is opened with
     ``--image-size``)."""
@@ -33,12 +60,12 @@ def scenarios_of(
     first, second = f"_id < {2 * n // 3}", f"_id >= {n // 3}"
     subset = f"_id < {min(n, speeds_rows)}"
     recipe = RECIPE.format(size=recipe_size)
-    train: list[dict[str, Any]] = [  # four jobs, four seeds
+    train: list[ScenarioJob] = [  # four jobs, four seeds
         {"name": f"j{i}", "where": every, "step": step, "late": False} for i in range(4)
     ]
     for i, job in enumerate(train):
         job["options"] = {"augment": recipe, "seed": i}
-    evaluation = {**train[0], "options": {"image_size": recipe_size}}
+    evaluation: ScenarioJob = {**train[0], "options": {"image_size": recipe_size}}
     return {
         "same": [{"name": f"j{i}", "where": every, "step": step, "late": False} for i in range(4)],
         "overlap": [
@@ -55,7 +82,7 @@ def scenarios_of(
     }
 
 
-def register(cat: Any, jobs: list[dict[str, Any]]) -> None:
+def register(cat: Any, jobs: list[ScenarioJob]) -> None:
     """Register ``jobs`` (with their ``options``) and unregister every other job: the jobs
     registered decide how a column is shared (an ``image_size`` job reads the decode of the
     augmented jobs registered beside it), so each run sees its own jobs only."""

@@ -8,9 +8,11 @@ target means is in :mod:`tabloader.bench.e2e`'s docstring.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["TARGETS", "cache_bytes_per_image", "recipe_notes", "targets"]
+from tabloader.bench.e2e_records import Overhead, Run, ScenarioRuns, Target
+
+__all__ = ["TARGETS", "RecipeNotes", "cache_bytes_per_image", "recipe_notes", "targets"]
 
 TARGETS = {
     "decodes": 1.05,
@@ -23,18 +25,26 @@ TARGETS = {
 }
 
 
-def cache_bytes_per_image(result: dict[str, Any]) -> float | None:
+class RecipeNotes(TypedDict):
+    """:func:`recipe_notes`' result."""
+
+    lines: list[str]
+    transforms: str | None
+    bytes_per_image: dict[str, float | None]
+
+
+def cache_bytes_per_image(result: Run | None) -> float | None:
     """A run's arena bytes per cached image at its end (``stats()["cache"]``: the slots'
     ``size_bytes`` / ``entries``), or None where it has no arena or nothing cached."""
-    cache = result.get("cache")
+    cache = result.get("cache") if result else None
     if not cache or not cache["entries"]:
         return None
     return float(cache["size_bytes"] / cache["entries"])
 
 
-def targets(runs: dict[str, Any], overhead: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(runs: dict[str, ScenarioRuns], overhead: Overhead) -> list[Target]:
     """The target rows of ``runs`` (the runner's, by scenario) and ``overhead``."""
-    out: list[dict[str, Any]] = []
+    out: list[Target] = []
 
     def check(scenario: str, what: str, value: float, limit: float, at_least: bool = False) -> None:
         ok = value >= limit if at_least else value <= limit
@@ -87,14 +97,15 @@ def targets(runs: dict[str, Any], overhead: dict[str, Any]) -> list[dict[str, An
             if name == "same" and "threads" in res:
                 ratio = s["wall_s"] / res["threads"]["wall_s"]
                 check(name, "service wall / threads wall", ratio, TARGETS["vs_threads"])
-            if r.get("fastest_alone_rows_per_s"):
+            fastest_alone = r.get("fastest_alone_rows_per_s")
+            if fastest_alone:
                 j0 = s["jobs"]["j0"]
-                ratio = (j0["rows"] / j0["seconds"]) / r["fastest_alone_rows_per_s"]
+                ratio = (j0["rows"] / j0["seconds"]) / fastest_alone
                 check(name, "service fastest job rows/s / alone", ratio, TARGETS["vs_alone"], True)
             per_image = cache_bytes_per_image(s)
             if name.startswith("recipe") and per_image:
                 report(name, "service arena bytes per cached image (aspect-kept)", per_image)
-            alone = cache_bytes_per_image(r.get("center_crop_alone") or {})
+            alone = cache_bytes_per_image(r.get("center_crop_alone"))
             if alone:
                 report(name, "service arena bytes per cached image (center crop, alone)", alone)
         if "threads" in res and "dataloader" in res:
@@ -108,18 +119,20 @@ def targets(runs: dict[str, Any], overhead: dict[str, Any]) -> list[dict[str, An
             rss = res["threads"]["peak_rss_mib"]
             limit = round(r["cache_bytes"]["threads"] / 2**20 + 600)
             check(name, "threads peak RSS MiB", rss, limit)
-    for q in ("p50", "p99"):
-        report("overhead", f"service per-batch overhead {q} us", overhead[f"{q}_us"])
+    for q, us in (("p50", overhead["p50_us"]), ("p99", overhead["p99_us"])):
+        report("overhead", f"service per-batch overhead {q} us", us)
     return out
 
 
-def recipe_notes(runs: dict[str, Any], size: int) -> dict[str, Any]:
+def recipe_notes(runs: dict[str, ScenarioRuns], size: int) -> RecipeNotes:
     """What the recipe scenarios' DataLoaders used (``transforms``) and the service's arena
     bytes per cached image, the shared aspect-kept decode vs the center crop (``bytes_per_image``),
     with the ``lines`` that say so."""
-    out: dict[str, Any] = {"lines": [], "transforms": None, "bytes_per_image": {}}
+    out: RecipeNotes = {"lines": [], "transforms": None, "bytes_per_image": {}}
     for name in ("recipe", "recipe-eval"):
-        r = runs.get(name, {"results": {}})
+        if name not in runs:
+            continue
+        r = runs[name]
         if "dataloader" in r["results"] and out["transforms"] is None:
             out["transforms"] = r["results"]["dataloader"]["transforms"]
             out["lines"].append(f"{name} DataLoaders' training recipe: {out['transforms']}")
@@ -128,11 +141,14 @@ def recipe_notes(runs: dict[str, Any], size: int) -> dict[str, Any]:
             out["bytes_per_image"].setdefault("shared_decode", kept)
         if r.get("center_crop_alone"):
             out["bytes_per_image"]["center_crop"] = cache_bytes_per_image(r["center_crop_alone"])
-    per = out["bytes_per_image"]
-    if per.get("shared_decode") and per.get("center_crop"):
+    kept, crop = (
+        out["bytes_per_image"].get("shared_decode"),
+        out["bytes_per_image"].get("center_crop"),
+    )
+    if kept and crop:
         out["lines"].append(
             f"arena bytes per cached image (service): the recipe's shared decode (aspect kept)"
-            f" {per['shared_decode']:,.0f}, the center crop ({size}x{size}, image_size alone)"
-            f" {per['center_crop']:,.0f}: {per['shared_decode'] / per['center_crop']:.2f}x"
+            f" {kept:,.0f}, the center crop ({size}x{size}, image_size alone)"
+            f" {crop:,.0f}: {kept / crop:.2f}x"
         )
     return out

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench import format_table, main, positive_int, write_json
 from tabloader.bench._cpu import cpu_line
 from tabloader.bench._procs import ServiceProcess
 from tabloader.bench.bombs import KINDS, bomb, image_bytes
@@ -197,6 +197,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    raise SystemExit(run(parser.parse_args()))
+    main(add_arguments, run, description=__doc__.splitlines()[0])

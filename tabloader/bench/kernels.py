@@ -37,24 +37,50 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
-from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench import format_table, main, positive_int, write_json
 from tabloader.bench._cpu import cpu_model, simd_level
 from tabloader.engine import resample
 from tabloader.engine.augment import Augmenter
 
-__all__ = ["RECIPE", "add_arguments", "cpu_description", "measure", "run", "table"]
+__all__ = [
+    "CPU",
+    "RECIPE",
+    "KernelResult",
+    "add_arguments",
+    "cpu_description",
+    "measure",
+    "run",
+    "table",
+]
 
 RECIPE = "RandomResizedCrop(224), RandomHorizontalFlip()"
 SHAPE = (375, 500)
 COLD_IMAGES = 64
 
 
-def cpu_description() -> dict[str, str]:
+class CPU(TypedDict):
+    """The CPU model, its SIMD level and the resize kernel's path on it."""
+
+    cpu: str
+    simd: str
+    kernel: str
+
+
+class KernelResult(CPU):
+    """:func:`measure`'s result: median ms per image of each arm and its (min, max)."""
+
+    ms_per_image: dict[str, float]
+    spread: dict[str, tuple[float, float]]
+    images: int
+    repeats: int
+
+
+def cpu_description() -> CPU:
     """``{"cpu": model name, "simd": "AVX-512 (...)" | "AVX2" | "NEON" | ...}`` from
     /proc/cpuinfo (:mod:`tabloader.bench._cpu`), and the kernel's own choice of path
     (``"kernel"``)."""
@@ -121,7 +147,7 @@ def _pillow_arm(aug: Augmenter) -> Callable[[Any, int, Any], None]:
     return apply
 
 
-def measure(images: int = 200, repeats: int = 15, *, seed: int = 0) -> dict[str, Any]:
+def measure(images: int = 200, repeats: int = 15, *, seed: int = 0) -> KernelResult:
     """Median ms per image of each arm (see the module docstring), with the CPU.
 
     Args:
@@ -150,47 +176,38 @@ def measure(images: int = 200, repeats: int = 15, *, seed: int = 0) -> dict[str,
 
         return timed
 
+    def rows(apply: Callable[[Any, int], None], cold: bool = False) -> Callable[[], None]:
+        """An arm: ``apply(image, row)`` for rows 0..images-1, on the one hot image or on the
+        cold ones in turn."""
+        source = [pics[r % COLD_IMAGES] if cold else hot for r in range(images)]
+
+        def arm() -> None:
+            for r, image in enumerate(source):
+                apply(image, r)
+
+        return arm
+
     if isas:
-
-        def kernel_hot() -> None:
-            for r in range(images):
-                aug.apply(hot, 0, r, out)
-
-        def kernel_cold() -> None:
-            for r in range(images):
-                aug.apply(pics[r % COLD_IMAGES], 0, r, out)
-
+        kernel_hot = rows(lambda image, r: aug.apply(image, 0, r, out))
+        kernel_cold = rows(lambda image, r: aug.apply(image, 0, r, out), cold=True)
         if "avx2" in isas:
             arms["kernel avx2"] = on("avx2", kernel_hot)
             arms["kernel avx2, cold"] = on("avx2", kernel_cold)
         arms["kernel scalar"] = on("scalar", kernel_hot)
     if resample.optional_torch() is not None:
         torch_apply = _torch_arm(aug)
-
-        def torch_hot() -> None:
-            for r in range(images):
-                torch_apply(hot, r, out)
-
-        def torch_cold() -> None:
-            for r in range(images):
-                torch_apply(pics[r % COLD_IMAGES], r, out)
-
-        arms["torch"] = torch_hot
-        arms["torch, cold"] = torch_cold
+        arms["torch"] = rows(lambda image, r: torch_apply(image, r, out))
+        arms["torch, cold"] = rows(lambda image, r: torch_apply(image, r, out), cold=True)
     from PIL import Image
 
     pil = Image.fromarray(hot)
     pillow_apply = _pillow_arm(aug)
 
-    def pillow() -> None:
-        for r in range(images):
-            pillow_apply(pil, r, out)
-
     def draw() -> None:
         for r in range(images):
             aug.draw(SHAPE, 0, r)
 
-    arms["pillow resize(box)"] = pillow
+    arms["pillow resize(box)"] = rows(lambda _, r: pillow_apply(pil, r, out))
     arms["draw"] = draw
     for f in arms.values():  # warm up: imports, scratch memory, caches
         f()
@@ -209,7 +226,7 @@ def measure(images: int = 200, repeats: int = 15, *, seed: int = 0) -> dict[str,
     }
 
 
-def table(result: dict[str, Any]) -> str:
+def table(result: KernelResult) -> str:
     """The result as a table: median ms per image, the spread, and the ratio to torch's."""
     base = result["ms_per_image"].get("torch")
     rows = []
@@ -249,6 +266,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    raise SystemExit(run(parser.parse_args()))
+    main(add_arguments, run, description=__doc__.splitlines()[0])

@@ -29,6 +29,7 @@ kernel's cost differs several-fold between CPUs of one family.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -38,13 +39,134 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-__all__ = ["SCRIPTS", "Job", "machine", "run_dataloaders", "run_tabloader", "stop_service"]
+__all__ = [
+    "SCRIPTS",
+    "Job",
+    "Machine",
+    "ScenarioRun",
+    "TargetRow",
+    "machine",
+    "measure",
+    "report",
+    "run_dataloaders",
+    "run_tabloader",
+    "stop_service",
+]
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RUN_TIMEOUT_S = 1800.0
 STOP_TIMEOUT_S = 60.0
+
+
+class Machine(TypedDict):
+    """What a table's header says of the machine (:func:`machine`)."""
+
+    cpu: str
+    simd: str
+    kernel: str
+    cores: int | None
+    torch: str
+    torchvision: str | None
+
+
+class ScriptSpec(TypedDict, total=False):
+    """A script's argument (JSON): its job (``train_tabloader.py``) or its DataLoader's
+    recipe (``train_dataloader.py``), the step, and where its result goes."""
+
+    catalog: str
+    job: str
+    folder: str
+    recipe: str
+    size: int
+    batch_size: int
+    workers: int
+    seed: int
+    step: float
+    out: str
+
+
+class ScriptResult(TypedDict, total=False):
+    """A script's result (JSON): its clock (``time.time()``) at each point, rows, CPU and the
+    seconds of its stages; the DataLoader's also its workers' CPU and transforms."""
+
+    start: float
+    imported: float
+    building: float
+    built: float
+    first: float
+    first_rows: int
+    end: float
+    rows: int
+    wait_s: float
+    cpu_s: float
+    cpu_imports_s: float
+    workers_cpu_s: float
+    stages_s: dict[str, float]
+    transforms: str
+    service_pid: int | None
+
+
+class Launch(TypedDict):
+    """One launch of a run's scripts: when, the wall to the last exit, each one's result."""
+
+    launch: float
+    wall_s: float
+    results: list[ScriptResult]
+
+
+class ServiceUsage(TypedDict):
+    """The auto-started service's counters, CPU and peak RSS after a tabloader run."""
+
+    pid: int
+    cpu_s: float
+    decode_procs_cpu_s: float
+    peak_rss_mib: float
+    decodes: int
+    reads: int
+    threads_s: dict[str, float]
+    augment_s: float
+    cache: dict[str, int]
+
+
+class Summary(TypedDict):
+    """A run's numbers (:func:`summarize`)."""
+
+    competitor: str
+    jobs: int
+    wall_s: float
+    images: int
+    images_per_s: float
+    first_batch_s: float
+    imports_s: float
+    span_s: float
+    after_first_images_per_s: float
+    launch_to_first_s: float
+    cpu_s: float
+    cpu_ms_per_image: float
+    cpu_ms_per_image_by_process: dict[str, float]
+    stage_s: dict[str, float]
+    service: ServiceUsage | None
+    transforms: list[str]
+    processes: list[ScriptResult]
+
+
+class ScenarioRun(Summary):
+    """A competitor's median run of a scenario at a step, with every run's wall."""
+
+    scenario: str
+    step: float
+    wall_s_runs: list[float]
+
+
+class TargetRow(TypedDict):
+    """A row of the targets table: ``value`` against ``limit`` and the verdict."""
+
+    target: str
+    value: float
+    limit: str
+    result: str
 
 
 @dataclass(frozen=True)
@@ -57,7 +179,7 @@ class Job:
     seed: int = 0
 
 
-def machine() -> dict[str, Any]:
+def machine() -> Machine:
     """The CPU model, its SIMD level and core count, which resize kernel path tabloader runs
     (:func:`tabloader.bench.kernels.cpu_description`), torch's version and whether
     torchvision imports (tried in a fresh interpreter: a mismatched build may crash one)."""
@@ -65,8 +187,12 @@ def machine() -> dict[str, Any]:
 
     from tabloader.bench.kernels import cpu_description
 
-    info: dict[str, Any] = {**cpu_description(), "cores": os.cpu_count()}
-    info["torch"] = torch.__version__
+    info: Machine = {
+        **cpu_description(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torchvision": None,
+    }
     probe = "import torchvision; print(torchvision.__version__)"
     try:
         out = subprocess.run(
@@ -74,11 +200,11 @@ def machine() -> dict[str, Any]:
         )
         info["torchvision"] = out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
-        info["torchvision"] = None
+        pass
     return info
 
 
-def machine_line(info: dict[str, Any]) -> str:
+def machine_line(info: Machine) -> str:
     """``info`` (:func:`machine`) as one line for a table's header."""
     tv = info.get("torchvision") or "not installed"
     return (
@@ -108,7 +234,7 @@ def stop_service(root: Path) -> None:
         time.sleep(0.02)
 
 
-def _launch(specs: list[tuple[str, dict[str, Any]]], tmp: Path) -> dict[str, Any]:
+def _launch(specs: list[tuple[str, ScriptSpec]], tmp: Path) -> Launch:
     """Run ``python SCRIPT SPEC`` for each ``(script, spec)`` at once; their results."""
     procs = []
     launch = time.time()
@@ -137,7 +263,7 @@ def _launch(specs: list[tuple[str, dict[str, Any]]], tmp: Path) -> dict[str, Any
                 proc.kill()
                 proc.wait()
             log.close()
-    results = []
+    results: list[ScriptResult] = []
     for i, (proc, _) in enumerate(procs):
         if proc.returncode != 0 or not (tmp / f"result-{i}.json").exists():
             text = (tmp / f"log-{i}.txt").read_text(errors="replace")
@@ -154,9 +280,9 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
     return (float(rest[11]) + float(rest[12])) / tick, (float(rest[13]) + float(rest[14])) / tick
 
 
-def _service_usage(root: Path) -> dict[str, Any]:
+def _service_usage(root: Path) -> ServiceUsage:
     """The running service's counters, CPU (itself and its decode processes) and peak RSS."""
-    from tabloader.bench._procs import _peak_rss_mib, tree_cpu_s
+    from tabloader.bench._procs import peak_rss_of, tree_cpu_s
     from tabloader.service.client import RemoteLoader
     from tabloader.service.protocol import service_pid
 
@@ -174,7 +300,7 @@ def _service_usage(root: Path) -> dict[str, Any]:
         "pid": pid,
         "cpu_s": own,
         "decode_procs_cpu_s": max(0.0, tree - own) + reaped,
-        "peak_rss_mib": _peak_rss_mib(pid),
+        "peak_rss_mib": peak_rss_of(pid),
         "decodes": int(stats["decodes"]),
         "reads": int(stats["reads"]),
         "threads_s": {
@@ -188,11 +314,11 @@ def _service_usage(root: Path) -> dict[str, Any]:
     }
 
 
-def run_tabloader(root: Path, jobs: list[Job], *, step: float) -> dict[str, Any]:
+def run_tabloader(root: Path, jobs: list[Job], *, step: float) -> Summary:
     """``len(jobs)`` processes of ``train_tabloader.py`` at once, the first of which starts the
     catalog's service (none runs before); the run's summary (:func:`summarize`)."""
     stop_service(root)
-    specs = [
+    specs: list[tuple[str, ScriptSpec]] = [
         ("train_tabloader.py", {"catalog": str(root), "job": j.name, "step": step}) for j in jobs
     ]
     with tempfile.TemporaryDirectory(prefix="tabloader-launched-") as tmp:
@@ -206,9 +332,9 @@ def run_tabloader(root: Path, jobs: list[Job], *, step: float) -> dict[str, Any]
 
 def run_dataloaders(
     folder: Path, jobs: list[Job], *, size: int, batch_size: int, workers: int, step: float
-) -> dict[str, Any]:
+) -> Summary:
     """``len(jobs)`` processes of ``train_dataloader.py`` at once; the run's summary."""
-    specs = [
+    specs: list[tuple[str, ScriptSpec]] = [
         (
             "train_dataloader.py",
             {
@@ -228,7 +354,7 @@ def run_dataloaders(
     return summarize(f"dataloader({workers})", out, None)
 
 
-def summarize(name: str, out: dict[str, Any], service: dict[str, Any] | None) -> dict[str, Any]:
+def summarize(name: str, out: Launch, service: ServiceUsage | None) -> Summary:
     """A run's numbers: wall, images, images/s, first batch, span, CPU by process and stage."""
     res = out["results"]
     launch = out["launch"]
@@ -274,7 +400,7 @@ def summarize(name: str, out: dict[str, Any], service: dict[str, Any] | None) ->
     }
 
 
-def _after_first(res: list[dict[str, Any]]) -> float:
+def _after_first(res: list[ScriptResult]) -> float:
     """Images per second after each job's first batch (the jobs' rows after it, over the
     time from the first job's first batch to the last batch)."""
     first = min(r["first"] for r in res)
@@ -332,17 +458,17 @@ def run_scenarios(
     batch_size: int,
     repeat: int,
     log: Any = print,
-) -> list[dict[str, Any]]:
+) -> list[ScenarioRun]:
     """Each scenario x step: tabloader and the DataLoaders with each of ``workers``, ``repeat``
     times interleaved (each competitor first in turn: a shared machine drifts); the run of
     median wall time of each competitor, with every run's wall (``wall_s_runs``)."""
-    out = []
+    out: list[ScenarioRun] = []
     names = ["tabloader", *(f"dataloader({w})" for w in dict.fromkeys(workers))]
     for scenario in scenarios:
         register(root, scenario, size=size, batch_size=batch_size)
         jobs = scenario.job_list()
         for step in steps:
-            runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+            runs: dict[str, list[Summary]] = {n: [] for n in names}
             for k in range(repeat):
                 for name in names[k % len(names) :] + names[: k % len(names)]:
                     if name == "tabloader":
@@ -371,7 +497,54 @@ def run_scenarios(
     return out
 
 
-def table_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def measure(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    *,
+    steps: list[float],
+    size: int,
+    batch_size: int,
+    repeat: int,
+) -> tuple[Machine, int, list[ScenarioRun]]:
+    """The machine, the image count and the runs of ``scenarios`` on ``args.images``
+    generated images (:func:`run_scenarios`; DataLoaders of 2 workers and of the cores)."""
+    from catalog import _progress
+    from tabloader.bench.imagedata import prepare
+
+    _progress.disable_progress_bars()
+    root, n, _ = prepare(args)
+    folder = Path(args.data) / f"images-{args.images}"
+    info = machine()
+    runs = run_scenarios(
+        root,
+        folder,
+        scenarios,
+        steps=steps,
+        workers=[2, os.cpu_count() or 2],
+        size=size,
+        batch_size=batch_size,
+        repeat=repeat,
+    )
+    return info, n, runs
+
+
+def report(
+    info: Machine, header: str, runs: list[ScenarioRun], checked: list[TargetRow], *notes: str
+) -> None:
+    """Print the machine, ``header``, the runs' table, any ``notes`` and the targets."""
+    from tabloader.bench import format_table
+
+    print(machine_line(info))
+    print(header)
+    print(format_table(table_rows(runs)))
+    for note in notes:
+        print()
+        print(note)
+    print()
+    print(format_table(checked))
+
+
+def table_rows(runs: list[ScenarioRun]) -> list[dict[str, object]]:
     """One line per run for ``format_table``."""
     rows = []
     for r in runs:
@@ -399,7 +572,7 @@ def table_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def check(
-    rows: list[dict[str, Any]], what: str, value: float, limit: float, *, at_least: bool = False
+    rows: list[TargetRow], what: str, value: float, limit: float, *, at_least: bool = False
 ) -> None:
     """Append a target row: ``value`` against ``limit`` (at most, or ``at_least``)."""
     ok = value >= limit if at_least else value <= limit
@@ -414,8 +587,8 @@ def check(
 
 
 def pick(
-    runs: list[dict[str, Any]], scenario: str, competitor: str, step: float = 0.0
-) -> dict[str, Any] | None:
+    runs: list[ScenarioRun], scenario: str, competitor: str, step: float = 0.0
+) -> ScenarioRun | None:
     """The run of ``competitor`` in ``scenario`` at ``step``, if it ran."""
     for r in runs:
         if r["scenario"] == scenario and r["competitor"] == competitor and r["step"] == step:

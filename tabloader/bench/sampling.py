@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from pyroaring import BitMap
 
-from tabloader.bench import format_table, write_json
+from tabloader.bench import format_table, main, write_json
 from tabloader.bench.cachesim import POLICIES, JobSpec, Policy, Scenario, generate_stream, simulate
 from tabloader.sampling import SAMPLERS, DependentSampler
 
@@ -473,6 +473,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m tabloader.bench.sampling")
-    add_arguments(_parser)
-    raise SystemExit(run(_parser.parse_args()))
+    main(add_arguments, run, prog="python -m tabloader.bench.sampling")

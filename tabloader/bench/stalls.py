@@ -9,12 +9,30 @@ reading, decoding and collating per dataset. :func:`stall_row` is one printed li
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-__all__ = ["StallClock", "dataset_seconds", "stall_row", "stalls_of"]
+if TYPE_CHECKING:
+    from typing_extensions import ReadOnly
+
+__all__ = ["StallClock", "Stalled", "Stalls", "dataset_seconds", "stall_row", "stalls_of"]
 
 T = TypeVar("T")
+
+
+class Stalls(TypedDict):
+    """A job's seconds blocked waiting for a batch and computing between batches."""
+
+    wait_s: float
+    compute_s: float
+
+
+class Stalled(TypedDict):
+    """A competitor's run as :func:`stall_row` reads it: its jobs' stalls and the loader's
+    thread seconds (None: a DataLoader, which counts none)."""
+
+    jobs: ReadOnly[Mapping[str, Stalls]]
+    dataset_s: ReadOnly[Mapping[str, float] | None]
 
 
 class StallClock:
@@ -50,12 +68,12 @@ class StallClock:
             self.wait_s += returned - start
             yield batch
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> Stalls:
         """``wait_s`` and ``compute_s`` so far."""
         return {"wait_s": self.wait_s, "compute_s": self.compute_s}
 
 
-def stalls_of(stats: dict[str, Any]) -> dict[str, float]:
+def stalls_of(stats: Mapping[str, Any]) -> Stalls:
     """``wait_s`` and ``compute_s`` of a stream's ``stats()`` (a job's, or a clock's)."""
     return {"wait_s": float(stats["wait_s"]), "compute_s": float(stats["compute_s"])}
 
@@ -70,7 +88,7 @@ def dataset_seconds(stats: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def stall_row(result: dict[str, Any]) -> dict[str, Any]:
+def stall_row(result: Stalled) -> dict[str, object]:
     """One line of stall accounting for a competitor's run: its jobs' ``wait_s`` and
     ``compute_s`` summed, the share of waiting, each job's ``wait/compute`` and the loader's
     ``read_s``, ``decode_s``, ``collate_s`` (``dataset_s``; blank for DataLoaders, which count

@@ -40,20 +40,71 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from tabloader.bench import format_table, positive_int, write_json
-from tabloader.bench._coldstart import cold_start
+from tabloader.bench._coldstart import ColdStart, cold_start
 from tabloader.bench._coldstart import report as cold_report
+from tabloader.bench._verdict import verdict
 from tabloader.bench.recipe import RECIPE, recipe_competitors
+from tabloader.bench.tiny import TinyResult, print_tiny, run_tiny
 from tabloader.bench.tiny import add_arguments as tiny_arguments
-from tabloader.bench.tiny import print_tiny, run_tiny
 
 __all__ = ["add_arguments", "run"]
 
 TARGETS = {"images": 1.2, "recipe": 1.2, "small_rows": 1.0, "four_jobs": 0.9}
+
+
+class Run(TypedDict, total=False):
+    """One competitor's pass: rows/s from its first batch on and next()'s latency, or the
+    ``error`` that kept it from running; a tabloader run adds its arena and stall counts."""
+
+    rows_per_s: float
+    p50_ms: float
+    p99_ms: float
+    error: str
+    bytes_per_cached_image: float
+    stalls: dict[str, float | None]
+
+
+class ScenarioRow(Run):
+    """A row of the throughput table: a competitor's best run and its ratio to the target's."""
+
+    scenario: str
+    competitor: str
+    ratio: float | None
+
+
+class ScalingRow(Run):
+    """One image-224 job's run with ``workers`` decode processes."""
+
+    workers: int
+
+
+class DecodeRow(TypedDict):
+    """Milliseconds per image of one decode + resize at one size."""
+
+    size: int
+    decode: str
+    ms_per_image: float
+
+
+class LibraryRow(TypedDict):
+    """Milliseconds per image of one JPEG library at one size (or why it was not measured)."""
+
+    size: int
+    library: str
+    ms_per_image: str
+
+
+class FourJobs(TypedDict):
+    """Rows/s of one small-row job alone and of four at once."""
+
+    one_job_rows_per_s: float
+    four_jobs_rows_per_s: float
+    ratio: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- competitors -------------------------------------------------------------------------------
-def _timed(batches: Iterator[Any], rows_of: Callable[[Any], int]) -> dict[str, Any]:
+def _timed(batches: Iterator[Any], rows_of: Callable[[Any], int]) -> Run:
     """Consume ``batches``; rows/s from the first batch on, and each next()'s latency."""
     waits: list[float] = []
     rows = 0
@@ -164,7 +215,7 @@ def _image_dataset(cat: Any, size: int, how: str) -> _ImageRows:
     return _ImageRows(str(cat.root), ds.reader.parts, ds.reader.schema, size, how)
 
 
-def _dataloader_images(cat: Any, size: int, how: str, workers: int) -> dict[str, Any]:
+def _dataloader_images(cat: Any, size: int, how: str, workers: int) -> Run:
     """``how``: a decode (``decode``), or ``recipe-<variant>`` (:mod:`.recipe`)."""
     import torch
     from torch.utils.data import DataLoader
@@ -184,7 +235,7 @@ def _dataloader_images(cat: Any, size: int, how: str, workers: int) -> dict[str,
     return _timed(iter(loader), lambda b: len(b[1]))
 
 
-def _spdl_images(cat: Any, size: int, workers: int) -> dict[str, Any]:
+def _spdl_images(cat: Any, size: int, workers: int) -> Run:
     try:
         from spdl.pipeline import PipelineBuilder
     except ImportError as exc:
@@ -208,7 +259,7 @@ def _spdl_images(cat: Any, size: int, workers: int) -> dict[str, Any]:
 
 def _tabloader_job(
     cat: Any, job: str, workers: int, batch_size: int, *, steady: bool = False, **open_kw: Any
-) -> dict[str, Any]:
+) -> Run:
     """One epoch of ``job`` (``steady``: after the loader's background start, as the
     in-memory ``TensorDataset`` it is compared with has none)."""
     from tabloader.engine import Loader
@@ -221,7 +272,7 @@ def _tabloader_job(
         out = _timed(iter(ds), lambda b: len(b["_id"]))
         stats = loader.stats()
         ds.close()
-    job_stats: dict[str, Any] = next(iter(stats["jobs"].values()), {}) if stats["jobs"] else {}
+    job_stats: dict[str, float] = next(iter(stats["jobs"].values()), {}) if stats["jobs"] else {}
     cache = stats["cache"]
     out["bytes_per_cached_image"] = cache.size_bytes / cache.entries if cache.entries else 0
     out["stalls"] = {
@@ -232,7 +283,7 @@ def _tabloader_job(
     return out
 
 
-def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _best(runs: list[Run]) -> Run:
     ok = [r for r in runs if "rows_per_s" in r]
     return max(ok, key=lambda r: r["rows_per_s"]) if ok else runs[0]
 
@@ -271,11 +322,11 @@ def _catalogs(args: argparse.Namespace, tmp: Path) -> tuple[Any, Any]:
 
 
 # -- scenarios -------------------------------------------------------------------------------
-def _images(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+def _images(args: argparse.Namespace, cat: Any) -> list[ScenarioRow]:
     """Image 224 and 112 (shared resize + center crop), and the training recipe."""
-    rows = []
+    rows: list[ScenarioRow] = []
     for size in (224, 112, 0):  # 0: the recipe
-        runs: dict[str, list[dict[str, Any]]] = {}
+        runs: dict[str, list[Run]] = {}
         for _ in range(args.rounds):
             job = f"img{size}" if size else "recipe"
             runs.setdefault("tabloader", []).append(_tabloader_job(cat, job, args.workers, 64))
@@ -326,9 +377,9 @@ def _ms_per_image(fn: Callable[[bytes, int], Any], data: list[bytes], size: int)
     return float(best * 1e3)
 
 
-def _decode_costs(cat: Any, n: int) -> list[dict[str, Any]]:
+def _decode_costs(cat: Any, n: int) -> list[DecodeRow]:
     data = _jpegs(cat, n)
-    out = []
+    out: list[DecodeRow] = []
     for size in (224, 112):
         for how in ("pillow", "tabloader"):
             ms = _ms_per_image(lambda d, s: decode(d, s, how), data, size)  # noqa: B023 (run here)
@@ -336,7 +387,7 @@ def _decode_costs(cat: Any, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
+def _jpeg_libraries(cat: Any, n: int) -> list[LibraryRow]:
     """Decode only (no resize), at the DCT scale the shared decode uses for each size
     (``prep.dct_least_size``): simplejpeg (what tabloader uses), PyTurboJPEG and Pillow
     ``draft``, all libjpeg-turbo. PyTurboJPEG needs the system's libturbojpeg, or
@@ -384,7 +435,7 @@ def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
             img.draft("RGB", (size, size))
             return np.asarray(img.convert("RGB"))
 
-    out: list[dict[str, Any]] = []
+    out: list[LibraryRow] = []
     for size in (224, 112):
         for name, fn in (
             ("simplejpeg", with_simplejpeg),
@@ -396,21 +447,21 @@ def _jpeg_libraries(cat: Any, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _scaling(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+def _scaling(args: argparse.Namespace, cat: Any) -> list[ScalingRow]:
     counts = sorted({1, 2, args.workers} | ({4, 8} if args.workers >= 8 else set()))
     return [
         {"workers": w, **_tabloader_job(cat, "img224", w, 64)} for w in counts if w <= args.workers
     ]
 
 
-def _small(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
+def _small(args: argparse.Namespace, cat: Any) -> list[ScenarioRow]:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     table = cat.dataset("t").take(list(range(cat.dataset("t").num_rows)), ["x", "y"])
     x = torch.tensor(table["x"].to_numpy())  # a copy: Arrow's buffers are read-only
     y = torch.tensor(table["y"].to_numpy())
-    runs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[Run]] = {}
     for _ in range(args.rounds):
         run = _tabloader_job(cat, "s0", args.workers, 256, steady=True)
         runs.setdefault("tabloader", []).append(run)
@@ -426,7 +477,7 @@ def _small(args: argparse.Namespace, cat: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _four_jobs(args: argparse.Namespace, cat: Any) -> dict[str, Any]:
+def _four_jobs(args: argparse.Namespace, cat: Any) -> FourJobs:
     from tabloader.engine import Loader
 
     def one(loader: Loader, job: str, out: dict[str, int]) -> None:
@@ -452,7 +503,7 @@ def _four_jobs(args: argparse.Namespace, cat: Any) -> dict[str, Any]:
     return {"one_job_rows_per_s": alone, "four_jobs_rows_per_s": four, "ratio": four / alone}
 
 
-def _paced_latency(cat: Any, workers: int) -> dict[str, Any]:
+def _paced_latency(cat: Any, workers: int) -> Run:
     """A job that computes ~1 ms per batch: latency when prefetch can keep up."""
     from tabloader.engine import Loader
 
@@ -480,15 +531,15 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.images, args.rows, args.rounds = min(args.images, 300), min(args.rows, 50_000), 1
         args.tiny_rows, args.tiny_dataloader_rows = min(args.tiny_rows, 2000), 1000
-    image_rows: list[dict[str, Any]] = []
-    decode_rows: list[dict[str, Any]] = []
-    libraries: list[dict[str, Any]] = []
-    scaling: list[dict[str, Any]] = []
-    small_rows: list[dict[str, Any]] = []
-    four: dict[str, Any] = {}
-    paced: dict[str, Any] = {}
-    cold: dict[str, Any] = {}
-    tiny: dict[str, Any] = {}
+    image_rows: list[ScenarioRow] = []
+    decode_rows: list[DecodeRow] = []
+    libraries: list[LibraryRow] = []
+    scaling: list[ScalingRow] = []
+    small_rows: list[ScenarioRow] = []
+    four: FourJobs | None = None
+    paced: Run = {}
+    cold: ColdStart | None = None
+    tiny: TinyResult | None = None
     with tempfile.TemporaryDirectory() as tmp:
         images, small = _catalogs(args, Path(tmp))
         try:
@@ -565,7 +616,7 @@ def run(args: argparse.Namespace) -> int:
             f"\narena bytes per cached image: {kept[f'recipe ({RECIPE})']:.0f} for the recipe's "
             f"shared aspect-kept decode, {kept['image 224']:.0f} for the 224 center crop"
         )
-    if small is not None:
+    if four is not None:
         print(
             f"\nfour small-row jobs at once: {four['four_jobs_rows_per_s']:.0f} rows/s in total, "
             f"{four['ratio']:.2f}x one job alone ({four['one_job_rows_per_s']:.0f} rows/s)"
@@ -583,15 +634,7 @@ def run(args: argparse.Namespace) -> int:
         "small rows": TARGETS["small_rows"],
         "four jobs": TARGETS["four_jobs"],
     }
-    verdicts = [
-        {
-            "check": k,
-            "ratio": f"{v:.2f}",
-            "target": f">= {targets[k]}",
-            "result": "PASS" if v >= targets[k] else "FAIL",
-        }
-        for k, v in checks.items()
-    ]
+    verdicts = [verdict(k, v, targets[k]) for k, v in checks.items()]
     if cold:
         verdicts.append(cold_report(cold))  # prints its table
     if tiny:
@@ -607,22 +650,22 @@ def run(args: argparse.Namespace) -> int:
             "decode": decode_rows,
             "jpeg_libraries": libraries,
             "scaling": scaling,
-            "four_jobs": four,
+            "four_jobs": four or {},
             "paced_latency": paced,
-            "cold_start": cold,
-            "tiny": tiny,
+            "cold_start": cold or {},
+            "tiny": tiny or {},
             "targets": verdicts,
         },
     )
     return 0 if all(v["result"] == "PASS" for v in verdicts) else 1
 
 
-def _ratio(rows: list[dict[str, Any]], scenario: str) -> float:
-    return float(
-        next(
-            r["ratio"] for r in rows if r["scenario"] == scenario and r["competitor"] == "tabloader"
-        )
+def _ratio(rows: list[ScenarioRow], scenario: str) -> float:
+    ratio = next(
+        r["ratio"] for r in rows if r["scenario"] == scenario and r["competitor"] == "tabloader"
     )
+    assert ratio is not None, f"{scenario}: no reference rate"
+    return ratio
 
 
 def _fmt(v: Any) -> str:

@@ -19,20 +19,10 @@ Targets (issue 35; the recipe job against ``DataLoader(num_workers=2)``):
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import Any
 
-from tabloader.bench import format_table, write_json
-from tabloader.bench.launched import (
-    Scenario,
-    check,
-    machine,
-    machine_line,
-    pick,
-    run_scenarios,
-    table_rows,
-)
+from tabloader.bench import write_json
+from tabloader.bench.launched import Scenario, ScenarioRun, TargetRow, check, measure, pick, report
 
 __all__ = ["TARGETS", "run_launched", "targets"]
 
@@ -40,17 +30,17 @@ SCENARIOS = [Scenario("recipe", 1, "train"), Scenario("eval", 1, "eval")]
 TARGETS = {"epoch": 1.1, "after_first": 1.3, "first_batch_s": 0.5, "crop_ms": 0.2}
 
 
-def epoch_rate(run: dict[str, Any]) -> float:
+def epoch_rate(run: ScenarioRun) -> float:
     """Images/s of a run's whole epoch, from building the loader to the last batch."""
     (proc,) = run["processes"]
     return float(proc["rows"] / (proc["end"] - proc["building"]))
 
 
 def targets(
-    runs: list[dict[str, Any]], crop_ms: float | None, crop_arm: str | None = None
-) -> list[dict[str, Any]]:
+    runs: list[ScenarioRun], crop_ms: float | None, crop_arm: str | None = None
+) -> list[TargetRow]:
     """The target rows of the recipe job (no step) and the kernel's time per image."""
-    rows: list[dict[str, Any]] = []
+    rows: list[TargetRow] = []
     ours, theirs = pick(runs, "recipe", "tabloader"), pick(runs, "recipe", "dataloader(2)")
     if ours is not None and theirs is not None:
         check(
@@ -82,39 +72,21 @@ def targets(
 
 def run_launched(args: argparse.Namespace) -> int:
     """Run the one-job scenarios, print the tables and write JSON."""
-    from catalog import _progress
-    from tabloader.bench.imagedata import prepare
-
-    _progress.disable_progress_bars()
     args.images = args.images or 3000
     repeat = args.rounds
     if args.quick:
         args.images, repeat = min(args.images, 300), 1
-    root, n, _ = prepare(args)
-    folder = Path(args.data) / f"images-{args.images}"
-    info = machine()
-    runs = run_scenarios(
-        root,
-        folder,
-        SCENARIOS,
-        steps=[0.0],
-        workers=[2, os.cpu_count() or 2],
-        size=224,
-        batch_size=64,
-        repeat=repeat,
-    )
+    info, n, runs = measure(args, SCENARIOS, steps=[0.0], size=224, batch_size=64, repeat=repeat)
     crop = _crop_ms(args.quick)
     checked = targets(runs, crop["ms"], crop["arm"])
-    print(machine_line(info))
-    print(
+    report(
+        info,
         f"{n} images (about 500x375 JPEGs), batch 64, one job launched as `python train.py`, "
-        f"its imports and the auto-started service inside the wall; median of {repeat} run(s)"
+        f"its imports and the auto-started service inside the wall; median of {repeat} run(s)",
+        runs,
+        checked,
+        crop["table"],
     )
-    print(format_table(table_rows(runs)))
-    print()
-    print(crop["table"])
-    print()
-    print(format_table(checked))
     write_json(
         args.out,
         {

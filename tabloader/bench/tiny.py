@@ -36,8 +36,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -51,9 +53,10 @@ from tabloader.bench._procs import (
     wait_for_start,
     write_result,
 )
-from tabloader.bench.tinydata import DEFAULT_DATA, open_reader, prepare_tiny
+from tabloader.bench._verdict import Verdict, verdict
+from tabloader.bench.tinydata import add_data_arguments, open_reader, prepare_tiny
 
-__all__ = ["TARGETS", "add_arguments", "cache_bytes", "print_tiny", "run_tiny"]
+__all__ = ["TARGETS", "TinyResult", "add_arguments", "cache_bytes", "print_tiny", "run_tiny"]
 
 TARGETS = {"one_vs_dataloader": 3.0, "four_vs_one": 2.5}
 SIZE = 16  # image_size the jobs read
@@ -61,25 +64,46 @@ DATALOADER_WORKERS = 2
 VARIANTS = ("arrow, pillow", "arrow, simplejpeg", "folder, pillow")
 
 
+class _Run(TypedDict, total=False):
+    """One competitor's pass: rows delivered, seconds, CPU seconds of all its processes."""
+
+    rows: int
+    seconds: float
+    cpu_s: float
+    decodes: int
+    evictions: int
+    service_rss_mib: float
+    service_pid: int
+
+
+class TinyResult(TypedDict):
+    """The scenario's result: its sizes, table rows, verdicts and every competitor's runs."""
+
+    cpu: str
+    rows: int
+    batch_size: int
+    cache_rows: int
+    dataloader_rows: int
+    table: list[dict[str, object]]
+    targets: list[Verdict]
+    runs: dict[str, list[_Run]]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The tiny scenario's options (of ``bench throughput``)."""
-    parser.add_argument(
-        "--tiny-rows", type=positive_int, default=400_000, help="tiny JPEGs (24x24) of 'tiny'"
-    )
+    add_data_arguments(parser, "tiny")
     parser.add_argument(
         "--tiny-cache",
         type=float,
         default=0.10,
         help="'tiny': the cache, as a fraction of the rows' decoded bytes",
     )
-    parser.add_argument("--tiny-batch", type=positive_int, default=256, help="'tiny': batch size")
     parser.add_argument(
         "--tiny-dataloader-rows",
         type=positive_int,
         default=100_000,
         help="'tiny': rows each DataLoader reads of its epoch",
     )
-    parser.add_argument("--tiny-data", default=DEFAULT_DATA, help="'tiny': data cache folder")
 
 
 # -- the DataLoaders ---------------------------------------------------------------------------
@@ -138,7 +162,7 @@ def _decode(data: Any, how: str) -> Any:
     return np.asarray(img).copy()
 
 
-def _dataloader(data: Any, variant: str, rows: int, batch_size: int) -> dict[str, Any]:
+def _dataloader(data: Any, variant: str, rows: int, batch_size: int) -> _Run:
     import torch
     from torch.utils.data import DataLoader
 
@@ -165,7 +189,7 @@ def _dataloader(data: Any, variant: str, rows: int, batch_size: int) -> dict[str
 
 
 # -- tabloader -------------------------------------------------------------------------------
-def _in_process(data: Any, jobs: list[str], cache_bytes: int, workers: int, batch: int) -> Any:
+def _in_process(data: Any, jobs: list[str], cache_bytes: int, workers: int, batch: int) -> _Run:
     """``jobs`` on threads of one ``Loader`` in this process, each one epoch of JobDataset."""
     from tabloader.engine import Loader
     from tabloader.torch import JobDataset
@@ -204,7 +228,7 @@ def _in_process(data: Any, jobs: list[str], cache_bytes: int, workers: int, batc
     }
 
 
-def _service(data: Any, jobs: list[str], cache_bytes: int, workers: int, batch: int) -> Any:
+def _service(data: Any, jobs: list[str], cache_bytes: int, workers: int, batch: int) -> _Run:
     """``jobs`` as separate processes through one ``tabloader serve``, each one epoch."""
     specs = [
         {"role": "job", "catalog": str(data.root), "job": j, "batch_size": batch} for j in jobs
@@ -265,7 +289,7 @@ def _register(root: Path, jobs: list[str]) -> None:
             cat.sql(f"REGISTER OR REPLACE JOB {j} SELECT image, label FROM imgs")
 
 
-def run_tiny(args: argparse.Namespace) -> dict[str, Any]:
+def run_tiny(args: argparse.Namespace) -> TinyResult:
     """Run the scenario (``args``: throughput's, with :func:`add_arguments`'); its results."""
     data = prepare_tiny(args.tiny_data, args.tiny_rows)
     jobs = [f"t{i}" for i in range(4)]
@@ -278,16 +302,16 @@ def run_tiny(args: argparse.Namespace) -> dict[str, Any]:
         for n in (1, 4)
     }
     dl_rows = min(args.tiny_dataloader_rows, data.rows - batch)
-    competitors: dict[tuple[str, str], Any] = {
-        ("dataloader(2)", v): (lambda v=v: _dataloader(data, v, dl_rows, batch)) for v in VARIANTS
+    competitors: dict[tuple[str, str], Callable[[], _Run]] = {
+        ("dataloader(2)", v): partial(_dataloader, data, v, dl_rows, batch) for v in VARIANTS
     }
     for mode, fn in (("in-process", _in_process), ("service", _service)):
         for n in (1, 4):
-            competitors[(mode, f"{n} job{'s' if n > 1 else ''}")] = lambda fn=fn, mode=mode, n=n: (
-                fn(data, jobs[:n], cache[mode, n], args.workers, batch)
+            competitors[(mode, f"{n} job{'s' if n > 1 else ''}")] = partial(
+                fn, data, jobs[:n], cache[mode, n], args.workers, batch
             )
     names = list(competitors)
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in names}
+    runs: dict[tuple[str, str], list[_Run]] = {k: [] for k in names}
     for r in range(args.rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:  # each first in turn: the machine's drift hits all
@@ -316,14 +340,7 @@ def run_tiny(args: argparse.Namespace) -> dict[str, Any]:
             (f"{mode}: 1 job / best dataloader(2)", one / reference, TARGETS["one_vs_dataloader"]),
             (f"{mode}: 4 jobs / 1 job (rows/s delivered)", four / one, TARGETS["four_vs_one"]),
         ):
-            verdicts.append(
-                {
-                    "check": check,
-                    "ratio": f"{value:.2f}",
-                    "target": f">= {limit}",
-                    "result": "PASS" if value >= limit else "FAIL",
-                }
-            )
+            verdicts.append(verdict(check, value, limit))
     return {
         "cpu": cpu_line(),
         "rows": data.rows,
@@ -336,7 +353,7 @@ def run_tiny(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def print_tiny(result: dict[str, Any]) -> None:
+def print_tiny(result: TinyResult) -> None:
     """The scenario's table and targets."""
     print(
         f"\ntiny JPEGs: {result['rows']} rows of 24x24 read at {SIZE}x{SIZE}, batch "

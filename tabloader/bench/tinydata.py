@@ -14,16 +14,32 @@ to import on two cores; later runs reuse them at once.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_DATA", "SIDE", "TinyData", "open_reader", "prepare_tiny"]
+__all__ = ["DEFAULT_DATA", "SIDE", "TinyData", "add_data_arguments", "open_reader", "prepare_tiny"]
 
 SIDE = 24
 """Stored images are ``SIDE`` x ``SIDE`` pixels (CIFAR's 32, a little smaller)."""
 DEFAULT_DATA = "bench-results/tiny-data"
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, scenario: str) -> None:
+    """A scenario's tiny data: ``--SCENARIO-rows`` JPEGs read ``--SCENARIO-batch`` rows at a
+    time, cached under ``--SCENARIO-data``."""
+    from tabloader.bench import positive_int
+
+    what = f"'{scenario}':"
+    parser.add_argument(
+        f"--{scenario}-rows", type=positive_int, default=400_000, help=f"{what} tiny JPEGs (24x24)"
+    )
+    parser.add_argument(f"--{scenario}-batch", type=positive_int, default=256, help=f"{what} batch")
+    parser.add_argument(
+        f"--{scenario}-data", default=DEFAULT_DATA, help=f"{what} data cache folder"
+    )
 
 
 class TinyData:

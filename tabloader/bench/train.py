@@ -28,14 +28,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench import add_loader_arguments, format_table, main, positive_int, write_json
 from tabloader.bench._procs import ServiceProcess, run_jobs, rusage, wait_for_start, write_result
 from tabloader.bench.e2e import bench_cache_bytes
 from tabloader.bench.e2e_children import MapDataset
 from tabloader.bench.imagedata import prepare
-from tabloader.bench.stalls import StallClock, dataset_seconds, stall_row, stalls_of
+from tabloader.bench.stalls import StallClock, Stalls, dataset_seconds, stall_row, stalls_of
 
 __all__ = ["JOADER_TABLE_1", "add_arguments", "build_model", "run"]
 
@@ -71,13 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: ResNet18 on a GPU with torchvision, else the small CNN; resnet18 on a CPU "
         "too (slow)",
     )
-    parser.add_argument(
-        "--workers",
-        type=positive_int,
-        default=os.cpu_count() or 2,
-        help="decode workers (default: cores)",
+    add_loader_arguments(
+        parser,
+        workers_help="decode workers (default: cores)",
     )
-    parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
     parser.add_argument("--data", default="bench-results/e2e-data", help="image folder cache")
     parser.add_argument("--out", default="bench-results/train.json", help="JSON output")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -119,7 +116,40 @@ def build_model(name: str, device: Any) -> tuple[Any, str]:
     return tiny.to(device), "tiny-cnn"
 
 
-def _child(spec: dict[str, Any]) -> None:
+class _Spec(TypedDict):
+    """A job process's spec (``run_jobs`` adds ``sync`` and ``index``)."""
+
+    kind: str
+    job: str
+    num_jobs: int
+    catalog: str
+    rows: int
+    batch_size: int
+    image_size: int
+    epochs: int
+    model: str
+    workers: int
+    sync: NotRequired[str]
+    index: NotRequired[int]
+
+
+class ModeRun(TypedDict):
+    """N jobs at once in one mode: epoch times, decodes, CPU, losses and stalls."""
+
+    epoch_s: list[float]
+    mean_epoch_s: float
+    max_epoch_s: float
+    decodes: int
+    cpu_s: float
+    loss: list[float]
+    model: str
+    device: str
+    jobs: dict[str, Stalls]
+    dataset_s: dict[str, float] | None
+    service_pids: list[int]
+
+
+def _child(spec: _Spec) -> None:
     import torch
     from torch import nn
 
@@ -207,8 +237,8 @@ def _child(spec: dict[str, Any]) -> None:
 
 
 # -- parent --------------------------------------------------------------------------------------
-def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int) -> dict[str, Any]:
-    specs = [
+def _run_mode(kind: str, n: int, args: argparse.Namespace, root: Path, rows: int) -> ModeRun:
+    specs: list[_Spec] = [
         {
             "kind": kind,
             "job": f"train{i}",
@@ -293,8 +323,8 @@ def run(args: argparse.Namespace) -> int:
     with catalog.open_catalog(root) as cat:
         for i in range(max(counts)):
             cat.sql(f"REGISTER OR REPLACE JOB train{i} SELECT image, label FROM imgs")
-    table: list[dict[str, Any]] = []
-    stalls: list[dict[str, Any]] = []
+    table: list[dict[str, object]] = []
+    stalls: list[dict[str, object]] = []
     runs = []
     for jobs in counts:
         service = _run_mode("service", jobs, args, root, n)
@@ -344,8 +374,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m tabloader.bench.train")
-    add_arguments(_parser)
-    _ns = _parser.parse_args()
-    _ns.catalog = None
-    raise SystemExit(run(_ns))
+    main(add_arguments, run, prog="python -m tabloader.bench.train", catalog=None)
