@@ -14,6 +14,8 @@ Wire format: a 4-byte big-endian length, then that many bytes of UTF-8 JSON, an 
 ``"v": PROTOCOL_VERSION``; a frame over ``MAX_MESSAGE`` bytes is refused. A reply is the
 handler's dict plus ``"v"``, or ``{"v": 1, "error": {"type": "JobNotFoundError", "message":
 ..., "attrs": {"path": ...}}}`` which the client raises as that class from ``catalog.errors``.
+Every message read (``decode``) is a :class:`Message`, whose readers check a field once; each
+reply a handler makes is a TypedDict of this module (``OpenReply``, ``BatchReply``, ...).
 
 Descriptors: a reply may carry open file descriptors (``FDS``: the service's shared memory,
 read-only), sent with the first bytes of its frame (``SCM_RIGHTS``); only the peer of this
