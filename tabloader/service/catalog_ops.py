@@ -34,9 +34,12 @@ from catalog.api import OPERATIONS, Arg, Operation, StatementTarget, Wire
 from catalog.errors import DatasetInUseError, ServiceError
 from tabloader.service.protocol import (
     Client,
+    JobFieldsWire,
     Message,
     dataset_from_wire,
     dataset_to_wire,
+    job_fields_from_wire,
+    job_fields_to_wire,
     job_from_wire,
     job_to_wire,
     result_from_wire,
@@ -207,48 +210,20 @@ def _array_from_wire(text: str) -> pa.Array:
     return table_from_wire(text).column(0).combine_chunks()
 
 
-class JobInfoWire(TypedDict):
+class JobInfoWire(JobFieldsWire):
     """A ``JobInfo`` in a reply (``SHOW JOBS``)."""
 
-    name: str
-    dataset: str
-    dataset_version: int
-    columns: list[str]
-    predicate: str | None
-    options: dict[str, object]
     num_rows: int
 
 
 def _infos_to_wire(infos: list[JobInfo]) -> list[JobInfoWire]:
-    return [
-        {
-            "name": i.name,
-            "dataset": i.dataset,
-            "dataset_version": i.dataset_version,
-            "columns": list(i.columns),
-            "predicate": i.predicate,
-            "options": i.options,
-            "num_rows": i.num_rows,
-        }
-        for i in infos
-    ]
+    return [{**job_fields_to_wire(i), "num_rows": i.num_rows} for i in infos]
 
 
 def _infos_from_wire(wire: list[JobInfoWire]) -> list[JobInfo]:
     from catalog.model import JobInfo
 
-    return [
-        JobInfo(
-            i["name"],
-            i["dataset"],
-            i["dataset_version"],
-            tuple(i["columns"]),
-            i["predicate"],
-            dict(i["options"]),
-            i["num_rows"],
-        )
-        for i in wire
-    ]
+    return [JobInfo(*job_fields_from_wire(i), i["num_rows"]) for i in wire]
 
 
 def _local(_: Any) -> Any:

@@ -63,7 +63,7 @@ from tabloader.engine.streams import REPORT_ROWS_MAX, report_arrays
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from catalog.model import Dataset, Job
+    from catalog.model import Dataset, Job, JobInfo
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -80,6 +80,7 @@ __all__ = [
     "EpochReply",
     "ErrorReply",
     "HelloReply",
+    "JobFieldsWire",
     "JobWire",
     "Message",
     "OpenReply",
@@ -97,6 +98,8 @@ __all__ = [
     "describe",
     "encode",
     "error_reply",
+    "job_fields_from_wire",
+    "job_fields_to_wire",
     "job_from_wire",
     "job_to_wire",
     "key_path",
@@ -498,8 +501,8 @@ def dataset_from_wire(wire: DatasetWire) -> Dataset:
     )
 
 
-class JobWire(TypedDict):
-    """A job in a message (``job_to_wire``): ``Job``'s fields, as JSON values."""
+class JobFieldsWire(TypedDict):
+    """What a ``Job`` and a ``JobInfo`` both say, in a message."""
 
     name: str
     dataset: str
@@ -507,14 +510,17 @@ class JobWire(TypedDict):
     columns: list[str]
     predicate: str | None
     options: Mapping[str, object]
+
+
+class JobWire(JobFieldsWire):
+    """A job in a message (``job_to_wire``)."""
+
     ids: str  # the bitmap, serialized, in hex
     weights: str | None  # float64 little-endian, in hex
 
 
-def job_to_wire(job: Job) -> JobWire:
-    """A job for a message: its bitmap serialized, and its weights (float64 little-endian, or
-    None), in hex."""
-    weights = None if job.weights is None else job.weights.astype("<f8").tobytes().hex()
+def job_fields_to_wire(job: Job | JobInfo) -> JobFieldsWire:
+    """The fields a job and its info share, for a message."""
     return {
         "name": job.name,
         "dataset": job.dataset,
@@ -522,9 +528,28 @@ def job_to_wire(job: Job) -> JobWire:
         "columns": list(job.columns),
         "predicate": job.predicate,
         "options": job.options,
-        "ids": job.ids.serialize().hex(),
-        "weights": weights,
     }
+
+
+def job_fields_from_wire(
+    wire: JobFieldsWire,
+) -> tuple[str, str, int, tuple[str, ...], str | None, dict[str, object]]:
+    """The fields that ``job_fields_to_wire`` put in a message, in ``Job``'s order."""
+    return (
+        wire["name"],
+        wire["dataset"],
+        wire["dataset_version"],
+        tuple(wire["columns"]),
+        wire["predicate"],
+        dict(wire["options"]),
+    )
+
+
+def job_to_wire(job: Job) -> JobWire:
+    """A job for a message: its bitmap serialized, and its weights (float64 little-endian, or
+    None), in hex."""
+    weights = None if job.weights is None else job.weights.astype("<f8").tobytes().hex()
+    return {**job_fields_to_wire(job), "ids": job.ids.serialize().hex(), "weights": weights}
 
 
 def job_from_wire(wire: JobWire) -> Job:
@@ -534,19 +559,11 @@ def job_from_wire(wire: JobWire) -> Job:
 
     from catalog.model import Job
 
-    hex_weights = wire.get("weights")
-    return Job(
-        wire["name"],
-        wire["dataset"],
-        wire["dataset_version"],
-        tuple(wire["columns"]),
-        wire["predicate"],
-        dict(wire["options"]),
-        BitMap.deserialize(bytes.fromhex(wire["ids"])),
-        None
-        if hex_weights is None
-        else np.frombuffer(bytes.fromhex(hex_weights), dtype="<f8").astype(np.float64),
-    )
+    ids = BitMap.deserialize(bytes.fromhex(wire["ids"]))
+    hex_weights, weights = wire.get("weights"), None
+    if hex_weights is not None:
+        weights = np.frombuffer(bytes.fromhex(hex_weights), dtype="<f8").astype(np.float64)
+    return Job(*job_fields_from_wire(wire), ids, weights)
 
 
 class ResultWire(TypedDict, total=False):
