@@ -11,7 +11,10 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tabloader.service.server import ClientInfo
 
 __all__ = ["COMMANDS", "main"]
 
@@ -283,7 +286,7 @@ def _print_service(report: dict[str, Any]) -> None:
     )
 
 
-def _client(client: dict[str, Any]) -> str:
+def _client(client: ClientInfo) -> str:
     """``pid 12: cnn, vit[1/2]`` (a rank of a data-parallel job), or ``pid 12: no job``."""
     jobs = [
         j["job"] + (f"[{j['rank']}/{j['world_size']}]" if j["world_size"] > 1 else "")

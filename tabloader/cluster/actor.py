@@ -39,16 +39,26 @@ from typing import TYPE_CHECKING, Any
 from pyroaring import BitMap
 
 from catalog.directory import read_file
-from tabloader.cluster.leader import Leader, WorkList
+from tabloader.cluster.leader import (
+    Leader,
+    LeaderOptions,
+    LeaderState,
+    LeaderStatus,
+    NodeStats,
+    WorkList,
+)
 from tabloader.cluster.names import NAMESPACE, get_leader, leader_name, loader_name
 from tabloader.cluster.record import DIAL_TIMEOUT_S, dial, record_leader
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from tabloader.cluster.node import NodeInfo
+
 __all__ = [
     "LEADER_DEFAULTS",
     "Cluster",
+    "ClusterStatus",
     "LeaderActor",
     "checkpoint_path",
     "cluster_status",
@@ -64,7 +74,7 @@ logger = logging.getLogger(__name__)
 class LeaderActor:
     """The body of the Ray actor: a :class:`Leader` for one catalog (see the module docs)."""
 
-    def __init__(self, catalog: str, options: dict[str, Any]) -> None:
+    def __init__(self, catalog: str, options: LeaderOptions) -> None:
         self.catalog = catalog
         self.path = checkpoint_path(catalog)
         if self.path.exists() or self.path.is_symlink():
@@ -108,7 +118,7 @@ class LeaderActor:
         return gone
 
     def poll(
-        self, node: str, stats: dict[str, Any] | None = None
+        self, node: str, stats: NodeStats | None = None
     ) -> tuple[list[WorkList], dict[str, str]]:
         """A node's new work lists and the jobs gone (:meth:`Leader.poll`)."""
         return self.leader.poll(node, stats)
@@ -117,7 +127,7 @@ class LeaderActor:
         """Rows acknowledged per (job, rank, epoch) on ``node`` (:meth:`Leader.acked`)."""
         return self.leader.acked(node)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> LeaderStatus:
         """Jobs, ranks and each node's counters (:meth:`Leader.status`)."""
         return self.leader.status()
 
@@ -170,11 +180,11 @@ class LeaderActor:
         self.leader.ack(node, seq)
         self._save()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LeaderState:
         """The leader's checkpoint (see :meth:`Leader.state_dict`)."""
         return self.leader.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: LeaderState) -> None:
         """Replace the leader by one restored from ``state`` (the next generation)."""
         self.leader = Leader.from_state_dict(state)
         self._save()
@@ -243,7 +253,7 @@ def start_leader(
     ).remote(path, options)
 
 
-LEADER_DEFAULTS = {"lookahead": 512, "round_rows": 64}
+LEADER_DEFAULTS: LeaderOptions = {"lookahead": 512, "round_rows": 64}
 """A cluster leader's defaults: rows sampled ahead per job, rows per job and round."""
 
 
@@ -263,7 +273,7 @@ class Cluster:
         self,
         catalog: str | os.PathLike[str],
         *,
-        leader_options: dict[str, Any] | None = None,
+        leader_options: LeaderOptions | None = None,
         **service: Any,
     ) -> None:
         self.root = str(Path(catalog).expanduser().resolve())
@@ -271,7 +281,8 @@ class Cluster:
         if stale.exists():  # an earlier cluster's: its ranks and nodes are gone
             logger.info("removing the checkpoint of an earlier leader, %s", stale)
             stale.unlink()
-        self.leader = start_leader(self.root, **{**LEADER_DEFAULTS, **(leader_options or {})})
+        options: LeaderOptions = {**LEADER_DEFAULTS, **(leader_options or {})}
+        self.leader = start_leader(self.root, **options)
         self.service = service
         self.loaders: dict[str, Any] = {}  # node id -> its NodeLoader actor
         self.sync()
@@ -302,7 +313,7 @@ class Cluster:
             gone = ray.get(self.leader.remove_node.remote(node))
             logger.warning("node %s left the cluster; jobs taken off: %s", node, gone or "none")
 
-    def wait_ready(self, timeout: float = 120.0) -> dict[str, dict[str, Any]]:
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, NodeInfo]:
         """Each node's loader ``info()`` once all have started."""
         import ray
 
@@ -310,11 +321,11 @@ class Cluster:
         infos = ray.get([self.loaders[n].info.remote() for n in nodes], timeout=timeout)
         return dict(zip(nodes, infos, strict=True))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         """The leader's status with cluster totals (``"decodes"``, ``"reads"``: integers)."""
         import ray
 
-        status: dict[str, Any] = ray.get(self.leader.status.remote(), timeout=60)
+        status: LeaderStatus = ray.get(self.leader.status.remote(), timeout=60)
         return with_totals(status)
 
     def close(self, timeout: float = 60.0) -> None:
@@ -334,7 +345,14 @@ class Cluster:
         checkpoint_path(self.root).unlink(missing_ok=True)
 
 
-def with_totals(status: dict[str, Any]) -> dict[str, Any]:
+class ClusterStatus(LeaderStatus):
+    """The leader's status with the cluster's totals over its nodes."""
+
+    reads: int
+    decodes: int
+
+
+def with_totals(status: LeaderStatus) -> ClusterStatus:
     """``status`` plus the cluster's total ``reads`` and ``decodes`` over its nodes."""
     nodes = status.get("nodes", {})
     return {
@@ -385,7 +403,7 @@ def serve_cluster(
 
 def cluster_status(
     catalog: str | os.PathLike[str], address: str = "auto", *, timeout: float = DIAL_TIMEOUT_S
-) -> dict[str, Any]:
+) -> ClusterStatus:
     """``tabloader status --ray``: the leader's status with the cluster's totals.
 
     It never starts a Ray instance: ``address`` must be ``host:port`` or ``ray://host:port``
@@ -413,7 +431,7 @@ def cluster_status(
             f"No tabloader leader serves catalog {root} on the Ray cluster at {address}; "
             f"start one with `tabloader --catalog {root} serve --ray {address}`."
         ) from None
-    status: dict[str, Any] = ray.get(leader.status.remote(), timeout=10 * timeout)
+    status: LeaderStatus = ray.get(leader.status.remote(), timeout=10 * timeout)
     return with_totals(status)
 
 

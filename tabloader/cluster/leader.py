@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -55,7 +55,7 @@ from pyroaring import BitMap
 from catalog.bitmaps import bitmap_from_array, bitmap_to_array
 from catalog.errors import SamplingError
 from catalog.options import JobSpec
-from tabloader.cluster.membership import Membership
+from tabloader.cluster.membership import Joining, Membership
 from tabloader.cluster.placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
 from tabloader.sampling.importance import ImportanceScores
@@ -63,7 +63,16 @@ from tabloader.sampling.importance import ImportanceScores
 if TYPE_CHECKING:
     from catalog import Job
 
-__all__ = ["Assignment", "Leader", "WorkList"]
+__all__ = [
+    "Assignment",
+    "JobStatus",
+    "Leader",
+    "LeaderOptions",
+    "LeaderState",
+    "LeaderStatus",
+    "NodeStats",
+    "WorkList",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +110,105 @@ class WorkList:
     def num_rows(self) -> int:
         """Rows in the list, over all its ranks."""
         return sum(a.rows.size for a in self.items)
+
+
+class CacheCounts(TypedDict):
+    """A node loader's cache counters."""
+
+    entries: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+class NodeJobCounts(TypedDict):
+    """A job's counters on a node (those its loader has)."""
+
+    epoch: int
+    rows: int
+    batches: int
+    wait_s: float
+
+
+class NodeStats(TypedDict):
+    """What a node reports of its loader with each poll (``node.node_stats``)."""
+
+    reads: int
+    decodes: int
+    cache: CacheCounts
+    jobs: dict[str, NodeJobCounts]
+    clients: int
+
+
+class JobStatus(TypedDict):
+    """A running job in the leader's status."""
+
+    job: str
+    dataset: str
+    epoch: int
+    last_epoch: int | None  # None: no end
+    ranks: list[str]  # each rank's node
+    outstanding: int  # rows placed and not acknowledged
+    left: list[int]  # ranks that left normally
+
+
+class LeaderStatus(TypedDict):
+    """``Leader.status()``: jobs, jobs waiting for ranks (ranks joined), jobs gone (their
+    reasons), and each node's loader counters as it last reported them."""
+
+    generation: int
+    jobs: list[JobStatus]
+    pending: dict[str, int]
+    gone: dict[str, str]
+    nodes: dict[str, NodeStats]
+
+
+class LeaderOptions(TypedDict, total=False):
+    """A :class:`Leader`'s options (its constructor's)."""
+
+    seed: int
+    lookahead: int
+    round_rows: int
+    slack: int | None
+
+
+class EpochState(TypedDict):
+    """An epoch of a job not complete, in the leader's checkpoint."""
+
+    epoch: int
+    remaining: bytes  # a serialized bitmap
+    counts: list[int]  # rows done per rank
+
+
+class JobState(TypedDict):
+    """A job in the leader's checkpoint."""
+
+    name: str
+    dataset: str
+    nodes: list[str]
+    batch_size: int
+    left: list[int]
+    last_epoch: int | None
+    ids: bytes  # a serialized bitmap
+    spec: Mapping[str, object] | None  # JobSpec.to_wire()
+    weights: bytes | None  # float64
+    importance: Mapping[str, object] | None  # ImportanceScores.state_dict()
+    epoch: int  # the epoch that starts next when no epoch is owed
+    epochs: list[EpochState]
+
+
+class LeaderState(TypedDict):
+    """``Leader.state_dict()``: the leader's checkpoint, as plain values."""
+
+    kind: str  # "leader"
+    version: int
+    seed: int
+    generation: int
+    lookahead: int
+    round_rows: int
+    slack: int | None
+    gone: dict[str, str]
+    jobs: list[JobState]
 
 
 @dataclass
@@ -178,7 +286,7 @@ class Leader:
         self._seq = 0
         self._round = 0
         self._members = Membership()  # ranks joining, left, and jobs gone
-        self._node_stats: dict[str, dict[str, Any]] = {}  # node -> its loader's counters
+        self._node_stats: dict[str, NodeStats] = {}  # node -> its loader's counters
 
     # ------------------------------------------------------------------ jobs
     def add_job(
@@ -362,16 +470,9 @@ class Leader:
                 f"ranks joined); rank {rank} cannot join it again: stop every rank and start "
                 "them all again."
             )
+        spec_ = JobSpec.from_wire(spec)
         joined = self._members.join(
-            name,
-            rank=rank,
-            world_size=world_size,
-            node=node,
-            spec=JobSpec.from_wire(spec),
-            ids=ids,
-            dataset=dataset,
-            epochs=epochs,
-            weights=weights,
+            Joining(name, rank, world_size, node, spec_, ids, dataset, epochs, weights)
         )
         if joined is None:
             return False
@@ -412,7 +513,7 @@ class Leader:
         return names
 
     def poll(
-        self, node: str, stats: dict[str, Any] | None = None
+        self, node: str, stats: NodeStats | None = None
     ) -> tuple[list[WorkList], dict[str, str]]:
         """What a node's loader asks, in one call: its new work lists (:meth:`work`; none if
         no job has a rank on it yet) and the jobs gone with their reasons. ``stats``: the
@@ -432,7 +533,7 @@ class Leader:
                         out[(job.name, rank, epoch)] = int(counts[rank])
         return out
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> LeaderStatus:
         """Jobs (epoch, the last epoch it reads (None: no end), ranks and their nodes, rows
         ``outstanding``: placed and not acknowledged), jobs waiting for ranks, jobs gone, and
         each node's loader counters as it last reported them."""
@@ -607,16 +708,16 @@ class Leader:
         out.extend(_EpochPart(p.epoch, BitMap(p.remaining), list(p.counts)) for p in job.later)
         return out
 
-    def _scores_state(self, job: _Job) -> dict[str, Any] | None:
+    def _scores_state(self, job: _Job) -> Mapping[str, object] | None:
         """An importance job's scores for the checkpoint (None: not one)."""
         scores = self._samplers[job.group].importance_scores(job.name)
         return None if scores is None else scores.state_dict()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LeaderState:
         """Each job's epochs not complete (rows owed, rows per rank done; draws owed for a job
         with replacement), its options, a weighted job's weights and an importance job's
         scores, as plain values."""
-        jobs = []
+        jobs: list[JobState] = []
         for job in self._jobs.values():
             parts = self._parts(job)
             jobs.append(
@@ -652,7 +753,7 @@ class Leader:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> Leader:
+    def from_state_dict(cls, state: LeaderState) -> Leader:
         """A new leader (next generation) that owes each job exactly what ``state`` says.
 
         Raises:
@@ -675,6 +776,7 @@ class Leader:
                 _EpochPart(int(p["epoch"]), BitMap.deserialize(p["remaining"]), list(p["counts"]))
                 for p in j["epochs"]
             ]
+            spec, scores, weights = j.get("spec"), j.get("importance"), j.get("weights")
             leader._add(
                 j["name"],
                 BitMap.deserialize(j["ids"]),
@@ -683,17 +785,9 @@ class Leader:
                 dataset=j["dataset"],
                 parts=parts,
                 epoch=int(j["epoch"]),
-                spec=None if j.get("spec") is None else JobSpec.from_wire(j["spec"]),
-                scores=(
-                    None
-                    if j.get("importance") is None
-                    else ImportanceScores.from_state(j["importance"])
-                ),
-                weights=(
-                    None
-                    if j.get("weights") is None
-                    else np.frombuffer(j["weights"], np.float64).copy()
-                ),
+                spec=None if spec is None else JobSpec.from_wire(spec),
+                scores=None if scores is None else ImportanceScores.from_state(scores),
+                weights=None if weights is None else np.frombuffer(weights, np.float64).copy(),
             )
             leader._members.left[j["name"]] = set(j.get("left", ()))
             leader._jobs[j["name"]].last_epoch = j.get("last_epoch")

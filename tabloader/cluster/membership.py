@@ -13,8 +13,8 @@ Example:
     >>> from pyroaring import BitMap
     >>> from catalog.options import JobSpec
     >>> book, spec = Membership(), JobSpec({"batch_size": 4})
-    >>> book.join("j", rank=1, world_size=2, node="n1", spec=spec, ids=BitMap(range(8)))
-    >>> book.join("j", rank=0, world_size=2, node="n0", spec=spec, ids=BitMap(range(8))).nodes
+    >>> book.join(Joining("j", 1, 2, "n1", spec, BitMap(range(8))))
+    >>> book.join(Joining("j", 0, 2, "n0", spec, BitMap(range(8)))).nodes
     {1: 'n1', 0: 'n0'}
     >>> book.leave("j", rank=0, ranks=2), book.leave("j", rank=1, ranks=2)
     (False, True)
@@ -31,7 +31,23 @@ from pyroaring import BitMap
 from catalog.errors import SamplingError
 from catalog.options import JobSpec
 
-__all__ = ["Membership", "Pending"]
+__all__ = ["Joining", "Membership", "Pending"]
+
+
+@dataclass(frozen=True)
+class Joining:
+    """A rank that joins its job: from which node, opened with which options (and a
+    weighted job's stored weights); ``epochs``: the job reads that many."""
+
+    name: str
+    rank: int
+    world_size: int
+    node: str
+    spec: JobSpec
+    ids: BitMap
+    dataset: str = ""
+    epochs: int | None = None
+    weights: npt.NDArray[np.float64] | None = None
 
 
 @dataclass
@@ -60,37 +76,33 @@ class Membership:
         self.left: dict[str, set[int]] = {}  # running job -> ranks that left normally
         self.gone: dict[str, str] = {}  # jobs taken off because a rank or node failed
 
-    def join(
-        self,
-        name: str,
-        *,
-        rank: int,
-        world_size: int,
-        node: str,
-        spec: JobSpec,
-        ids: BitMap,
-        dataset: str = "",
-        epochs: int | None = None,
-        weights: npt.NDArray[np.float64] | None = None,
-    ) -> Pending | None:
-        """Rank ``rank`` of job ``name`` joins from ``node``, opened with ``spec`` (and a
-        weighted job's ``weights``); the job's ranks once every rank has joined (the job then
+    def join(self, joining: Joining) -> Pending | None:
+        """A rank joins its job; the job's ranks once every rank has joined (the job then
         runs), else None.
 
         Raises:
             SamplingError: the rank joined already, or the ranks disagree (world size, job
                 options, rows, weights).
         """
+        name, rank, world_size, ids = joining.name, joining.rank, joining.world_size, joining.ids
         self.gone.pop(name, None)
         pending = self.pending.setdefault(
-            name, Pending(world_size, spec, BitMap(ids), dataset, epochs, weights=weights)
+            name,
+            Pending(
+                world_size,
+                joining.spec,
+                BitMap(ids),
+                joining.dataset,
+                joining.epochs,
+                weights=joining.weights,
+            ),
         )
         mine = {"world_size": pending.world_size, **pending.spec.resolved()}
-        theirs = {"world_size": world_size, **spec.resolved()}
+        theirs = {"world_size": world_size, **joining.spec.resolved()}
         differ = [f"{k}={theirs[k]!r} (others: {v!r})" for k, v in mine.items() if theirs[k] != v]
         if BitMap(ids) != pending.ids:
             differ.append(f"{len(ids)} rows (others: {len(pending.ids)}, or other rows)")
-        if not _same(weights, pending.weights):
+        if not _same(joining.weights, pending.weights):
             differ.append("other row weights (the job was registered again meanwhile?)")
         if differ:
             raise SamplingError(
@@ -102,7 +114,7 @@ class Membership:
                 f"Rank {rank} of job {name!r} (world_size {world_size}) joined already or is "
                 "out of range; give each rank its own RANK in 0..WORLD_SIZE-1."
             )
-        pending.nodes[rank] = node
+        pending.nodes[rank] = joining.node
         if len(pending.nodes) < world_size:
             return None
         del self.pending[name]

@@ -35,13 +35,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 import catalog
 from catalog.api import Operation, StatementTarget, Wire
 from catalog.errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
+from tabloader.cluster.leader import NodeStats
 from tabloader.cluster.names import get_leader, node_key
 
 if TYPE_CHECKING:
@@ -54,8 +55,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NodeFeed",
+    "NodeInfo",
     "NodeLoader",
     "RayNodes",
+    "ServiceOptions",
     "SnapshotCatalog",
     "node_stats",
 ]
@@ -153,7 +156,7 @@ class NodeFeed:
         stats: the node loader's counters, reported to the leader with each poll.
     """
 
-    def __init__(self, leader: Any, node: str, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, leader: Any, node: str, stats: Callable[[], NodeStats]) -> None:
         self.leader = leader
         self.node = node
         self._stats = stats
@@ -360,6 +363,24 @@ class NodeFeed:
         self._thread.join(timeout=LEADER_WAIT_S)
 
 
+class ServiceOptions(TypedDict, total=False):
+    """The options of a node's ``Service`` (its constructor's)."""
+
+    cache_bytes: int
+    workers: int | None
+    idle_exit: float | None
+    access_log: str | None
+    max_image_megapixels: int | None
+
+
+class NodeInfo(TypedDict):
+    """A node's loader: its node, the pid and the socket of its service."""
+
+    node: str
+    pid: int
+    socket: str
+
+
 class NodeLoader:
     """The body of the per-node Ray actor: the node's loader service (module docstring).
 
@@ -368,7 +389,7 @@ class NodeLoader:
         options: ``Service`` options (``cache_bytes``, ``workers``).
     """
 
-    def __init__(self, catalog_root: str, options: dict[str, Any]) -> None:
+    def __init__(self, catalog_root: str, options: ServiceOptions) -> None:
         import ray
 
         from tabloader.service.server import Service
@@ -390,11 +411,11 @@ class NodeLoader:
         self._thread = threading.Thread(target=self.service.serve, daemon=True)
         self._thread.start()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> NodeInfo:
         """The node, the pid and the socket of its service."""
         return {"node": self.node, "pid": os.getpid(), "socket": str(self.service.listener)}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> NodeStats:
         """The node's loader counters."""
         return node_stats(self.service)
 
@@ -404,7 +425,7 @@ class NodeLoader:
         self._thread.join(timeout=LEADER_WAIT_S)
 
 
-def node_stats(service: Service) -> dict[str, Any]:
+def node_stats(service: Service) -> NodeStats:
     """What a node reports of its loader: reads, decodes, cache, jobs (plain values)."""
     s = service.loader.stats()
     cache = s["cache"]
@@ -418,7 +439,12 @@ def node_stats(service: Service) -> dict[str, Any]:
             "evictions": cache.evictions,
         },
         "jobs": {
-            name: {k: j[k] for k in ("epoch", "rows", "batches", "wait_s") if k in j}
+            name: {
+                "epoch": j["epoch"],
+                "rows": j["rows"],
+                "batches": j["batches"],
+                "wait_s": j["wait_s"],
+            }
             for name, j in s["jobs"].items()
         },
         "clients": service.listener.sessions,

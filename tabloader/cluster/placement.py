@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -57,7 +57,7 @@ import xxhash
 from catalog.errors import SamplingError
 from tabloader.engine.ranks import rank_share
 
-__all__ = ["DROPPED", "JobPlacement", "Placer", "node_key", "preferred_nodes"]
+__all__ = ["DROPPED", "JobPlacement", "PlacementState", "Placer", "node_key", "preferred_nodes"]
 
 DROPPED = -1
 """The rank of a row that no rank reads: an epoch's remainder (see the module docstring)."""
@@ -131,6 +131,13 @@ def preferred_nodes(
     return all_nodes, out
 
 
+class PlacementState(TypedDict):
+    """A job's placement in its epoch, as plain values (``JobPlacement.state_dict``)."""
+
+    counts: list[int]  # rows placed on each rank
+    seen: int  # rows of the epoch placed or dropped
+
+
 @dataclass
 class JobPlacement:
     """One job's ranks and its placement progress in the current epoch.
@@ -181,7 +188,7 @@ class JobPlacement:
         """The job's nodes, sorted (the column order of :func:`preferred_nodes`)."""
         return sorted(set(self.nodes))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> PlacementState:
         """The progress of the epoch as plain values."""
         return {"counts": self.counts.tolist(), "seen": self.seen}
 

@@ -27,13 +27,14 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from catalog.directory import ENV_VAR, default_root, read_file
 from catalog.errors import ServiceError, StorageError
 
 __all__ = [
     "DIAL_TIMEOUT_S",
+    "LeaderRecord",
     "check_address",
     "dial",
     "process_started",
@@ -124,7 +125,14 @@ def record_leader(catalog: str | os.PathLike[str], address: str | None) -> None:
     tmp.replace(path)
 
 
-def recorded_leader(catalog: str | os.PathLike[str]) -> dict[str, Any] | None:
+class LeaderRecord(TypedDict):
+    """The ``tabloader serve --ray`` that serves a catalog: its Ray address and pid."""
+
+    address: str
+    pid: int
+
+
+def recorded_leader(catalog: str | os.PathLike[str]) -> LeaderRecord | None:
     """``{"address", "pid"}`` of the ``tabloader serve --ray`` that serves ``catalog``
     (:func:`record_leader`), or None: no record, a stale or damaged one (then removed), or one
     that fails a check of the module docstring (then ignored with a warning)."""

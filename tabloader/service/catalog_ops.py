@@ -28,19 +28,24 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from catalog.api import OPERATIONS, Arg, Operation, StatementTarget, Wire
 from catalog.errors import DatasetInUseError, ServiceError
 from tabloader.service.protocol import (
     Client,
+    JobFieldsWire,
+    Message,
     dataset_from_wire,
     dataset_to_wire,
+    job_fields_from_wire,
+    job_fields_to_wire,
     job_from_wire,
     job_to_wire,
     result_from_wire,
     result_to_wire,
     runtime_dir,
+    string_value,
     table_from_wire,
     table_to_wire,
 )
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from catalog.limits import Limits
+    from catalog.model import JobInfo
     from tabloader.engine import Loader
 
 
@@ -61,12 +67,7 @@ class ServiceView(Protocol):
     lock: threading.RLock | threading.Lock
 
 
-__all__ = ["ARGS", "RESULTS", "CatalogOps", "ServiceCatalog", "request", "string_arg"]
-
-
-def string_arg(msg: dict[str, Any], key: str) -> str:
-    """Request argument ``key``, which must be a string."""
-    return _string(msg.get(key), key)
+__all__ = ["ARGS", "RESULTS", "CatalogOps", "ServiceCatalog", "request"]
 
 
 # -- the codecs: each kind of argument and result of catalog.api ---------------------------------
@@ -102,12 +103,6 @@ def _as_is(value: Any, _: Spool) -> Any:
     return value
 
 
-def _string(value: Any, key: str) -> str:
-    if not isinstance(value, str):
-        raise ServiceError(f"The request needs a string {key!r}, got {value!r}.")
-    return value
-
-
 def _typed(*kinds: type) -> Callable[[Any, str], Any]:
     """A check that the value is one of ``kinds`` (with ``type(None)``: it may be None); a
     bool is not an int."""
@@ -120,7 +115,16 @@ def _typed(*kinds: type) -> Callable[[Any, str], Any]:
     return check
 
 
-def _send_source(source: Any, spool: Spool) -> dict[str, Any]:
+class SourceWire(TypedDict):
+    """Data a client had in memory, in a request: the Arrow IPC stream it wrote to ``path``,
+    with its source's class names and description."""
+
+    path: str
+    class_names: dict[str, list[str]]
+    description: str
+
+
+def _send_source(source: Any, spool: Spool) -> SourceWire:
     import pyarrow as pa
 
     path = spool.new_file()
@@ -140,7 +144,7 @@ def _receive_source(value: Any, key: str) -> Any:
     from catalog.importers import open_source
 
     value = _typed(dict)(value, key)
-    source = open_source("arrow", _string(value.get("path"), f"{key}.path"))
+    source = open_source("arrow", string_value(value.get("path"), f"{key}.path"))
     return dataclasses.replace(
         source,
         class_names=_typed(dict, type(None))(value.get("class_names"), key) or {},
@@ -158,13 +162,13 @@ def _receive_dataset(value: Any, key: str) -> Any:
 
 
 ARGS: dict[Arg, ArgCodec] = {
-    Arg.STR: ArgCodec(_as_is, _string),
+    Arg.STR: ArgCodec(_as_is, string_value),
     Arg.STR_OR_NONE: ArgCodec(_as_is, _typed(str, type(None))),
     Arg.INT: ArgCodec(_as_is, _typed(int)),
     Arg.INT_OR_NONE: ArgCodec(_as_is, _typed(int, type(None))),
     Arg.BOOL: ArgCodec(_as_is, _typed(bool)),
-    Arg.STATEMENT: ArgCodec(lambda text, _: _absolute_paths(text), _string),
-    Arg.PATH: ArgCodec(lambda path, _: str(Path(path).absolute()), _string),
+    Arg.STATEMENT: ArgCodec(lambda text, _: _absolute_paths(text), string_value),
+    Arg.PATH: ArgCodec(lambda path, _: str(Path(path).absolute()), string_value),
     Arg.COLUMNS: ArgCodec(
         lambda cols, _: cols if cols is None or isinstance(cols, str) else list(cols),
         _typed(str, list, type(None)),
@@ -206,14 +210,20 @@ def _array_from_wire(text: str) -> pa.Array:
     return table_from_wire(text).column(0).combine_chunks()
 
 
-def _infos_to_wire(infos: list[Any]) -> list[dict[str, Any]]:
-    return [{**dataclasses.asdict(i), "columns": list(i.columns)} for i in infos]
+class JobInfoWire(JobFieldsWire):
+    """A ``JobInfo`` in a reply (``SHOW JOBS``)."""
+
+    num_rows: int
 
 
-def _infos_from_wire(wire: list[dict[str, Any]]) -> list[Any]:
+def _infos_to_wire(infos: list[JobInfo]) -> list[JobInfoWire]:
+    return [{**job_fields_to_wire(i), "num_rows": i.num_rows} for i in infos]
+
+
+def _infos_from_wire(wire: list[JobInfoWire]) -> list[JobInfo]:
     from catalog.model import JobInfo
 
-    return [JobInfo(**{**i, "columns": tuple(i["columns"])}) for i in wire]
+    return [JobInfo(*job_fields_from_wire(i), i["num_rows"]) for i in wire]
 
 
 def _local(_: Any) -> Any:
@@ -290,12 +300,18 @@ class ServiceCatalog(StatementTarget):
         self._service.catalog.drop_dataset(name, cascade=cascade, if_exists=if_exists)
 
 
+class CatalogReply(TypedDict):
+    """The reply to a catalog operation: its result, as ``RESULTS`` puts it on the wire."""
+
+    result: object
+
+
 class CatalogOps:
     """The catalog's one request handler of a service connection (see the module)."""
 
     service: Any  # the server's Service (this module cannot import it; see ServiceView)
 
-    def op_catalog(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_catalog(self, msg: Message) -> CatalogReply:
         name = msg.get("call")
         op = OPERATIONS.get(name) if isinstance(name, str) else None
         if op is None or op.result is Wire.LOCAL:

@@ -44,6 +44,7 @@ from tabloader.service.plugins import Locator, locator
 from tabloader.service.protocol import (
     LOG_FILE,
     Client,
+    Message,
     report_to_wire,
     runtime_dir,
     service_pid,
@@ -213,7 +214,7 @@ def _node_client(root: Path, node: str, found: Locator) -> Client:
             time.sleep(0.1)
 
 
-def _int_field(reply: dict[str, Any], name: str) -> int:
+def _int_field(reply: Message, name: str) -> int:
     value = reply.get(name)
     if type(value) is not int:
         raise _malformed_reply(f"{name} {str(value)[:20]}")
@@ -292,7 +293,7 @@ class RemoteLoader:
             self._service_pid = _int_field(self._ask("hello"), "pid")
         return self._service_pid
 
-    def _map_locked(self, reply: dict[str, Any], fds: list[int]) -> None:
+    def _map_locked(self, reply: Message, fds: list[int]) -> None:
         """Map the memory a reply sent the descriptor of (``_lock`` held): once; a later
         one, of the same memory, is closed (two first opens at once)."""
         try:
@@ -332,7 +333,7 @@ class RemoteLoader:
             self._ctl = Client(self.root, node=self.node)
         return self._ctl
 
-    def _ask(self, op: str, **args: Any) -> dict[str, Any]:
+    def _ask(self, op: str, **args: Any) -> Message:
         """A request of the loader's own, on its connection (made again once a stream took
         it, or it broke); no stream takes it meanwhile."""
         with self._asking:
@@ -511,7 +512,7 @@ class RemoteStream:
         self._ahead_out = Ahead()  # a "next" request is out, its reply not read
         self._key = (loader.root, loader.node, name, rank)
         self._finalizer = register(self._key, self, conn, self._ahead_out)
-        self._ready: dict[str, Any] | None = None  # a batch reply read, not delivered yet
+        self._ready: Message | None = None  # a batch reply read, not delivered yet
         self._wait_s = self._compute_s = 0.0  # since the last request (for the service's stats)
         self._copy_s = 0.0  # copying batches out of the shared memory, in all
         self._returned: float | None = None  # when take() last returned
@@ -565,7 +566,7 @@ class RemoteStream:
             self._returned = time.perf_counter()
             return batch
 
-    def _collect(self) -> dict[str, Any] | None:
+    def _collect(self) -> Message | None:
         """The reply read ahead (waiting for it if it is on its way), or None; the caller
         holds ``_lock``."""
         if self._ahead:
@@ -580,7 +581,7 @@ class RemoteStream:
         ready, self._ready = self._ready, None
         return ready
 
-    def _peek(self) -> dict[str, Any] | None:
+    def _peek(self) -> Message | None:
         """``_collect``, the reply kept for the next ``take``."""
         self._ready = self._collect()
         return self._ready

@@ -32,11 +32,11 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from catalog.errors import ServiceError, TabloaderError
 from tabloader.service.protocol import (
@@ -45,6 +45,7 @@ from tabloader.service.protocol import (
     MAX_MESSAGE,
     PROTOCOL_VERSION,
     BadMessage,
+    Message,
     answer_challenge,
     decode,
     deliver_challenge,
@@ -103,7 +104,7 @@ class Session:
 class Handler(Protocol):
     """The server logic of one connection (``Listener``'s factory makes one per session)."""
 
-    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, msg: Message) -> Mapping[str, object]:
         """Answer one request (``msg`` has ``"v"`` and ``"op"``); raise TabloaderError to refuse."""
 
     def close(self) -> None:
@@ -280,8 +281,9 @@ class Listener:
         self._set_busy(conn, True)
         fds: list[int] = []  # descriptors that go with the reply: ours to close
         try:
-            answer = conn.handler.handle(msg)
-            fds = answer.pop(FDS, fds)
+            answer = dict(conn.handler.handle(msg))
+            sent = answer.pop(FDS, None)
+            fds = sent if isinstance(sent, list) else []
             reply = encode({**answer, "v": PROTOCOL_VERSION})
         except TabloaderError as exc:
             reply = encode(error_reply(exc))

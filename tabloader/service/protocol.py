@@ -14,6 +14,8 @@ Wire format: a 4-byte big-endian length, then that many bytes of UTF-8 JSON, an 
 ``"v": PROTOCOL_VERSION``; a frame over ``MAX_MESSAGE`` bytes is refused. A reply is the
 handler's dict plus ``"v"``, or ``{"v": 1, "error": {"type": "JobNotFoundError", "message":
 ..., "attrs": {"path": ...}}}`` which the client raises as that class from ``catalog.errors``.
+Every message read (``decode``) is a :class:`Message`, whose readers check a field once; each
+reply a handler makes is a TypedDict of this module (``OpenReply``, ``BatchReply``, ...).
 
 Descriptors: a reply may carry open file descriptors (``FDS``: the service's shared memory,
 read-only), sent with the first bytes of its frame (``SCM_RIGHTS``); only the peer of this
@@ -40,9 +42,10 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Iterator, Mapping
 from multiprocessing import AuthenticationError
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypedDict
 
 import numpy as np
 
@@ -60,7 +63,7 @@ from tabloader.engine.streams import REPORT_ROWS_MAX, report_arrays
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from catalog.model import Dataset, Job
+    from catalog.model import Dataset, Job, JobInfo
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -69,7 +72,24 @@ __all__ = [
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
     "BadMessage",
+    "BatchReply",
     "Client",
+    "DatasetWire",
+    "Empty",
+    "EndReply",
+    "EpochReply",
+    "ErrorReply",
+    "HelloReply",
+    "JobFieldsWire",
+    "JobWire",
+    "Message",
+    "OpenReply",
+    "OptionsReply",
+    "ResultWire",
+    "RowsReply",
+    "SegmentReply",
+    "StateReply",
+    "StatsReply",
     "answer_challenge",
     "dataset_from_wire",
     "dataset_to_wire",
@@ -78,6 +98,8 @@ __all__ = [
     "describe",
     "encode",
     "error_reply",
+    "job_fields_from_wire",
+    "job_fields_to_wire",
     "job_from_wire",
     "job_to_wire",
     "key_path",
@@ -92,6 +114,7 @@ __all__ = [
     "socket_path",
     "state_from_wire",
     "state_to_wire",
+    "string_value",
     "table_from_wire",
     "table_to_wire",
 ]
@@ -107,7 +130,7 @@ CONNECT_TIMEOUT_S: float = 5.0  # a service that does not answer by then is stop
 
 _SOCKET_PATH_MAX = 100  # bytes; AF_UNIX allows 107 and a NUL
 _HEADER = struct.Struct("!I")
-FDS = "_fds"  # a handler's reply: the descriptors to send with it (the listener closes them)
+FDS: Final = "_fds"  # a handler's reply: the descriptors to send with it (the listener closes them)
 _MAX_FDS = 4
 _CHALLENGE, _WELCOME, _FAILURE = b"#TABLOADER-CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 
@@ -237,7 +260,7 @@ class Client:
             self.close()
             raise
 
-    def call(self, op: str, **args: Any) -> dict[str, Any]:
+    def call(self, op: str, **args: Any) -> Message:
         """Send one request and wait for its reply (no timeout; a dead service raises at once).
 
         Args:
@@ -264,7 +287,7 @@ class Client:
         with self._call_lock:
             self._send_locked(op, args)
 
-    def receive(self, timeout: float | None = None, fds: list[int] | None = None) -> dict[str, Any]:
+    def receive(self, timeout: float | None = None, fds: list[int] | None = None) -> Message:
         """The reply to the oldest request not answered yet (as ``call``); the descriptors
         it carries are appended to ``fds`` (the caller's to close; None: closed unread).
 
@@ -275,7 +298,7 @@ class Client:
         with self._call_lock:
             return self._receive_locked(timeout, fds)
 
-    def call_fds(self, op: str, **args: Any) -> tuple[dict[str, Any], list[int]]:
+    def call_fds(self, op: str, **args: Any) -> tuple[Message, list[int]]:
         """``call``, for a reply that carries descriptors: the reply and them (the caller's
         to close)."""
         fds: list[int] = []
@@ -288,16 +311,14 @@ class Client:
                     os.close(fd)
                 raise
 
-    def _send_locked(self, op: str, args: dict[str, Any]) -> None:
+    def _send_locked(self, op: str, args: Mapping[str, object]) -> None:
         data = encode({"op": op, **args, "v": PROTOCOL_VERSION})
         try:
             send_frame(self._open_sock(), data)
         except OSError as exc:
             raise self._lost(exc) from exc
 
-    def _receive_locked(
-        self, timeout: float | None, fds: list[int] | None = None
-    ) -> dict[str, Any]:
+    def _receive_locked(self, timeout: float | None, fds: list[int] | None = None) -> Message:
         sock = self._open_sock()
         try:
             sock.settimeout(timeout)
@@ -305,7 +326,7 @@ class Client:
             sock.settimeout(None)
         except (OSError, EOFError, ServiceError) as exc:
             raise self._lost(exc) from exc
-        reply.pop("v")
+        reply.fields.pop("v")
         if "error" in reply:
             _raise_remote(reply["error"])
         return reply
@@ -387,7 +408,7 @@ def report_to_wire(values: np.ndarray) -> str:
     return values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes().hex()
 
 
-def report_from_wire(msg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def report_from_wire(msg: Mapping[str, object]) -> tuple[np.ndarray, np.ndarray]:
     """The ids and losses of a ``report`` request, bounded and checked (``report_arrays``).
 
     Raises:
@@ -428,7 +449,19 @@ def table_from_wire(text: str) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(bytes.fromhex(text))).read_all()
 
 
-def dataset_to_wire(ds: Dataset) -> dict[str, Any]:
+class DatasetWire(TypedDict):
+    """A dataset version in a message (``dataset_to_wire``)."""
+
+    name: str
+    version: int
+    stored: str  # its stored schema, Arrow IPC in hex
+    class_names: dict[str, list[str]]
+    description: str
+    root: str  # the store's URI
+    parts: list[Mapping[str, Any]]  # each PartInfo's fields (dataclasses.asdict)
+
+
+def dataset_to_wire(ds: Dataset) -> DatasetWire:
     """A dataset version for a message: what a client needs to read its files itself (the
     parts and schema; no payload byte crosses the socket)."""
     reader = ds.reader
@@ -443,7 +476,7 @@ def dataset_to_wire(ds: Dataset) -> dict[str, Any]:
     }
 
 
-def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
+def dataset_from_wire(wire: DatasetWire) -> Dataset:
     """The ``Dataset`` that ``dataset_to_wire`` put in a message, with a reader of its own."""
     import pyarrow as pa
 
@@ -468,20 +501,58 @@ def dataset_from_wire(wire: dict[str, Any]) -> Dataset:
     )
 
 
-def job_to_wire(job: Job) -> dict[str, Any]:
-    """A job for a message: its bitmap serialized, and its weights (float64 little-endian, or
-    None), in hex."""
-    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
-    weights = None if job.weights is None else job.weights.astype("<f8").tobytes().hex()
+class JobFieldsWire(TypedDict):
+    """What a ``Job`` and a ``JobInfo`` both say, in a message."""
+
+    name: str
+    dataset: str
+    dataset_version: int
+    columns: list[str]
+    predicate: str | None
+    options: Mapping[str, object]
+
+
+class JobWire(JobFieldsWire):
+    """A job in a message (``job_to_wire``)."""
+
+    ids: str  # the bitmap, serialized, in hex
+    weights: str | None  # float64 little-endian, in hex
+
+
+def job_fields_to_wire(job: Job | JobInfo) -> JobFieldsWire:
+    """The fields a job and its info share, for a message."""
     return {
-        **fields,
+        "name": job.name,
+        "dataset": job.dataset,
+        "dataset_version": job.dataset_version,
         "columns": list(job.columns),
-        "ids": job.ids.serialize().hex(),
-        "weights": weights,
+        "predicate": job.predicate,
+        "options": job.options,
     }
 
 
-def job_from_wire(wire: dict[str, Any]) -> Job:
+def job_fields_from_wire(
+    wire: JobFieldsWire,
+) -> tuple[str, str, int, tuple[str, ...], str | None, dict[str, object]]:
+    """The fields that ``job_fields_to_wire`` put in a message, in ``Job``'s order."""
+    return (
+        wire["name"],
+        wire["dataset"],
+        wire["dataset_version"],
+        tuple(wire["columns"]),
+        wire["predicate"],
+        dict(wire["options"]),
+    )
+
+
+def job_to_wire(job: Job) -> JobWire:
+    """A job for a message: its bitmap serialized, and its weights (float64 little-endian, or
+    None), in hex."""
+    weights = None if job.weights is None else job.weights.astype("<f8").tobytes().hex()
+    return {**job_fields_to_wire(job), "ids": job.ids.serialize().hex(), "weights": weights}
+
+
+def job_from_wire(wire: JobWire) -> Job:
     """The ``Job`` that ``job_to_wire`` put in a message."""
     import numpy as np
     from pyroaring import BitMap
@@ -489,13 +560,24 @@ def job_from_wire(wire: dict[str, Any]) -> Job:
     from catalog.model import Job
 
     ids = BitMap.deserialize(bytes.fromhex(wire["ids"]))
-    weights = wire.get("weights")
-    if weights is not None:
-        weights = np.frombuffer(bytes.fromhex(weights), dtype="<f8").astype(np.float64)
-    return Job(**{**wire, "columns": tuple(wire["columns"]), "ids": ids, "weights": weights})
+    hex_weights, weights = wire.get("weights"), None
+    if hex_weights is not None:
+        weights = np.frombuffer(bytes.fromhex(hex_weights), dtype="<f8").astype(np.float64)
+    return Job(*job_fields_from_wire(wire), ids, weights)
 
 
-def result_to_wire(result: Any) -> dict[str, Any]:
+class ResultWire(TypedDict, total=False):
+    """A statement's or import's result in a message (``result_to_wire``): its ``kind``
+    and the one field that kind has."""
+
+    kind: str  # "table", "dataset", "job", "none" or "text"
+    ipc: str
+    dataset: DatasetWire
+    job: JobWire
+    text: str
+
+
+def result_to_wire(result: Any) -> ResultWire:
     """A statement's or import's result for a message: a table (Arrow IPC), a dataset, a job,
     None, or text."""
     import pyarrow as pa
@@ -513,7 +595,7 @@ def result_to_wire(result: Any) -> dict[str, Any]:
     return {"kind": "text", "text": str(result)}
 
 
-def result_from_wire(reply: dict[str, Any]) -> Any:
+def result_from_wire(reply: ResultWire) -> Any:
     """The result that ``result_to_wire`` put in a message (the same types as in-process)."""
     kind = reply.get("kind")
     if kind == "table":
@@ -525,7 +607,7 @@ def result_from_wire(reply: dict[str, Any]) -> Any:
     return reply.get("text")
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def encode(msg: Mapping[str, object]) -> bytes:
     """``msg`` (with its ``"v"``) as a frame's bytes."""
     data = json.dumps(msg).encode()
     if len(data) > MAX_MESSAGE:
@@ -533,7 +615,7 @@ def encode(msg: dict[str, Any]) -> bytes:
     return data
 
 
-def decode(data: bytes | bytearray) -> dict[str, Any]:
+def decode(data: bytes | bytearray) -> Message:
     """The message in a frame's bytes (BadMessage: not a JSON object of this version)."""
     try:
         msg = json.loads(data)
@@ -547,10 +629,136 @@ def decode(data: bytes | bytearray) -> dict[str, Any]:
             f"a message has protocol version {version!r}, this end speaks {PROTOCOL_VERSION}; "
             "run the service and its clients from the same tabloader"
         )
-    return msg
+    return Message(msg)
 
 
-def error_reply(exc: TabloaderError) -> dict[str, Any]:
+class Message(Mapping[str, Any]):
+    """One message as it entered (``decode``): a request to the service, or a reply to a
+    client. Its fields are JSON values as they came; the readers here check a field and
+    raise the one-line ``ServiceError`` that a malformed request gets."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __repr__(self) -> str:
+        return f"Message({self.fields!r})"
+
+    def string(self, key: str) -> str:
+        """Field ``key``, which must be a string."""
+        return string_value(self.fields.get(key), key)
+
+    def stalls(self) -> tuple[float, float, float]:
+        """The client's own stall times since its last request: ``wait_s``, ``compute_s``
+        and ``augment_s`` (seconds; 0 when not sent)."""
+        get = self.fields.get
+        times = (get("wait_s", 0.0), get("compute_s", 0.0), get("augment_s", 0.0))
+        if not all(isinstance(v, (int, float)) and 0 <= v < 1e9 for v in times):
+            raise ServiceError(f"Stall times must be seconds, got {times!r}.")
+        return float(times[0]), float(times[1]), float(times[2])
+
+    def tickets(self) -> list[Any]:
+        """The tickets of the batches a client is done with (``release``)."""
+        return self.fields.get("release") or []
+
+
+def string_value(value: object, key: str) -> str:
+    """A request's ``value`` of field ``key``, which must be a string."""
+    if not isinstance(value, str):
+        raise ServiceError(f"The request needs a string {key!r}, got {value!r}.")
+    return value
+
+
+class Empty(TypedDict):
+    """A reply with nothing to say but that the request was done."""
+
+
+class HelloReply(TypedDict):
+    """``hello``: the service's pid, catalog and shared memory's name."""
+
+    pid: int
+    catalog: str
+    segment: str
+
+
+class SegmentReply(TypedDict):
+    """``segment``: the arena's shared memory, and a read-only descriptor of it."""
+
+    segment: str
+    size: int
+    pid: int
+    _fds: list[int]
+
+
+class _Opened(TypedDict):
+    job: str
+    epoch: int
+    spec: Mapping[str, object]  # JobSpec.to_wire()
+    segment: str
+    size: int
+    pid: int
+
+
+class OpenReply(_Opened, total=False):
+    """``open``: the job, its epoch and spec, and the service's memory (a descriptor of it
+    when the client maps none yet)."""
+
+    _fds: list[int]
+
+
+class BatchReply(TypedDict):
+    """``next``: a batch, laid out in shared memory (``HandedBatch.to_wire``)."""
+
+    ticket: int
+    epoch: int
+    batch: Mapping[str, object]
+
+
+class EndReply(TypedDict):
+    """``next`` after the job's last epoch."""
+
+    end: bool
+    epoch: int
+
+
+class OptionsReply(TypedDict):
+    options: Mapping[str, object]
+
+
+class RowsReply(TypedDict):
+    rows: int
+
+
+class EpochReply(TypedDict):
+    epoch: int
+
+
+class StateReply(TypedDict):
+    state: Mapping[str, object]  # state_to_wire()
+
+
+class StatsReply(TypedDict):
+    stats: Mapping[str, object]  # the engine's counters, as JSON values
+
+
+class ErrorReply(TypedDict):
+    """The reply that a client raises as the handler's error (``error_reply``)."""
+
+    error: dict[str, object]  # type (a class of catalog.errors), message, attrs
+    v: int
+
+
+def error_reply(exc: TabloaderError) -> ErrorReply:
     """The reply that the client raises as ``exc`` (its class, message and plain attributes)."""
     attrs = {
         k: v
@@ -558,8 +766,7 @@ def error_reply(exc: TabloaderError) -> dict[str, Any]:
         if not k.startswith("_") and isinstance(v, str | int | float | bool | None)
     }
     name = "ServiceError" if isinstance(exc, BadMessage) else type(exc).__name__
-    error = {"type": name, "message": str(exc), "attrs": attrs}
-    return {"error": error, "v": PROTOCOL_VERSION}
+    return {"error": {"type": name, "message": str(exc), "attrs": attrs}, "v": PROTOCOL_VERSION}
 
 
 def _raise_remote(error: Any) -> NoReturn:

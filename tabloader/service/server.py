@@ -32,9 +32,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, TypedDict, cast
 
 import numpy as np
 
@@ -49,18 +49,29 @@ from tabloader.engine.opening import OpenRequest
 from tabloader.engine.stream import ServedStream
 from tabloader.engine.streams import no_importance
 from tabloader.service.catalog_ops import CatalogOps
-from tabloader.service.catalog_ops import string_arg as _string
 from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
 from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
     LOG_FILE,
+    BatchReply,
+    Empty,
+    EndReply,
+    EpochReply,
+    HelloReply,
+    Message,
+    OpenReply,
+    OptionsReply,
+    RowsReply,
+    SegmentReply,
+    StateReply,
+    StatsReply,
     report_from_wire,
     runtime_dir,
     state_to_wire,
 )
 
-__all__ = ["Service"]
+__all__ = ["ClientInfo", "JobSeat", "Service"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,11 +222,11 @@ class Service:
             self.feed.close()
         self.loader.close()
 
-    def clients(self, *, but: Any = None) -> list[dict[str, Any]]:
+    def clients(self, *, but: Any = None) -> list[ClientInfo]:
         """The client processes connected now, but the connection ``but`` (the one asking):
         ``pid``, ``connections`` (a process has one for statements and one per job stream)
         and the ``jobs`` it reads (job, rank, world_size)."""
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, ClientInfo] = {}
         for handler in cast("list[_Handler]", self.listener.handlers()):
             who = None if handler is but else handler.client()
             if who is not None:
@@ -227,6 +238,22 @@ class Service:
 
     def ticket(self) -> int:
         return next(self._tickets) % STAGING_TICKETS
+
+
+class JobSeat(TypedDict):
+    """A job stream a client reads: its job and rank among the job's ranks."""
+
+    job: str
+    rank: int
+    world_size: int
+
+
+class ClientInfo(TypedDict):
+    """A client process of the service (``Service.clients``)."""
+
+    pid: int
+    connections: int  # one for statements, one per job stream
+    jobs: list[JobSeat]
 
 
 class _Handler(CatalogOps):
@@ -245,7 +272,7 @@ class _Handler(CatalogOps):
         self.left = False  # the client asked to leave (else its connection dropped)
         self.unread: int | None = None  # rows of the batch sent last, until the client asks on
 
-    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, msg: Message) -> Mapping[str, object]:
         op = msg.get("op")
         fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
         if fn is None:
@@ -253,14 +280,14 @@ class _Handler(CatalogOps):
         return fn(msg)  # type: ignore[no-any-return]
 
     # -- statements --------------------------------------------------------------------------
-    def op_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_hello(self, msg: Message) -> HelloReply:
         return {
             "pid": os.getpid(),
             "catalog": str(self.service.root),
             "segment": self.service.segment.name,
         }
 
-    def op_segment(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_segment(self, msg: Message) -> SegmentReply:
         """The arena's shared memory: its name and size, and a read-only descriptor of it."""
         segment = self.service.segment
         return {
@@ -270,22 +297,22 @@ class _Handler(CatalogOps):
             FDS: [segment.readonly_fd()],
         }
 
-    def op_options(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_options(self, msg: Message) -> OptionsReply:
         with self.service.lock:
-            return {"options": self.service.loader.job_options(_string(msg, "job"))}
+            return {"options": self.service.loader.job_options(msg.string("job"))}
 
-    def op_rows(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_rows(self, msg: Message) -> RowsReply:
         with self.service.lock:
-            return {"rows": self.service.loader.job_rows(_string(msg, "job"))}
+            return {"rows": self.service.loader.job_rows(msg.string("job"))}
 
-    def op_stats(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_stats(self, msg: Message) -> StatsReply:
         if self.stream is not None:
             self._record_stalls(msg)
             return {"stats": _jsonable(self.stream.stats())}
         stats = {**self.service.loader.stats(), "clients": self.service.clients(but=self)}
         return {"stats": _jsonable(stats)}
 
-    def client(self) -> tuple[int, dict[str, Any] | None] | None:
+    def client(self) -> tuple[int, JobSeat | None] | None:
         """This connection's process and the job stream it reads, if any (None: closed)."""
         if self.closed:
             return None
@@ -298,12 +325,12 @@ class _Handler(CatalogOps):
             "world_size": stream.world_size,
         }
 
-    def op_ready(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_ready(self, msg: Message) -> Empty:
         self.service.loader.wait_ready(READY_TIMEOUT_S)
         return {}
 
     # -- a job ---------------------------------------------------------------------------------
-    def op_open(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_open(self, msg: Message) -> OpenReply:
         """Open a job on this connection: ``request`` is an ``OpenRequest.to_wire()``;
         ``segment`` the shared memory the client maps already (a stale client's open is
         refused before the job opens), or None: the reply carries a read-only descriptor of
@@ -349,16 +376,22 @@ class _Handler(CatalogOps):
                 raise ServiceError("the client left")
             self.stream = stream
         logger.info("client pid %d opened job %s", self.session.pid, stream.name)
-        reply = {"job": stream.name, "epoch": stream.epoch, "spec": stream.spec.to_wire()}
-        reply.update(segment=segment.name, size=segment.size, pid=os.getpid())
+        reply: OpenReply = {
+            "job": stream.name,
+            "epoch": stream.epoch,
+            "spec": stream.spec.to_wire(),
+            "segment": segment.name,
+            "size": segment.size,
+            "pid": os.getpid(),
+        }
         if mapped is None:
             reply[FDS] = [segment.readonly_fd()]
         return reply
 
-    def op_next(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_next(self, msg: Message) -> BatchReply | EndReply:
         """The next batch. The request also says the client's job has the batch sent last
         (a client asks once it has copied it out: it reads one ahead)."""
-        self._release(msg.get("release") or [])
+        self._release(msg.tickets())
         stream = self._stream()
         self._record_stalls(msg)
         if self.unread is not None:
@@ -376,25 +409,21 @@ class _Handler(CatalogOps):
         self.unread = len(handed)
         return reply
 
-    def _record_stalls(self, msg: dict[str, Any]) -> None:
+    def _record_stalls(self, msg: Message) -> None:
         """The client's own stall times since its last request (it reads ahead, so the time
         this service waits for its next batch is mostly the client computing)."""
-        wait, compute = msg.get("wait_s", 0.0), msg.get("compute_s", 0.0)
-        augment = msg.get("augment_s", 0.0)
-        times = (wait, compute, augment)
-        if not all(isinstance(v, (int, float)) and 0 <= v < 1e9 for v in times):
-            raise ServiceError(f"Stall times must be seconds, got {times!r}.")
-        if wait or compute or augment:
-            self._stream().record_stalls(float(wait), float(compute), float(augment))
+        stalls = msg.stalls()
+        if any(stalls):
+            self._stream().record_stalls(*stalls)
 
-    def op_release(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self._release(msg.get("release") or [])
+    def op_release(self, msg: Message) -> Empty:
+        self._release(msg.tickets())
         return {}
 
-    def op_epoch(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_epoch(self, msg: Message) -> EpochReply:
         return {"epoch": self._stream().epoch}
 
-    def op_state(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_state(self, msg: Message) -> StateReply:
         ahead = msg.get("ahead", 0)
         if not isinstance(ahead, int) or isinstance(ahead, bool) or not 0 <= ahead <= 2:
             raise ServiceError(
@@ -403,13 +432,13 @@ class _Handler(CatalogOps):
             )
         return {"state": state_to_wire(self._stream().state_dict(undelivered=ahead))}
 
-    def op_abandon(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_abandon(self, msg: Message) -> RowsReply:
         """The client's job starts a new iteration mid-epoch: give up the rest of ``epoch``.
         ``release`` lists the batch it read ahead and dropped, if it was of that epoch."""
         epoch = msg.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ServiceError(f"'epoch' to abandon must be an epoch number: {epoch!r}.")
-        dropped = msg.get("release") or []
+        dropped = msg.tickets()
         self._release(dropped)
         stream = self._stream()
         self._record_stalls(msg)
@@ -418,7 +447,7 @@ class _Handler(CatalogOps):
             ahead_rows, self.unread = self.unread, None
         return {"rows": stream.abandon(epoch, ahead_rows=ahead_rows)}
 
-    def op_report(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_report(self, msg: Message) -> Empty:
         """The client's job scored rows of a batch by their losses (``Stream.report``): to
         the job's sampler here, or on a Ray node to the cluster leader's (the feed)."""
         ids, losses = report_from_wire(msg)
@@ -433,7 +462,7 @@ class _Handler(CatalogOps):
         feed.report(job, ids, losses)
         return {}
 
-    def op_leave(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def op_leave(self, msg: Message) -> Empty:
         self.left = True
         self.close()
         return {}
@@ -444,7 +473,7 @@ class _Handler(CatalogOps):
         return self.stream
 
     # -- the data plane ------------------------------------------------------------------------
-    def _deliver(self, batch: HandedBatch) -> dict[str, Any]:
+    def _deliver(self, batch: HandedBatch) -> BatchReply:
         """Lay a handed-over batch out in shared memory; the reply says where
         (``HandedBatch.to_wire``, read by the client's ``HandedBatch.from_wire``)."""
         arena, service = self.service.arena, self.service
