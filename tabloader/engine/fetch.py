@@ -59,6 +59,7 @@ __all__ = ["Fetcher"]
 
 logger = logging.getLogger(__name__)
 
+NO_ROWS = np.empty(0, np.int64)
 MIN_DECODE_ROWS = 4  # rows per decode task at least: its bookkeeping is amortized
 MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip through a pipe)
 # and at least this many bytes of fixed-shape values: a task's hand-offs (a dozen thread
@@ -292,18 +293,61 @@ class Fetcher:
                     value = math.prod(_fixed_shape(dec.image_size))  # small ones: fewer tasks
                     least = max(least, -(-MIN_TASK_BYTES // value))
                 step = max(least, -(-claim.size // self.workers))
+                ahead = NO_ROWS
+                if in_procs and 2 * claim.size < least:  # a short task: fill it with what comes
+                    ahead = self._ahead(work, dec, space, loading, rows[claim], least - claim.size)
                 for start in range(0, claim.size, step):
                     pos = claim[start : start + step]
-                    load = _Load(self._next_load, space, dec, rows[pos])
+                    if start == 0 and ahead.size:  # a load's rows are sorted
+                        both = np.sort(np.concatenate((rows[pos], ahead)))
+                        load = _Load(self._next_load, space, dec, both)
+                        idx = np.searchsorted(both, rows[pos])
+                    else:
+                        load = _Load(self._next_load, space, dec, rows[pos])
+                        idx = np.arange(pos.size)
                     load.priority = work.seq
                     self._next_load += 1
-                    load.waiters.append((work, ci, pos, np.arange(pos.size)))
+                    load.waiters.append((work, ci, pos, idx))
                     loading[load.rows] = load.id
                     self._loads[load.id] = load
                     work.waiting += 1
                     new.append(load)
-                work.loaded += int(claim.size)
+                work.loaded += int(claim.size + ahead.size)
         return new
+
+    def _ahead(
+        self,
+        work: Work,
+        dec: Decoder,
+        space: int,
+        loading: npt.NDArray[np.int64],
+        claimed: npt.NDArray[np.int64],
+        want: int,
+    ) -> npt.NDArray[np.int64]:
+        """Up to ``want`` rows the batch's job cuts next (the head of its queue) that are
+        neither stored, nor being decoded, nor ``claimed`` (``_lock`` held): decoded in the
+        same task as this batch's misses.
+
+        A decode process's task costs the loader a dozen thread wake-ups whatever its size, so
+        a task has at least ``MIN_TASK_BYTES`` of values. A batch whose misses are fewer (jobs
+        that cut the same rows at other batch boundaries leave each other a batch's tail or
+        head: four tiny-row jobs made tasks of 86 rows on average, three times one job's)
+        decodes the rows its job asks for next with them. They are queued, so the arena
+        knows their next use and keeps them until then; a batch of any job that needs one
+        while it is decoded waits for this task, as for any load in flight.
+        """
+        queue = getattr(getattr(work.job, "job", None), "queue", None)
+        head = NO_ROWS if queue is None else queue.q_rows[: 4 * want]
+        if head.size == 0:
+            return NO_ROWS
+        head = head[(loading[head] < 0) & ~np.isin(head, claimed)]
+        if head.size:
+            head = head[~self.arena.stored(space, head)]
+        known = self._failed.get(dec.column) if head.size else None
+        if known:
+            head = head[[r not in known for r in head.tolist()]]
+        _, first = np.unique(head, return_index=True)  # a queue spanning epochs repeats rows
+        return head[np.sort(first)][:want]
 
     # -- decoding (one task per group of rows) ------------------------------------------------
     def _dispatch(self, load: _Load) -> None:

@@ -540,3 +540,42 @@ def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_warn
     assert said.count(f"The temporary folder {deep} is too deep") == 1, said
     assert "set TMPDIR to a shorter folder" in said
     assert "decoded in the loader's threads instead" in said
+
+
+def test_short_decode_tasks_take_the_rows_their_job_cuts_next(images, monkeypatch):
+    """A decode process's task costs the loader a dozen wake-ups whatever its size: a batch
+    whose misses fill less than half a task decodes the rows its job cuts next with them
+    (two jobs cutting at other boundaries made tasks of a third of a batch). Every row is
+    still decoded once, with the same pixels."""
+    from tabloader.engine.decoding import DecodePool
+
+    sizes: list[int] = []
+    submit = DecodePool.submit
+
+    def counted(self, reader, dec, rows, offsets):
+        sizes.append(len(rows))
+        return submit(self, reader, dec, rows, offsets)
+
+    monkeypatch.setattr(DecodePool, "submit", counted)
+    images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
+    images.sql("REGISTER JOB b SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
+        loader.wait_ready()
+        sizes.clear()
+        a = loader.open("a", epochs=1, batch_size=4)
+        b = loader.open("b", epochs=1, batch_size=6)
+        got: dict[str, dict[int, np.ndarray]] = {"a": {}, "b": {}}
+        for name, stream in (("a", a), ("b", b)):
+            while (batch := stream.take()) is not None:
+                got[name].update(zip(batch["_id"].tolist(), batch["image"], strict=True))
+        a.close()
+        b.close()
+        decodes = loader.stats()["decodes"]
+    assert decodes == 60 == sum(sizes)  # each row decoded once, for both jobs
+    assert len(sizes) <= 60 // 4 // 2  # far fewer tasks than job a's 15 batches
+    assert got["a"].keys() == got["b"].keys() == set(range(60))
+    raw = images.dataset("imgs").take(list(range(60)), ["image"]).column("image")
+    for row, value in enumerate(raw):
+        expected = decode_image(value.as_buffer(), size=16)
+        assert np.array_equal(got["a"][row], expected)
+        assert np.array_equal(got["b"][row], expected)
