@@ -115,10 +115,15 @@ class Handler(Protocol):
         """
 
     def interrupt(self) -> None:
-        """The client sent its next request while ``handle()`` runs (it may wait): make that
-        ``handle()`` return (a client waits for each reply, except a ``RemoteStream`` leaving
-        while it reads ahead). Runs in another thread; the request is read next as usual.
+        """The client sent its next request while an ``interruptible`` request is handled (it
+        may wait): make that ``handle()`` return (a ``RemoteStream`` leaving while it reads
+        ahead). Runs in another thread; the request is read next as usual.
         """
+
+    def interruptible(self, msg: Message) -> bool:
+        """Whether a request that comes while ``msg`` is handled means the client gave it up
+        (``interrupt``); else it was sent behind it (a client may send its first ``next``
+        behind its ``open``) and waits its turn."""
 
 
 class Listener:
@@ -278,7 +283,7 @@ class Listener:
                 with contextlib.suppress(OSError):
                     send_frame(conn.sock, encode(error_reply(exc)))
             return False
-        self._set_busy(conn, True)
+        self._set_busy(conn, True, conn.handler.interruptible(msg))
         fds: list[int] = []  # descriptors that go with the reply: ours to close
         try:
             answer = dict(conn.handler.handle(msg))
@@ -304,13 +309,13 @@ class Listener:
                 os.close(fd)
         return True
 
-    def _set_busy(self, conn: _Conn, busy: bool) -> None:
+    def _set_busy(self, conn: _Conn, busy: bool, interruptible: bool = False) -> None:
         with self._lock:
             if self._closed:
                 return
             if busy:
                 self._last_request = time.monotonic()
-                self._busy[conn.fd] = _Request(conn, self._last_request)
+                self._busy[conn.fd] = _Request(conn, self._last_request, interruptible)
                 if self._wake_on_request:  # else it looks at the busy ones again in time
                     self._wake_on_request = False
                     with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending
@@ -345,8 +350,8 @@ class Listener:
                 self._wake_on_request = timeout is None
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
-            for fd in watched:
-                poller.register(fd, select.POLLRDHUP | select.POLLIN)
+            for fd, request in watched.items():  # a request sent behind another waits its turn
+                poller.register(fd, select.POLLRDHUP | (select.POLLIN * request.interruptible))
             for fd, events in poller.poll(None if timeout is None else timeout * 1000):
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
@@ -421,6 +426,7 @@ class _Request:
 
     conn: _Conn
     since: float  # time.monotonic() when its handler started
+    interruptible: bool = False  # a request that comes meanwhile interrupts it (``Handler``)
 
 
 def _write_key(path: Path) -> bytes:

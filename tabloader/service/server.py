@@ -536,6 +536,11 @@ class _Handler(CatalogOps):
             log.released(work)
         release(work, self.service.arena)
 
+    def interruptible(self, msg: Message) -> bool:
+        """Only a ``next`` is given up by a request sent while it waits (a client's ``leave``
+        while it reads ahead); an ``open`` has the first ``next`` sent right behind it."""
+        return msg.get("op") == "next"
+
     def interrupt(self) -> None:
         """The client sent a request while its ``next`` waits: it leaves (the only request a
         client sends then), so the job's stream closes and the waiting ``take`` returns."""

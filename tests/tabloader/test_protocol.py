@@ -76,6 +76,10 @@ class Echo:
         if msg["op"] == "slow":
             time.sleep(0.001)
             return msg
+        if msg["op"] == "hold":  # waits as an open does (not interruptible)
+            self.blocked.set()
+            time.sleep(msg["s"])
+            return {"interrupted": self.interrupted.is_set()}
         if msg["op"] == "block":
             self.blocked.set()
             woke = threading.Event()
@@ -90,6 +94,9 @@ class Echo:
 
     def interrupt(self) -> None:
         self.interrupted.set()
+
+    def interruptible(self, msg) -> bool:
+        return msg["op"] in ("block", "slow")  # as a stream's ``next``
 
 
 class Service:
@@ -514,6 +521,23 @@ def test_a_request_sent_while_one_waits_interrupts_it(service):
         assert client.receive(timeout=TIMEOUT) == {"op": "echo", "x": 2}
         assert not service.handlers[0].closed.is_set()  # the connection goes on
         assert client.call("echo", x=3) == {"op": "echo", "x": 3}
+    finally:
+        client.close()
+
+
+def test_a_request_sent_behind_one_that_is_not_interruptible_waits_its_turn(service):
+    """A client may send its first ``next`` right behind its ``open``: while a request that
+    is not ``interruptible`` runs (long enough for the watcher to look), the one behind it is
+    not taken for the client giving the first up (four launched training scripts lost a
+    stream 1 run in 5 when a cold service's open took longer than the watcher's delay)."""
+    client = Client(service.root)
+    try:
+        client.send("hold", s=4 * listener.WATCH_AFTER_S)
+        client.send("echo", x=1)
+        assert client.receive(timeout=TIMEOUT) == {"interrupted": False}
+        assert client.receive(timeout=TIMEOUT) == {"op": "echo", "x": 1}
+        assert not service.handlers[0].interrupted.is_set()
+        assert not service.handlers[0].closed.is_set()
     finally:
         client.close()
 
