@@ -221,6 +221,16 @@ def assert_evaluation(ids: list[int], rows: set[int], world_size: int) -> None:
     assert len(ids) == len(rows) + padded
 
 
+def assert_two_epochs(out: Path, rows: set[int], world_size: int, kind: str = "train") -> None:
+    """Epochs 0 and 1 of ``kind`` were recorded, each whole: a training epoch as
+    ``assert_epoch`` checks it, an evaluation (``kind="val"``) as ``assert_evaluation``."""
+    check = assert_evaluation if kind == "val" else assert_epoch
+    epochs = recorded(out, kind)
+    assert sorted(epochs) == [0, 1]
+    for ids in epochs.values():
+        check(ids, rows, world_size)
+
+
 @pytest.mark.slow
 @frameworks
 def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, tmp_path):
@@ -241,16 +251,11 @@ def test_lightning_one_process_resumes_mid_epoch_and_at_an_epochs_end(cat_dir, t
     first = recorded(tmp_path)
     assert len(first[1]) == 5 * BATCH  # the crash after step 18
     succeeds("lightning_run.py", *common, "--resume", mid, "--tag", "resumed")
-    epochs = recorded(tmp_path)
-    assert sorted(epochs) == [0, 1]
-    for ids in epochs.values():
-        assert_epoch(ids, rows, 1)
+    assert_two_epochs(tmp_path, rows, 1)
     sanity = batches(tmp_path, "sanity")
     assert len(sanity) == 2  # the first run's; the resumed run has none (it restarts)
-    validations = recorded(tmp_path, "val")
-    assert sorted(validations) == [0, 1]
-    for ids in validations.values():  # whole, though the sanity check read part of one
-        assert_evaluation(ids, val_rows, 1)
+    # evaluations whole, though the sanity check read part of one
+    assert_two_epochs(tmp_path, val_rows, 1, "val")
 
     out = tmp_path / "from-end"
     out.mkdir()
@@ -296,15 +301,9 @@ def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
     )
     assert len(recorded(tmp_path)[1]) == 2 * 2 * BATCH
     succeeds("lightning_run.py", *common, "--devices", 2, "--resume", ckpt, "--tag", "resumed")
-    epochs = recorded(tmp_path)
-    assert sorted(epochs) == [0, 1]
-    for ids in epochs.values():
-        assert_epoch(ids, rows, 2)
+    assert_two_epochs(tmp_path, rows, 2)
     assert {b["run"] for b in batches(tmp_path)} == {"first", "resumed"}
-    validations = recorded(tmp_path, "val")
-    assert sorted(validations) == [0, 1]
-    for ids in validations.values():
-        assert_evaluation(ids, val_rows, 2)
+    assert_two_epochs(tmp_path, val_rows, 2, "val")
 
 
 @pytest.mark.slow
@@ -321,14 +320,8 @@ def test_hf_trainer_under_torchrun_two_processes_resumes_mid_epoch(cat_dir, tmp_
     ckpt = tmp_path / "hf" / f"checkpoint-{per_epoch + 2}"
     assert (ckpt / "tabloader_job.pt").exists()
     succeeds("hf_run.py", *common, "--resume", ckpt, "--tag", "resumed", torchrun=2)
-    epochs = recorded(tmp_path)
-    assert sorted(epochs) == [0, 1]
-    for ids in epochs.values():
-        assert_epoch(ids, rows, 2)
-    validations = recorded(tmp_path, "val")
-    assert sorted(validations) == [0, 1]
-    for ids in validations.values():
-        assert_evaluation(ids, val_rows, 2)
+    assert_two_epochs(tmp_path, rows, 2)
+    assert_two_epochs(tmp_path, val_rows, 2, "val")
 
 
 @pytest.mark.slow
