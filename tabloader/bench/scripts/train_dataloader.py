@@ -1,7 +1,8 @@
 """A training script as a PyTorch user writes it: a ``DataLoader`` with its own workers.
 
 ``bench e2e`` and ``bench throughput`` run it as a shell does, ``python train_dataloader.py
-SPEC`` (a fresh interpreter; it imports nothing of tabloader), beside ``train_tabloader.py``.
+SPEC`` (a fresh interpreter; it imports nothing of tabloader, nor does its sibling ``_loop.py``
+that both scripts time their loader with), beside ``train_tabloader.py``.
 ``SPEC`` is JSON: ``folder`` (an image folder ``root/<class>/<file>``), ``recipe``
 (``train``: ``RandomResizedCrop(size)`` + flip; ``eval``: ``Resize(size)`` +
 ``CenterCrop(size)``), ``size``, ``batch_size``, ``workers``, ``seed``, ``step`` (seconds slept
@@ -27,7 +28,7 @@ import os  # noqa: E402
 import random  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -38,6 +39,11 @@ try:
     from torchvision.transforms import v2
 except Exception:  # not installed, or a build that does not import beside this torch
     v2 = None
+
+if TYPE_CHECKING:  # mypy names this file tabloader.bench.scripts.<name>
+    from tabloader.bench.scripts._loop import drain, report
+else:  # run as a file, its folder is sys.path[0]: the sibling, loading nothing of tabloader
+    from _loop import drain, report
 
 IMPORTED = time.time()
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
@@ -130,50 +136,26 @@ def main() -> int:
         generator=torch.Generator().manual_seed(spec["seed"]),
     )
     built = time.time()
-    rows, first, first_rows, wait_s = 0, None, 0, 0.0
     stages = torch.zeros(3, dtype=torch.float64)
-    it = iter(loader)
-    while True:
-        t0 = time.time()
-        try:
-            _images, labels, times = next(it)
-        except StopIteration:
-            break
-        now = time.time()
-        wait_s += now - t0
-        if first is None:
-            first, first_rows = now, len(labels)
-        rows += len(labels)
-        stages += times.sum(0)
-        if spec["step"]:
-            time.sleep(spec["step"])
-    end = time.time()
-    del it  # the workers stop and are reaped: their CPU is in RUSAGE_CHILDREN now
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
+
+    def count(batch: tuple[Any, Any, Any]) -> int:
+        _images, labels, times = batch
+        stages.add_(times.sum(0))
+        return len(labels)
+
+    loop = drain(loader, count, spec["step"])
+    # the loader's iterator ran out and is gone: its workers stopped and were reaped, their CPU
+    # is in RUSAGE_CHILDREN now
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     read_s, decode_s, augment_s = stages.tolist()
-    result = {
-        "start": START,
-        "imported": IMPORTED,
-        "building": building,
-        "built": built,
-        "first": first,
-        "first_rows": first_rows,
-        "end": end,
-        "rows": rows,
-        "wait_s": wait_s,
-        "cpu_s": me.ru_utime + me.ru_stime,
-        "cpu_imports_s": cpu_imported,
-        "workers_cpu_s": kids.ru_utime + kids.ru_stime,
-        "stages_s": {"read": read_s, "decode": decode_s, "augment": augment_s},
-        "transforms": "torchvision.transforms.v2" if data.tv is not None else "pillow",
-    }
-    tmp = spec["out"] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp, spec["out"])
+    report(
+        spec["out"],
+        (START, IMPORTED, building, built, cpu_imported),
+        loop,
+        workers_cpu_s=kids.ru_utime + kids.ru_stime,
+        stages_s={"read": read_s, "decode": decode_s, "augment": augment_s},
+        transforms="torchvision.transforms.v2" if data.tv is not None else "pillow",
+    )
     return 0
 
 

@@ -16,14 +16,18 @@ import time
 START = time.time()  # before the imports: they are part of what a user waits for
 
 import json  # noqa: E402
-import os  # noqa: E402
-import resource  # noqa: E402
 import sys  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import torch  # noqa: E402, F401  (a training script imports it first)
 from torch.utils.data import DataLoader  # noqa: E402
 
 from tabloader.torch import JobDataset  # noqa: E402
+
+if TYPE_CHECKING:  # mypy names this file tabloader.bench.scripts.<name>
+    from tabloader.bench.scripts._loop import drain, report
+else:  # run as a file, its folder is sys.path[0]: the sibling, loading nothing of tabloader
+    from _loop import drain, report
 
 IMPORTED = time.time()
 
@@ -34,44 +38,16 @@ def main() -> int:
     building = time.time()
     data = JobDataset(spec["job"], catalog=spec["catalog"])
     built = time.time()
-    rows, first, first_rows, wait_s = 0, None, 0, 0.0
-    it = iter(DataLoader(data, batch_size=None))
-    while True:
-        t0 = time.time()
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        now = time.time()
-        wait_s += now - t0
-        if first is None:
-            first, first_rows = now, len(batch["_id"])
-        rows += len(batch["_id"])
-        if spec["step"]:
-            time.sleep(spec["step"])
-    end = time.time()
+    loop = drain(DataLoader(data, batch_size=None), lambda batch: len(batch["_id"]), spec["step"])
     stats = data.stats()
     data.close()
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    result = {
-        "start": START,
-        "imported": IMPORTED,
-        "building": building,
-        "built": built,
-        "first": first,
-        "first_rows": first_rows,
-        "end": end,
-        "rows": rows,
-        "wait_s": wait_s,
-        "cpu_s": me.ru_utime + me.ru_stime,
-        "cpu_imports_s": cpu_imported,
-        "stages_s": {"copy": float(stats.get("copy_s", 0.0))},
-        "service_pid": data.loader.service_pid if hasattr(data.loader, "service_pid") else None,
-    }
-    tmp = spec["out"] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp, spec["out"])
+    report(
+        spec["out"],
+        (START, IMPORTED, building, built, cpu_imported),
+        loop,
+        stages_s={"copy": float(stats.get("copy_s", 0.0))},
+        service_pid=data.loader.service_pid if hasattr(data.loader, "service_pid") else None,
+    )
     return 0
 
 
