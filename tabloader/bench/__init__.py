@@ -22,6 +22,7 @@ from tabloader._format import format_table
 __all__ = [
     "BENCHMARKS",
     "add_loader_arguments",
+    "add_mode_arguments",
     "format_table",
     "load",
     "main",
@@ -76,6 +77,19 @@ def add_loader_arguments(parser: argparse.ArgumentParser, *, workers_help: str) 
         "--workers", type=positive_int, default=os.cpu_count() or 2, help=workers_help
     )
     parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
+
+
+def add_mode_arguments(parser: argparse.ArgumentParser, *, lab: str, mode_help: str) -> None:
+    """``--mode`` (``launched``, the default, or ``lab``: the lab view; ``mode_help`` says
+    both), ``--quick`` (a smoke run) and ``--images`` (3000 launched, 2000 ``lab``): the options
+    of a benchmark that launches the training scripts (:mod:`tabloader.bench.launched`)."""
+    parser.add_argument("--mode", choices=["launched", lab], default="launched", help=mode_help)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument(
+        "--images",
+        type=positive_int,
+        help=f"generated JPEGs (default: 3000 launched, 2000 {lab})",
+    )
 
 
 def peak_rss_mib() -> float:

@@ -112,7 +112,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tabloader.bench import add_loader_arguments, format_table, main, positive_int, write_json
+from tabloader.bench import (
+    add_loader_arguments,
+    add_mode_arguments,
+    format_table,
+    main,
+    positive_int,
+    write_json,
+)
 from tabloader.bench._procs import ServiceProcess, run_jobs, run_one
 from tabloader.bench.cachesim import belady_of_log
 from tabloader.bench.e2e_children import run_child
@@ -139,17 +146,12 @@ COMPETITORS = ("service", "dataloader", "threads", "independent")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench e2e``."""
-    parser.add_argument(
-        "--mode",
-        choices=["launched", "zygote"],
-        default="launched",
-        help="launched (default): each job a fresh `python train.py` started as a shell does, "
-        "start-up and a cold service inside the wall time; zygote: the lab view, job processes "
-        "forked from a pre-imported zygote, timed from a common start",
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument(
-        "--images", type=positive_int, help="generated JPEGs (default: 3000 launched, 2000 zygote)"
+    add_mode_arguments(
+        parser,
+        lab="zygote",
+        mode_help="launched (default): each job a fresh `python train.py` started as a shell "
+        "does, start-up and a cold service inside the wall time; zygote: the lab view, job "
+        "processes forked from a pre-imported zygote, timed from a common start",
     )
     parser.add_argument(
         "--image-size", type=positive_int, default=96, help="shared resize (pixels)"

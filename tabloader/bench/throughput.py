@@ -44,7 +44,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from tabloader.bench import format_table, positive_int, write_json
+from tabloader.bench import add_mode_arguments, format_table, positive_int, write_json
 from tabloader.bench._coldstart import ColdStart, cold_start
 from tabloader.bench._coldstart import report as cold_report
 from tabloader.bench._verdict import verdict
@@ -109,19 +109,12 @@ class FourJobs(TypedDict):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench throughput``."""
-    parser.add_argument(
-        "--mode",
-        choices=["launched", "inprocess"],
-        default="launched",
-        help="launched (default): one job as a fresh `python train.py`, start-up and a cold "
+    add_mode_arguments(
+        parser,
+        lab="inprocess",
+        mode_help="launched (default): one job as a fresh `python train.py`, start-up and a cold "
         "service inside its time; inprocess: the lab view, every competitor in this process "
         "from its first batch on",
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument(
-        "--images",
-        type=positive_int,
-        help="generated JPEGs (default: 3000 launched, 2000 inprocess)",
     )
     parser.add_argument(
         "--rows", type=positive_int, default=200_000, help="rows of the small-row table"
