@@ -79,16 +79,23 @@ def add_loader_arguments(parser: argparse.ArgumentParser, *, workers_help: str) 
     parser.add_argument("--cache", type=float, default=0.10, help="cache, fraction of dataset")
 
 
-def add_mode_arguments(parser: argparse.ArgumentParser, *, lab: str, mode_help: str) -> None:
-    """``--mode`` (``launched``, the default, or ``lab``: the lab view; ``mode_help`` says
-    both), ``--quick`` (a smoke run) and ``--images`` (3000 launched, 2000 ``lab``): the options
-    of a benchmark that launches the training scripts (:mod:`tabloader.bench.launched`)."""
-    parser.add_argument("--mode", choices=["launched", lab], default="launched", help=mode_help)
+def add_mode_arguments(parser: argparse.ArgumentParser, modes: Mapping[str, str]) -> None:
+    """``--mode`` (``modes``: each mode's description, ``launched`` the default and first, then
+    the lab view's mode), ``--quick`` (a smoke run) and ``--images`` (3000 launched, 2000 in
+    the lab view): the options of a benchmark that launches the training scripts
+    (:mod:`tabloader.bench.launched`) or runs them in the lab view."""
+    launched, lab = modes
+    parser.add_argument(
+        "--mode",
+        choices=[launched, lab],
+        default=launched,
+        help=f"{launched} (default): {modes[launched]}; {lab}: {modes[lab]}",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument(
         "--images",
         type=positive_int,
-        help=f"generated JPEGs (default: 3000 launched, 2000 {lab})",
+        help=f"generated JPEGs (default: 3000 {launched}, 2000 {lab})",
     )
 
 

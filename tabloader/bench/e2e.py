@@ -144,15 +144,20 @@ __all__ = ["add_arguments", "bench_cache_bytes", "median_run", "run"]
 COMPETITORS = ("service", "dataloader", "threads", "independent")
 
 
+MODES = {  # --mode: how the jobs run, each mode's description (its help)
+    "launched": (
+        "each job a fresh `python train.py` started as a shell does, start-up and a cold service "
+        "inside the wall time"
+    ),
+    "zygote": (
+        "the lab view, job processes forked from a pre-imported zygote, timed from a common start"
+    ),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench e2e``."""
-    add_mode_arguments(
-        parser,
-        lab="zygote",
-        mode_help="launched (default): each job a fresh `python train.py` started as a shell "
-        "does, start-up and a cold service inside the wall time; zygote: the lab view, job "
-        "processes forked from a pre-imported zygote, timed from a common start",
-    )
+    add_mode_arguments(parser, MODES)
     parser.add_argument(
         "--image-size", type=positive_int, default=96, help="shared resize (pixels)"
     )

@@ -107,15 +107,17 @@ class FourJobs(TypedDict):
     ratio: float
 
 
+MODES = {  # --mode: how the jobs run, each mode's description (its help)
+    "launched": (
+        "one job as a fresh `python train.py`, start-up and a cold service inside its time"
+    ),
+    "inprocess": "the lab view, every competitor in this process from its first batch on",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tabloader bench throughput``."""
-    add_mode_arguments(
-        parser,
-        lab="inprocess",
-        mode_help="launched (default): one job as a fresh `python train.py`, start-up and a cold "
-        "service inside its time; inprocess: the lab view, every competitor in this process "
-        "from its first batch on",
-    )
+    add_mode_arguments(parser, MODES)
     parser.add_argument(
         "--rows", type=positive_int, default=200_000, help="rows of the small-row table"
     )
