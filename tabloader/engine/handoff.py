@@ -401,7 +401,7 @@ class _Prepared:
 class Images(_Prepared):
     """Prepared images (uint8) of one ``shape``."""
 
-    __slots__ = ("shape",)
+    __slots__ = ("dtype", "shape")
     kind: ClassVar[str] = "images"
 
     def __init__(
@@ -413,19 +413,24 @@ class Images(_Prepared):
         staged_bytes: int = 0,
     ) -> None:
         super().__init__(name, starts, private, staged_bytes)
-        self.shape = shape
+        self.shape, self.dtype = shape, np.dtype(np.uint8)
 
     def nbytes(self) -> int:
-        return len(self.starts) * math.prod(self.shape)
+        return len(self.starts) * math.prod(self.shape) * self.dtype.itemsize
 
     def copy_out(self, memory: Memory, into: BatchMemory) -> Any:
         n = len(self.starts)
-        out = into.empty((n, *self.shape))
+        out = into.empty((n, *self.shape), self.dtype)
+        rows = out.reshape(n, math.prod(self.shape)).view(np.uint8)  # each value's bytes
         if n and not self.private:  # the usual case: every value in memory, one gather
-            gather(memory, self.starts, out.reshape(n, math.prod(self.shape)))
+            gather(memory, self.starts, rows)
             return out
         for k in range(n):
-            out[k] = self._value(memory, k, self.shape)
+            start = int(self.starts[k])
+            if start < 0:
+                out[k] = self.private[k]
+            else:
+                rows[k] = memory[start : start + rows.shape[1]]
         return out
 
     def to_wire(self, staging: Staging) -> ColumnWire:
@@ -479,10 +484,11 @@ class ImageList(_Prepared):
         return cls(wire.col["name"], index[:, 0], index[:, 1:], {}, wire.number("staged_bytes"))
 
 
-class Augmented(_Prepared):
-    """The job's augmented images, every one ``shape`` of ``dtype``."""
+class Augmented(Images):
+    """The job's augmented images, every one ``shape`` of ``dtype`` (copied out, counted and
+    checked as :class:`Images` are; the dtype travels too)."""
 
-    __slots__ = ("dtype", "shape")
+    __slots__ = ()
     kind: ClassVar[str] = "augmented"
 
     def __init__(
@@ -494,30 +500,12 @@ class Augmented(_Prepared):
         private: dict[int, Any],
         staged_bytes: int = 0,
     ) -> None:
-        super().__init__(name, starts, private, staged_bytes)
-        self.shape, self.dtype = shape, dtype
-
-    def nbytes(self) -> int:
-        return len(self.starts) * math.prod(self.shape) * self.dtype.itemsize
-
-    def copy_out(self, memory: Memory, into: BatchMemory) -> Any:
-        n = len(self.starts)
-        out = into.empty((n, *self.shape), self.dtype)
-        rows = out.reshape(n, -1).view(np.uint8)
-        if n and not self.private:
-            gather(memory, self.starts, rows)
-            return out
-        for k in range(n):
-            start = int(self.starts[k])
-            if start < 0:
-                out[k] = self.private[k]
-            else:
-                rows[k] = memory[start : start + rows.shape[1]]
-        return out
+        super().__init__(name, starts, shape, private, staged_bytes)
+        self.dtype = dtype
 
     def to_wire(self, staging: Staging) -> ColumnWire:
-        wire = self._wire(staging, np.empty((len(self.starts), 1), np.int64), self.kind)
-        wire["dtype"], wire["shape"] = self.dtype.str, list(self.shape)
+        wire = super().to_wire(staging)
+        wire["dtype"] = self.dtype.str
         return wire
 
     @classmethod
