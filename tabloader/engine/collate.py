@@ -242,7 +242,7 @@ def _augment_over(
     offsets[np.asarray(positions, np.intp)] = slots
     work.discard.add(ci)
     work.augment_s += time.perf_counter() - t0
-    return Augmented(work.plan.prepared[ci][0].column, slots, shape, dtype, private)
+    return Augmented(work.plan.prepared[ci][0].column, slots, shape, private, dtype=dtype)
 
 
 def release(work: Work, arena: Arena) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -398,8 +398,11 @@ class _Prepared:
         }
 
 
+_UINT8 = np.dtype(np.uint8)
+
+
 class Images(_Prepared):
-    """Prepared images (uint8) of one ``shape``."""
+    """Prepared images of one ``shape``: uint8 (:class:`Augmented`: of any ``dtype``)."""
 
     __slots__ = ("dtype", "shape")
     kind: ClassVar[str] = "images"
@@ -411,9 +414,11 @@ class Images(_Prepared):
         shape: tuple[int, ...],
         private: dict[int, Any],
         staged_bytes: int = 0,
+        *,
+        dtype: np.dtype[Any] = _UINT8,
     ) -> None:
         super().__init__(name, starts, private, staged_bytes)
-        self.shape, self.dtype = shape, np.dtype(np.uint8)
+        self.shape, self.dtype = shape, dtype
 
     def nbytes(self) -> int:
         return len(self.starts) * math.prod(self.shape) * self.dtype.itemsize
@@ -439,11 +444,17 @@ class Images(_Prepared):
         return wire
 
     @classmethod
-    def read(cls, wire: _Wire, memory: Memory) -> Images:
-        shape = wire.shape()
+    def read(cls, wire: _Wire, memory: Memory) -> Self:
+        shape, dtype = wire.shape(), cls._dtype(wire)
         starts = wire.index(memory, 1)[:, 0]
-        wire.starts(starts, math.prod(shape))
-        return cls(wire.col["name"], starts, shape, {}, wire.number("staged_bytes"))
+        wire.starts(starts, math.prod(shape) * dtype.itemsize)
+        name, staged_bytes = wire.col["name"], wire.number("staged_bytes")
+        return cls(name, starts, shape, {}, staged_bytes, dtype=dtype)
+
+    @classmethod
+    def _dtype(cls, wire: _Wire) -> np.dtype[Any]:
+        """The dtype of the values ``wire`` says are there: uint8 (it says none)."""
+        return _UINT8
 
 
 class ImageList(_Prepared):
@@ -491,29 +502,14 @@ class Augmented(Images):
     __slots__ = ()
     kind: ClassVar[str] = "augmented"
 
-    def __init__(
-        self,
-        name: str,
-        starts: npt.NDArray[np.int64],
-        shape: tuple[int, ...],
-        dtype: np.dtype[Any],
-        private: dict[int, Any],
-        staged_bytes: int = 0,
-    ) -> None:
-        super().__init__(name, starts, shape, private, staged_bytes)
-        self.dtype = dtype
-
     def to_wire(self, staging: Staging) -> ColumnWire:
         wire = super().to_wire(staging)
         wire["dtype"] = self.dtype.str
         return wire
 
     @classmethod
-    def read(cls, wire: _Wire, memory: Memory) -> Augmented:
-        shape, dtype = wire.shape(), wire.dtype()
-        starts = wire.index(memory, 1)[:, 0]
-        wire.starts(starts, math.prod(shape) * dtype.itemsize)
-        return cls(wire.col["name"], starts, shape, dtype, {}, wire.number("staged_bytes"))
+    def _dtype(cls, wire: _Wire) -> np.dtype[Any]:
+        return wire.dtype()
 
 
 class Augment(_Prepared):

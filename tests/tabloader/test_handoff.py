@@ -43,8 +43,8 @@ def _batch(memory: np.ndarray) -> HandedBatch:
         "aug",
         np.array([-1, 12288, 16384], np.int64),
         (4, 4, 3),
-        np.dtype(np.float32),
         {0: RNG.random((4, 4, 3), np.float32)},
+        dtype=np.dtype(np.float32),
     )
     columns = [
         Held("_id", ids),
