@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,8 @@ from catalog.bitmaps import ID_COLUMN
 from catalog.errors import ServiceError
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from tabloader.engine.augment import Augmenter
     from tabloader.engine.batchmem import BatchMemory
 
