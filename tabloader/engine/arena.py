@@ -87,6 +87,9 @@ __all__ = [
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 
+# ufunc.at with a scalar of the array's own dtype: a Python int takes numpy's casting path,
+# 16 us instead of 1.5 us for 256 rows of an int32 array (numpy 2.4)
+_ONE = np.int32(1)
 _RUN = -2  # the owner of a slab held by a run of ``reserve_run``
 
 
@@ -221,6 +224,10 @@ class Arena:
                 self._where[sid] = grown
             return sid
 
+    def holds(self, space: int, nbytes: int) -> int:
+        """How many values of ``nbytes`` of ``space`` the whole arena holds, pinned or not."""
+        return self.num_slabs * (self.slab_bytes // size_class(nbytes, exact=self._fixed[space]))
+
     # -- lookups -----------------------------------------------------------------------------
     def get(self, space: int, rows: npt.NDArray[np.int64], *, again: bool = False) -> Found:
         """The slots of ``rows`` (offset -1 where absent); found ones are pinned.
@@ -241,7 +248,7 @@ class Arena:
             if hit.size:
                 self._tick += 1
                 for cls, sel, index in self._slabs.locate_many(offsets[hit]):
-                    np.add.at(cls.pins, index, 1)
+                    np.add.at(cls.pins, index, _ONE)
                     cls.tick[index] = self._tick
                     shapes[hit[sel]] = cls.shape[index]
             return Found(offsets, shapes)
@@ -276,7 +283,7 @@ class Arena:
             self._tick += 1
             parts = []
             for cls, _, index in self._slabs.locate_many(np.asarray(offsets, np.int64)):
-                slots, drops = np.unique(index, return_counts=True)
+                slots, drops = _counted(index)
                 if (cls.pins[slots] < drops).any():
                     raise CacheError(
                         "Cannot release a slot that holds no pin. Release each offset once "
@@ -291,7 +298,7 @@ class Arena:
         """Add one pin per offset (slots someone holds already, so they cannot be evicted)."""
         with self._lock:
             for cls, _, index in self._slabs.locate_many(np.asarray(offsets, np.int64)):
-                np.add.at(cls.pins, index, 1)
+                np.add.at(cls.pins, index, _ONE)
 
     def pins(self, offset: int) -> int:
         """How many pins the slot at ``offset`` holds now."""
@@ -340,7 +347,7 @@ class Arena:
             if have.size:  # stored already (two loads of a row raced): pinned again
                 offsets[have] = existing[have]
                 for c, _, index in self._slabs.locate_many(existing[have]):
-                    np.add.at(c.pins, index, pins)
+                    np.add.at(c.pins, index, np.int32(pins))
             want = np.flatnonzero(existing < 0)
             idx = self._slots(cls, want.size) if cls is not None else np.empty(0, np.intp)
             if idx.size < want.size:
@@ -624,3 +631,13 @@ def values_that_fit(capacity_bytes: int, nbytes: int) -> int:
     slab holds them (its capacity in rows, for cache bounds)."""
     slab = default_slab(capacity_bytes)
     return max(1, capacity_bytes // slab) * (slab // size_class(nbytes, exact=True))
+
+
+def _counted(index: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | np.int32]:
+    """``np.unique(index, return_counts=True)``, with the count a scalar 1 when no index
+    repeats (a batch's release, the usual case: a sort and a compare, 3 us for 256 slots
+    against ``unique``'s 8 us)."""
+    slots = np.sort(index)
+    if slots.size < 2 or not (slots[1:] == slots[:-1]).any():
+        return slots, _ONE
+    return np.unique(slots, return_counts=True)

@@ -66,6 +66,10 @@ MIN_PROCESS_ROWS = 8  # the same for a decode process's task (a round trip throu
 # wake-ups through the process pool) cost ~0.3 ms of the loader's CPU; tiny images (16x16:
 # 768 B) in tasks of half a batch of 256 spent 12 us a row on them, in one task 9 us
 MIN_TASK_BYTES = 256 << 10
+# rows decoded ahead of their batch (``_ahead``) hold slots while their task runs: at most this
+# share of the arena's slots for their size, so that a cache sized for the batches in flight
+# (a 20-slot arena for two jobs' two batches of four) is not filled by them
+AHEAD_SHARE = 8
 
 
 class _Load:
@@ -190,7 +194,7 @@ class Fetcher:
                 starting = self._starting.get(space)
                 if starting is None:
                     starting = self._starting[space] = np.zeros(self.reader.num_rows, np.int32)
-                np.add.at(starting, work.rows, delta)
+                np.add.at(starting, work.rows, np.int32(delta))
 
     def starting(self, space: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
         """Per row of ``space``, the batches submitted that will look it up and have not yet
@@ -288,14 +292,15 @@ class Fetcher:
                 claim = rest[~hit]
                 claim = claim[np.argsort(rows[claim], kind="stable")]  # a record batch together
                 in_procs = self.procs is not None and self.procs.ready and dec.in_processes
-                least = MIN_PROCESS_ROWS if in_procs else MIN_DECODE_ROWS
+                least, most_ahead = (MIN_PROCESS_ROWS if in_procs else MIN_DECODE_ROWS), 0
                 if dec.image_size is not None and not isinstance(dec.image_size, Fit):
                     value = math.prod(_fixed_shape(dec.image_size))  # small ones: fewer tasks
                     least = max(least, -(-MIN_TASK_BYTES // value))
+                    most_ahead = self.arena.holds(space, value) // AHEAD_SHARE
                 step = max(least, -(-claim.size // self.workers))
-                ahead = NO_ROWS
-                if in_procs and 2 * claim.size < least:  # a short task: fill it with what comes
-                    ahead = self._ahead(work, dec, space, loading, rows[claim], least - claim.size)
+                ahead, want = NO_ROWS, min(least - claim.size, most_ahead)
+                if in_procs and 2 * claim.size < least and want > 0:  # a short task: fill it
+                    ahead = self._ahead(work, dec, space, loading, rows[claim], want)
                 for start in range(0, claim.size, step):
                     pos = claim[start : start + step]
                     if start == 0 and ahead.size:  # a load's rows are sorted

@@ -59,6 +59,9 @@ class FutureUses:
         self._mark = np.zeros(num_rows, bool)
         self.num_rows = num_rows
 
+    # ``ufunc.at`` is given a scalar of the array's own dtype: with a Python int, numpy 2.4
+    # takes its casting path (16 us instead of 1.5 us for 256 rows of an int8/int32 array)
+
     def count(
         self, job: JobQueue, rows: npt.NDArray[Any], delta: int, *, repeats: bool = False
     ) -> None:
@@ -70,7 +73,7 @@ class FutureUses:
                 counts = self.uses[space] = np.zeros(self.num_rows, np.int32)
                 self.next_round[space] = np.full(self.num_rows, np.inf)
             if repeats:
-                np.add.at(counts, rows, delta)
+                np.add.at(counts, rows, counts.dtype.type(delta))
             else:
                 counts[rows.astype(np.intp, copy=False)] += delta
 
@@ -79,7 +82,7 @@ class FutureUses:
     ) -> None:
         """``rows`` joined ``job``'s queue, to be used in ``rounds``."""
         first, count = self._queue_of(job)
-        np.add.at(count, rows, 1)
+        np.add.at(count, rows, count.dtype.type(1))
         first[rows] = np.minimum(first[rows], rounds)
         for space in job.spaces():
             nxt = self.next_round[space]
@@ -110,7 +113,7 @@ class FutureUses:
         if rows.size == 0:
             return
         first, count = self._queue_of(job)
-        np.subtract.at(count, rows, 1)
+        np.subtract.at(count, rows, count.dtype.type(1))
         first[rows] = np.inf
         again = rows[count[rows] > 0]
         if again.size:  # its queue spans two epochs and holds them again: their next entry
@@ -123,7 +126,8 @@ class FutureUses:
         others = [o for o in jobs if o is not job and o in self._first]
         for space in job.spaces():
             if used:
-                np.subtract.at(self.uses[space], rows, 1)  # a queue spanning epochs repeats
+                # a queue spanning epochs repeats rows
+                np.subtract.at(self.uses[space], rows, np.int32(1))
             best = first[rows]
             for other in others:
                 if space in other.spaces():

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 
@@ -540,6 +541,36 @@ def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_warn
     assert said.count(f"The temporary folder {deep} is too deep") == 1, said
     assert "set TMPDIR to a shorter folder" in said
     assert "decoded in the loader's threads instead" in said
+
+
+def test_rows_decoded_ahead_take_at_most_an_eighth_of_a_small_arena(images, monkeypatch):
+    """Rows decoded ahead hold slots while their task runs: in an arena of 24 slots (sized
+    for the batches in flight, as a test or a tight cache is) a short task takes at most 3
+    rows beyond its batch's misses, not the hundreds a 256 KiB task of 16x16 images would,
+    and nothing goes out uncached."""
+    from tabloader.engine.arena import CacheOvershootWarning
+    from tabloader.engine.decoding import DecodePool
+
+    sizes: list[int] = []
+    submit = DecodePool.submit
+
+    def counted(self, reader, dec, rows, offsets):
+        sizes.append(len(rows))
+        return submit(self, reader, dec, rows, offsets)
+
+    monkeypatch.setattr(DecodePool, "submit", counted)
+    images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(images, cache_bytes=24 * 16 * 16 * 3, workers=2) as loader:
+        loader.wait_ready()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CacheOvershootWarning)
+            a = loader.open("a", epochs=1, batch_size=4, prefetch=2)
+            rows = sum(len(batch["_id"]) for batch in a)
+            a.close()
+        assert loader.arena.holds(0, 16 * 16 * 3) == 24  # the job's one space
+    assert rows == 60
+    assert sizes
+    assert max(sizes) <= 4 + 24 // 8
 
 
 def test_short_decode_tasks_take_the_rows_their_job_cuts_next(images, monkeypatch):
