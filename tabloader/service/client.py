@@ -15,6 +15,7 @@ other calls go through :func:`tabloader.connect`, which uses the service while o
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -187,6 +188,7 @@ def _spawn(root: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
             env={**_service_env(), STARTER_ENV: str(os.getpid())},
             start_new_session=True,  # detached: it outlives this process, not its signals
         )
+    _STARTED.append(proc)  # not collected while it runs ("subprocess ... is still running")
     return proc, start
 
 
@@ -705,6 +707,23 @@ class RemoteStream:
 
 _LOADERS: dict[Path, RemoteLoader] = {}
 _LOADERS_LOCK = threading.Lock()
+_STARTED: list[subprocess.Popen[bytes]] = []  # the services this process started
+
+
+@atexit.register
+def _at_exit() -> None:
+    """This process's connections to services close as it exits (no "unclosed socket"
+    ``ResourceWarning`` under ``-X dev``), and the services it started stay up, detached on
+    purpose (the system reaps them; no "subprocess is still running" warning)."""
+    with _LOADERS_LOCK:
+        loaders = list(_LOADERS.values())
+        _LOADERS.clear()
+    for loader in loaders:
+        with contextlib.suppress(Exception):
+            loader.close()
+    for proc in _STARTED:
+        if proc.poll() is None:
+            proc.returncode = 0  # Popen's own mark of a child it need not wait for
 
 
 def service_loader(root: str | os.PathLike[str] | None) -> RemoteLoader:

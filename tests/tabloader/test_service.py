@@ -918,6 +918,41 @@ def test_a_started_service_serving_augmented_jobs_starts_no_decode_process(cat_d
         _stop(started["pid"])
 
 
+LEAVES = textwrap.dedent(
+    """
+    import sys
+    from tabloader.torch import JobDataset
+    data = JobDataset(sys.argv[2], catalog=sys.argv[1], batch_size=4)  # starts the service
+    batch = next(iter(data))
+    data.close()
+    print(data.loader.service_pid)
+    """
+)
+
+
+def test_a_script_that_started_the_service_exits_without_resource_warnings(cat_dir, tmp_path):
+    """A training script's JobDataset connects through the process's shared connection and
+    starts the service; at exit that connection closes and the service stays up, detached,
+    with nothing left for ``-X dev`` to warn about (an unclosed socket, a running child)."""
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES)
+    dev = ["-X", "dev", "-W", "error::ResourceWarning"]
+    out = subprocess.run(
+        [sys.executable, *dev, str(script), str(cat_dir), "a"],
+        env={**os.environ, "TABLOADER_IDLE_EXIT": "5"},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT * 2,
+    )
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    try:
+        assert "Warning" not in out.stderr, out.stderr
+        assert _alive(pid)  # it outlives the script that started it
+    finally:
+        _stop(pid)
+
+
 DIALS = textwrap.dedent(
     """
     import sys, time
