@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -195,6 +196,7 @@ class Arena:
         self._score = score
         self.policy = policy
         self._lock = threading.Lock()
+        self._unpinned = threading.Condition(self._lock)  # pins dropped: a run may fit now
         self._spaces: dict[str, int] = {}
         self._where: list[npt.NDArray[np.int64]] = []  # space -> row -> offset (-1: absent)
         self._fixed: list[bool] = []  # space -> values of one shape
@@ -293,6 +295,7 @@ class Arena:
             for cls, slots, drops in parts:
                 cls.pins[slots] -= drops
                 cls.tick[slots] = self._tick
+            self._unpinned.notify_all()
 
     def pin(self, offsets: npt.NDArray[np.int64]) -> None:
         """Add one pin per offset (slots someone holds already, so they cannot be evicted)."""
@@ -397,40 +400,52 @@ class Arena:
                     out[k] = existing
         return out
 
-    def reserve_run(self, nbytes: int) -> int:
+    def reserve_run(self, nbytes: int, *, wait: float = 0.0) -> int:
         """The offset of ``nbytes`` in whole consecutive slabs (room for more than a slab, as
         a batch's staging), held until :meth:`discard`; -1 if no run of slabs that are free or
-        hold only unpinned values is that long. The run's values are evicted: the run with the
-        fewest values is taken.
+        hold only unpinned values is that long, after waiting up to ``wait`` seconds for pins
+        to drop (values pinned by batches in flight are scattered over the slabs: the memory
+        is there, not yet in one run). The run's values are evicted: the run with the fewest
+        values is taken.
         """
         k = -(-nbytes // self.slab_bytes)
+        deadline = time.monotonic() + wait
         with self._lock:
-            cost = np.zeros(self.num_slabs)  # values to evict per slab (inf: pinned, a run)
-            for slab, cid in enumerate(self._slabs.owner.tolist()):
-                if cid == _RUN:
-                    cost[slab] = np.inf
-                elif cid >= 0:
-                    owner, idx = self._slabs.slots(slab)
-                    pinned = owner.pins[idx].any()
-                    cost[slab] = np.inf if pinned else (owner.space[idx] >= 0).sum()
-            if k > self.num_slabs:
-                return -1
-            sums = np.convolve(cost, np.ones(k), "valid")
-            first = int(np.argmin(sums))
-            if not np.isfinite(sums[first]):
-                return -1
-            run = list(range(first, first + k))
-            for slab in run:
-                if self._slabs.owner[slab] >= 0:
-                    owner, idx = self._slabs.slots(slab)
-                    for i in idx[owner.space[idx] >= 0].tolist():
-                        self._evict(owner, i)
-                    self._slabs.take_back(slab)
-                else:
-                    self._slabs.free.remove(slab)
-                self._slabs.owner[slab] = _RUN
-            self._runs[first * self.slab_bytes] = run
-            return first * self.slab_bytes
+            while (offset := self._run_locked(k)) < 0 and k <= self.num_slabs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._unpinned.wait(left)
+            return offset
+
+    def _run_locked(self, k: int) -> int:
+        """``reserve_run`` of ``k`` slabs, once (``_lock`` held)."""
+        if k > self.num_slabs:
+            return -1
+        cost = np.zeros(self.num_slabs)  # values to evict per slab (inf: pinned, a run)
+        for slab, cid in enumerate(self._slabs.owner.tolist()):
+            if cid == _RUN:
+                cost[slab] = np.inf
+            elif cid >= 0:
+                owner, idx = self._slabs.slots(slab)
+                pinned = owner.pins[idx].any()
+                cost[slab] = np.inf if pinned else (owner.space[idx] >= 0).sum()
+        sums = np.convolve(cost, np.ones(k), "valid")
+        first = int(np.argmin(sums))
+        if not np.isfinite(sums[first]):
+            return -1
+        run = list(range(first, first + k))
+        for slab in run:
+            if self._slabs.owner[slab] >= 0:
+                owner, idx = self._slabs.slots(slab)
+                for i in idx[owner.space[idx] >= 0].tolist():
+                    self._evict(owner, i)
+                self._slabs.take_back(slab)
+            else:
+                self._slabs.free.remove(slab)
+            self._slabs.owner[slab] = _RUN
+        self._runs[first * self.slab_bytes] = run
+        return first * self.slab_bytes
 
     def discard(self, offsets: npt.NDArray[np.int64]) -> None:
         """Free fresh slots of ``reserve`` that were not filled (a failed decode), and runs of
@@ -447,6 +462,7 @@ class Arena:
             for cls, _, index in self._slabs.locate_many(np.array(slots, np.int64)):
                 for i in index.tolist():
                     cls.free_slot(i)
+            self._unpinned.notify_all()
 
     def _uncached_warning(self, nbytes: int, too_big: bool) -> Warning | None:
         if too_big and not self._warned_big:

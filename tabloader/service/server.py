@@ -78,6 +78,10 @@ logger = logging.getLogger(__name__)
 STAGING_TICKETS = 1 << 16  # staging slots are rows of one arena space, reused round-robin
 STAGING_BLOCK = 64 << 10  # a batch's small columns (ids, labels) fit one block after the arena
 STAGING_BLOCKS = 64
+# a batch staged in a run of slabs (an augmented batch: 9.6 MB at 64x3x224x224) waits this
+# long for pins to drop: the batches in flight pin values scattered over the slabs, and 1 bench
+# e2e run in 12 found no free run at once and failed the job
+STAGING_WAIT_S = 10.0
 READY_TIMEOUT_S = 120.0  # the longest a client's wait_ready() waits for the decode processes
 
 
@@ -488,14 +492,19 @@ class _Handler(CatalogOps):
             if block >= 0:
                 staging = service.blocks_at + block * STAGING_BLOCK
         if used > arena.slab_bytes and block < 0:  # whole slabs, their values evicted
-            staging = arena.reserve_run(used)
+            staging = arena.reserve_run(used, wait=STAGING_WAIT_S)
         elif used and block < 0:
             staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
         if used and staging < 0:
             self._released(batch.work)
             raise LoaderError(
                 f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
-                "part; raise the service's cache size or lower batch_size."
+                + (
+                    f"part held in one run of slabs for {STAGING_WAIT_S:.0f} s"
+                    if used > arena.slab_bytes
+                    else "part"
+                )
+                + "; raise the service's cache size or lower batch_size."
             )
         if used:
             target = (

@@ -210,6 +210,27 @@ def test_a_run_of_whole_slabs_evicts_unpinned_values_and_skips_pinned_ones():
     assert arena.reserve_run(5 * SLAB) >= 3 * SLAB  # its slabs are free again
 
 
+def test_a_run_waits_for_pins_to_drop_when_no_slabs_are_free_together():
+    """Batches in flight pin values in every slab: a run waits for their release (bounded),
+    then takes the slabs; with nothing released it gives up after its wait."""
+    arena = Arena(4 * SLAB, slab_bytes=SLAB)
+    space = arena.space("s", num_rows=1000)
+    per_slab = SLAB // 1024
+    offsets = np.array(
+        [arena.put(space, r, np.zeros(1024, np.uint8)) for r in range(4 * per_slab)], np.int64
+    )
+    one_per_slab = offsets[::per_slab]  # one value of every slab stays pinned
+    arena.release(np.setdiff1d(offsets, one_per_slab))
+    assert arena.reserve_run(2 * SLAB, wait=0.05) == -1
+    timer = threading.Timer(0.2, arena.release, (one_per_slab[:2],))  # slabs 0 and 1 free up
+    timer.start()
+    try:
+        assert arena.reserve_run(2 * SLAB, wait=30) == 0
+    finally:
+        timer.join()
+    assert arena.reserve_run(5 * SLAB, wait=30) == -1  # more slabs than there are: no wait
+
+
 def _arena_with_history(seed: int) -> tuple[Arena, int, dict[int, int]]:
     """4 slabs of 16 slots; rows 0..39 stored (2.5 slabs), some held; scores from ``seed``."""
     rng = np.random.default_rng(seed)
