@@ -593,8 +593,10 @@ def test_short_decode_tasks_take_the_rows_their_job_cuts_next(images, monkeypatc
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
         loader.wait_ready()
         sizes.clear()
-        a = loader.open("a", epochs=1, batch_size=4)
-        b = loader.open("b", epochs=1, batch_size=6)
+        # rows sampled ahead beyond the batches cut (a prefetch of the whole epoch would cut
+        # every row as it is sampled, and leave no queue to fill a short task from)
+        a = loader.open("a", epochs=1, batch_size=4, prefetch=2, lookahead=60)
+        b = loader.open("b", epochs=1, batch_size=6, prefetch=2, lookahead=60)
         got: dict[str, dict[int, np.ndarray]] = {"a": {}, "b": {}}
         for name, stream in (("a", a), ("b", b)):
             while (batch := stream.take()) is not None:
