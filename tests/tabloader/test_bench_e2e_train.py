@@ -298,7 +298,9 @@ def test_e2e_rejects_unknown_scenarios(scenarios):
 
 
 def test_e2e_late_is_checked_against_belady():
-    """In ``late`` the service's decodes are checked against Belady's MIN on its requests."""
+    """In ``late`` the service's decodes are checked against Belady's MIN on its requests;
+    the union is out of reach for any cache of that size (MIN is above it), so it is reported,
+    not checked."""
     service = {
         "decodes": 120,
         "belady": {"capacity_rows": 40, "decodes": 110, "decodes_unpinned": 105},
@@ -308,7 +310,8 @@ def test_e2e_late_is_checked_against_belady():
     runs = {"late": {"union": 100, "results": {"service": service}, "fastest_alone_rows_per_s": 0}}
     overhead = {"p50_us": 1.0, "p99_us": 2.0}
     targets = {t["target"]: t for t in e2e_targets(runs, overhead)}
-    assert targets["service decodes / union"]["result"] == "FAIL"
+    union = targets["service decodes / union"]
+    assert (union["value"], union["result"]) == (1.2, "")  # no PASS or FAIL
     bound = targets["Belady's MIN / union (40-row arena, service's requests and pins)"]
     assert bound["value"] == 1.1
     check = targets["service decodes / Belady's MIN"]
