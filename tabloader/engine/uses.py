@@ -81,6 +81,8 @@ class FutureUses:
         self, job: JobQueue, rows: npt.NDArray[np.int64], rounds: npt.NDArray[np.int64]
     ) -> None:
         """``rows`` joined ``job``'s queue, to be used in ``rounds``."""
+        if not job.spaces():  # a job that prepares nothing (gathers only) ranks no value
+            return
         first, count = self._queue_of(job)
         np.add.at(count, rows, count.dtype.type(1))
         first[rows] = np.minimum(first[rows], rounds)
@@ -110,7 +112,7 @@ class FutureUses:
         (``used``: cut into a batch; else given back to the sampler, still a future use);
         their next queued use is the least first round of the jobs ``jobs`` (the scheduler's
         open jobs) that queue them."""
-        if rows.size == 0:
+        if rows.size == 0 or not job.spaces():
             return
         first, count = self._queue_of(job)
         np.subtract.at(count, rows, count.dtype.type(1))

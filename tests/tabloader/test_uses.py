@@ -74,6 +74,24 @@ def test_a_queue_spanning_two_epochs_holds_a_row_twice():
     assert not fu._count
 
 
+def test_a_job_that_prepares_nothing_keeps_no_arrays_and_changes_no_ranks():
+    """A gather-only job (no arena space) ranks no value: its queue moves leave the next
+    rounds of a preparing job's rows as they were and allocate nothing (two arrays over the
+    dataset's rows each time its queue ran dry made four small-row jobs 0.86x one job)."""
+    fu = FutureUses(6)
+    prep, gathers = Queue([0], [1, 2], [7, 8]), Queue([], [1, 2, 3], [1, 2, 3])
+    fu.count(prep, np.arange(6), +1)
+    fu.queued(prep, prep.q_rows, prep.q_rounds)
+    fu.queued(gathers, gathers.q_rows, gathers.q_rounds)
+    assert fu.next_round[0].tolist() == [np.inf, 7, 8, np.inf, np.inf, np.inf]
+    assert list(fu._first) == [prep]  # nothing made for the gathering job
+    gathers.q_rows, gathers.q_rounds = gathers.q_rows[:0], gathers.q_rounds[:0]
+    fu.unqueued(gathers, np.array([1, 2, 3]), [prep, gathers])
+    assert fu.next_round[0].tolist() == [np.inf, 7, 8, np.inf, np.inf, np.inf]
+    assert list(fu._first) == [prep]
+    assert list(fu._count) == [prep]
+
+
 def test_next_rounds_are_the_least_of_every_queue_at_every_step():
     """Random queues, cuts and give-backs of several jobs on two spaces: ``next_round``
     always equals the least queued round of each row, recomputed from the queues."""
