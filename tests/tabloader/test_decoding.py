@@ -543,12 +543,8 @@ def test_a_temporary_folder_too_deep_for_the_forkserver_socket_is_one_clear_warn
     assert "decoded in the loader's threads instead" in said
 
 
-def test_rows_decoded_ahead_take_at_most_an_eighth_of_a_small_arena(images, monkeypatch):
-    """Rows decoded ahead hold slots while their task runs: in an arena of 24 slots (sized
-    for the batches in flight, as a test or a tight cache is) a short task takes at most 3
-    rows beyond its batch's misses, not the hundreds a 256 KiB task of 16x16 images would,
-    and nothing goes out uncached."""
-    from tabloader.engine.arena import CacheOvershootWarning
+def _task_sizes(monkeypatch) -> list[int]:
+    """The rows of each task sent to the decode processes from now on."""
     from tabloader.engine.decoding import DecodePool
 
     sizes: list[int] = []
@@ -559,6 +555,17 @@ def test_rows_decoded_ahead_take_at_most_an_eighth_of_a_small_arena(images, monk
         return submit(self, reader, dec, rows, offsets)
 
     monkeypatch.setattr(DecodePool, "submit", counted)
+    return sizes
+
+
+def test_rows_decoded_ahead_take_at_most_an_eighth_of_a_small_arena(images, monkeypatch):
+    """Rows decoded ahead hold slots while their task runs: in an arena of 24 slots (sized
+    for the batches in flight, as a test or a tight cache is) a short task takes at most 3
+    rows beyond its batch's misses, not the hundreds a 256 KiB task of 16x16 images would,
+    and nothing goes out uncached."""
+    from tabloader.engine.arena import CacheOvershootWarning
+
+    sizes = _task_sizes(monkeypatch)
     images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=24 * 16 * 16 * 3, workers=2) as loader:
         loader.wait_ready()
@@ -578,16 +585,7 @@ def test_short_decode_tasks_take_the_rows_their_job_cuts_next(images, monkeypatc
     whose misses fill less than half a task decodes the rows its job cuts next with them
     (two jobs cutting at other boundaries made tasks of a third of a batch). Every row is
     still decoded once, with the same pixels."""
-    from tabloader.engine.decoding import DecodePool
-
-    sizes: list[int] = []
-    submit = DecodePool.submit
-
-    def counted(self, reader, dec, rows, offsets):
-        sizes.append(len(rows))
-        return submit(self, reader, dec, rows, offsets)
-
-    monkeypatch.setattr(DecodePool, "submit", counted)
+    sizes = _task_sizes(monkeypatch)
     images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB b SELECT image FROM imgs WITH (image_size = 16)")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:
