@@ -320,9 +320,14 @@ def weighted_leader(seed):
 
 
 def run(leader, nodes, polls):
+    """``polls`` rounds of both nodes polling ``leader``; the lists they fetched, in order."""
+    fetched = []
     for _ in range(polls):
         for node in ("n0", "n1"):
+            held = len(nodes.held.get(node, []))
             nodes.poll(leader, node)
+            fetched += nodes.held.get(node, [])[held:]
+    return fetched
 
 
 def draws_of(delivered, name):
@@ -359,12 +364,7 @@ def chi_square_p(rows):
 def test_a_weighted_job_draws_by_its_weights_and_its_rows_carry_their_weight():
     leader = weighted_leader(seed=4)
     nodes = Nodes(np.random.default_rng(1), lag=2)
-    fetched = []
-    for _ in range(40):
-        for node in ("n0", "n1"):
-            held = len(nodes.held.get(node, []))
-            nodes.poll(leader, node)
-            fetched += nodes.held.get(node, [])[held:]
+    fetched = run(leader, nodes, 40)
     check_weighted_items([a for w in fetched for a in w.items])
     draws = draws_of(nodes.delivered, "w")
     full = [e for e, per in draws.items() if sum(r.size for r in per.values()) == 60]
@@ -394,12 +394,7 @@ def test_a_restored_leader_owes_a_weighted_jobs_draws_and_keeps_drawing_by_its_w
     assert any(0 < n < 60 for n in before.values())  # stopped mid-epoch
     restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
     nodes.held.clear()  # the loaders drop what they had not acknowledged
-    fetched = []
-    for _ in range(40):
-        for node in ("n0", "n1"):
-            held = len(nodes.held.get(node, []))
-            nodes.poll(restored, node)
-            fetched += nodes.held.get(node, [])[held:]
+    fetched = run(restored, nodes, 40)
     check_weighted_items([a for w in fetched for a in w.items])
     draws = draws_of(nodes.delivered, "w")
     last = max(draws)  # that epoch and the one before may miss lists held by a node
