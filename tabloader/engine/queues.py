@@ -216,8 +216,7 @@ class JobQueues:
         q.left -= rows.size
         # a sampled job counted its epoch's rows at start; a draw may repeat a row
         self.future.count(q, rows, +1, repeats=q.repeats)
-        q.append(rows, fed.rounds, weights)
-        self.future.queued(q, rows, fed.rounds)
+        self._queue(q, rows, fed.rounds, weights)
 
     def sample(self) -> None:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
@@ -252,8 +251,7 @@ class JobQueues:
             j.queue.left -= k
             if j.queue.repeats:
                 self.future.count(j.queue, ids[j.name], +1, repeats=True)
-            j.queue.append(ids[j.name], rounds)
-            self.future.queued(j.queue, ids[j.name], rounds)
+            self._queue(j.queue, ids[j.name], rounds)
 
     def _set_horizons(self) -> None:
         """The horizons of the jobs whose lookahead follows the cache (``JobState.dynamic``):
@@ -278,6 +276,18 @@ class JobQueues:
             share = int(window * pace / fastest)
             most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
             q.horizon = max(q.floor, min(share, most))
+
+    def _queue(
+        self,
+        q: JobQueue,
+        rows: npt.NDArray[np.int64],
+        rounds: npt.NDArray[np.int64],
+        weights: npt.NDArray[np.float32] | None = None,
+    ) -> None:
+        """Append ``rows`` of the job's current epoch, used in ``rounds`` (a fed weighted
+        job's with their ``_weight``s), to its queue, and count them as future uses."""
+        q.append(rows, rounds, weights)
+        self.future.queued(q, rows, rounds)
 
     def _queues(self) -> list[JobQueue]:
         """The open jobs' queues (``FutureUses`` finds a row's next use among them)."""
