@@ -1,10 +1,10 @@
 """Build the optional C extensions; the rest is pyproject.toml.
 
-* ``tabloader.engine._resample``: the crop-resize-flip kernel;
+* ``tabloader.engine._prepare._resample``: the crop-resize-flip kernel;
 * ``tabloader.sampling._rounds``: the dependent sampler's walk over several regions.
 
 Both are ``optional``: without a C compiler the install still succeeds; images are then
-resized by torch (or Pillow), which :mod:`tabloader.engine.resample` logs once, and the
+resized by torch (or Pillow), which :mod:`tabloader.engine._prepare.resample` logs once, and the
 sampler walks its rounds in Python (the same rows, ~30x slower per round).
 """
 
@@ -31,8 +31,8 @@ class BuildExt(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "tabloader.engine._resample",
-            sources=["tabloader/engine/_resample.c"],
+            "tabloader.engine._prepare._resample",
+            sources=["tabloader/engine/_prepare/_resample.c"],
             optional=True,
         ),
         Extension(

@@ -22,9 +22,9 @@ import torch
 import torchvision
 from torchvision.transforms import RandomResizedCrop, v2
 
-from catalog.augment import from_torchvision
-from catalog.errors import OptionError
-from tabloader.engine.augment import Augmenter
+from tabloader.catalog._augment import from_torchvision
+from tabloader.catalog._errors import OptionError
+from tabloader.engine._prepare.augment import Augmenter
 
 N, H, W = 4000, 375, 500
 
@@ -75,7 +75,7 @@ def main() -> None:
 def pixels(rows: int = 300) -> None:
     """Augmenter.apply of RandomResizedCrop(224) + flip against torchvision's own
     resized_crop (+ horizontal_flip) of the drawn box, on every code path of the kernel."""
-    from tabloader.engine import resample
+    from tabloader.engine._prepare import resample
 
     aug = Augmenter("RandomResizedCrop(224), RandomHorizontalFlip()", seed=3)
     rng = np.random.default_rng(0)

@@ -22,35 +22,35 @@ from __future__ import annotations
 import sys
 import typing
 
-from catalog import __all__ as _catalog_names
-from tabloader.service.plugins import set_locator as _set_locator
+from tabloader.catalog import __all__ as _catalog_names
+from tabloader.service._plugins import set_locator as _set_locator
 
 if typing.TYPE_CHECKING:
     from pathlib import Path
 
-    from catalog import *  # noqa: F403
+    from tabloader.catalog import *  # noqa: F403
     from tabloader.engine import JobStream as JobStream
     from tabloader.engine import Loader as Loader
     from tabloader.engine import OnError as OnError
     from tabloader.engine import default_loader as default_loader
-    from tabloader.service.connection import Connection as Connection
-    from tabloader.service.connection import connect as connect
+    from tabloader.service._connection import Connection as Connection
+    from tabloader.service._connection import connect as connect
 
 
 class _RayLocator:
     """A rank in a Ray worker of a cluster serving its catalog reads from its node's loader
-    (:class:`tabloader.cluster.node.RayNodes`, imported only by a process that imported Ray:
+    (:class:`tabloader.cluster._node.RayNodes`, imported only by a process that imported Ray:
     the cluster layer costs every job process 35 ms to import otherwise)."""
 
     def node(self, root: Path) -> str | None:
         if "ray" not in sys.modules:
             return None
-        from tabloader.cluster.node import RayNodes
+        from tabloader.cluster._node import RayNodes
 
         return RayNodes().node(root)
 
     def missing(self, node: str, root: Path) -> typing.Any:
-        from tabloader.cluster.node import RayNodes
+        from tabloader.cluster._node import RayNodes
 
         return RayNodes().missing(node, root)
 
@@ -59,13 +59,13 @@ _set_locator(_RayLocator())
 
 _catalog_all = [n for n in _catalog_names if n != "open_catalog"]  # one way to open: connect
 
-# Imported on first use: a decode process (which imports tabloader.engine.decoding, so this package)
+# Imported on first use: a decode process (which imports tabloader.engine._prepare.decoding, so this package)
 # reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in
 # every service start's forkserver, on the path to the first batch).
 _LAZY = {
-    **dict.fromkeys(_catalog_all, "catalog"),
+    **dict.fromkeys(_catalog_all, "tabloader.catalog"),
     **dict.fromkeys(("JobStream", "Loader", "OnError", "default_loader"), "tabloader.engine"),
-    **dict.fromkeys(("Connection", "connect"), "tabloader.service.connection"),
+    **dict.fromkeys(("Connection", "connect"), "tabloader.service._connection"),
 }
 
 

@@ -54,7 +54,7 @@ def describe_result(result: Any) -> str:
     """A statement's result as text: a table, a dataset or job summary, or OK."""
     import pyarrow as pa
 
-    from catalog import Dataset, Job
+    from tabloader.catalog import Dataset, Job
 
     if isinstance(result, pa.Table):
         return format_table(result.to_pylist(), result.column_names)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tabloader.service.server import ClientInfo
+    from tabloader.service._server import ClientInfo
 
 __all__ = ["COMMANDS", "main"]
 
@@ -23,14 +23,14 @@ logger = logging.getLogger(__name__)
 
 def _open_catalog(args: argparse.Namespace, *, create: bool = False) -> Any:
     """The catalog of ``--catalog``: only imports (``create``) make one where there is none."""
-    import catalog
+    from tabloader import catalog
 
     return catalog.open_catalog(args.catalog, create=create)
 
 
 def _connect(args: argparse.Namespace, *, create: bool = False) -> Any:
     """``tabloader.connect`` of ``--catalog``: through its service while one runs."""
-    from tabloader.service.connection import connect
+    from tabloader.service._connection import connect
 
     return connect(args.catalog, create=create)
 
@@ -69,7 +69,7 @@ predicates: comparisons, AND/OR/NOT, IN (...), BETWEEN, LIKE, IS NULL, arithmeti
 
 
 def _sql_epilog() -> str:
-    from catalog.options import JOB_OPTIONS
+    from tabloader.catalog._options import JOB_OPTIONS
 
     lines = ["job options (WITH):"]
     for o in JOB_OPTIONS.values():
@@ -104,9 +104,9 @@ def _service(args: argparse.Namespace) -> Any:
     Raises:
         ServiceStuckError: a service runs but does not answer (stopped or hung).
     """
-    from catalog.directory import DB_FILE
-    from catalog.errors import ServiceError, ServiceStuckError
-    from tabloader.service.client import RemoteLoader
+    from tabloader.catalog._directory import DB_FILE
+    from tabloader.catalog._errors import ServiceError, ServiceStuckError
+    from tabloader.service._client import RemoteLoader
 
     root = _root(args)
     if not (root / DB_FILE).exists():  # no catalog, so no service: nothing is created here
@@ -120,13 +120,13 @@ def _service(args: argparse.Namespace) -> Any:
 
 
 def _root(args: argparse.Namespace) -> Path:
-    from catalog.directory import resolve_root
+    from tabloader.catalog._directory import resolve_root
 
     return resolve_root(args.catalog)
 
 
 def _run_sql(args: argparse.Namespace) -> int:
-    from catalog.sql.dialect import split_statements
+    from tabloader.catalog._sql.dialect import split_statements
 
     text = sys.stdin.read() if args.statement == "-" else args.statement
     statements = split_statements(text) if args.statement == "-" else [text]
@@ -156,7 +156,7 @@ def _register_import(sub: Any) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    from catalog.importers import detect_format
+    from tabloader.catalog._importers import detect_format
 
     fmt = args.format or detect_format(args.path)
     options = {"split": args.split} if fmt == "hf" else {}
@@ -213,7 +213,7 @@ def _ray_argument(p: Any, text: str) -> None:
 def _run_status(args: argparse.Namespace) -> int:
     import json
 
-    from catalog.directory import DB_FILE, not_a_catalog
+    from tabloader.catalog._directory import DB_FILE, not_a_catalog
 
     root = _root(args)
     if not (root / DB_FILE).exists():
@@ -245,8 +245,8 @@ def _ray_report(root: Path, address: str | None) -> dict[str, Any] | None:
     """The Ray cluster that serves the catalog: at ``address`` (``--ray``; an error if no
     leader serves it there), else the one recorded under the catalog, if any (``address``,
     the serving ``pid``, and the leader's status, or its ``error``)."""
-    from tabloader.cluster.actor import cluster_status
-    from tabloader.cluster.record import recorded_leader
+    from tabloader.cluster._actor import cluster_status
+    from tabloader.cluster._record import recorded_leader
 
     if address is not None:
         return {"address": address, "pid": None, **cluster_status(root, address)}
@@ -381,21 +381,21 @@ def _register_serve(sub: Any) -> None:
         "--access-log",
         default=None,
         help="record every look-up and release of prepared values to this .npz file when the "
-        "service stops (for tabloader bench: the cache's offline bound)",
+        "service stops (to replay the cache's requests offline: docs/benchmarks.md)",
     )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
-    from tabloader.service.server import Service, log_to_file, yield_to_jobs
+    from tabloader.service._server import Service, log_to_file, yield_to_jobs
 
     cache = _flag("cache_bytes", args.cache_bytes)
     workers = _flag("workers", args.workers)
     idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     megapixels = _flag("max_image_megapixels", args.max_image_megapixels)
     if args.ray is not None and args.max_image_megapixels is not None:
-        from catalog.errors import CatalogError
+        from tabloader.catalog._errors import CatalogError
 
         raise CatalogError(
             "--max-image-megapixels sets a local service's limit; for a Ray cluster set "
@@ -403,7 +403,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
     yield_to_jobs()  # before any thread or process starts: they inherit it
     if args.ray is not None:
-        from tabloader.cluster.actor import serve_cluster
+        from tabloader.cluster._actor import serve_cluster
 
         root = _root(args).resolve()
 
@@ -435,8 +435,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _flag(name: str, value: str | None) -> Any:
     """Setting ``name`` from its flag (``value``), else its environment variable, else its
-    default, checked by ``catalog.settings``."""
-    from catalog.settings import SETTINGS
+    default, checked by ``tabloader.catalog._settings``."""
+    from tabloader.catalog._settings import SETTINGS
 
     setting = SETTINGS[name]
     return setting.check(value, setting.flag) if value is not None else setting.resolve()
@@ -450,41 +450,14 @@ def _register_demo(sub: Any) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from tabloader.demo import run_demo
+    from tabloader._demo import run_demo
 
     with _open_catalog(args, create=True) as cat:
         run_demo(cat, data_dir=args.data, num_images=args.images)
     return 0
 
 
-# -- bench -------------------------------------------------------------------------------------
-def _register_bench(sub: Any) -> None:
-    from tabloader.bench import BENCHMARKS
-
-    p = sub.add_parser("bench", help="run a benchmark (competitors side by side, ratios)")
-    p.add_argument("benchmark", choices=sorted(BENCHMARKS))
-    p.add_argument(
-        "bench_args",
-        nargs=argparse.REMAINDER,
-        help="arguments of the benchmark (see tabloader bench NAME --help)",
-    )
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from tabloader.bench import load
-
-    module = load(args.benchmark)
-    parser = argparse.ArgumentParser(
-        prog=f"tabloader bench {args.benchmark}", description=(module.__doc__ or "").split("\n")[0]
-    )
-    module.add_arguments(parser)
-    bench_args = parser.parse_args(args.bench_args)
-    bench_args.catalog = args.catalog
-    return int(module.run(bench_args))
-
-
 COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
-    "bench": (_register_bench, _run_bench),
     "demo": (_register_demo, _run_demo),
     "import": (_register_import, _run_import),
     "serve": (_register_serve, _run_serve),
@@ -581,7 +554,7 @@ def _stdout_to_devnull() -> None:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from catalog.errors import TabloaderError
+    from tabloader.catalog._errors import TabloaderError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -600,7 +573,7 @@ def _main(argv: Sequence[str] | None) -> int:
         level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     if args.quiet:
-        from catalog._progress import disable_progress_bars
+        from tabloader.catalog._progress import disable_progress_bars
 
         disable_progress_bars()
     try:

@@ -29,17 +29,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from catalog.augment import default_seed, from_torchvision
-from catalog.errors import CatalogLockedError, LoaderError
-from catalog.options import JobSpec
-from tabloader.engine.opening import OpenRequest
-from tabloader.engine.ranks import rank_share, resolve_rank
-from tabloader.service.client import RemoteLoader, service_loader
+from tabloader.catalog._augment import default_seed, from_torchvision
+from tabloader.catalog._errors import CatalogLockedError, LoaderError
+from tabloader.catalog._options import JobSpec
+from tabloader.engine._opening import OpenRequest
+from tabloader.engine._queue.ranks import rank_share, resolve_rank
+from tabloader.service._client import RemoteLoader, service_loader
 
 if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine
-    from catalog import Catalog
+    from tabloader.catalog import Catalog
     from tabloader.engine import Loader
-    from tabloader.engine.streams import Stream
+    from tabloader.engine._deliver.streams import Stream
 
 __all__ = ["JobDataset", "JobLoader", "Transform", "to_tensors"]
 
@@ -82,7 +82,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
 
         The other arguments are those of every open (one ``OpenRequest``, made and checked
-        here; see ``tabloader.engine.opening``):
+        here; see ``tabloader.engine._opening``):
 
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
@@ -94,7 +94,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             (torchrun, ``accelerate launch``, Ray Train), Lightning's launcher's
             ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE``, SLURM's ``srun`` tasks, else a plain
             job; launchers that disagree fail with an error naming what they set (the order:
-            :mod:`tabloader.engine.ranks`). Pass both to override them. Each rank gets a
+            :mod:`tabloader.engine._queue.ranks`). Pass both to override them. Each rank gets a
             disjoint, equal share of every epoch; the last ``n % (batch_size * world_size)``
             rows of an epoch are dropped (``DistributedSampler(drop_last=True)``), or with
             ``drop_last=False`` (for evaluation) none: each rank gets ``ceil(n / world_size)``
@@ -103,7 +103,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             (default 45) for a rank that never opens the job, then raises. Ranks in separate
             processes (torchrun) meet in the catalog's service; each must save its
             ``state_dict()`` at the same step (see ``Loader.open``).
-        **options: the job's options (``catalog.options.JOB_OPTIONS``; default: the ones it
+        **options: the job's options (``tabloader.catalog._options.JOB_OPTIONS``; default: the ones it
             was registered with), each checked here (with the registered ones when it opens):
 
             * ``batch_size``: rows per batch (default 32).
@@ -112,7 +112,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             * ``image_size``: shared deterministic resize (an int or a ``(height, width)``).
             * ``augment``: the job's own random transforms, run by the loader per image on a
               shared decode: a text such as ``"RandomResizedCrop(224),
-              RandomHorizontalFlip()"`` (see :mod:`catalog.augment`) or a
+              RandomHorizontalFlip()"`` (see :mod:`tabloader.catalog._augment`) or a
               ``torchvision.transforms.v2.Compose`` of the same ops. Draws come from
               (``seed``, epoch, row ``_id``): reproducible, across resumes too.
             * ``decode_size``: cap of the shared decode's shorter side.
@@ -242,7 +242,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     def rank(self) -> int:
         """This dataset's rank among the job's data-parallel ranks: the open stream's, else
         the one it would open as now (``rank=``, else found from the launcher:
-        :mod:`tabloader.engine.ranks`), without opening."""
+        :mod:`tabloader.engine._queue.ranks`), without opening."""
         if self._stream is not None:
             return self._stream.rank
         return resolve_rank(self._request.rank, self._request.world_size)[0]
@@ -271,7 +271,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     def report(self, ids: torch.Tensor | np.ndarray, losses: torch.Tensor | np.ndarray) -> None:
         """Report the per-row losses of a batch of a job with ``importance = 'loss'``: rows
         that score high (SHADE's rank of the loss within its batch,
-        :mod:`tabloader.sampling.importance`) are drawn more often from the next epoch on.
+        :mod:`tabloader.sampling._importance`) are drawn more often from the next epoch on.
 
         ``ids``: the batch's ``batch["_id"]``; ``losses``: one loss per row (e.g.
         ``F.cross_entropy(out, y, reduction="none")``), a tensor on any device (it is
@@ -383,7 +383,7 @@ class JobLoader(DataLoader):  # type: ignore[type-arg]
 def _is_catalog(value: object) -> bool:
     """Whether ``value`` is an open ``Catalog`` (without importing DuckDB and sqlglot, 0.3 s
     of a job process's start, where the catalog module was never imported: then it is not)."""
-    module = sys.modules.get("catalog.catalog")
+    module = sys.modules.get("tabloader.catalog._catalog")
     return module is not None and isinstance(value, module.Catalog)
 
 
@@ -405,7 +405,7 @@ def _service(catalog: str | os.PathLike[str] | None) -> RemoteLoader:
     """The catalog's loader service (started if none runs), unless this process has the
     catalog open itself: then the service could not open it (the error says to share it).
     """
-    from catalog.directory import DB_FILE, is_open, not_a_catalog, resolve_root
+    from tabloader.catalog._directory import DB_FILE, is_open, not_a_catalog, resolve_root
 
     root = resolve_root(catalog)
     if not (root / DB_FILE).exists():  # no service to start for it: say so, create nothing

@@ -13,14 +13,17 @@ that hold a Unix socket or a ``$TMPDIR`` come from ``short_tmp``: xdist's worker
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-import catalog
-from catalog import _progress
+from tabloader import catalog
+from tabloader.catalog import _progress
+from tabloader.datagen import corrupt_image
+from tests.support.service import TIMEOUT, start_service
 
 # pytest keeps each test module with its asserts rewritten in __pycache__ (gitignored), unless
 # bytecode is not to be written (PYTHONDONTWRITEBYTECODE, set on the shared machines): then
@@ -36,10 +39,10 @@ sys.dont_write_bytecode = False
 # left to run. Short tests are left for the end, where they even out the two workers.
 LONG_FIRST = (
     "tests/tabloader/test_bench_",
-    "tests/tabloader/test_chaos.py",
-    "tests/tabloader/test_rank_timeout.py",
+    "tests/service/test_chaos.py",
+    "tests/service/test_rank_timeout.py",
     "tests/tabloader/test_service",  # test_service.py, test_service_faults.py
-    "tests/tabloader/test_torch.py",
+    "tests/test_torch.py",
     "tests/test_examples.py",
     "tests/test_lint.py",
     "tests/test_readme.py",
@@ -123,3 +126,63 @@ def image_cat_dir(tmp_path, image_catalog):
     root = tmp_path / "cat"
     shutil.copytree(image_catalog, root)
     return root
+
+
+@pytest.fixture
+def cat_dir(image_cat_dir):
+    root = image_cat_dir
+    with catalog.open_catalog(root) as cat:
+        cat.sql(
+            "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
+        )
+        cat.sql(
+            "REGISTER JOB b SELECT image, label FROM imgs WHERE label > 0 WITH (image_size = 16)"
+        )
+        cat.sql("REGISTER JOB c0 SELECT label FROM imgs WHERE label < 2")  # no images
+    return root
+
+
+@pytest.fixture
+def service(cat_dir):
+    proc = start_service(cat_dir)
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+@pytest.fixture
+def images(image_cat_dir):
+    """An open catalog holding ``image_folder`` as ``imgs`` (this test's own copy)."""
+    cat = catalog.open_catalog(image_cat_dir)
+    yield cat
+    cat.close()
+
+
+@pytest.fixture
+def corrupt(tmp_path, image_folder):
+    """``images`` with one JPEG corrupted before the import: (catalog, that row's ``_id``)."""
+    folder = tmp_path / "folder"
+    shutil.copytree(image_folder, folder)
+    victim = sorted(folder.rglob("*.jpg"))[0]
+    corrupt_image(victim)
+    cat = catalog.open_catalog(tmp_path / "cat")
+    ds = cat.import_imagefolder("imgs", folder)
+    paths = ds.take(list(range(ds.num_rows)), ["path"]).column("path").to_pylist()
+    yield cat, paths.index(victim.relative_to(folder).as_posix())
+    cat.close()
+
+
+@pytest.fixture(params=["kernel", "torch", "pillow"])
+def resizer(request, monkeypatch):
+    """Each way a resize is computed: tabloader's kernel; torch where the kernel was not
+    built; Pillow where torch is missing too."""
+    from tabloader.engine._prepare import resample
+
+    if request.param != "kernel":
+        monkeypatch.setattr(resample, "_kernel", None)
+    if request.param == "pillow":
+        monkeypatch.setattr(resample, "optional_torch", lambda: None)
+    resample.resampler.cache_clear()
+    yield request.param
+    resample.resampler.cache_clear()

@@ -8,19 +8,19 @@ import importlib
 import pytest
 
 MODULES = [
-    "catalog",
+    "tabloader.catalog",
     "tabloader",
-    "tabloader.engine.arena",
-    "tabloader.engine.batchmem",
-    "tabloader.bench.stalls",
-    "tabloader.cluster.leader",
-    "tabloader.cluster.membership",
-    "tabloader.cluster.placement",
-    "tabloader.engine.eviction",
-    "tabloader.engine.prep",
-    "tabloader.engine.slabs",
+    "tabloader.engine._arena.arena",
+    "tabloader.engine._deliver.batchmem",
+    "benchmarks.stalls",
+    "tabloader.cluster._leader",
+    "tabloader.cluster._membership",
+    "tabloader.cluster._placement",
+    "tabloader.engine._arena.eviction",
+    "tabloader.engine._prepare.prep",
+    "tabloader.engine._arena.slabs",
     "tabloader.sampling",
-    "tabloader.sampling.dependent",
+    "tabloader.sampling._dependent",
 ]
 
 

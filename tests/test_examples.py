@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tabloader.demo import DEMO_JOBS, run_demo
+from tabloader._demo import DEMO_JOBS, run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""Imports go one way, in no circle: catalog <- engine <- service <- cluster <- torch/bench/cli.
+"""Imports go one way, in no circle: catalog <- sampling <- engine <- service <- cluster <- torch
+(and the benchmarks) <- cli.
 
 The import graph comes from the source with ``ast``: every ``import`` and ``from ... import``,
 function-local imports and ``if TYPE_CHECKING:`` imports included. A module's layer comes from
@@ -13,31 +14,44 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("catalog", "tabloader")
+PACKAGES = ("tabloader", "benchmarks")
 
 # Layers from the bottom up: a module may import only modules of its own layer or below.
-CATALOG, ENGINE, SERVICE, CLUSTER, TOP, CLI = range(6)
-LAYER_NAMES = ("catalog", "engine", "service", "cluster", "top (torch.py, bench, API)", "cli")
+CATALOG, SAMPLING, ENGINE, SERVICE, CLUSTER, TOP, CLI = range(7)
+LAYER_NAMES = (
+    "catalog",
+    "sampling",
+    "engine",
+    "service",
+    "cluster",
+    "top (torch.py, benchmarks, API)",
+    "cli",
+)
 # "pkg.*" -> the layer of pkg and every module below it; "name" -> the layer of that module
 # alone; the longest match wins.
 LAYERS: dict[str, int] = {
-    "catalog.*": CATALOG,
     "tabloader": TOP,  # the package's __init__: the public API
+    "tabloader.catalog.*": CATALOG,
+    "tabloader.sampling.*": SAMPLING,
     "tabloader._format": ENGINE,
     "tabloader.datagen": ENGINE,
     "tabloader.engine.*": ENGINE,
-    "tabloader.sampling.*": ENGINE,
     "tabloader.service.*": SERVICE,
     "tabloader.cluster.*": CLUSTER,
     "tabloader.torch": TOP,
     "tabloader.integrations.*": TOP,  # on top of torch.py: accelerate, transformers
-    "tabloader.bench.*": TOP,
-    "tabloader.demo": TOP,
+    "tabloader._demo": TOP,
     "tabloader.cli": CLI,
     "tabloader.__main__": CLI,
+    "benchmarks.*": TOP,  # outside the package: they may use every public name
 }
 # Third-party packages a layer must not import.
-FORBIDDEN = {CATALOG: ("torch", "ray"), ENGINE: ("ray",), SERVICE: ("ray",)}
+FORBIDDEN = {
+    CATALOG: ("torch", "ray"),
+    SAMPLING: ("torch", "ray", "duckdb"),
+    ENGINE: ("ray",),
+    SERVICE: ("ray",),
+}
 
 
 def module_files() -> dict[str, Path]:
@@ -171,7 +185,7 @@ def test_imports_follow_the_layers():
     edges, external = import_graph()
     wrong = against_direction(edges, external)
     assert not wrong, (
-        "imports against catalog <- engine <- service <- cluster <- torch/bench <- cli:\n"
+        "imports against catalog <- sampling <- engine <- service <- cluster <- torch <- cli:\n"
         + "\n".join(wrong)
     )
 
@@ -184,28 +198,36 @@ def test_every_module_has_a_layer():
 def test_the_checks_find_a_circle_and_an_upward_import():
     """The checks can fail: a made-up graph with both faults is reported."""
     edges = {
-        "tabloader.engine.fetch": {"tabloader.engine.collate"},
-        "tabloader.engine.collate": {"tabloader.engine.fetch"},
-        "tabloader.service.server": {"tabloader.cluster.node", "tabloader.cli"},
-        "tabloader.cluster.node": set(),
+        "tabloader.engine._prepare.fetch": {"tabloader.engine._deliver.collate"},
+        "tabloader.engine._deliver.collate": {"tabloader.engine._prepare.fetch"},
+        "tabloader.service._server": {"tabloader.cluster._node", "tabloader.cli"},
+        "tabloader.cluster._node": set(),
         "tabloader.cli": set(),
-        "catalog.catalog": set(),
+        "tabloader.catalog._catalog": set(),
     }
-    external = {m: set() for m in edges} | {"catalog.catalog": {"torch", "numpy"}}
-    assert circles(edges) == [["tabloader.engine.collate", "tabloader.engine.fetch"]]
+    external = {m: set() for m in edges} | {"tabloader.catalog._catalog": {"torch", "numpy"}}
+    assert circles(edges) == [
+        ["tabloader.engine._deliver.collate", "tabloader.engine._prepare.fetch"]
+    ]
     assert against_direction(edges, external) == [
-        "catalog.catalog (catalog) -> torch (forbidden there)",
-        "tabloader.service.server (service) -> tabloader.cli (cli)",
-        "tabloader.service.server (service) -> tabloader.cluster.node (cluster)",
+        "tabloader.catalog._catalog (catalog) -> torch (forbidden there)",
+        "tabloader.service._server (service) -> tabloader.cli (cli)",
+        "tabloader.service._server (service) -> tabloader.cluster._node (cluster)",
     ]
     with pytest.raises(AssertionError, match="has no layer: add it to LAYERS"):
         layer_of("tabloader.new_module")  # only the package itself is "tabloader"
-    assert layer_of("tabloader.cluster.names") == CLUSTER
+    assert layer_of("tabloader.cluster._names") == CLUSTER
     assert layer_of("tabloader.cluster") == CLUSTER
 
 
 def test_imports_are_resolved_like_python():
-    tree = ast.parse("from . import shm\nfrom ..arena import Arena\nimport catalog.errors")
+    tree = ast.parse(
+        "from . import shm\nfrom ..arena import Arena\nimport tabloader.catalog._errors"
+    )
     nodes = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     names = [imported(n, "tabloader.service", is_package=True) for n in nodes]
-    assert names == [["tabloader.service.shm"], ["tabloader.arena.Arena"], ["catalog.errors"]]
+    assert names == [
+        ["tabloader.service.shm"],
+        ["tabloader.arena.Arena"],
+        ["tabloader.catalog._errors"],
+    ]

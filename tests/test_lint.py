@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["catalog", "tabloader", "tests", "examples"]
+PATHS = ["tabloader", "benchmarks", "tests", "examples", "scripts"]
 
 
 @pytest.mark.parametrize(
@@ -18,7 +18,7 @@ PATHS = ["catalog", "tabloader", "tests", "examples"]
     [
         ["ruff", "check", *PATHS],
         ["ruff", "format", "--check", *PATHS],
-        [sys.executable, "-m", "mypy", "--strict", "catalog", "tabloader"],
+        [sys.executable, "-m", "mypy", "--strict", "tabloader", "benchmarks"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict"],
 )

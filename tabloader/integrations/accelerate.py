@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelerate.data_loader import DataLoaderShard
 
-from catalog.errors import LoaderError
+from tabloader.catalog._errors import LoaderError
 from tabloader.torch import JobDataset
 
 if TYPE_CHECKING:

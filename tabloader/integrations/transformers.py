@@ -50,7 +50,7 @@ import transformers
 import transformers.trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from catalog.errors import LoaderError
+from tabloader.catalog._errors import LoaderError
 from tabloader.integrations.accelerate import JobDataLoader, prepare
 from tabloader.torch import JobDataset
 

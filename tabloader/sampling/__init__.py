@@ -4,7 +4,7 @@ Two samplers share the :class:`Sampler` interface:
 
 * :class:`DependentSampler` - dependent sampling (DSA, JOADER Algorithm 1) on a region
   structure, so jobs on overlapping sets ask for the same rows at about the same time while
-  each job's own order stays uniformly random (see :mod:`tabloader.sampling.regions`);
+  each job's own order stays uniformly random (see :mod:`tabloader.sampling._regions`);
 * :class:`IndependentSampler` - each job shuffles on its own (the PyTorch baseline).
 
 ``SAMPLERS`` lists them by name (used by the benchmark and the engine).
@@ -22,9 +22,9 @@ Example:
 
 from __future__ import annotations
 
-from tabloader.sampling.base import Sampler
-from tabloader.sampling.dependent import DependentSampler
-from tabloader.sampling.independent import IndependentSampler
+from tabloader.sampling._base import Sampler
+from tabloader.sampling._dependent import DependentSampler
+from tabloader.sampling._independent import IndependentSampler
 
 __all__ = ["SAMPLERS", "DependentSampler", "IndependentSampler", "Sampler"]
 

@@ -1,4 +1,4 @@
-"""``catalog.api``: one table of the catalog's operations drives every implementation."""
+"""``tabloader.catalog._api``: one table of the catalog's operations drives every implementation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from catalog.api import OPERATIONS, Arg, CatalogAPI, Operation, Wire, operation
-from catalog.catalog import Catalog
+from tabloader.catalog._api import OPERATIONS, Arg, CatalogAPI, Operation, Wire, operation
+from tabloader.catalog._catalog import Catalog
 
 
 def test_the_catalog_implements_every_operation_of_the_table():
@@ -100,9 +100,9 @@ def test_operation_call_runs_it_on_a_catalog(tmp_path):
 
 
 def test_catalog_connect_is_a_deprecated_name_of_open_catalog(tmp_path):
-    import catalog
     import tabloader
-    from tabloader.service import connection
+    from tabloader import catalog
+    from tabloader.service import _connection as connection
 
     with pytest.warns(DeprecationWarning, match=r"catalog.connect is deprecated .*open_catalog"):
         cat = catalog.connect(tmp_path / "c", create=True)

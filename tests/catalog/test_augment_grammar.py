@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.augment import MAX_OPS, MIN_STD, OPERATIONS, parse_augment
-from catalog.errors import OptionError
-from catalog.options import check_options
+from tabloader.catalog._augment import MAX_OPS, MIN_STD, OPERATIONS, parse_augment
+from tabloader.catalog._errors import OptionError
+from tabloader.catalog._options import check_options
 
 
 def test_every_operation_parses_with_torchvisions_defaults():

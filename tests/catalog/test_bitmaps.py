@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
-from catalog.bitmaps import bitmap_from_array, bitmap_from_flags, bitmap_to_array
+from tabloader.catalog._bitmaps import bitmap_from_array, bitmap_from_flags, bitmap_to_array
 
 ids_lists = st.lists(st.one_of(st.integers(0, 300_000), st.integers(0, 2**32 - 1)), max_size=300)
 

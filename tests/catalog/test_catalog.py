@@ -13,8 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import catalog
-from catalog import (
+import tabloader.catalog._job_bitmaps
+import tabloader.catalog.storage._writer
+from tabloader import catalog
+from tabloader.catalog import (
     AlreadyExistsError,
     CatalogError,
     CatalogLockedError,
@@ -479,7 +481,7 @@ def test_full_disk_import_stores_nothing_and_says_so(cat, monkeypatch, where):
         def write(self, batch):
             raise OSError(errno.ENOSPC, DISK_FULL)
 
-        monkeypatch.setattr(catalog.storage.writer.PartWriter, "write", write)
+        monkeypatch.setattr(tabloader.catalog.storage._writer.PartWriter, "write", write)
     else:
         monkeypatch.setattr(cat, "connection", _CommitFails(cat.connection))
     with pytest.raises(
@@ -500,7 +502,7 @@ def test_full_disk_register_keeps_the_old_job(cat, monkeypatch):
     def no_space(path, data):
         raise OSError(errno.ENOSPC, DISK_FULL)
 
-    monkeypatch.setattr(catalog.job_bitmaps, "write_file", no_space)
+    monkeypatch.setattr(tabloader.catalog._job_bitmaps, "write_file", no_space)
     with pytest.raises(CatalogError, match=r"REGISTER JOB j failed: .* disk holding .* is full"):
         cat.register_job("j", "t", where="label < 2", replace=True)
     monkeypatch.undo()
@@ -512,7 +514,8 @@ def test_full_disk_register_keeps_the_old_job(cat, monkeypatch):
 def test_killed_import_is_cleaned_up_at_next_open(tmp_path):
     root = tmp_path / "cat"
     script = textwrap.dedent(f"""
-        import time, numpy as np, pyarrow as pa, catalog
+        import time, numpy as np, pyarrow as pa
+        from tabloader import catalog
         schema = pa.schema([("x", pa.int64()), ("b", pa.binary())])
         def batches():
             for i in range(10**6):
@@ -594,7 +597,7 @@ def test_failed_or_dropped_catalog_frees_its_root(tmp_path, monkeypatch):
 
 
 def test_second_process_gets_a_clear_error(cat):
-    code = f"import catalog; catalog.open_catalog({str(cat.root)!r})"
+    code = f"from tabloader import catalog; catalog.open_catalog({str(cat.root)!r})"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "CatalogLockedError" in proc.stderr
@@ -630,7 +633,7 @@ def test_corrupt_bytes_give_storage_error_or_rows(tmp_path):
     """Overwritten bytes: right rows or StorageError, never a raw Arrow error, never wrong
     values (every record batch carries checksums; bytes no reader looks at, such as padding,
     may change unnoticed)."""
-    from catalog.storage import DatasetReader
+    from tabloader.catalog.storage import DatasetReader
 
     table = make_table(1000)
     with catalog.open_catalog(tmp_path / "cat") as cat:
@@ -763,7 +766,7 @@ def test_background_flushes_while_writing(cat, monkeypatch):
     """Imports flush every SYNC_EVERY_BYTES on a thread; close and abort wait for it."""
     import threading
 
-    from catalog.storage import writer
+    from tabloader.catalog.storage import _writer as writer
 
     flushed: list[int] = []
     real = os.fdatasync
@@ -786,8 +789,9 @@ def test_corrupt_offsets_never_crash_a_large_take(tmp_path):
     with catalog.open_catalog(tmp_path / "cat") as cat:
         ds = cat.import_arrow("t", make_table(1000))
     script = textwrap.dedent(f"""
-        import numpy as np, catalog
-        from catalog import StorageError
+        import numpy as np
+        from tabloader import catalog
+        from tabloader.catalog import StorageError
         with catalog.open_catalog({str(tmp_path / "cat")!r}) as cat:
             reader = cat.dataset("t").reader
         [part] = reader.parts

@@ -13,10 +13,10 @@ import time
 import pyarrow as pa
 import pytest
 
-import catalog
-from catalog import StorageError
-from catalog.directory import open_file, read_file
-from catalog.job_bitmaps import max_bitmap_bytes
+from tabloader import catalog
+from tabloader.catalog import StorageError
+from tabloader.catalog._directory import open_file, read_file
+from tabloader.catalog._job_bitmaps import max_bitmap_bytes
 
 
 def make_catalog(root):
@@ -71,7 +71,7 @@ def test_a_bitmap_replaced_by_a_link_a_fifo_or_a_giant_is_rebuilt(tmp_path, capl
     make_catalog(root)
     (file,) = (root / "jobs").glob("a-*.roaring")
     replace_with(file, kind)
-    caplog.set_level(logging.WARNING, logger="catalog.job_bitmaps")
+    caplog.set_level(logging.WARNING, logger="tabloader.catalog._job_bitmaps")
     with catalog.open_catalog(root) as c:
         ids = bounded(lambda: c.job("a").ids)
         assert sorted(ids) == list(range(10))

@@ -10,9 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import catalog
-from catalog.errors import StorageError
-from catalog.storage import DatasetReader, PartWriter, checksums
+from tabloader import catalog
+from tabloader.catalog._errors import StorageError
+from tabloader.catalog.storage import DatasetReader, PartWriter
+from tabloader.catalog.storage import _checksums as checksums
 from tabloader.cli import main
 
 IMAGE_BYTES = 100_000
@@ -39,7 +40,9 @@ def flip_byte_in(path, needle: bytes, at: int = 5000) -> None:
 
 
 def test_every_type_reads_back_with_matching_checksums(cat, monkeypatch):
-    monkeypatch.setattr("catalog.storage.writer.TARGET_BATCH_BYTES", 4096)  # many batches
+    monkeypatch.setattr(
+        "tabloader.catalog.storage._writer.TARGET_BATCH_BYTES", 4096
+    )  # many batches
     n = 300
     rng = np.random.default_rng(3)
     table = pa.table(
@@ -106,7 +109,7 @@ def test_each_batch_is_hashed_once_per_reader(cat, monkeypatch):
     calls = []
     real = checksums.column_digest
     monkeypatch.setattr(
-        "catalog.storage.reader.column_digest", lambda a: calls.append(1) or real(a)
+        "tabloader.catalog.storage._reader.column_digest", lambda a: calls.append(1) or real(a)
     )
     reader = DatasetReader.from_spec(ds.reader.spec(), memory_map=True)
     for _ in range(3):

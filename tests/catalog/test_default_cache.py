@@ -8,8 +8,8 @@ import warnings
 import pyarrow as pa
 import pytest
 
-import catalog
-from catalog.options import default_cache_problem
+from tabloader import catalog
+from tabloader.catalog._options import default_cache_problem
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import ImportFailedError, StatementError
-from catalog.importers import open_source
+from tabloader.catalog import ImportFailedError, StatementError
+from tabloader.catalog._importers import open_source
 
 SECRET = b"\xff\xd8 not for publishing"
 

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.errors import ImportFailedError
-from catalog.importers import Source, detect_format, open_source
+from tabloader.catalog._errors import ImportFailedError
+from tabloader.catalog._importers import Source, detect_format, open_source
 
 
 def write_ipc(path, table, *, stream=False, batch_rows=10):

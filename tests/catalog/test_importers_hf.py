@@ -10,9 +10,9 @@ import pytest
 datasets = pytest.importorskip("datasets")
 PIL_Image = pytest.importorskip("PIL.Image")
 
-from catalog.errors import ImportFailedError  # noqa: E402
-from catalog.importers import open_source  # noqa: E402
-from catalog.importers.hf import open_hf  # noqa: E402
+from tabloader.catalog._errors import ImportFailedError  # noqa: E402
+from tabloader.catalog._importers import open_source  # noqa: E402
+from tabloader.catalog._importers.hf import open_hf  # noqa: E402
 
 NAMES = ["cat", "dog", "fish"]
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from catalog.errors import ImportFailedError
-from catalog.importers import detect_format, open_source
-from catalog.importers.imagefolder import SCHEMA, open_imagefolder
+from tabloader.catalog._errors import ImportFailedError
+from tabloader.catalog._importers import detect_format, open_source
+from tabloader.catalog._importers.imagefolder import SCHEMA, open_imagefolder
 
 
 def _write(root: Path, rel: str, data: bytes | None = None) -> bytes:

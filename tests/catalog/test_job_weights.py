@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import catalog
-from catalog import OptionError, StorageError
-from catalog.bitmaps import bitmap_to_array
-from catalog.errors import ForbiddenExpressionError, UnknownColumnError
-from catalog.job_weights import weights_crc
+from tabloader import catalog
+from tabloader.catalog import OptionError, StorageError
+from tabloader.catalog._bitmaps import bitmap_to_array
+from tabloader.catalog._errors import ForbiddenExpressionError, UnknownColumnError
+from tabloader.catalog._job_weights import weights_crc
 
 N = 40
 X = np.arange(N)
@@ -174,7 +174,7 @@ def test_weights_survive_reopening_and_a_lost_or_torn_file_is_rebuilt(tmp_path, 
     with catalog.open_catalog(root) as c:  # reopened: read from the file
         np.testing.assert_array_equal(c.job("j").weights, want)
         file.unlink()
-        with caplog.at_level(logging.WARNING, logger="catalog.job_weights"):
+        with caplog.at_level(logging.WARNING, logger="tabloader.catalog._job_weights"):
             np.testing.assert_array_equal(c.job("j").weights, want)  # rebuilt
         assert "rebuilding its weights" in caplog.text
         assert file.exists()
@@ -244,7 +244,7 @@ def test_an_older_catalog_opened_read_only_reads_its_jobs_without_weights(tmp_pa
         c.import_arrow("t", _table())
         c.register_job("j", "t", where="x < 5")
         c.connection.execute("ALTER TABLE _tabloader.jobs DROP COLUMN weights_crc32")
-    monkeypatch.setattr("catalog.catalog.not_writable", lambda *_: "a test says so")
+    monkeypatch.setattr("tabloader.catalog._catalog.not_writable", lambda *_: "a test says so")
     with catalog.open_catalog(root) as c:
         assert c.job("j").weights is None
         assert c.job("j").num_rows == 5
@@ -255,8 +255,8 @@ def test_an_older_catalog_opened_read_only_reads_its_jobs_without_weights(tmp_pa
 def test_a_weighted_job_crosses_the_service_wire():
     from pyroaring import BitMap
 
-    from catalog.model import Job
-    from tabloader.service.protocol import job_from_wire, job_to_wire
+    from tabloader.catalog._model import Job
+    from tabloader.service._protocol import job_from_wire, job_to_wire
 
     weights = np.array([0.5, 1e-300, 3.0])
     job = Job("j", "t", 1, ("x",), None, {"weight": "x"}, BitMap([1, 4, 9]), weights)
@@ -276,8 +276,8 @@ def test_the_weights_reach_the_engines_sampler(cat, monkeypatch):
     """An in-process loader hands the job's stored weights to its sampler: a job that weighs
     only ``x < 10`` draws only those rows with replacement, and them first without."""
     from tabloader.engine import Loader
-    from tabloader.sampling.dependent import DependentSampler
-    from tabloader.sampling.independent import IndependentSampler
+    from tabloader.sampling._dependent import DependentSampler
+    from tabloader.sampling._independent import IndependentSampler
 
     given: dict[str, np.ndarray | None] = {}
     for cls in (DependentSampler, IndependentSampler):

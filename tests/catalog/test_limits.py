@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 from sqlglot import exp
 
-import catalog
-from catalog import CatalogError, ForbiddenExpressionError, StatementError
-from catalog.database import translate
-from catalog.limits import Limits
-from catalog.settings import parse_bytes
-from catalog.sql.dialect import MAX_NESTING, MAX_STATEMENT_CHARS
-from catalog.sql.validate import PREDICATE_FUNCTION_CALLS
+from tabloader import catalog
+from tabloader.catalog import CatalogError, ForbiddenExpressionError, StatementError
+from tabloader.catalog._database import translate
+from tabloader.catalog._limits import Limits
+from tabloader.catalog._settings import parse_bytes
+from tabloader.catalog._sql.dialect import MAX_NESTING, MAX_STATEMENT_CHARS
+from tabloader.catalog._sql.validate import PREDICATE_FUNCTION_CALLS
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -77,7 +77,7 @@ def test_a_predicate_over_the_memory_limit_is_refused(cat):
 
 def test_predicate_generators_are_checked_when_allowed(cat, monkeypatch):
     """Were a generator on the allow-list, its size would be checked against the limit."""
-    import catalog.sql.validate as validate
+    import tabloader.catalog._sql.validate as validate
 
     monkeypatch.setattr(
         validate, "PREDICATE_FUNCTION_NODES", (*validate.PREDICATE_FUNCTION_NODES, exp.Repeat)

@@ -8,9 +8,9 @@ import shutil
 import pyarrow as pa
 import pytest
 
-import catalog
-from catalog import OptionError, StatementError
-from catalog.options import (
+from tabloader import catalog
+from tabloader.catalog import OptionError, StatementError
+from tabloader.catalog._options import (
     BATCH_BYTES_LIMIT,
     JOB_OPTIONS,
     SPEC_VERSION,
@@ -194,7 +194,7 @@ def test_every_option_is_typed_for_mypy_on_job_spec():
     import ast
     import inspect
 
-    import catalog.options as options_module
+    import tabloader.catalog._options as options_module
 
     tree = ast.parse(inspect.getsource(options_module))
     spec = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "JobSpec")

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
-from catalog import StatementError
+from tabloader.catalog import StatementError
 
 N = 3000
 
@@ -32,7 +32,7 @@ def table() -> pa.Table:
 
 @pytest.fixture(scope="module")
 def env(table, tmp_path_factory):
-    import catalog
+    from tabloader import catalog
 
     cat = catalog.open_catalog(tmp_path_factory.mktemp("prop") / "cat")
     cat.import_arrow("t", table)

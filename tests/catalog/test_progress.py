@@ -6,7 +6,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from catalog import _progress
+from tabloader.catalog import _progress
 
 
 class FakeTerminal(io.StringIO):

@@ -11,8 +11,8 @@ import threading
 import pyarrow as pa
 import pytest
 
-import catalog
-from catalog import CatalogError, ImportFailedError, StorageError
+from tabloader import catalog
+from tabloader.catalog import CatalogError, ImportFailedError, StorageError
 
 
 def make_catalog(root):

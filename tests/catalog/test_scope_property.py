@@ -4,7 +4,7 @@ The generator builds queries whose every relation has one column ``v``: the data
 holds 'dataset', every CTE leaf selects 'cte'. CTEs are named after system views, catalog
 tables and the dataset, at any depth; references name them inside and outside their scope,
 quoted, in other case, schema-qualified. The generator knows what each reference binds to
-under DuckDB's scoping rules (its own model, independent of ``catalog.sql.validate``), so:
+under DuckDB's scoping rules (its own model, independent of ``tabloader.catalog._sql.validate``), so:
 
 - a query is accepted exactly when every reference is the dataset or a CTE in scope;
 - an accepted query runs in the real catalog and returns 'dataset' and 'cte' values only
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalog import ForbiddenExpressionError
+from tabloader.catalog import ForbiddenExpressionError
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def _key(name: Name) -> str:
 
 @pytest.fixture(scope="module")
 def cat(tmp_path_factory):
-    import catalog
+    from tabloader import catalog
 
     with catalog.open_catalog(tmp_path_factory.mktemp("scope") / "cat", create=True) as c:
         c.import_arrow("ds", pa.table({"v": ["dataset", "dataset"]}))

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap
 
-import catalog
-from catalog import (
+from tabloader import catalog
+from tabloader.catalog import (
     AlreadyExistsError,
     CatalogError,
     DatasetInUseError,
@@ -184,7 +184,7 @@ def test_create_dataset_statement_formats(cat, tmp_path, image_folder):
 )
 def test_absolute_paths_rewrite_only_a_relative_from_path(statement, sent):
     """What a client sends the loader service: the path means one in the client's directory."""
-    from catalog.sql.dialect import absolute_paths, parse
+    from tabloader.catalog._sql.dialect import absolute_paths, parse
 
     assert absolute_paths(statement, "/work") == sent
     if sent != statement:
@@ -192,7 +192,7 @@ def test_absolute_paths_rewrite_only_a_relative_from_path(statement, sent):
 
 
 def test_absolute_paths_of_a_statement_that_does_not_parse():
-    from catalog.sql.dialect import absolute_paths
+    from tabloader.catalog._sql.dialect import absolute_paths
 
     with pytest.raises(StatementError, match="Expected a quoted path after FROM"):
         absolute_paths("CREATE DATASET d FROM imgs")

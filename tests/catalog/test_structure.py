@@ -8,19 +8,19 @@ from pathlib import Path
 import duckdb
 import pytest
 
-import catalog.sql
-from catalog import AlreadyExistsError, CatalogError, CatalogLockedError, StatementError
-from catalog.database import duckdb_errors, translate
-from catalog.sql.dialect import TabloaderParser
+import tabloader.catalog._sql
+from tabloader.catalog import AlreadyExistsError, CatalogError, CatalogLockedError, StatementError
+from tabloader.catalog._database import duckdb_errors, translate
+from tabloader.catalog._sql.dialect import TabloaderParser
 
 
 def test_statements_do_not_import_the_catalog():
-    """catalog.catalog imports catalog.sql; nothing there imports it back, not even lazily."""
-    sql = Path(catalog.sql.__file__).parent
+    """tabloader.catalog._catalog imports tabloader.catalog._sql; nothing there imports it back, not even lazily."""
+    sql = Path(tabloader.catalog._sql.__file__).parent
     for path in sql.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                assert node.module != "catalog.catalog", path
+                assert node.module != "tabloader.catalog._catalog", path
                 assert not (
                     node.module == "catalog"
                     and any(a.name in ("Catalog", "catalog") for a in node.names)

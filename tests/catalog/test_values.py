@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from catalog.errors import StorageError
-from catalog.storage import DatasetReader
-from catalog.storage.values import INDEX_ROWS
+from tabloader.catalog._errors import StorageError
+from tabloader.catalog.storage import DatasetReader
+from tabloader.catalog.storage._values import INDEX_ROWS
 
 
 def flip_byte_in(path, needle: bytes, at: int) -> None:
@@ -55,7 +55,9 @@ def small_rows(n: int, seed: int = 0) -> pa.Table:
 
 @pytest.mark.parametrize("column", ["image", "big", "hf", "name"])
 def test_binary_values_are_the_rows_values_in_the_asked_order(cat, monkeypatch, column):
-    monkeypatch.setattr("catalog.storage.writer.TARGET_BATCH_BYTES", 2048)  # many batches
+    monkeypatch.setattr(
+        "tabloader.catalog.storage._writer.TARGET_BATCH_BYTES", 2048
+    )  # many batches
     ds = cat.import_arrow("t", small_rows(500))
     ds = cat.import_arrow("t", small_rows(300, seed=1), append=True)  # a second part
     reader = DatasetReader.from_spec(ds.reader.spec(), memory_map=False)
@@ -67,7 +69,7 @@ def test_binary_values_are_the_rows_values_in_the_asked_order(cat, monkeypatch, 
 
 
 def test_each_batch_of_small_rows_is_read_whole_once(cat, monkeypatch):
-    monkeypatch.setattr("catalog.storage.writer.TARGET_BATCH_BYTES", 2048)
+    monkeypatch.setattr("tabloader.catalog.storage._writer.TARGET_BATCH_BYTES", 2048)
     ds = cat.import_arrow("t", small_rows(400))
     reader = DatasetReader.from_spec(ds.reader.spec(), memory_map=False)
     calls = []
@@ -92,9 +94,9 @@ def test_large_rows_are_read_a_record_batch_at_a_time(cat):
 
 
 def test_a_damaged_batch_fails_its_own_rows_only(tmp_path, monkeypatch):
-    import catalog
+    from tabloader import catalog
 
-    monkeypatch.setattr("catalog.storage.writer.TARGET_BATCH_BYTES", 4096)
+    monkeypatch.setattr("tabloader.catalog.storage._writer.TARGET_BATCH_BYTES", 4096)
     table = pa.table({"image": pa.array([bytes([i % 251]) * 200 for i in range(400)])})
     root = tmp_path / "cat"
     with catalog.open_catalog(root, create=True) as cat:

@@ -1,9 +1,0 @@
-"""Statements: the sqlglot dialect, the allow-list checks and their execution."""
-
-from __future__ import annotations
-
-from catalog.sql.dialect import Tabloader, parse, parse_predicate
-from catalog.sql.execute import execute
-from catalog.sql.validate import check_predicate, check_query
-
-__all__ = ["Tabloader", "check_predicate", "check_query", "execute", "parse", "parse_predicate"]

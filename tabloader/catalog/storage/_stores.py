@@ -1,0 +1,189 @@
+"""Where part files are read from: a store, chosen by the scheme of a URI.
+
+A reader names its parts by their paths under a root (``data/<dataset>/part-….arrow``, as the
+catalog records them) and opens them through the store of the root's URI, as litdata picks a
+downloader by URL scheme: a bare path or ``file://`` is local files (:class:`LocalStore`);
+any other scheme is the store :func:`register_store` registered for it. The URI is a string,
+so what another process needs to read the same parts (a reader's ``spec()``: the decode
+processes, a service's clients through JSON) carries it as it is, and opens the store there.
+
+Adding a store is one module: a class with :class:`Store`'s three members, registered by
+scheme (``register_store("s3", S3Store)``) in each process that reads (a decode process
+imports the factory's module itself: :func:`store_factory`).
+
+Writing is local: imports write parts into the catalog directory (``tabloader.catalog._imports``).
+``$TABLOADER_STORAGE`` (:func:`storage_uri`) makes the catalogs a process opens read their
+parts from another root that holds a copy of their ``data/`` folders (``mem://…``,
+``s3://bucket/catalog`` once a store is registered for it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+
+from tabloader.catalog._directory import open_file, opened_path
+from tabloader.catalog._errors import CatalogError, StorageError
+
+__all__ = [
+    "STORAGE_ENV",
+    "LocalStore",
+    "Store",
+    "StoreFactory",
+    "open_store",
+    "register_store",
+    "storage_uri",
+    "store_factory",
+    "unregister_store",
+]
+
+#: The environment variable naming the root that catalogs opened in this process read their
+#: parts from (unset: each catalog's own directory).
+STORAGE_ENV = "TABLOADER_STORAGE"
+
+
+class Store(Protocol):
+    """Random-access reads of part files under one root.
+
+    Attributes:
+        uri: the root, as a URI or a local path: what ``open_store`` opens this store again
+            from, in this process or another.
+    """
+
+    uri: str
+
+    def locate(self, name: str) -> str:
+        """Where part ``name`` (a path under the root, ``/``-separated) lies, for messages
+        and comparisons: a local path, or a URL."""
+        ...
+
+    def open_part(self, name: str, *, size: int, what: str, memory_map: bool) -> pa.NativeFile:
+        """Part ``name`` opened to read at any offset, of ``size`` bytes as the catalog
+        recorded it (a store that can tell refuses another size; the reader checks it too).
+
+        ``memory_map``: zero-copy reads are wanted (a memory map, a buffer), for small reads
+        of many rows; else reads that copy (``pread``), whose pages do not stay resident.
+        A store may return either kind for either.
+
+        Raises:
+            FileNotFoundError: no such part.
+            StorageError: it is not the catalog's file (a link, of another size); ``what``
+                ("Data file 'x' of dataset 'd'") is the subject of its message.
+            OSError: it cannot be read.
+        """
+        ...
+
+
+StoreFactory = Callable[[str], Store]
+"""``factory(uri) -> Store``: the store of a URI of its scheme."""
+
+# RFC 3986's scheme, of two letters at least: ``C:`` is a drive, never a scheme
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+_STORES: dict[str, StoreFactory] = {}
+_LOCAL = "file"
+
+
+class LocalStore:
+    """Part files in a local directory, opened as the catalog wrote them: a regular file,
+    never through a symbolic link, of its recorded size (``tabloader.catalog._directory.open_file``),
+    then by Arrow through ``/proc/self/fd`` (the file checked, not whatever the path names
+    by then).
+
+    Args:
+        root: the directory (a catalog's).
+        uri: how it was named (default: ``root`` as a string).
+    """
+
+    def __init__(self, root: Path, uri: str | None = None) -> None:
+        self.root = root
+        self.uri = str(root) if uri is None else uri
+
+    def locate(self, name: str) -> str:
+        return str(self.root / name)
+
+    def open_part(self, name: str, *, size: int, what: str, memory_map: bool) -> pa.NativeFile:
+        path = self.root / name
+        fd = open_file(path, what=what, size=size)
+        try:
+            opened = opened_path(fd, path)
+            return pa.memory_map(opened, "r") if memory_map else pa.OSFile(opened)
+        finally:
+            os.close(fd)  # Arrow opened the same file again
+
+
+def register_store(scheme: str, factory: StoreFactory) -> None:
+    """Read URIs ``scheme://…`` through ``factory(uri)`` in this process (replacing what was
+    registered for ``scheme``).
+
+    Raises:
+        CatalogError: ``scheme`` is not a URI scheme of two characters or more, or is
+            ``file`` (local files are built in), or ``factory`` is not callable.
+    """
+    if not _SCHEME.fullmatch(f"{scheme}://"):
+        raise CatalogError(
+            f"{scheme!r} is not a URI scheme; give letters, digits, '+', '-' or '.', starting "
+            "with a letter, two characters at least (e.g. 's3')."
+        )
+    if not callable(factory):
+        raise CatalogError(
+            f"The store factory for {scheme!r} is {factory!r}, not callable; give a function "
+            "(or class) that takes a URI and returns the store."
+        )
+    if scheme.lower() == _LOCAL:
+        raise CatalogError(
+            "The 'file' scheme is local files, built in; register your store under a scheme "
+            "of its own."
+        )
+    _STORES[scheme.lower()] = factory
+
+
+def unregister_store(scheme: str) -> None:
+    """Forget the store registered for ``scheme`` (nothing if none is)."""
+    _STORES.pop(scheme.lower(), None)
+
+
+def store_factory(uri: str | os.PathLike[str]) -> StoreFactory | None:
+    """The factory registered for ``uri``'s scheme; None for local files. (The decode
+    processes get it pickled, by its qualified name, beside a reader's spec: a store
+    registered at its module's import is then registered in them too.)"""
+    if not isinstance(uri, str) or (m := _SCHEME.match(uri)) is None:
+        return None
+    return _STORES.get(m.group(1).lower())
+
+
+def open_store(uri: str | os.PathLike[str]) -> Store:
+    """The store of ``uri``: a local path or ``file://`` URI, or a URI of a registered scheme.
+
+    Raises:
+        StorageError: no store is registered for its scheme, with the fix.
+    """
+    if not isinstance(uri, str):
+        return LocalStore(Path(uri))
+    m = _SCHEME.match(uri)
+    if m is None:
+        return LocalStore(Path(uri))
+    scheme = m.group(1).lower()
+    if scheme == _LOCAL:
+        return LocalStore(Path(unquote(urlsplit(uri).path)), uri)
+    factory = _STORES.get(scheme)
+    if factory is None:
+        known = ", ".join(sorted({_LOCAL, *_STORES}))
+        raise StorageError(
+            f"No store reads {scheme}:// URIs ({uri!r}; known: {known}). Register one in every "
+            f"process that reads it with tabloader.catalog.storage.register_store({scheme!r}, factory), "
+            f"or unset ${STORAGE_ENV} to read the catalog's own files.",
+            path=uri,
+        )
+    return factory(uri)
+
+
+def storage_uri(root: Path) -> str | Path:
+    """The root the parts of the catalog at ``root`` are read from: ``$TABLOADER_STORAGE``
+    where set (a copy of the catalog's ``data/`` folder lies under it), else ``root``."""
+    return os.environ.get(STORAGE_ENV) or root

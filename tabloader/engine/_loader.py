@@ -1,0 +1,685 @@
+"""The engine's facade: :class:`Loader` opens jobs and wires the pipeline's steps together
+(see :mod:`tabloader.engine`) - every job of this process on one arena and one thread pool.
+
+It does not know how jobs are attached: ``JobStream`` here, and ``tabloader.torch.JobDataset``
+on top of it, use the same ``Loader``.
+
+Errors: a row that fails to read or decode raises ``RowReadError`` (with its ``_id``) in
+every job that reaches it, in the consumer's thread with the worker's traceback; the batch is
+dropped and the stream stays usable. With ``on_error="skip"`` the row is left out of the batch
+and counted in ``stats()``. Other jobs never see another job's failures.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pyroaring import BitMap
+
+from tabloader.catalog import Catalog, open_catalog
+from tabloader.catalog._api import CatalogAPI
+from tabloader.catalog._bitmaps import bitmap_to_array
+from tabloader.catalog._directory import not_a_catalog, resolve_root
+from tabloader.catalog._errors import CacheError, LoaderError, SamplingError
+from tabloader.catalog._options import JobSpec
+from tabloader.catalog._settings import SETTINGS, physical_memory, setting
+from tabloader.catalog.storage import DatasetReader
+from tabloader.engine._arena.accounting import AccessLog
+from tabloader.engine._arena.arena import Arena
+from tabloader.engine._arena.shm import Segment, shm_available
+from tabloader.engine._deliver.batchmem import BatchMemory
+from tabloader.engine._deliver.stream import JobStream, ServedStream
+from tabloader.engine._opening import OpenRequest
+from tabloader.engine._prepare.augment import Augmenter
+from tabloader.engine._prepare.decoding import DecodePool
+from tabloader.engine._prepare.fetch import Fetcher
+from tabloader.engine._prepare.planning import column_plan, job_augmenter
+from tabloader.engine._prepare.pool import PriorityPool
+from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
+from tabloader.engine._prepare.work import Plan, Receiver
+from tabloader.engine._queue.jobqueue import JobQueue
+from tabloader.engine._queue.jobs import (
+    JobState,
+    OnError,
+    cache_rows,
+    default_prefetch,
+    fit_prefetch,
+)
+from tabloader.engine._queue.queues import JobQueues
+from tabloader.engine._queue.ranks import rank_share, resolve_rank
+from tabloader.engine._queue.scheduler import DatasetScheduler
+from tabloader.sampling import SAMPLERS, IndependentSampler
+from tabloader.sampling._importance import ImportanceScores
+
+if TYPE_CHECKING:
+    from tabloader.catalog import Dataset, Job
+
+__all__ = ["JobStream", "Loader", "OnError", "default_loader"]
+
+logger = logging.getLogger(__name__)
+
+LOOKAHEAD_BATCHES = 4  # default horizon, in batches
+
+
+def _holds_bytes(cat: CatalogAPI) -> bool:
+    """Whether a dataset of ``cat`` has a column of bytes, which a job may decode as images.
+
+    Only then does ``wait_ready`` start the decode processes: a catalog of numbers and
+    strings never needs them, and starting them costs a forkserver and its imports.
+    """
+    return any(
+        holds_bytes(f.type) for name in cat.dataset_names() for f in cat.dataset(name).schema
+    )
+
+
+class Loader:
+    """One engine for every job of this process: a sampler per dataset, one arena, one pool.
+
+    Args:
+        catalog: a ``Catalog`` (or another ``tabloader.catalog._api.CatalogAPI``) or its directory
+            (default: ``$TABLOADER_CATALOG`` or ``./catalog``).
+        cache_bytes: the arena's capacity in bytes (decoded images shared between jobs).
+        workers: reader/decoder threads (default: the number of CPUs, at least 2).
+        sampler: ``"dependent"`` (shared order) or ``"independent"`` (the baseline).
+        seed: seed of the samplers (same seed, same calls: same order).
+        decode: where fixed-size images (``image_size`` set) are decoded: ``"processes"``
+            (default: ``workers`` decode processes writing into the arena, which then lives in
+            shared memory; see :mod:`tabloader.engine._prepare.decoding`) or ``"threads"`` (the pool's
+            threads; also what is used where shared memory is not available).
+        staging_bytes: shared memory after the arena's (the loader service stages the small
+            columns of the batches it hands over there, never short of room because images
+            are pinned).
+        access_log: keep an :class:`~tabloader.engine._arena.accounting.AccessLog` (``self.access_log``)
+            of every look-up and release of prepared values, and write it to this ``.npz`` file
+            (arrays ``kind``, ``space``, ``row``) on ``close()``: what benchmarks replay
+            through Belady's MIN for the best any cache of the same size could have done.
+        max_image_megapixels: an image whose header declares more megapixels is refused
+            before decoding, as a bad row (``RowReadError``; ``on_error='skip'`` skips it); the
+            decode processes' memory cap is sized from it. Default: the setting
+            (``$TABLOADER_MAX_IMAGE_MEGAPIXELS``, else 64; ``tabloader.catalog._settings``).
+
+    Example:
+        >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
+        >>> for batch in loader.open("resnet18", batch_size=64):   # doctest: +SKIP
+        ...     train_step(batch["image"], batch["label"])
+    """
+
+    def __init__(
+        self,
+        catalog: CatalogAPI | str | os.PathLike[str] | None = None,
+        *,
+        cache_bytes: int = 1 << 30,
+        workers: int | None = None,
+        sampler: str = "dependent",
+        seed: int | None = 0,
+        decode: str = "processes",
+        staging_bytes: int = 0,
+        access_log: str | os.PathLike[str] | None = None,
+        max_image_megapixels: int | None = None,
+    ) -> None:
+        self.max_pixels = pixel_limit(max_image_megapixels)
+        if decode not in ("processes", "threads"):
+            raise LoaderError(f"decode={decode!r}: use 'processes' or 'threads'.")
+        if sampler not in SAMPLERS:
+            raise LoaderError(
+                f"Unknown sampler {sampler!r}; use one of {', '.join(sorted(SAMPLERS))}."
+            )
+        if isinstance(cache_bytes, int) and cache_bytes > physical_memory():  # a clear error,
+            SETTINGS["cache_bytes"].check(cache_bytes, "cache_bytes", LoaderError)  # not numpy's
+        self._sampler_cls = SAMPLERS[sampler]
+        self._access_log_path = None if access_log is None else Path(access_log)
+        if self._access_log_path is not None and not self._access_log_path.parent.is_dir():
+            raise LoaderError(
+                f"access_log={str(access_log)!r}: its directory does not exist; create it or "
+                "pass a path in an existing directory."
+            )
+        self.access_log = AccessLog() if self._access_log_path is not None else None
+        self._seed = seed
+        self._owns_catalog = catalog is None or isinstance(catalog, (str, os.PathLike))
+        self.catalog = (
+            open_catalog(Path(catalog) if catalog is not None else None)
+            if catalog is None or isinstance(catalog, (str, os.PathLike))
+            else catalog
+        )
+        if not self.catalog.exists:  # a loader only reads: a mistyped path is an error
+            if self._owns_catalog:
+                self.catalog.close()
+            raise not_a_catalog(self.catalog.root)
+        self.workers = workers or max(2, os.cpu_count() or 2)
+        self._pid = os.getpid()
+        self._segment: Segment | None = None
+        self._procs: DecodePool | None = None
+        self._memory = BatchMemory()  # the jobs' image batches, recycled
+        try:
+            if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
+                try:
+                    self._segment = Segment.new("arena", max(cache_bytes, 1) + staging_bytes)
+                except CacheError as exc:  # /dev/shm too small: private memory, threads
+                    logger.warning("%s Decoding in threads instead.", exc)
+                else:
+                    # started at the first fixed-size decode (threads decode until they
+                    # run): a loader of numbers or of augmented jobs never needs them, and
+                    # their start (a forkserver, its imports) took a core from the first batch
+                    self._procs = DecodePool(self._segment, self.workers, self.max_pixels)
+            self._arena = Arena(
+                cache_bytes,
+                score=self._score,
+                buffer=None if self._segment is None else self._segment.buf,
+            )
+        except BaseException:
+            self._release_memory()
+            if self._owns_catalog:
+                self.catalog.close()
+            raise
+        self._pool = PriorityPool(self.workers, "tabloader-io")
+        self._schedulers: dict[str, DatasetScheduler] = {}
+        self._read: dict[str, Dataset] = {}  # the version each scheduler reads
+        # bumped when a dataset is dropped and imported again: its arena spaces are new ones
+        self._generation: dict[str, int] = {}
+        self._space_owner: dict[int, DatasetScheduler] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        _LIVE_LOADERS.add(self)
+
+    @property
+    def arena(self) -> Arena:
+        """The arena of prepared values (in ``segment`` when that is not None)."""
+        return self._arena
+
+    @property
+    def segment(self) -> Segment | None:
+        """The shared memory the arena lives in, with ``staging_bytes`` after it (None: the
+        arena is private memory, and images are decoded in threads)."""
+        return self._segment
+
+    @property
+    def decode_pool(self) -> DecodePool | None:
+        """The decode processes (None: images are decoded in the pool's threads)."""
+        return self._procs
+
+    def scheduler(self, dataset: str) -> DatasetScheduler:
+        """The scheduler of ``dataset`` (its jobs, queues and fetcher), once a job of it was
+        opened: for introspection and tests."""
+        found = self._schedulers.get(dataset)
+        if found is None:
+            raise LoaderError(
+                f"No job of dataset {dataset!r} was opened in this loader; open one first."
+            )
+        return found
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    def _score(self, space: int, rows: np.ndarray) -> tuple[Any, Any]:
+        """The arena's eviction inputs, from the scheduler of the space's dataset (lock-free)."""
+        owner = self._space_owner.get(space)
+        if owner is None:  # a dataset no job reads any more: nothing to come
+            return np.full(rows.size, np.inf), np.zeros(rows.size)
+        return owner.score(space, rows)
+
+    def _scheduler(self, dataset: Dataset) -> DatasetScheduler:
+        """The dataset's scheduler, created (or moved to a newer version) as needed.
+
+        Raises:
+            LoaderError: the dataset was dropped and imported again while jobs of this
+                loader still read the one they opened.
+        """
+        found = self._schedulers.get(dataset.name)
+        read = self._read.get(dataset.name)
+        if found is not None and read is not None and not _continues(read, dataset):
+            with found.cond:
+                readers = sorted(found.jobs)
+            if readers:
+                raise LoaderError(
+                    f"Dataset {dataset.name!r} was dropped and imported again while job(s) "
+                    f"{', '.join(readers)} of this loader still read the one dropped; close "
+                    "them (or let them finish), then open the job again."
+                )
+            found.close()  # its cached values are of the old rows: new spaces from here on
+            del self._schedulers[dataset.name]
+            self._space_owner = {k: v for k, v in self._space_owner.items() if v is not found}
+            self._generation[dataset.name] = self._generation.get(dataset.name, 0) + 1
+            found = None
+        reader = DatasetReader.from_spec(dataset.reader.spec(), memory_map=False)
+        # Cheap columns are read through the memory map when rows are small (zero-copy); beside
+        # payloads, with ``pread``: a map faults in the pages around each value it touches (the
+        # payload's too), 6.2 ms a batch of 32 labels of images on first touch against 1.25,
+        # and 285 ms against 30 to read those labels whole.
+        table = reader if any(holds_bytes(f.type) for f in dataset.schema) else dataset.reader
+        if found is None:
+            catalog, name = self.catalog, dataset.name
+            fetcher = Fetcher(
+                reader,
+                table,
+                self._arena,
+                self._pool,
+                on_done=lambda w: None,
+                workers=self.workers,
+                procs=self._procs,
+                memory=self._memory,
+                read_column=lambda column, rows: catalog.column(
+                    name, column, rows=rows, of=dataset
+                ),
+            )
+            queues = JobQueues(
+                dataset.num_rows,
+                self._sampler_cls(seed=self._seed),
+                gather_sampler=IndependentSampler(seed=self._seed),
+            )
+            sched = DatasetScheduler(
+                dataset.name,
+                dataset.num_rows,
+                queues,
+                fetcher,
+                close_job=lambda job: sched.remove(job),
+            )
+            fetcher.on_done = sched.landed
+            fetcher.access_log = self.access_log
+            self._schedulers[dataset.name] = sched
+        else:
+            sched = found
+            if self._read[dataset.name].version < dataset.version:
+                sched.fetcher.set_readers(reader, table)
+                sched.grow(dataset.num_rows)
+        self._read[dataset.name] = dataset
+        return sched
+
+    def open(
+        self,
+        job: str | Job | OpenRequest,
+        *,
+        remote: bool = False,
+        fed: bool = False,
+        **args: Any,
+    ) -> JobStream:
+        """Start consuming a registered job (or one rank of it, for data-parallel training).
+
+        Args:
+            job: the job name (or ``Job``), or the whole :class:`OpenRequest` (then alone):
+                ``args`` are its arguments (``OpenRequest.make``), declared there once:
+            spec: the job's options (default: the ones it was registered with).
+            **options: job options (``tabloader.catalog._options.JOB_OPTIONS``: ``batch_size``,
+                ``image_size``, here also ``(height, width)``, ``augment``...) laid over
+                ``spec`` (``JobSpec.from_options``; None: not given). ``augment``'s draws come
+                from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
+            prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
+                every worker busy, at least 2, more for batches of small images:
+                ``jobs.default_prefetch``).
+            lookahead: rows sampled ahead, per rank; more lets jobs at different moments
+                share rounds, at the cost of a longer queue of ids. Default: as far as the
+                cache holds (``queues.LOOKAHEAD_CACHES`` arena capacities of rounds, each job's
+                share by its measured pace, at most an epoch and ``queues.LOOKAHEAD_ROWS``),
+                so that the arena knows the next use of what it holds and evicts as Belady's
+                MIN; at least 4 batches.
+            epochs: stop iterating after this many epochs (None: never).
+            state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
+            rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
+                ranks of the job (DDP). When both are None they are found from what launched
+                this process (an initialised torch.distributed process group, ``RANK`` and
+                ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
+                checks are in :mod:`tabloader.engine._queue.ranks`), else 0 and 1.
+            remote: for the loader service: the job's batches are received by a ``HandOver``
+                (:mod:`tabloader.engine._deliver.collate`), not a ``Collate``: handed over with their
+                values pinned in the arena, which its client copies them out of (see
+                ``tabloader.service._server``). Chosen here once, in the job's plan.
+            fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
+                (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
+
+        Data-parallel ranks: the ranks of one job in one loader are one job (one entry in
+        the sampler, so it still shares reads and decodes with every other job). The first
+        open creates it; each other rank opens it with its own ``rank`` and the same
+        ``world_size``, options and ``state``. Batches of ``batch_size`` rows are cut from the
+        job's random order as for a plain job and dealt round-robin: batch k of an epoch goes
+        to rank ``k % world_size``. Every rank gets ``n // (batch_size * world_size)`` batches
+        of an epoch of ``n`` rows; the last ``n % (batch_size * world_size)`` rows of the
+        epoch's uniformly random order (so a random subset, another each epoch) are dropped,
+        as with ``DistributedSampler(drop_last=True)``. With the job option ``drop_last =
+        false`` (evaluation jobs) no row is dropped: every rank gets ``ceil(n / world_size)``
+        rows (the last batch of each rank maybe short), the shares padded by repeating the
+        first rows of the epoch's order (fewer than ``world_size``), as with
+        ``DistributedSampler(drop_last=False)``. With ``world_size == 1`` nothing is dropped
+        or padded (the last batch of an epoch may be short).
+
+        The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank
+        ahead of the others waits for the slowest (as DDP does anyway); no rank gets a batch
+        before every rank has opened, and a rank that has waited ``rank_timeout`` seconds (a
+        job option, default 45) for one that never opened raises ``LoaderError``. Each rank's
+        stream has its own ``epoch`` and ``stats``; ``state_dict()`` from any rank is the
+        job's state at that rank's step, so every rank should save at the same step (as DDP
+        checkpoints do) and all reopen with that state.
+        Closing a rank while the others go on drops its batches (a rank that leaves mid-epoch
+        loses its share of that epoch; it cannot rejoin until every rank has closed); the job
+        leaves the sampler with its last open rank.
+
+        Raises:
+            JobNotFoundError: no such job. LoaderError: bad options (``rank`` and
+                ``world_size`` included), the job (or that rank of it) is open already, or
+                open with another ``world_size``, other options or another ``state``.
+        """
+        if self._closed:
+            raise LoaderError("The loader is closed; create a new Loader.")
+        if isinstance(job, OpenRequest) and args:
+            raise LoaderError(
+                f"open(OpenRequest, {', '.join(args)}=...): the request carries every argument "
+                "of the open; make it with them (OpenRequest.make)."
+            )
+        known: Job | None = None  # a Job given: no look-up
+        if isinstance(job, OpenRequest):
+            request = job
+        elif isinstance(job, str):
+            request = OpenRequest.make(job, **args)
+        else:
+            request, known = OpenRequest.make(job.name, **args), job
+        rank, world_size = resolve_rank(request.rank, request.world_size)
+        prefetch, lookahead, epochs = request.prefetch, request.lookahead, request.epochs
+        state = None if request.state is None else dict(request.state)
+        with self._lock:
+            info = self.catalog.job(request.job) if known is None else known
+            spec = request.resolve_spec(info.options)  # the one check of the merged options
+            batch_size = spec.batch_size
+            given = prefetch
+            augmenter, cap = job_augmenter(info.name, dict(spec.values))
+            if fed and not spec.drop_last:
+                raise LoaderError(
+                    f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "
+                    "a Ray cluster yet; open it there with drop_last = true (the default)."
+                )
+            share = rank_share(len(info.ids), batch_size, world_size, spec.drop_last)
+            if share == 0 and world_size > 1:
+                raise LoaderError(
+                    f"Job {info.name!r} has {len(info.ids)} rows, fewer than batch_size "
+                    f"({batch_size}) x world_size ({world_size}): no rank would get a batch; "
+                    "use a smaller batch_size."
+                )
+            dataset = self.catalog.dataset(info.dataset)
+            if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
+                raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
+            sched = self._scheduler(dataset)
+            # who receives its batches, chosen here once: the service's clients copy them
+            # out of shared memory, pinned until then; a job of this process copies at once
+            receiver = sched.fetcher.hand_over if remote else sched.fetcher.collate
+            plan = self._plan(sched, dataset, info, spec.image_size, receiver, augmenter, cap)
+            if prefetch is None:
+                prefetch = default_prefetch(self.workers, batch_size, plan)
+        if any(dec.dtype is None for dec in plan.gathered):  # strings, lists: pyarrow's own
+            _warm_pyarrow()
+        local = 1 if fed else world_size  # a fed rank is a job of its own here
+        if receiver.pins:  # the service's cache holds its clients' prepared batches
+            rows = min(batch_size, len(info.ids))  # the batch the job can really produce
+            prefetch = fit_prefetch(self._arena.buffer.size, plan, rows * local, prefetch, given)
+        if fed and state is not None:
+            raise LoaderError(
+                "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
+                "open the job without state."
+            )
+        floor = local * max(lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch)
+        state_obj = JobState(
+            info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
+            info.ids,
+            plan,
+            batch_size,
+            prefetch=prefetch,
+            queue=JobQueue(
+                horizon=floor,
+                floor=floor,
+                lookahead=lookahead,
+                cache_rows=cache_rows(self._arena.buffer.size, plan),
+                arena_spaces=[space for _, space in plan.prepared],
+            ),
+            on_error=OnError(spec.on_error),
+            epochs=epochs,
+            world_size=local,
+            id_array=bitmap_to_array(info.ids).astype(np.int64),
+            remote=receiver.pins,
+            fed=fed,
+            rank_rows=share,
+            spec=spec,
+            weights=info.weights,
+        )
+        remaining, epoch = (None, 0) if state is None else _check_state(state, info)
+        state_obj.scores = None if state is None else _resumed_scores(state, spec, info)
+        joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)
+        logger.info(
+            "job %s opened on %s (%d rows)%s",
+            info.name,
+            info.dataset,
+            len(info.ids),
+            f" as rank {rank} of {world_size}" if world_size > 1 else "",
+        )
+        return (ServedStream if remote or fed else JobStream)(sched, joined)
+
+    def _plan(
+        self,
+        sched: DatasetScheduler,
+        dataset: Dataset,
+        job: Job,
+        size: Any,
+        receiver: Receiver,
+        augmenter: Augmenter | None = None,
+        cap: int | None = None,
+    ) -> Plan:
+        """How the job's columns are prepared: gathered, or decoded into an arena space
+        (image columns: sizes and augmentation as :mod:`tabloader.engine._prepare.planning` decides)."""
+        schema = dataset.schema
+        columns = list(job.columns)
+        gathered, prepared = [], []
+        augment: dict[str, Augmenter] = {}
+        for c in columns:
+            dec = decoder_for(schema.field(c))
+            if dec.kind is DecodeKind.IMAGE:
+                column_size, aug = column_plan(self.catalog, job, c, size, augmenter, cap)
+                if aug is not None:
+                    augment[c] = aug
+                dec = decoder_for(
+                    schema.field(c), image_size=column_size, max_pixels=self.max_pixels
+                )
+                gen = self._generation.get(dataset.name, 0)
+                name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
+                fixed = dec.image_size is not None and not isinstance(dec.image_size, Fit)
+                space = self._arena.space(name, num_rows=dataset.num_rows, fixed=fixed)
+                self._space_owner[space] = sched
+                prepared.append((dec, space))
+            else:
+                gathered.append(dec)
+        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment, receiver)
+
+    def job_options(self, job: str) -> dict[str, Any]:
+        """The ``WITH`` options a job was registered with."""
+        with self._lock:
+            return dict(self.catalog.job(job).options)
+
+    def job_rows(self, job: str) -> int:
+        """The number of rows of a registered job (an epoch's, all ranks together)."""
+        with self._lock:
+            return len(self.catalog.job(job).ids)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, overall, per dataset and per open job.
+
+        ``cache``: the arena's (entries, hits, misses, evictions, pinned...); ``reads``:
+        payload (binary) values read; ``decodes``: images decoded; ``bytes_read``;
+        ``datasets``: per dataset, seconds of the pool's threads spent reading, decoding and
+        collating (``read_s``, ``decode_s``, ``collate_s``); ``jobs``: per open job, its
+        dataset and ``JobStream.stats()`` (``wait_s`` waiting for data vs ``compute_s``).
+        """
+        schedulers = list(self._schedulers.values())
+        datasets = {s.name: s.fetcher.counters.snapshot() for s in schedulers}
+        jobs = {}
+        for s in schedulers:
+            with s.cond:
+                jobs.update({n: {"dataset": s.name, **j.stats()} for n, j in s.jobs.items()})
+        return {
+            "cache": self._arena.stats(),
+            "reads": sum(int(d["reads"]) for d in datasets.values()),
+            "decodes": sum(int(d["decodes"]) for d in datasets.values()),
+            "bytes_read": sum(int(d["bytes_read"]) for d in datasets.values()),
+            "datasets": datasets,
+            "jobs": jobs,
+        }
+
+    def close(self) -> None:
+        """Stop every scheduler and worker thread; open streams become unusable."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:  # a forked child: the threads, processes and memory
+            return  # are the parent's
+        for sched in self._schedulers.values():
+            for job in list(sched.jobs.values()):
+                sched.remove(job)
+            sched.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._release_memory()
+        self._memory.close()
+        _join_warm_up()
+        if self._owns_catalog:
+            self.catalog.close()
+        if self.access_log is not None and self._access_log_path is not None:
+            self.access_log.save(self._access_log_path)
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until what the loader starts in the background (its decode processes,
+        pyarrow's first conversion) is done: a benchmark that times steady state calls it;
+        jobs need not (their first batch waits only for what it uses)."""
+        if self._procs is not None and _holds_bytes(self.catalog):
+            self._procs.start()
+            self._procs.wait_started(timeout)
+        _join_warm_up()
+
+    def _release_memory(self) -> None:
+        if self._procs is not None:
+            self._procs.close()
+        if self._segment is not None:
+            self._segment.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_WARM_LOCK = threading.Lock()
+_warm_thread: threading.Thread | None = None
+
+
+def _warm_pyarrow() -> None:
+    """Import, in a background thread, what pyarrow imports on its first numpy conversion,
+    for a job whose columns take pyarrow's own conversions (strings, lists).
+
+    pyarrow asks its pandas shim about every array it converts from or to numpy (``pa.array``,
+    ``to_numpy``), and the first time that imports pandas: 0.2-0.4 s of one thread, which
+    such a job's first batch would wait for. Numbers and images never convert through pyarrow
+    (:mod:`tabloader.catalog._arrays`), so a service that serves only them never pays it (it did at each
+    start, beside its first batch on the same cores). Once per process; ``Loader.close`` waits
+    for it (no tabloader thread outlives the loaders).
+    """
+    global _warm_thread
+    with _WARM_LOCK:
+        if _warm_thread is not None:
+            return
+
+        # pandas imports it, and one imported after the main thread ended (a process that
+        # exits at once) cannot register its exit hook: imported here, before
+        import concurrent.futures.thread  # noqa: F401
+
+        def run() -> None:
+            import pyarrow as pa
+            import pyarrow.compute  # ``take``'s kernels
+
+            pa.array(np.zeros(1, np.int64)).to_numpy()
+
+        # not a daemon: an import cut off at exit can crash the interpreter's finalization
+        _warm_thread = threading.Thread(target=run, name="tabloader-warm-pyarrow")
+        _warm_thread.start()
+
+
+def _join_warm_up() -> None:
+    if _warm_thread is not None:
+        _warm_thread.join()
+
+
+def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
+    try:
+        remaining = BitMap.deserialize(state["remaining"])
+        epoch = int(state["epoch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LoaderError(
+            f"Not a job state: {exc!r}; pass what JobStream.state_dict() returned."
+        ) from exc
+    if state.get("job") != job.name:
+        raise LoaderError(f"The state is of job {state.get('job')!r}, not {job.name!r}.")
+    if not remaining or not remaining.issubset(job.ids):
+        raise LoaderError(
+            f"The state's rows are not a non-empty subset of job {job.name!r}'s rows; was the "
+            "job re-registered since? Start it without a state."
+        )
+    return remaining, epoch
+
+
+def _resumed_scores(state: dict[str, Any], spec: JobSpec, job: Job) -> ImportanceScores | None:
+    """The importance scores a job state carries (``DatasetScheduler.state_dict``), for a job
+    opened with ``importance = 'loss'`` (None: a fresh start from the prior)."""
+    saved = state.get("importance")
+    if saved is None or spec.importance != "loss":
+        return None
+    try:
+        scores = ImportanceScores.from_state(saved)
+    except SamplingError as exc:
+        raise LoaderError(f"The state's importance scores are bad: {exc}") from None
+    if not np.array_equal(scores.ids, bitmap_to_array(job.ids)):
+        raise LoaderError(
+            f"The state's importance scores are of other rows than job {job.name!r}'s; was the "
+            "job re-registered since? Start it without a state."
+        )
+    return scores
+
+
+_DEFAULT_LOADERS: dict[Path, Loader] = {}
+_DEFAULT_LOCK = threading.Lock()
+_LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()  # closed at exit
+
+
+def _close_live_loaders() -> None:
+    """At exit: stop every open loader's threads and close the catalogs they opened."""
+    for loader in list(_LIVE_LOADERS):
+        loader.close()
+
+
+# ``concurrent.futures`` stops accepting tasks in ``threading``'s exit hooks, which run before
+# ``atexit``'s: a scheduler still loading rows for an open stream then failed with "cannot
+# schedule new futures after interpreter shutdown". Those hooks run last-registered first, and
+# this module imported the thread pool above, so the loaders close before the pools refuse work.
+getattr(threading, "_register_atexit", atexit.register)(_close_live_loaders)
+
+
+def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> Loader:
+    """The process-wide ``Loader`` of a catalog, created on first use.
+
+    Every ``JobDataset`` of a process that names the same catalog shares it, so their jobs
+    share one sampler and one cache. Its cache size is ``$TABLOADER_CACHE_BYTES`` (default
+    1 GiB); build a ``Loader`` yourself for other settings.
+    """
+    root = catalog.root if isinstance(catalog, Catalog) else resolve_root(catalog)
+    with _DEFAULT_LOCK:
+        loader = _DEFAULT_LOADERS.get(root)
+        if loader is None or loader.closed:
+            cache = setting("cache_bytes")
+            loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
+            _DEFAULT_LOADERS[root] = loader
+        return loader
+
+
+def _continues(read: Dataset, dataset: Dataset) -> bool:
+    """Whether ``dataset`` is ``read`` or a later version of it (rows appended), not a
+    dataset of the same name imported after a drop (its files are all new)."""
+    return dataset.files[: len(read.files)] == read.files

@@ -1,0 +1,91 @@
+"""The stream protocol: the in-process and the service's streams offer the same members, with
+signatures that take every call the protocol allows; the calls only a server makes live on
+``ServedStream``."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tabloader.catalog._errors import LoaderError
+from tabloader.engine import Loader
+from tabloader.engine._deliver.stream import JobStream, ServedStream
+from tabloader.engine._deliver.streams import Stream
+from tabloader.service._client import RemoteStream
+
+SERVER_ONLY = ("feed", "fail", "lost", "share_done", "wants_rows", "record_stalls")
+
+
+def members() -> list[str]:
+    return sorted(
+        n
+        for n, v in vars(Stream).items()
+        if (callable(v) or isinstance(v, property)) and (not n.startswith("_") or n in DUNDERS)
+    )
+
+
+DUNDERS = ("__iter__", "__enter__", "__exit__")
+
+
+@pytest.mark.parametrize("cls", [JobStream, RemoteStream])
+def test_both_streams_take_every_call_of_the_protocol(cls):
+    init = inspect.signature(cls.__init__).parameters
+    for name in members():
+        want = vars(Stream)[name]
+        if isinstance(want, property):  # a property, or an attribute set in __init__
+            assert isinstance(getattr(cls, name, None), property) or name in init, name
+            continue
+        have = inspect.signature(getattr(cls, name))
+        for p in inspect.signature(want).parameters.values():
+            if p.kind is p.VAR_POSITIONAL:
+                assert any(q.kind is q.VAR_POSITIONAL for q in have.parameters.values()), name
+            else:
+                assert p.name in have.parameters, f"{cls.__name__}.{name} lacks {p.name}"
+                assert have.parameters[p.name].kind == p.kind, f"{cls.__name__}.{name}({p.name})"
+
+
+def test_the_protocol_names_what_consumers_use():
+    assert set(members()) >= {
+        "name",
+        "rank",
+        "world_size",
+        "spec",
+        "epoch",
+        "take",
+        "iter_epoch",
+        "next_batch",
+        "state_dict",
+        "abandon",
+        "stats",
+        "close",
+        *DUNDERS,
+    }
+    assert not set(SERVER_ONLY) & set(members())
+
+
+@pytest.fixture
+def loader(cat):
+    cat.import_arrow("t", pa.table({"x": np.arange(20)}))
+    cat.register_job("j", "t")
+    with Loader(cat, workers=1, decode="threads") as eng:
+        yield eng
+
+
+def test_a_local_open_is_a_stream_without_the_servers_calls(loader):
+    with loader.open("j", batch_size=4) as stream:
+        assert isinstance(stream, Stream)
+        assert not any(hasattr(stream, n) for n in SERVER_ONLY)
+        with pytest.raises(LoaderError, match="open it with remote=True"):
+            ServedStream.of(stream)
+        assert len(next(iter(stream))["_id"]) == 4
+
+
+def test_a_fed_open_is_a_served_stream(loader):
+    with loader.open("j", fed=True, batch_size=4) as stream:
+        assert ServedStream.of(stream) is stream
+        assert isinstance(stream, Stream)
+        stream.feed(0, np.arange(8, dtype=np.int64), np.arange(8, dtype=np.int64))
+        assert stream.take()["_id"].tolist() == [0, 1, 2, 3]
