@@ -154,7 +154,7 @@ class _Images:
         import numpy as np
 
         from tabloader.catalog.storage import DatasetReader
-        from tabloader.engine._prepare.prep import decode_image
+        from tabloader.engine.decode import decode_image
 
         if self._reader is None:
             spec = (str(self.root), self.parts, self.schema, self.verify)

@@ -136,7 +136,7 @@ def _split_files(folder: str, split: str) -> tuple[list[str], list[int]]:
 
 
 def _decode(path: str) -> np.ndarray:
-    from tabloader.engine._prepare.prep import decode_image
+    from tabloader.engine.decode import decode_image
 
     return decode_image(Path(path).read_bytes())
 

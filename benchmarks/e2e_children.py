@@ -72,7 +72,7 @@ class MapDataset:
 
     def prepare(self, data: Any, row: int) -> Any:
         """The image of ``row`` from its encoded bytes ``data``: as tabloader prepares it."""
-        from tabloader.engine._prepare.prep import decode_image
+        from tabloader.engine.decode import decode_image
 
         return np.array(decode_image(data, size=self.size))
 

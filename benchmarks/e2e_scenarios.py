@@ -106,7 +106,7 @@ def shared_decode_bytes(root: Path, text: str, rows: int) -> int:
     from tabloader.catalog._augment import parse_augment
     from tabloader.engine._arena.slabs import size_class
     from tabloader.engine._prepare.augment import shared_fit
-    from tabloader.engine._prepare.prep import decode_image
+    from tabloader.engine.decode import decode_image
 
     fit = shared_fit(parse_augment(text), None)
     with catalog.open_catalog(root) as cat:

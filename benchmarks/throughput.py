@@ -189,7 +189,7 @@ def decode(data: Any, size: int, how: str) -> Any:
     import torch
 
     if how == "tabloader":
-        from tabloader.engine._prepare.prep import decode_image
+        from tabloader.engine.decode import decode_image
 
         return torch.from_numpy(np.array(decode_image(data, size=size)))
     from PIL import Image
@@ -391,7 +391,7 @@ def _jpeg_libraries(cat: Any, n: int) -> list[LibraryRow]:
     import simplejpeg
     from PIL import Image
 
-    from tabloader.engine._prepare.prep import dct_least_size
+    from tabloader.engine.decode import dct_least_size
 
     data = _jpegs(cat, n)
     turbo: Any = None

@@ -18,6 +18,7 @@ MODULES = [
     "tabloader.cluster._placement",
     "tabloader.engine._arena.eviction",
     "tabloader.engine._prepare.prep",
+    "tabloader.engine.decode",
     "tabloader.engine._arena.slabs",
     "tabloader.sampling",
     "tabloader.sampling._dependent",

@@ -42,7 +42,7 @@ from tabloader.engine._prepare.decoding import DecodePool
 from tabloader.engine._prepare.fetch import Fetcher
 from tabloader.engine._prepare.planning import column_plan, job_augmenter
 from tabloader.engine._prepare.pool import PriorityPool
-from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
+from tabloader.engine._prepare.prep import DecodeKind, decoder_for, holds_bytes
 from tabloader.engine._prepare.work import Plan, Receiver
 from tabloader.engine._queue.jobqueue import JobQueue
 from tabloader.engine._queue.jobs import (
@@ -55,6 +55,7 @@ from tabloader.engine._queue.jobs import (
 from tabloader.engine._queue.queues import JobQueues
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.engine._queue.scheduler import DatasetScheduler
+from tabloader.engine.decode import Fit, pixel_limit
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.sampling._importance import ImportanceScores
 

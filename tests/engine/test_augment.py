@@ -14,7 +14,7 @@ from tabloader.catalog._augment import from_torchvision
 from tabloader.catalog._errors import OptionError
 from tabloader.engine import Loader
 from tabloader.engine._prepare.augment import Augmenter
-from tabloader.engine._prepare.prep import Fit, decode_image
+from tabloader.engine.decode import Fit, decode_image
 
 N = 4000  # draws per sample in the statistical tests
 

@@ -14,7 +14,7 @@ from tabloader import catalog
 from tabloader.catalog._augment import default_seed
 from tabloader.catalog._errors import OptionError
 from tabloader.engine._prepare.augment import Augmenter
-from tabloader.engine._prepare.prep import Fit, decode_image
+from tabloader.engine.decode import Fit, decode_image
 from tabloader.service._client import RemoteLoader
 from tests.support.service import TIMEOUT, start_service
 

@@ -17,11 +17,12 @@ import time
 import numpy as np
 import pytest
 
+import tabloader.engine.decode._images as codec
 from tabloader import catalog
 from tabloader.catalog._errors import LoaderError, RowReadError
 from tabloader.engine import Loader
 from tabloader.engine._arena.shm import shm_available
-from tabloader.engine._prepare import decoding, prep
+from tabloader.engine._prepare import decoding
 from tests.support.bombs import KINDS, bomb
 from tests.support.faults import Hungry
 
@@ -61,7 +62,7 @@ def no_bomb_decoded(monkeypatch):
     with them: a bomb must not run even in a test that fails)."""
     bombs = {bomb(kind) for kind in KINDS}
     handed: list[str] = []
-    real_jpeg, real_open = prep.simplejpeg.decode_jpeg, prep.Image.open
+    real_jpeg, real_open = codec.simplejpeg.decode_jpeg, codec.Image.open
 
     def decode_jpeg(data, *args, **kw):
         if bytes(data) in bombs:
@@ -75,8 +76,8 @@ def no_bomb_decoded(monkeypatch):
             raise ValueError("a bomb reached PIL")
         return real_open(fp, *args, **kw)
 
-    monkeypatch.setattr(prep.simplejpeg, "decode_jpeg", decode_jpeg)
-    monkeypatch.setattr(prep.Image, "open", open_)
+    monkeypatch.setattr(codec.simplejpeg, "decode_jpeg", decode_jpeg)
+    monkeypatch.setattr(codec.Image, "open", open_)
     yield
     assert handed == []
 
@@ -232,7 +233,7 @@ def test_a_decode_that_reaches_the_cap_ends_its_process_and_is_bad_data_alone(im
 def test_out_of_memory_in_a_thread_is_not_bad_data(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     victim = int(images.job("j").ids[0])
-    real = prep._decode
+    real = codec._decode
     raw = images.dataset("imgs").take([victim], ["image"]).column("image")[0].as_py()
     once = []
 
@@ -242,7 +243,7 @@ def test_out_of_memory_in_a_thread_is_not_bad_data(images, monkeypatch):
             raise MemoryError
         return real(data, *args, **kw)
 
-    monkeypatch.setattr(prep, "_decode", decode)
+    monkeypatch.setattr(codec, "_decode", decode)
     with Loader(images, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
         got, stats = _epoch(loader, "j", on_error="skip")
         assert stats["skipped"] == 1
@@ -308,19 +309,19 @@ def test_a_stopping_service_frees_the_catalog_before_its_work_in_flight_ends(ima
 
 def test_a_large_decoded_image_is_resized_at_once_not_kept_for_a_batch(monkeypatch):
     batched = []
-    real = prep.resize_many_hw
+    real = codec.resize_many_hw
 
     def resize_many_hw(src, h, w):
         batched.append(src.shape)
         return real(src, h, w)
 
-    monkeypatch.setattr(prep, "resize_many_hw", resize_many_hw)
+    monkeypatch.setattr(codec, "resize_many_hw", resize_many_hw)
     big, small = io.BytesIO(), io.BytesIO()
-    prep.Image.fromarray(np.zeros((1100, 1500, 3), np.uint8)).save(big, "PNG")
-    prep.Image.fromarray(np.zeros((30, 40, 3), np.uint8)).save(small, "PNG")
-    assert prep.BATCH_RESIZE_BYTES < 1100 * 1500 * 3
+    codec.Image.fromarray(np.zeros((1100, 1500, 3), np.uint8)).save(big, "PNG")
+    codec.Image.fromarray(np.zeros((30, 40, 3), np.uint8)).save(small, "PNG")
+    assert codec.BATCH_RESIZE_BYTES < 1100 * 1500 * 3
     values = [big.getvalue(), small.getvalue()] * 2
-    got = prep.decode_images(values, size=16)
+    got = codec.decode_images(values, size=16)
     assert all(isinstance(g, np.ndarray) and g.shape == (16, 16, 3) for g in got)
     assert batched == [(2, 30, 30, 3)]  # the small ones' center squares only
 

@@ -13,7 +13,7 @@ from tabloader import catalog
 from tabloader.catalog._errors import StorageError
 from tabloader.engine import Loader
 from tabloader.engine._arena.shm import shm_available
-from tabloader.engine._prepare.prep import decode_image
+from tabloader.engine.decode import decode_image
 
 
 @pytest.fixture

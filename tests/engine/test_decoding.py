@@ -21,7 +21,8 @@ from tabloader.catalog._errors import CacheError, LoaderError, RowReadError
 from tabloader.engine import Loader
 from tabloader.engine._arena import shm
 from tabloader.engine._arena.shm import SHM_DIR, Segment, process_alive, shm_available
-from tabloader.engine._prepare.prep import decode_image, decoder_for
+from tabloader.engine._prepare.prep import decoder_for
+from tabloader.engine.decode import decode_image
 from tests.support.faults import KillsOnce, Poisoned, Slow
 from tests.support.polling import wait_for
 from tests.support.shm import named_shm_of

@@ -17,7 +17,7 @@ from tabloader.catalog._options import JOB_OPTIONS, JobOption
 from tabloader.engine import Loader
 from tabloader.engine._arena.shm import shm_available
 from tabloader.engine._deliver.batchmem import BatchMemory
-from tabloader.engine._prepare.prep import decode_image
+from tabloader.engine.decode import decode_image
 from tabloader.sampling import DependentSampler
 from tests.support.polling import wait_for
 from tests.support.wakeups import counting_waiter, held_for, next_batch_in_thread, waiting

@@ -7,10 +7,11 @@ import struct
 import numpy as np
 import pytest
 
+import tabloader.engine.decode._images as codec
 from tabloader.catalog._errors import CatalogError, LoaderError
 from tabloader.engine._prepare import prep
 from tabloader.engine._prepare.imagesize import check_pixels, declared_size
-from tabloader.engine._prepare.prep import decode_image, decode_images, pixel_limit
+from tabloader.engine.decode import decode_image, decode_images, pixel_limit
 from tests.support.bombs import bomb, image_bytes, with_size
 
 
@@ -132,9 +133,9 @@ def no_decoder(monkeypatch):
     def called(*args, **kw):
         raise AssertionError("a decoder ran")
 
-    monkeypatch.setattr(prep.simplejpeg, "decode_jpeg", called)
-    monkeypatch.setattr(prep.simplejpeg, "decode_jpeg_header", called)
-    monkeypatch.setattr(prep.Image, "open", called)
+    monkeypatch.setattr(codec.simplejpeg, "decode_jpeg", called)
+    monkeypatch.setattr(codec.simplejpeg, "decode_jpeg_header", called)
+    monkeypatch.setattr(codec.Image, "open", called)
 
 
 @pytest.mark.parametrize("kind", ["progressive", "jpeg", "png", "webp", "gif"])
@@ -162,7 +163,7 @@ def test_a_decoder_refuses_a_row_naming_it():
 def test_pillow_formats_are_checked_by_the_size_pillow_reads(monkeypatch):
     data = image_bytes("BMP", (50, 40))
     assert decode_image(data, max_pixels=2000).shape == (40, 50, 3)
-    monkeypatch.setattr(prep.Image.Image, "load", lambda self: pytest.fail("decoded"))
+    monkeypatch.setattr(codec.Image.Image, "load", lambda self: pytest.fail("decoded"))
     with pytest.raises(LoaderError, match=r"declares 50x40 pixels .* over the limit of 0\.001"):
         decode_image(data, max_pixels=1000)
 

@@ -7,15 +7,12 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+import tabloader.engine.decode._images as codec
 from tabloader.catalog._errors import LoaderError, RowReadError
+from tabloader.engine import decode
 from tabloader.engine._prepare import prep
-from tabloader.engine._prepare.prep import (
-    DecodeKind,
-    Decoder,
-    batch_column,
-    decode_image,
-    decoder_for,
-)
+from tabloader.engine._prepare.prep import DecodeKind, Decoder, batch_column, decoder_for
+from tabloader.engine.decode import decode_image
 
 
 def gradient(w: int = 500, h: int = 375) -> np.ndarray:
@@ -364,7 +361,7 @@ def outcome(fn):
 @pytest.mark.parametrize("size", [16, 8, (12, 20), 224])
 def test_decode_images_is_decode_image_of_each(size):
     values = _mixed_images()
-    got = prep.decode_images([pa.py_buffer(v) for v in values], size=size)
+    got = decode.decode_images([pa.py_buffer(v) for v in values], size=size)
     assert len(got) == len(values)
     for value, arr in zip(values, got, strict=True):
         want = outcome(lambda v=value: decode_image(v, size=size))
@@ -381,9 +378,9 @@ def test_resize_many_is_resize_hw_of_each():
     rng = np.random.default_rng(1)
     arrs = rng.integers(0, 256, (9, 31, 23, 3), dtype=np.uint8)
     for out_h, out_w in ((16, 16), (7, 40), (31, 23)):
-        got = prep.resize_many_hw(arrs, out_h, out_w)
+        got = codec.resize_many_hw(arrs, out_h, out_w)
         for a, g in zip(arrs, got, strict=True):
-            np.testing.assert_array_equal(g, prep.resize_hw(a, out_h, out_w))
+            np.testing.assert_array_equal(g, codec.resize_hw(a, out_h, out_w))
 
 
 @pytest.mark.parametrize("image_size", [None, 16, (12, 20), prep.Fit(20)])

@@ -459,12 +459,13 @@ def test_without_the_kernel_torch_gives_the_same_bytes_and_pillow_nearly(resizer
 def test_env_var_forces_the_portable_path_and_nothing_imports_torch():
     code = (
         "import sys, numpy as np\n"
-        "from tabloader.engine._prepare import _resample, augment, decoding, prep\n"
+        "from tabloader.engine._prepare import _resample, augment, decoding\n"
+        "from tabloader.engine.decode import _images as codec\n"
         "import tabloader.service._server\n"
         "aug = augment.Augmenter('RandomResizedCrop(8), RandomHorizontalFlip()', 1)\n"
         "out = np.empty(aug.output_shape, np.uint8)\n"
         "aug.apply(np.zeros((20, 30, 3), np.uint8), 0, 1, out)\n"
-        "prep._resize(np.zeros((20, 30, 3), np.uint8), 10)\n"
+        "codec._resize(np.zeros((20, 30, 3), np.uint8), 10)\n"
         "print(_resample.isa(), 'torch' in sys.modules, decoding.FORKSERVER_PRELOAD)\n"
     )
     env = {"TABLOADER_RESAMPLE": "scalar", "PATH": ""}

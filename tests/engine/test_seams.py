@@ -13,22 +13,22 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import tabloader.engine.decode._images as codec
 from tabloader import catalog
 from tabloader.catalog._errors import CatalogError, LoaderError, StorageError
 from tabloader.catalog.storage import DatasetReader, open_store, register_store, unregister_store
 from tabloader.catalog.storage._stores import STORAGE_ENV
-from tabloader.engine import Loader
+from tabloader.engine import Loader, decode
 from tabloader.engine._arena.shm import shm_available
 from tabloader.engine._prepare import prep
 from tabloader.engine._prepare.decoding import _reader_of, decode_rows
-from tabloader.engine._prepare.prep import (
-    DecodeKind,
-    Decoder,
+from tabloader.engine._prepare.prep import DecodeKind, Decoder, decoder_for
+from tabloader.engine.decode import (
     PillowBackend,
     decode_image,
-    decoder_for,
+    register_decode_backend,
+    unregister_decode_backend,
 )
-from tabloader.engine.decode import register_decode_backend, unregister_decode_backend
 from tabloader.service._protocol import dataset_from_wire, dataset_to_wire
 from tests.support.seams import Inverted, logged_store
 
@@ -249,7 +249,7 @@ def test_a_registered_backend_decodes_its_column_through_the_loader(images, cons
         assert (img == 7).all()
     unregister_decode_backend("const")
     assert decoder_for(field, image_size=16).key == "image@16"
-    assert isinstance(decoder_for(field).backend, prep.SimpleJpegBackend)
+    assert isinstance(decoder_for(field).backend, decode.SimpleJpegBackend)
 
 
 def test_a_backend_that_runs_in_decode_processes_travels_with_its_decoder(images):
@@ -283,7 +283,7 @@ def test_the_pillow_backend_decodes_without_simplejpeg(images, monkeypatch):
     def refused(*args, **kw):
         raise AssertionError("simplejpeg decoded")
 
-    monkeypatch.setattr(prep.simplejpeg, "decode_jpeg", refused)
+    monkeypatch.setattr(codec.simplejpeg, "decode_jpeg", refused)
     pillow = dec.many(values, [0, 1, 2])
     for a, b in zip(turbo, pillow, strict=True):
         assert a.shape == b.shape == (16, 16, 3)

@@ -16,7 +16,7 @@ from tabloader import catalog
 from tabloader.engine._loader import Loader
 from tabloader.engine._prepare.augment import Augmenter
 from tabloader.engine._prepare.planning import _group_need, _Reader
-from tabloader.engine._prepare.prep import Fit, decode_image
+from tabloader.engine.decode import Fit, decode_image
 
 TRAIN = "RandomResizedCrop(20), RandomHorizontalFlip()"
 

@@ -26,7 +26,7 @@ from pyroaring import BitMap
 
 from tabloader import catalog
 from tabloader.engine._arena.shm import process_alive, shm_available
-from tabloader.engine._prepare.prep import decode_image
+from tabloader.engine.decode import decode_image
 from tabloader.service._client import RemoteLoader
 from tabloader.service._protocol import runtime_dir, socket_path
 from tests.support.polling import wait_for

@@ -17,7 +17,7 @@ import torch
 from tabloader import catalog
 from tabloader.engine import Loader
 from tabloader.engine._arena.arena import CacheOvershootWarning
-from tabloader.engine._prepare.prep import decode_image
+from tabloader.engine.decode import decode_image
 from tabloader.torch import JobDataset
 
 # Fixed-size images are decoded by decode processes into the arena, or by threads and then put

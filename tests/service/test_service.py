@@ -36,7 +36,7 @@ from tabloader.catalog._errors import (
 from tabloader.catalog._options import SPEC_VERSION
 from tabloader.engine._arena.shm import shm_available
 from tabloader.engine._opening import OpenRequest
-from tabloader.engine._prepare.prep import decode_image
+from tabloader.engine.decode import decode_image
 from tabloader.service._client import RemoteLoader, service_loader
 from tabloader.service._listener import STARTER_ENV
 from tabloader.service._protocol import (

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabloader.catalog.storage import LocalStore
-from tabloader.engine._prepare.prep import SimpleJpegBackend
+from tabloader.engine.decode import SimpleJpegBackend
 
 __all__ = ["Inverted", "LoggedStore", "logged_store"]
 

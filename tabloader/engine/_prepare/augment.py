@@ -50,8 +50,8 @@ import numpy.typing as npt
 
 from tabloader.catalog._augment import AugmentSpec, Op, parse_augment
 from tabloader.catalog._errors import RowReadError
-from tabloader.engine._prepare.prep import Fit
 from tabloader.engine._prepare.resample import resize_batch, resize_into
+from tabloader.engine.decode import Fit
 
 __all__ = ["Augmenter", "shared_fit"]
 

@@ -59,7 +59,8 @@ from tabloader.catalog._errors import LoaderError, RowReadError, StorageError
 from tabloader.catalog.storage import DatasetReader, register_store
 from tabloader.catalog.storage._stores import store_factory
 from tabloader.engine._arena.shm import Segment, process_alive
-from tabloader.engine._prepare.prep import Decoder, pixel_limit
+from tabloader.engine._prepare.prep import Decoder
+from tabloader.engine.decode import pixel_limit
 
 __all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "cap_memory", "decode_rows"]
 

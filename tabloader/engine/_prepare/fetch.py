@@ -52,8 +52,9 @@ from tabloader.engine._deliver.collate import Collate, HandOver, OwnSlots, relea
 from tabloader.engine._prepare.decoding import DecodePool, decode_rows
 from tabloader.engine._prepare.gather import Gatherer
 from tabloader.engine._prepare.pool import PriorityPool
-from tabloader.engine._prepare.prep import Decoder, Fit
+from tabloader.engine._prepare.prep import Decoder
 from tabloader.engine._prepare.work import Work
+from tabloader.engine.decode import Fit
 
 __all__ = ["Fetcher"]
 

@@ -37,7 +37,7 @@ from tabloader.catalog._augment import default_seed, parse_augment
 from tabloader.catalog._errors import OptionError
 from tabloader.catalog._options import option_value
 from tabloader.engine._prepare.augment import Augmenter, shared_fit
-from tabloader.engine._prepare.prep import Fit, ImageSize
+from tabloader.engine.decode import Fit, ImageSize
 
 if TYPE_CHECKING:
     from tabloader.catalog import Job

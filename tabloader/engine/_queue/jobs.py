@@ -46,10 +46,10 @@ from tabloader.catalog._options import JobSpec
 from tabloader.catalog._settings import format_bytes
 from tabloader.engine._arena.arena import values_that_fit
 from tabloader.engine._prepare.fetch import MIN_PROCESS_ROWS
-from tabloader.engine._prepare.prep import Fit
 from tabloader.engine._prepare.work import Plan, Work
 from tabloader.engine._queue.jobqueue import NO_ROWS, JobQueue
 from tabloader.engine._queue.ranks import rank_share
+from tabloader.engine.decode import Fit
 
 if TYPE_CHECKING:
     from tabloader.sampling._importance import ImportanceScores
