@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-from tabloader._format import format_table
+from tabloader.cli import format_table
 
 __all__ = [
     "BENCHMARKS",

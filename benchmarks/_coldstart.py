@@ -126,7 +126,7 @@ def _first(child: _Spec, role: str) -> _Result:
 
 def _stop(pid: int) -> None:
     """Stop the service the cold child started (not our child: polled, not waited for)."""
-    from tabloader.engine._arena.shm import process_alive
+    from benchmarks._procs import process_alive
 
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S

@@ -132,8 +132,8 @@ class ServiceProcess:
         log: Path,
         access_log: Path | None = None,
     ) -> None:
-        from tabloader.catalog._errors import ServiceError
-        from tabloader.service._client import RemoteLoader
+        from tabloader.catalog import ServiceError
+        from tabloader.service import RemoteLoader
 
         self.root = Path(root).absolute()
         self.log = log
@@ -168,7 +168,7 @@ class ServiceProcess:
 
     def stats(self) -> dict[str, Any]:
         """The service's engine counters (``decodes``, ``reads``...)."""
-        from tabloader.service._client import RemoteLoader
+        from tabloader.service import RemoteLoader
 
         remote = RemoteLoader(self.root, start=False)
         try:
@@ -338,3 +338,20 @@ def write_result(spec: Mapping[str, object], result: Mapping[str, object]) -> No
     path = Path(str(spec["sync"])) / f"result-{spec['index']}.json"
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").rename(path)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, not yet reaped by its parent, as a
+    service killed under the client that started it) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill() said it exists
+    return state not in (b"Z", b"X")

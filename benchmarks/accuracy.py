@@ -159,7 +159,7 @@ class _TrainSet:
     (seed, epoch, index) from this arm's own seeds."""
 
     def __init__(self, paths: list[str], labels: list[int], augment: str, seed: int) -> None:
-        from tabloader.engine._prepare.augment import Augmenter
+        from tabloader.engine import Augmenter
 
         self.paths, self.labels = paths, labels
         self.augmenter = Augmenter(augment, DATALOADER_SEEDS + seed)
@@ -181,7 +181,7 @@ def _evaluate(model: Any, folder: str, size: int) -> tuple[float, int]:
     training, by the same code); (accuracy, test images)."""
     import torch
 
-    from tabloader.engine._prepare.augment import Augmenter
+    from tabloader.engine import Augmenter
 
     paths, labels = _split_files(folder, "test")
     evaluate = Augmenter(EVALUATE.format(size=size), seed=0)
@@ -396,9 +396,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--size {args.size}: give 8 to 256 pixels (the digits are 8x8).")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise SystemExit(f"--lr {args.lr}: give a positive learning rate, as 0.01.")
-    from tabloader.catalog import _progress
+    from tabloader.catalog import disable_progress_bars
 
-    _progress.disable_progress_bars()
+    disable_progress_bars()
     if args.quick:
         args.epochs = 1
     seeds = list(range(1, args.seeds * args.jobs + 1))

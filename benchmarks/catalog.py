@@ -332,9 +332,9 @@ def _checksum_cost(ds: Any, ids: list[int], rounds: int) -> list[dict[str, Any]]
 _IMPORT_CHILD = """
 import json, sys, time
 from tabloader import catalog
-from tabloader.catalog import _progress
+from tabloader.catalog import disable_progress_bars
 from benchmarks import peak_rss_mib
-_progress.disable_progress_bars()
+disable_progress_bars()
 t0 = time.perf_counter()
 with catalog.open_catalog(sys.argv[1], create=True) as cat:
     cat.import_parquet("big", sys.argv[2])
@@ -426,9 +426,9 @@ def bench_import(work: Path, gib: float, big_gib: float) -> list[dict[str, Any]]
 
 def run(args: argparse.Namespace) -> int:
     """Run every part, print the table and write JSON."""
-    from tabloader.catalog import _progress
+    from tabloader.catalog import disable_progress_bars
 
-    _progress.disable_progress_bars()
+    disable_progress_bars()
     if args.quick:
         args.rows, args.image_rows, args.big_gib = 128_000, 500, 0.1
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tl-bench-"))

@@ -148,8 +148,7 @@ def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per leader step with ``cost_jobs`` jobs x ``cost_ranks`` ranks."""
     from pyroaring import BitMap
 
-    from tabloader.cluster._actor import state_json
-    from tabloader.cluster._leader import Leader
+    from tabloader.cluster import Leader, state_json
 
     leader = Leader(seed=0, lookahead=1 << 30, round_rows=256)
     nodes = [f"n{i}" for i in range(args.cost_nodes)]
@@ -186,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from ray.cluster_utils import Cluster as RayCluster
 
     from tabloader import catalog
-    from tabloader.cluster._actor import Cluster
+    from tabloader.cluster import Cluster
 
     root_path, _, _ = prepare(args)
     root = str(root_path)

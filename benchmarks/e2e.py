@@ -136,7 +136,7 @@ from benchmarks.e2e_targets import cache_bytes_per_image, recipe_notes
 from benchmarks.e2e_targets import targets as _targets
 from benchmarks.imagedata import prepare
 from benchmarks.stalls import dataset_seconds, stall_row
-from tabloader.engine._arena.arena import values_that_fit
+from tabloader.engine import values_that_fit
 from tests.support.cachesim import belady_of_log
 
 __all__ = ["add_arguments", "bench_cache_bytes", "median_run", "run"]
@@ -342,9 +342,9 @@ def bench_cache_bytes(
     handed over (threads copy theirs out of the cache at once); plus 4 MiB of slabs for the
     staging of ids and labels (the arena gives out memory in slabs of at least 64 KiB).
     """
-    from tabloader.engine._prepare.fetch import MIN_PROCESS_ROWS
+    from tabloader.engine import default_prefetch
 
-    prefetch = max(2, -(-4 * workers * MIN_PROCESS_ROWS // batch_size))
+    prefetch = default_prefetch(workers, batch_size, None)
     per_job = prefetch + 2 if service else prefetch
     pinned = jobs * per_job * batch_size * 3 // 2
     return (rows + pinned) * row_bytes + (4 << 20)
@@ -362,9 +362,9 @@ def run(args: argparse.Namespace) -> int:
     args.scenarios = args.scenarios or "same,overlap,speeds,late"
     args.batch_size = args.batch_size or 32
     from tabloader import catalog
-    from tabloader.catalog import _progress
+    from tabloader.catalog import disable_progress_bars
 
-    _progress.disable_progress_bars()
+    disable_progress_bars()
     competitors = [c for c in args.competitors.split(",") if c]
     unknown = sorted(set(competitors) - set(COMPETITORS))
     if unknown:

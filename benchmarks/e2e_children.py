@@ -90,7 +90,7 @@ class RecipeDataset(MapDataset):
     """
 
     def __init__(self, root: str, dataset: str, ids: list[int], options: JobOptions) -> None:
-        from tabloader.engine._prepare.augment import Augmenter
+        from tabloader.engine import Augmenter
 
         self.augment = None
         if "augment" in options:
@@ -242,7 +242,7 @@ def _job_child(spec: Spec) -> None:
     job = spec["job"]
     transforms: str | None = None  # a DataLoader's recipe
     if spec["kind"] == "service":
-        from tabloader.service._client import RemoteLoader
+        from tabloader.service import RemoteLoader
         from tabloader.torch import to_tensors
 
         remote = RemoteLoader(spec["catalog"], start=False)
@@ -319,7 +319,7 @@ def _job_child(spec: Spec) -> None:
 def _overhead_child(spec: Spec) -> None:
     """Time request -> tensors ready for batches the service has prepared (see
     :mod:`benchmarks.e2e`)."""
-    from tabloader.service._client import RemoteLoader
+    from tabloader.service import RemoteLoader
     from tabloader.torch import to_tensors
 
     remote = RemoteLoader(spec["catalog"], start=False)

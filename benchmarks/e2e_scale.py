@@ -132,7 +132,7 @@ def cache_bytes(shared_rows: int, workers: int, batch: int) -> int:
     ``prefetch`` batches as the engine sizes it and the two its client holds; as
     :func:`benchmarks.e2e.bench_cache_bytes` counts it, without the staging slabs that
     tiny rows do not need); 1 MiB at least (the service's least)."""
-    from tabloader.engine._queue.jobs import default_prefetch
+    from tabloader.engine import default_prefetch
 
     prefetch = default_prefetch(workers, batch, batch * SIZE * SIZE * 3)
     return max(1 << 20, (shared_rows + JOBS * (prefetch + 2) * batch) * ROW_BYTES)
@@ -142,7 +142,7 @@ def run_scale(args: argparse.Namespace) -> ScaleResult:
     """Run every cell (``args``: ``bench e2e``'s, with :func:`add_arguments`'); the results."""
     from benchmarks.e2e_scenarios import register
     from tabloader import catalog
-    from tabloader.engine._arena.arena import values_that_fit
+    from tabloader.engine import values_that_fit
 
     if args.quick:
         args.scale_rows = min(args.scale_rows, 3000)

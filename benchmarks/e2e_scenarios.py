@@ -103,9 +103,8 @@ def shared_decode_bytes(root: Path, text: str, rows: int) -> int:
     """The mean slot bytes of the shared (aspect-kept) decode that augment ``text`` reads,
     over the first ``rows`` images: the arena's row size for the ``recipe`` scenarios."""
     from tabloader import catalog
-    from tabloader.catalog._augment import parse_augment
-    from tabloader.engine._arena.slabs import size_class
-    from tabloader.engine._prepare.augment import shared_fit
+    from tabloader.catalog import parse_augment
+    from tabloader.engine import shared_fit, size_class
     from tabloader.engine.decode import decode_image
 
     fit = shared_fit(parse_augment(text), None)

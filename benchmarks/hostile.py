@@ -98,7 +98,7 @@ def _catalog(root: Path, args: argparse.Namespace) -> None:
 
 
 def _epochs(root: Path, n: int) -> list[float]:
-    from tabloader.service._client import RemoteLoader
+    from tabloader.service import RemoteLoader
 
     times = []
     with RemoteLoader(root, start=False) as remote:

@@ -49,11 +49,11 @@ from pyroaring import BitMap
 
 from benchmarks import format_table, positive_int, write_json
 from benchmarks.accuracy import compare, load_digits, summarize
+from tests.support import cachesim
 
 __all__ = [
     "add_arguments",
     "agreement_bound",
-    "hit_ratios",
     "run",
     "uniformity",
 ]
@@ -116,43 +116,6 @@ def agreement_bound(leader: np.ndarray, ids: np.ndarray, q: np.ndarray) -> np.nd
     return out
 
 
-def hit_ratios(
-    rows: np.ndarray, probs: list[np.ndarray], ids: np.ndarray, capacity: int
-) -> dict[str, float]:
-    """Hit ratios replaying ``rows`` (epochs of ``len(ids)`` draws; ``probs[e]`` the job's
-    distribution in epoch ``e``) through a cache of ``capacity`` rows: LRU; the arena's policy
-    with the expected draws alone (no lookahead: SHADE's importance cache); the arena's policy
-    as the engine runs it (next uses inside the sampler's lookahead, then expected draws);
-    Belady's MIN."""
-    from tabloader.engine._arena.eviction import ARENA_POLICY, LeastRecent
-    from tests.support.cachesim import LOOKAHEAD_FACTOR, Policy, Stream, replay, simulate
-
-    n = len(rows)
-    stream = Stream(
-        rows=rows.astype(np.int64),
-        counts=np.ones(n, np.int64),
-        rounds=np.arange(n + 1, dtype=np.int64),
-        universe=int(ids.max()) + 1,
-    )
-    per_epoch = len(ids)
-    dense = np.zeros((len(probs), stream.universe))
-    for e, p in enumerate(probs):
-        dense[e, ids] = p * per_epoch  # expected draws in an epoch: one job ranks alike by them
-
-    def expected(i: int, row: int) -> float:
-        return float(dense[min(i // per_epoch, len(probs) - 1), row])
-
-    out = {
-        "LRU": replay(stream, LeastRecent(), capacity, 0, pins=False),
-        "expected draws": replay(stream, ARENA_POLICY, capacity, 0, expected=expected),
-        "tabloader": replay(
-            stream, ARENA_POLICY, capacity, int(LOOKAHEAD_FACTOR * capacity), expected=expected
-        ),
-        "Belady MIN": simulate(stream, Policy.BELADY, capacity),
-    }
-    return {name: 1 - reads / n for name, reads in out.items()}
-
-
 # -- one training run ------------------------------------------------------------------------------
 def _train(
     importance: bool, seed: int, args: argparse.Namespace, data: tuple[np.ndarray, ...]
@@ -161,7 +124,7 @@ def _train(
     import torch
     from torch import nn
 
-    from tabloader.catalog._options import JobSpec
+    from tabloader.catalog import JobSpec
     from tabloader.sampling import DependentSampler
 
     x_train, y_train, x_test, y_test = (torch.from_numpy(a) for a in data)
@@ -225,7 +188,7 @@ def _service(work: Path, epochs: int, images_kept: int | None = None) -> dict[st
     from benchmarks._procs import ServiceProcess
     from benchmarks.accuracy import write_digits
     from tabloader import catalog
-    from tabloader.service._client import RemoteLoader
+    from tabloader.service import RemoteLoader
     from tabloader.torch import JobDataset
 
     images, labels = load_digits()
@@ -363,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     hits = []
     for fraction in CACHE_FRACTIONS:
         capacity = max(1, int(fraction * len(first["ids"])))
-        h = hit_ratios(first["rows"], first["probs"], first["ids"], capacity)
+        h = cachesim.hit_ratios(first["rows"], first["probs"], first["ids"], capacity)
         hits.append(
             {
                 "cache": f"{fraction:.0%} ({capacity} rows)",

@@ -34,6 +34,7 @@ Usage: ``python -m benchmarks kernels [--quick] [--images N] [--repeats N] [--ou
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -44,8 +45,8 @@ import numpy.typing as npt
 
 from benchmarks import format_table, main, positive_int, write_json
 from benchmarks._cpu import cpu_model, simd_level
-from tabloader.engine._prepare import resample
-from tabloader.engine._prepare.augment import Augmenter
+from tabloader import engine
+from tabloader.engine import Augmenter
 
 __all__ = [
     "CPU",
@@ -87,7 +88,7 @@ def cpu_description() -> CPU:
     return {
         "cpu": cpu_model(),
         "simd": simd_level(),
-        "kernel": resample.kernel_isa() or "not built",
+        "kernel": engine.resize_kernel() or "not built",
     }
 
 
@@ -164,15 +165,15 @@ def measure(images: int = 200, repeats: int = 15, *, seed: int = 0) -> KernelRes
     hot = pics[0]
     out = np.empty((224, 224, 3), np.uint8)
     arms: dict[str, Callable[[], None]] = {}
-    isas = resample.kernel_isas()
+    isas = engine.resize_kernels()
 
     def on(isa: str, f: Callable[[], None]) -> Callable[[], None]:
         def timed() -> None:
-            old = resample.set_kernel_isa(isa)
+            old = engine.use_resize_kernel(isa)
             try:
                 f()
             finally:
-                resample.set_kernel_isa(old)
+                engine.use_resize_kernel(old)
 
         return timed
 
@@ -194,7 +195,7 @@ def measure(images: int = 200, repeats: int = 15, *, seed: int = 0) -> KernelRes
             arms["kernel avx2"] = on("avx2", kernel_hot)
             arms["kernel avx2, cold"] = on("avx2", kernel_cold)
         arms["kernel scalar"] = on("scalar", kernel_hot)
-    if resample.optional_torch() is not None:
+    if importlib.util.find_spec("torch") is not None:
         torch_apply = _torch_arm(aug)
         arms["torch"] = rows(lambda image, r: torch_apply(image, r, out))
         arms["torch, cold"] = rows(lambda image, r: torch_apply(image, r, out), cold=True)

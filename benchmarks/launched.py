@@ -217,7 +217,7 @@ def machine_line(info: Machine) -> str:
 def stop_service(root: Path) -> None:
     """Stop the catalog's service if one runs (SIGTERM; SIGKILL after a minute) and wait
     until it is gone, so that the next run starts a cold one."""
-    from tabloader.service._protocol import service_pid
+    from tabloader.service import service_pid
 
     pid = service_pid(root)
     if pid is None:
@@ -283,8 +283,7 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
 def _service_usage(root: Path) -> ServiceUsage:
     """The running service's counters, CPU (itself and its decode processes) and peak RSS."""
     from benchmarks._procs import peak_rss_of, tree_cpu_s
-    from tabloader.service._client import RemoteLoader
-    from tabloader.service._protocol import service_pid
+    from tabloader.service import RemoteLoader, service_pid
 
     pid = service_pid(root)
     if pid is None:
@@ -509,9 +508,9 @@ def measure(
     """The machine, the image count and the runs of ``scenarios`` on ``args.images``
     generated images (:func:`run_scenarios`; DataLoaders of 2 workers and of the cores)."""
     from benchmarks.imagedata import prepare
-    from tabloader.catalog import _progress
+    from tabloader.catalog import disable_progress_bars
 
-    _progress.disable_progress_bars()
+    disable_progress_bars()
     root, n, _ = prepare(args)
     folder = Path(args.data) / f"images-{args.images}"
     info = machine()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tabloader.engine._prepare.augment import Augmenter
+from tabloader.engine import Augmenter
 
 __all__ = ["RECIPE", "RecipeRows", "recipe_competitors"]
 

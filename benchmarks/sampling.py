@@ -357,7 +357,7 @@ def run_speed(quick: bool, seed: int) -> list[dict[str, Any]]:
             {
                 "case": label,
                 "jobs": len(sets),
-                "regions": len(s._regions.keys),
+                "regions": s.num_regions,
                 "round_us": single * 1e6,
                 "round_batched_us": batched * 1e6,
                 "add_all_ms": add_all * 1e3,

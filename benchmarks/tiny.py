@@ -254,7 +254,7 @@ def _service(data: Any, jobs: list[str], cache_bytes: int, workers: int, batch: 
 
 def _job_child(spec: dict[str, Any]) -> None:
     """One job process: its epoch through the service, as tensors (``to_tensors``)."""
-    from tabloader.service._client import RemoteLoader
+    from tabloader.service import RemoteLoader
     from tabloader.torch import to_tensors
 
     remote = RemoteLoader(spec["catalog"], start=False)
@@ -274,7 +274,7 @@ def cache_bytes(shared_rows: int, jobs: int, workers: int, batch: int, *, servic
     """The cache of a competitor: ``shared_rows`` decoded rows plus what its ``jobs`` pin (each
     ``prefetch`` batches as the engine sizes them, and half again for rows decoded ahead; a
     service's client also holds two), as ``bench e2e`` sizes its caches; 1 MiB at least."""
-    from tabloader.engine._queue.jobs import default_prefetch
+    from tabloader.engine import default_prefetch
 
     prefetch = default_prefetch(workers, batch, batch * SIZE * SIZE * 3)
     pinned = jobs * (prefetch + 2 if service else prefetch) * batch * 3 // 2

@@ -56,10 +56,10 @@ def prepare_tiny(data: str | Path, rows: int, *, side: int = SIDE) -> TinyData:
     import pyarrow as pa
 
     from tabloader import catalog
-    from tabloader.catalog import _progress
+    from tabloader.catalog import disable_progress_bars
     from tabloader.datagen import make_imagefolder
 
-    _progress.disable_progress_bars()
+    disable_progress_bars()
     base = Path(data)
     folder = make_imagefolder(
         base / f"images-{rows}-{side}",

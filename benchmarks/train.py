@@ -160,7 +160,7 @@ def _child(spec: _Spec) -> None:
     loss_fn = nn.CrossEntropyLoss()
     cpu0 = rusage()[0]
     if spec["kind"] == "service":
-        from tabloader.service._client import RemoteLoader
+        from tabloader.service import RemoteLoader
         from tabloader.torch import to_tensors
 
         remote = RemoteLoader(spec["catalog"], start=False)
@@ -305,9 +305,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tabloader import catalog
-    from tabloader.catalog import _progress
+    from tabloader.catalog import disable_progress_bars
 
-    _progress.disable_progress_bars()
+    disable_progress_bars()
     try:
         counts = [int(x) for x in args.jobs.split(",") if x]
     except ValueError:

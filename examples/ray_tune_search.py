@@ -30,7 +30,7 @@ from ray import tune
 from torch import nn
 
 import tabloader
-from tabloader.cluster._actor import Cluster
+from tabloader.cluster import Cluster
 from tabloader.datagen import make_imagefolder
 
 

@@ -22,9 +22,8 @@ import torch
 import torchvision
 from torchvision.transforms import RandomResizedCrop, v2
 
-from tabloader.catalog._augment import from_torchvision
-from tabloader.catalog._errors import OptionError
-from tabloader.engine._prepare.augment import Augmenter
+from tabloader.catalog import OptionError, from_torchvision
+from tabloader.engine import Augmenter
 
 N, H, W = 4000, 375, 500
 
@@ -75,15 +74,15 @@ def main() -> None:
 def pixels(rows: int = 300) -> None:
     """Augmenter.apply of RandomResizedCrop(224) + flip against torchvision's own
     resized_crop (+ horizontal_flip) of the drawn box, on every code path of the kernel."""
-    from tabloader.engine._prepare import resample
+    from tabloader import engine
 
     aug = Augmenter("RandomResizedCrop(224), RandomHorizontalFlip()", seed=3)
     rng = np.random.default_rng(0)
     smooth = np.repeat(np.repeat(rng.integers(0, 256, (H // 5 + 1, W // 5 + 1, 3)), 5, 0), 5, 1)
     images = [rng.integers(0, 256, (H, W, 3), dtype=np.uint8), smooth[:H, :W].astype(np.uint8)]
-    for isa in resample.kernel_isas() or ["(no kernel)"]:
+    for isa in engine.resize_kernels() or ["(no kernel)"]:
         if isa != "(no kernel)":
-            resample.set_kernel_isa(isa)
+            engine.use_resize_kernel(isa)
         worst, n = 0, 0
         for src in images:
             chw = torch.from_numpy(src).permute(2, 0, 1)

@@ -57,7 +57,10 @@ class _RayLocator:
 
 _set_locator(_RayLocator())
 
-_catalog_all = [n for n in _catalog_names if n != "open_catalog"]  # one way to open: connect
+# one way to open: connect; the augment grammar stays the catalog's
+_catalog_all = [
+    n for n in _catalog_names if n not in ("open_catalog", "parse_augment", "from_torchvision")
+]
 
 # Imported on first use: a decode process (which imports tabloader.engine._prepare.decoding, so this package)
 # reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in

@@ -13,10 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tabloader._format import format_table
+
 if TYPE_CHECKING:
     from tabloader.service._server import ClientInfo
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "format_table", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -260,8 +262,6 @@ def _ray_report(root: Path, address: str | None) -> dict[str, Any] | None:
 
 
 def _print_service(report: dict[str, Any]) -> None:
-    from tabloader._format import format_table
-
     cache, clients = report["cache"], report["clients"]
     _print(f"Loader service pid {report['service_pid']} for catalog {report['catalog']}")
     _print(
@@ -318,8 +318,6 @@ def status_report(root: Path, pid: int | None, stats: dict[str, Any] | None) -> 
 
 
 def _print_cluster(root: Path, status: dict[str, Any]) -> None:
-    from tabloader._format import format_table
-
     by = f" (served by pid {status['pid']})" if status["pid"] is not None else ""
     if "error" in status:
         _print(

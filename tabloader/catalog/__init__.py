@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import typing
 
+from tabloader.catalog._progress import disable_progress_bars
+
 if typing.TYPE_CHECKING:
+    from tabloader.catalog._augment import from_torchvision, parse_augment
     from tabloader.catalog._catalog import Catalog, Dataset, Job, open_catalog
-    from tabloader.catalog._catalog import connect as connect  # deprecated: open_catalog
+    from tabloader.catalog._options import JobSpec
 from tabloader.catalog._errors import (
     AlreadyExistsError,
     CacheError,
@@ -53,6 +56,7 @@ __all__ = [
     "ImportFailedError",
     "Job",
     "JobNotFoundError",
+    "JobSpec",
     "LoaderError",
     "NotFoundError",
     "OptionError",
@@ -64,19 +68,31 @@ __all__ = [
     "StorageError",
     "TabloaderError",
     "UnknownColumnError",
+    "disable_progress_bars",
+    "from_torchvision",
     "open_catalog",
+    "parse_augment",
 ]
 
 
-def __getattr__(name: str) -> typing.Any:
-    """The catalog's classes and ``open_catalog``, imported on first use (DuckDB, sqlglot: a
-    process that reads only files, such as a decode process, never needs them); ``connect``,
-    its deprecated name, warns at each call."""
-    if name in ("Catalog", "Dataset", "Job", "open_catalog", "connect"):
-        from tabloader.catalog import _catalog as module
+_LAZY = {
+    "Catalog": "tabloader.catalog._catalog",
+    "Dataset": "tabloader.catalog._catalog",
+    "Job": "tabloader.catalog._catalog",
+    "JobSpec": "tabloader.catalog._options",
+    "from_torchvision": "tabloader.catalog._augment",
+    "open_catalog": "tabloader.catalog._catalog",
+    "parse_augment": "tabloader.catalog._augment",
+}
 
-        value = getattr(module, name)
-        if name != "connect":  # not a public name any more
-            globals()[name] = value  # once
+
+def __getattr__(name: str) -> typing.Any:
+    """The catalog's classes and functions, imported on first use (DuckDB, sqlglot: a process
+    that reads only files, such as a decode process, never needs them)."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
         return value
-    raise AttributeError(f"module 'catalog' has no attribute {name!r}")
+    raise AttributeError(f"module 'tabloader.catalog' has no attribute {name!r}")

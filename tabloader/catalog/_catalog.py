@@ -144,26 +144,6 @@ def open_catalog(
     )
 
 
-def _deprecated(opener: Callable[P, Catalog]) -> Callable[P, Catalog]:
-    """``opener`` under the name ``catalog.connect``, warning at each call."""
-
-    @functools.wraps(opener)
-    def connect(*args: P.args, **kwargs: P.kwargs) -> Catalog:
-        warnings.warn(
-            "catalog.connect is deprecated and goes in the next release: use "
-            "catalog.open_catalog (this process's catalog), or tabloader.connect (through the "
-            "catalog's loader service while one runs).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return opener(*args, **kwargs)
-
-    connect.__name__ = connect.__qualname__ = "connect"
-    connect.__doc__ = "Deprecated: ``open_catalog`` (two public functions were called connect)."
-    return connect
-
-
-connect = _deprecated(open_catalog)
 """Deprecated for one release: ``open_catalog``."""
 
 

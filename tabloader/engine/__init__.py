@@ -1,38 +1,38 @@
 """The loading engine: one process's pipeline, every job of it on one arena and one pool.
 
-A module per step, in the order a row goes through them::
+A subpackage per stage, in the order a row goes through them::
 
-    sample -> queue -> fetch -> prepare -> arena -> collate -> stream
+    tabloader.sampling -> _queue -> _prepare -> _arena -> _deliver
+    (which rows)          (queued)   (fetched,    (cached)  (each job's batch)
+                                     decoded)
 
-* **sample**: :mod:`tabloader.sampling` (beside this package: the dependent sampler is an
-  algorithm of its own) picks which rows each job reads next;
-* **queue**: :mod:`~tabloader.engine._queue.queues` turns the sampler's rounds into each job's queue
-  of row ids and the future uses of each row (:mod:`~tabloader.engine._queue.uses`: the arena's
-  eviction inputs); :mod:`~tabloader.engine._queue.scheduler` cuts the queues into batches and deals
-  them to the ranks (:mod:`~tabloader.engine._queue.jobs`, :mod:`~tabloader.engine._queue.ranks`);
-* **fetch**: :mod:`~tabloader.engine._prepare.fetch` prepares a batch (its records:
-  :mod:`~tabloader.engine._prepare.work`): cheap columns gathered vectorized
-  (:mod:`~tabloader.engine._prepare.gather`), images looked up in the arena, in-flight reads merged;
-* **prepare**: the shared, deterministic prefix once per row for every job
-  (:mod:`~tabloader.engine._prepare.prep`: decode, by the column's backend, chosen from
-  :mod:`~tabloader.engine.decode`' registry; in :mod:`~tabloader.engine._prepare.decoding`'s
-  processes or the pool's threads); each job's own rest on top
-  (:mod:`~tabloader.engine._prepare.augment`, planned by :mod:`~tabloader.engine._prepare.planning`);
-* **arena**: prepared values in slots of slabs of one buffer (:mod:`~tabloader.engine._arena.arena`,
-  :mod:`~tabloader.engine._arena.slabs`), evicted by :mod:`~tabloader.engine._arena.eviction`'s policy, in
-  shared memory with no name (:mod:`~tabloader.engine._arena.shm`: the layout and the reader/writer
-  contract that the service and the decode processes rely on);
-* **collate**: the batch laid out as a :class:`~tabloader.engine._deliver.handoff.HandedBatch` and
-  received by its job's receiver, chosen when it opened (:mod:`~tabloader.engine._deliver.collate`):
-  each value copied (or augmented) out of the arena into the job's own batch (the one
-  ``copy_out``, memory from :mod:`~tabloader.engine._deliver.batchmem`), or handed over pinned to a
-  service's client, which copies it out the same way; counted by
-  :mod:`~tabloader.engine._arena.accounting`;
-* **stream**: the consumer side (:mod:`~tabloader.engine._deliver.stream`, ``JobStream``).
+* **sampled and queued** (:mod:`~tabloader.engine._queue`): the sampler's rounds become each
+  job's queue of row ids and the future uses of each row (the arena's eviction inputs); the
+  scheduler cuts the queues into batches and deals them to the ranks;
+* **fetched and prepared** (:mod:`~tabloader.engine._prepare`): a batch's cheap columns
+  gathered vectorized, its images looked up in the arena, in-flight reads merged; the shared,
+  deterministic prefix (decode, by the column's backend from :mod:`tabloader.engine.decode`,
+  in decode processes or the pool's threads) once per row for every job, and each job's own
+  augmentation on top;
+* **cached** (:mod:`~tabloader.engine._arena`): prepared values in slots of slabs of one
+  buffer, evicted by next use and reference count, in shared memory with no name;
+* **delivered** (:mod:`~tabloader.engine._deliver`): the batch laid out as one handed-over
+  batch and received by its job's receiver: copied (or augmented) out of the arena into the
+  job's own batch, or handed over pinned to a service's client, which copies it out the same
+  way; the consumer side (``JobStream``).
 
-:mod:`~tabloader.engine._loader` is the facade that wires them: :class:`Loader`. The service
-(:mod:`tabloader.service`) runs one ``Loader`` for many processes; nothing here imports the
-service, the cluster or the CLI.
+:class:`Loader` (``_loader``) is the facade that wires them; ``_opening`` checks an open
+request once. The service (:mod:`tabloader.service`) runs one ``Loader`` for many processes;
+nothing here imports the service, the cluster or the CLI. :mod:`tabloader.engine.decode` is
+the seam a decode backend plugs into.
+
+Besides the loader, the face names what sizing a cache or reproducing a job's augmentation
+needs: :class:`Augmenter` (a job's ``augment`` with its seed, applied to one image),
+:func:`shared_fit` (the shared decode an augmented job reads), :func:`default_prefetch`
+(the batches a job prepares ahead), :func:`values_that_fit` and :func:`size_class` (how many
+values of a size an arena holds, and the slot one takes), and which code path of the
+crop-resize kernel runs: :func:`resize_kernel`, :func:`resize_kernels` (the paths this CPU can
+run) and :func:`use_resize_kernel` (``TABLOADER_RESAMPLE=scalar|avx2`` does it for a process).
 
 The names below are imported on first use, so that a decode process importing
 :mod:`tabloader.engine._prepare.decoding` does not import the whole engine (and DuckDB with it).
@@ -43,14 +43,49 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tabloader.engine._arena.arena import values_that_fit
+    from tabloader.engine._arena.slabs import size_class
     from tabloader.engine._loader import JobStream, Loader, OnError, default_loader
+    from tabloader.engine._prepare.augment import Augmenter, shared_fit
+    from tabloader.engine._prepare.resample import resize_kernel, resize_kernels, use_resize_kernel
+    from tabloader.engine._queue.jobs import default_prefetch
 
-__all__ = ["JobStream", "Loader", "OnError", "default_loader"]
+__all__ = [
+    "Augmenter",
+    "JobStream",
+    "Loader",
+    "OnError",
+    "default_loader",
+    "default_prefetch",
+    "resize_kernel",
+    "resize_kernels",
+    "shared_fit",
+    "size_class",
+    "use_resize_kernel",
+    "values_that_fit",
+]
+
+_LAZY = {
+    "Augmenter": "tabloader.engine._prepare.augment",
+    "JobStream": "tabloader.engine._loader",
+    "Loader": "tabloader.engine._loader",
+    "OnError": "tabloader.engine._loader",
+    "default_loader": "tabloader.engine._loader",
+    "default_prefetch": "tabloader.engine._queue.jobs",
+    "resize_kernel": "tabloader.engine._prepare.resample",
+    "resize_kernels": "tabloader.engine._prepare.resample",
+    "use_resize_kernel": "tabloader.engine._prepare.resample",
+    "shared_fit": "tabloader.engine._prepare.augment",
+    "size_class": "tabloader.engine._arena.slabs",
+    "values_that_fit": "tabloader.engine._arena.arena",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from tabloader.engine import _loader as loader
+    if name in _LAZY:
+        import importlib
 
-        return getattr(loader, name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
+        return value
     raise AttributeError(f"module 'tabloader.engine' has no attribute {name!r}")

@@ -155,6 +155,12 @@ class DependentSampler(SamplerBase[_Job]):
         self.vectorize = True
 
     # ------------------------------------------------------------------ jobs
+    @property
+    def num_regions(self) -> int:
+        """How many regions the rows of the jobs fall into (each region: the rows that exactly
+        one set of jobs still needs): the structure's size, which a round's cost follows."""
+        return len(self._regions.keys)
+
     def _own(self, name: str) -> WeightedJobs | None:
         return self._weighted if name in self._weighted.jobs else None
 

@@ -99,16 +99,13 @@ def test_operation_call_runs_it_on_a_catalog(tmp_path):
         assert OPERATIONS["dataset"].call(cat, {"name": "t", "version": None}).num_rows == 3
 
 
-def test_catalog_connect_is_a_deprecated_name_of_open_catalog(tmp_path):
+def test_one_way_to_open_a_catalog_each_face(tmp_path):
     import tabloader
     from tabloader import catalog
     from tabloader.service import _connection as connection
 
-    with pytest.warns(DeprecationWarning, match=r"catalog.connect is deprecated .*open_catalog"):
-        cat = catalog.connect(tmp_path / "c", create=True)
-    with cat:
-        assert isinstance(cat, Catalog)
-        assert cat.exists
+    with pytest.raises(AttributeError, match="has no attribute 'connect'"):
+        catalog.connect  # noqa: B018  (the deprecated name is gone)
     assert "connect" not in catalog.__all__
     assert "open_catalog" in catalog.__all__
     # one public connect: tabloader's (through the service while one runs)

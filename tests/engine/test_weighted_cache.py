@@ -101,7 +101,7 @@ def test_the_simulator_ranks_by_the_same_policy_with_expected_draws():
     """Replayed with a weighted job's expected draws, the arena's policy keeps the heavy
     rows: on draws from a skewed distribution it hits far more often than LRU, and never
     more than Belady's MIN."""
-    from benchmarks.importance import hit_ratios
+    from tests.support.cachesim import hit_ratios
 
     rng = np.random.default_rng(0)
     n = 400

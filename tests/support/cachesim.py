@@ -507,3 +507,37 @@ def replay(
                     cache.put(r, nu, uses, last)
             cache.evict(pinned)
     return reads
+
+
+def hit_ratios(
+    rows: np.ndarray, probs: list[np.ndarray], ids: np.ndarray, capacity: int
+) -> dict[str, float]:
+    """Hit ratios replaying ``rows`` (epochs of ``len(ids)`` draws; ``probs[e]`` the job's
+    distribution in epoch ``e``) through a cache of ``capacity`` rows: LRU; the arena's policy
+    with the expected draws alone (no lookahead: SHADE's importance cache); the arena's policy
+    as the engine runs it (next uses inside the sampler's lookahead, then expected draws);
+    Belady's MIN."""
+    n = len(rows)
+    stream = Stream(
+        rows=rows.astype(np.int64),
+        counts=np.ones(n, np.int64),
+        rounds=np.arange(n + 1, dtype=np.int64),
+        universe=int(ids.max()) + 1,
+    )
+    per_epoch = len(ids)
+    dense = np.zeros((len(probs), stream.universe))
+    for e, p in enumerate(probs):
+        dense[e, ids] = p * per_epoch  # expected draws in an epoch: one job ranks alike by them
+
+    def expected(i: int, row: int) -> float:
+        return float(dense[min(i // per_epoch, len(probs) - 1), row])
+
+    out = {
+        "LRU": replay(stream, LeastRecent(), capacity, 0, pins=False),
+        "expected draws": replay(stream, ARENA_POLICY, capacity, 0, expected=expected),
+        "tabloader": replay(
+            stream, ARENA_POLICY, capacity, int(LOOKAHEAD_FACTOR * capacity), expected=expected
+        ),
+        "Belady MIN": simulate(stream, Policy.BELADY, capacity),
+    }
+    return {name: 1 - reads / n for name, reads in out.items()}

@@ -49,15 +49,15 @@ except ImportError:  # pragma: no cover - built without a C compiler
 
 __all__ = [
     "Resampler",
-    "kernel_isa",
-    "kernel_isas",
+    "resize_kernel",
+    "resize_kernels",
     "optional_torch",
     "resampler",
     "resize_batch",
     "resize_hw",
     "resize_into",
     "resize_many_hw",
-    "set_kernel_isa",
+    "use_resize_kernel",
     "torch_resizing",
 ]
 
@@ -95,12 +95,12 @@ def resampler() -> Resampler:
     return Resampler.PILLOW
 
 
-def kernel_isa() -> str | None:
+def resize_kernel() -> str | None:
     """The kernel's code path, ``"avx2"`` or ``"scalar"``; None without the kernel."""
     return None if _kernel is None else str(_kernel.isa())
 
 
-def kernel_isas() -> list[str]:
+def resize_kernels() -> list[str]:
     """The kernel's code paths this CPU can run (``"avx2"`` where it has AVX2, ``"scalar"``);
     empty without the kernel."""
     if _kernel is None:
@@ -108,10 +108,12 @@ def kernel_isas() -> list[str]:
     return ["avx2", "scalar"] if _kernel.CPU_AVX2 else ["scalar"]
 
 
-def set_kernel_isa(name: str) -> str:
+def use_resize_kernel(name: str) -> str:
     """Use the kernel's ``"scalar"`` or ``"avx2"`` (``"auto"``: the best) path from now on, in
-    every thread; returns the previous one. For tests and benchmarks (the environment
-    variable ``TABLOADER_RESAMPLE=scalar`` does it for a whole process).
+    every thread; returns the previous one. Both give the same bytes: the choice is speed
+    (and a way to measure a CPU without AVX2 on one that has it). The environment variable
+    ``TABLOADER_RESAMPLE=scalar|avx2`` does it for a whole process and the processes it starts
+    (a loader service started by a job inherits it).
 
     Raises:
         ValueError: an unknown name, or no kernel.
