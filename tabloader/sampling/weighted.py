@@ -81,6 +81,15 @@ def check_weights(name: str, n: int, weights: Any) -> F64:
     return w
 
 
+def _distribution(w: F64) -> F64:
+    """Weights ``w`` (checked: ``check_weights``) as probabilities, scaled by their maximum
+    before they are summed: the sum of 600 weights of 1e306 overflows float64 (to inf, and
+    ``w / inf`` is all 0s: a job drawn in uniform order, or failing with an ``IndexError``);
+    scaled, it is at most ``len(w)``."""
+    scaled = w / w.max()
+    return np.asarray(scaled / scaled.sum(), dtype=np.float64)
+
+
 class SumTree:
     """Row weights in a complete binary tree of sums: draw a row by weight and remove it, each
     in O(log n). A parent is always recomputed as the sum of its two children (never updated by
@@ -226,7 +235,7 @@ class WeightedJob:
             q = np.asarray(self.scores.probabilities(), dtype=np.float64)
         else:
             assert self.weights is not None
-            q = self.weights / self.weights.sum()
+            q = _distribution(self.weights)
         self.q = q
         self.past[self.epoch] = q
         for e in [e for e in self.past if e < self.epoch - KEEP_EPOCHS]:

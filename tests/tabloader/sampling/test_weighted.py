@@ -359,3 +359,22 @@ def test_a_weighted_job_without_replacement_holds_a_few_bytes_a_row():
             tracemalloc.stop()
     assert held["with"] < 32 * n  # the reference: ids, q and its cumulative sums
     assert held["without"] - held["with"] <= 12 * n, held
+
+
+@pytest.mark.parametrize("cls", [DependentSampler, IndependentSampler])
+@pytest.mark.parametrize("spec", [None, WITHOUT], ids=["with", "without"])
+def test_weights_whose_sum_overflows_draw_by_their_ratios(cls, spec):
+    """600 rows of 1e306 and 1e308 sum past float64's range: scaled by their maximum first,
+    they draw as 1 and 100 would (they drew nothing with replacement: an IndexError; without,
+    a uniform order)."""
+    n = 600
+    w = np.where(np.arange(n) < 100, 1e308, 1e306)
+    s = cls(seed=2)
+    s.add_job("w", BitMap(range(n)), spec, weights=w)
+    out = s.sample_many(["w"], n)["w"]
+    heavy = 100 * 100 / (100 * 100 + 500)  # the chance that a draw is a row under 100
+    if spec is None:
+        assert abs((out < 100).mean() - heavy) < 0.04
+    else:
+        assert sorted(out.tolist()) == list(range(n))
+        assert (out[:100] < 100).mean() > 0.8  # uniform order: 1/6
