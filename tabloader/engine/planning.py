@@ -26,9 +26,12 @@ at its own need and an ``image_size`` job keeps its own values. So:
   while both are open);
 * a job's plan is fixed when it opens, so a job opened later never changes an open job's decode:
   it reads one of theirs or decodes its own, which the others may read when they open again,
-  within the bound. Each case is logged when the job opens (the service's log), naming the
-  other jobs and the factor; a job that reads a decode larger than its need says so in its
-  open-time size check too (``jobs.fit_prefetch``).
+  within the bound (the only way one job makes another's decode larger). Each case is logged
+  when the job opens (the service's log), naming the other jobs and the factor: a job that
+  reads a decode larger than its need, one that decodes apart from the open jobs' decodes of
+  its rows, and which of those jobs may read its decode when they open again beside it. A job
+  that reads a decode larger than its need says so in its open-time size check too
+  (``jobs.fit_prefetch``).
 
 The readers of a decode are joined by chains of shared rows: an evaluation job whose rows meet
 only those of another evaluation job that reads a training job's decode reads that decode too
@@ -145,9 +148,30 @@ def column_plan(
             + "; ".join(f"{_names(meeting, o)} at {_describe(o)}" for o in others)
             + f" (a job reads a shared aspect-kept decode of 1 to {MAX_SHARED_SCALE}x its own "
             f"need, {own} here): the rows they share are decoded at both sizes while they are "
-            "open together"
+            f"open together{_growing(meeting, read, others)}"
         )
     return plan._replace(larger=larger, apart=apart)
+
+
+def _growing(meeting: Sequence[OpenDecode], read: Fit | int, others: Sequence[Fit | int]) -> str:
+    """Which of the open jobs reading the smaller decodes ``others`` may read the new one,
+    ``read``, when they open again while its job is open, and how much larger it is."""
+    if not isinstance(read, Fit):
+        return ""
+    out = []
+    for o in others:
+        side = o.least if isinstance(o, Fit) else o
+        same_cap = not isinstance(o, Fit) or o.cap == read.cap
+        if same_cap and side < read.least <= MAX_SHARED_SCALE * side:
+            factor = read.least / side
+            names = _names(meeting, o)
+            out.append(f"{names} ({factor:.2g}x the side, {factor**2:.2g}x the pixels)")
+    if not out:
+        return ""
+    return (
+        "; opened again while it is open, these may read its decode instead of theirs: "
+        + ", ".join(out)
+    )
 
 
 def _names(decodes: Sequence[OpenDecode], size: Fit | int) -> str:

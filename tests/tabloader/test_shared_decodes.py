@@ -150,6 +150,37 @@ def test_a_job_reading_a_larger_shared_decode_says_so_and_its_open_check_names_i
                 loader.open("ev", batch_size=8, remote=True)
 
 
+def test_a_job_needing_more_decodes_apart_and_names_who_may_read_it_later(images, caplog):
+    """A job whose need is over the open decode's opens no larger decode for the open jobs
+    (their plans are fixed): it decodes its own, and says which of them may read it when
+    they open again beside it, and by how much; the one that does says so too."""
+    images.sql("REGISTER JOB small SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(20)')")
+    images.sql("REGISTER JOB tr SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(32)')")
+    with Loader(images, cache_bytes=8 << 20) as loader:
+        first = loader.open("small", batch_size=8)
+        with caplog.at_level(logging.INFO, logger="tabloader.engine"):
+            tr = loader.open("tr", batch_size=8)
+        assert (
+            "job 'tr' decodes column 'image' at shorter side 32 apart from open job(s) small at "
+            "shorter side 20 (a job reads a shared aspect-kept decode of 1 to 2x its own need, "
+            "32 here): the rows they share are decoded at both sizes while they are open "
+            "together; opened again while it is open, these may read its decode instead of "
+            "theirs: small (1.6x the side, 2.6x the pixels)"
+        ) in caplog.text
+        assert [d.image_size for d, _ in first.rank_state.job.plan.prepared] == [Fit(20)]
+        first.close()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tabloader.engine"):
+            again = loader.open("small", batch_size=8)
+        assert [d.image_size for d, _ in again.rank_state.job.plan.prepared] == [Fit(32)]
+        assert (
+            "job 'small' reads column 'image' from the shared decode of open job(s) tr at "
+            "shorter side 32, 1.6x its own 20 (2.6x the pixels; at most 4x)"
+        ) in caplog.text
+        again.close()
+        tr.close()
+
+
 def _decodes() -> dict[str, OpenDecode]:
     rows = BitMap(range(0, 10))
     return {
