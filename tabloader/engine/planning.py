@@ -46,7 +46,6 @@ job that met its rows, without bound).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -59,8 +58,6 @@ if TYPE_CHECKING:
     from pyroaring import BitMap
 
 __all__ = ["MAX_SHARED_SCALE", "ColumnPlan", "OpenDecode", "column_plan", "job_augmenter"]
-
-logger = logging.getLogger(__name__)
 
 MAX_SHARED_SCALE = 2
 """A job reads a shared decode whose shorter side is at most this many times its own need
