@@ -47,8 +47,9 @@ Training recipes (issue 29; not in the default ``--scenarios``, which stays the 
   (:meth:`tabloader.engine._prepare.augment.Augmenter.draw` on the decoded size), Pillow's ``resize`` of its
   box and ``transpose`` to flip; the table says which (``transforms`` in the JSON);
 * ``recipe-eval``: the same rows, an evaluation job (``image_size = 224``, no augment) and
-  three training jobs (``seed`` 1-3): the evaluation job reads the training jobs' shared
-  decode (engine ``_plan``), so the service decodes each row once. The evaluation job also
+  three training jobs (``seed`` 1-3): the evaluation job, opened once the training jobs are
+  open, reads their shared decode (``tabloader.engine._prepare.planning``: the jobs open decide), so
+  the service decodes each row once. The evaluation job also
   runs alone through a service (its own center crop cached): ``center_crop_alone``.
 
 At ImageNet row counts with a small cache (issue 35; not in the default ``--scenarios``):
@@ -57,9 +58,9 @@ At ImageNet row counts with a small cache (issue 35; not in the default ``--scen
   10% of the union, started together, one late, at speeds 1:2:4; decodes against Belady's MIN
   on each run's own requests, and the service's memory (:mod:`benchmarks.e2e_scale`).
 
-Each scenario's jobs are the only ones registered while it runs (the jobs registered decide
-how a column is shared); the cache is ``--cache`` of the rows at the scenario's row size
-(``--image-size`` squared x 3, or for the recipes the mean slot of the shared decode).
+Each scenario's jobs are the only ones registered while it runs; the cache is ``--cache`` of
+the rows at the scenario's row size (``--image-size`` squared x 3, or for the recipes the mean
+slot of the shared decode).
 
 Targets (``PASS``/``FAIL`` with the ratio, in the table and the JSON):
 
@@ -457,9 +458,11 @@ def run(args: argparse.Namespace) -> int:
             if scenario == "recipe-eval" and "service" in competitors:
                 # the arena's form of the evaluation job alone (no augmented job beside it to
                 # share a decode with): its own center crop, for the bytes per cached image
+                alone_job: ScenarioJob = {**jobs[0]}
+                alone_job.pop("after", None)  # no training job opens this time
                 with catalog.open_catalog(root) as cat:
-                    register(cat, jobs[:1])
-                center = _run_processes("service", base, jobs[:1], ids)
+                    register(cat, [alone_job])
+                center = _run_processes("service", base, [alone_job], ids)
             if scenario == "speeds" and "service" in competitors:
                 fastest: ScenarioJob = {**jobs[0], "late": False}
                 solo = median_run(  # one job: the median wall is the median rows/s

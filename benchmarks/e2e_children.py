@@ -37,6 +37,8 @@ from benchmarks._procs import (
 from benchmarks.stalls import StallClock, Stalls, dataset_seconds, stalls_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from benchmarks.e2e_records import JobResult, JobRun, Run, Spec
     from benchmarks.e2e_scenarios import JobOptions, ScenarioJob
 
@@ -47,9 +49,12 @@ __all__ = [
     "open_size",
     "run_child",
     "torchvision_recipe",
+    "wait_open",
 ]
 
 T = TypeVar("T")
+
+WAIT_OPEN_S = 120.0  # the longest a job waits for the jobs it opens after
 
 
 class MapDataset:
@@ -152,6 +157,16 @@ def open_size(spec: Spec, job: ScenarioJob) -> _OpenSize:
     return {} if job.get("options") else {"image_size": spec["image_size"]}
 
 
+def wait_open(job: ScenarioJob, open_jobs: Callable[[], set[str]]) -> None:
+    """Wait until the jobs ``job`` opens ``after`` are open (``open_jobs()`` names those
+    open; see :mod:`benchmarks.e2e_scenarios`)."""
+    deadline = time.monotonic() + WAIT_OPEN_S
+    while not set(job.get("after", ())) <= open_jobs():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{job['name']}: {job['after']} did not open in {WAIT_OPEN_S} s")
+        time.sleep(0.005)
+
+
 def open_reader(root: str, dataset: str) -> Any:
     """The dataset's storage reader from ``reader.json`` (files only, no DuckDB connection)."""
     spec = json.loads(Path(root, "reader.json").read_text())
@@ -192,6 +207,7 @@ def _threads_child(spec: Spec) -> Run:
         try:
             if job["late"]:
                 halfway.wait()
+            wait_open(job, lambda: set(eng.stats()["jobs"]))
             started = time.perf_counter()
             stream = eng.open(
                 job["name"], batch_size=spec["batch_size"], epochs=1, **open_size(spec, job)
@@ -249,6 +265,7 @@ def _job_child(spec: Spec) -> None:
         stalls: Stalls = {"wait_s": 0.0, "compute_s": 0.0}
 
         def batches() -> Any:
+            wait_open(job, lambda: {j["job"] for j in remote.stats()["jobs"].values()})
             stream = remote.open(
                 job["name"], batch_size=spec["batch_size"], epochs=1, **open_size(spec, job)
             )

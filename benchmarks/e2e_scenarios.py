@@ -4,8 +4,10 @@ A scenario is a list of jobs, each a dict: ``name``, its rows (``where``, a cond
 ``_id``), seconds per batch (``step``), whether it comes ``late`` (when the first job is
 half-way), and the ``options`` it is registered with. A job without ``options`` is opened
 with the run's ``--image-size``; one with them is opened with the catalog's (``augment`` and
-``seed`` for a training recipe, ``image_size`` for an evaluation job). What each scenario
-measures is in :mod:`benchmarks.e2e`'s docstring.
+``seed`` for a training recipe, ``image_size`` for an evaluation job). A job with ``after``
+opens once those jobs are open: an evaluation job reads the shared decode of the training
+jobs open when it opens (``tabloader.engine._prepare.planning``), as one run beside a training run
+does. What each scenario measures is in :mod:`benchmarks.e2e`'s docstring.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ScenarioJob(TypedDict):
     step: float
     late: bool
     options: NotRequired[JobOptions]
+    after: NotRequired[list[str]]  # jobs that must be open before it opens
 
 
 def scenarios_of(
@@ -65,7 +68,11 @@ def scenarios_of(
     ]
     for i, job in enumerate(train):
         job["options"] = {"augment": recipe, "seed": i}
-    evaluation: ScenarioJob = {**train[0], "options": {"image_size": recipe_size}}
+    evaluation: ScenarioJob = {
+        **train[0],
+        "options": {"image_size": recipe_size},
+        "after": [j["name"] for j in train[1:]],
+    }
     return {
         "same": [{"name": f"j{i}", "where": every, "step": step, "late": False} for i in range(4)],
         "overlap": [
@@ -83,9 +90,8 @@ def scenarios_of(
 
 
 def register(cat: Any, jobs: list[ScenarioJob]) -> None:
-    """Register ``jobs`` (with their ``options``) and unregister every other job: the jobs
-    registered decide how a column is shared (an ``image_size`` job reads the decode of the
-    augmented jobs registered beside it), so each run sees its own jobs only."""
+    """Register ``jobs`` (with their ``options``) and unregister every other job, so each
+    run sees its own jobs only."""
     for name in set(cat.job_names()) - {j["name"] for j in jobs}:
         cat.sql(f"UNREGISTER JOB {name}")
     for j in jobs:

@@ -47,6 +47,19 @@ kernel; torch and Pillow, where it is not built, copy once more). A source of an
 (a panorama under ``Resize(256)``) is checked again, per image, by the engine before it
 allocates, with the same walk: that row fails with a ``RowReadError``.
 
+The whole chain's work is bounded too, since the shared pool runs it for every row of the
+job: :meth:`AugmentSpec.work` counts the pixels it reads and writes (each op that makes an
+image reads its input and writes that image, and the output is written into the batch; a
+crop or a flip is a view), walked as above, and a spec over ``MAX_WORK`` (2**28 pixels) is
+refused. That is four intermediates of the largest size: a 4096 x 4096 source upscaled to
+8192 x 8192 twice passes (218 M pixels), three times (352 M) does not, and a chain of 15 such
+resizes (1963 M pixels: 2.8-3.5 s of CPU a row in the shared pool, though every intermediate
+is within ``MAX_PIXELS``) is refused at ``REGISTER``. The usual recipes
+(``RandomResizedCrop(224)``, ``Resize(256), CenterCrop(224)``) read a 4096 x 4096 source once:
+17 M pixels, 1/16 of the limit. (A mirrored input's copy before a resize, at most one more
+read of it, is not counted.) Other source shapes are bounded by their intermediates, checked
+per image.
+
 This module parses and checks (at ``REGISTER``, and for options given at open), writes the
 text of a torchvision ``Compose`` (:func:`from_torchvision`) and names a job's default seed;
 the draws and the pixels are :mod:`tabloader.engine._prepare.augment`'s (a job process that reads
@@ -79,6 +92,7 @@ __all__ = [
     "MAX_RATIO",
     "MAX_SIZE",
     "MAX_TEXT",
+    "MAX_WORK",
     "MIN_STD",
     "OPERATIONS",
     "SOURCE_SIDE",
@@ -101,6 +115,10 @@ MAX_OPS = 16
 MAX_PIXELS = 1 << 26
 """The most pixels of one intermediate image of an augmentation (a resize's output, a padded
 image): 64 Mi pixels, 192 MiB as uint8 RGB (e.g. 8192 x 8192)."""
+
+MAX_WORK = 1 << 28
+"""The most pixels a whole ``augment`` chain may read and write for one image
+(:meth:`AugmentSpec.work`, walked from a ``SOURCE_SIDE`` square): four times ``MAX_PIXELS``."""
 
 SOURCE_SIDE = 4096
 """The side of the square source the check at parse walks a chain from (a 16.8-megapixel
@@ -243,6 +261,18 @@ class AugmentSpec:
             h, w = op.output_hw(h, w)
         return out
 
+    def work(self, h: int, w: int) -> int:
+        """The pixels the chain reads and writes on an ``h`` x ``w`` source: each op that
+        makes an image (:meth:`intermediates`) reads its input and writes that image, and
+        the output is written into the batch (crops and flips are views)."""
+        total = 0
+        for op in self.ops:
+            ah, aw = op.allocates(h, w)
+            if ah:
+                total += h * w + ah * aw
+            h, w = op.output_hw(h, w)
+        return total + h * w
+
     def check_source(self, h: int, w: int) -> str | None:
         """Why the chain may not run on an ``h`` x ``w`` source, or None when it may: an
         intermediate over ``MAX_PIXELS``, or a ``RandomCrop`` larger than its padded input (as
@@ -341,7 +371,8 @@ def parse_augment(text: object) -> AugmentSpec:
         OptionError: not a string, too long or nested too deeply, not a list of calls, more
             than ``MAX_OPS`` of them, an unknown operation (with the closest known one), a bad
             or missing argument (named), ``Normalize`` not last, an output size that varies
-            with the image, or an intermediate image over ``MAX_PIXELS``.
+            with the image, an intermediate image over ``MAX_PIXELS``, or a chain that reads
+            and writes over ``MAX_WORK`` pixels for one image.
     """
     if not isinstance(text, str):
         raise OptionError(f"Job option augment = {text!r} is not a string of operations, {_FIX}.")
@@ -386,7 +417,22 @@ def parse_augment(text: object) -> AugmentSpec:
         why = spec.check_intermediates(side, side)
         if why is not None:
             raise OptionError(f"augment: {why}.")
+    _check_work(spec)
     return spec
+
+
+def _check_work(spec: AugmentSpec) -> None:
+    """Refuse a chain that reads and writes more than ``MAX_WORK`` pixels for one image
+    (walked from a ``SOURCE_SIDE`` square and from a 1 x 1 source, where padding is largest)."""
+    work, side = max((spec.work(side, side), side) for side in (SOURCE_SIDE, 1))
+    if work > MAX_WORK:
+        raise OptionError(
+            f"augment = {_clip(spec.text, 80)!r} reads and writes {work / 1e6:.0f} M pixels for "
+            f"one {side} x {side} image ({len(spec.ops)} operations), over the limit of "
+            f"{MAX_WORK / 1e6:.0f} M pixels for a whole chain (the shared decode pool runs it "
+            "for every row of the job); use fewer or smaller resizes (each reads its input and "
+            f"writes its output), {_FIX}."
+        )
 
 
 def _check_normalize(op: Op) -> None:

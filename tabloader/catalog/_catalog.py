@@ -82,7 +82,7 @@ from tabloader.catalog._errors import (
 from tabloader.catalog._importers import Source
 from tabloader.catalog._imports import Ingest
 from tabloader.catalog._job_bitmaps import JobBitmaps
-from tabloader.catalog._job_weights import JobWeights, weights_crc
+from tabloader.catalog._job_weights import WEIGHT, JobWeights, weights_crc
 from tabloader.catalog._limits import Limits
 from tabloader.catalog._model import Dataset, Job, JobInfo, check_columns, is_payload
 from tabloader.catalog._options import check_options, default_cache_problem
@@ -523,6 +523,8 @@ class Catalog(StatementTarget):
 
         Raises:
             JobNotFoundError: no such job.
+            StorageError: its bitmap or weights file is bad and cannot be rebuilt, or its row
+                is damaged (a ``weight`` without the CRC-32 of its weights, or the reverse).
         """
         rows = self._db.rows(
             f"SELECT dataset, version, columns, predicate, options, bitmap, num_ids, crc32, "
@@ -540,6 +542,8 @@ class Catalog(StatementTarget):
         ids = self._bitmaps.read(name, ds, predicate, path, num_ids, crc)
         opts = json.loads(options)
         weights = None
+        if (opts.get("weight") is None) != (weighted is None):
+            raise _damaged_weights(name, opts.get("weight"), weights_path(path))
         if weighted is not None:
             weights = self._weights.read(
                 name, ds, predicate, opts["weight"], ids, weights_path(path), weighted
@@ -585,9 +589,7 @@ class Catalog(StatementTarget):
         opts = check_options(options)
         weights = None
         if opts.get("weight") is not None:
-            opts["weight"] = check_predicate(
-                opts["weight"], ds, limits=self.limits, what="a job's weight"
-            )
+            opts["weight"] = check_predicate(opts["weight"], ds, limits=self.limits, what=WEIGHT)
             weights = self._weights.evaluate(name, ds, predicate, opts["weight"], bitmap)
         path = self._bitmaps.new_path(name)
         blob = bitmap.serialize()
@@ -650,3 +652,20 @@ class Catalog(StatementTarget):
         with duckdb_errors(f"UNREGISTER JOB {name}", root=self.root):
             self.connection.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
         self._bitmaps.remove(name)
+
+
+def _damaged_weights(name: str, weight: str | None, path: str) -> StorageError:
+    """The error of job ``name`` whose row has a ``weight`` and no CRC-32 of its weights (or
+    a CRC-32 and no weight): a hand-edited or damaged catalog. Its weights cannot be checked,
+    and drawing it uniformly (or by weights it no longer declares) would be silently wrong."""
+    if weight is None:
+        what = "a CRC-32 of weights (weights_crc32) and no weight option"
+    else:
+        shown = weight if len(weight) <= 60 else weight[:57] + "..."
+        what = f"a weight ({shown}) and no CRC-32 of its weights (weights_crc32 is NULL)"
+    return StorageError(
+        f"Job '{name}' is damaged: its row in the catalog has {what}, so it can be drawn "
+        f"neither by its weights nor uniformly. Register the job again: REGISTER OR REPLACE "
+        f"JOB {name} ... (with its WITH (weight = '...'), or without one).",
+        path=path,
+    )

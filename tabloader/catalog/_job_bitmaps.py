@@ -26,7 +26,10 @@ from tabloader.catalog._directory import JOBS_DIR, new_token, read_file, write_f
 from tabloader.catalog._errors import StatementError, StorageError
 from tabloader.catalog._model import Dataset
 
-__all__ = ["JobBitmaps", "JobFiles", "max_bitmap_bytes"]
+__all__ = ["PREDICATE", "JobBitmaps", "JobFiles", "max_bitmap_bytes"]
+
+PREDICATE = "a job predicate"
+"""What the allow-list's errors call a job's ``WHERE`` (``check_predicate``'s ``what``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,18 @@ class JobFiles(Generic[T]):
 
     def __init__(self, root: Path, db: Database) -> None:
         self.root, self.db = root, db
+
+    def checked(self, text: str, ds: Dataset, what: str) -> str:
+        """A stored predicate or weight ``text`` checked again against the allow-list before
+        it is evaluated again (``check_predicate``; ``what`` names it): the catalog's file
+        can be edited by hand, and must not run arbitrary SQL.
+
+        Raises:
+            StatementError: it is not allowed (``ForbiddenExpressionError``, naming why).
+        """
+        from tabloader.catalog._sql.validate import check_predicate  # sqlglot: only to rebuild
+
+        return check_predicate(text, ds, limits=self.db.limits, what=what)
 
     def _read_or_rebuild(
         self,
@@ -163,7 +178,8 @@ class JobBitmaps(JobFiles[BitMap]):
         A file that is missing, torn or not the job's is rebuilt from the predicate at the
         job's pinned version ``ds`` when that gives the stored ids back; so is one that is a
         symbolic link, not a regular file (a FIFO, a device) or larger than ``num_ids`` ids
-        can take (``max_bitmap_bytes``): it is never read (``directory.read_file``).
+        can take (``max_bitmap_bytes``): it is never read (``directory.read_file``). The
+        stored predicate is checked against the allow-list again before it is evaluated.
 
         Raises:
             StorageError: the file is bad and the predicate does not give the ids back; the
@@ -182,7 +198,8 @@ class JobBitmaps(JobFiles[BitMap]):
             )
 
         def rebuild() -> BitMap | str:
-            ids = self.evaluate(name, ds, predicate)
+            checked = None if predicate is None else self.checked(predicate, ds, PREDICATE)
+            ids = self.evaluate(name, ds, checked)
             if len(ids) == num_ids and zlib.crc32(ids.serialize()) == crc:
                 return ids
             other = f"{len(ids)} rows" if len(ids) != num_ids else "other rows (CRC-32 differs)"

@@ -13,7 +13,12 @@ file ``jobs/<job>-<token>.weights`` (``directory.weights_path`` of the bitmap's 
 little-endian, aligned with the job's ids in ascending order) is written before the row
 commits. A file lost or torn is evaluated again from the expression at the job's pinned
 dataset version (rows appended later are not the job's, and stored rows never change) and
-checked against the CRC.
+checked against the CRC (the expression and the predicate checked against the allow-list
+again first: the catalog's file may have been edited by hand). A row with a ``weight`` and no
+CRC (or a CRC and no ``weight``) is damaged (``Catalog.job`` says so, with the fix): never
+drawn uniformly in place of its weights. The sampler scales the weights by their maximum
+before it sums them (``tabloader.sampling._weighted``), so weights whose sum overflows float64
+(600 rows of 1e306) are drawn as declared.
 """
 
 from __future__ import annotations
@@ -30,15 +35,18 @@ from tabloader.catalog._bitmaps import ID_COLUMN, bitmap_to_array
 from tabloader.catalog._database import duckdb_errors, quote
 from tabloader.catalog._directory import read_file, write_file
 from tabloader.catalog._errors import OptionError, StatementError
-from tabloader.catalog._job_bitmaps import JobFiles
+from tabloader.catalog._job_bitmaps import PREDICATE, JobFiles
 from tabloader.catalog._model import Dataset
 
-__all__ = ["SHOWN_IDS", "JobWeights", "weights_crc"]
+__all__ = ["SHOWN_IDS", "WEIGHT", "JobWeights", "weights_crc"]
 
 logger = logging.getLogger(__name__)
 
 SHOWN_IDS = 5
 """The most row ids an error about bad weights names."""
+
+WEIGHT = "a job's weight"
+"""What the allow-list's errors call a job's ``weight`` (``check_predicate``'s ``what``)."""
 
 Weights = npt.NDArray[np.float64]
 
@@ -117,7 +125,8 @@ class JobWeights(JobFiles[Weights]):
 
         A file that is missing, torn, not a regular file or not the job's is evaluated again
         from ``expression`` at the job's pinned version ``ds`` when that gives the stored
-        weights back (and written again).
+        weights back (and written again). The stored ``expression`` and ``predicate`` are
+        checked against the allow-list again first: a hand-edited catalog runs no other SQL.
 
         Raises:
             StorageError: the file is bad and the expression does not give the weights back;
@@ -132,7 +141,9 @@ class JobWeights(JobFiles[Weights]):
             return "does not hold the job's weights (its CRC-32 differs from the stored one)"
 
         def rebuild() -> Weights | str:
-            weights = self.evaluate(name, ds, predicate, expression, ids)
+            where = None if predicate is None else self.checked(predicate, ds, PREDICATE)
+            weight = self.checked(expression, ds, WEIGHT)
+            weights = self.evaluate(name, ds, where, weight, ids)
             if weights_crc(weights) == crc:
                 return weights
             return f"its weight gives other values at '{ds.name}' version {ds.version}"

@@ -40,9 +40,9 @@ from tabloader.engine._opening import OpenRequest
 from tabloader.engine._prepare.augment import Augmenter
 from tabloader.engine._prepare.decoding import DecodePool
 from tabloader.engine._prepare.fetch import Fetcher
-from tabloader.engine._prepare.planning import column_plan, job_augmenter
+from tabloader.engine._prepare.planning import OpenDecode, column_plan, job_augmenter
 from tabloader.engine._prepare.pool import PriorityPool
-from tabloader.engine._prepare.prep import DecodeKind, decoder_for, holds_bytes
+from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
 from tabloader.engine._prepare.work import Plan, Receiver
 from tabloader.engine._queue.jobqueue import JobQueue
 from tabloader.engine._queue.jobs import (
@@ -55,7 +55,6 @@ from tabloader.engine._queue.jobs import (
 from tabloader.engine._queue.queues import JobQueues
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.engine._queue.scheduler import DatasetScheduler
-from tabloader.engine.decode import Fit, pixel_limit
 from tabloader.sampling import SAMPLERS, IndependentSampler
 from tabloader.sampling._importance import ImportanceScores
 
@@ -474,15 +473,17 @@ class Loader:
         columns = list(job.columns)
         gathered, prepared = [], []
         augment: dict[str, Augmenter] = {}
+        larger, apart = [], []
         for c in columns:
             dec = decoder_for(schema.field(c))
             if dec.kind is DecodeKind.IMAGE:
-                column_size, aug = column_plan(self.catalog, job, c, size, augmenter, cap)
-                if aug is not None:
-                    augment[c] = aug
-                dec = decoder_for(
-                    schema.field(c), image_size=column_size, max_pixels=self.max_pixels
-                )
+                decodes = _open_decodes(sched, c)
+                col = column_plan(job.name, job.ids, c, size, augmenter, cap, decodes)
+                if col.augmenter is not None:
+                    augment[c] = col.augmenter
+                larger += [col.larger] if col.larger else []
+                apart += [col.apart] if col.apart else []
+                dec = decoder_for(schema.field(c), image_size=col.size, max_pixels=self.max_pixels)
                 gen = self._generation.get(dataset.name, 0)
                 name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
                 fixed = dec.image_size is not None and not isinstance(dec.image_size, Fit)
@@ -491,7 +492,11 @@ class Loader:
                 prepared.append((dec, space))
             else:
                 gathered.append(dec)
-        return Plan(tuple(columns), tuple(gathered), tuple(prepared), augment, receiver)
+        for note in larger + apart:  # the service's log: what sharing costs whom
+            logger.info("%s", note)
+        return Plan(
+            tuple(columns), tuple(gathered), tuple(prepared), augment, receiver, tuple(larger)
+        )
 
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
@@ -607,6 +612,19 @@ def _warm_pyarrow() -> None:
 def _join_warm_up() -> None:
     if _warm_thread is not None:
         _warm_thread.join()
+
+
+def _open_decodes(sched: DatasetScheduler, column: str) -> list[OpenDecode]:
+    """The decodes of ``column`` that the jobs open on ``sched``'s dataset read: shared
+    aspect-kept ones (what a job opening there may share: ``planning``) and fixed-size ones."""
+    with sched.cond:
+        jobs = list(sched.jobs.values())
+    return [
+        OpenDecode(job.name, job.ids, dec.image_size)
+        for job in jobs
+        for dec, _ in job.plan.prepared
+        if dec.column == column and isinstance(dec.image_size, Fit | int)
+    ]
 
 
 def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:

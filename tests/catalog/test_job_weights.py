@@ -306,3 +306,87 @@ def test_the_weights_reach_the_engines_sampler(cat, monkeypatch):
     assert sorted(epochs["ordered"].tolist()) == list(range(N))  # every row once
     assert set(epochs["ordered"][:10].tolist()) == set(range(10))  # the weighted rows first
     assert sorted(epochs["plain"].tolist()) == list(range(N))
+
+
+def test_weights_whose_sum_overflows_are_drawn_as_declared(cat):
+    """The rows under 10 weigh 1e308 and the others 1e307: their sum overflows float64. They
+    were accepted, then every open failed with a raw IndexError (with replacement) or drew the
+    job in uniform order (without); the sampler scales by the maximum before summing."""
+    from tabloader.engine import Loader
+
+    heavy = "CASE WHEN x < 10 THEN 1e308 ELSE 1e307 END"
+    cat.register_job("drawn", "t", columns="x", options={"weight": heavy, "batch_size": 8})
+    cat.register_job("ordered", "t", columns="x", options={"weight": heavy, "replacement": False})
+    with np.errstate(over="ignore"):
+        assert np.isinf(cat.job("drawn").weights.sum())
+    with Loader(cat, cache_bytes=1 << 20) as loader:
+        with loader.open("drawn", epochs=25) as stream:
+            drawn = np.concatenate([np.asarray(b["_id"]) for b in stream])
+        with loader.open("ordered", epochs=1) as stream:
+            ordered = np.concatenate([np.asarray(b["_id"]) for b in stream])
+    assert drawn.size == 25 * N
+    # a row under 10 is drawn with probability 10 / 13 (uniform: 1 / 4)
+    assert abs((drawn < 10).mean() - 10 / 13) < 0.05
+    assert sorted(ordered.tolist()) == list(range(N))
+    assert (ordered[:10] < 10).sum() >= 6  # 7.7 of 10 expected; uniform order: 2.5
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            "SET weights_crc32 = NULL",
+            r"^Job 'j' is damaged: its row in the catalog has a weight \(x \+ 1\) and no CRC-32 "
+            r"of its weights \(weights_crc32 is NULL\), so it can be drawn neither by its "
+            r"weights nor uniformly\. Register the job again: REGISTER OR REPLACE JOB j",
+        ),
+        (
+            "SET options = '{}'",
+            r"^Job 'j' is damaged: its row in the catalog has a CRC-32 of weights "
+            r"\(weights_crc32\) and no weight option, .* REGISTER OR REPLACE JOB j",
+        ),
+    ],
+    ids=["weight-without-crc", "crc-without-weight"],
+)
+def test_a_weighted_job_without_its_crc_is_damaged_not_uniform(cat, edit, message):
+    from tabloader.engine import Loader
+
+    cat.register_job("j", "t", columns="x", options={"weight": "x + 1"})
+    cat.connection.execute(f"UPDATE _tabloader.jobs {edit}")
+    with pytest.raises(StorageError, match=message):
+        cat.job("j")
+    with Loader(cat, cache_bytes=1 << 20) as loader, pytest.raises(StorageError, match=message):
+        loader.open("j")
+
+
+@pytest.mark.parametrize(
+    ("column", "stored", "suffix", "message"),
+    [
+        (
+            "options",
+            json.dumps({"weight": "(SELECT 1) * (x + 1)"}),
+            ".weights",
+            r"The weights of job 'j' are lost: .* its weight fails at version 1: Subqueries are "
+            r"not allowed in a job's weight\..* REGISTER OR REPLACE JOB j",
+        ),
+        (
+            "predicate",
+            "x < 30 AND (SELECT true)",
+            ".roaring",
+            r"The row ids of job 'j' are lost: .* its predicate fails at version 1: Subqueries "
+            r"are not allowed in a job predicate\..* REGISTER OR REPLACE JOB j",
+        ),
+    ],
+    ids=["weight", "predicate"],
+)
+def test_a_hand_edited_expression_is_checked_again_before_it_runs(
+    cat, column, stored, suffix, message
+):
+    """Edited to a text the allow-list refuses that gives the same values (so the CRC would
+    pass), a stored weight or predicate was evaluated again as it was when its file was lost."""
+    cat.register_job("j", "t", where="x < 30", options={"weight": "x + 1"})
+    cat.connection.execute(f"UPDATE _tabloader.jobs SET {column} = ?", [stored])
+    for f in (cat.root / "jobs").glob(f"*{suffix}"):
+        f.unlink()
+    with pytest.raises(StorageError, match=message):
+        cat.job("j")

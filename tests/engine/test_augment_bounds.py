@@ -217,6 +217,7 @@ def test_any_chain_is_refused_as_an_option_error_or_bounded_at_full_size(data):
     for side in (spec_module.SOURCE_SIDE, 1):
         for _, (h, w) in spec.intermediates(side, side):
             assert h * w <= spec_module.MAX_PIXELS
+        assert spec.work(side, side) <= spec_module.MAX_WORK
     if spec.normalized:  # finite in float32 for every pixel value
         aug = Augmenter(spec, seed=0)
         for x in (0.0, 255.0):
@@ -273,6 +274,34 @@ def test_what_the_check_accepts_allocates_what_it_walked_within_the_bound(data, 
         assert np.isfinite(out).all()
 
 
+# -- the work of a whole chain --------------------------------------------------------------
+def test_a_chain_is_bounded_in_its_whole_work_not_only_in_each_intermediate():
+    """Every intermediate of these is within MAX_PIXELS; what a chain reads and writes is
+    bounded at four of them: two upscales of a large photo to the largest size pass, three
+    do not (a chain of 15 cost 3.45 s of CPU a row in the shared pool, and was accepted)."""
+    up = "Resize(8192), Resize(8191), "
+    twice = parse_augment(up + "CenterCrop(224)")
+    side = spec_module.SOURCE_SIDE
+    # each resize reads its input and writes its output; the crop writes the batch slot
+    assert twice.work(side, side) == side**2 + 2 * 8192**2 + 8191**2 + 224**2
+    with pytest.raises(
+        OptionError,
+        match=r"^augment = 'Resize\(8192\), Resize\(8191\), Resize\(8192\), CenterCrop\(224\)' "
+        r"reads and writes 352 M pixels for one 4096 x 4096 image \(4 operations\), over the "
+        r"limit of 268 M pixels for a whole chain \(the shared decode pool runs it for every row "
+        r"of the job\); use fewer or smaller resizes .*, e\.g\. augment = 'RandomResizedCrop",
+    ):
+        parse_augment(up + "Resize(8192), CenterCrop(224)")
+    for usual in ("RandomResizedCrop(224), RandomHorizontalFlip()", "Resize(256), CenterCrop(224)"):
+        assert parse_augment(usual).work(side, side) < spec_module.MAX_WORK / 15
+    # padding counts, walked from a 1 x 1 source too: five pads to 8191 x 8191
+    pads = ", ".join(["RandomCrop(4096, pad_if_needed=True)", "RandomCrop(1)"] * 5)
+    with pytest.raises(
+        OptionError, match=r"335 M pixels for one 1 x 1 image \(10 operations\), over the limit"
+    ):
+        parse_augment(pads)
+
+
 # -- every entry point refuses a bad text alike ---------------------------------------------
 BAD = [
     ("CenterCrop(" + "-" * 1500 + "1)", r"CenterCrop's size = -+\.\.\. is not a number"),
@@ -280,6 +309,12 @@ BAD = [
     ("RandomResizedCrop(32, ratio=(1e308, 1e308))", r"ratio = \(1e\+308, 1e\+308\) is not a range"),
     ("CenterCrop(8), Normalize(0.5, 1e-45)", r"std = 1e-45 is below 1e-06"),
     (", ".join(["Resize((64, 64))"] * 17), r"lists 17 operations, over the 16 allowed"),
+    (
+        ", ".join(["Resize(8192)", "Resize(8191)"] * 7 + ["Resize(8192)", "CenterCrop(8)"]),
+        r"augment = 'Resize\(8192\), Resize\(8191\), .*\.\.\.' reads and writes 1963 M pixels "
+        r"for one 4096 x 4096 image \(16 operations\), over the limit of 268 M pixels for a whole "
+        r"chain .*; use fewer or smaller resizes",
+    ),
 ]
 
 

@@ -55,7 +55,8 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
     try:
         with RemoteLoader(root, start=False) as remote:
             first = read(remote, "tr", epochs=2)
-            ev = read(remote, "ev", epochs=1)
+            with remote.open("tr", batch_size=8):  # open beside it, ev reads its decode
+                ev = read(remote, "ev", epochs=1)
             for text, match in BAD:  # refused as REGISTER and Loader.open refuse it
                 with pytest.raises(OptionError, match=match):
                     remote.open("tr", augment=text)
@@ -75,7 +76,7 @@ def test_augmented_batches_survive_a_service_restart_and_a_resume(aug_dir):
             rest = read(remote, "tr", epochs=2, state=state)
     finally:
         stop(proc)
-    assert stats["decodes"] == len(raw)  # the evaluation job read the training job's decodes
+    assert stats["decodes"] == len(raw)  # the evaluation job read the open training job's
     assert all(v.shape == (20, 20, 3) and v.dtype == np.uint8 for v in ev.values())
     # the reference: the job's augmentation of the shared decode, computed here
     aug = Augmenter(TRAIN, seed=default_seed("tr"))

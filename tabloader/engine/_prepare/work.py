@@ -46,6 +46,9 @@ class Plan:
     prepared: tuple[tuple[Decoder, int], ...]  # (decoder, arena space)
     augment: Mapping[str, Augmenter]  # by prepared column
     receiver: Receiver
+    # where the job reads a shared decode larger than its own need, and from whom (said by
+    # the open-time size check: ``jobs.fit_prefetch``; ``planning``)
+    larger: tuple[str, ...] = ()
 
 
 class Work:

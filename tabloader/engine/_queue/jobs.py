@@ -426,11 +426,17 @@ def fit_prefetch(capacity: int, plan: Plan, rows: int, prefetch: int, given: int
     fits = capacity // one - 2 if one else prefetch
     if fits >= (prefetch if given is not None else 1):
         return min(prefetch, fits)
+    shared = (
+        f" It reads decodes larger than it needs, shared with jobs open now: "
+        f"{'; '.join(plan.larger)}."
+        if plan.larger
+        else ""
+    )
     raise LoaderError(
         f"A batch of this job takes {format_bytes(one)} of decoded images (over its ranks); "
         f"{(given or 1) + 2} of them are held at once, more than the service's cache of "
         f"{format_bytes(capacity)}: lower batch_size, image_size or prefetch, or "
-        "start the service with a larger --cache-bytes."
+        f"start the service with a larger --cache-bytes.{shared}"
     )
 
 
