@@ -113,6 +113,8 @@ class Dealer:
         """Cut the job's next batches from its queue, deal them to its ranks in turn and start
         preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
         job, q = self.job, self.job.queue
+        if not job.all_joined():  # nothing is dealt to a world that has not come
+            return
         while q.q_rows.size or self.owes_padding():
             if self.owes_padding():  # the epoch's rows are all cut, its last batches not
                 epoch, same, complete = self.cut_epoch, 0, True
@@ -179,7 +181,9 @@ class Dealer:
         ``MAX_UNDELIVERED`` turns (a batch each, and an epoch's dropped rows): a ``state_dict``
         may be that many steps back (``RankState.position``)."""
         job = self.job
-        marks = [(r.next_epoch(), r.taken * job.world_size) for r in job.ranks if not r.closed]
+        marks = [
+            (r.next_epoch(), r.taken * job.world_size) for r in job.ranks.values() if not r.closed
+        ]
         if not marks:
             self.log.clear()
             return

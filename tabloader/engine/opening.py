@@ -24,16 +24,34 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from catalog.errors import LoaderError, OptionError, ServiceError, TabloaderError
+import numpy as np
+from pyroaring import BitMap
+
+from catalog.bitmaps import bitmap_to_array, serialized_max
+from catalog.errors import LoaderError, OptionError, SamplingError, ServiceError, TabloaderError
 from catalog.options import JOB_OPTIONS, JobSpec, check_options
-from catalog.settings import check_counts
+from catalog.settings import SETTINGS, check_counts
 from tabloader.engine.ranks import resolve_rank
+from tabloader.sampling.importance import ImportanceScores
 
-__all__ = ["OPEN_VERSION", "OpenRequest", "state_from_wire", "state_to_wire"]
+if TYPE_CHECKING:
+    from catalog import Job
+
+__all__ = [
+    "EPOCH_MAX",
+    "OPEN_VERSION",
+    "OpenRequest",
+    "Resume",
+    "check_state",
+    "state_from_wire",
+    "state_to_wire",
+]
 
 OPEN_VERSION = 1  # of the wire encoding: both ends read the same
+EPOCH_MAX = int(SETTINGS["epochs"].bounds()[1])
+"""Epochs are numbered below this (the ``epochs`` setting's maximum), a resumed one too."""
 _COUNTS = ("prefetch", "lookahead", "epochs")
 _WIRE_KEYS = frozenset({"v", "job", "options", "spec", "rank", "world_size", *_COUNTS, "state"})
 
@@ -84,6 +102,8 @@ class OpenRequest:
         check_counts(LoaderError, **{name: getattr(self, name) for name in _COUNTS})
         if self.rank is not None or self.world_size is not None:
             resolve_rank(self.rank, self.world_size)  # both, in range (it raises)
+        if self.state is not None:
+            check_state(self.state, self.epochs)
 
     @classmethod
     def make(
@@ -118,6 +138,32 @@ class OpenRequest:
             return self.spec  # checked whole where it was made
         base = registered if self.spec is None else self.spec.values
         return JobSpec.from_options(base, **self.options)
+
+    def resume(self, job: Job, spec: JobSpec) -> Resume | None:
+        """Where ``job`` (opened with ``spec``) resumes: the request's ``state`` checked
+        against the job's rows, every size before anything of that size is made (None: a
+        fresh start).
+
+        Raises:
+            LoaderError: the state is of another job, or its rows (or its importance scores)
+                are not the job's.
+        """
+        if self.state is None:
+            return None
+        state, rows = self.state, len(job.ids)
+        if state["job"] != job.name:
+            raise LoaderError(f"The state is of job {str(state['job'])[:80]!r}, not {job.name!r}.")
+        remaining = _bitmap(state["remaining"], rows, "rows")
+        if remaining is None or not remaining or not remaining.issubset(job.ids):
+            raise LoaderError(
+                f"The state's rows are not a non-empty subset of job {job.name!r}'s rows; was "
+                "the job re-registered since? Start it without a state."
+            )
+        scores = None
+        saved = state.get("importance")
+        if saved is not None and spec.importance == "loss":
+            scores = _scores(saved, job)
+        return Resume(remaining, int(state["epoch"]), scores)
 
     # -- the wire ----------------------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
@@ -177,6 +223,81 @@ class OpenRequest:
             raise
         except TabloaderError as exc:  # the client checked all this: not our tabloader
             raise _malformed(str(exc)) from None
+
+
+class Resume(NamedTuple):
+    """Where a job resumes (``OpenRequest.resume``): the rows of ``epoch`` it has left, and an
+    importance job's scores (None: none saved, or not an importance job)."""
+
+    remaining: BitMap
+    epoch: int
+    scores: ImportanceScores | None
+
+
+def check_state(state: Any, epochs: int | None) -> None:
+    """Check what a resume ``state`` says on its own, where the open request is made: its
+    form, an epoch that is a whole number from 0 to ``epochs`` (``EPOCH_MAX - 1`` without),
+    and bytes where its bitmaps go. Their sizes are checked against the job's rows when the
+    job is known (``OpenRequest.resume``).
+
+    Raises:
+        LoaderError: a state that ``state_dict()`` did not return, naming the field.
+    """
+    if not isinstance(state, Mapping):
+        raise _not_a_state(f"a {type(state).__name__}")
+    for key in ("job", "epoch", "remaining"):
+        if key not in state:
+            raise _not_a_state(f"KeyError({key!r})")
+    epoch, top = state["epoch"], EPOCH_MAX - 1 if epochs is None else epochs
+    if not _whole(epoch) or not 0 <= epoch <= top:
+        within = f"epochs={epochs}" if epochs is not None else "no epochs given"
+        raise LoaderError(
+            f"The state's epoch {str(epoch)[:40]} is not an epoch from 0 to {top} ({within}); "
+            "pass what state_dict() returned, and epochs= at least its epoch."
+        )
+    if not isinstance(state["remaining"], bytes | bytearray | memoryview):
+        raise _not_a_state(f"'remaining' is a {type(state['remaining']).__name__}, not bytes")
+    saved = state.get("importance")
+    if saved is not None and not (
+        isinstance(saved, Mapping)
+        and all(isinstance(saved.get(k), bytes | bytearray) for k in ("ids", "ranks"))
+    ):
+        raise _not_a_state(f"'importance' is {str(saved)[:60]}, not scores' state_dict()")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _not_a_state(what: str) -> LoaderError:
+    return LoaderError(f"Not a job state: {what}; pass what state_dict() returned.")
+
+
+def _bitmap(data: bytes, rows: int, what: str) -> BitMap | None:
+    """A state's serialized bitmap of at most ``rows`` ids, its size checked before it is
+    read and its count before any array is made of it (None: more than that)."""
+    if len(data) > serialized_max(rows):
+        return None
+    try:
+        bitmap = BitMap.deserialize(bytes(data))
+    except (ValueError, TypeError) as exc:
+        raise _not_a_state(f"its {what} are no bitmap ({exc})") from None
+    return bitmap if len(bitmap) <= rows else None
+
+
+def _scores(saved: Mapping[str, Any], job: Job) -> ImportanceScores:
+    """An importance job's scores from its state, of the job's rows (``ImportanceScores``
+    checks their sizes against them before it makes an array)."""
+    try:
+        scores = ImportanceScores.from_state(saved, rows=len(job.ids))
+    except SamplingError as exc:
+        raise LoaderError(f"The state's importance scores are bad: {exc}") from None
+    if not np.array_equal(scores.ids, bitmap_to_array(job.ids)):
+        raise LoaderError(
+            f"The state's importance scores are of other rows than job {job.name!r}'s; was the "
+            "job re-registered since? Start it without a state."
+        )
+    return scores
 
 
 def _given(options: Mapping[str, Any]) -> dict[str, Any]:

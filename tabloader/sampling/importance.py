@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from pyroaring import BitMap
 
-from catalog.bitmaps import bitmap_from_array, bitmap_to_array
+from catalog.bitmaps import bitmap_from_array, bitmap_to_array, serialized_max
 from catalog.errors import SamplingError
 from tabloader.engine.streams import REPORT_ROWS_MAX, report_arrays
 
@@ -73,6 +73,13 @@ S_MAX = math.log(ROWS_MAX - 1 + B0)
 """The highest score a report can give: the top rank of the largest batch."""
 
 _STATE_VERSION = 1
+
+
+def _bounded(data: Any, rows: int | None) -> bytes:
+    """A state's serialized ids, at most the bytes of a bitmap of ``rows`` ids."""
+    if rows is not None and len(data) > serialized_max(rows):
+        raise ValueError(f"its ids take {len(data)} bytes, more than {rows} rows do")
+    return bytes(data)
 
 
 def floor(n: int) -> float:
@@ -172,15 +179,21 @@ class ImportanceScores:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> ImportanceScores:
-        """Rebuild what :meth:`state_dict` returned.
+    def from_state(cls, state: Mapping[str, Any], *, rows: int | None = None) -> ImportanceScores:
+        """Rebuild what :meth:`state_dict` returned; ``rows``: the job's rows, which the
+        state's must number (checked before an array of them is made: a state comes from
+        outside, and a few bytes of it can name 2**32 rows).
 
         Raises:
-            SamplingError: ``state`` is not such a dict (other version, sizes, values).
+            SamplingError: ``state`` is not such a dict (other version, sizes, values), or
+                not of ``rows`` rows.
         """
         try:
             version = state["version"]
-            ids = bitmap_to_array(BitMap.deserialize(state["ids"])).astype(np.int64)
+            bitmap = BitMap.deserialize(_bounded(state["ids"], rows))
+            if rows is not None and len(bitmap) != rows:
+                raise ValueError(f"it names {len(bitmap)} rows, not the job's {rows}")
+            ids = bitmap_to_array(bitmap).astype(np.int64)
             inflate = zlib.decompressobj()
             raw = inflate.decompress(state["ranks"], 4 * ids.size + 4)  # bounded: 4 B a row
             ranks = np.frombuffer(raw, dtype=np.int32)

@@ -37,8 +37,8 @@ def dealt(name: str, sampler: DependentSampler, n: int) -> tuple[JobState, Deale
         world_size=1,
         spec=JobSpec({"batch_size": 4}),
     )
-    for r in state.ranks:
-        r.cond = threading.Condition()
+    for r in range(state.world_size):
+        state.open_rank(r, threading.Lock())
     q = state.queue
     q.sampler = sampler
     q.left = q.first_rows = n
