@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from test_service import TIMEOUT, cat_dir, rows_of, service, wait_for  # noqa: F401
+from test_service import (  # noqa: F401
+    TIMEOUT,
+    cat_dir,
+    descendants,
+    rows_of,
+    service,
+    start_service,
+    wait_for,
+)
 
-from catalog.errors import LoaderError
-from tabloader.engine.shm import shm_available
+from catalog.errors import LoaderError, ServiceError
+from tabloader.engine.shm import process_alive, shm_available
 from tabloader.service.client import RemoteLoader
+from tabloader.service.protocol import LOG_FILE, Client, runtime_dir, socket_path
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -188,3 +200,68 @@ def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
         wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
     finally:
         remote.close()
+
+
+# -- what a client sends, the service's log and its temporary files -------------------------
+@pytest.mark.parametrize("tickets", ["x", {"a": 1}, [1.5], ["7"], [True], [-1], list(range(257))])
+def test_release_tickets_of_another_type_are_one_clean_error(service, cat_dir, tickets):  # noqa: F811
+    """Each is a one-line error to that client; the service logs no traceback (it logged
+    one per request) and goes on."""
+    log = runtime_dir(cat_dir) / LOG_FILE
+    before = log.stat().st_size
+    raw = Client(cat_dir)
+    try:
+        for op in ("release", "next"):
+            with pytest.raises(ServiceError, match=r"'release' lists the tickets of batches"):
+                raw.call(op, release=tickets)
+    finally:
+        raw.close()
+    with RemoteLoader(cat_dir, start=False) as remote, remote.open("c0", epochs=1) as stream:
+        assert sorted(i for b in stream for i in b["_id"].tolist()) == rows_of(remote, "label < 2")
+    with open(log, "rb") as written:
+        written.seek(before)
+        assert b"Traceback" not in written.read()
+
+
+def test_a_service_started_in_the_background_logs_each_line_once(cat_dir, monkeypatch):  # noqa: F811
+    """Its stderr goes to its log file too: a WARNING was written there twice."""
+    monkeypatch.setenv("TABLOADER_IDLE_EXIT", "1")
+    remote = RemoteLoader(cat_dir)  # starts it
+    pid = remote.service_pid
+    try:
+        with socket.socket(socket.AF_UNIX) as raw:  # a client that never authenticates
+            raw.connect(str(socket_path(cat_dir)))
+        log = runtime_dir(cat_dir) / LOG_FILE
+        wait_for(lambda: b"failed to authenticate" in log.read_bytes(), "the warning")
+        assert remote.alive()
+    finally:
+        remote.close()
+    wait_for(lambda: not process_alive(pid), "the idle service to stop")
+    lines = log.read_text().splitlines()
+    assert len([line for line in lines if "failed to authenticate" in line]) == 1
+
+
+def test_a_service_killed_with_its_processes_leaves_no_temporary_folder(cat_dir, short_tmp):  # noqa: F811
+    """Killed with its process group (its decode processes, which remove multiprocessing's
+    folder when only the service dies, die too): nothing is left in $TMPDIR, and the next
+    service removes what the killed one left in its own runtime directory."""
+    tmp = short_tmp / "tmp"
+    tmp.mkdir()
+    proc = start_service(cat_dir, new_session=True, env={"TMPDIR": str(tmp)})
+    helpers = descendants(proc.pid)
+    assert helpers  # the forkserver and the decode processes: ready
+    private = runtime_dir(cat_dir) / "mp"
+    sockets = {p.name for p in private.iterdir()}
+    assert sockets  # the forkserver's socket is there
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(TIMEOUT)
+    wait_for(lambda: not any(map(process_alive, helpers)), "the service's processes to die")
+    assert not list(tmp.iterdir())
+    again = start_service(cat_dir, env={"TMPDIR": str(tmp)})
+    try:
+        assert not sockets & {p.name for p in private.iterdir()}  # the killed one's is gone
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(TIMEOUT) == 0
+    assert not private.exists()
+    assert not list(tmp.iterdir())
