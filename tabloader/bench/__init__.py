@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "e2e": "tabloader.bench.e2e",
     "hostile": "tabloader.bench.hostile",
     "importance": "tabloader.bench.importance",
+    "isolation": "tabloader.bench.isolation",
     "kernels": "tabloader.bench.kernels",
     "service": "tabloader.bench.e2e",  # the loader service's benchmark is e2e (one run, all three)
     "throughput": "tabloader.bench.throughput",

@@ -676,7 +676,9 @@ class Message(Mapping[str, Any]):
         Raises:
             ServiceError: anything else, in one line (no traceback in the service's log).
         """
-        tickets = self.fields.get("release") or []
+        tickets = self.fields.get("release")
+        if tickets is None:
+            return []
         if (
             not isinstance(tickets, list)
             or len(tickets) > RELEASE_MAX

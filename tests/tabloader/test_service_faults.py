@@ -22,6 +22,16 @@ from test_service import (  # noqa: F401
 )
 
 from catalog.errors import LoaderError, ServiceError
+from tabloader.bench.isolation import (
+    ATTACKS,
+    RSS_LIMIT_MIB,
+    STALL_S,
+    Observer,
+    RssWatch,
+    Target,
+    make_catalog,
+    run_attack,
+)
 from tabloader.engine.shm import process_alive, shm_available
 from tabloader.service.client import RemoteLoader
 from tabloader.service.protocol import LOG_FILE, Client, runtime_dir, socket_path
@@ -203,7 +213,7 @@ def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
 
 
 # -- what a client sends, the service's log and its temporary files -------------------------
-@pytest.mark.parametrize("tickets", ["x", {"a": 1}, [1.5], ["7"], [True], [-1], list(range(257))])
+@pytest.mark.parametrize("tickets", ["x", {}, [1.5], ["7"], [True], [-1], list(range(257)), 0])
 def test_release_tickets_of_another_type_are_one_clean_error(service, cat_dir, tickets):  # noqa: F811
     """Each is a one-line error to that client; the service logs no traceback (it logged
     one per request) and goes on."""
@@ -265,3 +275,37 @@ def test_a_service_killed_with_its_processes_leaves_no_temporary_folder(cat_dir,
         assert again.wait(TIMEOUT) == 0
     assert not private.exists()
     assert not list(tmp.iterdir())
+
+
+# -- one job can never hurt another: an observer beside each attack ---------------------------
+@pytest.fixture(scope="module")
+def beside(tmp_path_factory):
+    """A service of a small table, and an observer job reading it for the module's attacks."""
+    root = tmp_path_factory.mktemp("isolation") / "cat"
+    make_catalog(root)
+    proc = start_service(root)
+    try:
+        with Observer(root) as observer, RssWatch(proc.pid) as watch:
+            yield Target(root), observer, watch
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_an_attack_fails_the_attacker_alone_and_the_observer_reads_on(beside, name):
+    """Each attack on the dataset, as another program would send it: the attacker gets one
+    clean error (no traceback logged), the observer's epochs stay exactly once and it never
+    waits more than a second for a batch (a stall bound, checked as a property), the service
+    stays under 1 GiB, and the attacker's job opens again."""
+    target, observer, watch = beside
+    out = run_attack(target, observer, watch, name)
+    assert out["error"] is not None, f"{name}: not refused"
+    assert out["refused"], f"{name}: {out['error']}"
+    assert not out["traceback_logged"]
+    assert not out["observer_errors"]
+    assert out["epochs"] >= 2
+    assert out["exact"]
+    assert out["stall_s"] <= STALL_S
+    assert out["peak_rss_mib"] < RSS_LIMIT_MIB
+    assert out["reopened"]
