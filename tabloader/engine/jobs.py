@@ -54,6 +54,7 @@ from tabloader.engine.work import Plan, Work
 
 if TYPE_CHECKING:
     from tabloader.sampling.importance import ImportanceScores
+    from tabloader.sampling.weighted import Drawn
 
 __all__ = [
     "MAX_UNDELIVERED",
@@ -148,6 +149,8 @@ class JobState:
     weights: npt.NDArray[np.float64] | None = None
     # an importance job resumed from a state: the scores it had (its sampler draws from them)
     scores: ImportanceScores | None = None
+    # a weighted job resumed from a state: the draws its run had made (``Dealer._drawn``)
+    drawn: Drawn | None = None
     gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
     # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
     gone_from: int | None = None

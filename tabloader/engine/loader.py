@@ -443,6 +443,7 @@ class Loader:
         resume = request.resume(info, spec)
         remaining, epoch = (None, 0) if resume is None else (resume.remaining, resume.epoch)
         state_obj.scores = None if resume is None else resume.scores
+        state_obj.drawn = None if resume is None else resume.drawn
         joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)
         logger.info(
             "job %s opened on %s (%d rows)%s",

@@ -21,20 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from pyroaring import BitMap
 
-from catalog.bitmaps import bitmap_to_array, serialized_max
+from catalog.bitmaps import bitmap_from_array, bitmap_to_array, serialized_max
 from catalog.errors import LoaderError, OptionError, SamplingError, ServiceError, TabloaderError
 from catalog.options import JOB_OPTIONS, JobSpec, check_options
 from catalog.settings import SETTINGS, check_counts
 from tabloader.engine.ranks import resolve_rank
-from tabloader.sampling.importance import ImportanceScores
+from tabloader.sampling.importance import ROWS_MAX, ImportanceScores
+from tabloader.sampling.weighted import Drawn
 
 if TYPE_CHECKING:
     from catalog import Job
@@ -52,6 +55,8 @@ __all__ = [
 OPEN_VERSION = 1  # of the wire encoding: both ends read the same
 EPOCH_MAX = int(SETTINGS["epochs"].bounds()[1])
 """Epochs are numbered below this (the ``epochs`` setting's maximum), a resumed one too."""
+_SEGMENTS = 64  # epochs a weighted job's state may have drawn ahead into (its queue's)
+_STREAM = (1 << 128, 1 << 32, 1 << 62)  # a stream's entropy, key and round are below these
 _COUNTS = ("prefetch", "lookahead", "epochs")
 _WIRE_KEYS = frozenset({"v", "job", "options", "spec", "rank", "world_size", *_COUNTS, "state"})
 
@@ -163,7 +168,10 @@ class OpenRequest:
         saved = state.get("importance")
         if saved is not None and spec.importance == "loss":
             scores = _scores(saved, job)
-        return Resume(remaining, int(state["epoch"]), scores)
+        drawn = None
+        if state.get("draws") is not None and (spec.weight or spec.importance) is not None:
+            drawn = _drawn(state["draws"], job, int(state["epoch"]), remaining, self.epochs)
+        return Resume(remaining, int(state["epoch"]), scores, drawn)
 
     # -- the wire ----------------------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
@@ -226,12 +234,14 @@ class OpenRequest:
 
 
 class Resume(NamedTuple):
-    """Where a job resumes (``OpenRequest.resume``): the rows of ``epoch`` it has left, and an
-    importance job's scores (None: none saved, or not an importance job)."""
+    """Where a job resumes (``OpenRequest.resume``): the rows of ``epoch`` it has left, an
+    importance job's scores and a weighted job's draws (None: none saved, or not such a
+    job)."""
 
     remaining: BitMap
     epoch: int
     scores: ImportanceScores | None
+    drawn: Drawn | None = None
 
 
 def check_state(state: Any, epochs: int | None) -> None:
@@ -263,6 +273,11 @@ def check_state(state: Any, epochs: int | None) -> None:
         and all(isinstance(saved.get(k), bytes | bytearray) for k in ("ids", "ranks"))
     ):
         raise _not_a_state(f"'importance' is {str(saved)[:60]}, not scores' state_dict()")
+    draws = state.get("draws")
+    if draws is not None and not (
+        isinstance(draws, Mapping) and isinstance(draws.get("rows"), bytes | bytearray)
+    ):
+        raise _not_a_state(f"'draws' are {str(draws)[:60]}, not a weighted job's")
 
 
 def _whole(value: Any) -> bool:
@@ -300,6 +315,68 @@ def _scores(saved: Mapping[str, Any], job: Job) -> ImportanceScores:
     return scores
 
 
+def _drawn(
+    saved: Mapping[str, Any], job: Job, epoch: int, remaining: BitMap, epochs: int | None
+) -> Drawn:
+    """A weighted job's draws from its state (``Dealer._drawn``), every size checked before
+    an array of it is made; the draws of epochs past ``epochs`` are left out.
+
+    Raises:
+        LoaderError: not draws a run of the job made (the sampler checks the rows' order).
+    """
+    rows, epochs_of, frozen = saved["rows"], saved.get("epochs"), saved.get("frozen")
+    given: list[Any] = [saved.get(k) for k in ("entropy", "key", "round")]
+    if not all(_whole(v) and 0 <= v < top for v, top in zip(given, _STREAM, strict=True)):
+        raise _not_a_state(f"the draws' stream is {str(given)[:80]}")
+    entropy, key, at = (int(v) for v in given)
+    pairs = epochs_of if isinstance(epochs_of, list) and len(epochs_of) <= _SEGMENTS else None
+    if pairs is None or not all(
+        isinstance(p, list) and len(p) == 2 and all(_whole(v) and v >= 0 for v in p) for p in pairs
+    ):
+        raise _not_a_state(f"the draws' epochs are {str(epochs_of)[:80]}")
+    n, counts = len(job.ids), [int(c) for _, c in pairs]
+    tops = [len(remaining)] + [n] * (len(pairs) - 1)  # what each epoch has left at most
+    if (
+        len(rows) % 4
+        or len(rows) // 4 != sum(counts)
+        or [int(e) for e, _ in pairs] != list(range(epoch, epoch + len(pairs)))
+        or any(not 0 < c <= top for c, top in zip(counts, tops, strict=True))
+        or any(c != top for c, top in zip(counts[:-1], tops[:-1], strict=True))
+    ):
+        raise _not_a_state(f"the draws' epochs {str(pairs)[:60]} and their rows disagree")
+    drawn = np.frombuffer(rows, "<u4").astype(np.int64)
+    if drawn.size and not bitmap_from_array(drawn).issubset(job.ids):
+        raise _not_a_state(f"the draws are not rows of job {job.name!r}")
+    if epochs is not None:  # the run went further than this open reads
+        pairs = [p for p in pairs if p[0] < epochs]
+    cuts = np.cumsum([0, *(c for _, c in pairs)])
+    segments = [(int(e), drawn[a:b]) for (e, _), a, b in zip(pairs, cuts, cuts[1:], strict=False)]
+    return Drawn(entropy, key, at, segments, _frozen(frozen, epoch, epoch + len(pairs), n))
+
+
+def _frozen(frozen: Any, first: int, end: int, rows: int) -> dict[int, npt.NDArray[np.int32]]:
+    """An importance job's frozen ranks of epochs ``first`` to ``end`` from its state's draws,
+    decompressed to at most their ``rows`` values."""
+    if frozen is None:
+        return {}
+    if not isinstance(frozen, list) or len(frozen) > _SEGMENTS:
+        raise _not_a_state(f"the draws' frozen ranks are {str(frozen)[:60]}")
+    out = {}
+    for pair in frozen:
+        if not (isinstance(pair, list) and len(pair) == 2 and _whole(pair[0])):
+            raise _not_a_state(f"the draws' frozen ranks are {str(pair)[:60]}")
+        try:
+            raw = zlib.decompressobj().decompress(pair[1], 4 * rows + 4)
+        except (TypeError, zlib.error) as exc:
+            raise _not_a_state(f"the draws' frozen ranks are not compressed ({exc})") from None
+        ranks = np.frombuffer(raw, np.int32)
+        if ranks.size != rows or not bool(((ranks >= 0) & (ranks <= ROWS_MAX)).all()):
+            raise _not_a_state(f"the draws' frozen ranks are not {rows} ranks")
+        if first <= pair[0] < end:
+            out[int(pair[0])] = ranks.copy()
+    return out
+
+
 def _given(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options given at an open (None: not given), each checked on its own: how they
     combine with the registered ones is checked where those are known (``resolve_spec``)."""
@@ -321,8 +398,9 @@ def _given(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def state_to_wire(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap, and
-    an importance job's scores (``ImportanceScores.state_dict()``: bytes), in hex.
+    """A job state (``JobStream.state_dict()``) for a message: its ``remaining`` bitmap, an
+    importance job's scores (``ImportanceScores.state_dict()``: bytes) and a weighted job's
+    draws (rows and frozen ranks: bytes), in hex.
 
     Raises:
         LoaderError: ``state`` is not one.
@@ -333,6 +411,10 @@ def state_to_wire(state: Mapping[str, Any]) -> dict[str, Any]:
             wire["importance"] = {
                 k: v.hex() if isinstance(v, bytes) else v for k, v in state["importance"].items()
             }
+        if state.get("draws") is not None:
+            draws = state["draws"]
+            frozen = [[e, bytes(r).hex()] for e, r in draws.get("frozen") or ()]
+            wire["draws"] = {**draws, "rows": bytes(draws["rows"]).hex(), "frozen": frozen}
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
     return wire
@@ -350,6 +432,10 @@ def state_from_wire(state: Any) -> dict[str, Any]:
             scores = state["importance"]
             out["importance"] = {**scores, "ids": bytes.fromhex(scores["ids"])}
             out["importance"]["ranks"] = bytes.fromhex(scores["ranks"])
+        if state.get("draws") is not None:
+            draws = state["draws"]
+            frozen = [[e, bytes.fromhex(r)] for e, r in draws.get("frozen") or ()]
+            out["draws"] = {**draws, "rows": bytes.fromhex(draws["rows"]), "frozen": frozen}
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise LoaderError(f"Not a job state: {exc!r}; pass what state_dict() returned.") from exc
     return out

@@ -149,7 +149,7 @@ class JobQueues:
         if remaining is None:
             sampler.add_job(job.name, job.ids, job.spec, weights=job.weights)
             remaining = job.ids
-        else:  # an importance job resumes with its scores (``JobState.scores``)
+        else:  # an importance job resumes with its scores, a weighted one with its draws
             sampler.add_job(
                 job.name,
                 job.ids,
@@ -158,6 +158,7 @@ class JobQueues:
                 epoch=epoch,
                 weights=job.weights,
                 scores=job.scores,
+                drawn=job.drawn,
             )
             q.epoch = epoch
         q.left = q.first_rows = len(remaining)
@@ -165,8 +166,26 @@ class JobQueues:
         q.repeats = draws_with_replacement(job.spec)
         if not q.repeats:
             self.future.count(q, bitmap_to_array(remaining), +1)
+        if job.drawn is not None:
+            self._replay(job)
         self._rebase(job)
         self.jobs[job.name] = job
+
+    def _replay(self, job: JobState) -> None:
+        """Queue the rows a resumed weighted job's run had drawn already (``JobState.drawn``:
+        its sampler took them as drawn), epoch by epoch, as its rounds would have."""
+        assert job.drawn is not None
+        q = job.queue
+        for epoch, rows in job.drawn.segments:
+            if epoch != q.epoch:  # the next epoch: as ``_sample_group`` starts one
+                q.epoch, q.left = epoch, len(job.ids)
+                if not q.repeats:
+                    self.future.count(q, job.id_array, +1)
+            q.left -= int(rows.size)
+            base, self.round = self.round, self.round + int(rows.size)
+            if q.repeats:
+                self.future.count(q, rows, +1, repeats=True)
+            self._queue(q, rows, np.arange(base, self.round, dtype=np.int64))
 
     def open_fed(self, job: JobState) -> None:
         """Register the fed ``job``: no sampler, nothing received of epoch 0 yet (``feed``)."""

@@ -147,6 +147,7 @@ class DatasetScheduler:
             )
             joined = job.open_rank(rank, self.lock)
             if not job.fed:
+                self._activate_locked(job)  # a resumed job's rows drawn already (``drawn``)
                 self.cond.notify()  # a round for the new job
             return joined
 
@@ -400,6 +401,8 @@ class DatasetScheduler:
                         self._activate_locked(job)
                         if job.fed and job.gone is not None and not rank.batches:
                             self._raise_gone(rank)
+                        if rank.batches:  # dealt now, maybe prepared here already: its
+                            continue  # wake-up came before this wait
                     self._poke(job)
                     self._wait_locked(rank, t0)
                 rank.taken += 1

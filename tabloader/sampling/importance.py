@@ -159,10 +159,12 @@ class ImportanceScores:
             )
         return pos, loss
 
-    def probabilities(self) -> np.ndarray:
+    def probabilities(self, ranks: np.ndarray | None = None) -> np.ndarray:
         """The draw probability of each row (aligned with ``ids``): scores plus the
-        flattening term, normalised; sums to 1, each entry at least :func:`floor`."""
-        s = self.scores
+        flattening term, normalised; sums to 1, each entry at least :func:`floor`. With
+        ``ranks`` (a copy of ``self.ranks`` from before): as they were then (an epoch's
+        frozen distribution, resumed exactly)."""
+        s = self.scores if ranks is None else np.where(ranks > 0, np.log(ranks - 1 + B0), PRIOR)
         c = FLATTEN * float(s.mean())
         p = s + c
         p /= p.sum()
