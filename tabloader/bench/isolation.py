@@ -156,6 +156,17 @@ def _importance(target: Target, rows: int) -> None:
     target.open("imp", state=state)
 
 
+def _draws(target: Target, rows: int) -> None:
+    """Resume ``imp`` from a state whose draws say ``rows`` rows were drawn ahead."""
+    from tabloader.engine.opening import state_to_wire
+
+    state = state_to_wire(target.imp_state)
+    epoch = target.imp_state["epoch"]
+    draws = {"entropy": 1, "key": 0, "round": 0, "frozen": [], "epochs": [[epoch, rows]]}
+    state["draws"] = {**draws, "rows": bytes(4 * rows).hex()}
+    target.open("imp", state=state)
+
+
 def _report(target: Target, **payload: Any) -> None:
     """Report ``payload`` on an open ``imp`` stream of the attacker's."""
     with target.client() as client:
@@ -249,6 +260,11 @@ ATTACKS: dict[str, Attack] = {
         "an importance state naming 2**27 rows",
         r"importance scores are bad: .*(more than 64 rows|not the job's 64)",
         lambda t: _importance(t, 1 << 27),
+    ),
+    "draws 2**20": Attack(
+        "an importance state whose draws name 2**20 rows",
+        r"the draws' epochs .* and their rows disagree",
+        lambda t: _draws(t, 1 << 20),
     ),
     "world 10**6": _world(10**6, r"world_size <= 4096"),
     "world 65 > rows": _world(65, r"world_size=65: job 'att' has 64 rows, fewer than its ranks"),
