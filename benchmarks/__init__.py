@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "e2e": "benchmarks.e2e",
     "hostile": "benchmarks.hostile",
     "importance": "benchmarks.importance",
+    "isolation": "benchmarks.isolation",
     "kernels": "benchmarks.kernels",
     "service": "benchmarks.e2e",  # the loader service's benchmark is e2e (one run, all three)
     "throughput": "benchmarks.throughput",

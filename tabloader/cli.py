@@ -386,7 +386,7 @@ def _register_serve(sub: Any) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
-    from tabloader.service._server import Service, log_to_file, yield_to_jobs
+    from tabloader.service._server import Service, keep_temp_private, log_to_file, yield_to_jobs
 
     cache = _flag("cache_bytes", args.cache_bytes)
     workers = _flag("workers", args.workers)
@@ -422,6 +422,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         max_image_megapixels=megapixels,
     )
+    keep_temp_private(service.root)  # the service's lock is ours; no decode process yet
     log = log_to_file(service.root)
     _print(
         f"tabloader: serving catalog {service.root} (pid {os.getpid()}); log: {log}",

@@ -20,7 +20,14 @@ from __future__ import annotations
 import numpy as np
 from pyroaring import BitMap
 
-__all__ = ["ID_COLUMN", "bitmap_from_array", "bitmap_from_flags", "bitmap_to_array", "set_flags"]
+__all__ = [
+    "ID_COLUMN",
+    "bitmap_from_array",
+    "bitmap_from_flags",
+    "bitmap_to_array",
+    "serialized_max",
+    "set_flags",
+]
 
 ID_COLUMN = "_id"
 """Every dataset's integer primary key: dense row ids ``0..N-1`` in storage order."""
@@ -30,6 +37,14 @@ _ARRAY_MAX = 4096
 _CHUNK = 1 << 16
 # Scatter into a bitset when it has at most this many bits per id (1 byte of scratch per bit).
 _DENSE_BITS_PER_ID = 64
+
+
+def serialized_max(ids: int) -> int:
+    """The most bytes a serialized bitmap of at most ``ids`` ids takes (the portable format:
+    at most 2 bytes a value, and 8 of a container's key, count and offset per value when each
+    is alone in its container; run containers are smaller): a bound to check a bitmap that
+    comes from outside against before it is deserialized."""
+    return 16 + 12 * ids
 
 
 def bitmap_from_array(ids: np.ndarray) -> BitMap:

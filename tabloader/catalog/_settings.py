@@ -234,6 +234,14 @@ SETTINGS: dict[str, Setting] = {
             "lookahead", "count", "rows sampled ahead", minimum=1, maximum=1 << 24, example="256"
         ),
         Setting("epochs", "count", "epochs to read", minimum=1, maximum=1 << 31, example="10"),
+        Setting(
+            "world_size",
+            "count",
+            "the data-parallel ranks of a job (at most its rows)",
+            minimum=1,
+            maximum=4096,
+            example="8",
+        ),
     )
 }
 

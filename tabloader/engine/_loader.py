@@ -21,14 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pyroaring import BitMap
 
 from tabloader.catalog import Catalog, open_catalog
 from tabloader.catalog._api import CatalogAPI
 from tabloader.catalog._bitmaps import bitmap_to_array
 from tabloader.catalog._directory import not_a_catalog, resolve_root
-from tabloader.catalog._errors import CacheError, LoaderError, SamplingError
-from tabloader.catalog._options import JobSpec
+from tabloader.catalog._errors import CacheError, LoaderError
 from tabloader.catalog._settings import SETTINGS, physical_memory, setting
 from tabloader.catalog.storage import DatasetReader
 from tabloader.engine._arena.accounting import AccessLog
@@ -56,7 +54,6 @@ from tabloader.engine._queue.queues import JobQueues
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.engine._queue.scheduler import DatasetScheduler
 from tabloader.sampling import SAMPLERS, IndependentSampler
-from tabloader.sampling._importance import ImportanceScores
 
 if TYPE_CHECKING:
     from tabloader.catalog import Dataset, Job
@@ -381,7 +378,6 @@ class Loader:
             request, known = OpenRequest.make(job.name, **args), job
         rank, world_size = resolve_rank(request.rank, request.world_size)
         prefetch, lookahead, epochs = request.prefetch, request.lookahead, request.epochs
-        state = None if request.state is None else dict(request.state)
         with self._lock:
             info = self.catalog.job(request.job) if known is None else known
             spec = request.resolve_spec(info.options)  # the one check of the merged options
@@ -392,6 +388,11 @@ class Loader:
                 raise LoaderError(
                     f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "
                     "a Ray cluster yet; open it there with drop_last = true (the default)."
+                )
+            if world_size > len(info.ids):
+                raise LoaderError(
+                    f"world_size={world_size}: job {info.name!r} has {len(info.ids)} rows, "
+                    "fewer than its ranks; a job has at most one rank per row."
                 )
             share = rank_share(len(info.ids), batch_size, world_size, spec.drop_last)
             if share == 0 and world_size > 1:
@@ -416,7 +417,7 @@ class Loader:
         if receiver.pins:  # the service's cache holds its clients' prepared batches
             rows = min(batch_size, len(info.ids))  # the batch the job can really produce
             prefetch = fit_prefetch(self._arena.buffer.size, plan, rows * local, prefetch, given)
-        if fed and state is not None:
+        if fed and request.state is not None:
             raise LoaderError(
                 "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
                 "open the job without state."
@@ -445,8 +446,10 @@ class Loader:
             spec=spec,
             weights=info.weights,
         )
-        remaining, epoch = (None, 0) if state is None else _check_state(state, info)
-        state_obj.scores = None if state is None else _resumed_scores(state, spec, info)
+        resume = request.resume(info, spec)
+        remaining, epoch = (None, 0) if resume is None else (resume.remaining, resume.epoch)
+        state_obj.scores = None if resume is None else resume.scores
+        state_obj.drawn = None if resume is None else resume.drawn
         joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)
         logger.info(
             "job %s opened on %s (%d rows)%s",
@@ -625,42 +628,6 @@ def _open_decodes(sched: DatasetScheduler, column: str) -> list[OpenDecode]:
         for dec, _ in job.plan.prepared
         if dec.column == column and isinstance(dec.image_size, Fit | int)
     ]
-
-
-def _check_state(state: dict[str, Any], job: Job) -> tuple[BitMap, int]:
-    try:
-        remaining = BitMap.deserialize(state["remaining"])
-        epoch = int(state["epoch"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LoaderError(
-            f"Not a job state: {exc!r}; pass what JobStream.state_dict() returned."
-        ) from exc
-    if state.get("job") != job.name:
-        raise LoaderError(f"The state is of job {state.get('job')!r}, not {job.name!r}.")
-    if not remaining or not remaining.issubset(job.ids):
-        raise LoaderError(
-            f"The state's rows are not a non-empty subset of job {job.name!r}'s rows; was the "
-            "job re-registered since? Start it without a state."
-        )
-    return remaining, epoch
-
-
-def _resumed_scores(state: dict[str, Any], spec: JobSpec, job: Job) -> ImportanceScores | None:
-    """The importance scores a job state carries (``DatasetScheduler.state_dict``), for a job
-    opened with ``importance = 'loss'`` (None: a fresh start from the prior)."""
-    saved = state.get("importance")
-    if saved is None or spec.importance != "loss":
-        return None
-    try:
-        scores = ImportanceScores.from_state(saved)
-    except SamplingError as exc:
-        raise LoaderError(f"The state's importance scores are bad: {exc}") from None
-    if not np.array_equal(scores.ids, bitmap_to_array(job.ids)):
-        raise LoaderError(
-            f"The state's importance scores are of other rows than job {job.name!r}'s; was the "
-            "job re-registered since? Start it without a state."
-        )
-    return scores
 
 
 _DEFAULT_LOADERS: dict[Path, Loader] = {}

@@ -21,6 +21,7 @@ from tabloader.sampling._states import SamplerState, UniformsState
 if TYPE_CHECKING:
     from tabloader.catalog._options import JobSpec
     from tabloader.sampling._importance import ImportanceScores
+    from tabloader.sampling._states import Drawn
 
 __all__ = [
     "Sampler",
@@ -51,13 +52,15 @@ class Sampler(Protocol):
         epoch: int = 0,
         weights: np.ndarray | None = None,
         scores: ImportanceScores | None = None,
+        drawn: Drawn | None = None,
     ) -> None:
         """Register ``name``; its first epoch is all of ``ids`` (or ``remaining`` of them,
         epoch ``epoch``, when it resumes). ``spec``: the job's options (``importance`` and
         ``replacement`` are read). ``weights`` (float64, aligned with ``ids`` ascending) or
         ``spec.importance == 'loss'`` make the job *weighted*: it draws from its own
         distribution (:mod:`tabloader.sampling._weighted`). ``scores``: an importance job
-        resumes with these (``importance_scores`` of the run saved) instead of the prior."""
+        resumes with these (``importance_scores`` of the run saved) instead of the prior;
+        ``drawn``: a weighted job with the draws of that run (``drawn``)."""
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; no other job gains, loses or repeats a row."""
@@ -96,6 +99,10 @@ class Sampler(Protocol):
     def importance_scores(self, name: str) -> ImportanceScores | None:
         """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):
         what a job's state saves, and ``add_job(scores=)`` resumes with."""
+
+    def drawn(self, name: str, since: int) -> dict[str, object] | None:
+        """Where weighted job ``name``'s draws stand (None: a plain job): what a job's state
+        saves beside the rows it drew ahead, and ``add_job(drawn=)`` resumes with."""
 
     def row_weights(self, name: str, epoch: int, rows: np.ndarray) -> np.ndarray | None:
         """The ``_weight`` column of ``rows`` handed to ``name`` in ``epoch`` (float32), or

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from pyroaring import BitMap
 
-from tabloader.catalog._bitmaps import bitmap_from_array, bitmap_to_array
+from tabloader.catalog._bitmaps import bitmap_from_array, bitmap_to_array, serialized_max
 from tabloader.catalog._errors import LoaderError, SamplingError, TabloaderError
 
 __all__ = [
@@ -139,6 +139,13 @@ S_MAX = math.log(ROWS_MAX - 1 + B0)
 _STATE_VERSION = 1
 
 
+def _bounded(data: Any, rows: int | None) -> bytes:
+    """A state's serialized ids, at most the bytes of a bitmap of ``rows`` ids."""
+    if rows is not None and len(data) > serialized_max(rows):
+        raise ValueError(f"its ids take {len(data)} bytes, more than {rows} rows do")
+    return bytes(data)
+
+
 def floor(n: int) -> float:
     """The least probability any row of an ``n``-row job gets from :meth:`probabilities`."""
     return (PRIOR / S_MAX + FLATTEN) / ((1.0 + FLATTEN) * n)
@@ -216,10 +223,12 @@ class ImportanceScores:
             )
         return pos, loss
 
-    def probabilities(self) -> np.ndarray:
+    def probabilities(self, ranks: np.ndarray | None = None) -> np.ndarray:
         """The draw probability of each row (aligned with ``ids``): scores plus the
-        flattening term, normalised; sums to 1, each entry at least :func:`floor`."""
-        s = self.scores
+        flattening term, normalised; sums to 1, each entry at least :func:`floor`. With
+        ``ranks`` (a copy of ``self.ranks`` from before): as they were then (an epoch's
+        frozen distribution, resumed exactly)."""
+        s = self.scores if ranks is None else np.where(ranks > 0, np.log(ranks - 1 + B0), PRIOR)
         c = FLATTEN * float(s.mean())
         p = s + c
         p /= p.sum()
@@ -236,15 +245,21 @@ class ImportanceScores:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> ImportanceScores:
-        """Rebuild what :meth:`state_dict` returned.
+    def from_state(cls, state: Mapping[str, Any], *, rows: int | None = None) -> ImportanceScores:
+        """Rebuild what :meth:`state_dict` returned; ``rows``: the job's rows, which the
+        state's must number (checked before an array of them is made: a state comes from
+        outside, and a few bytes of it can name 2**32 rows).
 
         Raises:
-            SamplingError: ``state`` is not such a dict (other version, sizes, values).
+            SamplingError: ``state`` is not such a dict (other version, sizes, values), or
+                not of ``rows`` rows.
         """
         try:
             version = state["version"]
-            ids = bitmap_to_array(BitMap.deserialize(state["ids"])).astype(np.int64)
+            bitmap = BitMap.deserialize(_bounded(state["ids"], rows))
+            if rows is not None and len(bitmap) != rows:
+                raise ValueError(f"it names {len(bitmap)} rows, not the job's {rows}")
+            ids = bitmap_to_array(bitmap).astype(np.int64)
             inflate = zlib.decompressobj()
             raw = inflate.decompress(state["ranks"], 4 * ids.size + 4)  # bounded: 4 B a row
             ranks = np.frombuffer(raw, dtype=np.int32)

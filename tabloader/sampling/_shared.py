@@ -18,6 +18,7 @@ from tabloader.sampling._base import check_ids, check_remaining, unknown_job
 if TYPE_CHECKING:
     from tabloader.catalog._options import JobSpec
     from tabloader.sampling._importance import ImportanceScores
+    from tabloader.sampling._states import Drawn
     from tabloader.sampling._weighted import WeightedJobs
 
 __all__ = ["PlainJob", "SamplerBase"]
@@ -79,6 +80,7 @@ class SamplerBase(Generic[J]):
         epoch: int = 0,
         weights: np.ndarray | None = None,
         scores: ImportanceScores | None = None,
+        drawn: Drawn | None = None,
     ) -> None:
         """Register ``name`` now; its first epoch is all of ``ids``.
 
@@ -95,6 +97,9 @@ class SamplerBase(Generic[J]):
                 weighted (:mod:`tabloader.sampling._weighted`; how it shares rows with the
                 other jobs: the sampler's module docstring).
             scores: an importance job's scores to resume with (default: the prior).
+            drawn: a weighted job's draws to resume with (``Drawn``: ``drawn`` of the run
+                it resumes): they are taken as drawn, and a job alone in its stream of
+                uniforms draws on as that run would have.
 
         Raises:
             SamplingError: ``name`` is already registered, ``ids`` is empty, ``remaining``
@@ -132,6 +137,7 @@ class SamplerBase(Generic[J]):
             replacement=bool(getattr(spec, "replacement", True)),
             remaining=remaining,
             epoch=epoch,
+            drawn=drawn,
         )
         self._keep(name, home)
         self._next_seq += 1
@@ -171,6 +177,15 @@ class SamplerBase(Generic[J]):
                 "to draw by its losses."
             )
         scores.report(np.asarray(ids), np.asarray(losses))
+
+    def drawn(self, name: str, since: int) -> dict[str, object] | None:
+        """Where weighted job ``name``'s draws stand, for a state to resume exactly with
+        (``WeightedJobs.drawn``; None: a plain job)."""
+        own = self._own(name)
+        if own is None:
+            self._job(name)  # unknown: that error
+            return None
+        return own.drawn(name, since)
 
     def importance_scores(self, name: str) -> ImportanceScores | None:
         """The live importance scores of ``name`` (None: not an ``importance = 'loss'`` job):

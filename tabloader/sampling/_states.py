@@ -5,13 +5,17 @@ sampler (each sampler and the ``Sampler`` protocol name them)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
+
+import numpy as np
+import numpy.typing as npt
 
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
 
 __all__ = [
     "DependentJobState",
+    "Drawn",
     "DependentState",
     "IndependentJobState",
     "IndependentState",
@@ -118,3 +122,17 @@ class IndependentState(TypedDict):
 
 SamplerState = DependentState | IndependentState
 """What a sampler's ``state_dict`` returns (its ``kind`` says which)."""
+
+
+class Drawn(NamedTuple):
+    """A weighted job's draws at a step of its run (a state's, to resume with the same
+    draws): the rows drawn after the step already, by epoch (``segments``), then where the
+    holder's stream of uniforms stands (``entropy``, ``key``, ``round``: its uniforms are a
+    function of those), and the ranks of an importance job's scores that its epochs from the
+    step's froze (``frozen``)."""
+
+    entropy: int
+    key: int
+    round: int
+    segments: list[tuple[int, npt.NDArray[np.int64]]]
+    frozen: Mapping[int, npt.NDArray[np.int32]]

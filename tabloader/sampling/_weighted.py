@@ -21,6 +21,7 @@ the round's number (:meth:`WeightedJobs.fallback`), then draws the residual expl
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from pyroaring import BitMap
 from tabloader.catalog._bitmaps import bitmap_from_array, bitmap_to_array
 from tabloader.catalog._errors import SamplingError
 from tabloader.sampling._base import Uniforms
-from tabloader.sampling._states import WeightedState
+from tabloader.sampling._states import Drawn, WeightedState
 
 if TYPE_CHECKING:
     from tabloader.sampling._importance import ImportanceScores
@@ -50,6 +51,7 @@ __all__ = [
 K = 16  # residual attempts per round in the round's block of uniforms
 BLOCK = 1 + 2 * K  # uniforms per round
 KEEP_EPOCHS = 64  # past epochs' distributions kept for ``row_weights`` (a queue may span several)
+FROZEN_EPOCHS = 2  # an importance job keeps the ranks its last epochs froze (``Drawn.frozen``)
 FALLBACK_TRIES = 256  # more attempts (the round's own stream) before the explicit residual
 
 F64 = npt.NDArray[np.float64]
@@ -227,12 +229,21 @@ class WeightedJob:
     tree: SumTree | None = None  # without: the live rows' q (1 each once only 0s are left)
     past: dict[int, F64] = field(default_factory=dict)  # epoch -> q, for ``row_weights``
     overlaps: dict[int, float] = field(default_factory=dict)  # leader seq -> estimate
+    # an importance job's: epoch -> the scores' ranks its q was frozen from (the last few),
+    # and a resumed job's, for the epochs it begins (``Drawn.frozen``)
+    frozen: dict[int, npt.NDArray[np.int32]] = field(default_factory=dict)
+    preset: dict[int, npt.NDArray[np.int32]] = field(default_factory=dict)
 
     def begin(self, rest: BitMap | None = None) -> None:
         """Start epoch ``epoch``: freeze ``q``; ``rest``: resume with those rows left (without
         replacement) or ``len(rest)`` draws left (with)."""
         if self.scores is not None:
-            q = np.asarray(self.scores.probabilities(), dtype=np.float64)
+            ranks = self.preset.pop(self.epoch, None)
+            if ranks is None:
+                ranks = self.scores.ranks.copy()
+            self.frozen = {e: r for e, r in self.frozen.items() if e > self.epoch - FROZEN_EPOCHS}
+            self.frozen[self.epoch] = ranks
+            q = np.asarray(self.scores.probabilities(ranks), dtype=np.float64)
         else:
             assert self.weights is not None
             q = _distribution(self.weights)
@@ -277,6 +288,32 @@ class WeightedJob:
     def restart(self) -> None:
         self.epoch += 1
         self.begin()
+
+    def replay(self, epoch: int, rows: I64) -> None:
+        """The job's next draws are ``rows`` of ``epoch``, drawn before (a resume's): taken as
+        drawn (the next epoch begins first when this one has no draws left).
+
+        Raises:
+            SamplingError: rows it could not draw next: of another epoch, more than the epoch
+                has left, not the job's, or (without replacement) drawn already.
+        """
+        if self.left == 0 and epoch == self.epoch + 1:
+            self.restart()
+        i = self.index(rows)
+        fits = epoch == self.epoch and rows.size <= self.left and not (i < 0).any()
+        if fits and not self.replacement:
+            assert self.live is not None
+            fits = bool(self.live[i].all()) and np.unique(i).size == i.size
+        if not fits:
+            raise SamplingError(
+                f"{rows.size} draws of epoch {epoch} are not the next a job at epoch "
+                f"{self.epoch} with {self.left} left can make; pass what state_dict() returned."
+            )
+        if self.replacement:
+            self.left -= int(rows.size)
+            return
+        for k in i.tolist():
+            self.remove(k)
 
     def index(self, rows: I64) -> I64:
         """Positions of ``rows`` in ``id_arr``; -1 for rows not of the job."""
@@ -347,12 +384,37 @@ class WeightedJobs:
         replacement: bool,
         remaining: BitMap | None,
         epoch: int,
+        drawn: Drawn | None = None,
     ) -> None:
+        """Add job ``name``; ``drawn``: a resumed one's draws, replayed (and, if it is alone
+        here, the stream of uniforms set where the run's stood: the same draws follow)."""
         arr = bitmap_to_array(ids).astype(np.int64)
         w = None if weights is None else check_weights(name, arr.size, weights)
         job = WeightedJob(seq, ids, arr, w, scores, bool(replacement), epoch=epoch)
+        if drawn is not None:
+            job.preset = dict(drawn.frozen)
         job.begin(None if remaining is None or remaining == ids else remaining)
+        if drawn is not None:
+            for e, rows in drawn.segments:
+                job.replay(e, rows)
+            if not self.jobs:  # else the stream is theirs too: fresh draws, by the same q
+                self.__init__(drawn.entropy, drawn.key)  # type: ignore[misc]
+                stream = self.uni.rng.bit_generator
+                assert isinstance(stream, np.random.PCG64)  # default_rng's: one draw a float
+                stream.advance(drawn.round * BLOCK)
+                self.round = drawn.round
         self.jobs[name] = job
+
+    def drawn(self, name: str, since: int) -> dict[str, Any]:
+        """Where ``name``'s draws stand (``Drawn`` but its rows, which the engine keeps):
+        the stream and the ranks its epochs from ``since`` froze."""
+        job = self.jobs[name]
+        frozen = [
+            [e, zlib.compress(ranks.tobytes(), 1)]  # (a rank is a small number: 10x smaller)
+            for e, ranks in sorted(job.frozen.items())
+            if e >= since
+        ]
+        return {"entropy": self.entropy, "key": self.key, "round": self.round, "frozen": frozen}
 
     # -- rounds ----------------------------------------------------------------------------------
     def draw(

@@ -71,6 +71,7 @@ __all__ = [
     "KEY_BYTES",
     "MAX_MESSAGE",
     "PROTOCOL_VERSION",
+    "RELEASE_MAX",
     "BadMessage",
     "BatchReply",
     "Client",
@@ -135,6 +136,7 @@ _MAX_FDS = 4
 _CHALLENGE, _WELCOME, _FAILURE = b"#TABLOADER-CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 
 
+RELEASE_MAX = 256  # tickets one request releases at most
 LOG_FILE = "service.log"  # the service's log, in its runtime_dir (<catalog>/.service)
 
 
@@ -667,9 +669,27 @@ class Message(Mapping[str, Any]):
             raise ServiceError(f"Stall times must be seconds, got {times!r}.")
         return float(times[0]), float(times[1]), float(times[2])
 
-    def tickets(self) -> list[Any]:
-        """The tickets of the batches a client is done with (``release``)."""
-        return self.fields.get("release") or []
+    def tickets(self) -> list[int]:
+        """The tickets of the batches a client is done with (``release``): at most
+        ``RELEASE_MAX`` whole numbers (a client holds a few batches at a time).
+
+        Raises:
+            ServiceError: anything else, in one line (no traceback in the service's log).
+        """
+        tickets = self.fields.get("release")
+        if tickets is None:
+            return []
+        if (
+            not isinstance(tickets, list)
+            or len(tickets) > RELEASE_MAX
+            or not all(type(t) is int and 0 <= t < 1 << 32 for t in tickets)
+        ):
+            raise ServiceError(
+                f"'release' lists the tickets of batches a client is done with, at most "
+                f"{RELEASE_MAX} whole numbers; got {str(tickets)[:60]}. Is the client another "
+                "tabloader version?"
+            )
+        return tickets
 
 
 def string_value(value: object, key: str) -> str:

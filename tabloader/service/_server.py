@@ -28,8 +28,12 @@ import dataclasses
 import gc
 import itertools
 import logging
+import multiprocessing
+import multiprocessing.util
 import os
+import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -522,11 +526,11 @@ class _Handler(CatalogOps):
             raise ServiceError("the client left")
         return {"ticket": ticket, "epoch": batch.work.epoch, "batch": wire}
 
-    def _release(self, tickets: list[Any]) -> None:
+    def _release(self, tickets: list[int]) -> None:
         arena = self.service.arena
         for t in tickets:
             with self.lock:
-                held = self.out.pop(int(t), None)
+                held = self.out.pop(t, None)
             if held is None:
                 continue
             staging, block, work = held
@@ -606,9 +610,41 @@ def _lost_start(root: Path, exc: ServiceRunningError, starter: str) -> NoReturn:
     raise SystemExit(0)
 
 
+TEMP_DIR = "mp"  # multiprocessing's temporary folder, in the service's runtime directory
+
+
+def keep_temp_private(root: Path) -> Path | None:
+    """Give multiprocessing (the decode processes' forkserver, whose socket is there) a
+    temporary folder in the service's runtime directory instead of a ``pymp-*`` folder in
+    ``$TMPDIR``, and remove the one a service killed before left there.
+
+    A service's decode processes remove its folder when it is killed, but not when they die
+    with it (a kill of its process group, an out-of-memory kill): a ``pymp-*`` folder was left
+    in the temporary folder for good. This one is the service's own and goes at the next
+    start. Process-wide: for a process that is the service alone (``tabloader serve``), with
+    the service's lock held (no live service's folder is removed) and before any decode
+    process starts. Returns the folder; None where multiprocessing has one already (kept).
+    """
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if not isinstance(config, dict) or config.get("tempdir") is not None:
+        return None
+    folder = runtime_dir(root) / TEMP_DIR  # short: its socket fits (``runtime_dir``)
+    shutil.rmtree(folder, ignore_errors=True)  # a killed service's: the lock is ours now
+    folder.mkdir(mode=0o700)
+    config["tempdir"] = str(folder)
+    multiprocessing.util.Finalize(
+        None, shutil.rmtree, args=(str(folder),), kwargs={"ignore_errors": True}, exitpriority=-100
+    )
+    return folder
+
+
 def log_to_file(root: Path) -> Path:
     """Log every logger's INFO and above to the service's log file (appended, with times
     and the pid) as well; handlers there already keep the level they had. Returns the path.
+
+    A service that a client started writes its stderr into that file too: there the handlers
+    that write to stderr are dropped, else each of their records (WARNING and above) would
+    be in the file twice.
     """
     path = runtime_dir(root) / LOG_FILE
     handler = logging.FileHandler(path, encoding="utf-8")
@@ -617,6 +653,10 @@ def log_to_file(root: Path) -> Path:
         logging.Formatter("%(asctime)s pid %(process)d %(levelname)s %(name)s: %(message)s")
     )
     top = logging.getLogger()
+    if _same_file(sys.stderr, path):
+        for other in list(top.handlers):
+            if isinstance(other, logging.StreamHandler) and other.stream is sys.stderr:
+                top.removeHandler(other)
     if top.getEffectiveLevel() > logging.INFO:
         for other in top.handlers:
             if other.level == logging.NOTSET:
@@ -624,6 +664,15 @@ def log_to_file(root: Path) -> Path:
         top.setLevel(logging.INFO)
     top.addHandler(handler)
     return path
+
+
+def _same_file(stream: Any, path: Path) -> bool:
+    """Whether ``stream`` writes to the file at ``path``."""
+    try:
+        mine, theirs = os.fstat(stream.fileno()), os.stat(path)
+    except (OSError, AttributeError, ValueError):  # no descriptor (a test's capture), no file
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 def yield_to_jobs() -> bool:

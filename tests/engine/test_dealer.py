@@ -39,8 +39,8 @@ def job(n: int, *, world_size: int, drop_last: bool = True, prefetch: int = 8) -
         spec=JobSpec({"batch_size": 4, "drop_last": drop_last}),
     )
     state.queue.left = state.queue.first_rows = n
-    for r in state.ranks:
-        r.cond = threading.Condition()
+    for r in range(state.world_size):
+        state.open_rank(r, threading.Lock())
     return state
 
 

@@ -561,7 +561,9 @@ def test_a_waiting_consumer_sleeps_while_other_jobs_batches_land_and_wakes_on_cl
     assert tabloader_threads() == []
 
 
-def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, monkeypatch):
+def test_a_consumer_waiting_for_a_round_wakes_when_its_sampling_fails(images, monkeypatch):
+    """A sampler that fails for every job fails each job (alone, its own error), not the
+    dataset's scheduler; both consumers waiting for rows wake with it."""
     import tabloader.engine._queue.jobs
     from tabloader.sampling._independent import IndependentSampler
 
@@ -589,12 +591,13 @@ def test_a_consumer_waiting_for_a_round_wakes_when_the_scheduler_fails(images, m
         rounds.set()  # the scheduler's next look (it polls) runs a round, which fails
         for t in consumers:
             t.join(30)
-            assert not t.is_alive(), "a consumer still waits after the scheduler failed"
+            assert not t.is_alive(), "a consumer still waits after its sampling failed"
         assert len(outcome) == 2
         for exc in outcome:
             assert isinstance(exc, LoaderError)
-            assert "scheduler of dataset 'imgs' failed" in str(exc)
-            assert "sampler bug" in str(exc)
+            assert "failed in the loader (RuntimeError: sampler bug)" in str(exc)
+        assert sorted(str(exc)[:7] for exc in outcome) == ["Job 'a'", "Job 'b'"]
+        assert group.error is None
     assert tabloader_threads() == []
 
 
@@ -715,6 +718,26 @@ def test_stats_per_job_and_overall(images):
 
 
 def test_a_failing_scheduler_surfaces_in_every_consumer(images, monkeypatch):
+    """What is no one job's (the horizons of all of them) fails the dataset's scheduler:
+    every consumer raises it."""
+    from tabloader.engine._queue.queues import JobQueues
+
+    images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 8)")
+    images.sql("REGISTER JOB b SELECT label FROM imgs")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+
+        def broken(self):
+            raise RuntimeError("scheduler bug")
+
+        monkeypatch.setattr(JobQueues, "_set_horizons", broken)
+        streams = [loader.open(job, batch_size=4) for job in ("a", "b")]
+        for stream in streams:
+            with pytest.raises(LoaderError, match="scheduler of dataset 'imgs' failed.*bug"):
+                stream.next_batch()
+    assert tabloader_threads() == []
+
+
+def test_a_job_whose_sampling_fails_fails_alone(images, monkeypatch):
     images.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 8)")
     with Loader(images, cache_bytes=1 << 20) as loader:
 
@@ -723,8 +746,9 @@ def test_a_failing_scheduler_surfaces_in_every_consumer(images, monkeypatch):
 
         monkeypatch.setattr(DependentSampler, "sample_many", broken)
         stream = loader.open("a", batch_size=4)
-        with pytest.raises(LoaderError, match="scheduler of dataset 'imgs' failed.*sampler bug"):
+        with pytest.raises(LoaderError, match=r"Job 'a' failed in the loader \(Runtime.*bug\)"):
             stream.next_batch()
+        assert loader.scheduler("imgs").error is None
     assert tabloader_threads() == []
 
 

@@ -123,3 +123,80 @@ def test_a_loader_takes_the_request_whole(images):
             assert stream.spec.batch_size == 5
             assert stream.epochs == 1
             assert len(stream.next_batch()["_id"]) == 5
+
+
+# -- a resume state and a rank count are bounded where the request is made ------------------
+@pytest.mark.parametrize(
+    ("epoch", "epochs"),
+    [
+        *[(-5, None), (2**62, None), (10**18, None), (2**70, None), (1e300, None)],
+        *[(True, None), (3.0, None), ("3", None), (2**31, None), (5, 4)],
+    ],
+)
+def test_a_state_whose_epoch_is_no_epoch_is_refused_at_once(epoch, epochs):
+    state = {**STATE, "epoch": epoch}
+    with pytest.raises(LoaderError, match=r"The state's epoch .* is not an epoch from 0 to"):
+        OpenRequest.make("j", state=state, epochs=epochs)
+    with pytest.raises(ServiceError, match=r"malformed open request \(The state's epoch"):
+        OpenRequest.from_wire(
+            wire(state={**STATE, "remaining": "0102", "epoch": epoch}, epochs=epochs)
+        )
+
+
+def test_a_state_at_its_last_epoch_or_without_epochs_is_taken():
+    assert OpenRequest.make("j", state={**STATE, "epoch": 4}, epochs=4).state["epoch"] == 4
+    assert OpenRequest.make("j", state={**STATE, "epoch": 2**31 - 1}).state is not None
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ([1], r"Not a job state: a list"),
+        ({"epoch": 0, "remaining": b""}, r"Not a job state: KeyError\('job'\)"),
+        ({**STATE, "remaining": [1, 2]}, r"'remaining' is a list, not bytes"),
+        ({**STATE, "importance": {"ids": "00"}}, r"'importance' is .*, not scores'"),
+    ],
+)
+def test_a_state_of_another_form_is_refused_naming_the_field(state, message):
+    with pytest.raises(LoaderError, match=message):
+        OpenRequest.make("j", state=state)
+
+
+@pytest.mark.parametrize("world_size", [4097, 10**6, 2**70])
+def test_a_world_size_over_the_most_ranks_is_refused(world_size):
+    with pytest.raises(LoaderError, match=r"world_size <= 4096 \(the most ranks a job has\)"):
+        OpenRequest.make("j", rank=0, world_size=world_size)
+    with pytest.raises(ServiceError, match=r"malformed open request \(.*world_size <= 4096"):
+        OpenRequest.from_wire(wire(world_size=world_size))
+
+
+def test_a_state_or_world_is_checked_against_the_jobs_rows(images):
+    """Sizes a state names are checked against the job's rows before an array is made of
+    them: a bitmap of 2**32 rows, importance scores of 2**20 rows (230 bytes) or of 2**27."""
+    from pyroaring import BitMap
+
+    images.sql("REGISTER JOB j SELECT label FROM imgs WITH (importance = 'loss')")
+    every = BitMap()
+    every.add_range(0, 1 << 32)
+    every.run_optimize()  # a few bytes
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        with loader.open("j", batch_size=4) as stream:
+            stream.next_batch()
+            state = stream.state_dict()
+        forged = {**state, "remaining": every.serialize()}
+        with pytest.raises(LoaderError, match=r"not a non-empty subset of job 'j'"):
+            loader.open("j", state=forged)
+        for rows, message in [
+            (1 << 20, r"it names 1048576 rows, not the job's 60"),
+            (1 << 27, r"its ids take 28932 bytes, more than 60 rows do"),
+        ]:
+            many = BitMap()
+            many.add_range(0, rows)
+            many.run_optimize()
+            forged = {**state, "importance": {**state["importance"], "ids": many.serialize()}}
+            with pytest.raises(LoaderError, match=message):
+                loader.open("j", state=forged)
+        with pytest.raises(LoaderError, match=r"world_size=61: job 'j' has 60 rows, fewer"):
+            loader.open("j", rank=0, world_size=61, drop_last=False)
+        with loader.open("j", state=state) as again:  # the true state still resumes
+            assert again.next_batch() is not None

@@ -4,13 +4,19 @@ process and through the service's wire encoding; a plain job's batches have none
 from __future__ import annotations
 
 import threading
+import zlib
 
 import numpy as np
+import pyarrow as pa
+import pytest
 from pyroaring import BitMap
 
+from tabloader.catalog._errors import LoaderError
 from tabloader.catalog._options import JobSpec
+from tabloader.engine import Loader
 from tabloader.engine._deliver import collate
 from tabloader.engine._deliver.handoff import WEIGHT_COLUMN, HandedBatch, Staging
+from tabloader.engine._opening import state_from_wire, state_to_wire
 from tabloader.engine._prepare.work import Plan
 from tabloader.engine._queue.dealer import Dealer
 from tabloader.engine._queue.jobqueue import JobQueue
@@ -37,8 +43,8 @@ def dealt(name: str, sampler: DependentSampler, n: int) -> tuple[JobState, Deale
         world_size=1,
         spec=JobSpec({"batch_size": 4}),
     )
-    for r in state.ranks:
-        r.cond = threading.Condition()
+    for r in range(state.world_size):
+        state.open_rank(r, threading.Lock())
     q = state.queue
     q.sampler = sampler
     q.left = q.first_rows = n
@@ -94,3 +100,81 @@ def test_a_weighted_job_with_replacement_saves_its_draws_left():
     assert resumed.epoch("w") == 0
     resumed.sample_many(["w"], 1)
     assert resumed.epoch("w") == 1
+
+
+# -- a weighted job resumes with the draws its run would have made -------------------------------
+@pytest.fixture
+def weighted(cat):
+    """A table of 50 rows and a job of each kind of weighted draws on it."""
+    cat.import_arrow("t", pa.table({"x": np.arange(50), "w": np.arange(50) % 5 + 1.0}))
+    for job, options in DRAWS.items():
+        cat.sql(f"REGISTER JOB {job} SELECT x FROM t WITH ({options})")
+    return cat
+
+
+DRAWS = {
+    "imp": "importance = 'loss'",
+    "imp_once": "importance = 'loss', replacement = false",
+    "w": "weight = 'w'",
+    "w_once": "weight = 'w', replacement = false",
+}
+
+
+def _run(cat, job: str, batches: int, *, state=None, save_after: int | None = None):
+    """``batches`` batches of ``job`` in a loader of their own (ids and ``_weight``), the
+    first ``save_after`` reported (losses from the ids) and the state after them."""
+    out, saved = [], None
+    with (
+        Loader(cat, cache_bytes=1 << 20, workers=2) as loader,
+        loader.open(job, batch_size=4, state=state) as stream,
+    ):
+        for i in range(batches):
+            batch = stream.next_batch()
+            out.append((batch["_id"].tolist(), batch["_weight"].tolist()))
+            if save_after is not None and i < save_after and job.startswith("imp"):
+                stream.report(batch["_id"], batch["_id"] % 7 + 0.5)
+            if i + 1 == save_after:  # as it travels to the service and back
+                saved = state_from_wire(state_to_wire(stream.state_dict()))
+    return out, saved
+
+
+@pytest.mark.parametrize("job", list(DRAWS))
+@pytest.mark.parametrize("after", [5, 13, 20])  # mid-epoch 0, the first of epoch 1, mid-epoch 1
+def test_a_weighted_job_resumes_with_the_draws_its_run_would_have_made(weighted, job, after):
+    """Run ``after`` batches (an importance job reporting each), save, go on; a new loader
+    that opens the job from that state gets the same rows and ``_weight``s, across the next
+    epoch (it drew the rest of its epoch afresh: other rows). Reports after the save would
+    change the scores of the next epoch by when each run's sampler freezes them; none here."""
+    run, saved = _run(weighted, job, after + 16, save_after=after)
+    assert saved is not None
+    assert "draws" in saved
+    resumed, _ = _run(weighted, job, 16, state=saved)
+    assert resumed == run[after:]
+
+
+def test_draws_in_a_state_that_no_run_made_are_refused(weighted):
+    _, saved = _run(weighted, "imp", 6, save_after=5)
+    draws = saved["draws"]
+    ids = np.frombuffer(draws["rows"], np.uint32)
+    forged = {
+        r"the draws' stream is": {**draws, "round": -1},
+        r"the draws' epochs .* and their rows disagree": {**draws, "epochs": [[3, ids.size]]},
+        r"the draws are not rows of job 'imp'": {**draws, "rows": (ids + 1000).tobytes()},
+        r"the draws' frozen ranks are not 50 ranks": {
+            **draws,
+            "frozen": [[0, zlib.compress(bytes(4 * (1 << 20)))]],
+        },
+    }
+    with Loader(weighted, cache_bytes=1 << 20, workers=2) as loader:
+        for message, bad in forged.items():
+            with pytest.raises(LoaderError, match=message):
+                loader.open("imp", state={**saved, "draws": bad})
+
+
+def test_an_importance_job_of_images_resumes_with_its_draws(images):
+    """A job that prepares images draws in the dependent sampler, whose weighted jobs share
+    one stream of uniforms: alone there, it resumes with the same draws too."""
+    images.sql("REGISTER JOB imp SELECT image FROM imgs WITH (image_size = 8, importance = 'loss')")
+    run, saved = _run(images, "imp", 24, save_after=9)
+    resumed, _ = _run(images, "imp", 15, state=saved)
+    assert resumed == run[9:]

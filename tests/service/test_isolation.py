@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tabloader import catalog
+from tabloader.catalog._errors import LoaderError
 from tabloader.engine import Loader
 from tabloader.engine._arena.arena import CacheOvershootWarning
 from tabloader.engine.decode import decode_image
@@ -203,3 +204,59 @@ def test_numeric_list_and_string_columns_are_copies(tmp_path):
             rows += len(bb["_id"])
     assert rows == 2 * n
     cat.close()
+
+
+# -- a job's own failure is its own ----------------------------------------------------------
+def _break(where: str, loader: Loader, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make job 'att''s ``where`` (its sampling, queueing or dealing) raise."""
+    from tabloader.engine._queue.dealer import Dealer
+
+    queues = loader.scheduler("imgs").queues
+
+    def boom(asked: bool) -> None:
+        if asked:
+            raise RuntimeError("boom")
+
+    if where == "sampling":  # labels only: the gathering jobs' sampler
+        sample_many = queues.gather_sampler.sample_many
+        monkeypatch.setattr(
+            queues.gather_sampler,
+            "sample_many",
+            lambda names, n: boom("att" in names) or sample_many(names, n),
+        )
+    elif where == "queueing":
+        queue = queues._queue
+        monkeypatch.setattr(
+            queues,
+            "_queue",
+            lambda q, *a: boom(q is getattr(queues.jobs.get("att"), "queue", None)) or queue(q, *a),
+        )
+    else:
+        deal = Dealer.deal
+        monkeypatch.setattr(Dealer, "deal", lambda d: boom(d.job.name == "att") or deal(d))
+
+
+@pytest.mark.parametrize("where", ["sampling", "queueing", "dealing"])
+def test_an_error_in_one_jobs_scheduling_fails_that_job_alone(images, monkeypatch, where):
+    """The dataset's scheduler, its sampler and every other job go on; the job's every
+    call raises the one reason (not 'the scheduler failed'), and it opens again."""
+    images.sql("REGISTER JOB obs SELECT label FROM imgs")
+    images.sql("REGISTER JOB att SELECT label FROM imgs")
+    n = images.job("obs").num_rows
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        obs = loader.open("obs", batch_size=7, epochs=3)
+        seen = list(obs.next_batch()["_id"])
+        _break(where, loader, monkeypatch)
+        att = loader.open("att", batch_size=7)
+        failed = r"Job 'att' failed in the loader \(RuntimeError: boom\); the other jobs of"
+        for _ in range(2):  # each call: the reason, in one line
+            with pytest.raises(LoaderError, match=failed):
+                att.next_batch()
+        seen += [i for batch in obs for i in batch["_id"]]  # its three epochs, whole
+        for epoch in range(3):
+            assert sorted(seen[n * epoch : n * (epoch + 1)]) == list(range(n))
+        att.close()
+        monkeypatch.undo()
+        with loader.open("att", batch_size=7, epochs=1) as again:
+            assert sorted(i for batch in again for i in batch["_id"]) == list(range(n))
+        assert loader.scheduler("imgs").error is None

@@ -72,6 +72,22 @@ def test_a_job_dataset_whose_other_rank_never_opens_raises(images):
         assert "j" not in loader.stats()["jobs"]
 
 
+def test_a_world_that_never_comes_costs_nothing(images):
+    """Rank 0 of 60 opens alone: the other ranks have no state, nothing is sampled or dealt
+    (a batch for each pending rank was prepared before), and the message names a few."""
+    images.sql("REGISTER JOB j SELECT label FROM imgs WITH (drop_last = false)")
+    with Loader(images, cache_bytes=1 << 20) as loader:
+        r0 = loader.open("j", batch_size=1, rank=0, world_size=60, rank_timeout=1)
+        job = loader.scheduler("imgs").jobs["j"]
+        assert list(job.ranks) == [0]
+        with pytest.raises(LoaderError, match=r"ranks 1, 2, 3, 4, 5, 6, 7, 8 and 51 more, which"):
+            r0.next_batch()
+        assert job.queue.q_rows.size == 0
+        assert not job.ranks[0].batches
+        assert loader.stats()["jobs"]["j"]["ranks"][0]["loaded"] == 0
+        r0.close()
+
+
 def test_the_timeout_counts_from_the_wait_not_from_the_open(images):
     """Rank 0 opens, waits longer than rank_timeout before it reads, then reads: it waits for
     rank 1, which opens half a second into that wait; both read their epoch."""

@@ -501,7 +501,9 @@ def test_a_killed_service_leaves_nothing_behind_and_fails_its_clients(cat_dir, s
         assert len(helpers) >= 3  # a forkserver and its two decode processes
         named = named_shm_of(service.pid, *helpers, os.getpid())
         assert not named  # neither the arena nor the pool's locks have a name
-        assert list(tmp.iterdir())  # multiprocessing's folder (the forkserver's socket)
+        private = runtime_dir(cat_dir) / "mp"  # multiprocessing's folder (the forkserver's
+        assert list(private.iterdir())  # socket): the service's own, not in $TMPDIR
+        assert not list(tmp.iterdir())
         service.kill()
         service.wait(TIMEOUT)
     finally:
@@ -513,6 +515,7 @@ def test_a_killed_service_leaves_nothing_behind_and_fails_its_clients(cat_dir, s
     stream.close()
     wait_for(lambda: not any(_alive(p) for p in helpers), "the decode processes to exit")
     assert not list(tmp.iterdir())
+    assert not private.exists()  # the decode processes removed it as they exited
     fresh = start_service(cat_dir)
     try:
         # The old connection maps the dead service's memory: it must not read the new one's

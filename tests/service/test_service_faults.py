@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tabloader.catalog._errors import LoaderError
-from tabloader.engine._arena.shm import shm_available
+from tabloader.catalog._errors import LoaderError, ServiceError
+from tabloader.engine._arena.shm import process_alive, shm_available
 from tabloader.service._client import RemoteLoader
+from tabloader.service._protocol import LOG_FILE, Client, runtime_dir, socket_path
+from tests.support.attacks import (
+    ATTACKS,
+    RSS_LIMIT_MIB,
+    STALL_S,
+    Observer,
+    RssWatch,
+    Target,
+    make_catalog,
+    run_attack,
+)
 from tests.support.polling import wait_for
-from tests.support.service import TIMEOUT, rows_of
+from tests.support.service import TIMEOUT, descendants, rows_of, start_service
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
 
@@ -189,3 +203,102 @@ def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
         wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
     finally:
         remote.close()
+
+
+# -- what a client sends, the service's log and its temporary files -------------------------
+@pytest.mark.parametrize("tickets", ["x", {}, [1.5], ["7"], [True], [-1], list(range(257)), 0])
+def test_release_tickets_of_another_type_are_one_clean_error(service, cat_dir, tickets):  # noqa: F811
+    """Each is a one-line error to that client; the service logs no traceback (it logged
+    one per request) and goes on."""
+    log = runtime_dir(cat_dir) / LOG_FILE
+    before = log.stat().st_size
+    raw = Client(cat_dir)
+    try:
+        for op in ("release", "next"):
+            with pytest.raises(ServiceError, match=r"'release' lists the tickets of batches"):
+                raw.call(op, release=tickets)
+    finally:
+        raw.close()
+    with RemoteLoader(cat_dir, start=False) as remote, remote.open("c0", epochs=1) as stream:
+        assert sorted(i for b in stream for i in b["_id"].tolist()) == rows_of(remote, "label < 2")
+    with open(log, "rb") as written:
+        written.seek(before)
+        assert b"Traceback" not in written.read()
+
+
+def test_a_service_started_in_the_background_logs_each_line_once(cat_dir, monkeypatch):  # noqa: F811
+    """Its stderr goes to its log file too: a WARNING was written there twice."""
+    monkeypatch.setenv("TABLOADER_IDLE_EXIT", "1")
+    remote = RemoteLoader(cat_dir)  # starts it
+    pid = remote.service_pid
+    try:
+        with socket.socket(socket.AF_UNIX) as raw:  # a client that never authenticates
+            raw.connect(str(socket_path(cat_dir)))
+        log = runtime_dir(cat_dir) / LOG_FILE
+        wait_for(lambda: b"failed to authenticate" in log.read_bytes(), "the warning")
+        assert remote.alive()
+    finally:
+        remote.close()
+    wait_for(lambda: not process_alive(pid), "the idle service to stop")
+    lines = log.read_text().splitlines()
+    assert len([line for line in lines if "failed to authenticate" in line]) == 1
+
+
+def test_a_service_killed_with_its_processes_leaves_no_temporary_folder(cat_dir, short_tmp):  # noqa: F811
+    """Killed with its process group (its decode processes, which remove multiprocessing's
+    folder when only the service dies, die too): nothing is left in $TMPDIR, and the next
+    service removes what the killed one left in its own runtime directory."""
+    tmp = short_tmp / "tmp"
+    tmp.mkdir()
+    proc = start_service(cat_dir, new_session=True, env={"TMPDIR": str(tmp)})
+    helpers = descendants(proc.pid)
+    assert helpers  # the forkserver and the decode processes: ready
+    private = runtime_dir(cat_dir) / "mp"
+    sockets = {p.name for p in private.iterdir()}
+    assert sockets  # the forkserver's socket is there
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(TIMEOUT)
+    wait_for(lambda: not any(map(process_alive, helpers)), "the service's processes to die")
+    assert not list(tmp.iterdir())
+    again = start_service(cat_dir, env={"TMPDIR": str(tmp)})
+    try:
+        assert not sockets & {p.name for p in private.iterdir()}  # the killed one's is gone
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(TIMEOUT) == 0
+    assert not private.exists()
+    assert not list(tmp.iterdir())
+
+
+# -- one job can never hurt another: an observer beside each attack ---------------------------
+@pytest.fixture(scope="module")
+def beside(tmp_path_factory):
+    """A service of a small table, and an observer job reading it for the module's attacks."""
+    root = tmp_path_factory.mktemp("isolation") / "cat"
+    make_catalog(root)
+    proc = start_service(root)
+    try:
+        with Observer(root) as observer, RssWatch(proc.pid) as watch:
+            yield Target(root), observer, watch
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_an_attack_fails_the_attacker_alone_and_the_observer_reads_on(beside, name):
+    """Each attack on the dataset, as another program would send it: the attacker gets one
+    clean error (no traceback logged), the observer's epochs stay exactly once and it never
+    waits more than a second for a batch (a stall bound, checked as a property), the service
+    stays under 1 GiB, and the attacker's job opens again."""
+    target, observer, watch = beside
+    out = run_attack(target, observer, watch, name)
+    assert out["error"] is not None, f"{name}: not refused"
+    assert out["refused"], f"{name}: {out['error']}"
+    assert not out["traceback_logged"]
+    assert not out["observer_errors"]
+    assert out["epochs"] >= 2
+    assert out["exact"]
+    assert out["stall_s"] <= STALL_S
+    assert out["peak_rss_mib"] < RSS_LIMIT_MIB
+    assert out["reopened"]

@@ -63,6 +63,9 @@ WEIGHT_COLUMN = "_weight"
 """A weighted job's batch column after ``_id``: float32 ``1 / (N p_row)`` per row (a plain
 job's batches have none); it travels as any held column does."""
 ALIGN = 64  # bytes: where each staged piece starts
+MAX_DIMS = 8  # a value's dimensions at most (a layout from the wire)
+MAX_ITEMSIZE = 64  # bytes of one element at most (complex256 and datetimes included)
+MAX_SIDE = 1 << 24  # an image's height or width at most (its bytes then fit an int64)
 
 Memory = npt.NDArray[np.uint8]
 
@@ -165,8 +168,17 @@ class HandedBatch:
 
     def copy_out(self, memory: Memory, into: BatchMemory) -> dict[str, Any]:
         """The job's batch: each column's values copied out of ``memory`` (image batches into
-        arrays from ``into``)."""
-        return {col.name: col.copy_out(memory, into) for col in self.columns}
+        arrays from ``into``).
+
+        Raises:
+            ServiceError: a column (of a batch from the wire) has another length than the
+                batch's rows.
+        """
+        out = {col.name: col.copy_out(memory, into) for col in self.columns}
+        for name, values in out.items():
+            if len(values) != self.rows:
+                raise _malformed(f"column {name!r} has {len(values)} rows, not {self.rows}")
+        return out
 
     def images(self) -> tuple[int, int, int]:
         """Images, their bytes and the bytes staged of them (the arena had no room) in the
@@ -206,13 +218,24 @@ class HandedBatch:
         read: list[Column] = []
         for col in columns:
             kind = col.get("kind") if isinstance(col, Mapping) else None
-            if kind not in _KINDS or not isinstance(col.get("name"), str):
+            if (
+                not isinstance(kind, str)
+                or kind not in _KINDS
+                or not isinstance(col.get("name"), str)
+            ):
                 raise _malformed(f"a column {str(col)[:80]}")
             read.append(_KINDS[kind](_Wire(col, base, memory.size), memory))
         first = read[0]
         if not isinstance(first, Raw) or first.name != ID_COLUMN or len(first.shape) != 1:
             raise _malformed(f"its first column is not the {ID_COLUMN} array")
-        return cls(read, first.shape[0])
+        rows = first.shape[0]
+        for col in read:  # (an Arrow column's are counted as it is read: ``copy_out``)
+            n = len(col.starts) if isinstance(col, _Prepared) else rows
+            if isinstance(col, Raw):
+                n = col.shape[0] if col.shape else -1
+            if n != rows:
+                raise _malformed(f"column {col.name!r} has {n} rows, not {rows}")
+        return cls(read, rows)
 
 
 def _malformed(what: str) -> ServiceError:
@@ -237,19 +260,31 @@ class _Wire:
         return value
 
     def shape(self) -> tuple[int, ...]:
+        """A value's shape: at most ``MAX_DIMS`` sizes whose product, its sizes 0 taken as 1,
+        is at most the memory's bytes (a shape of no bytes, with a size 0, makes no array
+        numpy refuses either)."""
         shape = self.col.get("shape")
-        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(type(n) is int and n >= 0 for n in shape)
+            or math.prod(max(n, 1) for n in shape) > self.size
+        ):
             raise _malformed(f"column {self.col['name']!r}'s shape is {str(shape)[:40]}")
         return tuple(shape)
 
     def dtype(self) -> np.dtype[Any]:
+        """A plain dtype of some bytes a value: no objects, no fields or sub-arrays, not of
+        size 0 (a shape of any size would fit in no bytes)."""
         text = self.col.get("dtype")
         try:
-            dtype = np.dtype(text) if isinstance(text, str) else None
-        except TypeError:
+            dtype = np.dtype(text) if isinstance(text, str) and len(text) <= 16 else None
+        except Exception:  # numpy raises TypeError, ValueError, SyntaxError... for text
             dtype = None
-        if dtype is None or dtype.hasobject:
+        if dtype is None or dtype.kind not in "biufcmMSV" or dtype.fields or dtype.shape:
             raise _malformed(f"column {self.col['name']!r}'s dtype is {str(text)[:20]}")
+        if not 0 < dtype.itemsize <= MAX_ITEMSIZE:
+            raise _malformed(f"column {self.col['name']!r}'s dtype {text} has {dtype.itemsize} B")
         return dtype
 
     def span(self, key: str, nbytes: int) -> int:
@@ -271,8 +306,11 @@ class _Wire:
         return np.frombuffer(memory, np.int64, n * width, start).reshape(n, width).copy()
 
     def starts(self, starts: npt.NDArray[np.int64], nbytes: npt.NDArray[Any] | int) -> None:
-        """Check that each value, ``nbytes`` from its start, lies in memory."""
-        if starts.size and ((starts < 0) | (starts + nbytes > self.size)).any():
+        """Check that each value, ``nbytes`` from its start, lies in memory (a start of -1: a
+        value the client has, never one from the wire)."""
+        if isinstance(nbytes, int) and nbytes > self.size:
+            raise _malformed(f"column {self.col['name']!r} has values of {nbytes} bytes")
+        if starts.size and ((starts < 0) | (starts > self.size - nbytes)).any():
             raise _malformed(f"column {self.col['name']!r} has values outside shared memory")
 
 
@@ -348,12 +386,13 @@ class Arrow:
         from tabloader.engine._prepare.prep import batch_column, decoder_for
 
         data = pa.py_buffer(memory[self.offset : self.offset + self.size])
-        try:
+        try:  # every offset and string checked before a value is read (else a crash)
             table = pa.ipc.open_stream(data).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:  # OSError: pyarrow's for a bad message
+            table.validate(full=True)
+            values = table.column(0).combine_chunks()
+            return batch_column(values, decoder_for(table.schema.field(0)))
+        except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as exc:
             raise _malformed(f"column {self.name!r} is no Arrow stream: {exc}") from None
-        values = table.column(0).combine_chunks()
-        return batch_column(values, decoder_for(table.schema.field(0)))
 
     def to_wire(self, staging: Staging) -> ColumnWire:
         return {"name": self.name, "kind": self.kind, "offset": self.offset, "size": self.size}
@@ -491,8 +530,9 @@ class ImageList(_Prepared):
     @classmethod
     def read(cls, wire: _Wire, memory: Memory) -> ImageList:
         index = wire.index(memory, 4)
-        if (index[:, 1:] < 0).any():
-            raise _malformed(f"column {wire.col['name']!r} has negative image shapes")
+        sides, channels = index[:, 1:3], index[:, 3]
+        if ((sides < 0) | (sides > MAX_SIDE)).any() or ((channels < 0) | (channels > 4)).any():
+            raise _malformed(f"column {wire.col['name']!r} has image shapes out of range")
         wire.starts(index[:, 0], _sizes(index[:, 1:]))
         return cls(wire.col["name"], index[:, 0], index[:, 1:], {}, wire.number("staged_bytes"))
 

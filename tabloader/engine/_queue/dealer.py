@@ -31,7 +31,12 @@ from tabloader.engine._prepare.work import Work
 from tabloader.engine._queue.jobqueue import NO_ROWS
 from tabloader.engine._queue.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
 
-__all__ = ["Dealer"]
+__all__ = ["DRAWN_MAX", "Dealer"]
+
+DRAWN_MAX = 1 << 20
+"""The most rows drawn ahead that a weighted job's state carries (4 bytes each, in hex in a
+message of the service); a job that drew more ahead resumes with draws of its own (of the
+same distribution), not the run's."""
 
 
 class Dealer:
@@ -57,7 +62,7 @@ class Dealer:
         self._submit = submit
         self.resumed = resumed  # the state it was opened from (ranks joining compare)
         # the next batch cut is batch ``cut`` (from 0) of epoch ``cut_epoch``
-        self.cut_epoch = job.queue.epoch if not job.fed else 0
+        self.cut_epoch = job.queue.first_epoch
         self.cut = 0
         # batches cut and not yet behind every rank: (epoch, index, rows), for ``state``;
         # an epoch's dropped remainder is logged with index ``batches_per_epoch``, a padded
@@ -113,6 +118,8 @@ class Dealer:
         """Cut the job's next batches from its queue, deal them to its ranks in turn and start
         preparing them (``prefetch`` per rank; the rank whose turn it is must have room)."""
         job, q = self.job, self.job.queue
+        if not job.all_joined():  # nothing is dealt to a world that has not come
+            return
         while q.q_rows.size or self.owes_padding():
             if self.owes_padding():  # the epoch's rows are all cut, its last batches not
                 epoch, same, complete = self.cut_epoch, 0, True
@@ -179,7 +186,9 @@ class Dealer:
         ``MAX_UNDELIVERED`` turns (a batch each, and an epoch's dropped rows): a ``state_dict``
         may be that many steps back (``RankState.position``)."""
         job = self.job
-        marks = [(r.next_epoch(), r.taken * job.world_size) for r in job.ranks if not r.closed]
+        marks = [
+            (r.next_epoch(), r.taken * job.world_size) for r in job.ranks.values() if not r.closed
+        ]
         if not marks:
             self.log.clear()
             return
@@ -198,23 +207,58 @@ class Dealer:
 
         A weighted job with replacement has draws left, not rows: its state is that many rows
         (its first ids: which ones does not matter, a job resumed with ``remaining`` draws
-        ``len(remaining)`` more in that epoch)."""
+        ``len(remaining)`` more in that epoch). A weighted job's state also has its
+        ``draws`` (``_drawn``): a resume makes the same draws the run would have."""
         job, q = self.job, self.job.queue
         epoch, taken = rank.position(back)
         behind = taken * job.world_size  # batches of the epoch every rank has had
         parts = [rows for e, k, rows in self.log if e == epoch and k >= behind]
         parts.append(q.q_rows[q.q_epochs == epoch])
+        state: dict[str, Any] = {"job": job.name, "epoch": epoch}
         if self._draws():
             left = sum(p.size for p in parts) + (q.left if epoch == q.epoch else 0)
             left = len(job.ids) if epoch > q.epoch else left
             ids = bitmap_to_array(job.ids)[:left].astype(np.uint32)
-            return {"job": job.name, "epoch": epoch, "remaining": BitMap(ids).serialize()}
-        rows = BitMap(np.concatenate(parts).astype(np.uint32))
-        if epoch == q.epoch and q.left > 0:
-            rows |= q.remaining(job.name)
-        elif epoch > q.epoch:  # nothing of that epoch handed out yet
-            rows = BitMap(job.ids)
-        return {"job": job.name, "epoch": epoch, "remaining": rows.serialize()}
+            state["remaining"] = BitMap(ids).serialize()
+        else:
+            rows = BitMap(np.concatenate(parts).astype(np.uint32))
+            if epoch == q.epoch and q.left > 0:
+                rows |= q.remaining(job.name)
+            elif epoch > q.epoch:  # nothing of that epoch handed out yet
+                rows = BitMap(job.ids)
+            state["remaining"] = rows.serialize()
+        drawn = self._drawn(epoch, behind)
+        if drawn is not None:
+            state["draws"] = drawn
+        return state
+
+    def _drawn(self, epoch: int, behind: int) -> dict[str, Any] | None:
+        """A weighted job's draws at the step (batch ``behind`` of ``epoch``): the rows drawn
+        after it already (cut since, or queued), by epoch, and where its sampler's stream
+        stands (``Sampler.drawn``): a resume replays the one and draws on from the other.
+        None for a plain job, or one that drew more ahead than a state carries."""
+        q = self.job.queue
+        drawn = getattr(q.sampler, "drawn", None)
+        point = None if drawn is None else drawn(self.job.name, epoch)
+        if point is None:
+            return None
+        pieces = [(e, rows) for e, k, rows in self.log if (e, k) >= (epoch, behind)]
+        cuts = np.flatnonzero(np.diff(q.q_epochs)) + 1
+        pieces += [
+            (int(e[0]), r)
+            for e, r in zip(np.split(q.q_epochs, cuts), np.split(q.q_rows, cuts), strict=True)
+            if r.size
+        ]
+        if sum(r.size for _, r in pieces) > DRAWN_MAX:
+            return None
+        epochs: list[list[int]] = []
+        for e, rows in pieces:
+            if epochs and epochs[-1][0] == e:
+                epochs[-1][1] += int(rows.size)
+            elif rows.size:
+                epochs.append([e, int(rows.size)])
+        rows = np.concatenate([NO_ROWS, *(r for _, r in pieces)]).astype(np.uint32)
+        return {**point, "rows": rows.tobytes(), "epochs": epochs}
 
     def _draws(self) -> bool:
         """Whether the job's epochs are counts of draws (a weighted job with replacement)."""

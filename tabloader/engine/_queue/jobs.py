@@ -7,8 +7,9 @@
   :class:`~tabloader.engine._queue.dealer.Dealer` cuts the batches and deals them to the ranks.
 * **Ranks.** A data-parallel job has ``world_size`` ranks (:class:`RankState`) sharing its
   queue, a plain job one. Each has its own batches in preparation, its position (``epoch``,
-  ``taken``: batches taken of that epoch) and counters; it is pending until its stream opens,
-  then open, then closed.
+  ``taken``: batches taken of that epoch) and counters; it is pending until its stream opens
+  (it has no state yet, and the job samples and deals nothing until every rank has opened:
+  a ``world_size`` whose ranks never come costs nothing), then open, then closed.
 * **Epochs.** Each rank gets ``batches_per_rank(epoch)`` batches of an epoch: every row,
   the last batch maybe short, with one rank; with several, each rank gets
   :func:`~tabloader.engine._queue.ranks.rank_share` rows of an epoch in full batches and the rest is
@@ -53,6 +54,7 @@ from tabloader.engine.decode import Fit
 
 if TYPE_CHECKING:
     from tabloader.sampling._importance import ImportanceScores
+    from tabloader.sampling._states import Drawn
 
 __all__ = [
     "MAX_UNDELIVERED",
@@ -135,7 +137,10 @@ class JobState:
     id_array: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     remote: bool = False  # batches are handed over pinned (the loader service's clients)
     closed: bool = False
-    ranks: list[RankState] = field(init=False)
+    # the ranks that have opened (and maybe left since), by number: made as each opens, so
+    # a job's world costs nothing before its ranks come (``open_rank``)
+    ranks: dict[int, RankState] = field(init=False)
+    pending: int = field(init=False)  # ranks not opened yet
     num_ids: int = field(init=False)
     fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
     rank_rows: int = 0  # fed: rows of each epoch
@@ -144,22 +149,42 @@ class JobState:
     weights: npt.NDArray[np.float64] | None = None
     # an importance job resumed from a state: the scores it had (its sampler draws from them)
     scores: ImportanceScores | None = None
+    # a weighted job resumed from a state: the draws its run had made (``Dealer._drawn``)
+    drawn: Drawn | None = None
     gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
     # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
     gone_from: int | None = None
+    # why the job failed in the loader (its own sampling, queueing or dealing raised): every
+    # rank raises it; the other jobs of the dataset go on (``DatasetScheduler.fail_job``)
+    failed: str | None = None
     pace: Pace = field(default_factory=Pace)
 
     def __post_init__(self) -> None:
         self.num_ids = len(self.ids)
-        self.ranks = [RankState(self, r) for r in range(self.world_size)]
+        self.ranks = {}
+        self.pending = self.world_size
+
+    def open_rank(self, rank: int, lock: threading.RLock | threading.Lock) -> RankState:
+        """Rank ``rank`` opens (its consumer waits on a condition of ``lock``, the
+        scheduler's); its state is made now."""
+        opened = self.ranks[rank] = RankState(self, rank, opened=True)
+        opened.cond = threading.Condition(lock)
+        opened.epoch = self.queue.first_epoch
+        self.pending -= 1
+        return opened
 
     def in_flight(self) -> int:
-        return sum(w.rows.size for r in self.ranks for w in r.batches)
+        return sum(w.rows.size for r in self.ranks.values() for w in r.batches)
 
     def all_joined(self) -> bool:
-        """True once every rank has opened (or left): before, no rank gets a batch, so a rank
-        that finishes early never leaves the job before the others have joined it."""
-        return all(r.opened or r.closed for r in self.ranks)
+        """True once every rank has opened (or left): before, the job samples nothing and no
+        rank gets a batch (a world that never comes costs nothing), and a rank that finishes
+        early never leaves the job before the others have joined it."""
+        return self.pending == 0
+
+    def missing(self) -> list[int]:
+        """The ranks that have not opened yet."""
+        return [r for r in range(self.world_size) if r not in self.ranks]
 
     def batches_per_rank(self, epoch: int) -> int:
         """Batches each rank gets in ``epoch`` (the last may be short with a single rank, or
@@ -188,8 +213,9 @@ class JobState:
     def hungry(self) -> bool:
         """True if the job has fewer rows ahead than ``prefetch`` batches per rank, or a job
         whose lookahead follows the cache has an eighth of it (and a batch) to refill: it
-        starts a round (its next uses stay known as it consumes)."""
-        if self.fed:
+        starts a round (its next uses stay known as it consumes). Never before every rank
+        has opened."""
+        if self.fed or not self.all_joined():
             return False
         room = self.room()
         if room <= 0:
@@ -218,9 +244,9 @@ class JobState:
         """The arena spaces of the job's prepared columns."""
         return [space for _, space in self.plan.prepared]
 
-    def joining(self, asked: JobState, rank: int) -> RankState:
-        """The rank ``rank`` of this open job, which ``asked`` (the options it is opened with)
-        may join (its state is the dealer's to check: ``Dealer.check_state``).
+    def joining(self, asked: JobState, rank: int) -> None:
+        """Check that rank ``rank`` of this open job may open with ``asked`` (the options it is
+        opened with; its state is the dealer's to check: ``Dealer.check_state``).
 
         Raises:
             LoaderError: the job is open as a plain job, or that rank is open or left, or it
@@ -244,13 +270,13 @@ class JobState:
                 f", and this open asks for world_size={asked.world_size}: every rank of a job "
                 "must pass the same world_size (or close the job's streams first)."
             )
-        joined = self.ranks[rank]
-        if joined.is_open():
+        joined = self.ranks.get(rank)
+        if joined is not None and joined.is_open():
             raise LoaderError(
                 f"Rank {rank} of job {name!r} is open already in this loader: each rank opens "
                 "the job once (close that stream first, or pass another rank)."
             )
-        if joined.closed:
+        if joined is not None:
             raise LoaderError(
                 f"Rank {rank} of job {name!r} left while its other ranks go on; a rank cannot "
                 "rejoin mid-run: close every rank, then open them all again (with the same "
@@ -266,11 +292,11 @@ class JobState:
                 f"open already: {what or 'the job rows changed (re-registered?)'}; every rank "
                 "must open the job the same way."
             )
-        return joined
 
     def stats(self) -> dict[str, Any]:
-        """The job's counters: its rank's, or the sum over its ranks (and each under ``ranks``)."""
-        per_rank = [r.stats() for r in self.ranks]
+        """The job's counters: its rank's, or the sum over its ranks opened (and each under
+        ``ranks``)."""
+        per_rank = [self.ranks[r].stats() for r in sorted(self.ranks)]
         if self.world_size == 1:
             return per_rank[0]
         total = {
@@ -290,7 +316,7 @@ class JobState:
                 "rows_per_s",
             )
         }
-        going = [r for r in self.ranks if not r.closed] or self.ranks
+        going = [r for r in self.ranks.values() if not r.closed] or list(self.ranks.values())
         busy = total["wait_s"] + total["compute_s"]
         return {
             "job": self.name,
@@ -306,9 +332,9 @@ class JobState:
 class RankState:
     """One rank of a job (a plain job has one): its consumer's batches and counters.
 
-    Its position is (``epoch``, ``taken``): batches taken of that epoch. A rank is *pending*
-    until its stream opens (batches are dealt to it all the same: the others wait for it),
-    then open, then closed.
+    Its position is (``epoch``, ``taken``): batches taken of that epoch. A rank is made as its
+    stream opens (``JobState.open_rank``: before, it is *pending* and the others wait for it),
+    then closed.
     """
 
     job: JobState = field(repr=False)

@@ -149,7 +149,7 @@ class JobQueues:
         if remaining is None:
             sampler.add_job(job.name, job.ids, job.spec, weights=job.weights)
             remaining = job.ids
-        else:  # an importance job resumes with its scores (``JobState.scores``)
+        else:  # an importance job resumes with its scores, a weighted one with its draws
             sampler.add_job(
                 job.name,
                 job.ids,
@@ -158,6 +158,7 @@ class JobQueues:
                 epoch=epoch,
                 weights=job.weights,
                 scores=job.scores,
+                drawn=job.drawn,
             )
             q.epoch = epoch
         q.left = q.first_rows = len(remaining)
@@ -165,8 +166,26 @@ class JobQueues:
         q.repeats = draws_with_replacement(job.spec)
         if not q.repeats:
             self.future.count(q, bitmap_to_array(remaining), +1)
+        if job.drawn is not None:
+            self._replay(job)
         self._rebase(job)
         self.jobs[job.name] = job
+
+    def _replay(self, job: JobState) -> None:
+        """Queue the rows a resumed weighted job's run had drawn already (``JobState.drawn``:
+        its sampler took them as drawn), epoch by epoch, as its rounds would have."""
+        assert job.drawn is not None
+        q = job.queue
+        for epoch, rows in job.drawn.segments:
+            if epoch != q.epoch:  # the next epoch: as ``_sample_group`` starts one
+                q.epoch, q.left = epoch, len(job.ids)
+                if not q.repeats:
+                    self.future.count(q, job.id_array, +1)
+            q.left -= int(rows.size)
+            base, self.round = self.round, self.round + int(rows.size)
+            if q.repeats:
+                self.future.count(q, rows, +1, repeats=True)
+            self._queue(q, rows, np.arange(base, self.round, dtype=np.int64))
 
     def open_fed(self, job: JobState) -> None:
         """Register the fed ``job``: no sampler, nothing received of epoch 0 yet (``feed``)."""
@@ -180,11 +199,14 @@ class JobQueues:
         if self.jobs.get(job.name) is job:
             del self.jobs[job.name]
         q = job.queue
-        self.future.unqueued(q, q.clear(), self._queues())
-        if q.sampler is not None:  # a fed job has none here
-            if q.left and not q.repeats:  # the rows of this epoch the sampler still had for it
+        try:
+            self.future.unqueued(q, q.clear(), self._queues())
+            if q.sampler is not None and q.left and not q.repeats:
+                # the rows of this epoch the sampler still had for it
                 self.future.count(q, bitmap_to_array(q.remaining(job.name)), -1)
-            q.sampler.remove_job(job.name)
+        finally:  # whatever failed (a job failing leaves too), the sampler forgets it
+            if q.sampler is not None:  # a fed job has none here
+                q.sampler.remove_job(job.name)
 
     # -- filling the queues ------------------------------------------------------------------------
     def feed(self, job: JobState, fed: FedRows) -> None:
@@ -218,7 +240,7 @@ class JobQueues:
         self.future.count(q, rows, +1, repeats=q.repeats)
         self._queue(q, rows, fed.rounds, weights)
 
-    def sample(self) -> None:
+    def sample(self) -> list[tuple[JobState, Exception]]:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
 
         A job exactly at its horizon takes part too (its queue may pass the horizon by one
@@ -226,32 +248,62 @@ class JobQueues:
         same instant, and a job that missed a call holds rows the others do not, which splits
         their shared region and sends the dependent sampler's later rounds one by one instead
         of vectorized.
+
+        Returns the jobs whose own part failed, each with its error (the caller fails them);
+        the others have their rows.
         """
         self._set_horizons()
         want = [
-            j for j in self.jobs.values() if not j.fed and not j.done_sampling() and j.room() >= 0
+            j
+            for j in self.jobs.values()
+            if not j.fed and j.all_joined() and not j.done_sampling() and j.room() >= 0
         ]
+        failed: list[tuple[JobState, Exception]] = []
         for sampler in (self.sampler, self.gather_sampler):
             group = [j for j in want if j.queue.sampler is sampler]
             if group:
-                self._sample_group(sampler, group)
+                failed += self._sample_group(sampler, group)
+        return failed
 
-    def _sample_group(self, sampler: Sampler, want: list[JobState]) -> None:
-        for j in want:
-            if j.queue.left == 0:  # the sampler starts the job's next epoch on this call
-                j.queue.epoch += 1
-                j.queue.left = len(j.ids)
-                if not j.queue.repeats:
-                    self.future.count(j.queue, j.id_array, +1)
+    def _sample_group(
+        self, sampler: Sampler, want: list[JobState]
+    ) -> list[tuple[JobState, Exception]]:
+        """One call of ``sampler`` for the jobs ``want``; the jobs whose part failed. A call
+        that fails as a whole is made again for each job alone: the one that fails then is
+        the one to fail (each of the others has its rounds of its own, this once)."""
+        failed: list[tuple[JobState, Exception]] = []
+        for j in list(want):
+            try:
+                if j.queue.left == 0:  # the sampler starts the job's next epoch on this call
+                    j.queue.epoch += 1
+                    j.queue.left = len(j.ids)
+                    if not j.queue.repeats:
+                        self.future.count(j.queue, j.id_array, +1)
+            except Exception as exc:
+                failed.append((j, exc))
+                want.remove(j)
+        if not want:
+            return failed
         k = min(ROUND_ROWS, *(j.room() + j.batch_size for j in want), *(j.queue.left for j in want))
-        ids = sampler.sample_many([j.name for j in want], k)
+        try:
+            ids = sampler.sample_many([j.name for j in want], k)
+        except Exception as exc:
+            if len(want) == 1:
+                return [*failed, (want[0], exc)]
+            for j in want:
+                failed += self._sample_group(sampler, [j])
+            return failed
         base, self.round = self.round, self.round + k
         rounds = np.arange(base, base + k, dtype=np.int64)
         for j in want:
-            j.queue.left -= k
-            if j.queue.repeats:
-                self.future.count(j.queue, ids[j.name], +1, repeats=True)
-            self._queue(j.queue, ids[j.name], rounds)
+            try:
+                j.queue.left -= k
+                if j.queue.repeats:
+                    self.future.count(j.queue, ids[j.name], +1, repeats=True)
+                self._queue(j.queue, ids[j.name], rounds)
+            except Exception as exc:
+                failed.append((j, exc))
+        return failed
 
     def _set_horizons(self) -> None:
         """The horizons of the jobs whose lookahead follows the cache (``JobState.dynamic``):

@@ -66,8 +66,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tabloader.catalog._errors import LoaderError
+from tabloader.catalog._settings import SETTINGS
 
-__all__ = ["rank_share", "resolve_rank"]
+__all__ = ["WORLD_SIZE_MAX", "rank_share", "resolve_rank"]
+
+WORLD_SIZE_MAX = int(SETTINGS["world_size"].bounds()[1])
+"""The most data-parallel ranks a job has (``tabloader.catalog._settings``' ``world_size``); a job has at
+most one rank per row too (checked where the job is opened)."""
 
 #: The environment variables read here, in the order an error lists them.
 VARIABLES = (
@@ -275,11 +280,11 @@ def _check(
     ok = all(
         isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (rank, world_size)
     )
-    if ok and 0 <= rank < world_size:
+    if ok and 0 <= rank < world_size <= WORLD_SIZE_MAX:
         return
     problem = (
         f"rank={rank!r}, world_size={world_size!r} (from {where}): they must be integers "
-        "with 0 <= rank < world_size"
+        f"with 0 <= rank < world_size <= {WORLD_SIZE_MAX} (the most ranks a job has)"
     )
     if env is not None:
         raise _disagree(env, process, problem)

@@ -18,7 +18,8 @@ Data flow, per dataset::
   the k-th of an epoch to rank ``k % world_size``; the rows past the last full turn (the
   last in the sampler's order) are dropped, or with ``drop_last = false`` dealt in a last
   turn of shorter batches padded with the epoch's first rows (see
-  :mod:`tabloader.engine._queue.jobs`). No rank gets a batch before every rank has opened; one that
+  :mod:`tabloader.engine._queue.jobs`). Nothing is sampled or dealt before every rank has opened
+  (a rank's state is made as it opens: a world that never comes costs nothing); a rank that
   waits ``rank_timeout`` seconds for a rank that never opened raises. Lockstep: batches
   are cut only while the rank whose turn it is has room below ``prefetch``, so a rank ahead
   waits for the slow one and at most ``prefetch`` batches per rank are in flight. A rank
@@ -132,26 +133,22 @@ class DatasetScheduler:
             current = self.jobs.get(job.name)
             if current is not None:
                 return self._attach_locked(current, job, rank, remaining, epoch)
-            for r in job.ranks:
-                r.cond = threading.Condition(self.lock)
             resumed = None if remaining is None else (epoch, BitMap(remaining))
             if job.fed:
                 self.queues.open_fed(job)
                 rank = 0
             else:
                 self.queues.open(job, remaining=remaining, epoch=epoch)
-                for r in job.ranks:
-                    r.epoch = job.queue.epoch
             self.dealers[job] = Dealer(
                 job,
                 pop=functools.partial(self.queues.pop, job),
                 submit=self._submit,
                 resumed=resumed,
             )
+            joined = job.open_rank(rank, self.lock)
             if not job.fed:
+                self._activate_locked(job)  # a resumed job's rows drawn already (``drawn``)
                 self.cond.notify()  # a round for the new job
-            joined = job.ranks[rank]
-            joined.opened = True
             return joined
 
     def feed(self, job: JobState, fed: FedRows) -> None:
@@ -196,11 +193,11 @@ class DatasetScheduler:
         self, job: JobState, asked: JobState, rank: int, remaining: BitMap | None, epoch: int
     ) -> RankState:
         """Rank ``rank`` joins the open ``job``; ``asked`` has the options it was opened with."""
-        joined = job.joining(asked, rank)
+        job.joining(asked, rank)
         self.dealers[job].check_state(rank, remaining, epoch)
-        joined.opened = True
-        joined.started = time.perf_counter()
+        joined = job.open_rank(rank, self.lock)
         self._wake_job(job)  # every rank may have been waiting for this one
+        self.cond.notify()  # the last one: the job's first round
         return joined
 
     def remove(self, job: JobState) -> None:
@@ -213,7 +210,7 @@ class DatasetScheduler:
         if job.closed:
             return
         job.closed = True
-        for r in job.ranks:
+        for r in job.ranks.values():
             r.closed = True
             self._drop_batches(r)
         self.queues.close(job)
@@ -243,7 +240,7 @@ class DatasetScheduler:
         job = rank.job
         rank.closed = True
         self._drop_batches(rank)
-        if not any(r.is_open() for r in job.ranks):
+        if not any(r.is_open() for r in job.ranks.values()):
             self._remove_locked(job)
             return
         self._trim_log_locked(job)
@@ -281,10 +278,11 @@ class DatasetScheduler:
                         self.cond.wait(ABANDONED_CHECK_S)
                     if self.closed:
                         return
-                    self.queues.sample()
-                    for job in self.jobs.values():
+                    for job, exc in self.queues.sample():
+                        self._fail_locked(job, exc)
+                    for job in list(self.jobs.values()):
                         self._activate_locked(job)  # their batches wake them as they land
-        except BaseException as exc:  # surfaces in every consumer of this dataset
+        except BaseException as exc:  # not one job's: surfaces in every consumer of the dataset
             logger.exception("scheduler of %s failed", self.name)
             with self.cond:
                 self.error = exc
@@ -294,7 +292,7 @@ class DatasetScheduler:
         """Close the ranks whose streams were dropped without close(); False if none."""
         found = False
         for job in list(self.jobs.values()):
-            gone = [r for r in job.ranks if r.abandoned and not r.closed]
+            gone = [r for r in job.ranks.values() if r.abandoned and not r.closed]
             if not gone:
                 continue
             found = True
@@ -302,7 +300,7 @@ class DatasetScheduler:
                 logger.warning(
                     "job %s: its stream was dropped without close(); closing it", r.label()
                 )
-            if all(r.abandoned for r in job.ranks if r.is_open()):
+            if all(r.abandoned for r in job.ranks.values() if r.is_open()):
                 self._close_job(job)
             else:
                 for r in gone:
@@ -310,10 +308,41 @@ class DatasetScheduler:
         return found
 
     def _activate_locked(self, job: JobState) -> None:
-        """Deal the job's next batches (``Dealer.deal``); a job closed has none."""
+        """Deal the job's next batches (``Dealer.deal``); a job closed has none. An error
+        there is the job's own: it fails that job (``_fail_locked``)."""
         dealer = self.dealers.get(job)
         if dealer is not None:
-            dealer.deal()
+            try:
+                dealer.deal()
+            except Exception as exc:
+                self._fail_locked(job, exc)
+
+    def _fail_locked(self, job: JobState, exc: BaseException) -> None:
+        """``job``'s own sampling, queueing or dealing raised ``exc``: the job fails, and
+        only it. It leaves (its queue, its rows in the sampler, its batches), every rank of
+        it raises the reason at its next call (one line; the traceback is logged once, here),
+        and the dataset's other jobs go on; the job can be opened again."""
+        if job.closed:
+            return
+        logger.error(
+            "job %r of dataset %r failed; the other jobs go on",
+            job.name,
+            self.name,
+            exc_info=exc,
+        )
+        job.failed = (
+            f"Job {job.name!r} failed in the loader ({type(exc).__name__}: {str(exc)[:200]}); "
+            f"the other jobs of dataset {self.name!r} go on. Open the job again (from a "
+            "state_dict() to resume)."
+        )
+        try:
+            self._remove_locked(job)
+        except Exception:  # what it holds may be half made: what could be freed is
+            logger.exception("job %r: leaving after its failure failed too", job.name)
+            job.closed = True
+            self.jobs.pop(job.name, None)
+            self.dealers.pop(job, None)
+            self._wake_job(job)
 
     def _submit(self, work: Work) -> None:
         """Start preparing a batch dealt (the fetcher is looked up at each batch: a test may
@@ -372,6 +401,8 @@ class DatasetScheduler:
                         self._activate_locked(job)
                         if job.fed and job.gone is not None and not rank.batches:
                             self._raise_gone(rank)
+                        if rank.batches:  # dealt now, maybe prepared here already: its
+                            continue  # wake-up came before this wait
                     self._poke(job)
                     self._wait_locked(rank, t0)
                 rank.taken += 1
@@ -516,6 +547,8 @@ class DatasetScheduler:
             LoaderError: ``rank_timeout`` seconds passed with a rank not opened yet.
         """
         job = rank.job
+        if rank.closed or self.error is not None:  # (its job failed meanwhile): ``_check``
+            return
         if job.all_joined():
             rank.cond.wait()
             return
@@ -523,13 +556,13 @@ class DatasetScheduler:
         if waited < job.spec.rank_timeout:
             rank.cond.wait(job.spec.rank_timeout - waited)
             return  # ``take`` looks again, and comes back here if it must still wait
-        missing = [r.rank for r in job.ranks if not r.opened and not r.closed]
+        missing = job.missing()
         logger.warning(
             "job %r: rank %d waited %.0f s for rank(s) %s, which never opened the job; it raises",
             job.name,
             rank.rank,
             waited,
-            ", ".join(map(str, missing)),
+            _listed(missing),
         )
         raise LoaderError(_never_opened(job.name, rank.rank, missing, waited))
 
@@ -555,6 +588,8 @@ class DatasetScheduler:
         return batch
 
     def _check(self, rank: RankState) -> None:
+        if rank.job.failed is not None:
+            raise LoaderError(rank.job.failed)
         if rank.closed:
             raise LoaderError(f"Job stream {rank.label()} is closed; open the job again.")
         if self.error is not None:
@@ -608,12 +643,12 @@ class DatasetScheduler:
     def _poke(self, job: JobState) -> None:
         """Wake the scheduling thread if ``job`` wants a round, or has a rank whose stream was
         dropped (the others may wait for it; the thread also polls for those)."""
-        if job.hungry() or any(r.abandoned and not r.closed for r in job.ranks):
+        if job.hungry() or any(r.abandoned and not r.closed for r in job.ranks.values()):
             self.cond.notify()
 
     def _wake_job(self, job: JobState) -> None:
         """Wake every rank of ``job``: one closed, opened or left (``take`` checks again)."""
-        for r in job.ranks:
+        for r in job.ranks.values():
             r.cond.notify_all()
 
     def _wake_all(self) -> None:
@@ -625,11 +660,7 @@ class DatasetScheduler:
 
 def _never_opened(job: str, rank: int, missing: list[int], waited: float) -> str:
     """Why rank ``rank`` of ``job`` stops waiting for the ``missing`` ranks, and the fixes."""
-    them = (
-        f"rank {missing[0]}, which"
-        if len(missing) == 1
-        else (f"ranks {', '.join(map(str, missing))}, which")
-    )
+    them = f"rank {missing[0]}, which" if len(missing) == 1 else f"ranks {_listed(missing)}, which"
     return (
         f"job {job!r}: rank {rank} waited {waited:.0f} s for {them} never opened the job. "
         "Every rank must iterate its own JobDataset. Under accelerate (and the HF Trainer), "
@@ -641,3 +672,9 @@ def _never_opened(job: str, rank: int, missing: list[int], waited: float) -> str
         "/ uses another world_size. Raise rank_timeout to wait longer (a job option, e.g. "
         "JobDataset(..., rank_timeout=120) or WITH (rank_timeout = 120))."
     )
+
+
+def _listed(ranks: list[int], most: int = 8) -> str:
+    """``ranks`` for a message: the first ``most``, then how many more."""
+    shown = ", ".join(map(str, ranks[:most]))
+    return shown if len(ranks) <= most else f"{shown} and {len(ranks) - most} more"
