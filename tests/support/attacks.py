@@ -28,6 +28,7 @@ from tabloader.catalog import TabloaderError
 
 __all__ = [
     "ATTACKS",
+    "EPOCHS_AFTER",
     "RSS_LIMIT_MIB",
     "STALL_S",
     "STEP_S",
