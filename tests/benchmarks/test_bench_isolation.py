@@ -6,6 +6,7 @@ import argparse
 import json
 
 from benchmarks import BENCHMARKS, isolation
+from tests.support import attacks as harness
 
 
 def test_the_isolation_benchmark_reports_the_observer_beside_each_attack(tmp_path, capsys):
