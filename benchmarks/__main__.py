@@ -1,4 +1,4 @@
-"""``python -m benchmarks NAME [ARGS]``: run one benchmark from a checkout (``--help``: the list)."""
+"""``python -m benchmarks NAME [ARGS]``: one benchmark, from a checkout (``--help``: the list)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ run, on the same data and scenario:
   catalog (started for the run with the same cache and ``--workers``; a ``RemoteStream`` of a
   ``RemoteLoader``, batches made tensors with ``to_tensors`` as ``JobDataset`` does);
 * ``dataloader``: four job processes, each with its own ``torch.utils.data.DataLoader
-  (shuffle=True)`` over a map-style dataset that reads the same Arrow IPC storage and decodes
-  and resizes as tabloader does (``tabloader.engine._prepare.prep.decode_image``); ``--workers`` (default:
-  every core) split between them;
+  (shuffle=True)`` over a map-style dataset that reads the same Arrow IPC storage and decodes and
+  resizes as tabloader does (``tabloader.engine._prepare.prep.decode_image``); ``--workers``
+  (default: every core) split between them;
 * ``threads``: the in-process mode, one ``Loader`` and four jobs on threads of one process;
 * ``independent`` (with ``--competitors``): ``threads`` with the independent sampler (ablation).
 
@@ -38,14 +38,14 @@ Training recipes (issue 29; not in the default ``--scenarios``, which stays the 
 ``--scenarios recipe,recipe-eval``, or add them to the others):
 
 * ``recipe``: four jobs on every row, each registered ``WITH (augment =
-  'RandomResizedCrop(224), RandomHorizontalFlip()', seed = i)`` (``--recipe-size``): the
-  service shares one aspect-kept decode a row (:class:`tabloader.engine._prepare.prep.Fit`) and each client
-  crops, resizes and flips its own draws in its threads. The DataLoaders decode each sample
-  with Pillow as a tuned user does (``draft`` to the DCT scale that covers 224, as ``bench
-  throughput``'s Pillow arm), then the same recipe: torchvision's ``transforms.v2`` where it
-  is installed, else the crop drawn by torchvision's algorithm
-  (:meth:`tabloader.engine._prepare.augment.Augmenter.draw` on the decoded size), Pillow's ``resize`` of its
-  box and ``transpose`` to flip; the table says which (``transforms`` in the JSON);
+  'RandomResizedCrop(224), RandomHorizontalFlip()', seed = i)`` (``--recipe-size``): the service
+  shares one aspect-kept decode a row (:class:`tabloader.engine._prepare.prep.Fit`) and each client
+  crops, resizes and flips its own draws in its threads. The DataLoaders decode each sample with
+  Pillow as a tuned user does (``draft`` to the DCT scale that covers 224, as ``bench throughput``'s
+  Pillow arm), then the same recipe: torchvision's ``transforms.v2`` where it is installed, else the
+  crop drawn by torchvision's algorithm (:meth:`tabloader.engine._prepare.augment.Augmenter.draw` on
+  the decoded size), Pillow's ``resize`` of its box and ``transpose`` to flip; the table says which
+  (``transforms`` in the JSON);
 * ``recipe-eval``: the same rows, an evaluation job (``image_size = 224``, no augment) and
   three training jobs (``seed`` 1-3): the evaluation job, opened once the training jobs are
   open, reads their shared decode (``tabloader.engine._prepare.planning``: the jobs open decide), so

@@ -84,14 +84,13 @@ class MapDataset:
 
 class RecipeDataset(MapDataset):
     """The ``recipe`` scenarios' DataLoaders, for a job registered with ``options``: each
-    sample decoded with Pillow as a tuned user does (``draft`` to the DCT scale that still
-    covers the size), then the job's training recipe (``augment``, drawn with its ``seed``)
-    with torchvision's ``transforms.v2`` where it is installed, else with Pillow: the crop
-    drawn by torchvision's algorithm (:meth:`tabloader.engine._prepare.augment.Augmenter.draw`, on the
-    decoded
-    size), ``resize`` of its box, ``transpose`` to flip. An evaluation job (``image_size``)
-    is ``bench throughput``'s Pillow decode (draft, resize, center crop). ``transforms`` says
-    which was used.
+    sample decoded with Pillow as a tuned user does (``draft`` to the DCT scale that still covers
+    the size), then the job's training recipe (``augment``, drawn with its ``seed``) with
+    torchvision's ``transforms.v2`` where it is installed, else with Pillow: the crop drawn by
+    torchvision's algorithm (:meth:`tabloader.engine._prepare.augment.Augmenter.draw`, on the
+    decoded size), ``resize`` of its box, ``transpose`` to flip. An evaluation job (``image_size``)
+    is ``bench throughput``'s Pillow decode (draft, resize, center crop). ``transforms`` says which
+    was used.
     """
 
     def __init__(self, root: str, dataset: str, ids: list[int], options: JobOptions) -> None:

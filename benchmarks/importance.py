@@ -23,12 +23,12 @@ in the wheel; 80/20 split per class by a fixed seed, as ``bench accuracy``), wit
    id decile, position decile) of its epochs (81 degrees of freedom; a uniform permutation
    stays under the 99% point 113.5 about 99 times in 100).
 3. **Cache hit ratio** on the first importance run's own request stream, with a cache of
-   10%, 20% and 50% of the working set: LRU (:class:`~tabloader.engine._arena.eviction.LeastRecent`),
-   tabloader's policy (:data:`~tabloader.engine._arena.eviction.ARENA_POLICY`, the object the arena
-   ranks by, with each row's future uses = its expected draws left, as
-   ``DependentSampler.expected_draws`` gives the arena): once alone (no lookahead, SHADE's
-   importance cache) and once as the engine runs it (next uses known inside the sampler's
-   lookahead first); and Belady's MIN (offline, the bound).
+   10%, 20% and 50% of the working set: LRU
+   (:class:`~tabloader.engine._arena.eviction.LeastRecent`), tabloader's policy
+   (:data:`~tabloader.engine._arena.eviction.ARENA_POLICY`, the object the arena ranks by, with each
+   row's future uses = its expected draws left, as ``DependentSampler.expected_draws`` gives the
+   arena): once alone (no lookahead, SHADE's importance cache) and once as the engine runs it (next
+   uses known inside the sampler's lookahead first); and Belady's MIN (offline, the bound).
 4. **Through the service** (``--no-service`` skips it): the digits as 16x16 JPEGs in an image
    folder, one importance job reporting losses beside two plain jobs, three threads of one
    process reading ``JobDataset`` through one auto-started loader service: decodes against

@@ -44,6 +44,7 @@ from tests.support.attacks import (
 
 __all__ = ["add_arguments", "run"]
 
+
 # -- the benchmark --------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""

@@ -1,13 +1,13 @@
 """The training recipe in the benchmarks: ``RandomResizedCrop(224)`` + a random flip per image.
 
-What the DataLoader competitors run per sample, the way a tuned user writes it: Pillow's
-``draft`` decode (a DCT-domain downscale where the image is at least twice 224; a full decode
-for the ~500x375 JPEGs here), then either torchvision's ``v2`` transforms where torchvision is
-installed, or the same ops by hand with Pillow (``resize`` with the crop's ``box``: crop and
-resize in one call, as torchvision does on PIL images) with crop parameters drawn by
-torchvision's algorithm (:meth:`tabloader.engine._prepare.augment.Augmenter.draw`). tabloader's competitor is
-a job registered with ``augment = RECIPE``: one shared decode per image, then the job's own
-crop-resize in the loader's threads.
+What the DataLoader competitors run per sample, the way a tuned user writes it: Pillow's ``draft``
+decode (a DCT-domain downscale where the image is at least twice 224; a full decode for the ~500x375
+JPEGs here), then either torchvision's ``v2`` transforms where torchvision is installed, or the same
+ops by hand with Pillow (``resize`` with the crop's ``box``: crop and resize in one call, as
+torchvision does on PIL images) with crop parameters drawn by torchvision's algorithm
+(:meth:`tabloader.engine._prepare.augment.Augmenter.draw`). tabloader's competitor is a job
+registered with ``augment = RECIPE``: one shared decode per image, then the job's own crop-resize in
+the loader's threads.
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ _catalog_all = [
     n for n in _catalog_names if n not in ("open_catalog", "parse_augment", "from_torchvision")
 ]
 
-# Imported on first use: a decode process (which imports tabloader.engine._prepare.decoding, so this package)
-# reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core in
-# every service start's forkserver, on the path to the first batch).
+# Imported on first use: a decode process (which imports tabloader.engine._prepare.decoding, so this
+# package) reads files and decodes, and never needs DuckDB, sqlglot or the engine (0.2 s of a core
+# in every service start's forkserver, on the path to the first batch).
 _LAZY = {
     **dict.fromkeys(_catalog_all, "tabloader.catalog"),
     **dict.fromkeys(("JobStream", "Loader", "OnError", "default_loader"), "tabloader.engine"),

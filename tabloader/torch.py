@@ -103,7 +103,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             (default 45) for a rank that never opens the job, then raises. Ranks in separate
             processes (torchrun) meet in the catalog's service; each must save its
             ``state_dict()`` at the same step (see ``Loader.open``).
-        **options: the job's options (``tabloader.catalog._options.JOB_OPTIONS``; default: the ones it
+        **options: the job's options (``tabloader.catalog._options.JOB_OPTIONS``; default: the ones
+        it
             was registered with), each checked here (with the registered ones when it opens):
 
             * ``batch_size``: rows per batch (default 32).

@@ -243,7 +243,8 @@ def test_status_names_the_ranks_of_a_data_parallel_job():
     ],
 )
 def test_serve_refuses_bad_sizes_in_one_line(capsys, monkeypatch, tmp_path, argv, env, message):
-    """Every size of ``serve`` goes through tabloader.catalog._settings: one line, before anything starts
+    """Every size of ``serve`` goes through tabloader.catalog._settings: one line, before anything
+    starts
     (no numpy allocation error, no silent default, no traceback)."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -434,8 +434,8 @@ class CatalogAPI(Protocol):
 
 
 class StatementTarget(CatalogAPI, Protocol):
-    """What statements need of a catalog (``tabloader.catalog._sql.execute``): the API, the limits of
-    user statements, and validated read-only queries (which never cross the wire).
+    """What statements need of a catalog (``tabloader.catalog._sql.execute``): the API, the limits
+    of user statements, and validated read-only queries (which never cross the wire).
 
     Attributes:
         limits: what user statements may take (``tabloader.catalog._limits``).

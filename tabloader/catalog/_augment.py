@@ -34,18 +34,18 @@ sets the size must be ``RandomResizedCrop``, ``CenterCrop``, ``RandomCrop`` or
 ``Resize((h, w))``. ``Normalize`` takes the place of torchvision's ``ToDtype(float32,
 scale=True)`` + ``Normalize``: it divides by 255 itself.
 
-**Bounds.** What a job's augmentation of one image may allocate is fixed when the text is
-parsed (so ``REGISTER``, the options given at open and the service refuse the same texts with
-the same :class:`~tabloader.catalog._errors.OptionError`): at most ``MAX_OPS`` (16) operations, and no
-intermediate image (a resize's output, a padded image) over ``MAX_PIXELS`` (2**26 pixels:
-192 MiB of uint8 RGB). The check walks the chain from a ``SOURCE_SIDE`` x ``SOURCE_SIDE``
-(4096 x 4096, a large photo) and from a 1 x 1 source (where ``pad_if_needed`` pads most)
-with :meth:`AugmentSpec.intermediates`. An image's augmentation holds at most three
-intermediates at once (a resize's input, its contiguous copy where the input is a mirrored
-view, and its output), so at most 3 x 192 MiB besides its source (with tabloader's resize
-kernel; torch and Pillow, where it is not built, copy once more). A source of another shape
-(a panorama under ``Resize(256)``) is checked again, per image, by the engine before it
-allocates, with the same walk: that row fails with a ``RowReadError``.
+**Bounds.** What a job's augmentation of one image may allocate is fixed when the text is parsed (so
+``REGISTER``, the options given at open and the service refuse the same texts with the same
+:class:`~tabloader.catalog._errors.OptionError`): at most ``MAX_OPS`` (16) operations, and no
+intermediate image (a resize's output, a padded image) over ``MAX_PIXELS`` (2**26 pixels: 192 MiB of
+uint8 RGB). The check walks the chain from a ``SOURCE_SIDE`` x ``SOURCE_SIDE`` (4096 x 4096, a large
+photo) and from a 1 x 1 source (where ``pad_if_needed`` pads most) with
+:meth:`AugmentSpec.intermediates`. An image's augmentation holds at most three intermediates at once
+(a resize's input, its contiguous copy where the input is a mirrored view, and its output), so at
+most 3 x 192 MiB besides its source (with tabloader's resize kernel; torch and Pillow, where it is
+not built, copy once more). A source of another shape (a panorama under ``Resize(256)``) is checked
+again, per image, by the engine before it allocates, with the same walk: that row fails with a
+``RowReadError``.
 
 The whole chain's work is bounded too, since the shared pool runs it for every row of the
 job: :meth:`AugmentSpec.work` counts the pixels it reads and writes (each op that makes an

@@ -2,13 +2,16 @@
 
 The catalog's work is split by concern; this module composes it:
 
-* ``tabloader.catalog._directory``: the directory layout and names, cleanup and migration at open, and
+* ``tabloader.catalog._directory``: the directory layout and names, cleanup and migration at open,
+and
   the one ``Catalog`` of a directory in a process;
-* ``tabloader.catalog._database``: the DuckDB connection and the one boundary that translates its errors;
+* ``tabloader.catalog._database``: the DuckDB connection and the one boundary that translates its
+errors;
 * ``tabloader.catalog._cache``: the ``Dataset`` cache;
 * ``tabloader.catalog._imports``: the ``import_*`` methods and the atomic import;
 * ``tabloader.catalog._job_bitmaps``: job predicates evaluated to bitmaps, and the bitmap files;
-* ``tabloader.catalog._job_weights``: job ``weight`` expressions evaluated to weights, and their files;
+* ``tabloader.catalog._job_weights``: job ``weight`` expressions evaluated to weights, and their
+files;
 * ``tabloader.catalog._sql``: statements, dispatched from a table.
 
 DuckDB allows one read-write process per database file. A second process gets
@@ -311,7 +314,8 @@ class Catalog(StatementTarget):
 
     @_synchronized
     def query(self, sql: str) -> pa.Table:
-        """Run a read-only query (already validated by ``tabloader.catalog._sql``) and return a table.
+        """Run a read-only query (already validated by ``tabloader.catalog._sql``) and return a
+        table.
 
         It runs in a transaction that is always rolled back, so even a query that slipped past
         validation cannot change the catalog.
@@ -424,7 +428,8 @@ class Catalog(StatementTarget):
             options["split"] = split
         return self.import_source(name, open_source(format, path, **options), append=append)
 
-    # -- checksums (tabloader.catalog.storage._verify) --------------------------------------------------------
+    # -- checksums (tabloader.catalog.storage._verify)
+    # --------------------------------------------------------
     def verify(self, name: str | None = None) -> VerifyReport:
         """Read every stored byte of dataset ``name`` (default: every dataset) and check it.
 

@@ -3,10 +3,10 @@ open.
 
 ::
 
-    catalog.duckdb                 the DuckDB database (see ``tabloader.catalog._database``)
-    data/<dataset>/part-*.arrow    the rows, in Arrow IPC file format (see ``tabloader.catalog.storage``)
-    jobs/<job>-<token>.roaring     a job's row ids (see ``tabloader.catalog._job_bitmaps``)
-    jobs/<job>-<token>.weights     a weighted job's row weights (see ``tabloader.catalog._job_weights``)
+    catalog.duckdb               the DuckDB database (``tabloader.catalog._database``)
+    data/<dataset>/part-*.arrow  the rows, in Arrow IPC file format (``tabloader.catalog.storage``)
+    jobs/<job>-<token>.roaring   a job's row ids (``tabloader.catalog._job_bitmaps``)
+    jobs/<job>-<token>.weights   a weighted job's row weights (``tabloader.catalog._job_weights``)
 
 Permissions: what tabloader creates in a catalog is private to its owner, whatever the umask,
 like the service's ``.service`` folder: folders 0700 (``make_private_dir``; the catalog

@@ -133,7 +133,7 @@ class ForbiddenExpressionError(StatementError):
 
 
 class OptionError(StatementError):
-    """A job option is unknown, of the wrong type or out of range (see ``tabloader.catalog._options``)."""
+    """A job option is unknown, of the wrong type or out of range (see ``JOB_OPTIONS``)."""
 
 
 class StorageError(TabloaderError):

@@ -1,24 +1,23 @@
 """Job weights: a job's ``weight`` expression evaluated to one float64 per row, and its file.
 
-``REGISTER JOB j ... WITH (weight = '<expression>')`` checks the expression with the job
-predicate's allow-list (``tabloader.catalog._sql.validate.check_predicate``), evaluates it in DuckDB over
-the job's rows and refuses a NULL, NaN, infinite or negative weight, and weights that are all
-zero, naming up to ``SHOWN_IDS`` rows: nothing is stored then. A NULL is refused rather than
-read as 0, so a column with gaps does not silently drop rows from the job's draws; the error
-names ``COALESCE`` as the fix.
+``REGISTER JOB j ... WITH (weight = '<expression>')`` checks the expression with the job predicate's
+allow-list (``tabloader.catalog._sql.validate.check_predicate``), evaluates it in DuckDB over the
+job's rows and refuses a NULL, NaN, infinite or negative weight, and weights that are all zero,
+naming up to ``SHOWN_IDS`` rows: nothing is stored then. A NULL is refused rather than read as 0, so
+a column with gaps does not silently drop rows from the job's draws; the error names ``COALESCE`` as
+the fix.
 
-The weights are derived data, kept as the bitmap is (``tabloader.catalog._job_bitmaps``): the committed
-``jobs`` row holds their CRC-32 (``weights_crc32``; NULL for a job without weights) and the
-file ``jobs/<job>-<token>.weights`` (``directory.weights_path`` of the bitmap's file: float64
-little-endian, aligned with the job's ids in ascending order) is written before the row
-commits. A file lost or torn is evaluated again from the expression at the job's pinned
-dataset version (rows appended later are not the job's, and stored rows never change) and
-checked against the CRC (the expression and the predicate checked against the allow-list
-again first: the catalog's file may have been edited by hand). A row with a ``weight`` and no
-CRC (or a CRC and no ``weight``) is damaged (``Catalog.job`` says so, with the fix): never
-drawn uniformly in place of its weights. The sampler scales the weights by their maximum
-before it sums them (``tabloader.sampling._weighted``), so weights whose sum overflows float64
-(600 rows of 1e306) are drawn as declared.
+The weights are derived data, kept as the bitmap is (``tabloader.catalog._job_bitmaps``): the
+committed ``jobs`` row holds their CRC-32 (``weights_crc32``; NULL for a job without weights) and
+the file ``jobs/<job>-<token>.weights`` (``directory.weights_path`` of the bitmap's file: float64
+little-endian, aligned with the job's ids in ascending order) is written before the row commits. A
+file lost or torn is evaluated again from the expression at the job's pinned dataset version (rows
+appended later are not the job's, and stored rows never change) and checked against the CRC (the
+expression and the predicate checked against the allow-list again first: the catalog's file may have
+been edited by hand). A row with a ``weight`` and no CRC (or a CRC and no ``weight``) is damaged
+(``Catalog.job`` says so, with the fix): never drawn uniformly in place of its weights. The sampler
+scales the weights by their maximum before it sums them (``tabloader.sampling._weighted``), so
+weights whose sum overflows float64 (600 rows of 1e306) are drawn as declared.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Settings: the one table of the sizes and counts given to tabloader outside a job's options.
 
 Each comes from a flag of ``tabloader serve``, an environment variable or an argument of
-``Loader.open``/``JobDataset`` (the job options of ``WITH (...)``, and their values given at
-open, are ``tabloader.catalog._options``'s table). ``SETTINGS`` says of each its type, its range (for a
-size: the memory it takes, at most this machine's memory, and for the shared cache the size
-of ``/dev/shm``), its default and where it is read; ``setting()`` reads one and refuses a bad
-value with one line naming where it came from, the value and a good one.
+``Loader.open``/``JobDataset`` (the job options of ``WITH (...)``, and their values given at open,
+are ``tabloader.catalog._options``'s table). ``SETTINGS`` says of each its type, its range (for a
+size: the memory it takes, at most this machine's memory, and for the shared cache the size of
+``/dev/shm``), its default and where it is read; ``setting()`` reads one and refuses a bad value
+with one line naming where it came from, the value and a good one.
 """
 
 from __future__ import annotations

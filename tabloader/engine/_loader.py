@@ -88,12 +88,13 @@ class Loader:
         seed: seed of the samplers (same seed, same calls: same order).
         decode: where fixed-size images (``image_size`` set) are decoded: ``"processes"``
             (default: ``workers`` decode processes writing into the arena, which then lives in
-            shared memory; see :mod:`tabloader.engine._prepare.decoding`) or ``"threads"`` (the pool's
-            threads; also what is used where shared memory is not available).
+            shared memory; see :mod:`tabloader.engine._prepare.decoding`) or ``"threads"`` (the
+            pool's threads; also what is used where shared memory is not available).
         staging_bytes: shared memory after the arena's (the loader service stages the small
             columns of the batches it hands over there, never short of room because images
             are pinned).
-        access_log: keep an :class:`~tabloader.engine._arena.accounting.AccessLog` (``self.access_log``)
+        access_log: keep an :class:`~tabloader.engine._arena.accounting.AccessLog`
+        (``self.access_log``)
             of every look-up and release of prepared values, and write it to this ``.npz`` file
             (arrays ``kind``, ``space``, ``row``) on ``close()``: what benchmarks replay
             through Belady's MIN for the best any cache of the same size could have done.
@@ -325,8 +326,8 @@ class Loader:
                 ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
                 checks are in :mod:`tabloader.engine._queue.ranks`), else 0 and 1.
             remote: for the loader service: the job's batches are received by a ``HandOver``
-                (:mod:`tabloader.engine._deliver.collate`), not a ``Collate``: handed over with their
-                values pinned in the arena, which its client copies them out of (see
+                (:mod:`tabloader.engine._deliver.collate`), not a ``Collate``: handed over with
+                their values pinned in the arena, which its client copies them out of (see
                 ``tabloader.service._server``). Chosen here once, in the job's plan.
             fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
                 (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
@@ -471,7 +472,8 @@ class Loader:
         cap: int | None = None,
     ) -> Plan:
         """How the job's columns are prepared: gathered, or decoded into an arena space
-        (image columns: sizes and augmentation as :mod:`tabloader.engine._prepare.planning` decides)."""
+        (image columns: sizes and augmentation as :mod:`tabloader.engine._prepare.planning`
+        decides)."""
         schema = dataset.schema
         columns = list(job.columns)
         gathered, prepared = [], []
@@ -586,10 +588,10 @@ def _warm_pyarrow() -> None:
     for a job whose columns take pyarrow's own conversions (strings, lists).
 
     pyarrow asks its pandas shim about every array it converts from or to numpy (``pa.array``,
-    ``to_numpy``), and the first time that imports pandas: 0.2-0.4 s of one thread, which
-    such a job's first batch would wait for. Numbers and images never convert through pyarrow
-    (:mod:`tabloader.catalog._arrays`), so a service that serves only them never pays it (it did at each
-    start, beside its first batch on the same cores). Once per process; ``Loader.close`` waits
+    ``to_numpy``), and the first time that imports pandas: 0.2-0.4 s of one thread, which such a
+    job's first batch would wait for. Numbers and images never convert through pyarrow
+    (:mod:`tabloader.catalog._arrays`), so a service that serves only them never pays it (it did at
+    each start, beside its first batch on the same cores). Once per process; ``Loader.close`` waits
     for it (no tabloader thread outlives the loaders).
     """
     global _warm_thread

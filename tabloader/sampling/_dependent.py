@@ -92,7 +92,7 @@ from tabloader.sampling._weighted import Lead, WeightedJob, WeightedJobs
 try:
     import tabloader.sampling._rounds as _walk
 except ImportError:  # pragma: no cover - built without a C compiler: the Python walk
-    _walk = None
+    _walk = None  # type: ignore[assignment]
 
 __all__ = ["DependentSampler"]
 

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DependentJobState",
-    "Drawn",
     "DependentState",
+    "Drawn",
     "IndependentJobState",
     "IndependentState",
     "RegionsState",

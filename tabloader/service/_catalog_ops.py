@@ -1,7 +1,7 @@
 """The catalog's operations over the service's socket: one request, dispatched from one table.
 
-``tabloader.catalog._api.OPERATIONS`` lists the operations and how each argument and result crosses the
-wire; this module holds those codecs and both ends of the one request:
+``tabloader.catalog._api.OPERATIONS`` lists the operations and how each argument and result crosses
+the wire; this module holds those codecs and both ends of the one request:
 
 * :func:`request` (the client, ``tabloader.connect``'s ``Connection``): sends
   ``{"op": "catalog", "call": name, "args": {...}}`` and decodes the reply's ``result``;
@@ -70,7 +70,8 @@ class ServiceView(Protocol):
 __all__ = ["ARGS", "RESULTS", "CatalogOps", "ServiceCatalog", "request"]
 
 
-# -- the codecs: each kind of argument and result of tabloader.catalog._api ---------------------------------
+# -- the codecs: each kind of argument and result of tabloader.catalog._api
+# ---------------------------------
 class Spool:
     """The files a request's data in memory was written to, for the service to read; removed
     once the request is answered."""

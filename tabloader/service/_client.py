@@ -232,7 +232,8 @@ def _malformed_reply(what: str) -> ServiceError:
 
 @dataclass
 class Copies:
-    """Image payload bytes copied to deliver batches, counted (``python -m benchmarks e2e`` reads it).
+    """Image payload bytes copied to deliver batches, counted (``python -m benchmarks e2e`` reads
+    it).
 
     ``copied_bytes`` counts this process's copy of each image out of the mapping into the job's
     batch, plus the service's copy into staging of each image the arena had no room for (the

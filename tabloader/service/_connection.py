@@ -1,15 +1,14 @@
 """``tabloader.connect``: a catalog, the same to its user whether its loader service runs or not.
 
 A :class:`Connection` opens the catalog in this process when no other process holds it, and
-otherwise talks to the catalog's running service (which holds it: DuckDB allows one owner).
-A ``Connection`` is the catalog API (:class:`tabloader.catalog._api.CatalogAPI`): each operation of its
-table either calls the ``Catalog`` of this process or goes to the service as one request
-(:mod:`tabloader.service._catalog_ops`, which says how values cross). Every method returns the
-same types either way: ``sql`` a ``pyarrow.Table``, a ``Dataset``, a ``Job`` or None;
-``dataset`` a ``catalog.Dataset`` whose ``take`` reads the storage files in this process (the
-service sends where they are, never their bytes); ``job`` a ``catalog.Job`` (its bitmap
-travels serialized). Errors are the same classes too (the service's are raised here as
-theirs).
+otherwise talks to the catalog's running service (which holds it: DuckDB allows one owner). A
+``Connection`` is the catalog API (:class:`tabloader.catalog._api.CatalogAPI`): each operation of
+its table either calls the ``Catalog`` of this process or goes to the service as one request
+(:mod:`tabloader.service._catalog_ops`, which says how values cross). Every method returns the same
+types either way: ``sql`` a ``pyarrow.Table``, a ``Dataset``, a ``Job`` or None; ``dataset`` a
+``catalog.Dataset`` whose ``take`` reads the storage files in this process (the service sends where
+they are, never their bytes); ``job`` a ``catalog.Job`` (its bitmap travels serialized). Errors are
+the same classes too (the service's are raised here as theirs).
 
 What cannot be the same is said in one line with the fix: ``verify`` reads the catalog itself,
 so it needs the service stopped; the service refuses DROP DATASET of a dataset its open jobs
@@ -80,7 +79,8 @@ def _service_holds(root: Path, locked: CatalogLockedError) -> bool:
 
 def _warn_default_cache(job: Job) -> None:
     """Say here what ``Catalog.register_job`` said in the service (into its log), at the
-    caller of the operation (past ``Connection._perform`` and ``tabloader.catalog._api``'s dispatch)."""
+    caller of the operation (past ``Connection._perform`` and ``tabloader.catalog._api``'s
+    dispatch)."""
     problem = default_cache_problem(job.name, job.options, job.num_rows)
     if problem is not None:
         warnings.warn(problem, stacklevel=4)

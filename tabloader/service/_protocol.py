@@ -13,7 +13,8 @@ unpickled: a message is a JSON object.
 Wire format: a 4-byte big-endian length, then that many bytes of UTF-8 JSON, an object with
 ``"v": PROTOCOL_VERSION``; a frame over ``MAX_MESSAGE`` bytes is refused. A reply is the
 handler's dict plus ``"v"``, or ``{"v": 1, "error": {"type": "JobNotFoundError", "message":
-..., "attrs": {"path": ...}}}`` which the client raises as that class from ``tabloader.catalog._errors``.
+..., "attrs": {"path": ...}}}`` which the client raises as that class of
+``tabloader.catalog._errors``.
 Every message read (``decode``) is a :class:`Message`, whose readers check a field once; each
 reply a handler makes is a TypedDict of this module (``OpenReply``, ``BatchReply``, ...).
 
@@ -273,8 +274,9 @@ class Client:
             The handler's reply, without ``"v"``.
 
         Raises:
-            TabloaderError: the handler raised it (the same class, from ``tabloader.catalog._errors``).
-            ServiceError: the service is gone, broke the protocol, or the request is too large.
+            TabloaderError: the handler raised it (the same class, from
+            ``tabloader.catalog._errors``). ServiceError: the service is gone, broke the protocol,
+            or the request is too large.
         """
         with self._call_lock:
             self._send_locked(op, args)

@@ -4,7 +4,8 @@ Control plane: :mod:`tabloader.service._protocol` (an authenticated Unix socket,
 plane: the arena is shared memory of no name (:mod:`tabloader.engine._arena.shm`), which clients map
 read-only from a descriptor sent on the socket. A job's batch reaches its client as a *ticket*:
 
-* the engine hands it over as a :class:`~tabloader.engine._deliver.handoff.HandedBatch` (its job opened
+* the engine hands it over as a :class:`~tabloader.engine._deliver.handoff.HandedBatch` (its job
+opened
   ``remote``): its images stay where the shared decode put them, pinned in the arena; a job
   that augments gets its own images instead, made by the engine's threads into slots of the
   batch's own (one shape and dtype);

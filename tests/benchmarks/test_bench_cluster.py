@@ -22,7 +22,8 @@ pytestmark = [
 
 @pytest.mark.slow
 def test_bench_cluster_reports_decodes_per_node(tmp_path):
-    """``python -m benchmarks cluster`` at a small size: its own simulated cluster, both competitors,
+    """``python -m benchmarks cluster`` at a small size: its own simulated cluster, both
+    competitors,
     the per-node decode ratio within the target and the leader's cost."""
     import json
     import os

@@ -1,10 +1,10 @@
 """SELECT reads dataset tables and in-scope CTEs only, for random shadowing and nesting shapes.
 
-The generator builds queries whose every relation has one column ``v``: the dataset ``ds``
-holds 'dataset', every CTE leaf selects 'cte'. CTEs are named after system views, catalog
-tables and the dataset, at any depth; references name them inside and outside their scope,
-quoted, in other case, schema-qualified. The generator knows what each reference binds to
-under DuckDB's scoping rules (its own model, independent of ``tabloader.catalog._sql.validate``), so:
+The generator builds queries whose every relation has one column ``v``: the dataset ``ds`` holds
+'dataset', every CTE leaf selects 'cte'. CTEs are named after system views, catalog tables and the
+dataset, at any depth; references name them inside and outside their scope, quoted, in other case,
+schema-qualified. The generator knows what each reference binds to under DuckDB's scoping rules (its
+own model, independent of ``tabloader.catalog._sql.validate``), so:
 
 - a query is accepted exactly when every reference is the dataset or a CTE in scope;
 - an accepted query runs in the real catalog and returns 'dataset' and 'cte' values only

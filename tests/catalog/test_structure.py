@@ -15,7 +15,8 @@ from tabloader.catalog._sql.dialect import TabloaderParser
 
 
 def test_statements_do_not_import_the_catalog():
-    """tabloader.catalog._catalog imports tabloader.catalog._sql; nothing there imports it back, not even lazily."""
+    """tabloader.catalog._catalog imports tabloader.catalog._sql; nothing there imports it back,
+    not even lazily."""
     sql = Path(tabloader.catalog._sql.__file__).parent
     for path in sql.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

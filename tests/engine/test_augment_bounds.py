@@ -1,6 +1,6 @@
 """What an augmentation may allocate: whatever a spec's check accepts runs within its stated
-bound (``tabloader.catalog._augment.MAX_PIXELS`` per intermediate), a source of another shape is refused
-per image before anything is allocated, the crop fallback is never empty, and every entry
+bound (``tabloader.catalog._augment.MAX_PIXELS`` per intermediate), a source of another shape is
+refused per image before anything is allocated, the crop fallback is never empty, and every entry
 point refuses a bad text with the same ``OptionError``."""
 
 from __future__ import annotations

@@ -828,8 +828,8 @@ def test_exit_with_an_open_stream_is_quiet(tmp_path, image_cat_dir, make):
 
 def test_numbers_and_images_never_wake_pyarrows_pandas_shim(tmp_path):
     """pyarrow imports pandas on its first numpy conversion (0.2-0.4 s of a core): batches of
-    numbers and images never take that path (tabloader.catalog._arrays), so a service serving them never
-    pays it; a job with strings warms it up in the background at open; an exit right after
+    numbers and images never take that path (tabloader.catalog._arrays), so a service serving them
+    never pays it; a job with strings warms it up in the background at open; an exit right after
     is quiet."""
     import pyarrow as pa
 

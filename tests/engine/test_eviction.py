@@ -101,9 +101,7 @@ def test_the_simulator_lookahead_and_the_arena_call_the_arena_policy(monkeypatch
 
 
 def test_an_arena_needs_a_policy_object():
-    with pytest.raises(
-        CacheError, match="policy must be a tabloader.engine._arena.eviction.EvictionPolicy"
-    ):
+    with pytest.raises(CacheError, match="policy must be an eviction policy"):
         Arena(1 << 20, policy="lru")  # type: ignore[arg-type]
 
 

@@ -641,7 +641,10 @@ def test_second_listener_is_refused(service):
 
 
 def test_stale_socket_of_a_killed_service_is_replaced(tmp_path):
-    code = "import os, sys\nfrom tabloader.service._listener import Listener as L\nL(sys.argv[1], id)\n"
+    code = (
+        "import os, sys\nfrom tabloader.service._listener import Listener as L\n"
+        "L(sys.argv[1], id)\n"
+    )
     run_and_kill_itself(code, tmp_path)
     assert stat.S_ISSOCK(socket_path(tmp_path).stat().st_mode)  # left behind
     assert key_path(tmp_path).exists()

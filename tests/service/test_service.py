@@ -181,8 +181,8 @@ def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(ca
     holder = subprocess.Popen(
         [
             *(sys.executable, "-c"),
-            "import sys, time; from tabloader import catalog; c = catalog.open_catalog(sys.argv[1]);"
-            " print(1, flush=True); time.sleep(60)",
+            "import sys, time; from tabloader import catalog;"
+            " c = catalog.open_catalog(sys.argv[1]); print(1, flush=True); time.sleep(60)",
             str(cat_dir),
         ],
         stdout=subprocess.PIPE,

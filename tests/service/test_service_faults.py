@@ -207,7 +207,7 @@ def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
 
 # -- what a client sends, the service's log and its temporary files -------------------------
 @pytest.mark.parametrize("tickets", ["x", {}, [1.5], ["7"], [True], [-1], list(range(257)), 0])
-def test_release_tickets_of_another_type_are_one_clean_error(service, cat_dir, tickets):  # noqa: F811
+def test_release_tickets_of_another_type_are_one_clean_error(service, cat_dir, tickets):
     """Each is a one-line error to that client; the service logs no traceback (it logged
     one per request) and goes on."""
     log = runtime_dir(cat_dir) / LOG_FILE
@@ -226,7 +226,7 @@ def test_release_tickets_of_another_type_are_one_clean_error(service, cat_dir, t
         assert b"Traceback" not in written.read()
 
 
-def test_a_service_started_in_the_background_logs_each_line_once(cat_dir, monkeypatch):  # noqa: F811
+def test_a_service_started_in_the_background_logs_each_line_once(cat_dir, monkeypatch):
     """Its stderr goes to its log file too: a WARNING was written there twice."""
     monkeypatch.setenv("TABLOADER_IDLE_EXIT", "1")
     remote = RemoteLoader(cat_dir)  # starts it
@@ -244,7 +244,7 @@ def test_a_service_started_in_the_background_logs_each_line_once(cat_dir, monkey
     assert len([line for line in lines if "failed to authenticate" in line]) == 1
 
 
-def test_a_service_killed_with_its_processes_leaves_no_temporary_folder(cat_dir, short_tmp):  # noqa: F811
+def test_a_service_killed_with_its_processes_leaves_no_temporary_folder(cat_dir, short_tmp):
     """Killed with its process group (its decode processes, which remove multiprocessing's
     folder when only the service dies, die too): nothing is left in $TMPDIR, and the next
     service removes what the killed one left in its own runtime directory."""

@@ -17,24 +17,22 @@ Rows of the current round that are not yet served are pinned (RefCnt never evict
 The reference points are the union of the jobs' sets (no system reads less, one epoch per
 job) and the sum of the set sizes (no sharing at all).
 
-Policies
---------
-``LRU``, ``RefCnt`` and ``Lookahead`` replay the stream through the eviction policy objects
-of :mod:`tabloader.engine._arena.eviction` (:class:`PolicyCache`), the ones the arena ranks its slots by:
-``Lookahead`` is :data:`~tabloader.engine._arena.eviction.ARENA_POLICY` itself, so the benchmark measures
-the code that runs. Each cached row has a next use (known when it falls inside the window:
-the sampler runs ``LOOKAHEAD_FACTOR`` times as many rounds ahead as the cache holds rows;
-else inf), a count of uses (jobs still needing it this epoch) and a last use (its last
-request). ``Lookahead`` evicts the farthest next use (unknown ones first), then the fewest
-uses, then the least recent; ``RefCnt`` (:class:`~tabloader.engine._arena.eviction.FewestUses`) the fewest
+Policies -------- ``LRU``, ``RefCnt`` and ``Lookahead`` replay the stream through the eviction
+policy objects of :mod:`tabloader.engine._arena.eviction` (:class:`PolicyCache`), the ones the arena
+ranks its slots by: ``Lookahead`` is :data:`~tabloader.engine._arena.eviction.ARENA_POLICY` itself,
+so the benchmark measures the code that runs. Each cached row has a next use (known when it falls
+inside the window: the sampler runs ``LOOKAHEAD_FACTOR`` times as many rounds ahead as the cache
+holds rows; else inf), a count of uses (jobs still needing it this epoch) and a last use (its last
+request). ``Lookahead`` evicts the farthest next use (unknown ones first), then the fewest uses,
+then the least recent; ``RefCnt`` (:class:`~tabloader.engine._arena.eviction.FewestUses`) the fewest
 uses (zero first), then the least recent; ``LRU``
-(:class:`~tabloader.engine._arena.eviction.LeastRecent`) the least recent, without the round's pins (the
-textbook baseline). The requested row may be its own victim: a row that ranks first is not
-kept. ``FIFO``, ``Random`` and ``MinIO`` (fill once, never evict) are plain loops: the arena
-has no such policy. ``Belady`` is MIN, offline on the same stream and allowed to bypass:
-optimal, a lower bound of every other policy. It stays a separate computation, as it is no
-online policy (it reads every future request, not a horizon); with a window spanning the
-whole stream ``Lookahead`` equals it (checked in the tests).
+(:class:`~tabloader.engine._arena.eviction.LeastRecent`) the least recent, without the round's pins
+(the textbook baseline). The requested row may be its own victim: a row that ranks first is not
+kept. ``FIFO``, ``Random`` and ``MinIO`` (fill once, never evict) are plain loops: the arena has no
+such policy. ``Belady`` is MIN, offline on the same stream and allowed to bypass: optimal, a lower
+bound of every other policy. It stays a separate computation, as it is no online policy (it reads
+every future request, not a horizon); with a window spanning the whole stream ``Lookahead`` equals
+it (checked in the tests).
 """
 
 from __future__ import annotations

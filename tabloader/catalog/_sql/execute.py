@@ -1,7 +1,7 @@
 """Run one parsed statement: one handler per statement type, dispatched from ``HANDLERS``.
 
-The handlers talk to a ``StatementTarget`` (``tabloader.catalog._api``: the catalog API, its limits and
-its read-only queries), not to ``Catalog`` itself, so this module does not import the catalog
+The handlers talk to a ``StatementTarget`` (``tabloader.catalog._api``: the catalog API, its limits
+and its read-only queries), not to ``Catalog`` itself, so this module does not import the catalog
 that imports it; the loader service gives them its own view of its catalog.
 """
 

@@ -1,13 +1,13 @@
 """Random-access reads of a dataset's rows from its Arrow IPC files.
 
-The files are opened through the reader's store (:mod:`tabloader.catalog.storage._stores`): local files,
-or a store registered for its root's URI scheme; the reader's ``spec()`` names it by URI.
-Opening a part reads only its footer (``pa.ipc.open_file``); the file size, batch count and
-the identity the file records (dataset, part, file name, first ``_id``; see
-``tabloader.catalog.storage._checksums``) are checked against the catalog, so a truncated, replaced or
-swapped file is reported at open, not as wrong rows later. The first read of each record
-batch in a reader also checks its values (``validate(full=True)``) and the checksums of the
-columns read; later reads of that batch trust it (a bool per batch, per set of columns).
+The files are opened through the reader's store (:mod:`tabloader.catalog.storage._stores`): local
+files, or a store registered for its root's URI scheme; the reader's ``spec()`` names it by URI.
+Opening a part reads only its footer (``pa.ipc.open_file``); the file size, batch count and the
+identity the file records (dataset, part, file name, first ``_id``; see
+``tabloader.catalog.storage._checksums``) are checked against the catalog, so a truncated, replaced
+or swapped file is reported at open, not as wrong rows later. The first read of each record batch in
+a reader also checks its values (``validate(full=True)``) and the checksums of the columns read;
+later reads of that batch trust it (a bool per batch, per set of columns).
 
 Rows are located by arithmetic (see ``tabloader.catalog.storage``); a batched ``take`` groups ids by
 record batch so each batch is touched once, then restores the caller's order with one
@@ -447,11 +447,10 @@ class DatasetReader:
 
     def binary_values(self, ids: np.ndarray, column: str) -> tuple[list[Any], dict[int, Exception]]:
         """The values of ``column`` of rows ``ids`` as bytes-like buffers (None for nulls),
-        and failures by position: a damaged record batch (``StorageError``) fails its own
-        rows only. For a binary column (or a Hugging Face image struct's ``bytes``) of a part
-        of small rows, each record batch is read whole once (checked) and each value after
-        that on its own (:mod:`tabloader.catalog.storage._values`); otherwise a record batch per group
-        of rows.
+        and failures by position: a damaged record batch (``StorageError``) fails its own rows only.
+        For a binary column (or a Hugging Face image struct's ``bytes``) of a part of small rows,
+        each record batch is read whole once (checked) and each value after that on its own
+        (:mod:`tabloader.catalog.storage._values`); otherwise a record batch per group of rows.
 
         Raises:
             RowIdError: an id is out of range. UnknownColumnError: no such column.

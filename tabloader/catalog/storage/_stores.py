@@ -91,9 +91,9 @@ _LOCAL = "file"
 
 class LocalStore:
     """Part files in a local directory, opened as the catalog wrote them: a regular file,
-    never through a symbolic link, of its recorded size (``tabloader.catalog._directory.open_file``),
-    then by Arrow through ``/proc/self/fd`` (the file checked, not whatever the path names
-    by then).
+    never through a symbolic link, of its recorded size
+    (``tabloader.catalog._directory.open_file``), then by Arrow through ``/proc/self/fd`` (the file
+    checked, not whatever the path names by then).
 
     Args:
         root: the directory (a catalog's).
@@ -176,7 +176,8 @@ def open_store(uri: str | os.PathLike[str]) -> Store:
         known = ", ".join(sorted({_LOCAL, *_STORES}))
         raise StorageError(
             f"No store reads {scheme}:// URIs ({uri!r}; known: {known}). Register one in every "
-            f"process that reads it with tabloader.catalog.storage.register_store({scheme!r}, factory), "
+            "process that reads it with tabloader.catalog.storage.register_store("
+            f"{scheme!r}, factory), "
             f"or unset ${STORAGE_ENV} to read the catalog's own files.",
             path=uri,
         )

@@ -1,15 +1,15 @@
 """Write one Arrow IPC *file* (footer-indexed, random access) with fixed rows per batch.
 
-Why fixed rows per batch: a reader maps ``_id`` to a record batch by division, so opening a
-dataset never scans. Why small batches for large rows: ``get_batch`` reads the whole batch
-(every column, every row) to return one row, and a slice keeps the batch alive; 1-64 rows per
-batch for 10-100 KB rows gave the best random reads (``python -m benchmarks catalog``). We aim for about
+Why fixed rows per batch: a reader maps ``_id`` to a record batch by division, so opening a dataset
+never scans. Why small batches for large rows: ``get_batch`` reads the whole batch (every column,
+every row) to return one row, and a slice keeps the batch alive; 1-64 rows per batch for 10-100 KB
+rows gave the best random reads (``python -m benchmarks catalog``). We aim for about
 ``TARGET_BATCH_BYTES`` per batch, rounded down to a power of two.
 
-Given a ``FileIdentity``, the file's schema metadata records it and every record batch carries
-its columns' checksums (``tabloader.catalog.storage._checksums``). Crash safety is unchanged: the file is
-written under a temporary name, fsynced, and only then renamed and committed by the catalog;
-the checksums travel inside the file, so there is no second file to keep in step.
+Given a ``FileIdentity``, the file's schema metadata records it and every record batch carries its
+columns' checksums (``tabloader.catalog.storage._checksums``). Crash safety is unchanged: the file
+is written under a temporary name, fsynced, and only then renamed and committed by the catalog; the
+checksums travel inside the file, so there is no second file to keep in step.
 """
 
 from __future__ import annotations

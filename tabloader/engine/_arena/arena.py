@@ -23,22 +23,23 @@ Layout
   (dtype ``uint8``): ``view(offset, shape)`` is the value. Per class, numpy arrays hold each
   slot's space, row, shape, pin count and last-use tick; per *space* (one dataset column
   prepared one way, e.g. ``imgs/image@224``) an array maps row id -> slot (-1 if absent).
-* The slabs, slot classes and offset arithmetic are the allocator's (:mod:`tabloader.engine._arena.slabs`);
+* The slabs, slot classes and offset arithmetic are the allocator's
+(:mod:`tabloader.engine._arena.slabs`);
   this module decides what the slots hold, pins them and evicts.
 
-Eviction (when a class needs a slot and has none free and no slab is free): the class's
-unpinned slots are ranked by the eviction policy (:mod:`tabloader.engine._arena.eviction`; by default
-:data:`~tabloader.engine._arena.eviction.ARENA_POLICY`: the value whose next use is farthest (lookahead:
-Belady inside the sampler's horizon), then the one with the fewest future uses (RefCnt), then
-the least recently used), the same object ``bench sampling``'s simulator replays. A reserve
-takes all its slots at once (one ranking for all its victims), and a ranking keeps the next
-best victims for the next reserves, checked again on fresh inputs before they go (``_victims``).
-``score(space, rows) -> (next_use, uses)`` supplies the first two, vectorized; it is called
-with the arena's lock held, so it must not take a lock that an arena caller may hold (the
-engine's scores are lock-free numpy reads). A class with no evictable slot takes a whole slab
-from another class whose slots are all unpinned (the one whose values are needed least).
-Room for more than a slab (the service's staging of a batch) is a run of whole consecutive
-slabs that hold no pinned value (``reserve_run``): their values are evicted.
+Eviction (when a class needs a slot and has none free and no slab is free): the class's unpinned
+slots are ranked by the eviction policy (:mod:`tabloader.engine._arena.eviction`; by default
+:data:`~tabloader.engine._arena.eviction.ARENA_POLICY`: the value whose next use is farthest
+(lookahead: Belady inside the sampler's horizon), then the one with the fewest future uses (RefCnt),
+then the least recently used), the same object ``bench sampling``'s simulator replays. A reserve
+takes all its slots at once (one ranking for all its victims), and a ranking keeps the next best
+victims for the next reserves, checked again on fresh inputs before they go (``_victims``).
+``score(space, rows) -> (next_use, uses)`` supplies the first two, vectorized; it is called with the
+arena's lock held, so it must not take a lock that an arena caller may hold (the engine's scores are
+lock-free numpy reads). A class with no evictable slot takes a whole slab from another class whose
+slots are all unpinned (the one whose values are needed least). Room for more than a slab (the
+service's staging of a batch) is a run of whole consecutive slabs that hold no pinned value
+(``reserve_run``): their values are evicted.
 
 Pins: ``get`` and ``put`` pin what they return; ``release`` unpins. A pinned slot is never
 evicted. In the engine a pin lasts from a batch's lookup until its values are copied into the
@@ -181,8 +182,8 @@ class Arena:
             )
         if not isinstance(policy, EvictionPolicy):
             raise CacheError(
-                f"policy must be a tabloader.engine._arena.eviction.EvictionPolicy, got {policy!r}; pass "
-                "e.g. tabloader.engine._arena.eviction.FewestUses(), or leave it out for the default."
+                f"policy must be an eviction policy (FewestUses(), LeastRecent()), got {policy!r}; "
+                "pass one, or leave it out for the default."
             )
         if slab_bytes is None:
             slab_bytes = default_slab(capacity_bytes)

@@ -1,12 +1,11 @@
 """Shared memory with no name: the arena of prepared values, in an unnamed file of ``/dev/shm``.
 
-A segment is a file of the memory filesystem that was never linked into it (``O_TMPFILE``):
-nothing in ``/dev/shm`` names it, so nothing is left to remove when its owner dies, even by
-SIGKILL (the OOM killer's signal); the memory goes back to the system when the last process
-that maps it or holds its descriptor is gone. Processes reach it by descriptor only: decode
-processes inherit one as they start (:mod:`tabloader.engine._prepare.decoding`), clients receive a read-only
-one
-over the service's authenticated socket (:mod:`tabloader.service._protocol`, ``SCM_RIGHTS``).
+A segment is a file of the memory filesystem that was never linked into it (``O_TMPFILE``): nothing
+in ``/dev/shm`` names it, so nothing is left to remove when its owner dies, even by SIGKILL (the OOM
+killer's signal); the memory goes back to the system when the last process that maps it or holds its
+descriptor is gone. Processes reach it by descriptor only: decode processes inherit one as they
+start (:mod:`tabloader.engine._prepare.decoding`), clients receive a read-only one over the
+service's authenticated socket (:mod:`tabloader.service._protocol`, ``SCM_RIGHTS``).
 
 ``/dev/shm`` rather than an anonymous ``memfd_create``: a memfd lives in the kernel's internal
 memory filesystem, which has no size limit, so allocating a cache larger than the machine's
@@ -24,7 +23,7 @@ One segment per loader (the service's, or an in-process ``Loader`` decoding in p
 
     0                                     capacity                      capacity + staging
     |<- the arena: slabs of slots ------->|<- staging blocks (service) ->|
-         (tabloader.engine._arena.arena, tabloader.engine._arena.slabs)   (tabloader.service._server)
+         (engine._arena: arena, slabs)          (service._server)
 
 * **Writers.** The loader's process owns the layout: only it decides what a byte range holds
   (the arena's ``reserve``/``put``/``publish``/``discard``; the service's staging blocks and

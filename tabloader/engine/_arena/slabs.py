@@ -1,10 +1,10 @@
 """The arena's allocator: one buffer cut into slabs, each slab into slots of one size class.
 
-It knows bytes only: which slab belongs to which slot class, where a slot is (byte offset
-<-> class and slot index), and which slots and slabs are free. What a slot holds (its space,
-row, shape, pins and last use) is kept per class in arrays that the arena reads and writes, and
-which value to evict is the arena's choice (:mod:`tabloader.engine._arena.arena`, whose docstring shows the
-layout). Nothing here locks: the arena calls it with its lock held.
+It knows bytes only: which slab belongs to which slot class, where a slot is (byte offset <-> class
+and slot index), and which slots and slabs are free. What a slot holds (its space, row, shape, pins
+and last use) is kept per class in arrays that the arena reads and writes, and which value to evict
+is the arena's choice (:mod:`tabloader.engine._arena.arena`, whose docstring shows the layout).
+Nothing here locks: the arena calls it with its lock held.
 
 Example:
     >>> slabs = Slabs(num_slabs=2, slab_bytes=1024)

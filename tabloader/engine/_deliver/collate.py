@@ -1,14 +1,15 @@
-"""Step 3 of preparing a batch (:mod:`tabloader.engine._prepare.fetch`): the batch, received by its job.
+"""Step 3 of preparing a batch (:mod:`tabloader.engine._prepare.fetch`): the batch, received by its
+job.
 
-A prepared batch is laid out as a :class:`~tabloader.engine._deliver.handoff.HandedBatch` (its ids and
-each column, where its values lie in the arena) and goes to its job's *receiver*, chosen once
+A prepared batch is laid out as a :class:`~tabloader.engine._deliver.handoff.HandedBatch` (its ids
+and each column, where its values lie in the arena) and goes to its job's *receiver*, chosen once
 when the job opens (``Loader.open(remote=...)``; the job's ``Plan.receiver``):
 
 * :class:`Collate` (a job of this process) copies it out at once
-  (:meth:`~tabloader.engine._deliver.handoff.HandedBatch.copy_out`: the one copy of each payload byte
-  into the job's own arrays, fixed-shape images into one array from
-  :class:`~tabloader.engine._deliver.batchmem.BatchMemory`); the job's augmentation runs in that copy.
-  A batch never aliases the arena or another job's batch, so in-place writes stay in the job.
+  (:meth:`~tabloader.engine._deliver.handoff.HandedBatch.copy_out`: the one copy of each payload
+  byte into the job's own arrays, fixed-shape images into one array from
+  :class:`~tabloader.engine._deliver.batchmem.BatchMemory`); the job's augmentation runs in that
+  copy. A batch never aliases the arena or another job's batch, so in-place writes stay in the job.
 * :class:`HandOver` (a job of the loader service's client) keeps the values pinned in the
   arena, whose shared memory the client maps; the client copies them out with the same
   ``copy_out`` and then they are released (:func:`release`). A column the job augments is
@@ -173,7 +174,8 @@ def _decoded(
 
 def refuse_sources(work: Work) -> None:
     """Add to ``work.errors`` each row whose decoded image the job's augmentation may not take
-    (:meth:`~tabloader.engine._prepare.augment.Augmenter.refusal`): it is then skipped or raised as the
+    (:meth:`~tabloader.engine._prepare.augment.Augmenter.refusal`): it is then skipped or raised as
+    the
     job's ``on_error`` says, as a row that failed to decode."""
     for ci, (dec, _) in enumerate(work.plan.prepared):
         aug = work.plan.augment.get(dec.column)

@@ -1,10 +1,10 @@
 """One handed-over batch: where each of its values lies, its one wire encoding, its one copy out.
 
-A prepared batch (:mod:`tabloader.engine._deliver.collate`) is a :class:`HandedBatch`: the ids and each
-column of the job, each column an object that says where its values lie in ``memory`` (the
-arena's buffer in the engine's process; the read-only mapping of it in a loader service's
-client) and copies them out into the job's own arrays (:meth:`HandedBatch.copy_out`, the one
-copy of each payload byte, wherever the job runs):
+A prepared batch (:mod:`tabloader.engine._deliver.collate`) is a :class:`HandedBatch`: the ids and
+each column of the job, each column an object that says where its values lie in ``memory`` (the
+arena's buffer in the engine's process; the read-only mapping of it in a loader service's client)
+and copies them out into the job's own arrays (:meth:`HandedBatch.copy_out`, the one copy of each
+payload byte, wherever the job runs):
 
 * :class:`Held`: values this process holds already (a job of the engine's process: its ids,
   the columns gathered for it), delivered as they are;

@@ -5,8 +5,9 @@ process) and :class:`~tabloader.service._client.RemoteStream` (a job of the load
 ``tabloader.torch`` and the integrations take either. This module imports nothing of the
 engine, so a job process of the service can name the type without loading it.
 
-:func:`report_arrays` (:mod:`tabloader.sampling._importance`) checks a job's reported
-losses (``Stream.report``) the same way on each side of the service: before they leave the job's process, and where they arrive.
+:func:`report_arrays` (:mod:`tabloader.sampling._importance`) checks a job's reported losses
+(``Stream.report``) the same way on each side of the service: before they leave the job's process,
+and where they arrive.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Each job's own augmentation, on top of the shared decode: draws and pixels.
 
-The shared prefix of loading an image (read + decode, aspect kept, at the smallest DCT scale
-that serves the jobs on the column: :class:`tabloader.engine._prepare.prep.Fit`) is done once per row for all
-jobs and kept in the arena. What stays per job is its random draws and the crop-resize that
-uses them, declared with the job (``augment``, parsed by :mod:`tabloader.catalog._augment`):
+The shared prefix of loading an image (read + decode, aspect kept, at the smallest DCT scale that
+serves the jobs on the column: :class:`tabloader.engine._prepare.prep.Fit`) is done once per row for
+all jobs and kept in the arena. What stays per job is its random draws and the crop-resize that uses
+them, declared with the job (``augment``, parsed by :mod:`tabloader.catalog._augment`):
 
 * **Draws** (:meth:`Augmenter.draw`) are a pure function of (job seed, epoch, row ``_id``) and
   the source shape: a ``numpy`` Philox stream keyed by the three, used in op order with
@@ -24,8 +24,8 @@ uses them, declared with the job (``augment``, parsed by :mod:`tabloader.catalog
   of it the draws).
 
 Where it runs: in the loader's pool threads when a batch is collated in-process
-(:mod:`tabloader.engine._deliver.collate`), in the job process's own threads for the service's clients
-(:mod:`tabloader.service._client`): never on the training loop's thread, and the augmented
+(:mod:`tabloader.engine._deliver.collate`), in the job process's own threads for the service's
+clients (:mod:`tabloader.service._client`): never on the training loop's thread, and the augmented
 form is never cached (DS-Analyzer: reusing one augmented image across epochs costs accuracy).
 
 Example:
@@ -111,7 +111,8 @@ class Augmenter:
 
     def refusal(self, shape: tuple[int, int], row_id: int) -> RowReadError | None:
         """The error of a source of ``shape`` (h, w) whose augmentation would make an image
-        over ``tabloader.catalog._augment.MAX_PIXELS`` (a panorama under ``Resize(256)``), else None.
+        over ``tabloader.catalog._augment.MAX_PIXELS`` (a panorama under ``Resize(256)``), else
+        None.
 
         The collate calls it for each row of a batch before augmenting any, so that such a
         row is skipped or raised as the job's ``on_error`` says, as a row that failed to

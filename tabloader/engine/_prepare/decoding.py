@@ -1,25 +1,24 @@
 """Decoding image rows: in the calling thread, or in decode processes writing into shared memory.
 
-Threads decode and resize with the GIL released, but the Python between those calls (slicing
-the stored bytes, bookkeeping, the arena) holds it: on 16 cores the threads of one process
-top out near 8 busy workers (measured: 1,648 rows/s with 8, 1,052 with 16). Decode processes
-have a GIL each. The loader's arena lives in a shared-memory segment
-(:mod:`tabloader.engine._arena.shm`); a fixed-shape space's slots are reserved in the loader process,
-and a worker reads the rows' bytes from the dataset's files itself (no payload is pickled),
-decodes and resizes them with the same :class:`~tabloader.engine._prepare.prep.Decoder` (the same pixels as a
-thread would produce) and writes each value straight into its slot. Only row ids, offsets,
-errors and counters cross the pipe.
+Threads decode and resize with the GIL released, but the Python between those calls (slicing the
+stored bytes, bookkeeping, the arena) holds it: on 16 cores the threads of one process top out near
+8 busy workers (measured: 1,648 rows/s with 8, 1,052 with 16). Decode processes have a GIL each. The
+loader's arena lives in a shared-memory segment (:mod:`tabloader.engine._arena.shm`); a fixed-shape
+space's slots are reserved in the loader process, and a worker reads the rows' bytes from the
+dataset's files itself (no payload is pickled), decodes and resizes them with the same
+:class:`~tabloader.engine._prepare.prep.Decoder` (the same pixels as a thread would produce) and
+writes each value straight into its slot. Only row ids, offsets, errors and counters cross the pipe.
 
 **Memory cap.** Each decode checks the image's declared size against the pixel limit before it
-allocates (:mod:`tabloader.engine._prepare.imagesize`); where the platform has ``RLIMIT_DATA`` (Linux),
-a decode process also runs under a cap on its private memory: what it uses once started, plus
-``CAP_BYTES_PER_PIXEL`` bytes a pixel of the limit (one decode at its widest: CMYK or RGBA,
-then its RGB copy), plus ``CAP_HEADROOM`` for the rows' stored bytes, a batch of small decodes
-and the libraries' own buffers (64 MP: 1.5 GiB over the start). The shared arena is a shared
-mapping, outside the cap. A decode that reaches it (a format whose header lies, a decoder's
-own tables) gets a ``MemoryError``, which ends its process: as with any death, its task runs
-again, and a row whose decode alone ends a process twice is bad data (``KILLS_PER_ROW``). In
-the loader's threads a ``MemoryError`` fails its row for this batch only (it is not bad data).
+allocates (:mod:`tabloader.engine._prepare.imagesize`); where the platform has ``RLIMIT_DATA``
+(Linux), a decode process also runs under a cap on its private memory: what it uses once started,
+plus ``CAP_BYTES_PER_PIXEL`` bytes a pixel of the limit (one decode at its widest: CMYK or RGBA,
+then its RGB copy), plus ``CAP_HEADROOM`` for the rows' stored bytes, a batch of small decodes and
+the libraries' own buffers (64 MP: 1.5 GiB over the start). The shared arena is a shared mapping,
+outside the cap. A decode that reaches it (a format whose header lies, a decoder's own tables) gets
+a ``MemoryError``, which ends its process: as with any death, its task runs again, and a row whose
+decode alone ends a process twice is bad data (``KILLS_PER_ROW``). In the loader's threads a
+``MemoryError`` fails its row for this batch only (it is not bad data).
 """
 
 from __future__ import annotations
@@ -74,9 +73,9 @@ CAP_BYTES_PER_PIXEL = 8
 #: ... and bytes over that and what the process used once started.
 CAP_HEADROOM = 1 << 30
 _OUT_OF_MEMORY = 75  # a decode process's exit status when a decode ran out of its cap
-#: What the decode processes' forkserver imports before it forks any. Not torch: the resizes
-#: are tabloader's own kernel (:mod:`tabloader.engine._prepare.resample`); only an install without it
-#: imports torch, in each decode process at its first resize.
+#: What the decode processes' forkserver imports before it forks any. Not torch: the resizes : are
+# tabloader's own kernel (:mod:`tabloader.engine._prepare.resample`); only an install without it :
+# imports torch, in each decode process at its first resize.
 FORKSERVER_PRELOAD = (__name__,)
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ task looks up and dispatches first, step 2, and gathers while the decodes run, s
 1. **Gather** the cheap columns (numbers, strings, lists, raw bytes) with vectorized reads,
    straight into the batch and with no cache (for these a read costs less than caching; see
    :mod:`tabloader.engine._prepare.gather`).
-2. **Look up** the prepared columns (decoded images) in the :class:`~tabloader.engine._arena.arena.Arena`:
+2. **Look up** the prepared columns (decoded images) in the
+:class:`~tabloader.engine._arena.arena.Arena`:
    found rows are pinned; a row that another batch is decoding now is waited for (one decode
    for every job that wants it: request merging); the rest are claimed and decoded in groups
    of at least ``MIN_DECODE_ROWS`` rows and ``MIN_TASK_BYTES`` (a batch's claimed rows split

@@ -1,4 +1,5 @@
-"""Step 1 of preparing a batch (:mod:`tabloader.engine._prepare.fetch`): the cheap columns, with no cache.
+"""Step 1 of preparing a batch (:mod:`tabloader.engine._prepare.fetch`): the cheap columns, with no
+cache.
 
 Numbers, strings, lists and raw bytes cost less to read than to cache, so they are read
 straight into the batch with vectorized takes. A fixed-width, null-free column of at most

@@ -1,9 +1,10 @@
 """How a job's image columns are prepared: a fixed-size value of its own, or a shared
 aspect-kept decode and the job's own augmentation on top of it.
 
-* A job with ``augment`` (see :mod:`tabloader.engine._prepare.augment`) reads each image column from an
-  aspect-kept decode (:class:`~tabloader.engine._prepare.prep.Fit`) whose least shorter side serves its
-  ``need`` (``shared_fit``), drawing its own crops and flips from it.
+* A job with ``augment`` (see :mod:`tabloader.engine._prepare.augment`) reads each image column from
+an
+  aspect-kept decode (:class:`~tabloader.engine._prepare.prep.Fit`) whose least shorter side serves
+  its ``need`` (``shared_fit``), drawing its own crops and flips from it.
 * A job with only ``image_size`` (an int: the evaluation recipe) reads a shared decode of its
   rows when there is one, and gets torchvision's ``Resize(size), CenterCrop(size)`` of it (the
   mapping of its own fixed-size decode; the pixels differ slightly): an evaluation job beside a

@@ -1,12 +1,12 @@
 """The loader's threads: a pool that runs the task of the earliest batch first.
 
-A ``ThreadPoolExecutor`` runs tasks in the order they came. A loader's tasks come from
-several batches at once (each job has ``prefetch`` of them in flight, and their look-ups run
-on the pool too), so a later batch's decodes could go before those of the batch its job waits
-for: in a cold service two look-ups ran side by side and the second batch's decodes were
-queued first, which held the first batch back by a decode group (80 ms). Here each task has
-a priority, the order its batch was cut in (:class:`~tabloader.engine._prepare.work.Work`'s ``seq``),
-and the earliest goes first; tasks of one priority keep their order.
+A ``ThreadPoolExecutor`` runs tasks in the order they came. A loader's tasks come from several
+batches at once (each job has ``prefetch`` of them in flight, and their look-ups run on the pool
+too), so a later batch's decodes could go before those of the batch its job waits for: in a cold
+service two look-ups ran side by side and the second batch's decodes were queued first, which held
+the first batch back by a decode group (80 ms). Here each task has a priority, the order its batch
+was cut in (:class:`~tabloader.engine._prepare.work.Work`'s ``seq``), and the earliest goes first;
+tasks of one priority keep their order.
 """
 
 from __future__ import annotations

@@ -127,8 +127,6 @@ class DecodeKind(enum.Enum):
     SCALAR = "scalar"
 
 
-
-
 @dataclass(frozen=True)
 class Decoder:
     """Prepares the values of one column; callable as ``decoder(value, row_id=...)``.

@@ -45,20 +45,20 @@ import numpy.typing as npt
 try:
     from tabloader.engine._prepare import _resample as _kernel
 except ImportError:  # pragma: no cover - built without a C compiler
-    _kernel = None
+    _kernel = None  # type: ignore[assignment]
 
 __all__ = [
     "Resampler",
-    "resize_kernel",
-    "resize_kernels",
     "optional_torch",
     "resampler",
     "resize_batch",
     "resize_hw",
     "resize_into",
+    "resize_kernel",
+    "resize_kernels",
     "resize_many_hw",
-    "use_resize_kernel",
     "torch_resizing",
+    "use_resize_kernel",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,8 +83,9 @@ def resampler() -> Resampler:
         return Resampler.KERNEL
     if optional_torch() is not None:
         logger.warning(
-            "tabloader.engine._prepare._resample is not built (no C compiler at install?): images are "
-            "resized by torch (the same pixels, slower, and each process imports torch). "
+            "tabloader's resize kernel (tabloader.engine._prepare._resample) is not built (no C "
+            "compiler at install?): images are resized by torch (the same pixels, slower, and "
+            "each process imports torch). "
             "Reinstall tabloader with a C compiler to build it."
         )
         return Resampler.TORCH

@@ -2,8 +2,8 @@
 and :class:`Work` (one batch of one job on its way through fetch, accounting and collate).
 
 They live apart from :mod:`tabloader.engine._prepare.fetch` so that the modules the fetcher uses
-(:mod:`tabloader.engine._arena.accounting`, :mod:`tabloader.engine._deliver.collate`) read them without importing
-it back.
+(:mod:`tabloader.engine._arena.accounting`, :mod:`tabloader.engine._deliver.collate`) read them
+without importing it back.
 """
 
 from __future__ import annotations

@@ -120,9 +120,9 @@ class Pace:
 class JobState:
     """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
 
-    ``world_size`` ranks share the queue and take turns (see :mod:`tabloader.engine._queue.scheduler`);
-    each
-    :class:`RankState` has its own batches in preparation and counters.
+    ``world_size`` ranks share the queue and take turns (see
+    :mod:`tabloader.engine._queue.scheduler`); each :class:`RankState` has its own batches in
+    preparation and counters.
     """
 
     name: str

@@ -71,7 +71,8 @@ from tabloader.catalog._settings import SETTINGS
 __all__ = ["WORLD_SIZE_MAX", "rank_share", "resolve_rank"]
 
 WORLD_SIZE_MAX = int(SETTINGS["world_size"].bounds()[1])
-"""The most data-parallel ranks a job has (``tabloader.catalog._settings``' ``world_size``); a job has at
+"""The most data-parallel ranks a job has (``tabloader.catalog._settings``' ``world_size``); a job
+has at
 most one rank per row too (checked where the job is opened)."""
 
 #: The environment variables read here, in the order an error lists them.

@@ -32,8 +32,8 @@ Data flow, per dataset::
 
 A job's and a rank's state (positions, counters): :mod:`tabloader.engine._queue.jobs`; its queue:
 :mod:`tabloader.engine._queue.jobqueue`; the cutting and dealing of its batches, and its
-``state_dict``: :mod:`tabloader.engine._queue.dealer` (one :class:`~tabloader.engine._queue.dealer.Dealer` a
-job, in ``dealers``).
+``state_dict``: :mod:`tabloader.engine._queue.dealer` (one
+:class:`~tabloader.engine._queue.dealer.Dealer` a job, in ``dealers``).
 """
 
 from __future__ import annotations

@@ -31,11 +31,11 @@ from tabloader.engine.decode._backend import DEFAULT_BACKEND, Fit, ImageSize, In
 
 __all__ = [
     "BATCH_RESIZE_BYTES",
-    "check_size",
     "DEFAULT_DECODE_BACKEND",
     "Into",
     "PillowBackend",
     "SimpleJpegBackend",
+    "check_size",
     "dct_least_size",
     "decode_image",
     "decode_images",
