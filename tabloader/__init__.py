@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import typing
 
+from tabloader._lazy import lazy_names
 from tabloader.catalog import __all__ as _catalog_names
 from tabloader.service._plugins import set_locator as _set_locator
 
@@ -72,14 +73,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> typing.Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # once
-        return value
-    raise AttributeError(f"module 'tabloader' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __version__ = "0.1.0"

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "tabloader.catalog.*": CATALOG,
     "tabloader.sampling.*": SAMPLING,
     "tabloader._format": ENGINE,
+    "tabloader._lazy": CATALOG,  # the faces' imports on first use
     "tabloader.datagen": ENGINE,
     "tabloader.engine.*": ENGINE,
     "tabloader.service.*": SERVICE,

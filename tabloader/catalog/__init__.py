@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import typing
 
+from tabloader._lazy import lazy_names
 from tabloader.catalog._progress import disable_progress_bars
 
 if typing.TYPE_CHECKING:
@@ -86,13 +87,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> typing.Any:
-    """The catalog's classes and functions, imported on first use (DuckDB, sqlglot: a process
-    that reads only files, such as a decode process, never needs them)."""
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # once
-        return value
-    raise AttributeError(f"module 'tabloader.catalog' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

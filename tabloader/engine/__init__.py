@@ -40,7 +40,9 @@ The names below are imported on first use, so that a decode process importing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tabloader._lazy import lazy_names
 
 if TYPE_CHECKING:
     from tabloader.engine._arena.arena import values_that_fit
@@ -81,11 +83,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # once
-        return value
-    raise AttributeError(f"module 'tabloader.engine' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

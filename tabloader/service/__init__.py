@@ -13,7 +13,9 @@ a process that imports only the catalog must not load the service.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tabloader._lazy import lazy_names
 
 if TYPE_CHECKING:
     from tabloader.service._client import RemoteLoader
@@ -32,11 +34,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # once
-        return value
-    raise AttributeError(f"module 'tabloader.service' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -1,4 +1,4 @@
-"""The crop-resize-flip kernel (``_resample.c``): torch's uint8 antialiased bilinear, byte for byte."""
+"""The crop-resize-flip kernel (``_resample.c``): torch's uint8 antialiased bilinear, exactly."""
 
 from __future__ import annotations
 
@@ -38,4 +38,4 @@ def isa() -> str:
     """The code path resizes use now: ``"avx2"`` or ``"scalar"``."""
 
 def set_isa(name: str, /) -> str:
-    """Use ``"scalar"``, ``"avx2"`` or ``"auto"`` from now on, in every thread; the previous path."""
+    """Use ``"scalar"``, ``"avx2"`` or ``"auto"`` from now on, in every thread; returns the last."""
