@@ -64,8 +64,9 @@ def test_each_face_has_a_sorted_all_naming_what_it_has(face):
 
 def test_import_tabloader_catalog_loads_no_engine_service_or_torch():
     """The catalog is the bottom layer: importing it (and its SQL and importers) loads nothing
-    else of tabloader but the package's face (and its lazy imports) and the service's plug-in seam (where the package
-    registers how a Ray worker finds its node's loader: two modules of protocols), and never
+    else of tabloader but the package's face (and its lazy imports) and the service's plug-in seam
+    (where the package registers how a Ray worker finds its node's loader: two modules of
+    protocols), and never
     torch."""
     code = (
         "import sys, tabloader.catalog, tabloader.catalog._sql, tabloader.catalog._importers.hf,"
