@@ -204,7 +204,13 @@ def _importer(fmt: str) -> Callable[..., Source]:
 
 
 def open_source(fmt: str, source: Any, **options: Any) -> Source:
-    """Open ``source`` with the importer registered for ``fmt``."""
+    """Open ``source`` with the importer registered for ``fmt`` (a URI of object storage,
+    ``s3://bucket/prefix``: with ``catalog.importers.remote``)."""
+    from catalog.importers.remote import is_remote, open_remote
+
+    if is_remote(source):
+        _importer(fmt)  # (an unknown format: the same error)
+        return open_remote(fmt, source, **options)
     return _importer(fmt)(source, **options)
 
 
@@ -212,6 +218,13 @@ def detect_format(path: str | Path) -> str:
     """Guess the FORMAT of a path: a directory of class folders, HF, Parquet or Arrow IPC."""
     p = Path(path)
     text = str(path)
+    if "://" in text and not text.startswith("file://"):  # object storage: by extension only
+        for fmt, exts in (("parquet", (".parquet", ".pq")), ("arrow", (".arrow", ".feather"))):
+            if text.lower().endswith(exts):
+                return fmt
+        raise ImportFailedError(
+            f"Cannot tell the format of '{path}'; add FORMAT imagefolder|parquet|arrow."
+        )
     if any(ch in text for ch in "*?["):
         return "parquet" if text.endswith((".parquet", ".pq")) else "arrow"
     if not p.exists():

@@ -7,12 +7,15 @@ and can, per request:
 * add latency (``Faults.latency`` seconds before the request is forwarded: every request);
 * answer ``503 SlowDown`` without forwarding it (``Faults.slowdown``, a fraction);
 * cut the response's body midway and close the connection (``Faults.cut``);
-* flip one byte of the response's body (``Faults.corrupt``).
+* flip one byte of the response's body (``Faults.corrupt``);
+* refuse the methods of ``Faults.deny`` with ``403 AccessDenied`` (a read-only bucket).
 
 Which requests get a fault is deterministic for a seed: each fault is drawn from a generator
-seeded by (seed, fault, method, path, range, how many times that same request came before),
+seeded by (seed, method, range, how many times such a request came before; not the path,
+since buckets and part names are random),
 so the draws do not depend on the order of concurrent requests, and a retried request draws
-again (a fault of rate ``r`` hits the k-th try of a request with probability ``r``). Faults
+again (a fault of rate ``r`` hits the k-th try of a request with probability ``r``; at most
+``Faults.budget`` faults in all). Faults
 apply to the methods in ``Faults.methods`` (GET by default) whose path contains
 ``Faults.path``. ``S3Proxy.stats`` counts requests, faults and body bytes per object path.
 
@@ -35,6 +38,10 @@ from typing import BinaryIO
 __all__ = ["Faults", "LoopbackS3", "S3Proxy", "loopback_s3"]
 
 TIMEOUT = 30.0  # seconds any socket operation of the proxy may take
+DENIED_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message><RequestId>tl-proxy</RequestId></Error>"
+)
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>tl-proxy</RequestId>"
@@ -53,6 +60,8 @@ class Faults:
     corrupt: float = 0.0
     methods: frozenset[str] = frozenset({"GET"})
     path: str = ""  # only requests whose path contains this (e.g. one object's key)
+    budget: int | None = None  # at most this many faults in all (None: no bound)
+    deny: frozenset[str] = frozenset()  # methods answered 403 AccessDenied (a read-only bucket)
 
 
 @dataclass
@@ -206,7 +215,8 @@ class S3Proxy:
 
     def _draw(self, request: _Request) -> tuple[float, ...]:
         """Three draws in [0, 1) for (slowdown, cut, corrupt), and a fourth for where."""
-        key = (request.method, request.path, request.header("range"))
+        # (not the path: buckets and part files have random names, the ranges do not)
+        key = (request.method, request.header("range"))
         with self._lock:
             n = self._seen[key]
             self._seen[key] += 1
@@ -214,9 +224,14 @@ class S3Proxy:
         rng = random.Random(f"{self.faults.seed}|{'|'.join(key)}|{n}")
         return tuple(rng.random() for _ in range(4))
 
-    def _count(self, kind: str) -> None:
+    def _count(self, kind: str) -> bool:
+        """Count a fault of ``kind``; False (no fault) once the budget is spent."""
         with self._lock:
+            budget = self.faults.budget
+            if budget is not None and sum(self.stats.faults.values()) >= budget:
+                return False
             self.stats.faults[kind] += 1
+            return True
 
     def _handle(self, sock: socket.socket, request: _Request) -> bool:
         """Answer one request; False when the connection is to close."""
@@ -225,18 +240,24 @@ class S3Proxy:
         if faults.latency:
             time.sleep(faults.latency)
         faulty = request.method in faults.methods and faults.path in request.path
-        if faulty and slow < faults.slowdown:
-            self._count("slowdown")
+        denied = request.method in faults.deny and faults.path in request.path
+        if denied or (faulty and slow < faults.slowdown and self._count("slowdown")):
+            if denied:
+                self._count("denied")
+            status, body = (
+                (b"403 Forbidden", DENIED_BODY) if denied else (b"503 Slow Down", SLOWDOWN_BODY)
+            )
             sock.sendall(
-                b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                + f"Content-Length: {len(SLOWDOWN_BODY)}\r\n\r\n".encode()
-                + SLOWDOWN_BODY
+                b"HTTP/1.1 "
+                + status
+                + b"\r\nContent-Type: application/xml\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
             )
             return request.header("connection").lower() != "close"
         status, headers, body = self._forward(request)
         ok = status in (200, 206) and request.method == "GET" and body
-        if faulty and ok and corrupt < faults.corrupt:
-            self._count("corrupt")
+        if faulty and ok and corrupt < faults.corrupt and self._count("corrupt"):
             at = int(where * len(body))
             body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
         with self._lock:
@@ -250,8 +271,7 @@ class S3Proxy:
         if request.method != "HEAD":
             head.append(f"Content-Length: {len(body)}")
         data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
-        if faulty and ok and cut < faults.cut and len(body) > 1:
-            self._count("cut")
+        if faulty and ok and cut < faults.cut and len(body) > 1 and self._count("cut"):
             sock.sendall(data + body[: len(body) // 2])
             sock.shutdown(socket.SHUT_RDWR)
             return False
