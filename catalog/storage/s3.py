@@ -34,7 +34,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,8 @@ __all__ = [
     "S3Config",
     "S3Store",
     "StoreCounters",
+    "forget_stores",
+    "open_s3",
     "s3_config",
     "split_uri",
 ]
@@ -482,8 +484,3 @@ def forget_stores() -> None:
     opened: tests that change it)."""
     with _STORES_LOCK:
         _STORES.clear()
-
-
-def iter_objects(uri: str) -> Iterator[tuple[str, int]]:
-    """``(name, size)`` of the objects under ``uri``, names relative to it."""
-    yield from open_s3(uri).list()
