@@ -326,14 +326,23 @@ class DatasetReader:
         """``batches`` of part ``part``, as they are; on object storage, their bytes fetched
         ahead a window (``ranged.WINDOW_BYTES``) at a time, all of a window's requests in
         flight together, and released once the caller asks for the next window (read each
-        with ``record_batch`` as it comes)."""
+        with ``record_batch`` as it comes). A part or window that cannot be fetched is
+        yielded unfetched: ``record_batch`` then reports it, batch by batch."""
         if not self._ranged or not self._is_whole(fields):
             yield from batches
             return
-        self._file(part, fields)  # opened and checked (size, identity) first
-        file = self._part_file(part)
+        try:
+            self._file(part, fields)  # opened and checked (size, identity) first
+            file = self._part_file(part)
+        except StorageError:
+            yield from batches
+            return
         for window in file.windows(batches):
-            file.load(window)
+            try:
+                file.load(window)
+            except StorageError:
+                yield from window
+                continue
             try:
                 yield from window
             finally:

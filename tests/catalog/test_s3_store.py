@@ -262,3 +262,14 @@ def test_the_configuration_comes_from_the_environment_and_profiles(tmp_path):
     env = s3_config({**files, "AWS_ACCESS_KEY_ID": "e", "AWS_SECRET_ACCESS_KEY": "es"})
     assert env.access_key_id == "e"  # the environment's keys win over a profile's
     assert s3_config({"AWS_NO_SIGN_REQUEST": "true", "HOME": str(tmp_path)}).anonymous
+
+
+def test_a_missing_part_fails_its_own_rows_only(cat, s3):
+    data = table(100)
+    stored(cat, s3, n=100)
+    ds = cat.import_arrow("t", data, append=True)  # a second part, in the bucket too
+    s3.client.delete_object(Bucket=s3.bucket, Key=f"pre/{ds.reader.parts[1].path}")
+    values, errors = fresh_reader(ds).binary_values(np.arange(200), "blob")
+    assert sorted(errors) == list(range(100, 200))
+    assert "Missing data file 's3://" in str(errors[150])
+    assert [bytes(v) for v in values[:100]] == data["blob"].to_pylist()
