@@ -192,6 +192,10 @@ IMPORTERS: dict[str, str] = {
 }
 
 
+#: Sources in object storage (``s3://bucket/prefix``), of any FORMAT it holds: "module:function".
+REMOTE = "catalog.importers.remote:open_remote"
+
+
 def _importer(fmt: str) -> Callable[..., Source]:
     try:
         target = IMPORTERS[fmt]
@@ -206,11 +210,10 @@ def _importer(fmt: str) -> Callable[..., Source]:
 def open_source(fmt: str, source: Any, **options: Any) -> Source:
     """Open ``source`` with the importer registered for ``fmt`` (a URI of object storage,
     ``s3://bucket/prefix``: with ``catalog.importers.remote``)."""
-    from catalog.importers.remote import is_remote, open_remote
-
-    if is_remote(source):
+    if isinstance(source, str) and "://" in source and not source.startswith("file://"):
         _importer(fmt)  # (an unknown format: the same error)
-        return open_remote(fmt, source, **options)
+        module, func = REMOTE.split(":")
+        return getattr(importlib.import_module(module), func)(fmt, source, **options)  # type: ignore[no-any-return]
     return _importer(fmt)(source, **options)
 
 

@@ -21,14 +21,9 @@ from catalog.errors import ImportFailedError, StorageError
 from catalog.importers import Source
 from catalog.storage.ranged import ObjectFile
 
-__all__ = ["EXTENSIONS", "is_remote", "open_remote"]
+__all__ = ["EXTENSIONS", "open_remote"]
 
 EXTENSIONS = {"parquet": (".parquet", ".pq"), "arrow": (".arrow", ".feather", ".ipc", ".arrows")}
-
-
-def is_remote(source: Any) -> bool:
-    """Whether ``source`` names objects of a store by URI (``s3://…``), not a local path."""
-    return isinstance(source, str) and "://" in source and not source.startswith("file://")
 
 
 def _store(uri: str) -> Any:

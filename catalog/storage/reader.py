@@ -44,7 +44,13 @@ from catalog.errors import RowIdError, StorageError, UnknownColumnError, did_you
 from catalog.storage.checksums import FileIdentity, column_digest, parse_digests
 from catalog.storage.ranged import PartFile
 from catalog.storage.stores import STORAGE_ENV, LocalStore, RangedStore, Store, open_store
-from catalog.storage.values import INDEX_ROWS, ValueIndex, binary_array, binary_offsets
+from catalog.storage.values import (
+    INDEX_ROWS,
+    ValueIndex,
+    binary_array,
+    binary_offsets,
+    is_payload,
+)
 from catalog.storage.writer import PartInfo
 
 __all__ = ["DatasetReader"]
@@ -315,8 +321,6 @@ class DatasetReader:
         fetches the bytes Arrow reads (each a request)."""
         whole = self._whole.get(fields)
         if whole is None:
-            from catalog.model import is_payload  # (the model imports this module)
-
             indices = range(len(self.schema)) if fields is None else fields
             whole = fields is None or any(is_payload(self.schema.field(i).type) for i in indices)
             self._whole[fields] = whole
