@@ -151,6 +151,12 @@ def _register_import(sub: Any) -> None:
     p.add_argument("--split", help="for a HuggingFace DatasetDict: the split to import")
     p.add_argument("--append", action="store_true", help="append rows to an existing dataset")
     p.add_argument(
+        "--storage",
+        metavar="URI",
+        help="store the dataset's parts there (s3://bucket/prefix) instead of in the catalog "
+        "directory; endpoint and credentials from the AWS environment (docs/object-storage.md)",
+    )
+    p.add_argument(
         "--follow-links",
         action="store_true",
         help="read what symbolic links in the folder lead to outside it (refused by default)",
@@ -161,19 +167,17 @@ def _run_import(args: argparse.Namespace) -> int:
     from tabloader.catalog._importers import detect_format
 
     fmt = args.format or detect_format(args.path)
-    options = {"split": args.split} if fmt == "hf" else {}
     with _connect(args, create=True) as cat:  # through the service while one runs
-        method = {
-            "arrow": cat.import_ipc,
-            "hf": cat.import_hf,
-            "imagefolder": cat.import_imagefolder,
-            "parquet": cat.import_parquet,
-        }[fmt]
-        print_result(
-            method(
-                args.name, args.path, append=args.append, follow_links=args.follow_links, **options
-            )
+        ds = cat.import_path(
+            args.name,
+            args.path,
+            format=fmt,
+            append=args.append,
+            follow_links=args.follow_links,
+            split=args.split if fmt == "hf" else None,
+            storage=args.storage,
         )
+        print_result(ds)
     return 0
 
 

@@ -16,7 +16,9 @@ import shutil
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,3 +188,71 @@ def resizer(request, monkeypatch):
     resample.resampler.cache_clear()
     yield request.param
     resample.resampler.cache_clear()
+
+
+# -- object storage: moto's S3 server on loopback behind our fault-injecting proxy --------------
+@pytest.fixture(scope="session")
+def loopback_s3_server():
+    """moto's S3 server and tests/support/s3proxy.py's proxy in front of it, once per run
+    (per xdist worker). Nothing leaves loopback."""
+    from tests.support.s3proxy import loopback_s3
+
+    with loopback_s3() as server:
+        yield server
+
+
+@dataclass
+class S3Env:
+    """What the ``s3`` fixture set up: ``uri`` (``s3://<bucket>``), the proxy (faults, stats)
+    and a boto3 client straight to moto (set-up and checks that pass no fault)."""
+
+    url: str
+    bucket: str
+    proxy: Any
+    client: Any
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}"
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """The keys of the bucket under ``prefix`` (straight from moto)."""
+        listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+@pytest.fixture
+def s3(loopback_s3_server, monkeypatch, tmp_path):
+    """A new bucket of the loopback S3 server; the AWS environment of this test (and of the
+    processes it starts) points at the proxy, with test credentials and no profile files."""
+    import uuid
+
+    import boto3
+
+    from tabloader.catalog.storage._s3 import forget_stores
+    from tests.support.s3proxy import Faults
+
+    server = loopback_s3_server
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    server.proxy.faults = Faults()
+    server.proxy.reset()
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.server_url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    bucket = f"tl-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    forget_stores()  # (a store of this process read the environment of another test)
+    yield S3Env(server.url, bucket, server.proxy, client)
+    forget_stores()
+    server.proxy.faults = Faults()

@@ -305,11 +305,22 @@ class CatalogAPI(Protocol):
         _performed()
 
     # -- imports ---------------------------------------------------------------------------------
-    @operation(Wire.DATASET, writes=True, name=Arg.STR, source=Arg.SOURCE, append=Arg.BOOL)
-    def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
+    @operation(
+        Wire.DATASET,
+        writes=True,
+        name=Arg.STR,
+        source=Arg.SOURCE,
+        append=Arg.BOOL,
+        storage=Arg.STR_OR_NONE,
+    )
+    def import_source(
+        self, name: str, source: Source, *, append: bool = False, storage: str | None = None
+    ) -> Dataset:
         """Import a streaming ``Source`` atomically (see ``tabloader.catalog._imports``).
 
-        The first import into a directory that holds no catalog creates it.
+        The first import into a directory that holds no catalog creates it. ``storage``: the
+        store the dataset's parts go to (``s3://bucket/prefix``; default: the catalog
+        directory); an append goes where the dataset is.
         """
         _performed()
 
@@ -322,6 +333,7 @@ class CatalogAPI(Protocol):
         append=Arg.BOOL,
         follow_links=Arg.BOOL,
         split=Arg.STR_OR_NONE,
+        storage=Arg.STR_OR_NONE,
     )
     def import_path(
         self,
@@ -332,10 +344,13 @@ class CatalogAPI(Protocol):
         append: bool = False,
         follow_links: bool = False,
         split: str | None = None,
+        storage: str | None = None,
     ) -> Dataset:
-        """Import the files at ``path`` (a file, folder or glob) in ``format`` (``parquet``,
-        ``arrow``, ``imagefolder``, ``hf``), read where the catalog is open: the ``import_*``
-        methods of a path call it. ``split``: a HuggingFace ``DatasetDict``'s split."""
+        """Import the files at ``path`` (a file, folder or glob, or an ``s3://`` location of
+        parquet, arrow or imagefolder files) in ``format`` (``parquet``, ``arrow``,
+        ``imagefolder``, ``hf``), read where the catalog is open: the ``import_*`` methods of
+        a path call it. ``split``: a HuggingFace ``DatasetDict``'s split. ``storage``: as for
+        ``import_source``."""
         _performed()
 
     # -- built on the operations -----------------------------------------------------------------
@@ -347,11 +362,13 @@ class CatalogAPI(Protocol):
         """All registered jobs, sorted by name."""
         return [self.job(n) for n in self.job_names()]
 
-    def import_arrow(self, name: str, data: Any, *, append: bool = False) -> Dataset:
+    def import_arrow(
+        self, name: str, data: Any, *, append: bool = False, storage: str | None = None
+    ) -> Dataset:
         """Import a ``pyarrow.Table``, ``RecordBatch`` or ``RecordBatchReader``."""
         from tabloader.catalog._importers.arrow import open_arrow
 
-        return self.import_source(name, open_arrow(data), append=append)
+        return self.import_source(name, open_arrow(data), append=append, storage=storage)
 
     def import_parquet(
         self,
@@ -360,14 +377,21 @@ class CatalogAPI(Protocol):
         *,
         append: bool = False,
         follow_links: bool = False,
+        storage: str | None = None,
     ) -> Dataset:
         """Import a Parquet file, a directory of Parquet files or a glob.
 
         A symbolic link that leads out of the directory (or the glob's folder) is refused
-        unless ``follow_links``; so for every ``import_*`` that takes a path.
+        unless ``follow_links``; so for every ``import_*`` that takes a path. ``storage``:
+        where the dataset's parts go (``import_source``); so for every ``import_*``.
         """
         return self.import_path(
-            name, path_or_glob, format="parquet", append=append, follow_links=follow_links
+            name,
+            path_or_glob,
+            format="parquet",
+            append=append,
+            follow_links=follow_links,
+            storage=storage,
         )
 
     def import_ipc(
@@ -377,10 +401,11 @@ class CatalogAPI(Protocol):
         *,
         append: bool = False,
         follow_links: bool = False,
+        storage: str | None = None,
     ) -> Dataset:
         """Import Arrow IPC / Feather files (file or stream format; a path or a glob)."""
         return self.import_path(
-            name, path, format="arrow", append=append, follow_links=follow_links
+            name, path, format="arrow", append=append, follow_links=follow_links, storage=storage
         )
 
     def import_hf(
@@ -391,6 +416,7 @@ class CatalogAPI(Protocol):
         split: str | None = None,
         append: bool = False,
         follow_links: bool = False,
+        storage: str | None = None,
     ) -> Dataset:
         """Import a HuggingFace ``Dataset``, ``DatasetDict`` or ``save_to_disk`` folder.
 
@@ -413,11 +439,12 @@ class CatalogAPI(Protocol):
                 append=append,
                 follow_links=follow_links,
                 split=split,
+                storage=storage,
             )
         from tabloader.catalog._importers import open_source
 
         source = open_source("hf", dataset_or_path, split=split, follow_links=follow_links)
-        return self.import_source(name, source, append=append)
+        return self.import_source(name, source, append=append, storage=storage)
 
     def import_imagefolder(
         self,
@@ -426,10 +453,17 @@ class CatalogAPI(Protocol):
         *,
         append: bool = False,
         follow_links: bool = False,
+        storage: str | None = None,
     ) -> Dataset:
-        """Import ``root/<class>/<file>`` images: image, label, label_name, path."""
+        """Import ``root/<class>/<file>`` images: image, label, label_name, path (``root``
+        may be an ``s3://bucket/prefix``)."""
         return self.import_path(
-            name, root, format="imagefolder", append=append, follow_links=follow_links
+            name,
+            root,
+            format="imagefolder",
+            append=append,
+            follow_links=follow_links,
+            storage=storage,
         )
 
 

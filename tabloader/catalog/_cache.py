@@ -30,7 +30,8 @@ class DatasetCache:
         db: its database.
 
     The readers read their parts from ``$TABLOADER_STORAGE`` where it was set when the
-    catalog was opened (:func:`~tabloader.catalog.storage._stores.storage_uri`), else from ``root``.
+    catalog was opened (:func:`~tabloader.catalog.storage._stores.storage_uri`), else from the store
+    the dataset was imported into (``datasets.storage``), else from ``root``.
     """
 
     def __init__(self, root: Path, db: Database) -> None:
@@ -54,7 +55,8 @@ class DatasetCache:
         if cached is not None:
             return cached
         rows = self.db.rows(
-            f"SELECT version, schema, class_names, description FROM {META}.datasets WHERE name = ?",
+            f"SELECT version, schema, class_names, description, {self.db.storage_column} "
+            f"FROM {META}.datasets WHERE name = ?",
             [name],
         )
         if not rows:
@@ -63,7 +65,7 @@ class DatasetCache:
                 f"{did_you_mean(name, self.names())} SHOW DATASETS lists them; CREATE DATASET "
                 "imports one."
             )
-        latest, schema_bytes, class_names, description = rows[0]
+        latest, schema_bytes, class_names, description, storage = rows[0]
         version = latest if version is None else version
         if not 1 <= version <= latest:
             raise DatasetNotFoundError(
@@ -71,7 +73,7 @@ class DatasetCache:
                 f"{version} does not exist."
             )
         stored = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
-        reader = self._reader(name, version, stored)
+        reader = self._reader(name, version, stored, storage)
         schema = pa.schema([pa.field(ID_COLUMN, pa.int64(), nullable=False), *stored])
         queryable = tuple(f.name for f in schema if not is_payload(f.type))
         ds = self._datasets[(name, version if version != latest else None)] = Dataset(
@@ -91,7 +93,17 @@ class DatasetCache:
         self._datasets = {k: v for k, v in self._datasets.items() if k[0] != name}
         self._readers = {k: v for k, v in self._readers.items() if k[0] != name}
 
-    def _reader(self, name: str, version: int, schema: pa.Schema) -> DatasetReader:
+    def storage_of(self, name: str) -> str | None:
+        """The URI of the store that holds dataset ``name``'s parts (None: the catalog
+        directory), as its import recorded it."""
+        rows = self.db.rows(
+            f"SELECT {self.db.storage_column} FROM {META}.datasets WHERE name = ?", [name]
+        )
+        return rows[0][0] if rows else None
+
+    def _reader(
+        self, name: str, version: int, schema: pa.Schema, storage: str | None
+    ) -> DatasetReader:
         reader = self._readers.get((name, version))
         if reader is None:
             rows = self.db.rows(
@@ -99,6 +111,9 @@ class DatasetCache:
                 f"FROM {META}.parts WHERE dataset = ? AND version <= ? ORDER BY first_id",
                 [name, version],
             )
-            reader = DatasetReader(self.storage, [PartInfo(*r) for r in rows], schema)
+            # $TABLOADER_STORAGE (a copy of every dataset's parts) wins over where they were
+            # written
+            root = self.storage if self.storage != self.root else storage or self.root
+            reader = DatasetReader(root, [PartInfo(*r) for r in rows], schema)
             self._readers[(name, version)] = reader
         return reader

@@ -89,6 +89,7 @@ from tabloader.catalog._job_weights import WEIGHT, JobWeights, weights_crc
 from tabloader.catalog._limits import Limits
 from tabloader.catalog._model import Dataset, Job, JobInfo, check_columns, is_payload
 from tabloader.catalog._options import check_options, default_cache_problem
+from tabloader.catalog.storage._stores import WritableStore, open_store
 from tabloader.catalog.storage._verify import VerifyReport, verify_readers
 
 if TYPE_CHECKING:
@@ -354,10 +355,13 @@ class Catalog(StatementTarget):
         return self._cache.get(name, version)
 
     @_synchronized
-    def import_source(self, name: str, source: Source, *, append: bool = False) -> Dataset:
+    def import_source(
+        self, name: str, source: Source, *, append: bool = False, storage: str | None = None
+    ) -> Dataset:
         """Import a streaming ``Source`` atomically; see ``tabloader.catalog._imports``.
 
-        The first import into a directory that holds no catalog creates it.
+        The first import into a directory that holds no catalog creates it. ``storage``: see
+        ``CatalogAPI.import_source``.
         """
         check_name(name, "dataset")
         if self._state is None and not append:
@@ -401,7 +405,14 @@ class Catalog(StatementTarget):
         else:
             first_id, version = 0, 1
         ingest = Ingest(
-            self.root, self._db, name, source, first_id=first_id, version=version, append=append
+            self.root,
+            self._db,
+            name,
+            source,
+            first_id=first_id,
+            version=version,
+            append=append,
+            store=self._import_store(name, storage, append=append),
         )
         try:
             ingest.run()
@@ -409,6 +420,38 @@ class Catalog(StatementTarget):
             self._cache.forget(name)
         logger.info("imported %d rows into %s (version %d)", ingest.num_rows, name, version)
         return self.dataset(name)
+
+    def _import_store(
+        self, name: str, storage: str | None, *, append: bool
+    ) -> WritableStore | None:
+        """The store an import of ``name`` writes to (None: the catalog directory); an append
+        goes where the dataset is.
+
+        Raises:
+            ImportFailedError: ``storage`` is not a store that can be written, or an append
+                names another store than the dataset's.
+        """
+        if append:
+            recorded = self._cache.storage_of(name)
+            if storage is not None and recorded != open_store(storage).uri:
+                raise ImportFailedError(
+                    f"Dataset '{name}' is stored in {recorded or 'the catalog directory'}; "
+                    "append to it without storage (its rows go where it is)."
+                )
+            storage = recorded
+        if storage is None:
+            return None
+        try:
+            store = open_store(storage)
+        except StorageError as exc:
+            raise ImportFailedError(f"Import of '{name}': {exc}") from None
+        if not isinstance(store, WritableStore):
+            raise ImportFailedError(
+                f"storage = {storage!r} is not a store tabloader can write a dataset to; give an "
+                "object storage location (s3://bucket/prefix), or leave storage out to keep the "
+                "dataset in the catalog directory."
+            )
+        return store
 
     def import_path(
         self,
@@ -419,6 +462,7 @@ class Catalog(StatementTarget):
         append: bool = False,
         follow_links: bool = False,
         split: str | None = None,
+        storage: str | None = None,
     ) -> Dataset:
         """Import the files at ``path`` in ``format`` (see ``CatalogAPI.import_path``)."""
         from tabloader.catalog._importers import open_source
@@ -426,7 +470,8 @@ class Catalog(StatementTarget):
         options: dict[str, Any] = {"follow_links": follow_links}
         if split is not None:
             options["split"] = split
-        return self.import_source(name, open_source(format, path, **options), append=append)
+        source = open_source(format, path, **options)
+        return self.import_source(name, source, append=append, storage=storage)
 
     # -- checksums (tabloader.catalog.storage._verify)
     # --------------------------------------------------------
@@ -500,6 +545,7 @@ class Catalog(StatementTarget):
         paths = [
             r[0] for r in self._db.rows(f"SELECT path FROM {META}.parts WHERE dataset = ?", [name])
         ]
+        storage = self._cache.storage_of(name)
         with duckdb_errors(f"DROP DATASET {name}", root=self.root), self._db.transaction():
             self.connection.execute(f"DELETE FROM {META}.jobs WHERE dataset = ?", [name])
             self.connection.execute(f"DELETE FROM {META}.parts WHERE dataset = ?", [name])
@@ -508,6 +554,8 @@ class Catalog(StatementTarget):
         self._cache.forget(name)
         for job in users:
             self._bitmaps.remove(job)
+        if storage is not None:
+            self._delete_stored(storage, paths)
         for p in paths:
             (self.root / p).unlink(missing_ok=True)
         folder = self.root / DATA_DIR / name
@@ -515,6 +563,22 @@ class Catalog(StatementTarget):
             remove_leftovers(self.root, folder, PART_FILE_RE, set())
             with contextlib.suppress(OSError):  # not empty: it holds files tabloader did not write
                 folder.rmdir()
+
+    @staticmethod
+    def _delete_stored(storage: str, paths: list[str]) -> None:
+        """Delete a dropped dataset's parts from its store (the drop is done already: a part
+        that cannot be deleted is left there, with a warning naming it)."""
+        try:
+            store = open_store(storage)
+            if isinstance(store, WritableStore):
+                for p in paths:
+                    store.delete(p)
+        except (StorageError, OSError) as exc:
+            warnings.warn(
+                f"The dataset is dropped, but its parts in {storage} could not be deleted "
+                f"({exc}); delete them there yourself.",
+                stacklevel=3,
+            )
 
     # -- jobs ------------------------------------------------------------------------------------
     @_synchronized

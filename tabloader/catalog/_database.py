@@ -70,7 +70,7 @@ CREATE SCHEMA IF NOT EXISTS {META};
 CREATE TABLE IF NOT EXISTS {META}.datasets (
     name VARCHAR PRIMARY KEY, version INTEGER NOT NULL, num_rows BIGINT NOT NULL,
     schema BLOB NOT NULL, class_names VARCHAR NOT NULL, description VARCHAR,
-    created TIMESTAMP DEFAULT current_timestamp);
+    created TIMESTAMP DEFAULT current_timestamp, storage VARCHAR);
 CREATE TABLE IF NOT EXISTS {META}.parts (
     dataset VARCHAR NOT NULL, version INTEGER NOT NULL, path VARCHAR NOT NULL,
     first_id BIGINT NOT NULL, num_rows BIGINT NOT NULL, rows_per_batch INTEGER NOT NULL,
@@ -184,9 +184,12 @@ class Database:
         read_only: why the catalog is open read-only, or None.
         weights_column: what reads ``jobs.weights_crc32`` (NULL in a catalog of an older
             tabloader opened read-only, which has no such column: ``directory.migrate``).
+        storage_column: what reads ``datasets.storage``, the URI of the store that holds a
+            dataset's parts (NULL: the catalog directory), likewise.
     """
 
     weights_column = "weights_crc32"
+    storage_column = "storage"
 
     def __init__(
         self, path: Path, root: Path, limits: Limits, *, read_only: str | None = None

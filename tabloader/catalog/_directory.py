@@ -363,6 +363,24 @@ def migrate(root: Path, db: Database) -> None:
     """Upgrade a catalog of an older tabloader in place (each step is a no-op when done)."""
     _move_bitmaps_to_files(root, db)
     _add_weights_column(db)
+    _add_storage_column(db)
+
+
+def _add_storage_column(db: Database) -> None:
+    """Upgrade a catalog whose datasets all lay in its directory (``datasets.storage``: NULL
+    for each). Read-only: ``Database`` reads NULL in its place (``Database.storage_column``)."""
+    from tabloader.catalog._database import META
+
+    columns = db.con.execute(
+        "SELECT column_name FROM information_schema.columns "
+        f"WHERE table_schema = '{META}' AND table_name = 'datasets'"
+    ).fetchall()
+    if ("storage",) in columns:
+        return
+    if db.read_only is not None:
+        db.storage_column = "NULL"
+        return
+    db.con.execute(f"ALTER TABLE {META}.datasets ADD COLUMN storage VARCHAR")
 
 
 def _add_weights_column(db: Database) -> None:

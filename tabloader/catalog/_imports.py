@@ -5,6 +5,15 @@ transaction; the file is renamed into place just before the commit. Anything an 
 import leaves behind (a temp file, or a renamed file whose transaction never committed) is not
 referenced by ``_tabloader.parts`` and is deleted the next time the catalog is opened (see
 ``tabloader.catalog._directory``).
+
+A dataset stored elsewhere (``storage``: a
+:class:`~tabloader.catalog.storage._stores.WritableStore`, e.g. ``s3://bucket/prefix``) is written
+the same way, then its file is uploaded to ``<storage>/data/<dataset>/part-….arrow`` (whole or not
+at all: an object appears only when its upload completes) just before the commit, and the local file
+is deleted after it. The store is checked writable first (a small object written and deleted), so a
+read-only bucket fails before the import spends its time. A failed commit deletes the uploaded
+object; a process killed between the upload and the commit leaves an object no catalog references
+(its name has a random token, so it never collides with a later import).
 """
 
 from __future__ import annotations
@@ -21,12 +30,13 @@ import pyarrow as pa
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._database import META, Database, disk_full_hint, quote, translate
 from tabloader.catalog._directory import DATA_DIR, make_private_dir, new_token
-from tabloader.catalog._errors import ImportFailedError
+from tabloader.catalog._errors import ImportFailedError, StorageError
 from tabloader.catalog._importers import Source
 from tabloader.catalog._model import is_payload
 from tabloader.catalog._progress import progress_bar
 from tabloader.catalog.storage import PartWriter, choose_rows_per_batch
 from tabloader.catalog.storage._checksums import FileIdentity
+from tabloader.catalog.storage._stores import WritableStore
 
 __all__ = ["INSERT_ROWS", "Ingest"]
 
@@ -44,6 +54,7 @@ class Ingest:
         first_id: the ``_id`` of the first row (the dataset's size for an append).
         version: the dataset version this import makes.
         append: add to an existing dataset (its table exists).
+        store: where the part goes (None: the catalog directory).
     """
 
     def __init__(
@@ -56,8 +67,10 @@ class Ingest:
         first_id: int,
         version: int,
         append: bool,
+        store: WritableStore | None = None,
     ) -> None:
         self.root, self.db, self.name, self.source = root, db, name, source
+        self.store = store
         self.first_id, self.version, self.append = first_id, version, append
         self.num_rows = 0
         self.directory = root / DATA_DIR / name
@@ -71,9 +84,16 @@ class Ingest:
 
     def run(self) -> None:
         con = self.db.con
+        rel = self.final.relative_to(self.root).as_posix()
+        if self.store is not None:
+            try:
+                self.store.check_writable(f"{DATA_DIR}/{self.name}/{self.tmp.stem}.probe")
+            except StorageError as exc:
+                what = f"Import of '{self.name}'"
+                raise ImportFailedError(f"{what}: {exc} Nothing was stored.") from exc
         make_private_dir(self.directory)
         bar = progress_bar(total=self.source.num_rows, desc=f"import {self.name}")
-        renamed = False
+        renamed = uploaded = False
         try:
             con.begin()
             if not self.append:
@@ -88,9 +108,15 @@ class Ingest:
             self._flush()
             size = self.writer.close()
             self._record(size)
-            os.replace(self.tmp, self.final)
-            renamed = True
+            if self.store is None:
+                os.replace(self.tmp, self.final)
+                renamed = True
+            else:
+                self.store.upload(rel, self.tmp)
+                uploaded = True
             con.commit()
+            if self.store is not None:
+                self._remove_local()
         except BaseException as exc:
             with contextlib.suppress(duckdb.Error):  # a failed commit has rolled back already
                 con.rollback()
@@ -98,9 +124,13 @@ class Ingest:
                 self.writer.abort()
             if renamed:
                 self.final.unlink(missing_ok=True)
-            if self.directory.exists() and not any(self.directory.iterdir()):
-                self.directory.rmdir()
+            if uploaded and self.store is not None:
+                with contextlib.suppress(Exception):  # (else left unreferenced: see above)
+                    self.store.delete(rel)
+            self._remove_local()
             what, fix = f"Import of '{self.name}'", "Nothing was stored."
+            if isinstance(exc, StorageError):
+                raise ImportFailedError(f"{what}: {exc} {fix}") from exc
             if isinstance(exc, duckdb.Error):
                 raise translate(
                     exc, what, root=self.root, error=ImportFailedError, fix=fix
@@ -112,6 +142,12 @@ class Ingest:
             raise
         finally:
             bar.close()
+
+    def _remove_local(self) -> None:
+        """Delete the local temp file (of a stored part) and the dataset's folder if empty."""
+        self.tmp.unlink(missing_ok=True)
+        if self.directory.exists() and not any(self.directory.iterdir()):
+            self.directory.rmdir()
 
     def _create_table(self) -> None:
         empty = pa.schema(
@@ -170,7 +206,7 @@ class Ingest:
     def _record(self, size: int) -> None:
         assert self.writer is not None
         con = self.db.con
-        rel = self.final.relative_to(self.root).as_posix()
+        rel = self.final.relative_to(self.root).as_posix()  # under the store's root too
         con.execute(
             f"INSERT INTO {META}.parts VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
@@ -194,7 +230,7 @@ class Ingest:
             con.execute(f"ALTER TABLE {quote(self.name)} ADD PRIMARY KEY ({ID_COLUMN})")
             con.execute(
                 f"INSERT INTO {META}.datasets (name, version, num_rows, schema, class_names, "
-                "description) VALUES (?, ?, ?, ?, ?, ?)",
+                "description, storage) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     self.name,
                     self.version,
@@ -202,5 +238,6 @@ class Ingest:
                     self.source.schema.serialize().to_pybytes(),
                     json.dumps(self.source.class_names),
                     self.source.description,
+                    None if self.store is None else self.store.uri,
                 ],
             )

@@ -14,17 +14,9 @@ from pyroaring import BitMap
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._errors import UnknownColumnError, did_you_mean
 from tabloader.catalog.storage import DatasetReader
+from tabloader.catalog.storage._values import is_payload
 
 __all__ = ["Dataset", "Job", "JobInfo", "check_columns", "is_payload"]
-
-
-def is_payload(t: pa.DataType) -> bool:
-    """True for types that stay out of DuckDB: binary payloads, also inside nested types."""
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return True
-    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
-        return True
-    return any(is_payload(t.field(i).type) for i in range(t.num_fields))
 
 
 @dataclass(frozen=True)

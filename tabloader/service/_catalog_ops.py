@@ -162,6 +162,12 @@ def _receive_dataset(value: Any, key: str) -> Any:
         raise ServiceError(f"The request's {key!r} is not a dataset: {exc!r}.") from exc
 
 
+def _absolute_path(path: Any, _: Any) -> str:
+    """A local path made absolute; a URI (``s3://bucket/prefix``) as it is."""
+    text = str(path)
+    return text if "://" in text else str(Path(path).absolute())
+
+
 ARGS: dict[Arg, ArgCodec] = {
     Arg.STR: ArgCodec(_as_is, string_value),
     Arg.STR_OR_NONE: ArgCodec(_as_is, _typed(str, type(None))),
@@ -169,7 +175,7 @@ ARGS: dict[Arg, ArgCodec] = {
     Arg.INT_OR_NONE: ArgCodec(_as_is, _typed(int, type(None))),
     Arg.BOOL: ArgCodec(_as_is, _typed(bool)),
     Arg.STATEMENT: ArgCodec(lambda text, _: _absolute_paths(text), string_value),
-    Arg.PATH: ArgCodec(lambda path, _: str(Path(path).absolute()), string_value),
+    Arg.PATH: ArgCodec(_absolute_path, string_value),
     Arg.COLUMNS: ArgCodec(
         lambda cols, _: cols if cols is None or isinstance(cols, str) else list(cols),
         _typed(str, list, type(None)),

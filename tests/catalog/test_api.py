@@ -83,6 +83,7 @@ def test_an_implementation_gets_each_operation_as_one_call_with_its_row():
                 "append": False,
                 "follow_links": True,
                 "split": None,
+                "storage": None,
             },
         ),
         ("dataset_names", {}),

@@ -192,6 +192,10 @@ IMPORTERS: dict[str, str] = {
 }
 
 
+#: Sources in object storage (``s3://bucket/prefix``), of any FORMAT it holds: "module:function".
+REMOTE = "tabloader.catalog._importers.remote:open_remote"
+
+
 def _importer(fmt: str) -> Callable[..., Source]:
     try:
         target = IMPORTERS[fmt]
@@ -204,7 +208,12 @@ def _importer(fmt: str) -> Callable[..., Source]:
 
 
 def open_source(fmt: str, source: Any, **options: Any) -> Source:
-    """Open ``source`` with the importer registered for ``fmt``."""
+    """Open ``source`` with the importer registered for ``fmt`` (a URI of object storage,
+    ``s3://bucket/prefix``: with ``tabloader.catalog._importers.remote``)."""
+    if isinstance(source, str) and "://" in source and not source.startswith("file://"):
+        _importer(fmt)  # (an unknown format: the same error)
+        module, func = REMOTE.split(":")
+        return getattr(importlib.import_module(module), func)(fmt, source, **options)  # type: ignore[no-any-return]
     return _importer(fmt)(source, **options)
 
 
@@ -212,6 +221,13 @@ def detect_format(path: str | Path) -> str:
     """Guess the FORMAT of a path: a directory of class folders, HF, Parquet or Arrow IPC."""
     p = Path(path)
     text = str(path)
+    if "://" in text and not text.startswith("file://"):  # object storage: by extension only
+        for fmt, exts in (("parquet", (".parquet", ".pq")), ("arrow", (".arrow", ".feather"))):
+            if text.lower().endswith(exts):
+                return fmt
+        raise ImportFailedError(
+            f"Cannot tell the format of '{path}'; add FORMAT imagefolder|parquet|arrow."
+        )
     if any(ch in text for ch in "*?["):
         return "parquet" if text.endswith((".parquet", ".pq")) else "arrow"
     if not p.exists():

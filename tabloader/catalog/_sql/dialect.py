@@ -3,7 +3,7 @@
 ::
 
     CREATE DATASET name FROM 'path' [FORMAT imagefolder|parquet|arrow|hf]
-        [WITH (follow_links = true, split = 'train')]
+        [WITH (follow_links = true, split = 'train', storage = 's3://bucket/prefix')]
     APPEND TO DATASET name FROM 'path' [FORMAT ...] [WITH (...)]
     REGISTER [OR REPLACE] JOB name SELECT cols FROM dataset [WHERE predicate]
         [WITH (key = value, ...)]
@@ -258,7 +258,7 @@ def absolute_paths(text: str, cwd: str | os.PathLike[str] | None = None) -> str:
     if not isinstance(stmt, (CreateDataset, AppendDataset)):
         return text
     literal = stmt.args["path"]
-    if os.path.isabs(literal.name):
+    if os.path.isabs(literal.name) or "://" in literal.name:  # (a URI: s3://bucket/prefix)
         return text
     path = exp.Literal.string(str(Path(cwd or os.getcwd()).absolute() / literal.name))
     start, end = literal.meta["start"], literal.meta["end"]  # the literal's token, inclusive

@@ -58,13 +58,14 @@ def _import(catalog: StatementTarget, stmt: exp.Expression, *, append: bool) -> 
     fmt = stmt.args.get("format")
     name = fmt.name.lower() if fmt else detect_format(path)
     options = _import_options(_options(stmt.args.get("options")), name)
+    storage = options.pop("storage", None)
     source = open_source(name, path, **options)
-    return catalog.import_source(stmt.this.name, source, append=append)
+    return catalog.import_source(stmt.this.name, source, append=append, storage=storage)
 
 
 def _import_options(options: dict[str, Any], fmt: str) -> dict[str, Any]:
     """Check the WITH options of CREATE / APPEND TO DATASET for FORMAT ``fmt``."""
-    known = ["follow_links", *(["split"] if fmt == "hf" else [])]
+    known = ["follow_links", "storage", *(["split"] if fmt == "hf" else [])]
     for key, value in options.items():
         if key not in known:
             raise StatementError(
@@ -72,8 +73,8 @@ def _import_options(options: dict[str, Any], fmt: str) -> dict[str, Any]:
             )
         if key == "follow_links" and not isinstance(value, bool):
             raise StatementError(f"Option follow_links must be TRUE or FALSE, not {value!r}.")
-        if key == "split" and not isinstance(value, str):
-            raise StatementError(f"Option split must be a 'string', not {value!r}.")
+        if key in ("split", "storage") and not isinstance(value, str):
+            raise StatementError(f"Option {key} must be a 'string', not {value!r}.")
     return options
 
 

@@ -42,8 +42,21 @@ from tabloader.catalog._arrays import id_array
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from tabloader.catalog.storage._checksums import FileIdentity, column_digest, parse_digests
-from tabloader.catalog.storage._stores import Store, open_store
-from tabloader.catalog.storage._values import INDEX_ROWS, ValueIndex, binary_array, binary_offsets
+from tabloader.catalog.storage._ranged import PartFile
+from tabloader.catalog.storage._stores import (
+    STORAGE_ENV,
+    LocalStore,
+    RangedStore,
+    Store,
+    open_store,
+)
+from tabloader.catalog.storage._values import (
+    INDEX_ROWS,
+    ValueIndex,
+    binary_array,
+    binary_offsets,
+    is_payload,
+)
 from tabloader.catalog.storage._writer import PartInfo
 
 __all__ = ["DatasetReader"]
@@ -102,6 +115,9 @@ class DatasetReader:
         # (``binary_values``); None: that part is read a record batch at a time.
         self._values: dict[tuple[int, Fields], ValueIndex | None] = {}
         self._lock = threading.Lock()
+        # Object storage: batches fetched by ranged reads, checked at every fetch (ranged.py)
+        self._ranged = isinstance(self.store, RangedStore)
+        self._whole: dict[Fields, bool] = {}
 
     def spec(self) -> ReaderSpec:
         """What another process needs to open this reader again (``from_spec``): picklable,
@@ -158,7 +174,15 @@ class DatasetReader:
                 part.path, size=part.file_size, what=f"Data file {of}", memory_map=self.memory_map
             )
         except FileNotFoundError:
-            raise fail(f"Missing data file {of}.") from None
+            where = (
+                ""
+                if isinstance(self.store, LocalStore)
+                else (
+                    f" Nothing is stored at that key: is {self.store.uri} where the dataset lives "
+                    f"(the catalog's storage URI, ${STORAGE_ENV})?"
+                )
+            )
+            raise fail(f"Missing data file {of}.{where}") from None
         except StorageError as exc:
             raise fail(str(exc)) from None
         except OSError as exc:
@@ -230,6 +254,20 @@ class DatasetReader:
         Raises:
             StorageError: the batch is damaged; names the dataset, file and rows.
         """
+        if self._ranged:
+            return self._fetched_batch(part, batch, fields)
+        try:
+            return self._decode(part, batch, fields)
+        except _Damage as damage:
+            raise self._damaged(part, batch, damage.exc, damage.column) from damage.exc
+
+    def _decode(self, part: int, batch: int, fields: Fields) -> pa.RecordBatch:
+        """Record batch ``batch`` of part ``part``, checked (``record_batch``); a batch of
+        object storage is checked whole at every read: its bytes were fetched anew.
+
+        Raises:
+            _Damage: it is damaged.
+        """
         info = self.parts[part]
         column = None
         try:
@@ -237,7 +275,7 @@ class DatasetReader:
             checked = self._checked.get((part, fields))
             if checked is None:
                 checked = self._checked[(part, fields)] = np.zeros(info.num_batches, dtype=bool)
-            if checked[batch]:
+            if checked[batch] and not self._ranged:
                 rb = file.get_batch(batch)
                 rb.validate()
             else:
@@ -252,8 +290,87 @@ class DatasetReader:
                 raise pa.ArrowInvalid(f"it has {rb.num_rows} rows, expected {expected}")
             checked[batch] = True
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise self._damaged(part, batch, exc, column) from exc
+            raise _Damage(exc, column) from exc
         return rb
+
+    def _fetched_batch(self, part: int, batch: int, fields: Fields) -> pa.RecordBatch:
+        """Record batch ``batch`` of part ``part`` of object storage: its bytes fetched in one
+        ranged read (unless a caller loaded them ahead, ``_ahead``), checked; a batch that
+        fails its check is fetched once more before it counts as damaged."""
+        self._file(part, fields)  # opened and checked (size, identity) first
+        file = self._part_file(part)
+        whole = self._is_whole(fields)
+        if whole:
+            file.load([batch])
+        try:
+            try:
+                return self._decode(part, batch, fields)
+            except _Damage:
+                self.store.counters.add(refetches=1)  # type: ignore[attr-defined]
+                if whole:
+                    file.refetch(batch)
+                return self._decode(part, batch, fields)  # (not loaded: its reads go again)
+        except _Damage as damage:
+            raise self._damaged(part, batch, damage.exc, damage.column) from damage.exc
+        finally:
+            if whole:
+                file.release([batch])
+
+    def _part_file(self, part: int) -> PartFile:
+        info = self.parts[part]
+        what = f"Data file '{self.locate_part(part)}' of dataset '{self.dataset}'"
+        return self.store.part(info.path, size=info.file_size, what=what)  # type: ignore[attr-defined, no-any-return]
+
+    def _is_whole(self, fields: Fields) -> bool:
+        """Whether a read of ``fields`` fetches its record batches whole: all columns, or a
+        column of bytes among them (the bulk of a batch); a read of small columns only
+        fetches the bytes Arrow reads (each a request)."""
+        whole = self._whole.get(fields)
+        if whole is None:
+            indices = range(len(self.schema)) if fields is None else fields
+            whole = fields is None or any(is_payload(self.schema.field(i).type) for i in indices)
+            self._whole[fields] = whole
+        return whole
+
+    def ahead(self, part: int, batches: Sequence[int], fields: Fields = None) -> Iterator[int]:
+        """``batches`` of part ``part``, as they are; on object storage, their bytes fetched
+        ahead a window (``ranged.WINDOW_BYTES``) at a time, all of a window's requests in
+        flight together, and released once the caller asks for the next window (read each
+        with ``record_batch`` as it comes). A part or window that cannot be fetched is
+        yielded unfetched: ``record_batch`` then reports it, batch by batch."""
+        if not self._ranged or not self._is_whole(fields):
+            yield from batches
+            return
+        try:
+            self._file(part, fields)  # opened and checked (size, identity) first
+            file = self._part_file(part)
+        except StorageError:
+            yield from batches
+            return
+        for window in file.windows(batches):
+            try:
+                file.load(window)
+            except StorageError:
+                yield from window
+                continue
+            try:
+                yield from window
+            finally:
+                file.release(window)
+
+    def _ahead(
+        self, groups: Iterator[tuple[np.ndarray, int, int, Fields, np.ndarray]]
+    ) -> Iterator[tuple[np.ndarray, int, int, Fields, np.ndarray]]:
+        """``groups`` (``batch_groups``), their record batches fetched ahead (``ahead``)."""
+        if not self._ranged:
+            yield from groups
+            return
+        items = list(groups)
+        for part in sorted({g[1] for g in items}):
+            mine = [g for g in items if g[1] == part]
+            fetched = self.ahead(part, [g[2] for g in mine], mine[0][3])
+            for _, group in zip(fetched, mine, strict=True):  # (fetched first: it releases)
+                yield group
 
     def _verify(self, rb: pa.RecordBatch, metadata: Any, fields: Fields) -> str | None:
         """The name of the first column of ``rb`` whose checksum does not match, or None."""
@@ -425,7 +542,7 @@ class DatasetReader:
         Raises:
             RowIdError: an id is out of range. StorageError: a data file is missing or corrupt.
         """
-        for positions, part, batch, fields, rows in self.batch_groups(ids, columns):
+        for positions, part, batch, fields, rows in self._ahead(self.batch_groups(ids, columns)):
             yield positions, self.record_batch(part, batch, fields), rows
 
     def batch_groups(
@@ -475,7 +592,7 @@ class DatasetReader:
                 sel = rest[~np.isin(rest, np.fromiter(errors, np.int64, len(errors)))]
                 if sel.size == 0:
                     continue
-            for positions, _, b, _, rows in self.batch_groups(ids[sel], (column,)):
+            for positions, _, b, _, rows in self._ahead(self.batch_groups(ids[sel], (column,))):
                 at = sel[positions]
                 try:
                     rb = self.record_batch(p, b, fields)
@@ -498,7 +615,8 @@ class DatasetReader:
                 # shim, 0.2-0.4 s of a cold service's first batch)
                 binary_array(pa.nulls(0, self.schema.field(fields[0]).type)) if fields else None
             )
-            if fields and info.rows_per_batch >= INDEX_ROWS and column is not None:
+            small = info.rows_per_batch >= INDEX_ROWS and not self._ranged  # (no positions)
+            if fields and small and column is not None:
                 self._file(part, fields)  # opened and checked (size, identity) first
                 index = ValueIndex(
                     self.store,
@@ -551,6 +669,15 @@ class DatasetReader:
                     f"Columns: {', '.join(self.schema.names)}."
                 )
         return names
+
+
+class _Damage(Exception):
+    """A record batch failed its checks (``exc``; ``column``: the column whose checksum did
+    not match)."""
+
+    def __init__(self, exc: Exception, column: str | None) -> None:
+        super().__init__(str(exc))
+        self.exc, self.column = exc, column
 
 
 def _value_reader(column: pa.Array) -> Any:

@@ -8,22 +8,28 @@ so what another process needs to read the same parts (a reader's ``spec()``: the
 processes, a service's clients through JSON) carries it as it is, and opens the store there.
 
 Adding a store is one module: a class with :class:`Store`'s three members, registered by
-scheme (``register_store("s3", S3Store)``) in each process that reads (a decode process
-imports the factory's module itself: :func:`store_factory`).
+scheme (``register_store("mem", MemStore)``) in each process that reads (a decode process
+imports the factory's module itself: :func:`store_factory`). ``s3://`` is built in
+(:mod:`tabloader.catalog.storage._s3`, imported at the first such URI, ``BUILTIN_STORES``).
 
-Writing is local: imports write parts into the catalog directory (``tabloader.catalog._imports``).
-``$TABLOADER_STORAGE`` (:func:`storage_uri`) makes the catalogs a process opens read their
-parts from another root that holds a copy of their ``data/`` folders (``mem://…``,
-``s3://bucket/catalog`` once a store is registered for it).
+A store whose reads are requests (object storage) is also a :class:`RangedStore`: the reader then
+fetches a record batch's bytes in one ranged read before decoding it, many batches in flight, checks
+them on every fetch and fetches a batch that fails its check once more
+(:mod:`tabloader.catalog.storage._ranged`). A store that can be written (``WritableStore``) can hold
+a dataset's parts: ``CREATE DATASET ... WITH (storage = 's3://bucket/prefix')`` writes them to
+``<prefix>/data/<dataset>/`` (``tabloader.catalog._imports``); else imports write into the catalog
+directory. ``$TABLOADER_STORAGE`` (:func:`storage_uri`) makes the catalogs a process opens read all
+their parts from another root that holds a copy of their ``data/`` folders.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -31,11 +37,17 @@ import pyarrow as pa
 from tabloader.catalog._directory import open_file, opened_path
 from tabloader.catalog._errors import CatalogError, StorageError
 
+if TYPE_CHECKING:
+    from tabloader.catalog.storage._ranged import PartFile
+
 __all__ = [
+    "BUILTIN_STORES",
     "STORAGE_ENV",
     "LocalStore",
+    "RangedStore",
     "Store",
     "StoreFactory",
+    "WritableStore",
     "open_store",
     "register_store",
     "storage_uri",
@@ -80,6 +92,45 @@ class Store(Protocol):
         ...
 
 
+@runtime_checkable
+class RangedStore(Protocol):
+    """A store whose reads are requests: the reader fetches record batches through
+    ``part(...)`` (:class:`~tabloader.catalog.storage._ranged.PartFile`: ``load``/``release`` of
+    batches, many in flight) and counts refetches in ``counters``."""
+
+    uri: str
+    counters: Any
+
+    def part(self, name: str, *, size: int, what: str) -> PartFile:
+        """Part ``name`` for ranged reads (its footer read), shared by its readers."""
+        ...
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+        """The ``(offset, length)`` ranges of ``name``, each one request, all in flight."""
+        ...
+
+
+@runtime_checkable
+class WritableStore(Protocol):
+    """A store an import can write a dataset's parts to."""
+
+    uri: str
+
+    def locate(self, name: str) -> str: ...
+
+    def check_writable(self, name: str) -> None:
+        """Refuse (``StorageError`` naming the fix) unless ``name`` can be written."""
+        ...
+
+    def upload(self, name: str, path: Path) -> None:
+        """Write local file ``path`` as ``name``, whole or not at all."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Delete ``name`` (nothing if it does not exist)."""
+        ...
+
+
 StoreFactory = Callable[[str], Store]
 """``factory(uri) -> Store``: the store of a URI of its scheme."""
 
@@ -87,6 +138,17 @@ StoreFactory = Callable[[str], Store]
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
 _STORES: dict[str, StoreFactory] = {}
 _LOCAL = "file"
+#: Stores of tabloader's own, by scheme: ``module:factory``, imported at the first URI of it.
+BUILTIN_STORES = {"s3": "tabloader.catalog.storage._s3:open_s3"}
+
+
+def _factory(scheme: str) -> StoreFactory | None:
+    """The factory registered for ``scheme``, else the built-in one, else None."""
+    factory = _STORES.get(scheme)
+    if factory is None and scheme in BUILTIN_STORES:
+        module, name = BUILTIN_STORES[scheme].split(":")
+        factory = getattr(importlib.import_module(module), name)
+    return factory
 
 
 class LocalStore:
@@ -154,7 +216,7 @@ def store_factory(uri: str | os.PathLike[str]) -> StoreFactory | None:
     registered at its module's import is then registered in them too.)"""
     if not isinstance(uri, str) or (m := _SCHEME.match(uri)) is None:
         return None
-    return _STORES.get(m.group(1).lower())
+    return _factory(m.group(1).lower())
 
 
 def open_store(uri: str | os.PathLike[str]) -> Store:
@@ -171,9 +233,9 @@ def open_store(uri: str | os.PathLike[str]) -> Store:
     scheme = m.group(1).lower()
     if scheme == _LOCAL:
         return LocalStore(Path(unquote(urlsplit(uri).path)), uri)
-    factory = _STORES.get(scheme)
+    factory = _factory(scheme)
     if factory is None:
-        known = ", ".join(sorted({_LOCAL, *_STORES}))
+        known = ", ".join(sorted({_LOCAL, *_STORES, *BUILTIN_STORES}))
         raise StorageError(
             f"No store reads {scheme}:// URIs ({uri!r}; known: {known}). Register one in every "
             "process that reads it with tabloader.catalog.storage.register_store("

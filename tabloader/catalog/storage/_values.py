@@ -32,11 +32,21 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from tabloader.catalog.storage._stores import Store
 
-__all__ = ["INDEX_ROWS", "ValueIndex", "binary_array", "binary_offsets"]
+__all__ = ["INDEX_ROWS", "ValueIndex", "binary_array", "binary_offsets", "is_payload"]
 
 INDEX_ROWS = 8
 """Parts with at least this many rows per record batch are indexed (larger rows have few
 rows per batch: a batch read is about a value read there)."""
+
+
+def is_payload(t: pa.DataType) -> bool:
+    """True for types that stay out of DuckDB: binary payloads, also inside nested types
+    (``tabloader.catalog._model`` re-exports it)."""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return True
+    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
+        return True
+    return any(is_payload(t.field(i).type) for i in range(t.num_fields))
 
 
 def binary_array(column: pa.Array) -> pa.Array | None:

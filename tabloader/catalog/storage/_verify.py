@@ -114,7 +114,7 @@ def verify_readers(readers: Sequence[DatasetReader]) -> VerifyReport:
                 continue
             if not checksummed:
                 report.unverified.append(path)
-            for batch in range(part.num_batches):
+            for batch in reader.ahead(index, range(part.num_batches)):  # (object storage)
                 report.batches += 1
                 try:
                     reader.record_batch(index, batch)

@@ -1,0 +1,279 @@
+"""Part files of a store whose reads are requests (object storage): ranged reads of what is
+needed, a record batch per range.
+
+Arrow's IPC file reader reads a record batch in two or more reads (its metadata, then its
+body, or the body's buffers of the columns asked for); on a local file each is a ``pread``,
+on object storage each would be a request (~10 ms). So a :class:`PartFile` knows where every
+record batch lies (from the footer, :mod:`tabloader.catalog.storage._footer`, fetched once with the
+file's tail) and fetches a batch's bytes, metadata and body, in one ranged read before Arrow
+asks (``load``); Arrow's reads of them are then served from memory. Adjacent batches are
+fetched in one request (up to ``MAX_REQUEST_BYTES``) and the requests of one ``load`` are in
+flight together (the store's ``read_ranges``). A read of bytes not loaded (the footer aside)
+fetches exactly those bytes.
+
+Memory: a loaded batch is held until ``release`` (counted, so two readers of one batch share
+one copy); a caller loads what it was asked to read, in windows of at most
+``WINDOW_BYTES`` (``windows``), and releases each window when done with it. Nothing else is
+kept but the file's tail.
+
+The file is handed to Arrow as ``pa.PythonFile`` over a view with its own position
+(``file``), one per opened reader; Arrow serializes the reads of one such file under its
+lock, which costs nothing here: they are copies out of memory, the requests happen in
+``load``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tabloader.catalog._errors import StorageError
+from tabloader.catalog.storage._footer import TAIL_BYTES, Footer, footer_length, parse_footer
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "READAHEAD_BYTES",
+    "TAIL_FETCH_BYTES",
+    "WINDOW_BYTES",
+    "ObjectFile",
+    "PartFile",
+    "ReadRanges",
+    "coalesce",
+]
+
+TAIL_FETCH_BYTES = 64 << 10  # the first request of a part: its last bytes (footer and all)
+MAX_REQUEST_BYTES = 8 << 20  # adjacent batches are fetched in one request up to this size
+WINDOW_BYTES = 64 << 20  # a caller holds at most this much of one read's batches at once
+
+ReadRanges = Callable[[Sequence[tuple[int, int]]], list[Any]]
+"""``read_ranges([(offset, length), ...]) -> [bytes-like, ...]``: each range of one object
+in one request, all in flight together; retried; raises ``StorageError`` when it cannot."""
+
+
+def coalesce(ranges: Sequence[tuple[int, int]], limit: int) -> list[tuple[int, int, list[int]]]:
+    """``ranges`` (offset, length), sorted by offset, merged where one ends where the next
+    begins, up to ``limit`` bytes a merge: ``(offset, length, indices of the ranges in it)``."""
+    out: list[tuple[int, int, list[int]]] = []
+    for i, (offset, length) in enumerate(ranges):
+        if out:
+            start, n, members = out[-1]
+            if start + n == offset and n + length <= limit:
+                out[-1] = (start, n + length, [*members, i])
+                continue
+        out.append((offset, length, [i]))
+    return out
+
+
+class _Held:
+    __slots__ = ("count", "data")
+
+    def __init__(self, data: Any) -> None:
+        self.data, self.count = data, 1
+
+
+class PartFile:
+    """One part file, read by ranges through ``read_ranges`` (see the module docstring).
+
+    Args:
+        read_ranges: the object's ranges, fetched (``ReadRanges``).
+        size: the file's size as the catalog recorded it.
+        what: the file, for messages ("Data file 's3://…' of dataset 'd'").
+
+    Raises:
+        StorageError: the file's tail is not an Arrow IPC file's (or its footer is damaged).
+    """
+
+    def __init__(self, read_ranges: ReadRanges, size: int, what: str) -> None:
+        self.read_ranges, self.size, self.what = read_ranges, size, what
+        n = min(size, TAIL_FETCH_BYTES)
+        tail = memoryview(read_ranges([(size - n, n)])[0])
+        try:
+            length = footer_length(bytes(tail[-TAIL_BYTES:]), size)
+            start = size - TAIL_BYTES - length
+            if start < size - n:  # a footer longer than the tail fetched: fetch it whole
+                tail = memoryview(read_ranges([(start, length + TAIL_BYTES)])[0])
+                n = length + TAIL_BYTES
+            at = start - (size - n)
+            self.footer: Footer = parse_footer(bytes(tail[at : at + length]), start, size)
+        except ValueError as exc:
+            raise StorageError(f"{what} is not a readable Arrow IPC file: {exc}.") from None
+        # kept while the file is open: its tail, and its dictionaries (read at every open)
+        self._pinned: list[tuple[int, memoryview]] = [(size - n, tail)]
+        blocks = self.footer.dictionaries
+        if blocks.size:
+            ranges = [(int(b["offset"]), int(b["meta"] + b["body"])) for b in blocks]
+            merged = coalesce(sorted(ranges), MAX_REQUEST_BYTES)
+            got = read_ranges([(offset, length) for offset, length, _ in merged])
+            self._pinned += [(m[0], memoryview(d)) for m, d in zip(merged, got, strict=True)]
+        self._held: dict[int, _Held] = {}  # record batch -> its bytes, while loaded
+        self._starts = np.ascontiguousarray(self.footer.batches["offset"])
+        self._lock = threading.Lock()
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.footer.batches)
+
+    def batch_bytes(self, batch: int) -> int:
+        """The size of record batch ``batch``'s bytes (metadata and body)."""
+        return self.footer.batch_range(batch)[1]
+
+    def windows(self, batches: Iterable[int]) -> Iterator[list[int]]:
+        """``batches`` in consecutive runs of at most ``WINDOW_BYTES`` (one batch at least)."""
+        window: list[int] = []
+        nbytes = 0
+        for b in batches:
+            n = self.batch_bytes(b)
+            if window and nbytes + n > WINDOW_BYTES:
+                yield window
+                window, nbytes = [], 0
+            window.append(b)
+            nbytes += n
+        if window:
+            yield window
+
+    def load(self, batches: Iterable[int]) -> None:
+        """Fetch the record batches ``batches`` not loaded yet (adjacent ones in one request,
+        the requests in flight together) and hold them until ``release``; each batch loaded
+        counts one hold."""
+        with self._lock:
+            todo = []
+            for b in sorted(set(batches)):
+                held = self._held.get(b)
+                if held is None:
+                    todo.append(b)
+                else:
+                    held.count += 1
+        if todo:
+            fetched = self._fetch(todo)
+            with self._lock:
+                for b, data in zip(todo, fetched, strict=True):
+                    held = self._held.get(b)
+                    if held is None:
+                        self._held[b] = _Held(data)
+                    else:  # another thread loaded it meanwhile: one copy, two holds
+                        held.count += 1
+
+    def refetch(self, batch: int) -> None:
+        """Fetch loaded record batch ``batch`` again (its bytes failed their check)."""
+        (data,) = self._fetch([batch])
+        with self._lock:
+            held = self._held.get(batch)
+            if held is not None:
+                held.data = data
+
+    def release(self, batches: Iterable[int]) -> None:
+        """One hold less on each of ``batches``; a batch no one holds is dropped."""
+        with self._lock:
+            for b in set(batches):
+                held = self._held.get(b)
+                if held is not None:
+                    held.count -= 1
+                    if held.count <= 0:
+                        del self._held[b]
+
+    def _fetch(self, batches: list[int]) -> list[memoryview]:
+        ranges = [self.footer.batch_range(b) for b in batches]
+        merged = coalesce(ranges, MAX_REQUEST_BYTES)
+        got = self.read_ranges([(offset, length) for offset, length, _ in merged])
+        out: list[memoryview] = [memoryview(b"")] * len(batches)
+        for (offset, _, members), data in zip(merged, got, strict=True):
+            view = memoryview(data)
+            for i in members:
+                at = ranges[i][0] - offset
+                out[i] = view[at : at + ranges[i][1]]
+        return out
+
+    def read(self, offset: int, n: int) -> Any:
+        """``n`` bytes at ``offset``: from a loaded batch or the tail where they lie in one,
+        else fetched (exactly those bytes)."""
+        n = max(0, min(n, self.size - offset))
+        if n == 0:
+            return b""
+        for start, data in self._pinned:
+            if start <= offset and offset + n <= start + len(data):
+                return data[offset - start : offset - start + n]
+        b = int(np.searchsorted(self._starts, offset, side="right")) - 1  # the batch there
+        with self._lock:
+            held = self._held.get(b) if b >= 0 else None
+            if held is not None:
+                start = int(self._starts[b])
+                if offset + n <= start + len(held.data):
+                    return held.data[offset - start : offset - start + n]
+        return self.read_ranges([(offset, n)])[0]
+
+    def file(self) -> pa.NativeFile:
+        """A new random-access file over this part, for Arrow (its own position)."""
+        return pa.PythonFile(_View(self), mode="r")
+
+
+class _View:
+    """A file object over a :class:`PartFile` (or an ``ObjectFile``) with its own position
+    (``pa.PythonFile``)."""
+
+    def __init__(self, part: PartFile | ObjectFile) -> None:
+        self.part, self.pos, self.closed = part, 0, False
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.part.size + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> Any:
+        if n is None or n < 0:
+            n = self.part.size - self.pos
+        data = self.part.read(self.pos, n)
+        self.pos += len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+READAHEAD_BYTES = 4 << 20  # an ObjectFile's reads of fewer bytes fetch this much at once
+
+
+class ObjectFile:
+    """A whole object read through ranged reads, for readers of sources (Parquet, Arrow IPC)
+    that make many small reads: each read that misses the last fetched range fetches at
+    least ``READAHEAD_BYTES`` from where it starts (one range kept: bounded memory).
+
+    Args:
+        read_range: ``(offset, length) -> bytes-like`` of the object.
+        size: the object's size.
+    """
+
+    def __init__(self, read_range: Callable[[int, int], Any], size: int) -> None:
+        self.read_range, self.size = read_range, size
+        self._start, self._data = 0, memoryview(b"")
+        self._lock = threading.Lock()
+
+    def read(self, offset: int, n: int) -> Any:
+        n = max(0, min(n, self.size - offset))
+        if n == 0:
+            return b""
+        with self._lock:
+            start, data = self._start, self._data
+            if not (start <= offset and offset + n <= start + len(data)):
+                length = min(self.size - offset, max(n, READAHEAD_BYTES))
+                start, data = offset, memoryview(self.read_range(offset, length))
+                self._start, self._data = start, data
+            return data[offset - start : offset - start + n]
+
+    def file(self) -> pa.NativeFile:
+        """A random-access file over the object, for Arrow."""
+        return pa.PythonFile(_View(self), mode="r")
