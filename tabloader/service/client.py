@@ -87,6 +87,12 @@ def _service_env() -> dict[str, str]:
     return env
 
 
+def _start_seconds() -> float:
+    """How long a client waits for the service it starts: ``START_TIMEOUT_S``, and the
+    ``lock_wait`` that a service waits for a catalog another process holds."""
+    return START_TIMEOUT_S + float(setting("lock_wait"))
+
+
 def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     """A socket connection to the service of catalog ``root``, started in the background if needed.
 
@@ -108,7 +114,8 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     except ServiceError:
         if not start:
             raise
-    deadline = time.monotonic() + START_TIMEOUT_S
+    start_s = _start_seconds()
+    deadline = time.monotonic() + start_s
     fd = os.open(runtime_dir(root) / "starting", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         while True:  # polled, not blocking: a stopped client holding it cannot hang us
@@ -121,7 +128,7 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
                 if time.monotonic() > deadline:
                     raise ServiceError(
                         f"Another process has been starting the tabloader service for catalog "
-                        f"{root} for {START_TIMEOUT_S:.0f} s; see {runtime_dir(root) / LOG_FILE}."
+                        f"{root} for {start_s:.0f} s; see {runtime_dir(root) / LOG_FILE}."
                     ) from None
                 time.sleep(START_POLL_S)
         try:  # it may have come up while we waited for the lock
@@ -158,7 +165,7 @@ def _start(root: Path, deadline: float) -> Client:
                     raise
                 raise ServiceError(
                     f"The tabloader service for catalog {root} did not answer within "
-                    f"{START_TIMEOUT_S:.0f} s; see {log}."
+                    f"{_start_seconds():.0f} s; see {log}."
                 ) from exc
             if (proc is None or ended) and service_pid(root) is None:
                 proc, start_of_ours = _spawn(root, log)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +21,6 @@ from catalog.errors import (
 )
 from tabloader import cli
 from tabloader.service.client import RemoteLoader
-from tabloader.service.connection import RACE_S
 
 
 def user_script(root, data) -> dict:
@@ -217,32 +215,21 @@ cat.close()
 
 
 @pytest.mark.parametrize("role", ["serve", "script"])
-def test_a_statement_racing_a_stopping_service_waits_for_it(empty, role, capsys):
-    """A service that stops closes its socket and lets its service lock go before DuckDB's:
-    a statement in that window waits (bounded) and runs once the catalog is free; a catalog
-    held by any other process fails at once, as before."""
+def test_a_statement_racing_a_holder_waits_for_it(empty, role, capsys):
+    """A catalog held for a moment by another process (a service that stops: it closes its
+    socket and lets its service lock go before DuckDB's; or a script) is waited for: the
+    statement runs once the catalog is free (``tabloader.service.turns``)."""
     root, _ = empty
     argv = [sys.executable, "-c", HOLD, str(root), role]  # its command line says what it is
     with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
         try:
             assert proc.stdout.readline() == b"holding\n"
-            started = time.monotonic()
-            code = cli.main(["--catalog", str(root), "sql", "SHOW DATASETS"])
-            took = time.monotonic() - started
+            code = cli.main(["--catalog", str(root), "sql", "SHOW DATASETS"])  # held for 1 s
         finally:
-            if role == "script":  # it was refused at once: no need to wait for the holder
-                proc.kill()
             proc.wait(TIMEOUT)
     out = capsys.readouterr()
-    if role == "serve":
-        assert code == 0, out.err
-        assert "imgs" in out.out
-        assert took < RACE_S
-    else:
-        assert code == 1
-        assert out.err.startswith("CatalogLockedError: Catalog")
-        assert f"(PID {proc.pid})" in out.err
-        assert took < 1.0
+    assert code == 0, out.err
+    assert "imgs" in out.out
 
 
 def test_every_kind_of_argument_and_result_has_its_codec():

@@ -249,7 +249,8 @@ def test_the_catalog_package_opened_beside_a_service_names_the_way_through_it(se
         catalog.open_catalog(cat_dir)
 
 
-def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir):
+def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir, monkeypatch):
+    monkeypatch.setenv("TABLOADER_LOCK_WAIT", "0.5")  # waited for that long, then refused
     holder = subprocess.Popen(
         [
             *(sys.executable, "-c"),
@@ -261,7 +262,9 @@ def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(ca
     )
     try:
         assert holder.stdout.readline().strip() == b"1"
-        with pytest.raises(CatalogLockedError, match="in use by another process"):
+        with pytest.raises(
+            CatalogLockedError, match=rf"is held by pid {holder.pid} .*within 0.5 s"
+        ):
             tabloader.connect(cat_dir)
     finally:
         holder.kill()
