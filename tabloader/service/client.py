@@ -35,6 +35,7 @@ from catalog.directory import resolve_root
 from catalog.errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 from catalog.options import JobSpec
 from catalog.settings import setting
+from catalog.storage.stores import STORAGE_ENV, storage_uri
 from tabloader.engine.batchmem import BatchMemory
 from tabloader.engine.handoff import HandedBatch
 from tabloader.engine.opening import OpenRequest
@@ -76,14 +77,16 @@ sys.exit(main())
 
 
 def _service_env() -> dict[str, str]:
-    """This process's environment with ``PYTHONPATH`` absolute: its relative entries mean this
-    process's working directory (the service runs in /), so the service imports our packages.
-    """
+    """This process's environment with its paths absolute: relative ones mean this process's
+    working directory (the service runs in /): ``PYTHONPATH`` (so the service imports our
+    packages) and ``$TABLOADER_STORAGE`` (so it reads the parts this process would read)."""
     env = dict(os.environ)
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)
         )
+    if env.get(STORAGE_ENV):
+        env[STORAGE_ENV] = str(storage_uri(Path("/")))
     return env
 
 
