@@ -531,6 +531,7 @@ class RemoteStream:
         self._epoch_hint: int | None = None  # the epoch it opened at, until a batch moves it
         # the reply read ahead was this error, for a later epoch than the one being read
         self._failed: TabloaderError | None = None
+        self._closed = False  # by close(), maybe from another thread
 
     @property
     def epoch(self) -> int:
@@ -546,37 +547,56 @@ class RemoteStream:
             return int(self._conn.call("epoch")["epoch"])
 
     def take(self, epoch: int | None = None) -> dict[str, Any] | None:
-        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
-        with self._lock:
-            self._epoch_hint = None
-            start = time.perf_counter()
-            if self._returned is not None:
-                self._compute_s += start - self._returned
-            reply = self._collect()  # counts its own wait for a reply read ahead
-            failed = self._failed
-            if failed is not None:  # the next batch failed: raise it when it is asked for
-                if epoch is not None and getattr(failed, "epoch", epoch) > epoch:
-                    self._returned = time.perf_counter()
-                    return None  # ``epoch`` ended before it
-                self._failed = None
-                raise failed
-            start = time.perf_counter()
-            if reply is None:
-                reply = self._conn.call("next", **self._timing())
-            if reply.get("end"):
-                batch = None
-            elif epoch is not None and int(reply["epoch"]) != epoch:
-                self._ready, batch = reply, None  # of a later epoch: kept for its take
-            else:
-                copy = time.perf_counter()
-                batch = self._build(reply.get("batch"))
-                done = time.perf_counter()
-                self._copy_s += done - copy
-                self._wait_s += done - start  # the copy counts as waiting
-                self._conn.send("next", release=[int(reply["ticket"])], **self._timing())
-                self._ahead = True
-            self._returned = time.perf_counter()
-            return batch
+        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch.
+
+        Raises:
+            LoaderError: the job's error; or the stream is closed (also by ``close()`` from
+                another thread while this waits: not a lost service).
+        """
+        try:
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                return self._take_locked(epoch)
+        except TabloaderError:
+            if self._closed:  # what failed is the connection close() hung up
+                raise self._closed_error() from None
+            raise
+
+    def _closed_error(self) -> LoaderError:
+        return LoaderError(f"Job stream {self.name!r} is closed; open the job again.")
+
+    def _take_locked(self, epoch: int | None) -> dict[str, Any] | None:
+        """``take`` with ``_lock`` held."""
+        self._epoch_hint = None
+        start = time.perf_counter()
+        if self._returned is not None:
+            self._compute_s += start - self._returned
+        reply = self._collect()  # counts its own wait for a reply read ahead
+        failed = self._failed
+        if failed is not None:  # the next batch failed: raise it when it is asked for
+            if epoch is not None and getattr(failed, "epoch", epoch) > epoch:
+                self._returned = time.perf_counter()
+                return None  # ``epoch`` ended before it
+            self._failed = None
+            raise failed
+        start = time.perf_counter()
+        if reply is None:
+            reply = self._conn.call("next", **self._timing())
+        if reply.get("end"):
+            batch = None
+        elif epoch is not None and int(reply["epoch"]) != epoch:
+            self._ready, batch = reply, None  # of a later epoch: kept for its take
+        else:
+            copy = time.perf_counter()
+            batch = self._build(reply.get("batch"))
+            done = time.perf_counter()
+            self._copy_s += done - copy
+            self._wait_s += done - start  # the copy counts as waiting
+            self._conn.send("next", release=[int(reply["ticket"])], **self._timing())
+            self._ahead = True
+        self._returned = time.perf_counter()
+        return batch
 
     def _collect(self) -> Message | None:
         """The reply read ahead (waiting for it if it is on its way), or None; the caller
@@ -671,6 +691,7 @@ class RemoteStream:
         batch read ahead and not come yet is given up), unless a ``take`` blocks in another
         thread for ``CLOSE_WAIT_S``: a connection that just drops is a client that died (on a
         Ray cluster, its job's other ranks then fail)."""
+        self._closed = True  # first: a take() it interrupts says closed, not lost
         self._finalizer.detach()
         forget(self._key, self)
         if self._lock.acquire(timeout=self.CLOSE_WAIT_S):

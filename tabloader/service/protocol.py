@@ -233,6 +233,7 @@ class Client:
     ) -> None:
         self._root = Path(catalog_root)
         self._call_lock, self._sock_lock = threading.Lock(), threading.Lock()
+        self._closed = False  # by close(): a request that then fails lost nothing
         path, key_file = socket_path(self._root, node), key_path(self._root, node)
         none = (
             f"no tabloader service runs for catalog {self._root}; "
@@ -353,7 +354,14 @@ class Client:
         return self._sock
 
     def _lost(self, exc: BaseException) -> ServiceError:
+        closed = self._closed
         self.close()
+        if closed:  # close() of this process, from another thread: the service is fine
+            return ServiceError(
+                f"this connection to the tabloader service of catalog {self._root} was "
+                "closed (close() from another thread) while a request waited for its "
+                "reply; connect again to go on"
+            )
         return ServiceError(
             f"lost the tabloader service for catalog {self._root} ({describe(exc)}); the "
             "jobs' places in their epochs went with it. Make a new JobDataset or RemoteLoader "
@@ -362,6 +370,7 @@ class Client:
 
     def close(self) -> None:
         """Close the connection (a call in flight in another thread raises). Idempotent."""
+        self._closed = True
         with self._sock_lock:
             if self._sock is not None:
                 with contextlib.suppress(OSError):
