@@ -581,3 +581,29 @@ def test_lightning_warns_once_when_a_plain_dataloader_leaves_the_jobs_position_o
     assert lightning_fit(data, JobLoader(data), tmp_path / "ok", stop_after=2) == []
     data = JobDataset("j", loader=engine)
     assert lightning_fit(data, JobLoader(data), tmp_path, resume=tmp_path / "ok" / "mid.ckpt") == []
+
+
+def test_the_readmes_hf_recipe_says_what_cpus_need_as_hf_run_does():
+    """On a machine without GPUs, torchrun's processes join one ``Trainer`` run only with
+    ``use_cpu=True`` (each runs alone otherwise, and ``prepare`` refuses the dataset of a
+    rank that accelerate does not know): the README's recipe says so, as its accelerate
+    recipe says ``Accelerator(cpu=True)``, and ``hf_run.py`` (which the tests launch on CPUs)
+    is that recipe: the same ``TrainingArguments``, with ``use_cpu=True``."""
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    recipe = readme.split("**Hugging Face Trainer.**", 1)[1].split("**accelerate.**", 1)[0]
+    code = recipe.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "# on CPUs only, under torchrun: TrainingArguments(..., use_cpu=True)" in code
+
+    def training_arguments(source: str) -> dict[str, ast.expr]:
+        (call,) = [
+            node
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "TrainingArguments"
+        ]
+        return {k.arg: k.value for k in call.keywords if k.arg is not None}
+
+    ours = training_arguments((SCRIPTS / "hf_run.py").read_text())
+    assert ast.literal_eval(ours["use_cpu"]) is True
+    assert set(training_arguments(code)) <= set(ours)  # the recipe's, run for real
