@@ -148,8 +148,8 @@ def _send_source(source: Any, spool: Spool) -> SourceWire:
             raise
         raise StorageError(
             f"Importing data held in memory through the loader service failed writing it to "
-            f"{path}, for the service to read: {os.strerror(exc.errno or 0)}. Nothing was imported; "
-            f"{fault.format(folder=path.parent)}, and import again.",
+            f"{path}, for the service to read: {os.strerror(exc.errno or 0)}. Nothing was "
+            f"imported; {fault.format(folder=path.parent)}, and import again.",
             path=str(path),
         ) from exc
     return {

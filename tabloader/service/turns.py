@@ -80,8 +80,11 @@ class Turn:
         self._fd: int | None = None
         self._closer: weakref.finalize[[int], Turn] | None = None  # collected unreleased
         self._held = False
-        # a read-only catalog (readers side by side), or no folder for the turn: DuckDB decides
-        self._none = not_writable(root, root / DB_FILE) is not None
+        # no catalog yet (its first import creates it: no folder is made in a directory that
+        # may be a mistyped path), a read-only one (readers go in side by side), or no folder
+        # for the turn: DuckDB decides alone
+        db = root / DB_FILE
+        self._none = not db.is_file() or not_writable(root, db) is not None
 
     def take(self) -> int | None:
         """Take the turn: None when this process has it (or there is none to take), else the
@@ -107,13 +110,38 @@ class Turn:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
         self._held = True
+        _HELD.add(self)
         return None
+
+    def _forget_in_child(self) -> None:
+        """In a child forked while this turn is held: close the child's copy of the file,
+        which shares the parent's lock (unlocking would drop the parent's)."""
+        if self._closer is not None:
+            self._closer.detach()
+            self._closer = None
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._held = None, False
 
     def release(self) -> None:
         """Give the turn up (idempotent)."""
         closer, self._closer, self._fd, self._held = self._closer, None, None, False
         if closer is not None:
             closer()  # closes the file: the lock goes with it
+
+
+_HELD: weakref.WeakSet[Turn] = weakref.WeakSet()  # the turns this process holds
+
+
+def _after_fork_in_child() -> None:
+    """A forked child does not hold its parent's turns (it never opened the catalog): it
+    closes its copies of their files, so the turn goes when the parent releases it."""
+    for turn in list(_HELD):
+        turn._forget_in_child()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class LockWait:

@@ -268,3 +268,37 @@ def test_looking_for_a_service_creates_nothing(root):
     assert service_pid(root) is None
     assert not (root / ".service").exists()
     assert not runtime_dir(root, create=False).exists()  # nor its /tmp fallback
+    plain = root.parent / "plain"  # a folder that holds no catalog (a mistyped path)
+    plain.mkdir()
+    with tabloader.connect(plain) as cat:
+        assert not cat.exists
+    assert not list(plain.iterdir())
+    assert not runtime_dir(plain, create=False).exists()
+
+
+FORKS = """
+import os, sys, time
+import tabloader
+cat = tabloader.connect(sys.argv[1])
+child = os.fork()
+if child == 0:  # a worker forked while the catalog was open here (a DataLoader's, a Pool's)
+    time.sleep(120)
+    os._exit(0)
+cat.close()
+print(child, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_child_forked_while_the_catalog_was_open_does_not_keep_the_turn(root, monkeypatch):
+    monkeypatch.setenv("TABLOADER_LOCK_WAIT", "2")
+    argv = [sys.executable, "-c", FORKS, str(root)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as parent:
+        child = int(parent.stdout.readline())
+        try:
+            with tabloader.connect(root) as cat:  # the parent closed it; the child is alive
+                assert cat.service_pid is None
+        finally:
+            os.kill(child, signal.SIGKILL)
+            parent.kill()
+            parent.wait(TIMEOUT)
