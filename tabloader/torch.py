@@ -14,7 +14,9 @@ where the first ``iter()`` resumes the saved epoch mid-way. ``len(ds)`` is this 
 per epoch. Use ``JobLoader(ds)`` (or ``DataLoader(ds, batch_size=None)`` with the default
 ``num_workers=0``): tabloader reads and decodes with its own threads, shared by every job of
 the process; ``JobLoader`` also carries the job's position into framework checkpoints
-(Lightning saves ``state_dict()`` of loaders that have one).
+(Lightning saves ``state_dict()`` of loaders that have one). A ``JobDataset`` that Lightning
+trains through a plain ``DataLoader`` warns once, with that fix, when a checkpoint is saved
+or resumed without its position (:mod:`tabloader.integrations._lightning`).
 """
 
 from __future__ import annotations

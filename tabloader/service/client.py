@@ -7,7 +7,8 @@ read-only) into the job's own arrays, then released (see :mod:`tabloader.service
 
 If no service runs for the catalog, :func:`dial` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
-30 s) and waits for it; two scripts that start at once end up with one service. It runs in
+30 s) and waits for it (also while it waits for a catalog another process holds:
+:mod:`tabloader.service.turns`); two scripts that start at once end up with one service. It runs in
 ``/``, whoever started it, so paths go to it absolute (:mod:`tabloader.service.connection`
 resolves relative ones against the client's working directory). Statements and the catalog's
 other calls go through :func:`tabloader.connect`, which uses the service while one runs.

@@ -103,7 +103,8 @@ class Connection(CatalogAPI):
         or connect to its service (``_ctl``); else pause before the next (False)."""
         running = service_pid(self.root)
         if running is None:
-            holder = self._turn.take()
+            # (this process has it open: the open below says so at once, whoever has the turn)
+            holder = None if is_open(self.root) else self._turn.take()
             if holder is not None:  # another process opens the catalog, or has it open
                 waiting.pause(holder, cheap=True)
                 return False
