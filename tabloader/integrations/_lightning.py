@@ -10,8 +10,9 @@ So each time a ``JobDataset`` starts an iteration under a Lightning ``Trainer`` 
 (found on the stack: the loops that iterate it; validation and test loaders need no position),
 :func:`watch` checks, once per dataset:
 
-* the run resumed from a checkpoint (``fit(ckpt_path=...)``) and the job's position was not
-  loaded: it warns at once;
+* the run resumed mid-epoch from a checkpoint (``fit(ckpt_path=...)``; Lightning counts the
+  epoch's batches trained already) and the job's position was not loaded: it warns at once
+  (a resume at an epoch's end starts a new epoch of the job, as it should);
 * else it joins the trainer's callbacks; Lightning asks its loaders for their states before
   the callbacks' ``on_save_checkpoint``, so a checkpoint saved without asking the dataset for
   its ``state_dict()`` is one without the job's position: it warns then.
@@ -53,18 +54,28 @@ def watch(dataset: Positioned) -> None:
     package, trainer = found
     if not getattr(trainer, "training", False):  # validation, sanity check, test, predict
         return
-    resumed = getattr(trainer, "ckpt_path", None)
-    if resumed is not None and not dataset.position_loaded:
+    resumed, done = getattr(trainer, "ckpt_path", None), _batches_done(trainer)
+    if resumed is not None and done and not dataset.position_loaded:
         _warn(
             dataset,
-            f"Lightning resumed from {resumed}, which holds no position of job "
-            f"{dataset.job!r}, so the job starts a new epoch: if the checkpoint was taken "
-            "mid-epoch, rows of that epoch are trained twice and others never.",
+            f"Lightning resumed from {resumed} after batch {done} of epoch "
+            f"{trainer.current_epoch}, but the checkpoint holds no position of job "
+            f"{dataset.job!r}: the job starts a new epoch there, so rows of that epoch are "
+            "trained twice and others never.",
         )
         return
     callbacks: list[Any] = trainer.callbacks
     if not any(getattr(c, "dataset", None) is dataset for c in callbacks):
         callbacks.append(_callback_class(package)(dataset))
+
+
+def _batches_done(trainer: Any) -> int:
+    """The batches of the current epoch trained before this iteration started: more than 0
+    only when a run resumed mid-epoch (a new epoch starts at 0)."""
+    try:
+        return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+    except (AttributeError, TypeError, ValueError):  # another Lightning: assume mid-epoch
+        return int(bool(getattr(trainer.fit_loop, "restarting", True)))
 
 
 def _warn(dataset: Positioned, what: str) -> None:

@@ -310,7 +310,7 @@ def test_lightning_with_a_plain_dataloader_says_its_checkpoints_lose_the_positio
     resumed = launch("lightning_run.py", *common, "--resume", ckpt, "--tag", "resumed")
     assert resumed.returncode == 0, resumed.stderr[-6000:]
     assert resumed.stderr.count(UNSAVED) == 1, resumed.stderr[-6000:]
-    assert f"Lightning resumed from {ckpt}, which holds no position" in resumed.stderr
+    assert f"Lightning resumed from {ckpt} after batch 5 of epoch 0, but" in resumed.stderr
     epoch0 = recorded(tmp_path)[0]  # what the warning is about: not each row once
     assert len(epoch0) != len(set(epoch0)) or set(epoch0) != job_rows(cat_dir, "l1_plain")
 
@@ -574,7 +574,10 @@ def test_lightning_warns_once_when_a_plain_dataloader_leaves_the_jobs_position_o
         data, DataLoader(data, batch_size=None), tmp_path, resume=tmp_path / "mid.ckpt"
     )
     assert len(resumed) == 1, resumed
-    assert resumed[0].startswith(f"Lightning resumed from {tmp_path / 'mid.ckpt'}, which holds")
+    assert resumed[0].startswith(
+        f"Lightning resumed from {tmp_path / 'mid.ckpt'} after batch 2 of epoch 0, but the "
+        "checkpoint holds no position of job 'j'"
+    )
     assert "return JobLoader(ds) from train_dataloader()" in resumed[0]
 
     data = JobDataset("j", loader=engine)
