@@ -126,6 +126,7 @@ class Turn:
     def release(self) -> None:
         """Give the turn up (idempotent)."""
         closer, self._closer, self._fd, self._held = self._closer, None, None, False
+        _HELD.discard(self)
         if closer is not None:
             closer()  # closes the file: the lock goes with it
 
