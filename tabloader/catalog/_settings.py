@@ -200,6 +200,17 @@ SETTINGS: dict[str, Setting] = {
             example="30",
         ),
         Setting(
+            "lock_wait",
+            "seconds",
+            "seconds tabloader.connect, the CLI and a starting service wait for a catalog "
+            "that another process holds",
+            minimum=0,
+            maximum=365 * 86400,
+            default=60.0,
+            env="TABLOADER_LOCK_WAIT",
+            example="120",
+        ),
+        Setting(
             "memory_limit",
             "bytes",
             "the memory a SQL statement may use",

@@ -43,7 +43,6 @@ from typing import Any, NoReturn, TypedDict, cast
 
 import numpy as np
 
-from tabloader import catalog
 from tabloader.catalog._api import StatementTarget
 from tabloader.catalog._directory import not_a_catalog
 from tabloader.catalog._errors import LoaderError, ServiceError
@@ -75,6 +74,7 @@ from tabloader.service._protocol import (
     runtime_dir,
     state_to_wire,
 )
+from tabloader.service._turns import open_catalog
 
 __all__ = ["ClientInfo", "JobSeat", "Service"]
 
@@ -137,16 +137,16 @@ class Service:
         self._tickets = itertools.count()
         starter = os.environ.pop(STARTER_ENV, None)  # this process's, not its children's
         try:
-            self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
+            self.listener = Listener(
+                self.root, lambda session: _Handler(self, session), node=node, listen=False
+            )
         except ServiceRunningError as exc:
             if starter is None:  # a user's `tabloader serve`: theirs to see
                 raise
             _lost_start(self.root, exc, starter)
         self.feed: Feed | None = None
         try:
-            self.catalog: StatementTarget = (
-                catalog.open_catalog(self.root) if opened is None else opened
-            )
+            self.catalog: StatementTarget = open_catalog(self.root) if opened is None else opened
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -183,8 +183,13 @@ class Service:
         )
         self.blocks_lock = threading.Lock()
         self.segment = segment
-        if feed is not None:
-            self.feed = feed(self)
+        try:
+            if feed is not None:
+                self.feed = feed(self)
+            self.listener.listen()  # clients find the socket once the service can answer
+        except BaseException:
+            self.close()
+            raise
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
