@@ -199,6 +199,12 @@ def _register_status(sub: Any) -> None:
         "jobs, reads, decodes, cache, stalls",
     )
     p.add_argument("--json", action="store_true", help="the counters as one JSON object")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="the service's figures in Prometheus' text format (per job, per rank, per "
+        "dataset; see docs/metrics.md)",
+    )
     _ray_argument(
         p,
         "the catalog's loaders on the Ray cluster at ADDRESS (default: auto); without it, the "
@@ -225,6 +231,11 @@ def _run_status(args: argparse.Namespace) -> int:
             stats, pid = remote.stats(), remote.service_pid
         finally:
             remote.close()
+    if args.prometheus:
+        from tabloader.service.metrics import render_metrics
+
+        _print(render_metrics(stats), end="")
+        return 0
     report = {**status_report(root, pid, stats), "ray": _ray_report(root, args.ray)}
     if args.json:
         _print(json.dumps(report))
@@ -378,6 +389,14 @@ def _register_serve(sub: Any) -> None:
         "node, also on nodes that join later",
     )
     p.add_argument(
+        "--metrics-port",
+        default=None,
+        metavar="PORT",
+        help="serve the figures of tabloader status --prometheus at "
+        "http://127.0.0.1:PORT/metrics for Prometheus to scrape (loopback only; 0: any free "
+        "port, logged)",
+    )
+    p.add_argument(
         "--access-log",
         default=None,
         help="record every look-up and release of prepared values to this .npz file when the "
@@ -394,12 +413,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     workers = _flag("workers", args.workers)
     idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     megapixels = _flag("max_image_megapixels", args.max_image_megapixels)
+    metrics_port = None if args.metrics_port is None else _flag("metrics_port", args.metrics_port)
     if args.ray is not None and args.max_image_megapixels is not None:
         from catalog.errors import CatalogError
 
         raise CatalogError(
             "--max-image-megapixels sets a local service's limit; for a Ray cluster set "
             "$TABLOADER_MAX_IMAGE_MEGAPIXELS in every node's environment instead."
+        )
+    if args.ray is not None and metrics_port is not None:
+        from catalog.errors import CatalogError
+
+        raise CatalogError(
+            "--metrics-port serves a local service's figures; on a Ray cluster, use Ray's own "
+            "metrics, or tabloader status --ray."
         )
     yield_to_jobs()  # before any thread or process starts: they inherit it
     if args.ray is not None:
@@ -423,12 +450,18 @@ def _run_serve(args: argparse.Namespace) -> int:
         idle_exit=idle_exit,
         access_log=args.access_log,
         max_image_megapixels=megapixels,
+        metrics_port=metrics_port,
     )
     log = log_to_file(service.root)
     _print(
         f"tabloader: serving catalog {service.root} (pid {os.getpid()}); log: {log}",
         file=sys.stderr,
     )
+    if service.metrics is not None:
+        _print(
+            f"tabloader: metrics at http://127.0.0.1:{service.metrics.port}/metrics",
+            file=sys.stderr,
+        )
     service.serve()
     return 0
 

@@ -21,6 +21,7 @@ MODULES = [
     "tabloader.engine.slabs",
     "tabloader.sampling",
     "tabloader.sampling.dependent",
+    "tabloader.service.metrics",
 ]
 
 

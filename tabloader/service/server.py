@@ -50,6 +50,7 @@ from tabloader.engine.stream import ServedStream
 from tabloader.engine.streams import no_importance
 from tabloader.service.catalog_ops import CatalogOps
 from tabloader.service.listener import STARTER_ENV, Listener, ServiceRunningError, Session
+from tabloader.service.metrics import MetricsServer, render_metrics
 from tabloader.service.plugins import Feed
 from tabloader.service.protocol import (
     FDS,
@@ -102,6 +103,9 @@ class Service:
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
         max_image_megapixels: the pixel limit of a decode (``Loader``'s; None: the setting).
+        metrics_port: serve the figures of ``stats()`` for Prometheus at
+            ``http://127.0.0.1:PORT/metrics`` until closed (:mod:`tabloader.service.metrics`;
+            0: a free port, then ``metrics.port`` says which); None: not.
 
     A service started by a client (``STARTER_ENV`` set) that finds another one serving exits 0
     with one line in the log instead (see ``_lost_start``).
@@ -123,8 +127,10 @@ class Service:
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.root = Path(root).absolute()
+        self.metrics: MetricsServer | None = None
         self.node = node
         self.idle_exit = idle_exit
         self._stop = threading.Event()
@@ -180,6 +186,12 @@ class Service:
         self.segment = segment
         if feed is not None:
             self.feed = feed(self)
+        if metrics_port is not None:
+            try:
+                self.metrics = MetricsServer(metrics_port, self.prometheus)
+            except BaseException:
+                self.close()
+                raise
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
@@ -219,12 +231,22 @@ class Service:
         abandoned: its batches have no client left.
         """
         self._stop.set()
+        if self.metrics is not None:
+            self.metrics.close()
         self.listener.stop()
         self.catalog.close()  # before the lock that lets a new service start
         self.listener.close()
         if self.feed is not None:
             self.feed.close()
         self.loader.close()
+
+    def stats(self, *, but: Any = None) -> dict[str, Any]:
+        """The engine's counters (``Loader.stats()``) and the ``clients`` but ``but``."""
+        return {**self.loader.stats(), "clients": self.clients(but=but)}
+
+    def prometheus(self) -> str:
+        """``stats()`` in Prometheus' text format (``--metrics-port``)."""
+        return render_metrics(_jsonable(self.stats()))
 
     def clients(self, *, but: Any = None) -> list[ClientInfo]:
         """The client processes connected now, but the connection ``but`` (the one asking):
@@ -313,8 +335,7 @@ class _Handler(CatalogOps):
         if self.stream is not None:
             self._record_stalls(msg)
             return {"stats": _jsonable(self.stream.stats())}
-        stats = {**self.service.loader.stats(), "clients": self.service.clients(but=self)}
-        return {"stats": _jsonable(stats)}
+        return {"stats": _jsonable(self.service.stats(but=self))}
 
     def client(self) -> tuple[int, JobSeat | None] | None:
         """This connection's process and the job stream it reads, if any (None: closed)."""
