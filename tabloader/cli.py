@@ -366,6 +366,71 @@ def _print_cluster(root: Path, status: dict[str, Any]) -> None:
         _print(f"job {name} left the cluster: {why}")
 
 
+# -- analyze -----------------------------------------------------------------------------------
+def _register_analyze(sub: Any) -> None:
+    from tabloader.analyze import DEFAULT_BATCHES, DEFAULT_SECONDS
+
+    p = sub.add_parser(
+        "analyze",
+        help="profile a job by differential runs and predict other configurations (what-if)",
+        description="Measure where a registered job's time goes (ingestion, preparation, cache "
+        "and storage fetch, sharing with the other jobs) with a loader service of its own, "
+        "then predict seconds per epoch and stall fraction (see docs/analyze.md). No loader "
+        "service may run for the catalog meanwhile.",
+    )
+    p.add_argument("job", help="the registered job")
+    p.add_argument("--step", type=float, default=0.0, help="the loop's seconds a batch (0)")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=DEFAULT_BATCHES,
+        help=f"the fewest batches the first run reads (default {DEFAULT_BATCHES})",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_SECONDS,
+        help=f"the shortest the first run reads (default {DEFAULT_SECONDS:g}; more is more "
+        "precise, as CPU is counted in 10 ms ticks)",
+    )
+    p.add_argument("--workers", default=None, help="decode processes of the analysis (cores)")
+    p.add_argument("--cache-bytes", default=None, help="cache of the analysis (1 GiB)")
+    p.add_argument(
+        "--what-if",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="a configuration to predict (repeatable): workers=N, cache_bytes=B, jobs=J, "
+        "storage_mbps=M, cores=C, step=S, any subset",
+    )
+    p.add_argument("--epochs", type=int, default=1, help="epochs of a fresh process (1)")
+    p.add_argument("--json", action="store_true", help='{"measured": ..., "predictions": ...}')
+    p.add_argument("--plot", metavar="FILE.png", help="draw stall fraction (matplotlib)")
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    import json
+
+    from tabloader.analyze import analyze, parse_what_if, plot_analysis
+
+    what_ifs = [parse_what_if(text) for text in args.what_if]  # a typo fails before the runs
+    analysis = analyze(
+        _root(args),
+        args.job,
+        what_ifs=what_ifs,
+        epochs=args.epochs,
+        step=args.step,
+        batches=args.batches,
+        seconds=args.seconds,
+        workers=None if args.workers is None else _flag("workers", args.workers),
+        cache_bytes=None if args.cache_bytes is None else _flag("cache_bytes", args.cache_bytes),
+    )
+    if args.plot:
+        plot_analysis(analysis, args.plot)
+    _print(json.dumps(analysis.to_json()) if args.json else analysis.format())
+    return 0
+
+
 # -- serve -------------------------------------------------------------------------------------
 def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
@@ -517,6 +582,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
+    "analyze": (_register_analyze, _run_analyze),
     "bench": (_register_bench, _run_bench),
     "demo": (_register_demo, _run_demo),
     "import": (_register_import, _run_import),

@@ -35,6 +35,7 @@ sys.dont_write_bytecode = False
 # one of them at the end kept a worker busy for its whole length while the other had nothing
 # left to run. Short tests are left for the end, where they even out the two workers.
 LONG_FIRST = (
+    "tests/tabloader/test_analyze.py",
     "tests/tabloader/test_bench_",
     "tests/tabloader/test_chaos.py",
     "tests/tabloader/test_rank_timeout.py",

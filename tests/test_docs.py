@@ -10,6 +10,7 @@ import pytest
 MODULES = [
     "catalog",
     "tabloader",
+    "tabloader.analyze.model",
     "tabloader.engine.arena",
     "tabloader.engine.batchmem",
     "tabloader.bench.stalls",

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "tabloader.torch": TOP,
     "tabloader.integrations.*": TOP,  # on top of torch.py: accelerate, transformers
     "tabloader.bench.*": TOP,
+    "tabloader.analyze.*": TOP,  # starts a service of its own and reads it as a client
     "tabloader.demo": TOP,
     "tabloader.cli": CLI,
     "tabloader.__main__": CLI,
