@@ -34,6 +34,7 @@ __all__ = [
 
 BENCHMARKS: dict[str, str] = {
     "accuracy": "tabloader.bench.accuracy",
+    "analyze": "tabloader.bench.predictions",  # tabloader analyze's predictions, run for real
     "catalog": "tabloader.bench.catalog",
     "cluster": "tabloader.bench.cluster",
     "sampling": "tabloader.bench.sampling",

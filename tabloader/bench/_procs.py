@@ -208,11 +208,15 @@ def _killing(procs: list[multiprocessing.process.BaseProcess]) -> Iterator[None]
             p.join()
 
 
-def _zygote(module: str) -> multiprocessing.context.BaseContext:
+TORCH = ("torch", "torch.utils.data", "tabloader.torch")
+"""What the zygote imports besides the benchmark's module, unless told (the jobs' torch)."""
+
+
+def _zygote(module: str, preload: Sequence[str] = TORCH) -> multiprocessing.context.BaseContext:
     """The forkserver context the job processes of ``module`` are forked from (started once
-    per benchmark process, with torch and the module imported)."""
+    per benchmark process, with ``preload`` and the module imported)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.utils.data", "tabloader.torch", module])
+    ctx.set_forkserver_preload([*preload, module])
     return ctx
 
 
@@ -244,14 +248,19 @@ class JobsRun(TypedDict):
 
 
 def run_jobs(
-    module: str, specs: Sequence[Mapping[str, object]], *, timeout: float = 3600
+    module: str,
+    specs: Sequence[Mapping[str, object]],
+    *,
+    timeout: float = 3600,
+    preload: Sequence[str] = TORCH,
 ) -> JobsRun:
-    """Start one process per spec, start them together, wait for all; their results.
+    """Start one process per spec, start them together, wait for all; their results
+    (``preload``: what the processes' zygote imports besides ``module``).
 
     Returns:
         ``{"go": start time, "wall_s": start to the last job's "end", "results": [...]}``.
     """
-    ctx = _zygote(module)
+    ctx = _zygote(module, preload)
     with tempfile.TemporaryDirectory(prefix="tabloader-bench-") as tmp:
         sync = Path(tmp)
         procs: list[multiprocessing.process.BaseProcess] = []
