@@ -15,18 +15,20 @@ extended for what the loader service shares (``docs/analyze.md`` says it in word
 * **CPU**: decode processes spend ``decode_cpu_s`` a decoded row, the service
   ``service_decode_cpu_s`` more a decoded row and ``service_cpu_s`` a delivered one (hand-over,
   augmentation), the clients ``client_cpu_s`` a delivered row (the copy out of the cache).
-* **Cores**: the loader gets ``K_w`` cores with ``w`` decode processes, measured: what its
-  cold runs got with one decode process and with the analysis' (their CPU over their wall),
-  on the line through both, up to the machine's cores. On a machine of its own that is about
-  ``min(w + a little, cores)``; on a machine others use, what they leave it (which grows less
-  than in proportion with ``w``: the scheduler favours threads that wait often).
-  ``cores=C`` predicts a machine of ``C`` cores of its own instead.
+* **Cores**: the loader's work makes ``T`` busy threads (the ``w`` decode processes, and the
+  service's and clients' CPU in their units: ``w * work / (X_e * decode_cpu_s)``); on a
+  machine of its own each gets a core, up to the ``K`` cores. On a machine others use it gets
+  part of that, measured: what its ``cold_one`` and ``cold`` runs got (their CPU over their
+  wall) over what they would have had alone, on the line through both for other ``w`` (the
+  scheduler favours threads that wait often, so a second decode process gets less than the
+  first). ``K_w`` is that part times ``min(T, K)``; ``cores=C`` predicts a machine of ``C``
+  cores of its own.
 
 Per epoch ``e`` (``N`` rows of the job, ``N / b`` batches, step ``s``), with ``X_e`` decodes
 and ``D = J * N`` deliveries::
 
-    loop     = N/b * (s + loop_s)                the loop's steps, and what a batch costs it
-                                                 besides when all is cached (wait, copy out)
+    loop     = N/b * (s + late_s + step_wait_s)  the loop's steps (and how late its sleeps end),
+                                                 and its wait when all is cached (the copy out)
     deliver  = N/b * batch_s                     batches from the cache back to back (s = 0)
     cpu      = (X_e * (decode_cpu_s + service_decode_cpu_s)
                 + D * (service_cpu_s + client_cpu_s)) / K_w
@@ -34,7 +36,7 @@ and ``D = J * N`` deliveries::
                                                  the wall a read waits on storage
     storage  = X_e * stored_bytes / bandwidth    (storage_mbps)
     epoch_e  = max(loop, deliver, cpu, decode, storage) (+ first_s, the first batch, in epoch 1)
-    stall_e  = 1 - (N/b * s) / epoch_e           the share of the epoch the loop waited
+    stall_e  = 1 - N/b * (s + late_s) / epoch_e  the share of the epoch the loop waited
 
 Where it is wrong: the stages overlap perfectly in the max (near a crossing, queueing makes
 real epochs longer); the machine's other load is taken as it was during the analysis; jobs of
@@ -76,7 +78,9 @@ class Rates:
     step_s: float  # the loop's seconds a batch (the analysis' --step)
     cores: float  # the machine's
     got_cores: float  # the cores the loader got when it wanted them all (the cold run)
-    got_one: float  # ... with one decode process
+    got_one: float  # ... with one decode process (cold_one)
+    threads_cores: float  # the busy threads its work in the cold run made (decoders' units)
+    threads_one: float  # ... in the cold_one run
     workers: int  # decode processes
     cache_bytes: int
     value_bytes: float  # arena bytes of one prepared value (its slot)
@@ -90,8 +94,8 @@ class Rates:
     augment_s: float  # of the service's seconds a delivered row: the job's augmentation
     client_cpu_s: float  # the client's CPU a delivered row (copy out)
     batch_s: float  # wall between batches all cached, no step
-    loop_s: float  # a batch's time in the loop besides its step, all cached (the wait, the
-    # copy out, the sleep's lateness)
+    step_wait_s: float  # a batch's wait all cached, with the step (the reply, the copy out)
+    late_s: float  # how late the step's sleep ended a batch (a busy machine's wake-ups)
     first_s: float  # the first batch of a fresh open, cold
     overlaps: tuple[tuple[int, int], ...] = ()
 
@@ -116,6 +120,22 @@ class WhatIf:
     def given(self) -> dict[str, Any]:
         """The keys set, as given."""
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def label(self) -> str:
+        """The keys set, as ``--what-if`` takes them (bytes with a unit).
+
+        Example:
+            >>> WhatIf(workers=8, cache_bytes=6 << 20, storage_mbps=20.0).label()
+            'workers=8,cache_bytes=6MiB,storage_mbps=20'
+        """
+        from catalog.settings import format_bytes
+
+        def show(key: str, value: Any) -> str:
+            if key == "cache_bytes":
+                return format_bytes(value).replace(".0 ", "").replace(" ", "")
+            return f"{value:g}"
+
+        return ",".join(f"{k}={show(k, v)}" for k, v in self.given().items())
 
 
 @dataclass(frozen=True)
@@ -196,6 +216,8 @@ EXAMPLE: dict[str, Any] = {
     "cores": 8,
     "got_cores": 1.0,
     "got_one": 1.0,
+    "threads_cores": 1.0,
+    "threads_one": 1.0,
     "workers": 1,
     "cache_bytes": 1 << 30,
     "value_bytes": 12288,
@@ -209,7 +231,8 @@ EXAMPLE: dict[str, Any] = {
     "augment_s": 0.0,
     "client_cpu_s": 0.0,
     "batch_s": 0.001,
-    "loop_s": 0.0,
+    "step_wait_s": 0.0,
+    "late_s": 0.0,
     "first_s": 0.0,
 }
 """Rates of a made-up job, for the examples: decode-bound, 2 ms of CPU a row."""
@@ -224,21 +247,32 @@ def _jobs(rates: Rates, jobs: int) -> tuple[int, int]:
     return union, jobs * rates.rows
 
 
-def available_cores(rates: Rates, workers: int) -> float:
-    """The cores the loader can use with ``workers`` decode processes on the machine measured:
-    what it got in the analysis with one (``got_one``) and with its ``workers``
-    (``got_cores``), on the line through both (beyond them too), up to the machine's cores.
+def available_cores(
+    rates: Rates, workers: int, threads: float, cores: float | None = None
+) -> float:
+    """The cores the loader gets with ``workers`` decode processes and work enough for
+    ``threads`` busy threads: each busy thread a core, up to the machine's, times the part of
+    that the machine left it in the analysis (``got / min(cores, threads)`` of the ``cold_one``
+    and ``cold`` runs; between and beyond them on the line through both, at most all). With
+    ``cores``, a machine of that many cores of its own: all of it.
 
     Example:
-        >>> r = Rates(**{**EXAMPLE, "cores": 2, "workers": 2, "got_one": 0.9, "got_cores": 1.2})
-        >>> [round(available_cores(r, w), 2) for w in (1, 2, 4)]
-        [0.9, 1.2, 1.2]
+        >>> r = Rates(**{**EXAMPLE, "cores": 2, "workers": 2, "got_one": 0.6, "got_cores": 1.0,
+        ...     "threads_one": 1.2, "threads_cores": 2.4})
+        >>> [round(available_cores(r, w, t), 2) for w, t in ((1, 1.2), (2, 2.4), (1, 1.8))]
+        [0.6, 1.0, 0.9]
+        >>> available_cores(r, 8, 9.0, cores=8)
+        8
     """
+    if cores is not None:
+        return max(MIN_CORES, min(cores, threads))
     k = rates.cores
+    one = rates.got_one / max(MIN_CORES, min(k, rates.threads_one))
+    most = rates.got_cores / max(MIN_CORES, min(k, rates.threads_cores))
     measured = min(rates.workers, k)
-    slope = (rates.got_cores - rates.got_one) / (measured - 1) if measured > 1 else 1.0
-    got = rates.got_one + max(0.0, slope) * (min(workers, k) - 1)
-    return max(MIN_CORES, min(k, got))
+    part = (min(workers, k) - 1) / (measured - 1) if measured > 1 else 0.0
+    left = min(1.0, max(MIN_CORES, one + (most - one) * part))
+    return max(MIN_CORES, left * min(k, threads))
 
 
 def cache_rows(rates: Rates, cache_bytes: int, jobs: int, workers: int) -> int:
@@ -273,7 +307,6 @@ def predict(rates: Rates, what_if: WhatIf = WhatIf(), *, epochs: int = 1) -> Pre
     workers = what_if.workers or rates.workers
     cache = what_if.cache_bytes or rates.cache_bytes
     jobs = what_if.jobs or 1
-    measured_cores = available_cores(rates, workers)
     step = rates.step_s if what_if.step is None else what_if.step
     batches = math.ceil(rates.rows / rates.batch_size)
     union, delivered = _jobs(rates, jobs)
@@ -281,22 +314,20 @@ def predict(rates: Rates, what_if: WhatIf = WhatIf(), *, epochs: int = 1) -> Pre
     io = rates.storage_s if what_if.storage_mbps is not None else 0.0
     per_decode = rates.decode_cpu_s + rates.service_decode_cpu_s
     per_row = rates.service_cpu_s + rates.client_cpu_s
-    # a batch's time besides the step when all is cached: with no step, batches back to back
-    wait = rates.loop_s if step > 0 else 0.0
+    # with a step, a batch is the step, its lateness and a wait; with none, back to back
+    own = step + rates.late_s if step > 0 else 0.0
+    wait = rates.step_wait_s if step > 0 else 0.0
     times, stalls, bounds, stages = [], [], [], []
     decoded = 0
     for e in range(epochs):
         x = union if e == 0 else max(0, union - keep)
         decoded += x
         work = x * per_decode + delivered * per_row
-        if what_if.cores is None:
-            available = measured_cores
-        else:  # a machine of its own: each busy thread a core (decoders, and the rest of the
-            # work in decoders' units), up to the cores
-            threads = workers * work / (x * rates.decode_cpu_s) if x else 1.0 + jobs
-            available = min(what_if.cores, threads)
+        # busy threads: the decode processes, and the rest of the work in their units
+        threads = workers * work / (x * rates.decode_cpu_s) if x else 1.0 + jobs
+        available = available_cores(rates, workers, threads, what_if.cores)
         terms = {
-            "loop": batches * (step + wait),
+            "loop": batches * (own + wait),
             "deliver": batches * rates.batch_s,
             "cpu": work / available,
             "decode": x * (rates.decode_cpu_s + io) / min(workers, available),
@@ -309,14 +340,14 @@ def predict(rates: Rates, what_if: WhatIf = WhatIf(), *, epochs: int = 1) -> Pre
         bound = max(EPOCH_BOUNDS, key=lambda k: terms[k])
         seconds = terms[bound] + (rates.first_s if e == 0 else 0.0)
         times.append(seconds)
-        stalls.append(max(0.0, 1 - batches * step / seconds) if seconds > 0 else 0.0)
+        stalls.append(max(0.0, 1 - batches * own / seconds) if seconds > 0 else 0.0)
         bounds.append(bound)
         stages.append(terms)
     total = sum(times)
     return Prediction(
         what_if=what_if,
         epoch_s=total / epochs,
-        stall_fraction=max(0.0, 1 - epochs * batches * step / total) if total > 0 else 0.0,
+        stall_fraction=max(0.0, 1 - epochs * batches * own / total) if total > 0 else 0.0,
         epochs_s=tuple(times),
         stalls=tuple(stalls),
         bound=tuple(bounds),

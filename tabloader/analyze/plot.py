@@ -56,13 +56,15 @@ def plot_analysis(analysis: Analysis, path: str | os.PathLike[str]) -> None:
             marker=".",
             label=label,
         )
-    for p in analysis.predictions:
+    for p in reversed(analysis.predictions):  # the analysed one last: on top
         w = p.what_if
-        given = w.given()
-        marker, name = ("*", "analysed") if not given else ("o", ",".join(map(str, given)))
-        by_workers.scatter([w.workers or rates.workers], [p.stall_fraction], marker=marker, s=80)
+        label = w.label()
+        style = {"marker": "o", "s": 60} if label else {"marker": "*", "s": 200, "c": "black"}
+        by_workers.scatter([w.workers or rates.workers], [p.stall_fraction], zorder=3, **style)
         cache = (w.cache_bytes or rates.cache_bytes) / decoded * 100 if decoded else 0.0
-        by_cache.scatter([cache], [p.stall_fraction], marker=marker, s=80, label=name)
+        by_cache.scatter(
+            [cache], [p.stall_fraction], zorder=3, label=label or "as analysed", **style
+        )
     by_workers.set(xlabel="decode processes", ylabel=f"stall fraction ({epochs} epoch(s))")
     by_cache.set(xlabel="cache, % of the job's decoded rows", xscale="log")
     by_workers.set_title("against decode processes (cores)")

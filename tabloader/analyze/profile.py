@@ -14,8 +14,8 @@ run                decoded values                       storage
 ``cached``         all cached: the rows it read, again  (not read)
 ``cached_step``    all cached, the loop sleeping        (not read)
                    ``step`` seconds a batch
-``cold``           none cached: as many other rows      in the page cache (this process read
-                                                        them first)
+``cold``           none cached: other rows, as many     in the page cache (this process read
+                   and as long as ``cold_storage``      them first)
 ``cold_one``       none cached: ``cold``'s rows, one    in the page cache
                    decode process (a fresh service)
 =================  ===================================  ======================================
@@ -85,7 +85,8 @@ class Run:
     first_s: float  # from the open to the first batch
     wall_s: float  # from the first batch to the last
     wait_s: float  # the loop blocked for batches after the first
-    step_s: float  # the loop's sleeping
+    step_s: float  # the loop's sleeping, as asked (step a batch)
+    slept_s: float  # ... as it happened (a busy machine wakes a sleeper late)
     lookups: int  # prepared values the job's batches asked for (hits + misses)
     hits: int
     decodes: int
@@ -184,38 +185,16 @@ def profile_job(
     info = _job_info(root, job)
     workers = SETTINGS["workers"].resolve(workers) or cores()
     cache_bytes = int(SETTINGS["cache_bytes"].resolve(cache_bytes))
-    with tempfile.TemporaryDirectory(prefix="tabloader-analyze-") as tmp:
-        log = Path(tmp) / "service.log"
-        page_cache = _drop_page_cache(info["files"])
-        runs: dict[str, Run] = {}
-        every = _rows_of(info["ids"])
-        first = _sample(every, max(1, min(MAX_SAMPLE_ROWS, every.size // 2)), seed=0)
-        rest = np.setdiff1d(every, first)
-        with _Service(root, cache_bytes, workers, log) as svc:
-            state = _state(job, first)
-            runs["cold_storage"], read = svc.run(
-                job, state, "cold_storage", batches=batches, seconds=seconds
-            )
-            again = _state(job, read)  # the rows it read: all cached now
-            cache = svc.stats()["cache"]
-            runs["cached"] = svc.run(job, again, "cached", again_s=seconds / 2)[0]
-            if step > 0:
-                few = max(2, math.ceil(0.75 * seconds / step))
-                runs["cached_step"] = svc.run(
-                    job, again, "cached_step", step=step, batches=few, again_s=0.75 * seconds
-                )[0]
-            if rest.size >= read.size:  # as many other rows, in the page cache, not decoded
-                others = _sample(rest, read.size, seed=1)
-                _warm(root, info["dataset"], info["columns"], others)
-                cold = _state(job, others)
-                runs["cold"] = svc.run(job, cold, "cold")[0]
-        if "cold" not in runs:  # a job too small for two samples: its rows, a fresh cache
-            cold = again
-            with _Service(root, cache_bytes, workers, log) as svc:
-                runs["cold"] = svc.run(job, cold, "cold")[0]
-        if workers > 1:  # how the cores the loader gets grow with its decode processes
-            with _Service(root, cache_bytes, 1, log) as svc:
-                runs["cold_one"] = svc.run(job, cold, "cold_one")[0]
+    runs, cache = _runs(
+        root,
+        job,
+        info,
+        batches=batches,
+        seconds=seconds,
+        step=step,
+        workers=workers,
+        cache_bytes=cache_bytes,
+    )
     return Profile(
         job=job,
         dataset=info["dataset"],
@@ -226,7 +205,7 @@ def profile_job(
         workers=workers,
         cache_bytes=cache_bytes,
         cores=cores(),
-        page_cache=page_cache,
+        page_cache=info["page_cache"],
         runs=runs,
         overlaps=info["overlaps"],
         value_bytes=cache["size_bytes"] / cache["entries"] if cache["entries"] else 0.0,
@@ -234,6 +213,54 @@ def profile_job(
         step=step,
         options=info["options"],
     )
+
+
+def _runs(
+    root: Path,
+    job: str,
+    info: dict[str, Any],
+    *,
+    batches: int,
+    seconds: float,
+    step: float,
+    workers: int,
+    cache_bytes: int,
+) -> tuple[dict[str, Run], dict[str, Any]]:
+    """The differential runs (see the module), and the cache's stats after the first."""
+    runs: dict[str, Run] = {}
+    every = _rows_of(info["ids"])
+    first = _sample(every, max(1, min(MAX_SAMPLE_ROWS, every.size // 2)), seed=0)
+    rest = np.setdiff1d(every, first)
+    with tempfile.TemporaryDirectory(prefix="tabloader-analyze-") as tmp:
+        log = Path(tmp) / "service.log"
+        info["page_cache"] = _drop_page_cache(info["files"])
+        with _Service(root, cache_bytes, workers, log) as svc:
+            runs["cold_storage"], read = svc.run(
+                job, _state(job, first), "cold_storage", batches=batches, seconds=seconds
+            )
+            again = _state(job, read)  # the rows it read: all cached now
+            cache = svc.stats()["cache"]
+            runs["cached"] = svc.run(job, again, "cached", again_s=seconds / 2)[0]
+            if step > 0:
+                few = max(2, math.ceil(0.75 * seconds / step))
+                runs["cached_step"] = svc.run(
+                    job, again, "cached_step", step=step, batches=few, again_s=0.75 * seconds
+                )[0]
+            cold = again
+            if rest.size >= read.size:  # other rows, in the page cache, not decoded
+                others = _sample(rest, 2 * read.size, seed=1)
+                _warm(root, info["dataset"], info["columns"], others)
+                runs["cold"], cold_read = svc.run(
+                    job, _state(job, others), "cold", batches=batches, seconds=seconds
+                )
+                cold = _state(job, cold_read)
+        if "cold" not in runs:  # a job too small for two samples: its rows, a fresh cache
+            with _Service(root, cache_bytes, workers, log) as svc:
+                runs["cold"] = svc.run(job, cold, "cold")[0]
+        if workers > 1:  # how the cores the loader gets grow with its decode processes
+            with _Service(root, cache_bytes, 1, log) as svc:
+                runs["cold_one"] = svc.run(job, cold, "cold_one")[0]
+    return runs, cache
 
 
 def _job_info(root: Path, name: str) -> dict[str, Any]:
@@ -401,6 +428,7 @@ class _Service:
             wall_s=loop.wall_s,
             wait_s=loop.wait_s,
             step_s=step * loop.batches,
+            slept_s=loop.slept_s,
             lookups=int(d["hits"] + d["misses"]),
             hits=int(d["hits"]),
             decodes=int(d["decodes"]),
@@ -425,7 +453,7 @@ class _Loop:
 
     def __init__(self) -> None:
         self.batches = self.rows = 0
-        self.first_s = self.wall_s = self.wait_s = 0.0
+        self.first_s = self.wall_s = self.wait_s = self.slept_s = 0.0
 
     def read(
         self,
@@ -457,7 +485,9 @@ class _Loop:
             self.rows += len(batch["_id"])
             if step > 0:
                 time.sleep(step)
-                self.wall_s += time.perf_counter() - now
+                slept = time.perf_counter() - now
+                self.slept_s += slept
+                self.wall_s += slept
 
 
 def _rows_of(ids: Any) -> npt.NDArray[np.int64]:
@@ -509,6 +539,10 @@ def rates_of(profile: Profile) -> Rates:
         cores=profile.cores,
         got_cores=_cores_got(cold),
         got_one=_cores_got(runs.get("cold_one", cold)),
+        threads_cores=_busy_threads(cold, profile.workers),
+        threads_one=_busy_threads(
+            runs.get("cold_one", cold), 1 if "cold_one" in runs else profile.workers
+        ),
         workers=profile.workers,
         cache_bytes=profile.cache_bytes,
         value_bytes=profile.value_bytes,
@@ -526,10 +560,15 @@ def rates_of(profile: Profile) -> Rates:
         augment_s=cached.augment_s / delivered,
         client_cpu_s=cached.cpu_client_s / delivered,
         batch_s=cached.wall_s / (cached.batches - 1) if first_batch else cached.first_s,
-        loop_s=(
-            step_run.wall_s / (step_run.batches - 1) - step_run.step_s / step_run.batches
+        step_wait_s=(
+            step_run.wait_s / (step_run.batches - 1)
             if step_run is not None and step_run.batches > 1
             else cached.cpu_client_s / max(1, cached.batches)
+        ),
+        late_s=(
+            max(0.0, step_run.slept_s - step_run.step_s) / step_run.batches
+            if step_run is not None and step_run.batches
+            else 0.0
         ),
         first_s=cold.first_s,
         overlaps=tuple((o.rows, o.union) for o in profile.overlaps),
@@ -543,3 +582,10 @@ def _cores_got(cold: Run) -> float:
     active = cold.first_s + cold.wall_s
     ours = cold.cpu_service_s + cold.cpu_decode_s + cold.cpu_client_s
     return ours / active if active > 0 else 0.0
+
+
+def _busy_threads(cold: Run, workers: int) -> float:
+    """The busy threads the loader's work in a cold run made: its decode processes, and its
+    other CPU (the service's, the client's) in their units."""
+    ours = cold.cpu_service_s + cold.cpu_decode_s + cold.cpu_client_s
+    return workers * ours / cold.cpu_decode_s if cold.cpu_decode_s >= MIN_CPU_S else workers

@@ -39,7 +39,7 @@ class Analysis:
         """The figures the runs measured (G, P, C, S and the sharing), and the runs."""
         p, r = self.profile, self.rates
         b = r.batch_size
-        loop = r.step_s + r.loop_s if r.step_s > 0 else r.batch_s
+        loop = r.step_s + r.late_s + r.step_wait_s if r.step_s > 0 else r.batch_s
         storage = p.runs["cold_storage"]
         cold = p.runs["cold"]
         return {
@@ -47,6 +47,7 @@ class Analysis:
             "dataset": p.dataset,
             "rows": p.rows,
             "batch_size": b,
+            "options": dict(p.options),
             "step_s": r.step_s,
             "workers": p.workers,
             "cache_bytes": p.cache_bytes,
@@ -128,8 +129,7 @@ class Analysis:
             lines.append("sharing: no other registered job reads this dataset")
         rows = [
             {
-                "what-if": ",".join(f"{k}={v}" for k, v in p.what_if.given().items())
-                or "(as analysed)",
+                "what-if": p.what_if.label() or "(as analysed)",
                 "s/epoch": f"{p.epoch_s:.2f}",
                 "stall": f"{p.stall_fraction:.0%}",
                 "bound": "/".join(dict.fromkeys(p.bound)),

@@ -2,12 +2,12 @@
 
 On a generated JPEG folder (``--images`` small images, decoded at ``--image-size``), three
 jobs are registered with the same rows and options (``v0``, ``v1``, ``v2``). ``tabloader
-analyze`` profiles ``v0`` once (its differential runs, :func:`tabloader.analyze.profile_job`,
-with the loop's ``--step``), and the model predicts each configuration of the grid:
+analyze`` profiles ``v0`` (its differential runs, :func:`tabloader.analyze.profile_job`, with
+the loop's ``--step``), and the model predicts each configuration of the grid:
 
 * ``--workers`` decode processes (default 1 and 2);
-* a cache that holds the dataset (``full``: twice its decoded bytes) and one that holds 1/20
-  of it (``--caches``, fractions of the decoded dataset);
+* a cache that holds the dataset (``2``: twice its decoded bytes) and one that holds 1/20 of
+  it (``0.05``; ``--caches``, fractions of the decoded dataset);
 * ``--jobs`` jobs reading at once (default 1 and 3: ``v0``, then ``v1`` and ``v2``).
 
 Then each configuration runs for real: a fresh ``tabloader serve --workers N --cache-bytes B``
@@ -17,10 +17,11 @@ wall time and the time its loop waited for batches; reported: ``v0``'s seconds p
 mean over the epochs) and its stall fraction beside the prediction, and the error
 ``predicted / measured - 1``. Targets: the median absolute error <= 10%, the worst <= 25%.
 
-The machine may be shared: the ``others`` column is the cores every other process of the
-machine used during each run (``/proc/stat``), beside what they used during the analysis
-(``others_cores`` in the analysis' rates). A run whose others' load differs much from the
-analysis' is predicted for a machine it did not have.
+``--repeat`` rounds (default 3), each an analysis and then every configuration once, so that
+a shared machine's drift hits them all: the rates predicted from are the median of the
+analyses', a configuration's measure the median of its runs. The ``others`` column is the
+cores every other process of the machine used during a run (``/proc/stat``): a run whose
+machine was busier or quieter than the analyses' is predicted for a machine it did not have.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def _measure(root: Path, config: dict[str, Any], args: argparse.Namespace) -> di
         "stall_fraction": waited / seconds if seconds > 0 else 0.0,
         "decodes_per_row": stats["decodes"] / rows if rows else 0.0,
         "others_cores": others,
+        "cores_got": ours / span,
         "jobs_epoch_s": [sum(r["epochs_s"]) / args.epochs for r in out["results"]],
     }
 
@@ -171,21 +173,29 @@ def run(args: argparse.Namespace) -> int:
         args.epochs, args.workers, args.jobs, args.caches, args.repeat = 1, "1", "2", "2", 1
     print(cpu_line())
     root, rows = _prepare(args)
-    t0 = time.perf_counter()
     seconds = args.seconds if args.seconds is not None else (0.3 if args.quick else 2.0)
-    profile = profile_job(root, JOBS[0], batches=args.batches, seconds=seconds, step=args.step)
-    rates = rates_of(profile)
-    analyze_s = time.perf_counter() - t0
-    print(
-        f"analysis of {JOBS[0]}: {analyze_s:.1f} s; the loader got {rates.got_one:.2f} cores "
-        f"with 1 decode process, {rates.got_cores:.2f} with {rates.workers} (of {rates.cores:g})"
-    )
-    grid = _grid(args, rows * rates.value_bytes * rates.values_per_row)
-    runs: list[list[dict[str, Any]]] = [[] for _ in grid]
-    for _ in range(args.repeat):  # rounds: each configuration once, so drift hits them all
+    grid: list[dict[str, Any]] = []
+    analyses: list[tuple[Any, Any, float]] = []
+    runs: list[list[dict[str, Any]]] = []
+    for _ in range(args.repeat):  # rounds: an analysis, then each configuration once
+        t0 = time.perf_counter()
+        profile = profile_job(root, JOBS[0], batches=args.batches, seconds=seconds, step=args.step)
+        rates = rates_of(profile)
+        analyses.append((profile, rates, time.perf_counter() - t0))
+        print(
+            f"analysis of {JOBS[0]}: {analyses[-1][2]:.1f} s; the loader got "
+            f"{rates.got_one:.2f} cores with 1 decode process, {rates.got_cores:.2f} with "
+            f"{rates.workers} (of {rates.cores:g})",
+            flush=True,
+        )
+        if not grid:
+            grid = _grid(args, rows * rates.value_bytes * rates.values_per_row)
+            runs = [[] for _ in grid]
         for i, config in enumerate(grid):
             runs[i].append(_measure(root, config, args))
             print(f"  {_label(config)}: {runs[i][-1]['epoch_s']:.2f} s/epoch", flush=True)
+    rates = median_rates([r for _, r, _ in analyses])
+    profile, analyze_s = analyses[0][0], statistics.median(a for _, _, a in analyses)
     results = []
     for config, measured_runs in zip(grid, runs, strict=True):
         what_if = WhatIf(
@@ -205,8 +215,20 @@ def run(args: argparse.Namespace) -> int:
                 "error": predicted.epoch_s / measured["epoch_s"] - 1,
             }
         )
-    _report(args, rows, results, rates, profile, analyze_s)
+    _report(args, rows, results, rates, profile, analyze_s, [r for _, r, _ in analyses])
     return 0
+
+
+def median_rates(rates: list[Any]) -> Any:
+    """The median of each measured rate over ``rates`` (of the same job and configuration)."""
+    from dataclasses import fields, replace
+
+    numbers = {
+        f.name: statistics.median(getattr(r, f.name) for r in rates)
+        for f in fields(rates[0])
+        if isinstance(getattr(rates[0], f.name), float)
+    }
+    return replace(rates[0], **numbers)
 
 
 def _label(config: dict[str, Any]) -> str:
@@ -220,6 +242,7 @@ def _report(
     rates: Any,
     profile: Any,
     analyze_s: float,
+    rates_of_rounds: list[Any],
 ) -> None:
     """Print the table and the targets; write the JSON."""
     table = [
@@ -236,6 +259,7 @@ def _report(
             "meas stall": f"{r['measured']['stall_fraction']:.0%}",
             "pred dec/row": f"{r['predicted']['decodes_per_row']:.2f}",
             "meas dec/row": f"{r['measured']['decodes_per_row']:.2f}",
+            "got": f"{r['measured']['cores_got']:.2f}",
             "others": f"{r['measured']['others_cores']:.2f}",
         }
         for r in results
@@ -250,9 +274,10 @@ def _report(
     print(cpu_line())
     print(
         f"{rows} images decoded at {args.image_size}, batches of {args.batch_size}, step "
-        f"{args.step} s, {args.epochs} epoch(s) a run, median of {args.repeat} run(s); "
-        f"analysis {analyze_s:.1f} s; error: predicted / measured - 1 of v0's s/epoch; others: "
-        "cores the machine's other processes used during the run"
+        f"{args.step} s, {args.epochs} epoch(s) a run, median of {args.repeat} run(s) and of "
+        f"the rates of {args.repeat} analyses (one a round, {analyze_s:.1f} s each); error: "
+        "predicted / measured - 1 of v0's s/epoch; got: cores the loader and its jobs used during "
+        "the run, others: the machine's other processes"
     )
     print(format_table(table, list(table[0])))
     print(format_table(verdicts, list(verdicts[0])))
@@ -263,6 +288,7 @@ def _report(
             "rows": rows,
             "analysis_s": analyze_s,
             "rates": rates.__dict__,
+            "rates_of_each_round": [r.__dict__ for r in rates_of_rounds],
             "runs": {name: r.__dict__ for name, r in profile.runs.items()},
             "configs": results,
             "median_error": median,

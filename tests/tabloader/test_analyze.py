@@ -56,8 +56,8 @@ def test_analyze_measures_the_rates_and_the_sharing(analysed, capsys, monkeypatc
     assert set(runs) == {"cold_storage", "cached", "cached_step", "cold"}
     read = runs["cold_storage"]["rows"]
     assert read >= 2 * 8  # its batches (and the prefetched ones, of the 30 it could read)
-    assert runs["cold"]["rows"] == read  # as many other rows, every one read and decoded
-    assert runs["cold"]["decodes"] == runs["cold"]["reads"] == read
+    assert runs["cold"]["rows"] == read  # as many batches of other rows, every one decoded
+    assert runs["cold"]["decodes"] == runs["cold"]["reads"] >= read  # (and those prefetched)
     assert runs["cold_storage"]["decodes"] >= read
     assert runs["cached"]["decodes"] == 0  # the same rows again: all cached
     assert runs["cached"]["hits"] == runs["cached"]["lookups"] == runs["cached"]["rows"] >= read
@@ -105,7 +105,7 @@ def test_analyze_prints_a_table_by_default(analysed, capsys, monkeypatch):
     for shown in ("ingestion G:", "prep P:", "cache fetch C:", "storage fetch S:", "sharing: b"):
         assert shown in text
     assert "(as analysed)" in text
-    assert "cache_bytes=1048576,jobs=2" in text
+    assert "cache_bytes=1MiB,jobs=2" in text
 
 
 def test_analyze_refuses_what_it_cannot_measure(image_cat_dir, capsys):

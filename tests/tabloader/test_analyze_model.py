@@ -15,7 +15,11 @@ STEP = 0.05  # 20 batches of 50 rows: the loop alone takes 1 s an epoch
 
 def rates(**changes: object) -> Rates:
     """1000 rows in batches of 50; a decode takes 2 ms of CPU; 8 cores of the loader's own."""
-    return Rates(**{**EXAMPLE, "cores": 8, "got_one": 1.0, "got_cores": 8.0, **changes})
+    return Rates(**{**EXAMPLE, "cores": 8, "workers": 8, **FREE, **changes})
+
+
+FREE = {"got_one": 1.0, "threads_one": 1.0, "got_cores": 8.0, "threads_cores": 8.0}
+"""Every busy thread had a core in the analysis (a machine of the loader's own)."""
 
 
 def test_doubling_the_workers_halves_a_prep_bound_epoch():
@@ -41,13 +45,27 @@ def test_the_stall_is_the_prep_time_beyond_the_loop():
 
 
 def test_workers_beyond_the_cores_the_loader_gets_do_not_help():
-    r = rates(cores=2, workers=2, got_one=0.9, got_cores=1.2)
-    assert [round(available_cores(r, w), 2) for w in (1, 2, 8)] == [0.9, 1.2, 1.2]
+    """A busy 2-core machine left the loader 0.9 of a core with one decode process, 1.2 of 2
+    with two: 90% and 60% of what it would have had alone."""
+    r = rates(cores=2, workers=2, got_one=0.9, threads_one=1.0, got_cores=1.2, threads_cores=2.0)
+    assert [round(available_cores(r, w, w), 2) for w in (1, 2, 8)] == [0.9, 1.2, 1.2]
     two, eight = (predict(r, WhatIf(workers=w, step=0.0)) for w in (2, 8))
     assert two.epoch_s == pytest.approx(eight.epoch_s)
     assert two.epoch_s == pytest.approx(2.0 / 1.2)
     own = predict(r, WhatIf(workers=8, cores=8, step=0.0))  # a machine of its own
     assert own.epoch_s == pytest.approx(2.0 / 8)
+
+
+def test_more_busy_threads_get_more_of_a_busy_machine():
+    """Three jobs' deliveries make the service and the clients busy beside one decoder: the
+    loader gets the part of a core the analysis found for each of its busy threads."""
+    r = rates(cores=2, workers=2, got_one=0.5, threads_one=1.0, got_cores=0.8, threads_cores=2)
+    one = predict(r, WhatIf(workers=1, step=0.0))
+    assert one.epoch_s == pytest.approx(2.0 / 0.5)  # 1000 rows x 2 ms, on half a core
+    busy = rates(**{**r.__dict__, "service_cpu_s": 0.001})  # 1 ms a delivery in the service
+    three = predict(busy, WhatIf(workers=1, jobs=3, step=0.0))
+    threads = (1000 * 0.002 + 3000 * 0.001) / (1000 * 0.002)  # 2.5 busy threads
+    assert three.epoch_s == pytest.approx(5.0 / (0.5 * min(2, threads)))
 
 
 def test_a_cache_that_holds_the_rows_leaves_later_epochs_to_the_loop():
@@ -75,7 +93,7 @@ def test_a_small_cache_decodes_again_what_it_could_not_keep():
 
 
 def test_jobs_on_the_same_rows_share_decodes_and_pay_their_deliveries():
-    r = rates(service_cpu_s=0.001, got_cores=1.0)  # a core: the CPU term adds up
+    r = rates(service_cpu_s=0.001, cores=1, workers=1)  # one core: the CPU term adds up
     one = predict(r, WhatIf(workers=1, step=0.0))
     three = predict(r, WhatIf(workers=1, jobs=3, step=0.0))
     assert one.decodes_per_row == pytest.approx(1.0)
