@@ -3,7 +3,9 @@ predictions, ``--json``, ``--plot`` and the refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import io
 import json
 import os
 
@@ -19,7 +21,8 @@ from tabloader.service.protocol import runtime_dir
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory, image_catalog):
     """``analyze --json --plot`` of job ``a`` (60 images at 16 pixels, batches of 8) beside
-    job ``b`` (the rows of labels 0 and 1), through the CLI, once for the module."""
+    job ``b`` (the rows of labels 0 and 1), through the CLI, once for the module: (argv, its
+    exit code and output, the Analysis it printed, the plot's path, b's rows)."""
     import shutil
 
     root = tmp_path_factory.mktemp("analyze") / "cat"
@@ -33,23 +36,22 @@ def analysed(tmp_path_factory, image_catalog):
     argv += ["--batches", "2", "--seconds", "0"]
     argv += ["--what-if", "workers=2", "--what-if", "jobs=2,cache_bytes=1MiB"]
     argv += ["--epochs", "2", "--json", "--plot", str(png)]
-    return root, argv, png, shared
-
-
-KEPT: list[analysis_api.Analysis] = []  # the first test's analysis, for the second
-
-
-def test_analyze_measures_the_rates_and_the_sharing(analysed, capsys, monkeypatch):
-    _, argv, png, shared = analysed
-    real = analysis_api.analyze
+    real, kept = analysis_api.analyze, []
 
     def keep(*args, **kwargs):
-        KEPT.append(real(*args, **kwargs))
-        return KEPT[-1]
+        kept.append(real(*args, **kwargs))
+        return kept[-1]
 
-    monkeypatch.setattr(analysis_api, "analyze", keep)
-    assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr(analysis_api, "analyze", keep)
+        code = main(argv)
+    return argv, code, out.getvalue(), kept, png, shared
+
+
+def test_analyze_measures_the_rates_and_the_sharing(analysed):
+    _, code, printed, _, png, shared = analysed
+    assert code == 0
+    out = json.loads(printed)
     m = out["measured"]
     assert (m["job"], m["rows"], m["batch_size"], m["workers"]) == ("a", 60, 8, 1)
     runs = m["runs"]  # one decode process: no cold_one run (bench analyze's test has one)
@@ -96,10 +98,9 @@ def test_analyze_measures_the_rates_and_the_sharing(analysed, capsys, monkeypatc
 
 
 def test_analyze_prints_a_table_by_default(analysed, capsys, monkeypatch):
-    """The plain report of the analysis the first test made (not profiled again)."""
-    _, argv, _, _ = analysed
-    assert KEPT, "runs after test_analyze_measures_the_rates_and_the_sharing"
-    monkeypatch.setattr(analysis_api, "analyze", lambda *a, **k: KEPT[0])
+    """The plain report of the fixture's analysis (not profiled again)."""
+    argv, _, _, (analysis,), _, _ = analysed
+    monkeypatch.setattr(analysis_api, "analyze", lambda *a, **k: analysis)
     assert main(argv[: argv.index("--json")]) == 0  # nor drawn again
     text = capsys.readouterr().out
     for shown in ("ingestion G:", "prep P:", "cache fetch C:", "storage fetch S:", "sharing: b"):
