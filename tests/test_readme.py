@@ -1,9 +1,10 @@
-"""The README's commands print what the README shows.
+"""The commands of the README and of the manual (``docs/*.md``) print what they show.
 
-Every fenced block of the README whose first line starts with ``$ `` is a transcript: each
-``$ `` line is run (in order, through the whole README, in one scratch directory with its own
-default catalog and the demo's image folder), and each line shown under it must be a line of
-what it printed. ``…`` in a shown line stands for any text (paths, timings).
+Every fenced block whose first line starts with ``$ `` is a transcript: each ``$ `` line is run
+(in order, through the whole README, then each page of ``docs/`` in name order, in one scratch
+directory with its own default catalog and the demo's image folder), and each line shown under
+it must be a line of what it printed. ``…`` in a shown line stands for any text (paths,
+timings).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tabloader.datagen import make_imagefolder
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the order they run in
 
 
 def transcripts(text: str) -> list[tuple[str, list[str]]]:
@@ -81,7 +83,9 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
 
 def test_every_readme_command_prints_what_the_readme_shows(scratch):
     root, env = scratch
-    for command, shown in transcripts((ROOT / "README.md").read_text()):
+    commands = [c for page in PAGES for c in transcripts(page.read_text())]
+    assert any("--prometheus" in c for c, _ in commands)  # docs/metrics.md's: the pages run
+    for command, shown in commands:
         done = run(command, root, env)
         printed = (done.stdout + done.stderr).splitlines()
         errors = any(line.split(":")[0].endswith("Error") for line in shown)

@@ -240,6 +240,15 @@ SETTINGS: dict[str, Setting] = {
             flag="--max-image-megapixels",
             example="100",
         ),
+        Setting(
+            "metrics_port",
+            "count",
+            "the loopback port the service serves Prometheus metrics on (0: any free one)",
+            minimum=0,
+            maximum=65535,
+            flag="--metrics-port",
+            example="9464",
+        ),
         Setting("prefetch", "count", "batches loaded ahead", minimum=1, maximum=4096, example="4"),
         Setting(
             "lookahead", "count", "rows sampled ahead", minimum=1, maximum=1 << 24, example="256"

@@ -54,6 +54,7 @@ from tabloader.engine._deliver.streams import no_importance
 from tabloader.engine._opening import OpenRequest
 from tabloader.service._catalog_ops import CatalogOps
 from tabloader.service._listener import STARTER_ENV, Listener, ServiceRunningError, Session
+from tabloader.service._metrics import MetricsServer, render_metrics
 from tabloader.service._plugins import Feed
 from tabloader.service._protocol import (
     FDS,
@@ -107,6 +108,9 @@ class Service:
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
         max_image_megapixels: the pixel limit of a decode (``Loader``'s; None: the setting).
+        metrics_port: serve the figures of ``stats()`` for Prometheus at
+            ``http://127.0.0.1:PORT/metrics`` until closed (:mod:`tabloader.service._metrics`;
+            0: a free port, then ``metrics.port`` says which); None: not.
 
     A service started by a client (``STARTER_ENV`` set) that finds another one serving exits 0
     with one line in the log instead (see ``_lost_start``).
@@ -128,8 +132,10 @@ class Service:
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.root = Path(root).absolute()
+        self.metrics: MetricsServer | None = None
         self.node = node
         self.idle_exit = idle_exit
         self._stop = threading.Event()
@@ -186,6 +192,8 @@ class Service:
         try:
             if feed is not None:
                 self.feed = feed(self)
+            if metrics_port is not None:
+                self.metrics = MetricsServer(metrics_port, self.prometheus)
             self.listener.listen()  # clients find the socket once the service can answer
         except BaseException:
             self.close()
@@ -229,12 +237,22 @@ class Service:
         abandoned: its batches have no client left.
         """
         self._stop.set()
+        if self.metrics is not None:
+            self.metrics.close()
         self.listener.stop()
         self.catalog.close()  # before the lock that lets a new service start
         self.listener.close()
         if self.feed is not None:
             self.feed.close()
         self.loader.close()
+
+    def stats(self, *, but: Any = None) -> dict[str, Any]:
+        """The engine's counters (``Loader.stats()``) and the ``clients`` but ``but``."""
+        return {**self.loader.stats(), "clients": self.clients(but=but)}
+
+    def prometheus(self) -> str:
+        """``stats()`` in Prometheus' text format (``--metrics-port``)."""
+        return render_metrics(_jsonable(self.stats()))
 
     def clients(self, *, but: Any = None) -> list[ClientInfo]:
         """The client processes connected now, but the connection ``but`` (the one asking):
@@ -323,8 +341,7 @@ class _Handler(CatalogOps):
         if self.stream is not None:
             self._record_stalls(msg)
             return {"stats": _jsonable(self.stream.stats())}
-        stats = {**self.service.loader.stats(), "clients": self.service.clients(but=self)}
-        return {"stats": _jsonable(stats)}
+        return {"stats": _jsonable(self.service.stats(but=self))}
 
     def client(self) -> tuple[int, JobSeat | None] | None:
         """This connection's process and the job stream it reads, if any (None: closed)."""
