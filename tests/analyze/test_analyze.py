@@ -115,7 +115,7 @@ def test_analyze_refuses_what_it_cannot_measure(image_cat_dir, capsys):
     assert "'gpus=8' is not KEY=VALUE" in capsys.readouterr().err
     with pytest.raises(JobNotFoundError, match="nope"):
         analysis_api.profile_job(root, "nope")
-    with pytest.raises(catalog.errors.LoaderError, match="at least 1 batch"):
+    with pytest.raises(catalog.LoaderError, match="at least 1 batch"):
         analysis_api.profile_job(root, "a", batches=0)
     lock = runtime_dir(root) / "lock"  # held as a running service holds it
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)

@@ -55,7 +55,7 @@ CONNECT = {
 }
 
 CLI = {
-    "imports": "import catalog.sql.execute\nfrom tabloader import cli",
+    "imports": "import tabloader.catalog._sql.execute\nfrom tabloader import cli",
     "body": 'sys.exit(cli.main(["--catalog", root, "sql", '
     'f"REGISTER JOB k{i} SELECT label FROM imgs WHERE label = {i % 4}"]))',
 }

@@ -284,7 +284,8 @@ FULL_DISK = """
 import sys
 from pathlib import Path
 import pyarrow as pa
-import catalog, tabloader
+import tabloader
+from tabloader import catalog
 from tabloader.catalog._errors import StorageError
 from tabloader.service._client import RemoteLoader
 from tabloader.service._protocol import runtime_dir
