@@ -18,7 +18,7 @@ class Model(L.LightningModule):
         super().__init__()
         self.net = model()
 
-    def train_dataloader(self) -> JobLoader:  # the README's Lightning recipe
+    def train_dataloader(self) -> JobLoader:  # docs/frameworks.md's Lightning recipe
         self.train_job = JobDataset(args.job, catalog=args.catalog, epochs=args.epochs)
         return JobLoader(self.train_job)
 
