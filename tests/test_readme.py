@@ -208,17 +208,22 @@ def test_the_readme_training_script_trains_two_jobs_at_once_and_resumes(demo, af
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
 
+    def service_stopped() -> None:  # so that no run meets a service stopping as it connects
+        sockets = catalog / ".service"
+        assert (sockets / "service.log").is_file()  # it ran there (a short path), not in /tmp
+        wait_for(lambda: not any(p.is_socket() for p in sockets.glob("*")), "the service to stop")
+
     procs = {job: launch(job) for job in ("cnn", "vit")}
     for job, proc in procs.items():
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0, err[-3000:]
         assert out.splitlines() == [f"{job} epoch {epoch} done" for epoch in range(3)]
+    service_stopped()
     again = launch("cnn")
     out, err = again.communicate(timeout=TIMEOUT)
     assert again.returncode == 0, err[-3000:]
     assert out.splitlines() == ["cnn epoch 2 done"]  # epochs 0 and 1 were done
-    sockets = catalog / ".service"
-    wait_for(lambda: not any(p.is_socket() for p in sockets.glob("*")), "the service to stop")
+    service_stopped()
 
 
 def slug(heading: str) -> str:
