@@ -21,7 +21,7 @@ class Model(L.LightningModule):
         super().__init__()
         self.net = model()
 
-    def train_dataloader(self) -> DataLoader:  # the README's Lightning recipe
+    def train_dataloader(self) -> DataLoader:  # docs/frameworks.md's Lightning recipe
         self.train_job = JobDataset(args.job, catalog=args.catalog, epochs=args.epochs)
         if args.plain_loader:  # what other loaders do: its checkpoints hold no job position
             return DataLoader(self.train_job, batch_size=None)

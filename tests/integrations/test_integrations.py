@@ -8,7 +8,7 @@ world_size)`` rows of the epoch's order), each row once. A first run saves a che
 of the way into epoch 1 and exits at once (a crash); a fresh process resumes from the
 checkpoint, and epoch 1 over both runs must still hold each row once.
 
-The README's "With your training framework" recipes and the test that runs each:
+The recipes of docs/frameworks.md and the test that runs each:
 
 * plain PyTorch and torchrun: ``tests/service/test_service.py``
   (``test_two_training_scripts_share_one_service_exactly_once_each``,
@@ -420,7 +420,7 @@ def accelerator():
 
 
 def test_a_state_saved_with_torch_save_resumes_the_epoch(engine, tmp_path):
-    """The README's plain PyTorch checkpoint: ``torch.save`` of ``state_dict()`` beside the
+    """docs/frameworks.md's plain PyTorch checkpoint: ``torch.save`` of ``state_dict()`` beside the
     model's, ``torch.load`` (``weights_only``, its default) in the run that resumes."""
     from tabloader.torch import JobDataset
 
