@@ -10,7 +10,7 @@ and :class:`~tabloader.sampling.IndependentSampler` implement it, on
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from pyroaring import BitMap
@@ -37,10 +37,12 @@ __all__ = [
 class Sampler(Protocol):
     """What a sampler offers: jobs join and leave, rounds hand out one row per job.
 
-    A sampler whose jobs share rounds also has ``give_back(name, rows)``: a job puts rows it
-    was handed and never read back into its epoch, so a job that joins late shares them
-    (:meth:`~tabloader.sampling.DependentSampler.give_back`; the engine looks for it).
+    A sampler whose jobs share rounds (``shares_rounds``) takes rows back: a job puts rows it
+    was handed and never read back into its epoch (``give_back``), so a job that joins late
+    shares them (:meth:`~tabloader.sampling.DependentSampler.give_back`).
     """
+
+    shares_rounds: ClassVar[bool]  # its jobs share rounds: it takes rows back (``give_back``)
 
     def add_job(
         self,
@@ -76,6 +78,10 @@ class Sampler(Protocol):
 
     def remaining(self, name: str) -> BitMap:
         """The rows ``name`` still has to read this epoch."""
+
+    def give_back(self, name: str, rows: np.ndarray) -> None:
+        """Return ``rows``, handed out to ``name`` this epoch and not read, to its epoch (a
+        sampler that ``shares_rounds``; the others raise ``SamplingError``)."""
 
     def epoch(self, name: str) -> int:
         """The current epoch of ``name`` (0 for its first)."""

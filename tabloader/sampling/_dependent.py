@@ -139,6 +139,7 @@ class DependentSampler(SamplerBase[_Job]):
     """
 
     KIND = "dependent"
+    shares_rounds = True
 
     def __init__(self, seed: int | None = None) -> None:
         self._regions = Regions()
