@@ -9,7 +9,7 @@ each node reads the catalog's storage itself.
 
 What differs from a local service is where rows come from: every job opened on a node is
 *fed*. When a rank opens its job, the node registers it with the leader (:meth:`Leader.join`)
-and opens it in its engine as a job of its own (``Loader.open(fed=True)``); a :class:`NodeFeed`
+and opens it in its engine as a job of its own (``Loader.serve(source=Fed)``); a :class:`NodeFeed`
 thread polls the leader for the node's work lists while some fed rank has fewer rows ahead than
 its horizon, acknowledges them, and queues each rank's rows with the leader's rounds (the arena
 evicts by next use; a weighted job's rows come with their ``_weight``s, which its batches

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +39,7 @@ from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
 from tabloader.engine._deliver.streams import report_arrays
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._opening import OpenArgs, OpenRequest
 from tabloader.service._listener import STARTER_ENV
 from tabloader.service._plugins import Locator, locator
 from tabloader.service._protocol import (
@@ -52,6 +52,9 @@ from tabloader.service._protocol import (
     state_from_wire,
 )
 from tabloader.service._reopen import Ahead, forget, register, settle
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
@@ -366,10 +369,10 @@ class RemoteLoader:
                     self._ctl = Client(self.root, node=self.node)
 
     def open(
-        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Any
+        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Unpack[OpenArgs]
     ) -> RemoteStream:
-        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (``OpenRequest.make``),
-        or the whole ``OpenRequest``.
+        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (:class:`OpenArgs`,
+        made into one ``OpenRequest``), or the whole ``OpenRequest``.
 
         ``rank`` and ``world_size`` are found here, in this process (never in the service),
         from what launched it when both are None (a process group, torchrun's ``RANK`` and
