@@ -16,6 +16,7 @@ from tabloader.cluster import _node as node
 from tabloader.cluster._leader import Leader
 from tabloader.engine import Loader
 from tabloader.engine._queue.sources import Fed
+from tests.support.jobs import catalog_job
 
 
 def spec(batch_size):
@@ -49,7 +50,8 @@ def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
     in batches (the last short with one rank), and nothing past ``epochs``."""
     stream, job = fed(loader, epochs=2)
     leader = Leader(seed=1, lookahead=1000, round_rows=7)
-    leader.join("j", rank=0, world_size=1, node="n", spec=spec(4), ids=job.ids, epochs=3)
+    j = loader.catalog.job("j")
+    leader.join(j, rank=0, world_size=1, node="n", spec=spec(4), epochs=3)
     lists, _ = leader.poll("n")
     sent: dict[int, list[int]] = {}
     for w in lists:
@@ -189,7 +191,7 @@ def test_no_ray_no_cluster(tmp_path):
 def test_leader_lookahead_is_bounded_for_every_node():
     leader = Leader(seed=0, lookahead=20, round_rows=5)
     ids = BitMap(range(100))
-    leader.join("j", rank=0, world_size=1, node="n", spec=spec(5), ids=ids)
+    leader.join(catalog_job("j", ids), rank=0, world_size=1, node="n", spec=spec(5))
     lists, _ = leader.poll("n")
     assert sum(w.num_rows for w in lists) == 20  # no more until the node acknowledges
     leader.ack("n", lists[-1].seq)
@@ -217,8 +219,8 @@ def test_a_poll_answered_before_a_rank_joined_does_not_fail_it(loader, monkeypat
             assert joined.wait(10)  # the join is answered while this poll's answer travels
         return [], answer
 
-    def join(name, **kwargs):
-        gone.pop(name, None)
+    def join(job, **kwargs):
+        gone.pop(job.name, None)
         return True
 
     leader = SimpleNamespace(
@@ -278,7 +280,7 @@ def test_a_fed_weighted_jobs_batches_carry_the_weights_the_leader_drew_by(cat, l
     stream, info = weighted_fed(cat, loader)
     leader = Leader(seed=5, lookahead=1000, round_rows=7)
     wire = stream.spec.to_wire()
-    leader.join("w", rank=0, world_size=1, node="n", spec=wire, ids=info.ids, weights=info.weights)
+    leader.join(info, rank=0, world_size=1, node="n", spec=wire)
     lists, _ = leader.poll("n")
     sent: dict[int, list] = {}
     for w in lists:
