@@ -29,6 +29,7 @@ from pyroaring import BitMap
 
 from tabloader.catalog._model import Job
 from tabloader.catalog._options import JobSpec
+from tabloader.service._protocol import JobWire
 
 __all__ = [
     "Assignment",
@@ -47,8 +48,6 @@ __all__ = [
     "Pending",
     "WorkList",
     "dataset_key",
-    "job_checkpoint",
-    "job_from_checkpoint",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -106,6 +105,7 @@ class ClusterJob:
         spec: the options its ranks opened it with (its batch size, ``drop_last``, what its
             sampler reads).
         nodes: the node of each rank (``len(nodes)`` is the world size).
+        group: its dataset version (``dataset_key``): the jobs of one share a sampler.
         epoch: the epoch being sampled; ``left``: rows of it not sampled yet.
         outstanding: rows placed and not acknowledged, all epochs.
         last_epoch: the job reads epochs up to this one (None: no end).
@@ -117,6 +117,7 @@ class ClusterJob:
     job: Job
     spec: JobSpec
     nodes: tuple[str, ...]
+    group: str
     epoch: int
     left: int
     outstanding: int = 0
@@ -128,20 +129,6 @@ class ClusterJob:
     @property
     def name(self) -> str:
         return self.job.name
-
-    @property
-    def ids(self) -> BitMap:
-        return self.job.ids
-
-    @property
-    def weights(self) -> npt.NDArray[np.float64] | None:
-        """A weighted job's stored weights, aligned with ``ids`` ascending."""
-        return self.job.weights
-
-    @property
-    def group(self) -> str:
-        """Its dataset version (``dataset_key``): jobs of one group share a sampler."""
-        return dataset_key(self.job)
 
 
 # -- what the leader hands the nodes -----------------------------------------------------------
@@ -248,18 +235,10 @@ class EpochCheckpoint(TypedDict):
     counts: list[int]  # rows done per rank
 
 
-class JobCheckpoint(TypedDict):
-    """A running job in the leader's checkpoint: its catalog job (the ``Job``'s fields), the
-    spec its ranks opened it with, its ranks and what it is owed."""
+class JobCheckpoint(JobWire):
+    """A running job in the leader's checkpoint: its catalog job as a message carries it
+    (``job_to_wire``), the spec its ranks opened it with, its ranks and what it is owed."""
 
-    name: str
-    dataset: str
-    dataset_version: int
-    columns: list[str]
-    predicate: str | None
-    options: Mapping[str, object]  # as registered
-    ids: bytes  # a serialized bitmap
-    weights: bytes | None  # float64
     spec: Mapping[str, object]  # JobSpec.to_wire()
     nodes: list[str]
     left: list[int]
@@ -281,32 +260,3 @@ class LeaderState(TypedDict):
     slack: int | None
     gone: dict[str, str]
     jobs: list[JobCheckpoint]
-
-
-def job_checkpoint(job: Job) -> dict[str, object]:
-    """The catalog job's fields of a :class:`JobCheckpoint`."""
-    return {
-        "name": job.name,
-        "dataset": job.dataset,
-        "dataset_version": job.dataset_version,
-        "columns": list(job.columns),
-        "predicate": job.predicate,
-        "options": dict(job.options),
-        "ids": job.ids.serialize(),
-        "weights": None if job.weights is None else job.weights.tobytes(),
-    }
-
-
-def job_from_checkpoint(saved: JobCheckpoint) -> Job:
-    """The catalog job a :class:`JobCheckpoint` carries."""
-    weights = saved["weights"]
-    return Job(
-        saved["name"],
-        saved["dataset"],
-        int(saved["dataset_version"]),
-        tuple(saved["columns"]),
-        saved["predicate"],
-        dict(saved["options"]),
-        BitMap.deserialize(saved["ids"]),
-        None if weights is None else np.frombuffer(weights, np.float64).copy(),
-    )

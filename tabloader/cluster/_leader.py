@@ -68,13 +68,12 @@ from tabloader.cluster._jobs import (
     NodeStats,
     WorkList,
     dataset_key,
-    job_checkpoint,
-    job_from_checkpoint,
 )
 from tabloader.cluster._membership import Membership
 from tabloader.cluster._placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
 from tabloader.sampling._importance import ImportanceScores
+from tabloader.service._protocol import job_from_wire, job_to_wire
 
 __all__ = ["Leader"]
 
@@ -193,7 +192,7 @@ class Leader:
         except BaseException:  # (padded epochs): the sampler forgets it too
             sampler.remove_job(name)
             raise
-        running = ClusterJob(job, spec, tuple(nodes), first.epoch, len(first.remaining))
+        running = ClusterJob(job, spec, tuple(nodes), dataset, first.epoch, len(first.remaining))
         running.later = parts
         running.draws = sampler.weighted(name) and spec.replacement
         running.done[first.epoch] = np.asarray(first.counts, dtype=np.int64)
@@ -376,27 +375,27 @@ class Leader:
             sampler.remove_job(job.name)
             sampler.add_job(
                 job.name,
-                job.ids,
+                job.job.ids,
                 job.spec,
                 remaining=part.remaining,
                 epoch=part.epoch,
-                weights=job.weights,
+                weights=job.job.weights,
                 scores=scores,
             )
             placer.remove_job(job.name)
             placer.add_job(
                 job.name,
-                size=len(job.ids),
+                size=len(job.job.ids),
                 nodes=job.nodes,
                 spec=job.spec,
                 counts=part.counts,
-                seen=len(job.ids) - len(part.remaining),
+                seen=len(job.job.ids) - len(part.remaining),
             )
             job.epoch, job.left = part.epoch, len(part.remaining)
             job.done[part.epoch] = np.asarray(part.counts, dtype=np.int64)
         else:  # the sampler and the placer start the next epoch on their own
             job.epoch += 1
-            job.left = len(job.ids)
+            job.left = len(job.job.ids)
             job.done[job.epoch] = np.zeros(len(job.nodes), np.int64)
 
     def _step_group(
@@ -487,7 +486,7 @@ class Leader:
         if job.draws:
             if job.left > 0:
                 owed.setdefault(job.epoch, []).append(np.empty(job.left, np.int64))
-            first = bitmap_to_array(job.ids)
+            first = bitmap_to_array(job.job.ids)
             counts = {e: sum(r.size for r in rows) for e, rows in owed.items()}
             owed = {e: [first[:n]] for e, n in counts.items()}
         parts: dict[int, BitMap] = {
@@ -515,8 +514,8 @@ class Leader:
         importance job's scores, as plain values."""
         jobs: list[JobCheckpoint] = []
         for job in self._jobs.values():
-            saved: dict[str, Any] = {
-                **job_checkpoint(job.job),
+            saved: JobCheckpoint = {
+                **job_to_wire(job.job),
                 "spec": job.spec.to_wire(),
                 "nodes": list(job.nodes),
                 "left": sorted(self._members.left.get(job.name, ())),
@@ -529,7 +528,7 @@ class Leader:
                     for p in self._parts(job)
                 ],
             }
-            jobs.append(saved)  # type: ignore[arg-type]  # the keys of a JobCheckpoint
+            jobs.append(saved)
         return {
             "kind": "leader",
             "version": self.STATE_VERSION,
@@ -568,7 +567,7 @@ class Leader:
             ]
             scores = j.get("importance")
             leader._add(
-                job_from_checkpoint(j),
+                job_from_wire(j),
                 JobSpec.from_wire(j["spec"]),
                 nodes=j["nodes"],
                 parts=parts,

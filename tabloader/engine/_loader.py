@@ -75,17 +75,9 @@ from tabloader.engine._prepare.planning import OpenDecode, column_plan, job_augm
 from tabloader.engine._prepare.pool import PriorityPool
 from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
 from tabloader.engine._prepare.work import Plan, Receiver
+from tabloader.engine._queue import jobs
 from tabloader.engine._queue.jobqueue import JobQueue
-from tabloader.engine._queue.jobs import (
-    JobState,
-    OnError,
-    RankState,
-    RowSource,
-    Seat,
-    cache_rows,
-    default_prefetch,
-    fit_prefetch,
-)
+from tabloader.engine._queue.jobs import JobState, OnError, RankState, RowSource, Seat
 from tabloader.engine._queue.queues import JobQueues
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.engine._queue.scheduler import DatasetScheduler
@@ -98,7 +90,7 @@ if TYPE_CHECKING:
     from tabloader.catalog import Dataset, Job, JobSpec
     from tabloader.engine._opening import OpenArgs
 
-__all__ = ["JobPlan", "JobStream", "Loader", "OnError", "ServedStream", "default_loader"]
+__all__ = ["JobPlan", "JobStream", "Loader", "OnError", "default_loader"]
 
 logger = logging.getLogger(__name__)
 
@@ -513,11 +505,11 @@ class Loader:
         columns, notes = self._columns(current, dataset, info, spec, receiver, augmenter, cap)
         prefetch = request.prefetch
         if prefetch is None:
-            prefetch = default_prefetch(self.workers, batch_size, columns)
+            prefetch = jobs.default_prefetch(self.workers, batch_size, columns)
         if receiver.pins:  # the service's cache holds its clients' prepared batches
             rows = min(batch_size, len(info.ids)) * seat.world_size  # what the job produces
             capacity = self._arena.buffer.size
-            prefetch = fit_prefetch(capacity, columns, rows, prefetch, request.prefetch)
+            prefetch = jobs.fit_prefetch(capacity, columns, rows, prefetch, request.prefetch)
         ahead = request.lookahead or LOOKAHEAD_BATCHES * batch_size
         return JobPlan(
             job=info,
@@ -554,7 +546,7 @@ class Loader:
                 horizon=plan.floor,
                 floor=plan.floor,
                 lookahead=plan.lookahead,
-                cache_rows=cache_rows(self._arena.buffer.size, columns),
+                cache_rows=jobs.cache_rows(self._arena.buffer.size, columns),
                 arena_spaces=[space for _, space in columns.prepared],
             ),
             on_error=OnError(spec.on_error),
@@ -793,9 +785,8 @@ def _share(job: Job, spec: JobSpec, world_size: int) -> int:
     share = rank_share(len(job.ids), spec.batch_size, world_size, spec.drop_last)
     if share == 0 and world_size > 1:
         raise LoaderError(
-            f"Job {job.name!r} has {len(job.ids)} rows, fewer than batch_size "
-            f"({spec.batch_size}) x world_size ({world_size}): no rank would get a batch; "
-            "use a smaller batch_size."
+            f"Job {job.name!r} has {len(job.ids)} rows, fewer than batch_size ({spec.batch_size})"
+            f" x world_size ({world_size}): no rank would get a batch; use a smaller batch_size."
         )
     return share
 

@@ -10,7 +10,7 @@ and :class:`~tabloader.sampling.IndependentSampler` implement it, on
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 from pyroaring import BitMap
@@ -19,11 +19,14 @@ from tabloader.catalog._errors import SamplingError
 from tabloader.sampling._states import SamplerState, UniformsState
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from tabloader.catalog._options import JobSpec
     from tabloader.sampling._importance import ImportanceScores
     from tabloader.sampling._states import Drawn
 
 __all__ = [
+    "JobStart",
     "Sampler",
     "Uniforms",
     "check_ids",
@@ -31,6 +34,17 @@ __all__ = [
     "check_round",
     "unknown_job",
 ]
+
+
+class JobStart(TypedDict, total=False):
+    """Where a job starts in a sampler (``Sampler.add_job``'s keywords; none: a fresh plain
+    job, its first epoch all of its rows)."""
+
+    remaining: BitMap | None  # resumed: the rows of its epoch still to read
+    epoch: int  # resumed: that epoch's number
+    weights: np.ndarray | None  # a weighted job's static weights (float64, ids ascending)
+    scores: ImportanceScores | None  # an importance job's scores to resume with
+    drawn: Drawn | None  # a weighted job's draws to resume with
 
 
 @runtime_checkable
@@ -45,24 +59,15 @@ class Sampler(Protocol):
     shares_rounds: ClassVar[bool]  # its jobs share rounds: it takes rows back (``give_back``)
 
     def add_job(
-        self,
-        name: str,
-        ids: BitMap,
-        spec: JobSpec | None = None,
-        *,
-        remaining: BitMap | None = None,
-        epoch: int = 0,
-        weights: np.ndarray | None = None,
-        scores: ImportanceScores | None = None,
-        drawn: Drawn | None = None,
+        self, name: str, ids: BitMap, spec: JobSpec | None = None, **start: Unpack[JobStart]
     ) -> None:
         """Register ``name``; its first epoch is all of ``ids`` (or ``remaining`` of them,
-        epoch ``epoch``, when it resumes). ``spec``: the job's options (``importance`` and
-        ``replacement`` are read). ``weights`` (float64, aligned with ``ids`` ascending) or
-        ``spec.importance == 'loss'`` make the job *weighted*: it draws from its own
-        distribution (:mod:`tabloader.sampling._weighted`). ``scores``: an importance job
-        resumes with these (``importance_scores`` of the run saved) instead of the prior;
-        ``drawn``: a weighted job with the draws of that run (``drawn``)."""
+        epoch ``epoch``, when it resumes: :class:`JobStart`). ``spec``: the job's options
+        (``importance`` and ``replacement`` are read). ``weights`` (float64, aligned with
+        ``ids`` ascending) or ``spec.importance == 'loss'`` make the job *weighted*: it draws
+        from its own distribution (:mod:`tabloader.sampling._weighted`). ``scores``: an
+        importance job resumes with these (``importance_scores`` of the run saved) instead of
+        the prior; ``drawn``: a weighted job with the draws of that run (``drawn``)."""
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; no other job gains, loses or repeats a row."""

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ from tabloader.catalog._settings import setting
 from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
-from tabloader.engine._deliver.streams import report_arrays
+from tabloader.engine._deliver.streams import StreamBase, report_arrays
 from tabloader.engine._opening import OpenArgs, OpenRequest
 from tabloader.service._listener import STARTER_ENV
 from tabloader.service._plugins import Locator, locator
@@ -485,7 +484,7 @@ class RemoteLoader:
         self.close()
 
 
-class RemoteStream:
+class RemoteStream(StreamBase):
     """One job's batches from the service; the interface of ``JobStream``.
 
     **Reading ahead.** As soon as a batch is copied out of the shared memory (and its values
@@ -597,16 +596,6 @@ class RemoteStream:
         self._wait_s = self._compute_s = 0.0
         return timing
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while (batch := self.take(None)) is not None:
-            yield batch
-
-    def iter_epoch(self) -> Iterator[dict[str, Any]]:
-        """Yield the remaining batches of the current epoch."""
-        epoch = self.epoch
-        while (batch := self.take(epoch)) is not None:
-            yield batch
-
     def next_batch(self) -> dict[str, Any]:
         """The next batch (``LoaderError`` after the last epoch)."""
         batch = self.take(None)
@@ -689,12 +678,6 @@ class RemoteStream:
     @_ahead.setter
     def _ahead(self, value: bool) -> None:
         self._ahead_out.value = value
-
-    def __enter__(self) -> RemoteStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- copying out of shared memory -----------------------------------------------------------
     def _build(self, wire: Any) -> dict[str, Any]:

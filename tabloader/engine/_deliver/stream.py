@@ -5,27 +5,22 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
 from tabloader.catalog._errors import LoaderError
-from tabloader.engine._deliver.streams import report_arrays
-from tabloader.engine._queue.jobs import FedRows, JobState, RankState
+from tabloader.engine._deliver.streams import StreamBase, report_arrays
+from tabloader.engine._queue.jobs import FedRows, JobState, RankState, Rows, Weights
 from tabloader.engine._queue.scheduler import DatasetScheduler
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
     from tabloader.catalog._options import JobSpec
     from tabloader.engine._prepare.augment import Augmenter
 
 __all__ = ["JobStream", "ServedStream"]
 
 
-class JobStream:
+class JobStream(StreamBase):
     """The batches of one job (of one rank of a data-parallel job); iterate it, or call
     ``next_batch()``.
 
@@ -113,16 +108,6 @@ class JobStream:
             rank.delivered += 1
             rank.rows += len(batch["_id"])
         return batch
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while (batch := self._take(None)) is not None:
-            yield batch
-
-    def iter_epoch(self) -> Iterator[dict[str, Any]]:
-        """Yield the remaining batches of the current epoch."""
-        epoch = self.epoch
-        while (batch := self._take(epoch)) is not None:
-            yield batch
 
     def next_batch(self) -> dict[str, Any]:
         """Return the next batch: a dict of column -> array (``_id`` included).
@@ -215,12 +200,6 @@ class JobStream:
         """
         self._scheduler.leave(self._rank)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class ServedStream(JobStream):
     """A stream that a server serves to its client process (``Loader.serve``: the loader
@@ -268,13 +247,7 @@ class ServedStream(JobStream):
             return self._rank.finished() or self._rank.share_done(undelivered) is not None
 
     # -- a fed stream (``Loader.serve(source=Fed)``: its rows come from a leader) --------------
-    def feed(
-        self,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
+    def feed(self, epoch: int, rows: Rows, rounds: Rows, weights: Weights = None) -> None:
         """Queue ``rows`` of ``epoch`` that the job's leader sent, with their rounds (and a
         weighted job's ``_weight`` of each row, which its batches carry).
 

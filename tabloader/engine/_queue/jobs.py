@@ -69,12 +69,17 @@ __all__ = [
     "Pace",
     "RankState",
     "RowSource",
+    "Rows",
     "Seat",
+    "Weights",
     "batch_bytes",
     "cache_rows",
     "default_prefetch",
     "fit_prefetch",
 ]
+
+Rows = npt.NDArray[np.int64]
+Weights = npt.NDArray[np.float32] | None  # a batch's ``_weight`` column (None: a plain job's)
 
 MAX_UNDELIVERED = 2
 """The most batches a ``state_dict`` may count as taken but not trained on: a service
@@ -188,17 +193,11 @@ class RowSource(Protocol):
     def hungry(self, job: JobState) -> bool:
         """Whether ``job`` wants a sampling round of this loader now."""
 
-    def weights(
-        self,
-        job: JobState,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        sent: npt.NDArray[np.float32] | None,
-    ) -> npt.NDArray[np.float32] | None:
+    def weights(self, job: JobState, epoch: int, rows: Rows, sent: Weights) -> Weights:
         """The ``_weight`` column of a batch of ``rows`` of ``epoch`` (``sent``: the weights
         that came with them into the queue); None for a plain job."""
 
-    def accept(self, job: JobState, sent: FedRows) -> npt.NDArray[np.float32] | None:
+    def accept(self, job: JobState, sent: FedRows) -> Weights:
         """Check rows a leader sent ``job`` and move its queue to their epoch; their
         ``_weight``s, checked (None: a plain job's).
 
@@ -216,7 +215,7 @@ class RowSource(Protocol):
             LoaderError: the source failed (``fail``).
         """
 
-    def report(self, job: JobState, ids: npt.NDArray[np.int64], losses: Any) -> None:
+    def report(self, job: JobState, ids: Rows, losses: Any) -> None:
         """Per-row losses of a batch of ``job``, to whoever draws its rows.
 
         Raises:
@@ -547,11 +546,11 @@ def fit_prefetch(capacity: int, plan: Plan, rows: int, prefetch: int, given: int
         if plan.larger
         else ""
     )
+    held = f"{(given or 1) + 2} of them are held at once"
     raise LoaderError(
         f"A batch of this job takes {format_bytes(one)} of decoded images (over its ranks); "
-        f"{(given or 1) + 2} of them are held at once, more than the service's cache of "
-        f"{format_bytes(capacity)}: lower batch_size, image_size or prefetch, or "
-        f"start the service with a larger --cache-bytes.{shared}"
+        f"{held}, more than the service's cache of {format_bytes(capacity)}: lower batch_size, "
+        f"image_size or prefetch, or start the service with a larger --cache-bytes.{shared}"
     )
 
 

@@ -44,7 +44,7 @@ from pyroaring import BitMap
 from tabloader.catalog._bitmaps import bitmap_to_array
 from tabloader.catalog._options import JobSpec
 from tabloader.engine._queue.jobqueue import NO_ROWS, JobQueue
-from tabloader.engine._queue.jobs import FedRows, JobState
+from tabloader.engine._queue.jobs import FedRows, JobState, Rows, Weights
 from tabloader.engine._queue.uses import FutureUses
 from tabloader.sampling._base import Sampler
 
@@ -249,13 +249,7 @@ class JobQueues:
             most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
             q.horizon = max(q.floor, min(share, most))
 
-    def _queue(
-        self,
-        q: JobQueue,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
+    def _queue(self, q: JobQueue, rows: Rows, rounds: Rows, weights: Weights = None) -> None:
         """Append ``rows`` of the job's current epoch, used in ``rounds`` (a fed weighted
         job's with their ``_weight``s), to its queue, and count them as future uses."""
         q.append(rows, rounds, weights)

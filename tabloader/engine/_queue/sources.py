@@ -20,11 +20,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 from pyroaring import BitMap
 
 from tabloader.catalog._errors import LoaderError, SamplingError
-from tabloader.engine._queue.jobs import Seat
+from tabloader.engine._queue.jobs import Rows, Seat, Weights
 from tabloader.engine._queue.ranks import rank_share
 
 if TYPE_CHECKING:
@@ -33,6 +32,19 @@ if TYPE_CHECKING:
     from tabloader.sampling._base import Sampler
 
 __all__ = ["Fed", "Sampled"]
+
+_SAMPLED_HERE = (
+    "is sampled by this loader: its rows come from its sampler, not from feed(); open it "
+    "with a fed source (Loader.serve(source=Fed)) to feed it."
+)
+_LEADER_REPORTS = (
+    "is fed by a cluster leader, which takes its reports; report through the node's loader "
+    "service (a RemoteStream)."
+)
+_LEADER_KEEPS = (
+    "reads on a Ray cluster, whose leader keeps the job's progress and checkpoints it; "
+    "state_dict() is for a local loader."
+)
 
 
 class Sampled:
@@ -109,33 +121,22 @@ class Sampled:
             return True
         return q.q_rows.size + job.in_flight() < job.prefetch * ahead
 
-    def weights(
-        self,
-        job: JobState,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        sent: npt.NDArray[np.float32] | None,
-    ) -> npt.NDArray[np.float32] | None:
+    def weights(self, job: JobState, epoch: int, rows: Rows, sent: Weights) -> Weights:
         """A weighted job's ``1 / (N p_row)`` from its sampler (``row_weights``), asked in cut
         order (it forgets the epochs before); None for a plain job."""
         got = self._drawing().row_weights(job.name, epoch, rows)
         return None if got is None else np.asarray(got, dtype=np.float32)
 
-    def accept(self, job: JobState, sent: FedRows) -> npt.NDArray[np.float32] | None:
-        raise LoaderError(
-            f"Job {job.name!r} is sampled by this loader: its rows come from its sampler, not "
-            "from feed(); open it with a fed source (Loader.serve(source=Fed)) to feed it."
-        )
+    def accept(self, job: JobState, sent: FedRows) -> Weights:
+        raise LoaderError(f"Job {job.name!r} {_SAMPLED_HERE}")
 
     def fail(self, reason: str) -> None:
-        raise LoaderError(
-            f"A job this loader samples has no leader to fail it ({reason}); close its stream."
-        )
+        raise LoaderError(f"A job this loader samples has no leader to fail it ({reason}).")
 
     def check_going(self, job: JobState) -> None:
         """Its sampler never runs dry."""
 
-    def report(self, job: JobState, ids: npt.NDArray[np.int64], losses: Any) -> None:
+    def report(self, job: JobState, ids: Rows, losses: Any) -> None:
         try:
             self._drawing().report(job.name, ids, losses)
         except SamplingError as exc:
@@ -200,16 +201,10 @@ class Fed:
     def hungry(self, job: JobState) -> bool:
         return False  # it asks its leader (``JobState.wants_rows``), never this loader
 
-    def weights(
-        self,
-        job: JobState,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        sent: npt.NDArray[np.float32] | None,
-    ) -> npt.NDArray[np.float32] | None:
+    def weights(self, job: JobState, epoch: int, rows: Rows, sent: Weights) -> Weights:
         return sent  # the leader's, queued with the rows
 
-    def accept(self, job: JobState, sent: FedRows) -> npt.NDArray[np.float32] | None:
+    def accept(self, job: JobState, sent: FedRows) -> Weights:
         """Rows of the epoch the job reads, or of the next once this one is complete, and no
         more than an epoch has; their weights checked.
 
@@ -246,22 +241,14 @@ class Fed:
                 "start every rank again."
             )
 
-    def report(self, job: JobState, ids: npt.NDArray[np.int64], losses: Any) -> None:
-        raise LoaderError(
-            f"Job {job.name!r} is fed by a cluster leader, which takes its reports; "
-            "report through the node's loader service (a RemoteStream)."
-        )
+    def report(self, job: JobState, ids: Rows, losses: Any) -> None:
+        raise LoaderError(f"Job {job.name!r} {_LEADER_REPORTS}")
 
     def progress(self, job: JobState) -> Sampler:
-        raise LoaderError(
-            f"Job {job.name!r} reads on a Ray cluster, whose leader keeps the job's "
-            "progress and checkpoints it; state_dict() is for a local loader."
-        )
+        raise LoaderError(f"Job {job.name!r} {_LEADER_KEEPS}")
 
 
-def _fed_weights(
-    job: JobState, rows: npt.NDArray[np.int64], weights: npt.NDArray[np.float32] | None
-) -> npt.NDArray[np.float32] | None:
+def _fed_weights(job: JobState, rows: Rows, weights: Weights) -> Weights:
     """The ``_weight``s the leader sent with ``rows`` of the fed ``job``, checked: one finite
     positive number per row for a weighted job (``weight``, ``importance``), none for a plain
     one.
