@@ -34,12 +34,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tabloader.catalog._augment import default_seed, from_torchvision
 from tabloader.catalog._errors import CatalogLockedError, LoaderError
 from tabloader.catalog._options import JobSpec
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._opening import OpenArgs, OpenRequest
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.integrations import _lightning
 from tabloader.service._client import RemoteLoader, service_loader
 
 if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine
+    from typing_extensions import Unpack
+
     from tabloader.catalog import Catalog
     from tabloader.engine import Loader
     from tabloader.engine._deliver.streams import Stream
@@ -84,8 +86,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         loader: a ``Loader`` (or ``RemoteLoader``) to use instead.
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
 
-        The other arguments are those of every open (one ``OpenRequest``, made and checked
-        here; see ``tabloader.engine._opening``):
+        The other arguments are those of every open (:class:`~tabloader.engine.OpenArgs`,
+        made into one ``OpenRequest`` and checked here; see ``tabloader.engine._opening``):
 
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
@@ -133,7 +135,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         catalog: Catalog | str | os.PathLike[str] | None = None,
         loader: Loader | RemoteLoader | None = None,
         transform: Transform | None = None,
-        **args: Any,
+        **args: Unpack[OpenArgs],
     ) -> None:
         super().__init__()
         self.job = job

@@ -24,10 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,8 +39,8 @@ from tabloader.catalog.storage._stores import STORAGE_ENV, storage_uri
 from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
-from tabloader.engine._deliver.streams import report_arrays
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._deliver.streams import StreamBase, report_arrays
+from tabloader.engine._opening import OpenArgs, OpenRequest
 from tabloader.service._listener import STARTER_ENV
 from tabloader.service._plugins import Locator, locator
 from tabloader.service._protocol import (
@@ -54,6 +53,9 @@ from tabloader.service._protocol import (
     state_from_wire,
 )
 from tabloader.service._reopen import Ahead, forget, register, settle
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
@@ -377,10 +379,10 @@ class RemoteLoader:
                     self._ctl = Client(self.root, node=self.node)
 
     def open(
-        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Any
+        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Unpack[OpenArgs]
     ) -> RemoteStream:
-        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (``OpenRequest.make``),
-        or the whole ``OpenRequest``.
+        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (:class:`OpenArgs`,
+        made into one ``OpenRequest``), or the whole ``OpenRequest``.
 
         ``rank`` and ``world_size`` are found here, in this process (never in the service),
         from what launched it when both are None (a process group, torchrun's ``RANK`` and
@@ -493,7 +495,7 @@ class RemoteLoader:
         self.close()
 
 
-class RemoteStream:
+class RemoteStream(StreamBase):
     """One job's batches from the service; the interface of ``JobStream``.
 
     **Reading ahead.** As soon as a batch is copied out of the shared memory (and its values
@@ -625,16 +627,6 @@ class RemoteStream:
         self._wait_s = self._compute_s = 0.0
         return timing
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while (batch := self.take(None)) is not None:
-            yield batch
-
-    def iter_epoch(self) -> Iterator[dict[str, Any]]:
-        """Yield the remaining batches of the current epoch."""
-        epoch = self.epoch
-        while (batch := self.take(epoch)) is not None:
-            yield batch
-
     def next_batch(self) -> dict[str, Any]:
         """The next batch (``LoaderError`` after the last epoch)."""
         batch = self.take(None)
@@ -718,12 +710,6 @@ class RemoteStream:
     @_ahead.setter
     def _ahead(self, value: bool) -> None:
         self._ahead_out.value = value
-
-    def __enter__(self) -> RemoteStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- copying out of shared memory -----------------------------------------------------------
     def _build(self, wire: Any) -> dict[str, Any]:

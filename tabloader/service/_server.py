@@ -47,11 +47,11 @@ from tabloader.catalog._api import StatementTarget
 from tabloader.catalog._directory import not_a_catalog
 from tabloader.catalog._errors import LoaderError, ServiceError
 from tabloader.engine import Loader
-from tabloader.engine._deliver.collate import release
 from tabloader.engine._deliver.handoff import HandedBatch, Staging
 from tabloader.engine._deliver.stream import ServedStream
 from tabloader.engine._deliver.streams import no_importance
 from tabloader.engine._opening import OpenRequest
+from tabloader.engine._queue.sources import Fed
 from tabloader.service._catalog_ops import CatalogOps
 from tabloader.service._listener import STARTER_ENV, Listener, ServiceRunningError, Session
 from tabloader.service._metrics import MetricsServer, render_metrics
@@ -386,13 +386,12 @@ class _Handler(CatalogOps):
             raise stale
         request = OpenRequest.from_wire(msg.get("request"))
         feed = self.service.feed
-        with self.service.lock:
+        with self.service.lock:  # a fed service's jobs get their rows from the feed's leader
             if feed is None:
-                opened = self.service.loader.open(request, remote=True)
+                stream = self.service.loader.serve(request)
             else:
                 info = self.service.catalog.job(request.job)
-                opened = self.service.loader.open(request, remote=True, fed=True)
-        stream = ServedStream.of(opened)
+                stream = self.service.loader.serve(request, source=Fed)
         if feed is not None:
             rank, world_size = int(request.rank or 0), int(request.world_size or 1)
             try:
@@ -523,7 +522,7 @@ class _Handler(CatalogOps):
         elif used and block < 0:
             staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
         if used and staging < 0:
-            self._released(batch.work)
+            batch.work.plan.receiver.release(batch.work)
             raise LoaderError(
                 f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
                 + (
@@ -557,20 +556,12 @@ class _Handler(CatalogOps):
             if held is None:
                 continue
             staging, block, work = held
-            self._released(work)
+            work.plan.receiver.release(work)  # its pins (and the access log hears of it)
             if block >= 0:
                 with self.service.blocks_lock:
                     self.service.blocks.append(block)
             elif staging >= 0:
                 arena.discard(np.array([staging], np.int64))
-
-    def _released(self, work: Any) -> None:
-        """Release what a handed-over batch holds in the arena (and tell the loader's access
-        log, if it keeps one)."""
-        log = self.service.loader.access_log
-        if log is not None:
-            log.released(work)
-        release(work, self.service.arena)
 
     def interruptible(self, msg: Message) -> bool:
         """Only a ``next`` is given up by a request sent while it waits (a client's ``leave``
