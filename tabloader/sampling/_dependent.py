@@ -477,10 +477,7 @@ class DependentSampler(SamplerBase[_Job]):
             c0 = [cnt[slot] for slot in order]
             part = np.empty((m, steps), dtype=np.int64)
             uni.ensure(2 * m * steps)
-            uni.i = _walk.rounds(
-                steps, order, c0, levels, dec, uni.buf, uni.i, regions.rows, regions.keys,
-                regions.index, regions.pos, regions.reg, regions.region, part,
-            )  # fmt: skip
+            uni.i = _walk.rounds(regions, order, c0, levels, dec, uni.buf, uni.i, part)
             parts.append(part)
             for slot in order:
                 cnt[slot] -= steps
