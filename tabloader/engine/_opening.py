@@ -353,7 +353,8 @@ def _drawn(
     ):
         raise _not_a_state(f"the draws' epochs are {str(epochs_of)[:80]}")
     n, counts = len(job.ids), [int(c) for _, c in pairs]
-    tops = [len(remaining)] + [n] * (len(pairs) - 1)  # what each epoch has left at most
+    # what each epoch has left at most (no pairs: nothing drawn yet, a state saved at once)
+    tops = ([len(remaining)] + [n] * (len(pairs) - 1))[: len(pairs)]
     if (
         len(rows) % 4
         or len(rows) // 4 != sum(counts)

@@ -589,15 +589,15 @@ def test_lightning_warns_once_when_a_plain_dataloader_leaves_the_jobs_position_o
 def test_the_readmes_hf_recipe_says_what_cpus_need_as_hf_run_does():
     """On a machine without GPUs, torchrun's processes join one ``Trainer`` run only with
     ``use_cpu=True`` (each runs alone otherwise, and ``prepare`` refuses the dataset of a
-    rank that accelerate does not know): the README's recipe says so, as its accelerate
+    rank that accelerate does not know): the recipe in docs/frameworks.md says so, as its accelerate
     recipe says ``Accelerator(cpu=True)``, and ``hf_run.py`` (which the tests launch on CPUs)
     is that recipe: the same ``TrainingArguments``, with ``use_cpu=True``."""
     import ast
 
-    readme = (ROOT / "README.md").read_text()
-    recipe = readme.split("**Hugging Face Trainer.**", 1)[1].split("**accelerate.**", 1)[0]
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    recipe = page.split("## Hugging Face Trainer\n", 1)[1].split("## accelerate\n", 1)[0]
     code = recipe.split("```python\n", 1)[1].split("```", 1)[0]
-    assert "# on CPUs only, under torchrun: TrainingArguments(..., use_cpu=True)" in code
+    assert "# on a machine without GPUs: TrainingArguments(..., use_cpu=True)" in code
 
     def training_arguments(source: str) -> dict[str, ast.expr]:
         (call,) = [
