@@ -3,10 +3,12 @@ the ``s3`` fixture): every job reads every epoch exactly once, through faults.""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 
 import numpy as np
+import pytest
 
 from tabloader.cli import main
 from tabloader.engine import Loader
@@ -18,11 +20,15 @@ from tests.support.s3proxy import Faults
 def run(loader, jobs: dict[str, int]) -> dict[str, list[list[int]]]:
     """Each job of ``jobs`` ({name: epochs}) on its own thread: its rows, epoch by epoch."""
     seen: dict[str, list[list[int]]] = {name: [] for name in jobs}
+    errors: list[BaseException] = []
 
     def consume(name: str) -> None:
-        with loader.open(name, batch_size=7, epochs=jobs[name]) as stream:
-            for _ in range(jobs[name]):
-                seen[name].append([i for b in stream.iter_epoch() for i in b["_id"].tolist()])
+        try:
+            with loader.open(name, batch_size=7, epochs=jobs[name]) as stream:
+                for _ in range(jobs[name]):
+                    seen[name].append([i for b in stream.iter_epoch() for i in b["_id"].tolist()])
+        except BaseException as exc:  # raised again below, with its cause, in the test
+            errors.append(exc)
 
     threads = [threading.Thread(target=consume, args=(n,)) for n in jobs]
     for t in threads:
@@ -30,6 +36,8 @@ def run(loader, jobs: dict[str, int]) -> dict[str, list[list[int]]]:
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
     return seen
 
 
@@ -79,3 +87,27 @@ def test_the_cli_imports_into_a_bucket_and_verifies_it(tmp_path, s3, image_folde
     assert main(["--catalog", root, "verify", "imgs"]) == 1
     out = capsys.readouterr().out
     assert re.search(r"DAMAGED imgs: rows \d+\.\.\d+: .* 's3://", out), out
+
+
+def test_decode_processes_read_with_the_credentials_of_now_not_of_their_forkserver(
+    cat, s3, image_folder, monkeypatch
+):
+    """The decode processes come from a forkserver, started once a process with the
+    environment of then: credentials set after it started (as the ``s3`` fixture of a later
+    test sets them) still reach them, as they would a child started now."""
+    if not shm_available():
+        pytest.skip("no shared memory: no decode processes (threads read with the environment)")
+    cat.import_imagefolder("local", image_folder)
+    cat.sql("REGISTER JOB l SELECT image FROM local WITH (image_size = 16)")
+    keys = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    for key in keys:
+        monkeypatch.delenv(key)
+    with Loader(cat, cache_bytes=1 << 20, workers=2, decode="processes") as loader:
+        assert run(loader, {"l": 1})["l"]  # the forkserver runs, started without credentials
+    for key, value in keys.items():
+        monkeypatch.setenv(key, value)
+    cat.import_imagefolder("imgs", image_folder, storage=f"{s3.uri}/train")
+    cat.sql("REGISTER JOB a SELECT image FROM imgs WITH (image_size = 16)")
+    with Loader(cat, cache_bytes=1 << 20, workers=2, decode="processes") as loader:
+        (epoch,) = run(loader, {"a": 1})["a"]
+    assert sorted(epoch) == sorted(cat.job("a").ids)

@@ -265,7 +265,7 @@ class DecodePool:
                     1 if quarantine else self.processes,
                     mp_context=ctx,
                     initializer=_attach,
-                    initargs=(*args, os.getpid(), tempdir, self.max_pixels),
+                    initargs=(*args, os.getpid(), tempdir, self.max_pixels, dict(os.environ)),
                 )
                 if quarantine:
                     self._quarantine = pool
@@ -541,10 +541,17 @@ _ARENA: Any = None
 _READERS: OrderedDict[int, DatasetReader] = OrderedDict()
 
 
-def _attach(fd: int, size: int, owner: int, tempdir: str, max_pixels: int) -> None:
+def _attach(
+    fd: int, size: int, owner: int, tempdir: str, max_pixels: int, environ: dict[str, str]
+) -> None:
     from tabloader.engine._prepare.resample import torch_resizing
 
     global _ARENA
+    # The forkserver's environment is the loader's when the forkserver started (once a
+    # process): a decode process takes the loader's of now, as a child it started would (an
+    # object store's credentials set since, say; else it fails with "No S3 credentials").
+    os.environ.clear()
+    os.environ.update(environ)
     # Ctrl-C in a terminal signals the whole process group: the loader (or service) stops
     # and closes these processes; a KeyboardInterrupt traceback from each would only be noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
