@@ -10,7 +10,7 @@ from pyroaring import BitMap
 
 from tabloader.catalog._errors import OptionError, SamplingError
 from tabloader.catalog._options import JobSpec
-from tabloader.cluster._actor import _decode, state_json
+from tabloader.cluster._actor import decode_bytes, state_json
 from tabloader.cluster._leader import Leader
 from tests.support.jobs import catalog_job
 
@@ -304,7 +304,7 @@ def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_res
         leader.report("a", np.array([1]), np.array([0.5]))
     with pytest.raises(SamplingError, match="not rows of this job"):
         leader.report("imp", np.array([1]), np.array([0.5]))
-    restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
+    restored = Leader.from_state_dict(decode_bytes(json.loads(state_json(leader))))
     again = restored._samplers["x@0"].importance_scores("imp")
     np.testing.assert_array_equal(again.ranks, scores.ranks)  # the checkpoint keeps them
     restored.report("imp", np.array([2002]), np.array([1.0]))  # and it takes reports
@@ -401,7 +401,7 @@ def test_a_restored_leader_owes_a_weighted_jobs_draws_and_keeps_drawing_by_its_w
         e: sum(r.size for r in per.values()) for e, per in draws_of(nodes.delivered, "w").items()
     }
     assert any(0 < n < 60 for n in before.values())  # stopped mid-epoch
-    restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
+    restored = Leader.from_state_dict(decode_bytes(json.loads(state_json(leader))))
     nodes.held.clear()  # the loaders drop what they had not acknowledged
     fetched = run(restored, nodes, 40)
     check_weighted_items([a for w in fetched for a in w.items])
