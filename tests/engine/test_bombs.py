@@ -233,7 +233,7 @@ def test_a_decode_that_reaches_the_cap_ends_its_process_and_is_bad_data_alone(im
 def test_out_of_memory_in_a_thread_is_not_bad_data(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     victim = int(images.job("j").ids[0])
-    real = codec._decode
+    real = codec.decode_pixels
     raw = images.dataset("imgs").take([victim], ["image"]).column("image")[0].as_py()
     once = []
 
@@ -243,7 +243,7 @@ def test_out_of_memory_in_a_thread_is_not_bad_data(images, monkeypatch):
             raise MemoryError
         return real(data, *args, **kw)
 
-    monkeypatch.setattr(codec, "_decode", decode)
+    monkeypatch.setattr(codec, "decode_pixels", decode)
     with Loader(images, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
         got, stats = _epoch(loader, "j", on_error="skip")
         assert stats["skipped"] == 1
