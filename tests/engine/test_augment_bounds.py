@@ -240,8 +240,8 @@ def small_bounds(monkeypatch):
 
         return wrapped
 
-    monkeypatch.setattr(engine, "_pad", record(engine._pad))
-    monkeypatch.setattr(engine, "_resized", record(engine._resized))
+    monkeypatch.setattr(engine, "padded", record(engine.padded))
+    monkeypatch.setattr(engine, "resized", record(engine.resized))
     return made
 
 

@@ -53,7 +53,7 @@ from tabloader.catalog._errors import RowReadError
 from tabloader.engine._prepare.resample import resize_batch, resize_into
 from tabloader.engine.decode import Fit
 
-__all__ = ["Augmenter", "shared_fit"]
+__all__ = ["Augmenter", "padded", "resized", "shared_fit"]
 
 
 def shared_fit(spec: AugmentSpec, decode_size: int | None) -> Fit:
@@ -163,7 +163,7 @@ class Augmenter:
                 pass
             else:
                 if pending is not None:
-                    img = _resized(img, pending)
+                    img = resized(img, pending)
                     pending = None
                 if name == "RandomResizedCrop":
                     i, j, ch, cw = params
@@ -177,7 +177,7 @@ class Augmenter:
                     img = _APPLY[name](op, params, img)
         if self.spec.normalized:
             if pending is not None:
-                img = _resized(img, pending)
+                img = resized(img, pending)
             chw = img.transpose(2, 0, 1)
             np.multiply(chw, self._scale, out=out)
             np.subtract(out, self._offset, out=out)
@@ -191,7 +191,7 @@ class Augmenter:
         elif out.strides[1:] == (3, 1) and out.flags.writeable:
             resize_into(img, out, flip=pending[2])  # straight into the batch slot
         else:
-            out[...] = _resized(img, pending)
+            out[...] = resized(img, pending)
 
     def apply_batch(
         self,
@@ -273,7 +273,7 @@ class _Streams(threading.local):
         return self.gen
 
 
-def _resized(img: npt.NDArray[np.uint8], pending: tuple[int, int, bool]) -> npt.NDArray[np.uint8]:
+def resized(img: npt.NDArray[np.uint8], pending: tuple[int, int, bool]) -> npt.NDArray[np.uint8]:
     out_h, out_w, flip = pending
     out = np.empty((out_h, out_w, 3), np.uint8)
     resize_into(img, out, flip=flip)
@@ -361,7 +361,7 @@ def _apply_center(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArra
     th, tw = op.size_hw
     pad = op.padding_for(img.shape[0], img.shape[1])
     if any(pad):  # torchvision pads with zeros first, split evenly (more after)
-        img = _pad(img, pad, 0)
+        img = padded(img, pad, 0)
     h, w = img.shape[:2]
     top, left = round((h - th) / 2.0), round((w - tw) / 2.0)
     return img[top : top + th, left : left + tw]
@@ -370,13 +370,13 @@ def _apply_center(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArra
 def _apply_crop(op: Op, params: Any, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     pad = op.padding_for(img.shape[0], img.shape[1])
     if any(pad):
-        img = _pad(img, pad, op.arg("fill"))
+        img = padded(img, pad, op.arg("fill"))
     i, j = params
     th, tw = op.size_hw
     return img[i : i + th, j : j + tw]
 
 
-def _pad(
+def padded(
     img: npt.NDArray[np.uint8], pad: tuple[int, int, int, int], fill: int
 ) -> npt.NDArray[np.uint8]:
     left, top, right, bottom = pad
