@@ -53,7 +53,7 @@ from tabloader.catalog._errors import RowReadError
 from tabloader.engine._prepare.resample import resize_batch, resize_into
 from tabloader.engine.decode import Fit
 
-__all__ = ["Augmenter", "padded", "resized", "shared_fit"]
+__all__ = ["Augmenter", "normalization", "padded", "resized", "shared_fit"]
 
 
 def shared_fit(spec: AugmentSpec, decode_size: int | None) -> Fit:
@@ -92,11 +92,8 @@ class Augmenter:
             or (op.name == "Resize" and not isinstance(op.arg("size"), tuple))
             for op in self._ops
         )
-        norm = self._ops[-1] if self.spec.normalized else None
-        if norm is not None:
-            std = np.asarray(norm.arg("std"), np.float32)
-            self._scale = (1.0 / (255.0 * std)).reshape(3, 1, 1)
-            self._offset = (np.asarray(norm.arg("mean"), np.float32) / std).reshape(3, 1, 1)
+        if self.spec.normalized:
+            self._scale, self._offset = normalization(self._ops[-1])
 
     def draw(self, shape: tuple[int, int], epoch: int, row_id: int) -> list[Any]:
         """The random parameters of every op, in order, for a source of ``shape`` (h, w)."""
@@ -247,6 +244,15 @@ class Augmenter:
                     f"{arena.size}-byte buffer"
                 )
             self.apply(arena[start : start + h * w * 3].reshape(h, w, 3), epoch, ids[k], out[k])
+
+
+def normalization(norm: Op) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """``Normalize``'s (scale, offset), each (3, 1, 1): a uint8 pixel ``x`` becomes
+    ``x * scale - offset``, that is ``(x / 255 - mean) / std``."""
+    std = np.asarray(norm.arg("std"), np.float32)
+    scale = (1.0 / (255.0 * std)).reshape(3, 1, 1)
+    offset = (np.asarray(norm.arg("mean"), np.float32) / std).reshape(3, 1, 1)
+    return scale, offset
 
 
 class _Streams(threading.local):
