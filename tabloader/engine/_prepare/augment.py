@@ -53,7 +53,7 @@ from tabloader.catalog._errors import RowReadError
 from tabloader.engine._prepare.resample import resize_batch, resize_into
 from tabloader.engine.decode import Fit
 
-__all__ = ["Augmenter", "normalization", "padded", "resized", "shared_fit"]
+__all__ = ["Augmenter", "RowStreams", "normalization", "padded", "resized", "shared_fit"]
 
 
 def shared_fit(spec: AugmentSpec, decode_size: int | None) -> Fit:
@@ -78,7 +78,7 @@ class Augmenter:
         self.dtype = np.dtype(np.float32 if self.spec.normalized else np.uint8)
         self._ops = self.spec.ops
         self._steps = [(_DRAW[op.name](op), _reshape(op)) for op in self._ops]
-        self._streams = _Streams(self.seed)
+        self._streams = RowStreams(self.seed)
         names = tuple(op.name for op in self._ops)
         # the usual recipe, one draw and one kernel call per image (see apply_batch)
         self._one_resize = names in (
@@ -255,7 +255,7 @@ def normalization(norm: Op) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.flo
     return scale, offset
 
 
-class _Streams(threading.local):
+class RowStreams(threading.local):
     """Each thread's Philox generator, repositioned for every (epoch, row): setting its state
     (1.2 us) replaces constructing one per row (8 us). The same stream as
     ``np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, row_id, epoch]))``."""
