@@ -195,9 +195,9 @@ def test_a_loader_takes_its_own_pixel_limit(images, monkeypatch):
 def test_decode_processes_run_under_a_memory_cap_sized_from_the_pixel_limit(images):
     with Loader(images, cache_bytes=8 << 20, workers=1, max_image_megapixels=10) as loader:
         pool = loader.decode_pool
-        executor = pool._executor()
+        executor = pool.executor()
         cap, _ = executor.submit(resource.getrlimit, resource.RLIMIT_DATA).result(TIMEOUT)
-        used = executor.submit(decoding._data_bytes).result(TIMEOUT)
+        used = executor.submit(decoding.data_bytes).result(TIMEOUT)
     room = decoding.CAP_HEADROOM + decoding.CAP_BYTES_PER_PIXEL * 10_000_000
     assert used < cap <= used + room  # what it used at its start, plus the room
     assert cap > used + room * 0.9

@@ -22,7 +22,7 @@ from tabloader.catalog.storage._stores import STORAGE_ENV
 from tabloader.engine import Loader, decode
 from tabloader.engine._arena.shm import shm_available
 from tabloader.engine._prepare import prep
-from tabloader.engine._prepare.decoding import _reader_of, decode_rows
+from tabloader.engine._prepare.decoding import decode_rows, reader_of
 from tabloader.engine._prepare.prep import DecodeKind, Decoder, decoder_for
 from tabloader.engine.decode import (
     PillowBackend,
@@ -249,7 +249,7 @@ def test_unknown_schemes_and_bad_registrations_are_refused():
         register_store("mem", "mem://t")
     spec = ("nope://bucket", [], pa.schema([]), True)
     with pytest.raises(StorageError, match="decode='threads'"):
-        _reader_of(pickle.dumps((spec, None)))  # a decode process without the store
+        reader_of(pickle.dumps((spec, None)))  # a decode process without the store
 
 
 @pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")
