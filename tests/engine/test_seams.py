@@ -218,7 +218,7 @@ def test_a_store_that_copies_its_reads_still_reads_small_values(cat):
             unregister_store("mem")
         assert errors == {}
         assert [bytes(v) for v in got] == [values[i] for i in ids.tolist()]
-        fields = reader._field_indices(("blob",))
+        fields = (reader.schema.get_field_index("blob"),)  # the value index's key
         assert (reader._values[(0, fields)] is None) == copies  # no positions in a copy
 
 
