@@ -184,7 +184,7 @@ def resizer(request, monkeypatch):
     from tabloader.engine._prepare import resample
 
     if request.param != "kernel":
-        monkeypatch.setattr(resample, "_kernel", None)
+        monkeypatch.setattr(resample, "kernel", None)
     if request.param == "pillow":
         monkeypatch.setattr(resample, "optional_torch", lambda: None)
     resample.resampler.cache_clear()

@@ -56,6 +56,8 @@ __all__ = [
     "LeaderActor",
     "checkpoint_path",
     "cluster_status",
+    "decode_bytes",
+    "encode_bytes",
     "serve_cluster",
     "start_leader",
     "state_json",
@@ -74,7 +76,7 @@ class LeaderActor:
         if self.path.exists() or self.path.is_symlink():
             # a recorded file: never through a link, never a FIFO (``read_file``)
             text = read_file(self.path, what=f"The leader's checkpoint {self.path}")
-            self.leader = Leader.from_state_dict(_decode(json.loads(text)))
+            self.leader = Leader.from_state_dict(decode_bytes(json.loads(text)))
             logger.warning(
                 "leader of %s restarted from its checkpoint (generation %d)",
                 catalog,
@@ -176,27 +178,28 @@ def checkpoint_path(catalog: str | os.PathLike[str]) -> Path:
 
 def state_json(leader: Leader) -> str:
     """The leader's checkpoint as JSON (what the actor writes after each acknowledgement)."""
-    return json.dumps(_encode(leader.state_dict()))
+    return json.dumps(encode_bytes(leader.state_dict()))
 
 
-def _encode(value: Any) -> Any:
+def encode_bytes(value: Any) -> Any:
     """``value`` with its bytes as ``{"b64": ...}`` (JSON has no bytes)."""
     if isinstance(value, bytes):
         return {"b64": base64.b64encode(value).decode()}
     if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
+        return {k: encode_bytes(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_encode(v) for v in value]
+        return [encode_bytes(v) for v in value]
     return value
 
 
-def _decode(value: Any) -> Any:
+def decode_bytes(value: Any) -> Any:
+    """``value`` with each ``{"b64": ...}`` back to its bytes (the inverse of ``encode_bytes``)."""
     if isinstance(value, dict):
         if set(value) == {"b64"}:
             return base64.b64decode(value["b64"])
-        return {k: _decode(v) for k, v in value.items()}
+        return {k: decode_bytes(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [decode_bytes(v) for v in value]
     return value
 
 

@@ -90,11 +90,11 @@ from tabloader.sampling._states import DependentState, SamplerState
 from tabloader.sampling._weighted import Lead, WeightedJob, WeightedJobs
 
 try:
-    import tabloader.sampling._rounds as _walk
+    import tabloader.sampling._rounds as walk
 except ImportError:  # pragma: no cover - built without a C compiler: the Python walk
-    _walk = None  # type: ignore[assignment]
+    walk = None  # type: ignore[assignment]
 
-__all__ = ["DependentSampler"]
+__all__ = ["DependentSampler", "walk"]
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ class DependentSampler(SamplerBase[_Job]):
         levels, dec = self._regions.groups(order)
         if self.vectorize and len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
             return [self._rounds_one_region(order, n, levels[0][0])] * m
-        if self.vectorize and _walk is not None and max(order) < 64:
+        if self.vectorize and walk is not None and max(order) < 64:
             return self._rounds_walked(order, n, levels, dec)
         return self._rounds_python(order, n, levels, dec)
 
@@ -477,7 +477,7 @@ class DependentSampler(SamplerBase[_Job]):
             c0 = [cnt[slot] for slot in order]
             part = np.empty((m, steps), dtype=np.int64)
             uni.ensure(2 * m * steps)
-            uni.i = _walk.rounds(regions, order, c0, levels, dec, uni.buf, uni.i, part)
+            uni.i = walk.rounds(regions, order, c0, levels, dec, uni.buf, uni.i, part)
             parts.append(part)
             for slot in order:
                 cnt[slot] -= steps

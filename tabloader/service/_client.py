@@ -57,7 +57,7 @@ from tabloader.service._reopen import Ahead, forget, register, settle
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
+__all__ = ["SERVE", "Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
 START_TIMEOUT_S = 60.0
 START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet): cheap
@@ -67,7 +67,7 @@ START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet)
 # 3.10), and ``-c`` puts '' (the working directory) first, which this removes. Under
 # SCHED_BATCH, as ``yield_to_jobs`` puts the service's threads later (processes inherit it).
 # Its decode processes start at their first use (a fixed-size decode), from its DecodePool.
-_SERVE = """\
+SERVE = """\
 import os, sys
 if sys.path[:1] == ['']: del sys.path[0]
 try:
@@ -187,7 +187,7 @@ def _spawn(root: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
             [
                 sys.executable,
                 "-c",
-                _SERVE,
+                SERVE,
                 "--catalog",
                 str(root),
                 "serve",

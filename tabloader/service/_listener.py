@@ -57,7 +57,14 @@ from tabloader.service._protocol import (
     send_frame,
 )
 
-__all__ = ["STARTER_ENV", "Handler", "Listener", "ServiceRunningError", "Session"]
+__all__ = [
+    "HANDSHAKE_TIMEOUT",
+    "STARTER_ENV",
+    "Handler",
+    "Listener",
+    "ServiceRunningError",
+    "Session",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +86,7 @@ class ServiceRunningError(ServiceError):
         self.pid = pid
 
 
-_HANDSHAKE_TIMEOUT = 5.0  # seconds the service waits for a new connection to authenticate
+HANDSHAKE_TIMEOUT = 5.0  # seconds the service waits for a new connection to authenticate
 # a request is watched (its client hanging up or sending its next request) once it has run this
 # long: most are answered sooner, and watching one costs a wake-up of the watcher thread
 WATCH_AFTER_S = 0.05
@@ -253,7 +260,7 @@ class Listener:
         try:
             creds = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             pid = struct.unpack("3i", creds)[0]
-            conn.sock.settimeout(_HANDSHAKE_TIMEOUT)
+            conn.sock.settimeout(HANDSHAKE_TIMEOUT)
             try:
                 deliver_challenge(conn.sock, self._key)
                 answer_challenge(conn.sock, self._key)

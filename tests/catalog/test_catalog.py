@@ -132,10 +132,10 @@ def test_connect_maps_os_errors(tmp_path, make_root, problem):
 
 
 def test_os_error_after_duckdb_opened_is_mapped(tmp_path, monkeypatch):
-    def unreadable(self):
-        raise PermissionError(errno.EACCES, "Permission denied", str(self.root / "jobs"))
+    def unreadable(root, db):
+        raise PermissionError(errno.EACCES, "Permission denied", str(root / "jobs"))
 
-    monkeypatch.setattr(catalog.Catalog, "_collect_garbage", unreadable)
+    monkeypatch.setattr("tabloader.catalog._catalog.collect_garbage", unreadable)
     with pytest.raises(CatalogError, match=r"\(Permission denied: '.*/jobs'\)\. Give a new"):
         catalog.open_catalog(tmp_path, create=True)
 
@@ -582,10 +582,10 @@ def test_failed_or_dropped_catalog_frees_its_root(tmp_path, monkeypatch):
 
     root = tmp_path / "cat"
 
-    def fails(self):
+    def fails(root, db):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(catalog.Catalog, "_collect_garbage", fails)
+    monkeypatch.setattr("tabloader.catalog._catalog.collect_garbage", fails)
     with pytest.raises(CatalogError, match="Input/output error") as info:
         catalog.open_catalog(root, create=True)
     monkeypatch.undo()

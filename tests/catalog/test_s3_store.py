@@ -32,9 +32,14 @@ def stored(cat, s3, name: str = "t", n: int = 300, **kw):
     return cat.import_arrow(name, table(n), storage=f"{s3.uri}/pre", **kw)
 
 
+def forget_parts(store) -> None:
+    """The store forgets the part files it opened (their footers and sizes): it reads afresh."""
+    store._parts.clear()
+
+
 def fresh_reader(ds) -> DatasetReader:
     """A reader of ``ds`` that has read nothing yet (the store's part files forgotten too)."""
-    ds.reader.store._parts.clear()
+    forget_parts(ds.reader.store)
     return DatasetReader.from_spec(ds.reader.spec(), memory_map=False)
 
 
@@ -157,7 +162,7 @@ def test_verify_checks_a_buckets_dataset(cat, s3):
     body = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
     body[5000] ^= 0xFF  # inside a record batch's values
     s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
-    open_s3(f"{s3.uri}/pre")._parts.clear()
+    forget_parts(open_s3(f"{s3.uri}/pre"))
     report = cat.verify("t")
     assert not report.ok
     assert len(report.damaged) == 1

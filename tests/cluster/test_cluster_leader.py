@@ -10,8 +10,9 @@ from pyroaring import BitMap
 
 from tabloader.catalog._errors import OptionError, SamplingError
 from tabloader.catalog._options import JobSpec
-from tabloader.cluster._actor import _decode, state_json
+from tabloader.cluster._actor import decode_bytes, state_json
 from tabloader.cluster._leader import Leader
+from tabloader.sampling._importance import ImportanceScores
 from tests.support.jobs import catalog_job
 
 # name -> (ids, node of each rank, batch size, dataset)
@@ -33,6 +34,12 @@ def make_leader(**kw):
     for name, (ids, nodes, bs, ds) in JOBS.items():
         leader.add_job(catalog_job(name, ids, dataset=ds, batch_size=bs), nodes=nodes)
     return leader
+
+
+def scores_of(leader, name):
+    """The importance scores of ``name`` that the leader's checkpoint holds."""
+    (saved,) = [j for j in leader.state_dict()["jobs"] if j["name"] == name]
+    return ImportanceScores.from_state(saved["importance"])
 
 
 def job_status(leader, name):
@@ -296,7 +303,7 @@ def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_res
         catalog_job("imp", rows, dataset="x"), rank=0, world_size=1, node="n0", spec=imp
     )
     leader.report("imp", np.array([2001, 2005, 2003]), np.array([0.5, 0.1, 0.9]))
-    scores = leader._samplers["x@0"].importance_scores("imp")
+    scores = scores_of(leader, "imp")
     got = dict(zip(scores.ids.tolist(), scores.ranks.tolist(), strict=True))
     assert (got[2005], got[2001], got[2003]) == (1, 2, 3)  # lowest loss: rank 0, stored + 1
     assert sum(v > 0 for v in got.values()) == 3
@@ -304,11 +311,10 @@ def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_res
         leader.report("a", np.array([1]), np.array([0.5]))
     with pytest.raises(SamplingError, match="not rows of this job"):
         leader.report("imp", np.array([1]), np.array([0.5]))
-    restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
-    again = restored._samplers["x@0"].importance_scores("imp")
-    np.testing.assert_array_equal(again.ranks, scores.ranks)  # the checkpoint keeps them
+    restored = Leader.from_state_dict(decode_bytes(json.loads(state_json(leader))))
+    np.testing.assert_array_equal(scores_of(restored, "imp").ranks, scores.ranks)  # kept
     restored.report("imp", np.array([2002]), np.array([1.0]))  # and it takes reports
-    assert again.ranks[2] == 1
+    assert scores_of(restored, "imp").ranks[2] == 1
 
 
 # -- weighted jobs (issue 39) ------------------------------------------------------------------
@@ -401,7 +407,7 @@ def test_a_restored_leader_owes_a_weighted_jobs_draws_and_keeps_drawing_by_its_w
         e: sum(r.size for r in per.values()) for e, per in draws_of(nodes.delivered, "w").items()
     }
     assert any(0 < n < 60 for n in before.values())  # stopped mid-epoch
-    restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
+    restored = Leader.from_state_dict(decode_bytes(json.loads(state_json(leader))))
     nodes.held.clear()  # the loaders drop what they had not acknowledged
     fetched = run(restored, nodes, 40)
     check_weighted_items([a for w in fetched for a in w.items])
@@ -429,7 +435,7 @@ def test_rows_of_an_importance_job_carry_the_weights_of_the_distribution_they_ca
     leader.ack("n0", first.seq)
     leader.report("imp", ids[:8], np.arange(8.0))
     leader.report("imp", ids[8:16], np.arange(8.0)[::-1])
-    p = leader._samplers["imgs@1"].importance_scores("imp").probabilities().copy()
+    p = scores_of(leader, "imp").probabilities()
     (second,) = leader.work("n0")
     (a,) = second.items
     assert a.epoch == 1

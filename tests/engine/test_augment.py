@@ -13,7 +13,7 @@ import torch
 from tabloader.catalog._augment import from_torchvision
 from tabloader.catalog._errors import OptionError
 from tabloader.engine import Loader
-from tabloader.engine._prepare.augment import Augmenter
+from tabloader.engine._prepare.augment import Augmenter, RowStreams
 from tabloader.engine.decode import Fit, decode_image
 
 N = 4000  # draws per sample in the statistical tests
@@ -112,13 +112,13 @@ def test_each_rows_stream_is_philox_keyed_by_the_seed_and_counted_by_epoch_and_r
     """The reused per-thread generator, repositioned per row, is the stream of a fresh
     ``Philox(key=seed, counter=[0, 0, row, epoch])``, whatever the row before it drew
     (integers leave half a 64-bit word buffered)."""
-    aug = Augmenter("RandomResizedCrop(8)", seed)
+    streams = RowStreams(seed)  # an Augmenter's, as Augmenter(spec, seed) makes it
 
     def some(rng):
         return [rng.integers(0, 1000, 3).tolist(), rng.random(2).tolist(), rng.uniform(1, 2)]
 
     for epoch, row in [(0, 0), (0, 1), (3, 2**40 + 7), (2**31, 5), (0, 1)]:
-        ours = some(aug._streams.generator(epoch, row))
+        ours = some(streams.generator(epoch, row))
         theirs = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, row, epoch]))
         assert ours == some(theirs)
 

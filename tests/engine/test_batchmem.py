@@ -127,13 +127,13 @@ def test_a_batch_the_garbage_collector_frees_inside_empty_does_not_deadlock(monk
         cycle: list = [mem.empty((64,))]
         cycle.append(cycle)
         del cycle
-        drain = mem._drain_locked
+        drain = mem.drain_locked
 
         def drain_then_collect() -> None:
             drain()
             gc.collect()  # the cycle's batch dies here, its finalizer runs, the lock is held
 
-        monkeypatch.setattr(mem, "_drain_locked", drain_then_collect)
+        monkeypatch.setattr(mem, "drain_locked", drain_then_collect)
         got: list[np.ndarray] = []
         worker = threading.Thread(target=lambda: got.append(mem.empty((64,))), daemon=True)
         worker.start()

@@ -195,9 +195,9 @@ def test_a_loader_takes_its_own_pixel_limit(images, monkeypatch):
 def test_decode_processes_run_under_a_memory_cap_sized_from_the_pixel_limit(images):
     with Loader(images, cache_bytes=8 << 20, workers=1, max_image_megapixels=10) as loader:
         pool = loader.decode_pool
-        executor = pool._executor()
+        executor = pool.executor()
         cap, _ = executor.submit(resource.getrlimit, resource.RLIMIT_DATA).result(TIMEOUT)
-        used = executor.submit(decoding._data_bytes).result(TIMEOUT)
+        used = executor.submit(decoding.data_bytes).result(TIMEOUT)
     room = decoding.CAP_HEADROOM + decoding.CAP_BYTES_PER_PIXEL * 10_000_000
     assert used < cap <= used + room  # what it used at its start, plus the room
     assert cap > used + room * 0.9
@@ -233,7 +233,7 @@ def test_a_decode_that_reaches_the_cap_ends_its_process_and_is_bad_data_alone(im
 def test_out_of_memory_in_a_thread_is_not_bad_data(images, monkeypatch):
     images.sql("REGISTER JOB j SELECT image FROM imgs WITH (image_size = 16)")
     victim = int(images.job("j").ids[0])
-    real = codec._decode
+    real = codec.decode_pixels
     raw = images.dataset("imgs").take([victim], ["image"]).column("image")[0].as_py()
     once = []
 
@@ -243,7 +243,7 @@ def test_out_of_memory_in_a_thread_is_not_bad_data(images, monkeypatch):
             raise MemoryError
         return real(data, *args, **kw)
 
-    monkeypatch.setattr(codec, "_decode", decode)
+    monkeypatch.setattr(codec, "decode_pixels", decode)
     with Loader(images, cache_bytes=8 << 20, workers=2, decode="threads") as loader:
         got, stats = _epoch(loader, "j", on_error="skip")
         assert stats["skipped"] == 1

@@ -22,7 +22,7 @@ from tabloader.catalog.storage._stores import STORAGE_ENV
 from tabloader.engine import Loader, decode
 from tabloader.engine._arena.shm import shm_available
 from tabloader.engine._prepare import prep
-from tabloader.engine._prepare.decoding import _reader_of, decode_rows
+from tabloader.engine._prepare.decoding import decode_rows, reader_of
 from tabloader.engine._prepare.prep import DecodeKind, Decoder, decoder_for
 from tabloader.engine.decode import (
     PillowBackend,
@@ -218,7 +218,7 @@ def test_a_store_that_copies_its_reads_still_reads_small_values(cat):
             unregister_store("mem")
         assert errors == {}
         assert [bytes(v) for v in got] == [values[i] for i in ids.tolist()]
-        fields = reader._field_indices(("blob",))
+        fields = (reader.schema.get_field_index("blob"),)  # the value index's key
         assert (reader._values[(0, fields)] is None) == copies  # no positions in a copy
 
 
@@ -249,7 +249,7 @@ def test_unknown_schemes_and_bad_registrations_are_refused():
         register_store("mem", "mem://t")
     spec = ("nope://bucket", [], pa.schema([]), True)
     with pytest.raises(StorageError, match="decode='threads'"):
-        _reader_of(pickle.dumps((spec, None)))  # a decode process without the store
+        reader_of(pickle.dumps((spec, None)))  # a decode process without the store
 
 
 @pytest.mark.skipif(not shm_available(), reason="no /dev/shm on this system")

@@ -70,8 +70,8 @@ def test_a_queue_spanning_two_epochs_holds_a_row_twice():
     fu.unqueued(a, np.array([2, 1]), [])
     assert np.isinf(fu.next_round[0]).all()
     assert fu.uses[0].tolist() == [0, 0, 0, 0]
-    assert not fu._first
-    assert not fu._count
+    assert not fu.first
+    assert not fu.entries
 
 
 def test_a_job_that_prepares_nothing_keeps_no_arrays_and_changes_no_ranks():
@@ -84,12 +84,12 @@ def test_a_job_that_prepares_nothing_keeps_no_arrays_and_changes_no_ranks():
     fu.queued(prep, prep.q_rows, prep.q_rounds)
     fu.queued(gathers, gathers.q_rows, gathers.q_rounds)
     assert fu.next_round[0].tolist() == [np.inf, 7, 8, np.inf, np.inf, np.inf]
-    assert list(fu._first) == [prep]  # nothing made for the gathering job
+    assert list(fu.first) == [prep]  # nothing made for the gathering job
     gathers.q_rows, gathers.q_rounds = gathers.q_rows[:0], gathers.q_rounds[:0]
     fu.unqueued(gathers, np.array([1, 2, 3]), [prep, gathers])
     assert fu.next_round[0].tolist() == [np.inf, 7, 8, np.inf, np.inf, np.inf]
-    assert list(fu._first) == [prep]
-    assert list(fu._count) == [prep]
+    assert list(fu.first) == [prep]
+    assert list(fu.entries) == [prep]
 
 
 def test_next_rounds_are_the_least_of_every_queue_at_every_step():

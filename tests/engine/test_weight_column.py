@@ -68,7 +68,7 @@ def test_a_weighted_jobs_batches_carry_its_weights_in_process_and_on_the_wire():
     assert len(works) == 2  # 8 draws (with replacement), row 7 never
     q = w / w.sum()
     for work in works:
-        batch = collate._batch(work, None, {})
+        batch = collate.batch_of(work, None, {})
         names = [c.name for c in batch.columns]
         assert names == ["_id", WEIGHT_COLUMN]
         local = batch.copy_out(np.zeros(0, np.uint8), None)
@@ -81,10 +81,10 @@ def test_a_weighted_jobs_batches_carry_its_weights_in_process_and_on_the_wire():
         wire["base"] = 64
         remote = HandedBatch.from_wire(wire, memory).copy_out(memory, None)
         assert remote[WEIGHT_COLUMN].tolist() == local[WEIGHT_COLUMN].tolist()
-        kept = collate._batch(work, np.array([1, 3]), {}).copy_out(memory, None)
+        kept = collate.batch_of(work, np.array([1, 3]), {}).copy_out(memory, None)
         assert kept[WEIGHT_COLUMN].tolist() == local[WEIGHT_COLUMN][[1, 3]].tolist()
     _, _, plain = dealt("p", s, 8)
-    assert [c.name for c in collate._batch(plain[0], None, {}).columns] == ["_id"]
+    assert [c.name for c in collate.batch_of(plain[0], None, {}).columns] == ["_id"]
 
 
 def test_a_weighted_job_with_replacement_saves_its_draws_left():

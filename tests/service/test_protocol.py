@@ -354,7 +354,7 @@ def test_silent_client_blocks_nobody(service):
 
 
 def test_silent_client_is_dropped_after_the_handshake_timeout(service, caplog, monkeypatch):
-    monkeypatch.setattr(listener, "_HANDSHAKE_TIMEOUT", 0.2)
+    monkeypatch.setattr(listener, "HANDSHAKE_TIMEOUT", 0.2)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
         silent.settimeout(TIMEOUT)
         silent.connect(str(socket_path(service.root)))

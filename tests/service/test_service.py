@@ -969,13 +969,13 @@ def test_clients_that_find_no_service_start_one_between_them(cat_dir, tmp_path):
 
 
 def _background_serve(root: Path, log) -> subprocess.Popen:
-    """``tabloader serve`` as a client starts it (``client._SERVE``, marked as started by
+    """``tabloader serve`` as a client starts it (``client.SERVE``, marked as started by
     this process), its output into ``log``."""
     from tabloader.service import _client as client
 
     return subprocess.Popen(
         [
-            *(sys.executable, "-c", client._SERVE, "--catalog", str(root), "serve"),
+            *(sys.executable, "-c", client.SERVE, "--catalog", str(root), "serve"),
             *("--idle-exit", "60", "--workers", "2", "--cache-bytes", str(16 << 20)),
         ],
         stdout=log,

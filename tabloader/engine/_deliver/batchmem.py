@@ -72,7 +72,7 @@ class BatchMemory:
         if nbytes == 0:
             return np.empty(shape, dtype)
         with self._lock:
-            self._drain_locked()
+            self.drain_locked()
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
             if block is None:
@@ -91,7 +91,7 @@ class BatchMemory:
     def free_bytes(self) -> int:
         """Bytes of the blocks kept for reuse now."""
         with self._lock:
-            self._drain_locked()
+            self.drain_locked()
             return self._free_bytes
 
     def close(self) -> None:
@@ -103,7 +103,7 @@ class BatchMemory:
             self._order.clear()
             self._free_bytes = 0
 
-    def _drain_locked(self) -> None:
+    def drain_locked(self) -> None:
         while self._returned:
             block = self._returned.popleft()
             self._free.setdefault(block.size, []).append(block)

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from tabloader.engine._prepare.augment import Augmenter
     from tabloader.engine._prepare.work import Work
 
-__all__ = ["Collate", "HandOver", "OwnSlots", "Pins", "refuse_sources", "release"]
+__all__ = ["Collate", "HandOver", "OwnSlots", "Pins", "batch_of", "refuse_sources", "release"]
 
 
 class Pins:
@@ -109,7 +109,7 @@ class Collate:
             else:
                 augment = Augment(dec.column, starts, shapes, private, aug, work.epoch, rows)
                 prepared[dec.column] = augment
-        batch = _batch(work, keep, prepared).copy_out(self.arena.buffer, self.memory)
+        batch = batch_of(work, keep, prepared).copy_out(self.arena.buffer, self.memory)
         if work.plan.augment:
             work.augment_s += sum(c.seconds for c in prepared.values() if isinstance(c, Augment))
         return batch
@@ -163,7 +163,7 @@ class HandOver:
                 prepared[dec.column] = _decoded(dec.column, starts.copy(), shapes, private)
         if work.discard:  # the augmented images' sources were let go
             self._pins.noted(work)
-        batch = _batch(work, keep, prepared)
+        batch = batch_of(work, keep, prepared)
         batch.work = work
         return batch
 
@@ -176,7 +176,7 @@ def _kept(work: Work) -> npt.NDArray[np.intp] | None:
     return np.setdiff1d(np.arange(work.rows.size), np.fromiter(work.errors, np.intp))
 
 
-def _batch(
+def batch_of(
     work: Work, keep: npt.NDArray[np.intp] | None, prepared: dict[str, Column]
 ) -> HandedBatch:
     """The batch of the rows kept: its ids, then the job's columns in its order."""

@@ -61,7 +61,15 @@ from tabloader.engine._arena.shm import Segment, process_alive
 from tabloader.engine._prepare.prep import Decoder
 from tabloader.engine.decode import pixel_limit
 
-__all__ = ["FORKSERVER_PRELOAD", "DecodePool", "PipeSemaphore", "cap_memory", "decode_rows"]
+__all__ = [
+    "FORKSERVER_PRELOAD",
+    "DecodePool",
+    "PipeSemaphore",
+    "cap_memory",
+    "data_bytes",
+    "decode_rows",
+    "reader_of",
+]
 
 Errors = dict[int, BaseException]
 Result = tuple[Errors, dict[str, float]]
@@ -230,7 +238,7 @@ class DecodePool:
 
     def _start_all(self) -> None:
         try:
-            pool = self._executor()
+            pool = self.executor()
             # With a forkserver the executor starts a process per task while none is idle: a
             # no-op task each starts them all (one more when a no-op was done before the next
             # came: that process was idle).
@@ -250,7 +258,7 @@ class DecodePool:
             else:
                 logger.warning("%s Images are decoded in the loader's threads instead.", exc)
 
-    def _executor(self, quarantine: bool = False) -> ProcessPoolExecutor:
+    def executor(self, quarantine: bool = False) -> ProcessPoolExecutor:
         with self._lock:
             if self._closed:
                 raise LoaderError(_STOPPED)
@@ -293,7 +301,7 @@ class DecodePool:
         return task.out
 
     def _run(self, task: _Task) -> None:
-        future = self._executor().submit(*task.args())
+        future = self.executor().submit(*task.args())
         future.add_done_callback(functools.partial(self._ran, task))
 
     def _ran(self, task: _Task, future: Future[Result]) -> None:
@@ -337,7 +345,7 @@ class DecodePool:
             while self._kills.get(mark, 0) < KILLS_PER_ROW:
                 one = task.args(slice(i, i + 1))
                 try:
-                    failed, counters = self._executor(quarantine=True).submit(*one).result()
+                    failed, counters = self.executor(quarantine=True).submit(*one).result()
                 except BrokenProcessPool:
                     self._kills[mark] = self._kills.get(mark, 0) + 1
                     continue
@@ -574,7 +582,7 @@ def cap_memory(max_pixels: int) -> int | None:
     """Cap this process's private memory (``RLIMIT_DATA``) for decodes of at most
     ``max_pixels`` pixels (see the module docstring); the cap in bytes, or None where the
     platform has none (not Linux), or a lower cap is set already (kept)."""
-    used = _data_bytes()
+    used = data_bytes()
     if used is None:
         return None
     cap = used + CAP_HEADROOM + CAP_BYTES_PER_PIXEL * max_pixels
@@ -587,7 +595,7 @@ def cap_memory(max_pixels: int) -> int | None:
     return cap
 
 
-def _data_bytes() -> int | None:
+def data_bytes() -> int | None:
     """This process's private writable memory (``VmData``: what ``RLIMIT_DATA`` counts),
     or None where there is no such count (not Linux)."""
     if not sys.platform.startswith("linux"):
@@ -617,7 +625,7 @@ def _exit_with(owner: int, tempdir: str) -> None:
     os._exit(0)
 
 
-def _reader_of(pickled: bytes) -> DatasetReader:
+def reader_of(pickled: bytes) -> DatasetReader:
     """The reader of a spec ``_pickled_spec`` pickled (its store registered here first)."""
     spec, factory = pickle.loads(pickled)
     if factory is not None and store_factory(spec[0]) is None:
@@ -643,7 +651,7 @@ def _decode_into(
     if reader is None:
         # A reader of its own: it checks each record batch's checksums on its first read in
         # this process, as the loader's reader does in the loader's.
-        reader = _READERS[key] = _reader_of(spec)
+        reader = _READERS[key] = reader_of(spec)
         while len(_READERS) > 8:  # older versions of datasets
             _READERS.popitem(last=False)
     values, errors, counters = decode_rows(reader, dec, rows)

@@ -43,9 +43,9 @@ import numpy as np
 import numpy.typing as npt
 
 try:
-    from tabloader.engine._prepare import _resample as _kernel
+    from tabloader.engine._prepare import _resample as kernel
 except ImportError:  # pragma: no cover - built without a C compiler
-    _kernel = None  # type: ignore[assignment]
+    kernel = None  # type: ignore[assignment]
 
 __all__ = [
     "Resampler",
@@ -79,7 +79,7 @@ class Resampler(enum.Enum):
 def resampler() -> Resampler:
     """The resampler this process uses (decided at the first resize without the kernel, and
     logged once then)."""
-    if _kernel is not None:
+    if kernel is not None:
         return Resampler.KERNEL
     if optional_torch() is not None:
         logger.warning(
@@ -98,13 +98,13 @@ def resampler() -> Resampler:
 
 def resize_kernel() -> str | None:
     """The kernel's code path, ``"avx2"`` or ``"scalar"``; None without the kernel."""
-    return None if _kernel is None else str(_kernel.isa())
+    return None if kernel is None else str(kernel.isa())
 
 
 def resize_kernels() -> list[str]:
     """The kernel's code paths this CPU can run (``"avx2"`` where it has AVX2, ``"scalar"``);
     empty without the kernel."""
-    return [] if _kernel is None else list(_kernel.ISAS)
+    return [] if kernel is None else list(kernel.ISAS)
 
 
 def use_resize_kernel(name: str) -> str:
@@ -117,9 +117,9 @@ def use_resize_kernel(name: str) -> str:
     Raises:
         ValueError: an unknown name, or no kernel.
     """
-    if _kernel is None:
+    if kernel is None:
         raise ValueError("the kernel (tabloader.engine._prepare._resample) is not built")
-    return str(_kernel.set_isa(name))
+    return str(kernel.set_isa(name))
 
 
 def torch_resizing() -> Any:
@@ -164,7 +164,7 @@ def resize_into(
     """
     if box is None:
         box = (0, 0, src.shape[0], src.shape[1]) if src.ndim == 3 else (0, 0, 0, 0)
-    mod = _kernel
+    mod = kernel
     if mod is not None:
         if src.ndim == 3 and (src.strides[1] != 3 or src.strides[2] != 1 or src.strides[0] <= 0):
             src = np.ascontiguousarray(src)
@@ -192,7 +192,7 @@ def resize_many_hw(arrs: npt.NDArray[np.uint8], out_h: int, out_w: int) -> npt.N
     call for 24x24 -> 16x16 through torch, is paid once for the batch)."""
     n, h, w = arrs.shape[:3]
     out = np.empty((n, out_h, out_w, 3), np.uint8)
-    if _kernel is None or (h, w) == (out_h, out_w):
+    if kernel is None or (h, w) == (out_h, out_w):
         for k in range(n):
             out[k] = resize_hw(arrs[k], out_h, out_w)
         return out
@@ -230,7 +230,7 @@ def resize_batch(
     shapes = np.ascontiguousarray(shapes, np.int64)
     boxes = np.ascontiguousarray(boxes, np.int64)
     flips = np.ascontiguousarray(flips, np.bool_)
-    mod = _kernel
+    mod = kernel
     if mod is not None:
         mod.resize_batch(buffer, offsets, shapes, boxes, flips, out)
         return

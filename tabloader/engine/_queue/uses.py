@@ -12,8 +12,8 @@ fetcher counts them (``Fetcher.starting``) and the scheduler's ``score`` ranks t
 before any queued row. The caller holds the scheduler's lock; the arena reads the arrays
 without it (a stale value only makes one eviction choice less good).
 
-``next_round`` is the least of each job's own first queued round of the row (``_first``, an
-array per job with a queue, and ``_count``, its entries of each row: a queue spanning two
+``next_round`` is the least of each job's own first queued round of the row (``first``, an
+array per job with a queue, and ``entries``, its entries of each row: a queue spanning two
 epochs holds a row twice). When rows leave a queue, their next round is the least of the
 other jobs' first rounds: a few gathers per row, whatever the queues' lengths (scanning every
 queue cost O(all queued rows) per batch: with queues of the cache's size, the lookahead that
@@ -40,8 +40,8 @@ class FutureUses:
         self.num_rows = num_rows
         self.uses: dict[int, npt.NDArray[np.int32]] = {}  # arena space -> row -> future uses
         self.next_round: dict[int, npt.NDArray[np.float64]] = {}  # space -> row -> round
-        self._first: dict[Any, npt.NDArray[np.float64]] = {}  # job -> row -> its first round
-        self._count: dict[Any, npt.NDArray[np.integer[Any]]] = {}  # job -> row -> entries queued
+        self.first: dict[Any, npt.NDArray[np.float64]] = {}  # job -> row -> its first round
+        self.entries: dict[Any, npt.NDArray[np.integer[Any]]] = {}  # job -> row -> entries queued
         self._mark = np.zeros(num_rows, bool)  # scratch: rows being unqueued
 
     def grow(self, num_rows: int) -> None:
@@ -49,8 +49,8 @@ class FutureUses:
         for arrays, fill in (
             (self.uses, 0),
             (self.next_round, np.inf),
-            (self._first, np.inf),
-            (self._count, 0),
+            (self.first, np.inf),
+            (self.entries, 0),
         ):
             for key, old in arrays.items():
                 grown = np.full(num_rows, fill, dtype=old.dtype)
@@ -91,14 +91,14 @@ class FutureUses:
             nxt[rows] = np.minimum(nxt[rows], rounds)
 
     def _queue_of(self, job: Any) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.integer[Any]]]:
-        first = self._first.get(job)
+        first = self.first.get(job)
         if first is None:
-            first = self._first[job] = np.full(self.num_rows, np.inf)
+            first = self.first[job] = np.full(self.num_rows, np.inf)
             # a permutation queues a row at most twice (two epochs); draws with replacement
             # may queue one row thousands of times
             dtype = np.int32 if getattr(job, "repeats", False) else np.int8
-            self._count[job] = np.zeros(self.num_rows, dtype)
-        return first, self._count[job]
+            self.entries[job] = np.zeros(self.num_rows, dtype)
+        return first, self.entries[job]
 
     def unqueued(
         self,
@@ -125,7 +125,7 @@ class FutureUses:
             mark[again] = False
             q, r = job.q_rows[hit][::-1], job.q_rounds[hit][::-1]  # of two, the earlier wins
             first[q] = np.minimum(first[q], r)
-        others = [o for o in jobs if o is not job and o in self._first]
+        others = [o for o in jobs if o is not job and o in self.first]
         for space in job.spaces():
             if used:
                 # a queue spanning epochs repeats rows
@@ -133,10 +133,10 @@ class FutureUses:
             best = first[rows]
             for other in others:
                 if space in other.spaces():
-                    best = np.minimum(best, self._first[other][rows])
+                    best = np.minimum(best, self.first[other][rows])
             self.next_round[space][rows] = best
         if job.q_rows.size == 0:  # nothing queued: its arrays hold nothing (made again)
-            del self._first[job], self._count[job]
+            del self.first[job], self.entries[job]
 
     def of(self, space: int, rows: npt.NDArray[np.int64]) -> tuple[Any, Any]:
         """(round of next queued use, future uses) of ``rows`` in ``space`` (inf and 0 for

@@ -39,6 +39,7 @@ __all__ = [
     "dct_least_size",
     "decode_image",
     "decode_images",
+    "decode_pixels",
     "pixel_limit",
 ]
 
@@ -111,7 +112,7 @@ def decode_image(
     """
     target = check_size(size)
     limit = pixel_limit() if max_pixels is None else max_pixels
-    arr = _decode(data, target, limit, into if isinstance(target, Fit) else None, turbo=turbo)
+    arr = decode_pixels(data, target, limit, into if isinstance(target, Fit) else None, turbo=turbo)
     if target is not None:
         arr = _resize(arr, target)
     arr.flags.writeable = False
@@ -140,7 +141,7 @@ def decode_images(
     groups: dict[tuple[tuple[int, ...], int, int], list[tuple[int, npt.NDArray[np.uint8]]]] = {}
     for i, data in enumerate(values):
         try:
-            arr = _decode(data, target, limit, turbo=turbo)
+            arr = decode_pixels(data, target, limit, turbo=turbo)
         except (LoaderError, MemoryError) as exc:
             out.append(exc)
             continue
@@ -165,7 +166,7 @@ def decode_images(
     return out
 
 
-def _decode(
+def decode_pixels(
     data: bytes | bytearray | memoryview | pa.Buffer,
     target: _Target | None,
     max_pixels: int,
