@@ -53,6 +53,7 @@ from tabloader.engine._deliver.handoff import HandedBatch, Staging
 from tabloader.engine._deliver.stream import ServedStream
 from tabloader.engine._deliver.streams import no_importance
 from tabloader.engine._opening import OpenRequest
+from tabloader.engine._prepare.storage import Share, node_cache_dir
 from tabloader.service._catalog_ops import CatalogOps
 from tabloader.service._listener import STARTER_ENV, Listener, ServiceRunningError, Session
 from tabloader.service._plugins import Feed
@@ -107,6 +108,10 @@ class Service:
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
         max_image_megapixels: the pixel limit of a decode (``Loader``'s; None: the setting).
+        storage_cache_bytes: the local storage tier of datasets in object storage
+            (``Loader``'s; None: the setting, ``--storage-cache-bytes``); a node's is its own,
+            ``node_cache_dir(node)`` under the catalog.
+        storage_share: a Ray node's partitioned cache around its tier (``Loader``'s).
 
     A service started by a client (``STARTER_ENV`` set) that finds another one serving exits 0
     with one line in the log instead (see ``_lost_start``).
@@ -128,6 +133,8 @@ class Service:
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
+        storage_cache_bytes: int | None = None,
+        storage_share: Share | None = None,
     ) -> None:
         self.root = Path(root).absolute()
         self.node = node
@@ -157,6 +164,10 @@ class Service:
                     staging_bytes=STAGING_BLOCK * STAGING_BLOCKS,
                     access_log=access_log,
                     max_image_megapixels=max_image_megapixels,
+                    storage_cache_bytes=storage_cache_bytes,
+                    # a node of a Ray cluster keeps its own tier (its share, on its disk)
+                    storage_cache_dir=None if node is None else self.root / node_cache_dir(node),
+                    storage_share=storage_share,
                 )
             except BaseException:
                 self.catalog.close()

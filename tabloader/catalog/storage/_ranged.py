@@ -264,34 +264,42 @@ class PartFile:
     def release(self, batches: Iterable[int], cache: BatchCache | None = None) -> None:
         """One hold less on each of ``batches``; a batch no one holds is dropped, and offered
         to ``cache`` (its readers are done with it: a cache ranks it by its next use)."""
-        gone: list[tuple[int, Any]] = []
+        gone: list[tuple[int, _Held]] = []
         with self._lock:
             for b in set(batches):
                 held = self._held.get(b)
-                if held is not None:
+                if held is not None and held.count > 0:
                     held.count -= 1
-                    if held.count <= 0:
-                        del self._held[b]
-                        gone.append((b, held.data))
-        if cache is not None:
-            for b, data in gone:
-                cache.offer(self, b, data)
+                    if held.count == 0:
+                        gone.append((b, held))
+                        if cache is None:
+                            del self._held[b]
+        if cache is None or not gone:
+            return
+        for b, held in gone:  # held (at no count) while offered: a load meanwhile takes it
+            cache.offer(self, b, held.data)
+        with self._lock:
+            for b, held in gone:
+                if held.count == 0 and self._held.get(b) is held:
+                    del self._held[b]
 
     def _fetch(self, batches: list[int], cache: BatchCache | None) -> list[memoryview]:
         """The bytes of ``batches`` (sorted): from ``cache`` where it has them, the others
         fetched, adjacent ones in one request."""
         out: list[memoryview] = [memoryview(b"")] * len(batches)
-        todo = list(range(len(batches)))
-        if cache is not None:
-            todo = []
-            for i, b in enumerate(batches):
+        todo = []
+        for i, b in enumerate(batches):
+            data = self._in_tail(b)
+            if data is None and cache is not None:
                 data = cache.get(self, b)
-                if data is not None and len(data) == self.batch_bytes(b):
-                    out[i] = data
-                else:
-                    todo.append(i)
-            if not todo:
-                return out
+                if data is not None and len(data) != self.batch_bytes(b):
+                    data = None
+            if data is None:
+                todo.append(i)
+            else:
+                out[i] = data
+        if not todo:
+            return out
         ranges = [self.footer.batch_range(batches[i]) for i in todo]
         merged = coalesce(ranges, MAX_REQUEST_BYTES)
         got = self.read_ranges([(offset, length) for offset, length, _ in merged])
@@ -301,6 +309,15 @@ class PartFile:
                 at = ranges[m][0] - offset
                 out[todo[m]] = view[at : at + ranges[m][1]]
         return out
+
+    def _in_tail(self, batch: int) -> memoryview | None:
+        """Batch ``batch``'s bytes if the tail fetched at open holds them (the last batches
+        of a part whose footer is small), else None."""
+        start, length = self.footer.batch_range(batch)
+        for at, data in self._pinned:
+            if at <= start and start + length <= at + len(data):
+                return data[start - at : start - at + length]
+        return None
 
     def read(self, offset: int, n: int) -> Any:
         """``n`` bytes at ``offset``: from a loaded batch or the tail where they lie in one,
@@ -376,6 +393,15 @@ class ObjectFile:
         self.read_range, self.size = read_range, size
         self._start, self._data = 0, memoryview(b"")
         self._lock = threading.Lock()
+
+    def _in_tail(self, batch: int) -> memoryview | None:
+        """Batch ``batch``'s bytes if the tail fetched at open holds them (the last batches
+        of a part whose footer is small), else None."""
+        start, length = self.footer.batch_range(batch)
+        for at, data in self._pinned:
+            if at <= start and start + length <= at + len(data):
+                return data[start - at : start - at + length]
+        return None
 
     def read(self, offset: int, n: int) -> Any:
         n = max(0, min(n, self.size - offset))

@@ -32,11 +32,17 @@ from tabloader.catalog.storage import DatasetReader, open_store
 from tabloader.catalog.storage._tier import BatchCache, StorageTier
 from tabloader.engine._prepare.readahead import MAX_PLAN_ROWS, ReadAhead, queue_heads, rank_keys
 
-__all__ = ["CACHE_DIR", "Share", "StorageReads"]
+__all__ = ["CACHE_DIR", "Share", "StorageReads", "node_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
 CACHE_DIR = Path("cache") / "storage"  # the tier's folder under the catalog directory
+
+def node_cache_dir(node: str) -> Path:
+    """The tier's folder of a Ray node's loader under the catalog directory (each node keeps
+    its own share, on its own disk where ``cache/`` is local)."""
+    return CACHE_DIR.parent / f"storage-node-{node[:16]}"
+
 
 Share = Callable[[StorageTier | None], BatchCache | None]
 """``share(tier) -> cache``: what the readers use instead of the node's own ``tier`` (a Ray
