@@ -310,6 +310,17 @@ def storage_line(storage: dict[str, Any]) -> str:
     return "storage: " + "; ".join(parts)
 
 
+def _storage_columns(storage: dict[str, Any] | None) -> dict[str, Any]:
+    """A node's bytes from the bucket, its own tier and its peers (``-``: none reported)."""
+    storage = storage or {}
+    tier, peers = storage.get("tier") or {}, storage.get("peers") or {}
+    return {
+        "bucket_bytes": storage.get("bucket_bytes", "-"),
+        "tier_bytes": tier.get("hit_bytes", "-"),
+        "peer_bytes": peers.get("peer_bytes", "-"),
+    }
+
+
 def _client(client: ClientInfo) -> str:
     """``pid 12: cnn, vit[1/2]`` (a rank of a data-parallel job), or ``pid 12: no job``."""
     jobs = [
@@ -355,12 +366,19 @@ def _print_cluster(root: Path, status: dict[str, Any]) -> None:
         f"leader generation {status['generation']}; reads {status['reads']:,}, decodes "
         f"{status['decodes']:,}"
     )
+    storage = status.get("storage")
+    if storage is not None:
+        _print(
+            f"storage: bucket {storage['bucket_bytes']:,} bytes, tiers {storage['tier_bytes']:,}"
+            f" bytes, peers {storage['peer_bytes']:,} bytes"
+        )
     rows = [
         {
             "node": n[:16],
             "reads": s["reads"],
             "decodes": s["decodes"],
             "hits": s["cache"]["hits"],
+            **_storage_columns(s.get("storage")),
             "clients": s["clients"],
             "ranks": ", ".join(sorted(s["jobs"])) or "-",
         }

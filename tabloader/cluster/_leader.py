@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -131,13 +131,15 @@ class NodeJobCounts(TypedDict):
 
 
 class NodeStats(TypedDict):
-    """What a node reports of its loader with each poll (``node.node_stats``)."""
+    """What a node reports of its loader with each poll (``node.node_stats``); ``storage``:
+    bytes from the bucket, the node's tier and its peers (``Loader.stats()["storage"]``)."""
 
     reads: int
     decodes: int
     cache: CacheCounts
     jobs: dict[str, NodeJobCounts]
     clients: int
+    storage: NotRequired[dict[str, Any]]
 
 
 class JobStatus(TypedDict):

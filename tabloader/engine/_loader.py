@@ -532,6 +532,12 @@ class Loader:
             tuple(columns), tuple(gathered), tuple(prepared), augment, receiver, tuple(larger)
         )
 
+    def storage_batch(self, uri: str, name: str, size: int, batch: int) -> bytes:
+        """Record batch ``batch`` (-1: the tail) of part ``name`` (``size`` bytes) of the object
+        storage at ``uri``, from this loader's own tier or fetched (and kept there): what a
+        Ray node answers a peer asking for its share of the partitioned cache."""
+        return self._storage.read_batch(uri, name, size, batch)
+
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
         with self._lock:

@@ -394,15 +394,6 @@ class ObjectFile:
         self._start, self._data = 0, memoryview(b"")
         self._lock = threading.Lock()
 
-    def _in_tail(self, batch: int) -> memoryview | None:
-        """Batch ``batch``'s bytes if the tail fetched at open holds them (the last batches
-        of a part whose footer is small), else None."""
-        start, length = self.footer.batch_range(batch)
-        for at, data in self._pinned:
-            if at <= start and start + length <= at + len(data):
-                return data[start - at : start - at + length]
-        return None
-
     def read(self, offset: int, n: int) -> Any:
         n = max(0, min(n, self.size - offset))
         if n == 0:

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_DIR = Path("cache") / "storage"  # the tier's folder under the catalog directory
 
+
 def node_cache_dir(node: str) -> Path:
     """The tier's folder of a Ray node's loader under the catalog directory (each node keeps
     its own share, on its own disk where ``cache/`` is local)."""
