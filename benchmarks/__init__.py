@@ -34,6 +34,7 @@ __all__ = [
 
 BENCHMARKS: dict[str, str] = {
     "accuracy": "benchmarks.accuracy",
+    "analyze": "benchmarks.predictions",  # tabloader analyze's predictions, run for real
     "catalog": "benchmarks.catalog",
     "cluster": "benchmarks.cluster",
     "sampling": "benchmarks.sampling",

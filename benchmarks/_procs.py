@@ -19,8 +19,6 @@ import json
 import multiprocessing
 import os
 import runpy
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from benchmarks import proc_status_mib
+from tabloader import service
 
 __all__ = [
     "START_TIMEOUT_S",
@@ -115,86 +114,13 @@ def peak_rss_of(pid: int) -> float:
     return proc_status_mib(pid, "VmHWM") or 0.0
 
 
-class ServiceProcess:
-    """``tabloader --catalog ROOT serve`` in a child process, for one benchmark run.
-
-    Started by the benchmark (not auto-started by a client) so that its cache and workers are
-    the run's, and stopped with SIGTERM by ``stop()`` (after which its ``access_log``, if
-    asked for, is written).
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        *,
-        cache_bytes: int,
-        workers: int,
-        log: Path,
-        access_log: Path | None = None,
-    ) -> None:
-        from tabloader.catalog import ServiceError
-        from tabloader.service import RemoteLoader
-
-        self.root = Path(root).absolute()
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "tabloader", "--catalog", str(self.root), "serve"),
-                    *("--cache-bytes", str(cache_bytes), "--workers", str(workers)),
-                    *(() if access_log is None else ("--access-log", str(access_log))),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            while True:
-                try:
-                    with RemoteLoader(self.root, start=False) as remote:
-                        remote.wait_ready()  # its decode processes too, as the threads mode's
-                    return
-                except ServiceError:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-                        raise RuntimeError(
-                            "the benchmark's service did not start: " + " | ".join(tail)
-                        ) from None
-                    time.sleep(0.05)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stats(self) -> dict[str, Any]:
-        """The service's engine counters (``decodes``, ``reads``...)."""
-        from tabloader.service import RemoteLoader
-
-        remote = RemoteLoader(self.root, start=False)
-        try:
-            return remote.stats()
-        finally:
-            remote.close()
+class ServiceProcess(service.ServiceProcess):
+    """``tabloader serve`` in a child process for one benchmark run (the product's
+    :class:`tabloader.service.ServiceProcess`), with what it cost."""
 
     def usage(self) -> tuple[float, float]:
         """(CPU seconds so far of the service and its decode processes, its peak RSS in MiB)."""
         return tree_cpu_s(self.proc.pid), peak_rss_of(self.proc.pid)
-
-    def stop(self) -> None:
-        """SIGTERM and wait (SIGKILL after a minute)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> ServiceProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @contextmanager
@@ -208,11 +134,15 @@ def _killing(procs: list[multiprocessing.process.BaseProcess]) -> Iterator[None]
             p.join()
 
 
-def _zygote(module: str) -> multiprocessing.context.BaseContext:
+TORCH = ("torch", "torch.utils.data", "tabloader.torch")
+"""What the zygote imports besides the benchmark's module, unless told (the jobs' torch)."""
+
+
+def _zygote(module: str, preload: Sequence[str] = TORCH) -> multiprocessing.context.BaseContext:
     """The forkserver context the job processes of ``module`` are forked from (started once
-    per benchmark process, with torch and the module imported)."""
+    per benchmark process, with ``preload`` and the module imported)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.utils.data", "tabloader.torch", module])
+    ctx.set_forkserver_preload([*preload, module])
     return ctx
 
 
@@ -244,14 +174,19 @@ class JobsRun(TypedDict):
 
 
 def run_jobs(
-    module: str, specs: Sequence[Mapping[str, object]], *, timeout: float = 3600
+    module: str,
+    specs: Sequence[Mapping[str, object]],
+    *,
+    timeout: float = 3600,
+    preload: Sequence[str] = TORCH,
 ) -> JobsRun:
-    """Start one process per spec, start them together, wait for all; their results.
+    """Start one process per spec, start them together, wait for all; their results
+    (``preload``: what the processes' zygote imports besides ``module``).
 
     Returns:
         ``{"go": start time, "wall_s": start to the last job's "end", "results": [...]}``.
     """
-    ctx = _zygote(module)
+    ctx = _zygote(module, preload)
     with tempfile.TemporaryDirectory(prefix="tabloader-bench-") as tmp:
         sync = Path(tmp)
         procs: list[multiprocessing.process.BaseProcess] = []

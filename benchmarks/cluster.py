@@ -148,6 +148,7 @@ def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per leader step with ``cost_jobs`` jobs x ``cost_ranks`` ranks."""
     from pyroaring import BitMap
 
+    from tabloader.catalog import Job
     from tabloader.cluster import Leader, state_json
 
     leader = Leader(seed=0, lookahead=1 << 30, round_rows=256)
@@ -156,7 +157,9 @@ def _leader_cost(args: argparse.Namespace) -> dict[str, Any]:
     for j in range(args.cost_jobs):
         lo = j * n // (2 * args.cost_jobs)
         ranks = [nodes[(j + r) % len(nodes)] for r in range(args.cost_ranks)]
-        leader.add_job(f"j{j}", BitMap(range(lo, lo + n // 2)), nodes=ranks, batch_size=32)
+        ids = BitMap(range(lo, lo + n // 2))
+        job = Job(f"j{j}", "bench", 1, ("image",), None, {"batch_size": 32}, ids)
+        leader.add_job(job, nodes=ranks)
     times = []
     for _ in range(200):
         t0 = time.perf_counter()

@@ -205,6 +205,12 @@ def _register_status(sub: Any) -> None:
         "jobs, reads, decodes, cache, stalls",
     )
     p.add_argument("--json", action="store_true", help="the counters as one JSON object")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="the service's figures in Prometheus' text format (per job, per rank, per "
+        "dataset; see docs/metrics.md)",
+    )
     _ray_argument(
         p,
         "the catalog's loaders on the Ray cluster at ADDRESS (default: auto); without it, the "
@@ -231,6 +237,11 @@ def _run_status(args: argparse.Namespace) -> int:
             stats, pid = remote.stats(), remote.service_pid
         finally:
             remote.close()
+    if args.prometheus:
+        from tabloader.service._metrics import render_metrics
+
+        _print(render_metrics(stats), end="")
+        return 0
     report = {**status_report(root, pid, stats), "ray": _ray_report(root, args.ray)}
     if args.json:
         _print(json.dumps(report))
@@ -395,6 +406,71 @@ def _print_cluster(root: Path, status: dict[str, Any]) -> None:
         _print(f"job {name} left the cluster: {why}")
 
 
+# -- analyze -----------------------------------------------------------------------------------
+def _register_analyze(sub: Any) -> None:
+    from tabloader.analyze import DEFAULT_BATCHES, DEFAULT_SECONDS
+
+    p = sub.add_parser(
+        "analyze",
+        help="profile a job by differential runs and predict other configurations (what-if)",
+        description="Measure where a registered job's time goes (ingestion, preparation, cache "
+        "and storage fetch, sharing with the other jobs) with a loader service of its own, "
+        "then predict seconds per epoch and stall fraction (see docs/analyze.md). No loader "
+        "service may run for the catalog meanwhile.",
+    )
+    p.add_argument("job", help="the registered job")
+    p.add_argument("--step", type=float, default=0.0, help="the loop's seconds a batch (0)")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=DEFAULT_BATCHES,
+        help=f"the fewest batches the first run reads (default {DEFAULT_BATCHES})",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_SECONDS,
+        help=f"the shortest the first run reads (default {DEFAULT_SECONDS:g}; more is more "
+        "precise, as CPU is counted in 10 ms ticks)",
+    )
+    p.add_argument("--workers", default=None, help="decode processes of the analysis (cores)")
+    p.add_argument("--cache-bytes", default=None, help="cache of the analysis (1 GiB)")
+    p.add_argument(
+        "--what-if",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="a configuration to predict (repeatable): workers=N, cache_bytes=B, jobs=J, "
+        "storage_mbps=M, cores=C, step=S, any subset",
+    )
+    p.add_argument("--epochs", type=int, default=1, help="epochs of a fresh process (1)")
+    p.add_argument("--json", action="store_true", help='{"measured": ..., "predictions": ...}')
+    p.add_argument("--plot", metavar="FILE.png", help="draw stall fraction (matplotlib)")
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    import json
+
+    from tabloader.analyze import analyze, parse_what_if, plot_analysis
+
+    what_ifs = [parse_what_if(text) for text in args.what_if]  # a typo fails before the runs
+    analysis = analyze(
+        _root(args),
+        args.job,
+        what_ifs=what_ifs,
+        epochs=args.epochs,
+        step=args.step,
+        batches=args.batches,
+        seconds=args.seconds,
+        workers=None if args.workers is None else _flag("workers", args.workers),
+        cache_bytes=None if args.cache_bytes is None else _flag("cache_bytes", args.cache_bytes),
+    )
+    if args.plot:
+        plot_analysis(analysis, args.plot)
+    _print(json.dumps(analysis.to_json()) if args.json else analysis.format())
+    return 0
+
+
 # -- serve -------------------------------------------------------------------------------------
 def _register_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the catalog's loader service (in the foreground)")
@@ -425,6 +501,14 @@ def _register_serve(sub: Any) -> None:
         "node, also on nodes that join later",
     )
     p.add_argument(
+        "--metrics-port",
+        default=None,
+        metavar="PORT",
+        help="serve the figures of tabloader status --prometheus at "
+        "http://127.0.0.1:PORT/metrics for Prometheus to scrape (loopback only; 0: any free "
+        "port, logged)",
+    )
+    p.add_argument(
         "--access-log",
         default=None,
         help="record every look-up and release of prepared values to this .npz file when the "
@@ -442,12 +526,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     workers = _flag("workers", args.workers)
     idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     megapixels = _flag("max_image_megapixels", args.max_image_megapixels)
+    metrics_port = None if args.metrics_port is None else _flag("metrics_port", args.metrics_port)
     if args.ray is not None and args.max_image_megapixels is not None:
         from tabloader.catalog._errors import CatalogError
 
         raise CatalogError(
             "--max-image-megapixels sets a local service's limit; for a Ray cluster set "
             "$TABLOADER_MAX_IMAGE_MEGAPIXELS in every node's environment instead."
+        )
+    if args.ray is not None and metrics_port is not None:
+        from tabloader.catalog._errors import CatalogError
+
+        raise CatalogError(
+            "--metrics-port serves a local service's figures; on a Ray cluster, use Ray's own "
+            "metrics, or tabloader status --ray."
         )
     yield_to_jobs()  # before any thread or process starts: they inherit it
     if args.ray is not None:
@@ -479,6 +571,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         max_image_megapixels=megapixels,
         storage_cache_bytes=tier,
+        metrics_port=metrics_port,
     )
     keep_temp_private(service.root)  # the service's lock is ours; no decode process yet
     log = log_to_file(service.root)
@@ -486,6 +579,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         f"tabloader: serving catalog {service.root} (pid {os.getpid()}); log: {log}",
         file=sys.stderr,
     )
+    if service.metrics is not None:
+        _print(
+            f"tabloader: metrics at http://127.0.0.1:{service.metrics.port}/metrics",
+            file=sys.stderr,
+        )
     service.serve()
     return 0
 
@@ -515,6 +613,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]] = {
+    "analyze": (_register_analyze, _run_analyze),
     "demo": (_register_demo, _run_demo),
     "import": (_register_import, _run_import),
     "serve": (_register_serve, _run_serve),

@@ -14,7 +14,9 @@ where the first ``iter()`` resumes the saved epoch mid-way. ``len(ds)`` is this 
 per epoch. Use ``JobLoader(ds)`` (or ``DataLoader(ds, batch_size=None)`` with the default
 ``num_workers=0``): tabloader reads and decodes with its own threads, shared by every job of
 the process; ``JobLoader`` also carries the job's position into framework checkpoints
-(Lightning saves ``state_dict()`` of loaders that have one).
+(Lightning saves ``state_dict()`` of loaders that have one). A ``JobDataset`` that Lightning
+trains through a plain ``DataLoader`` warns once, with that fix, when a checkpoint is saved
+or resumed without its position (:mod:`tabloader.integrations._lightning`).
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tabloader.catalog._augment import default_seed, from_torchvision
 from tabloader.catalog._errors import CatalogLockedError, LoaderError
 from tabloader.catalog._options import JobSpec
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._opening import OpenArgs, OpenRequest
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
+from tabloader.integrations import _lightning
 from tabloader.service._client import RemoteLoader, service_loader
 
 if TYPE_CHECKING:  # a job process through the service never imports DuckDB or the engine
+    from typing_extensions import Unpack
+
     from tabloader.catalog import Catalog
     from tabloader.engine import Loader
     from tabloader.engine._deliver.streams import Stream
@@ -81,8 +86,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         loader: a ``Loader`` (or ``RemoteLoader``) to use instead.
         transform: per-job augmentation ``transform(batch, generator)``, run in this job.
 
-        The other arguments are those of every open (one ``OpenRequest``, made and checked
-        here; see ``tabloader.engine._opening``):
+        The other arguments are those of every open (:class:`~tabloader.engine.OpenArgs`,
+        made into one ``OpenRequest`` and checked here; see ``tabloader.engine._opening``):
 
         prefetch: batches loaded ahead (default: enough to keep the loader's workers busy).
         epochs: the epochs this job will read (None: no end); nothing is loaded ahead past
@@ -130,7 +135,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         catalog: Catalog | str | os.PathLike[str] | None = None,
         loader: Loader | RemoteLoader | None = None,
         transform: Transform | None = None,
-        **args: Any,
+        **args: Unpack[OpenArgs],
     ) -> None:
         super().__init__()
         self.job = job
@@ -155,6 +160,10 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         self._rows: int | None = None  # the job's, for len()
         self._resuming = False  # the next iter() resumes the state loaded (not a new epoch)
         self._partial: int | None = None  # the epoch an iteration stopped in mid-way
+        # whether frameworks' checkpoints carry its position (tabloader.integrations._lightning)
+        self.position_requests = 0  # state_dict() calls
+        self.position_loaded = False  # load_state_dict() was called
+        self.position_warned = False  # it said that a checkpoint does not carry it
 
     def _here(self) -> None:
         """Refuse use in a process forked from the one that made it (it would share the
@@ -209,6 +218,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
                 "JobDataset runs in the main process: use DataLoader(ds, batch_size=None) with "
                 "num_workers=0; tabloader decodes with its own threads."
             )
+        if not self.position_warned and any(p in sys.modules for p in _lightning.PACKAGES):
+            _lightning.watch(self)  # a Lightning trainer that trains: is the position saved?
         stream = self._open(read_ahead=True)
         if self._resuming:
             self._resuming = False
@@ -312,6 +323,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         depend on the number of ranks: one saved with N ranks resumes with M, each remaining
         row of the epoch delivered once (less what M ranks drop, see ``rank_share``).
         """
+        self.position_requests += 1
         if self._state is not None:  # loaded, not opened yet: still where it says
             return {"stream": self._state, "generator": self.generator.get_state()}
         stream = self._open()
@@ -327,6 +339,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
             self._stream.close()
             self._stream = None
         self._state = state["stream"]
+        self.position_loaded = True
         self._generator.set_state(state["generator"])
         self._seeded = True  # the generator goes on from there
         self._resuming, self._partial = True, None

@@ -40,7 +40,9 @@ sys.dont_write_bytecode = False
 # one of them at the end kept a worker busy for its whole length while the other had nothing
 # left to run. Short tests are left for the end, where they even out the two workers.
 LONG_FIRST = (
+    "tests/analyze/test_analyze.py",
     "tests/tabloader/test_bench_",
+    "tests/service/test_catalog_lock.py",  # 16 interpreters at once, three times
     "tests/service/test_chaos.py",
     "tests/service/test_rank_timeout.py",
     "tests/tabloader/test_service",  # test_service.py, test_service_faults.py

@@ -10,6 +10,7 @@ import pytest
 MODULES = [
     "tabloader.catalog",
     "tabloader",
+    "tabloader.analyze._model",
     "tabloader.engine._arena.arena",
     "tabloader.engine._deliver.batchmem",
     "benchmarks.stalls",
@@ -22,6 +23,7 @@ MODULES = [
     "tabloader.engine._arena.slabs",
     "tabloader.sampling",
     "tabloader.sampling._dependent",
+    "tabloader.service._metrics",
 ]
 
 

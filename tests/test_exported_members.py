@@ -16,6 +16,7 @@ import tabloader
 
 FACES = [
     "tabloader",
+    "tabloader.analyze",
     "tabloader.catalog",
     "tabloader.catalog.storage",
     "tabloader.cluster",

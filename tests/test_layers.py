@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "tabloader.cluster.*": CLUSTER,
     "tabloader.torch": TOP,
     "tabloader.integrations.*": TOP,  # on top of torch.py: accelerate, transformers
+    "tabloader.analyze.*": TOP,  # starts a service of its own and reads it as a client
     "tabloader._demo": TOP,
     "tabloader.cli": CLI,
     "tabloader.__main__": CLI,

@@ -20,7 +20,7 @@ from tabloader.catalog._progress import disable_progress_bars
 if typing.TYPE_CHECKING:
     from tabloader.catalog._augment import from_torchvision, parse_augment
     from tabloader.catalog._catalog import Catalog, Dataset, Job, open_catalog
-    from tabloader.catalog._options import JobSpec
+    from tabloader.catalog._options import JobOptions, JobSpec
 from tabloader.catalog._errors import (
     AlreadyExistsError,
     CacheError,
@@ -57,6 +57,7 @@ __all__ = [
     "ImportFailedError",
     "Job",
     "JobNotFoundError",
+    "JobOptions",
     "JobSpec",
     "LoaderError",
     "NotFoundError",
@@ -80,6 +81,7 @@ _LAZY = {
     "Catalog": "tabloader.catalog._catalog",
     "Dataset": "tabloader.catalog._catalog",
     "Job": "tabloader.catalog._catalog",
+    "JobOptions": "tabloader.catalog._options",
     "JobSpec": "tabloader.catalog._options",
     "from_torchvision": "tabloader.catalog._augment",
     "open_catalog": "tabloader.catalog._catalog",

@@ -46,9 +46,10 @@ def id_array(rows: npt.ArrayLike) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), data.size, [None, pa.py_buffer(data)])
 
 
-def to_numpy(values: pa.Array) -> npt.NDArray[Any]:
+def to_numpy(values: pa.Array, *, copy: bool = True) -> npt.NDArray[Any]:
     """``values`` as a numpy array of its own (a copy): numbers without nulls through their
-    data buffer, anything else through pyarrow."""
+    data buffer, anything else through pyarrow. ``copy=False``: numbers without nulls as a
+    read-only view of the buffer (valid while ``values`` lives)."""
     dtype = _NUMPY.get(values.type)
     if dtype is None or values.null_count:
         return np.array(values.to_numpy(zero_copy_only=False))
@@ -56,4 +57,5 @@ def to_numpy(values: pa.Array) -> npt.NDArray[Any]:
     if data is None:  # an empty array
         return np.empty(0, dtype)
     size = np.dtype(dtype).itemsize
-    return np.frombuffer(data, dtype, len(values), values.offset * size).copy()
+    view = np.frombuffer(data, dtype, len(values), values.offset * size)
+    return view.copy() if copy else view

@@ -146,7 +146,8 @@ def translate(exc: Exception, what: str, **how: Unpack[Failure]) -> TabloaderErr
             f"service (`tabloader --catalog {root} status` shows it), send statements through "
             f"it: `tabloader.connect('{root}')` returns it in Python (`catalog.open_catalog` opens "
             "the catalog in this process only), and `tabloader sql` uses it. Else stop that "
-            "process."
+            "process.",
+            pid=int(pid.group(1)) if pid else None,
         )
     fix = f" {fix}" if fix else ""
     return error(f"{what} failed in DuckDB: {text}.{fix}{disk_full_hint(exc, root)}")

@@ -68,7 +68,19 @@ class CatalogError(TabloaderError):
 
 
 class CatalogLockedError(CatalogError):
-    """Another process (DuckDB allows one writer per file) or ``Catalog`` has the catalog open."""
+    """Another process (DuckDB allows one writer per file) or ``Catalog`` has the catalog open.
+
+    Attributes:
+        pid: the process that holds it, when known (None: another ``Catalog`` of this
+            process, or a holder DuckDB did not name).
+    """
+
+    def __init__(self, message: str, *, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields: pickled across processes
+        return (functools.partial(type(self), pid=self.pid), self.args)
 
 
 class NotFoundError(CatalogError, LookupError):

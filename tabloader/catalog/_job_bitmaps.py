@@ -20,6 +20,7 @@ from typing import ClassVar, Generic, TypeVar
 import numpy as np
 from pyroaring import BitMap
 
+from tabloader.catalog._arrays import to_numpy
 from tabloader.catalog._bitmaps import ID_COLUMN, bitmap_from_flags, set_flags
 from tabloader.catalog._database import Database, duckdb_errors, quote
 from tabloader.catalog._directory import JOBS_DIR, new_token, read_file, write_file
@@ -152,7 +153,9 @@ class JobBitmaps(JobFiles[BitMap]):
             self.db.limits.timer(self.db.ids_con.interrupt),
         ):
             for batch in self.db.ids_con.sql(sql).to_arrow_reader(1 << 20):
-                set_flags(flags, batch.column(0).to_numpy())
+                # not pyarrow's to_numpy: its first call imports pandas (0.2-0.8 s, with
+                # the catalog held, that other processes wait for)
+                set_flags(flags, to_numpy(batch.column(0), copy=False))
         bitmap = bitmap_from_flags(flags)
         if not bitmap:
             raise StatementError(

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from tabloader.catalog._augment import parse_augment
 from tabloader.catalog._errors import OptionError, TabloaderError
@@ -25,6 +25,7 @@ __all__ = [
     "JOB_OPTIONS",
     "SPEC_VERSION",
     "JobOption",
+    "JobOptions",
     "JobSpec",
     "check_options",
     "default_cache_problem",
@@ -346,6 +347,25 @@ def default_cache_problem(name: str, options: Mapping[str, Any], rows: int) -> s
 
 SPEC_VERSION = 1
 """The version of ``JobSpec.to_wire()``'s form: ``JobSpec.from_wire`` refuses any other."""
+
+
+class JobOptions(TypedDict, total=False):
+    """The job options as an open's keyword arguments (``JOB_OPTIONS``, each typed; None: not
+    given, the registered value holds): what ``Loader.open``, ``RemoteLoader.open`` and
+    ``JobDataset`` take beside their own (``OpenArgs``), so that mypy and editors see
+    ``batch_size=``. A row added to ``JOB_OPTIONS`` needs its line here (a test checks)."""
+
+    batch_size: int | None
+    image_size: int | tuple[int, int] | None
+    seed: int | None
+    augment: str | Any | None  # a text; ``JobDataset`` also takes a torchvision ``Compose``
+    decode_size: int | None
+    on_error: str | Any | None  # "raise" or "skip" (or ``tabloader.engine.OnError``)
+    rank_timeout: int | None
+    drop_last: bool | None
+    weight: str | None
+    importance: str | None
+    replacement: bool | None
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,17 @@ SETTINGS: dict[str, Setting] = {
             example="30",
         ),
         Setting(
+            "lock_wait",
+            "seconds",
+            "seconds tabloader.connect, the CLI and a starting service wait for a catalog "
+            "that another process holds",
+            minimum=0,
+            maximum=365 * 86400,
+            default=60.0,
+            env="TABLOADER_LOCK_WAIT",
+            example="120",
+        ),
+        Setting(
             "memory_limit",
             "bytes",
             "the memory a SQL statement may use",
@@ -249,6 +260,15 @@ SETTINGS: dict[str, Setting] = {
             env="TABLOADER_MAX_IMAGE_MEGAPIXELS",
             flag="--max-image-megapixels",
             example="100",
+        ),
+        Setting(
+            "metrics_port",
+            "count",
+            "the loopback port the service serves Prometheus metrics on (0: any free one)",
+            minimum=0,
+            maximum=65535,
+            flag="--metrics-port",
+            example="9464",
         ),
         Setting("prefetch", "count", "batches loaded ahead", minimum=1, maximum=4096, example="4"),
         Setting(

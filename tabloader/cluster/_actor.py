@@ -7,9 +7,9 @@ running one. It asks for no CPU (sampling is light and the node's CPUs are the
 loaders' and the trainers'). Ray is imported only when these functions run, so the rest of
 tabloader works without it (``pip install 'tabloader[ray]'``).
 
-Jobs come from the catalog (the actor opens it for the moment it reads a job's bitmap) or, when
-the catalog is open elsewhere (the catalog allows one opener), with their ids as serialized
-bitmaps.
+Jobs are the catalog's (``Job``): a node sends the one it looked up with each rank's join, and
+``add_job`` takes one or a job's name (the actor then opens the catalog for the moment it reads
+the job).
 
 Checkpoint: the actor writes the leader's ``state_dict()`` to ``leader-state.json`` in the
 catalog's private service directory after every change a node relies on (acknowledgements,
@@ -36,23 +36,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyroaring import BitMap
-
 from tabloader.catalog._directory import read_file
-from tabloader.cluster._leader import (
-    Leader,
-    LeaderOptions,
-    LeaderState,
-    LeaderStatus,
-    NodeStats,
-    WorkList,
-)
+from tabloader.cluster._jobs import LeaderOptions, LeaderState, LeaderStatus, NodeStats, WorkList
+from tabloader.cluster._leader import Leader
 from tabloader.cluster._names import NAMESPACE, get_leader, leader_name, loader_name
 from tabloader.cluster._record import DIAL_TIMEOUT_S, dial, record_leader
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from tabloader.catalog import Job
+    from tabloader.catalog._options import JobSpec
     from tabloader.cluster._node import NodeInfo
 
 __all__ = [
@@ -95,9 +89,10 @@ class LeaderActor:
         tmp.write_text(state_json(self.leader))
         os.replace(tmp, self.path)
 
-    def join(self, name: str, *, ids: bytes, **kw: Any) -> bool:
-        """A rank joins (:meth:`Leader.join`; ``ids``: the job's serialized bitmap)."""
-        done = self.leader.join(name, ids=BitMap.deserialize(ids), **kw)
+    def join(self, job: Job, **kw: Any) -> bool:
+        """A rank of ``job`` (the catalog's, as its node looked it up) joins
+        (:meth:`Leader.join`)."""
+        done = self.leader.join(job, **kw)
         self._save()
         return done
 
@@ -131,33 +126,15 @@ class LeaderActor:
         """Jobs, ranks and each node's counters (:meth:`Leader.status`)."""
         return self.leader.status()
 
-    def add_job(
-        self,
-        name: str,
-        *,
-        nodes: Sequence[str],
-        batch_size: int,
-        ids: bytes | None = None,
-        dataset: str = "",
-        weights: np.ndarray | None = None,
-    ) -> None:
-        """Register job ``name`` of the catalog (or with ``ids``, a serialized bitmap, and a
-        weighted job's ``weights``)."""
-        if ids is not None:
-            self.leader.add_job(
-                name,
-                BitMap.deserialize(ids),
-                nodes=nodes,
-                batch_size=batch_size,
-                dataset=dataset,
-                weights=weights,
-            )
-            return
-        from tabloader import catalog
+    def add_job(self, job: Job | str, *, nodes: Sequence[str], spec: JobSpec | None = None) -> None:
+        """Register ``job`` (:meth:`Leader.add_job`): the catalog's, or its name (read from
+        the catalog, opened for the moment)."""
+        if isinstance(job, str):
+            from tabloader import catalog
 
-        with catalog.open_catalog(self.catalog) as cat:
-            job = cat.job(name)
-        self.leader.add_catalog_job(job, nodes=nodes, batch_size=batch_size)
+            with catalog.open_catalog(self.catalog) as cat:
+                job = cat.job(job)
+        self.leader.add_job(job, nodes=nodes, spec=spec)
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``."""

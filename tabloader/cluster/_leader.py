@@ -1,11 +1,12 @@
 """The cluster leader: one dependent sampler per dataset, rows placed on nodes, in rounds.
 
-The leader holds every job of a catalog that runs on the cluster (its rows, from the
-catalog's bitmap; the node of each of its ranks; its batch size) and one
-:class:`~tabloader.sampling.DependentSampler` per dataset version. A *step* samples one round
-of up to ``round_rows`` rows for every job of a dataset whose outstanding rows (placed and
-not yet acknowledged) are below ``lookahead``, places them on the jobs' ranks
-(:mod:`tabloader.cluster._placement`) and appends, per node, one :class:`WorkList`: for each
+The leader holds every job of a catalog that runs on the cluster (a
+:class:`~tabloader.cluster._jobs.ClusterJob`: the catalog's ``Job``, its rows and stored
+weights; the ``JobSpec`` its ranks opened it with, its batch size; the node of each of its
+ranks) and one :class:`~tabloader.sampling.DependentSampler` per dataset version. A *step*
+samples one round of up to ``round_rows`` rows for every job of a dataset whose outstanding
+rows (placed and not yet acknowledged) are below ``lookahead``, places them on the jobs' ranks
+(:mod:`tabloader.cluster._placement`) and appends, per node, one ``WorkList``: for each
 rank on the node, its rows in order and each row's global round number (the node's cache
 evicts by next use).
 
@@ -45,8 +46,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TypedDict
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -54,190 +54,30 @@ from pyroaring import BitMap
 
 from tabloader.catalog._bitmaps import bitmap_from_array, bitmap_to_array
 from tabloader.catalog._errors import SamplingError
+from tabloader.catalog._model import Job
 from tabloader.catalog._options import JobSpec
-from tabloader.cluster._membership import Joining, Membership
+from tabloader.cluster._jobs import (
+    Assignment,
+    ClusterJob,
+    EpochPart,
+    IntArray,
+    JobCheckpoint,
+    Joining,
+    LeaderState,
+    LeaderStatus,
+    NodeStats,
+    WorkList,
+    dataset_key,
+)
+from tabloader.cluster._membership import Membership
 from tabloader.cluster._placement import DROPPED, Placer
 from tabloader.sampling import DependentSampler
 from tabloader.sampling._importance import ImportanceScores
+from tabloader.service._protocol import job_from_wire, job_to_wire
 
-if TYPE_CHECKING:
-    from tabloader.catalog import Job
-
-__all__ = [
-    "Assignment",
-    "JobStatus",
-    "Leader",
-    "LeaderOptions",
-    "LeaderState",
-    "LeaderStatus",
-    "NodeStats",
-    "WorkList",
-]
+__all__ = ["Leader"]
 
 logger = logging.getLogger(__name__)
-
-IntArray = npt.NDArray[np.int64]
-
-
-class Assignment(NamedTuple):
-    """Rows of one epoch of a job for one of its ranks, in the order the rank reads them."""
-
-    job: str
-    rank: int
-    epoch: int
-    rows: IntArray
-    rounds: IntArray  # each row's global round number: when it is used (eviction by next use)
-    weights: npt.NDArray[np.float32] | None = None  # a weighted job's ``_weight`` of each row
-
-
-@dataclass(frozen=True)
-class WorkList:
-    """What one node's ranks read from one leader step.
-
-    Attributes:
-        node: the node id.
-        seq: the leader step that made it (increasing per node; acknowledge in order).
-        generation: the leader incarnation (a restored leader has a larger one).
-        items: one entry per (job, rank) on the node that got rows in the step.
-    """
-
-    node: str
-    seq: int
-    generation: int
-    items: tuple[Assignment, ...]
-
-    @property
-    def num_rows(self) -> int:
-        """Rows in the list, over all its ranks."""
-        return sum(a.rows.size for a in self.items)
-
-
-class CacheCounts(TypedDict):
-    """A node loader's cache counters."""
-
-    entries: int
-    hits: int
-    misses: int
-    evictions: int
-
-
-class NodeJobCounts(TypedDict):
-    """A job's counters on a node (those its loader has)."""
-
-    epoch: int
-    rows: int
-    batches: int
-    wait_s: float
-
-
-class NodeStats(TypedDict):
-    """What a node reports of its loader with each poll (``node.node_stats``); ``storage``:
-    bytes from the bucket, the node's tier and its peers (``Loader.stats()["storage"]``)."""
-
-    reads: int
-    decodes: int
-    cache: CacheCounts
-    jobs: dict[str, NodeJobCounts]
-    clients: int
-    storage: NotRequired[dict[str, Any]]
-
-
-class JobStatus(TypedDict):
-    """A running job in the leader's status."""
-
-    job: str
-    dataset: str
-    epoch: int
-    last_epoch: int | None  # None: no end
-    ranks: list[str]  # each rank's node
-    outstanding: int  # rows placed and not acknowledged
-    left: list[int]  # ranks that left normally
-
-
-class LeaderStatus(TypedDict):
-    """``Leader.status()``: jobs, jobs waiting for ranks (ranks joined), jobs gone (their
-    reasons), and each node's loader counters as it last reported them."""
-
-    generation: int
-    jobs: list[JobStatus]
-    pending: dict[str, int]
-    gone: dict[str, str]
-    nodes: dict[str, NodeStats]
-
-
-class LeaderOptions(TypedDict, total=False):
-    """A :class:`Leader`'s options (its constructor's)."""
-
-    seed: int
-    lookahead: int
-    round_rows: int
-    slack: int | None
-
-
-class EpochState(TypedDict):
-    """An epoch of a job not complete, in the leader's checkpoint."""
-
-    epoch: int
-    remaining: bytes  # a serialized bitmap
-    counts: list[int]  # rows done per rank
-
-
-class JobState(TypedDict):
-    """A job in the leader's checkpoint."""
-
-    name: str
-    dataset: str
-    nodes: list[str]
-    batch_size: int
-    left: list[int]
-    last_epoch: int | None
-    ids: bytes  # a serialized bitmap
-    spec: Mapping[str, object] | None  # JobSpec.to_wire()
-    weights: bytes | None  # float64
-    importance: Mapping[str, object] | None  # ImportanceScores.state_dict()
-    epoch: int  # the epoch that starts next when no epoch is owed
-    epochs: list[EpochState]
-
-
-class LeaderState(TypedDict):
-    """``Leader.state_dict()``: the leader's checkpoint, as plain values."""
-
-    kind: str  # "leader"
-    version: int
-    seed: int
-    generation: int
-    lookahead: int
-    round_rows: int
-    slack: int | None
-    gone: dict[str, str]
-    jobs: list[JobState]
-
-
-@dataclass
-class _EpochPart:
-    """A job's epoch that is not complete: owed rows (restored, not yet started) and counts."""
-
-    epoch: int
-    remaining: BitMap
-    counts: list[int]
-
-
-@dataclass
-class _Job:
-    name: str
-    ids: BitMap
-    group: str
-    nodes: tuple[str, ...]
-    batch_size: int
-    epoch: int
-    left: int  # rows of ``epoch`` not sampled yet
-    outstanding: int = 0  # rows placed and not acknowledged, all epochs
-    last_epoch: int | None = None  # the job reads epochs up to this one (None: no end)
-    done: dict[int, IntArray] = field(default_factory=dict)  # epoch -> rows acked per rank
-    later: list[_EpochPart] = field(default_factory=list)  # restored epochs after ``epoch``
-    spec: JobSpec | None = None  # the options its ranks opened it with (its sampler's)
-    weights: npt.NDArray[np.float64] | None = None  # static weights, aligned with ``ids``
-    draws: bool = False  # weighted with replacement: an epoch is ``len(ids)`` draws, not rows
 
 
 class Leader:
@@ -252,15 +92,17 @@ class Leader:
 
     Example:
         >>> from pyroaring import BitMap
+        >>> from tabloader.catalog import Job
+        >>> job = Job("a", "imgs", 1, ("image",), None, {"batch_size": 2}, BitMap(range(8)))
         >>> leader = Leader(seed=0, lookahead=8, round_rows=4)
-        >>> leader.add_job("a", BitMap(range(8)), nodes=["n0", "n1"], batch_size=2)
+        >>> leader.add_job(job, nodes=["n0", "n1"])
         >>> lists = leader.work("n0")
         >>> sum(w.num_rows for w in lists), sum(w.num_rows for w in leader.work("n1"))
         (4, 4)
         >>> leader.ack("n0", lists[-1].seq)
     """
 
-    STATE_VERSION = 1
+    STATE_VERSION = 2  # 2: a job's checkpoint carries its catalog job and its spec
 
     def __init__(
         self,
@@ -280,7 +122,7 @@ class Leader:
         self.round_rows = round_rows
         self.slack = slack
         self.generation = generation
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, ClusterJob] = {}
         self._samplers: dict[str, DependentSampler] = {}
         self._placers: dict[str, Placer] = {}
         self._lists: dict[str, list[WorkList]] = {}  # node -> lists not acknowledged
@@ -291,65 +133,32 @@ class Leader:
         self._node_stats: dict[str, NodeStats] = {}  # node -> its loader's counters
 
     # ------------------------------------------------------------------ jobs
-    def add_job(
-        self,
-        name: str,
-        ids: BitMap,
-        *,
-        nodes: Sequence[str],
-        batch_size: int,
-        dataset: str = "",
-        spec: JobSpec | None = None,
-        weights: npt.NDArray[np.float64] | None = None,
-    ) -> None:
-        """Register ``name``: its rows, the node of each of its ranks and its batch size
-        (``spec``: its options, which the sampler reads: ``importance`` for ``report``,
-        ``replacement``; ``weights``: a weighted job's, one per row of ``ids`` ascending).
+    def add_job(self, job: Job, *, nodes: Sequence[str], spec: JobSpec | None = None) -> None:
+        """Register ``job`` (the catalog's: its rows, dataset version and stored weights) with
+        the node of each of its ranks; ``spec``: the options its ranks opened it with, which
+        its sampler and placement read (default: the ones it was registered with).
 
-        Jobs of the same ``dataset`` (a dataset version: rows with the same id are the same
-        row) share one sampler; jobs of different datasets never share rows.
+        Jobs of the same dataset version (rows with the same id are the same row) share one
+        sampler; jobs of different ones never share rows.
 
         Raises:
-            SamplingError: the name is taken, ``ids`` is empty, no ranks, or bad weights.
+            SamplingError: the name is taken, ``ids`` is empty, no ranks, padded epochs
+                (``drop_last = false``), or bad weights.
         """
-        self._add(
-            name,
-            ids,
-            nodes=nodes,
-            batch_size=batch_size,
-            dataset=dataset,
-            parts=[],
-            spec=spec,
-            weights=weights,
-        )
-
-    def add_catalog_job(self, job: Job, *, nodes: Sequence[str], batch_size: int) -> None:
-        """:meth:`add_job` for a catalog :class:`~catalog.Job` (its rows, dataset version,
-        options and stored weights)."""
-        self.add_job(
-            job.name,
-            job.ids,
-            nodes=nodes,
-            batch_size=batch_size,
-            dataset=f"{job.dataset}@{job.dataset_version}",
-            spec=JobSpec.from_options(job.options),
-            weights=job.weights,
-        )
+        spec = JobSpec.from_options(job.options) if spec is None else spec
+        self._add(job, spec, nodes=nodes, parts=[])
 
     def _add(
         self,
-        name: str,
-        ids: BitMap,
+        job: Job,
+        spec: JobSpec,
         *,
         nodes: Sequence[str],
-        batch_size: int,
-        dataset: str,
-        parts: list[_EpochPart],
+        parts: list[EpochPart],
         epoch: int = 0,
-        spec: JobSpec | None = None,
         scores: ImportanceScores | None = None,
-        weights: npt.NDArray[np.float64] | None = None,
     ) -> None:
+        name, ids, dataset = job.name, job.ids, dataset_key(job)
         if name in self._jobs:
             raise SamplingError(f"Job {name!r} is already on the leader; remove_job() it first.")
         if not nodes:
@@ -361,39 +170,33 @@ class Leader:
                 seed=int(np.random.SeedSequence(seed).generate_state(1)[0])
             )
             self._placers[dataset] = Placer(slack=self.slack)
-        first = parts.pop(0) if parts else _EpochPart(epoch, ids, [0] * len(nodes))
+        first = parts.pop(0) if parts else EpochPart(epoch, ids, [0] * len(nodes))
         sampler.add_job(
             name,
             ids,
             spec,
             remaining=first.remaining,
             epoch=first.epoch,
-            weights=weights,
+            weights=job.weights,
             scores=scores,
         )
-        self._placers[dataset].add_job(
-            name,
-            size=len(ids),
-            nodes=nodes,
-            batch_size=batch_size,
-            counts=first.counts,
-            seen=len(ids) - len(first.remaining),
-        )
-        job = _Job(
-            name=name,
-            ids=ids,
-            group=dataset,
-            nodes=tuple(nodes),
-            batch_size=batch_size,
-            epoch=first.epoch,
-            left=len(first.remaining),
-            later=parts,
-            spec=spec,
-            weights=weights,
-            draws=sampler.weighted(name) and (spec is None or spec.replacement),
-        )
-        job.done[first.epoch] = np.asarray(first.counts, dtype=np.int64)
-        self._jobs[name] = job
+        try:
+            self._placers[dataset].add_job(
+                name,
+                size=len(ids),
+                nodes=nodes,
+                spec=spec,
+                counts=first.counts,
+                seen=len(ids) - len(first.remaining),
+            )
+        except BaseException:  # (padded epochs): the sampler forgets it too
+            sampler.remove_job(name)
+            raise
+        running = ClusterJob(job, spec, tuple(nodes), dataset, first.epoch, len(first.remaining))
+        running.later = parts
+        running.draws = sampler.weighted(name) and spec.replacement
+        running.done[first.epoch] = np.asarray(first.counts, dtype=np.int64)
+        self._jobs[name] = running
         for node in nodes:
             self._lists.setdefault(node, [])
             self._fetched.setdefault(node, -1)
@@ -435,7 +238,7 @@ class Leader:
         """The epoch ``name`` is sampling now."""
         return self._job(name).epoch
 
-    def _job(self, name: str) -> _Job:
+    def _job(self, name: str) -> ClusterJob:
         job = self._jobs.get(name)
         if job is None:
             known = ", ".join(repr(j) for j in self._jobs) or "none"
@@ -445,49 +248,37 @@ class Leader:
     # ------------------------------------------------------------------ membership
     def join(
         self,
-        name: str,
+        job: Job,
         *,
         rank: int,
         world_size: int,
         node: str,
         spec: Mapping[str, Any],
-        ids: BitMap,
-        dataset: str = "",
         epochs: int | None = None,
-        weights: npt.NDArray[np.float64] | None = None,
     ) -> bool:
-        """Rank ``rank`` of job ``name`` reads on ``node``, opened with the job options
-        ``spec`` (``JobSpec.to_wire()``); True once every rank has joined (the job is then
-        sampled, :meth:`add_job`; ``epochs``: it reads that many, then the leader samples no
-        more for it; ``weights``: a weighted job's stored weights, ``Job.weights``).
+        """Rank ``rank`` of ``job`` (the catalog's, as the rank's node looked it up: its rows
+        and stored weights) reads on ``node``, opened with the job options ``spec``
+        (``JobSpec.to_wire()``); True once every rank has joined (the job is then sampled,
+        :meth:`add_job`; ``epochs``: it reads that many, then the leader samples no more for
+        it).
 
         Raises:
             SamplingError: the rank joined already, the ranks disagree (world size, job
                 options, rows, weights), or bad weights. OptionError: ``spec`` is not a job
                 spec of this version.
         """
+        name = job.name
         if name in self._jobs:
             raise SamplingError(
                 f"Job {name!r} runs on the cluster already (all {len(self._jobs[name].nodes)} "
                 f"ranks joined); rank {rank} cannot join it again: stop every rank and start "
                 "them all again."
             )
-        spec_ = JobSpec.from_wire(spec)
-        joined = self._members.join(
-            Joining(name, rank, world_size, node, spec_, ids, dataset, epochs, weights)
-        )
+        opened = JobSpec.from_wire(spec)
+        joined = self._members.join(Joining(job, opened, rank, world_size, node, epochs))
         if joined is None:
             return False
-        nodes = [joined.nodes[r] for r in range(world_size)]
-        self.add_job(
-            name,
-            joined.ids,
-            nodes=nodes,
-            batch_size=joined.batch_size,
-            dataset=dataset,
-            spec=joined.spec,
-            weights=joined.weights,
-        )
+        self.add_job(joined.job, nodes=[joined.nodes[r] for r in range(world_size)], spec=opened)
         if epochs is not None:
             self._jobs[name].last_epoch = epochs - 1
         return True
@@ -577,37 +368,39 @@ class Leader:
             self._seq += 1
         return any_sampled
 
-    def _start_epoch(self, job: _Job, sampler: DependentSampler, placer: Placer) -> None:
+    def _start_epoch(self, job: ClusterJob, sampler: DependentSampler, placer: Placer) -> None:
         if job.later:
             part = job.later.pop(0)
             scores = sampler.importance_scores(job.name)  # kept across the re-add
             sampler.remove_job(job.name)
             sampler.add_job(
                 job.name,
-                job.ids,
+                job.job.ids,
                 job.spec,
                 remaining=part.remaining,
                 epoch=part.epoch,
-                weights=job.weights,
+                weights=job.job.weights,
                 scores=scores,
             )
             placer.remove_job(job.name)
             placer.add_job(
                 job.name,
-                size=len(job.ids),
+                size=len(job.job.ids),
                 nodes=job.nodes,
-                batch_size=job.batch_size,
+                spec=job.spec,
                 counts=part.counts,
-                seen=len(job.ids) - len(part.remaining),
+                seen=len(job.job.ids) - len(part.remaining),
             )
             job.epoch, job.left = part.epoch, len(part.remaining)
             job.done[part.epoch] = np.asarray(part.counts, dtype=np.int64)
         else:  # the sampler and the placer start the next epoch on their own
             job.epoch += 1
-            job.left = len(job.ids)
+            job.left = len(job.job.ids)
             job.done[job.epoch] = np.zeros(len(job.nodes), np.int64)
 
-    def _step_group(self, sampler: DependentSampler, placer: Placer, want: list[_Job]) -> None:
+    def _step_group(
+        self, sampler: DependentSampler, placer: Placer, want: list[ClusterJob]
+    ) -> None:
         for job in want:
             if job.left == 0:
                 self._start_epoch(job, sampler, placer)
@@ -679,7 +472,7 @@ class Leader:
                 counts[a.rank] += a.rows.size
 
     # ------------------------------------------------------------------ state
-    def _parts(self, job: _Job) -> list[_EpochPart]:
+    def _parts(self, job: ClusterJob) -> list[EpochPart]:
         """The job's epochs not complete: rows owed (not acknowledged) and rows done per rank.
 
         A job that draws with replacement owes draws: ``n`` of them are its first ``n`` ids
@@ -693,7 +486,7 @@ class Leader:
         if job.draws:
             if job.left > 0:
                 owed.setdefault(job.epoch, []).append(np.empty(job.left, np.int64))
-            first = bitmap_to_array(job.ids)
+            first = bitmap_to_array(job.job.ids)
             counts = {e: sum(r.size for r in rows) for e, rows in owed.items()}
             owed = {e: [first[:n]] for e, n in counts.items()}
         parts: dict[int, BitMap] = {
@@ -703,45 +496,39 @@ class Leader:
             rest = self._samplers[job.group].remaining(job.name)
             parts[job.epoch] = parts.get(job.epoch, BitMap()) | rest
         out = [
-            _EpochPart(e, rem, job.done.get(e, np.zeros(len(job.nodes), np.int64)).tolist())
+            EpochPart(e, rem, job.done.get(e, np.zeros(len(job.nodes), np.int64)).tolist())
             for e, rem in sorted(parts.items())
             if rem
         ]
-        out.extend(_EpochPart(p.epoch, BitMap(p.remaining), list(p.counts)) for p in job.later)
+        out.extend(EpochPart(p.epoch, BitMap(p.remaining), list(p.counts)) for p in job.later)
         return out
 
-    def _scores_state(self, job: _Job) -> Mapping[str, object] | None:
+    def _scores_state(self, job: ClusterJob) -> Mapping[str, object] | None:
         """An importance job's scores for the checkpoint (None: not one)."""
         scores = self._samplers[job.group].importance_scores(job.name)
         return None if scores is None else scores.state_dict()
 
     def state_dict(self) -> LeaderState:
         """Each job's epochs not complete (rows owed, rows per rank done; draws owed for a job
-        with replacement), its options, a weighted job's weights and an importance job's
-        scores, as plain values."""
-        jobs: list[JobState] = []
+        with replacement), its catalog job (with a weighted job's weights) and spec, and an
+        importance job's scores, as plain values."""
+        jobs: list[JobCheckpoint] = []
         for job in self._jobs.values():
-            parts = self._parts(job)
-            jobs.append(
-                {
-                    "name": job.name,
-                    "dataset": job.group,
-                    "nodes": list(job.nodes),
-                    "batch_size": job.batch_size,
-                    "left": sorted(self._members.left.get(job.name, ())),
-                    "last_epoch": job.last_epoch,
-                    "ids": job.ids.serialize(),
-                    "spec": None if job.spec is None else job.spec.to_wire(),
-                    "weights": None if job.weights is None else job.weights.tobytes(),
-                    "importance": self._scores_state(job),
-                    # the epoch that starts next when no epoch is owed
-                    "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
-                    "epochs": [
-                        {"epoch": p.epoch, "remaining": p.remaining.serialize(), "counts": p.counts}
-                        for p in parts
-                    ],
-                }
-            )
+            saved: JobCheckpoint = {
+                **job_to_wire(job.job),
+                "spec": job.spec.to_wire(),
+                "nodes": list(job.nodes),
+                "left": sorted(self._members.left.get(job.name, ())),
+                "last_epoch": job.last_epoch,
+                "importance": self._scores_state(job),
+                # the epoch that starts next when no epoch is owed
+                "epoch": job.epoch + 1 if job.left == 0 else job.epoch,
+                "epochs": [
+                    {"epoch": p.epoch, "remaining": p.remaining.serialize(), "counts": p.counts}
+                    for p in self._parts(job)
+                ],
+            }
+            jobs.append(saved)
         return {
             "kind": "leader",
             "version": self.STATE_VERSION,
@@ -759,7 +546,7 @@ class Leader:
         """A new leader (next generation) that owes each job exactly what ``state`` says.
 
         Raises:
-            SamplingError: ``state`` is not a leader state.
+            SamplingError: ``state`` is not a leader state (of this version).
         """
         if state.get("kind") != "leader" or state.get("version") != cls.STATE_VERSION:
             raise SamplingError(
@@ -775,21 +562,17 @@ class Leader:
         )
         for j in state["jobs"]:
             parts = [
-                _EpochPart(int(p["epoch"]), BitMap.deserialize(p["remaining"]), list(p["counts"]))
+                EpochPart(int(p["epoch"]), BitMap.deserialize(p["remaining"]), list(p["counts"]))
                 for p in j["epochs"]
             ]
-            spec, scores, weights = j.get("spec"), j.get("importance"), j.get("weights")
+            scores = j.get("importance")
             leader._add(
-                j["name"],
-                BitMap.deserialize(j["ids"]),
+                job_from_wire(j),
+                JobSpec.from_wire(j["spec"]),
                 nodes=j["nodes"],
-                batch_size=int(j["batch_size"]),
-                dataset=j["dataset"],
                 parts=parts,
                 epoch=int(j["epoch"]),
-                spec=None if spec is None else JobSpec.from_wire(spec),
                 scores=None if scores is None else ImportanceScores.from_state(scores),
-                weights=None if weights is None else np.frombuffer(weights, np.float64).copy(),
             )
             leader._members.left[j["name"]] = set(j.get("left", ()))
             leader._jobs[j["name"]].last_epoch = j.get("last_epoch")

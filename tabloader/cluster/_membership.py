@@ -1,8 +1,9 @@
 """The leader's membership book: which ranks of each job have joined, left normally, or failed.
 
-A job's ranks join one by one from their nodes; the job starts once all of them have (DDP's
-rendezvous), and every rank must join with the same world size, job options (its
-:class:`~tabloader.catalog._options.JobSpec`) and rows. A rank
+A job's ranks join one by one from their nodes (:class:`~tabloader.cluster._jobs.Joining`:
+the catalog's ``Job`` and the ``JobSpec`` it opened with); the job starts once all of them have
+(DDP's rendezvous), and every rank must join with the same world size, job options and rows
+(and stored weights). A rank
 that leaves normally loses its share (the job ends with its last rank); one that fails takes
 its job off the leader, and the job is listed as *gone*, with the reason, so that its other
 ranks, on every node, fail with it instead of waiting. A job that joins again under the name
@@ -11,10 +12,11 @@ book answers: it starts and removes the jobs.
 
 Example:
     >>> from pyroaring import BitMap
-    >>> from tabloader.catalog._options import JobSpec
+    >>> from tabloader.catalog import Job, JobSpec
+    >>> job = Job("j", "imgs", 1, ("image",), None, {}, BitMap(range(8)))
     >>> book, spec = Membership(), JobSpec({"batch_size": 4})
-    >>> book.join(Joining("j", 1, 2, "n1", spec, BitMap(range(8))))
-    >>> book.join(Joining("j", 0, 2, "n0", spec, BitMap(range(8)))).nodes
+    >>> book.join(Joining(job, spec, rank=1, world_size=2, node="n1"))
+    >>> book.join(Joining(job, spec, rank=0, world_size=2, node="n0")).nodes
     {1: 'n1', 0: 'n0'}
     >>> book.leave("j", rank=0, ranks=2), book.leave("j", rank=1, ranks=2)
     (False, True)
@@ -22,50 +24,13 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
 
 from tabloader.catalog._errors import SamplingError
-from tabloader.catalog._options import JobSpec
+from tabloader.cluster._jobs import Joining, Pending
 
-__all__ = ["Joining", "Membership", "Pending"]
-
-
-@dataclass(frozen=True)
-class Joining:
-    """A rank that joins its job: from which node, opened with which options (and a
-    weighted job's stored weights); ``epochs``: the job reads that many."""
-
-    name: str
-    rank: int
-    world_size: int
-    node: str
-    spec: JobSpec
-    ids: BitMap
-    dataset: str = ""
-    epochs: int | None = None
-    weights: npt.NDArray[np.float64] | None = None
-
-
-@dataclass
-class Pending:
-    """A job whose ranks are joining: the node of each rank joined so far."""
-
-    world_size: int
-    spec: JobSpec
-    ids: BitMap
-    dataset: str
-    epochs: int | None = None
-    nodes: dict[int, str] = field(default_factory=dict)
-    weights: npt.NDArray[np.float64] | None = None  # a weighted job's stored weights
-
-    @property
-    def batch_size(self) -> int:
-        """Rows per batch."""
-        return int(self.spec.batch_size)
+__all__ = ["Membership"]
 
 
 class Membership:
@@ -84,25 +49,18 @@ class Membership:
             SamplingError: the rank joined already, or the ranks disagree (world size, job
                 options, rows, weights).
         """
-        name, rank, world_size, ids = joining.name, joining.rank, joining.world_size, joining.ids
+        job, rank, world_size = joining.job, joining.rank, joining.world_size
+        name, ids = job.name, job.ids
         self.gone.pop(name, None)
         pending = self.pending.setdefault(
-            name,
-            Pending(
-                world_size,
-                joining.spec,
-                BitMap(ids),
-                joining.dataset,
-                joining.epochs,
-                weights=joining.weights,
-            ),
+            name, Pending(job, joining.spec, world_size, joining.epochs)
         )
         mine = {"world_size": pending.world_size, **pending.spec.resolved()}
         theirs = {"world_size": world_size, **joining.spec.resolved()}
         differ = [f"{k}={theirs[k]!r} (others: {v!r})" for k, v in mine.items() if theirs[k] != v]
-        if BitMap(ids) != pending.ids:
-            differ.append(f"{len(ids)} rows (others: {len(pending.ids)}, or other rows)")
-        if not _same(joining.weights, pending.weights):
+        if ids != pending.job.ids:
+            differ.append(f"{len(ids)} rows (others: {len(pending.job.ids)}, or other rows)")
+        if not _same(job.weights, pending.job.weights):
             differ.append("other row weights (the job was registered again meanwhile?)")
         if differ:
             raise SamplingError(

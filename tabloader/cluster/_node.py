@@ -9,7 +9,7 @@ each node reads the catalog's storage itself.
 
 What differs from a local service is where rows come from: every job opened on a node is
 *fed*. When a rank opens its job, the node registers it with the leader (:meth:`Leader.join`)
-and opens it in its engine as a job of its own (``Loader.open(fed=True)``); a :class:`NodeFeed`
+and opens it in its engine as a job of its own (``Loader.serve(source=Fed)``); a :class:`NodeFeed`
 thread polls the leader for the node's work lists while some fed rank has fewer rows ahead than
 its horizon, acknowledges them, and queues each rank's rows with the leader's rounds (the arena
 evicts by next use; a weighted job's rows come with their ``_weight``s, which its batches
@@ -42,7 +42,7 @@ import numpy as np
 from tabloader import catalog
 from tabloader.catalog._api import Operation, StatementTarget, Wire
 from tabloader.catalog._errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
-from tabloader.cluster._leader import NodeStats
+from tabloader.cluster._jobs import NodeStats, WorkList
 from tabloader.cluster._names import get_leader, node_key
 from tabloader.cluster._peers import PeerCache
 
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from tabloader.catalog import Catalog, Job
-    from tabloader.cluster._leader import WorkList
     from tabloader.engine._deliver.stream import ServedStream
     from tabloader.service._server import Service
 
@@ -182,15 +181,12 @@ class NodeFeed:
         try:
             ray.get(
                 self.leader.join.remote(
-                    job.name,
+                    job,  # its rows, dataset version and a weighted job's stored weights
                     rank=rank,
                     world_size=world_size,
                     node=self.node,
                     spec=stream.spec.to_wire(),
-                    ids=job.ids.serialize(),
-                    dataset=f"{job.dataset}@{job.dataset_version}",
                     epochs=stream.epochs,
-                    weights=job.weights,  # a weighted job's: the leader's sampler draws by them
                 ),
                 timeout=LEADER_WAIT_S,
             )
@@ -328,7 +324,6 @@ class NodeFeed:
         self, lists: list[WorkList], recorded: dict[tuple[str, int, int], int]
     ) -> list[WorkList]:
         """The items of ``lists`` that the (restarted) leader recorded as acknowledged."""
-        from tabloader.cluster._leader import WorkList
 
         kept = []
         with self._lock:

@@ -18,9 +18,9 @@ gathers most of them. Jobs alone on a row have no preference worth keeping but f
 The hash is xxh64 of the node id mixed with the row id (splitmix64), so it is stable across
 processes and restarts, and a node joining moves only the rows it now wins.
 
-Capacity: a job of ``W`` ranks, ``n`` rows per epoch and batch size ``B`` keeps
-``quota = n // (B * W) * B`` rows per rank and epoch and drops the last ``n % (B * W)`` rows
-in the sampler's order, as the local engine and ``DistributedSampler(drop_last=True)`` do
+Capacity: a job of ``W`` ranks, ``n`` rows per epoch and batch size ``B`` (its ``JobSpec``'s)
+keeps ``quota = n // (B * W) * B`` rows per rank and epoch and drops the last ``n % (B * W)``
+rows in the sampler's order, as the local engine and ``DistributedSampler(drop_last=True)`` do
 (with one rank nothing is dropped: ``quota = n``, the last batch is short). After a round that
 brings the job's placed rows to ``T``, no rank may hold more than
 ``min(quota, ceil(T / W) + slack // (W - 1))`` rows, so every rank stays within
@@ -33,9 +33,10 @@ over rows.
 
 Example:
     >>> import numpy as np
-    >>> p = Placer()
-    >>> p.add_job("a", size=8, nodes=["n0", "n1"], batch_size=2)
-    >>> p.add_job("b", size=8, nodes=["n1"], batch_size=2)
+    >>> from tabloader.catalog import JobSpec
+    >>> p, spec = Placer(), JobSpec({"batch_size": 2})
+    >>> p.add_job("a", size=8, nodes=["n0", "n1"], spec=spec)
+    >>> p.add_job("b", size=8, nodes=["n1"], spec=spec)
     >>> rows = np.arange(8)
     >>> out = p.place({"a": rows, "b": rows})
     >>> np.bincount(out["a"], minlength=2).tolist()  # equal rows per rank
@@ -55,6 +56,7 @@ import numpy.typing as npt
 import xxhash
 
 from tabloader.catalog._errors import SamplingError
+from tabloader.catalog._options import JobSpec
 from tabloader.engine._queue.ranks import rank_share
 
 __all__ = ["DROPPED", "JobPlacement", "PlacementState", "Placer", "node_key", "preferred_nodes"]
@@ -145,7 +147,7 @@ class JobPlacement:
     Attributes:
         size: rows per epoch (the job's id count).
         nodes: the node of each rank (``len(nodes)`` is the world size).
-        batch_size: rows per batch.
+        spec: the job's options (its batch size and ``drop_last``).
         slack: how far (in rows) a rank may run ahead of the others within an epoch.
         counts: rows placed on each rank this epoch.
         seen: rows of this epoch placed or dropped so far.
@@ -153,7 +155,7 @@ class JobPlacement:
 
     size: int
     nodes: tuple[str, ...]
-    batch_size: int
+    spec: JobSpec
     slack: int
     counts: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     seen: int = 0
@@ -168,9 +170,14 @@ class JobPlacement:
         return len(self.nodes)
 
     @property
+    def batch_size(self) -> int:
+        """Rows per batch."""
+        return int(self.spec.batch_size)
+
+    @property
     def quota(self) -> int:
         """Rows each rank gets per epoch."""
-        return rank_share(self.size, self.batch_size, self.world_size)
+        return rank_share(self.size, self.batch_size, self.world_size, self.spec.drop_last)
 
     @property
     def placed(self) -> int:
@@ -211,11 +218,12 @@ class Placer:
         *,
         size: int,
         nodes: Sequence[str],
-        batch_size: int,
+        spec: JobSpec,
         counts: Sequence[int] | None = None,
         seen: int = 0,
     ) -> None:
-        """Register ``name`` with ``size`` rows per epoch and one rank per entry of ``nodes``.
+        """Register ``name`` with ``size`` rows per epoch, one rank per entry of ``nodes`` and
+        the options ``spec`` (its batch size and ``drop_last``).
 
         ``counts`` and ``seen`` resume an epoch (rows already placed on each rank, rows
         already placed or dropped).
@@ -225,15 +233,18 @@ class Placer:
         """
         if not nodes:
             raise SamplingError(f"Job {name!r} has no ranks; give the node of each rank.")
-        if batch_size < 1 or size < 1:
+        if size < 1:
+            raise SamplingError(f"Job {name!r}: size ({size}) must be >= 1.")
+        if not spec.drop_last:
             raise SamplingError(
-                f"Job {name!r}: batch_size ({batch_size}) and size ({size}) must be >= 1."
+                f"Job {name!r}: drop_last = false (padded epochs) is not supported on a Ray "
+                "cluster yet; open it there with drop_last = true (the default)."
             )
         job = JobPlacement(
             size=size,
             nodes=tuple(nodes),
-            batch_size=batch_size,
-            slack=batch_size if self.slack is None else self.slack,
+            spec=spec,
+            slack=int(spec.batch_size) if self.slack is None else self.slack,
             seen=seen,
         )
         if counts is not None:

@@ -54,11 +54,13 @@ _ADDRESS_RE = re.compile(
 )
 
 
-def record_path(catalog: str | os.PathLike[str]) -> Path:
-    """Where the leader record of ``catalog`` lives (its private service directory)."""
+def record_path(catalog: str | os.PathLike[str], *, create: bool = True) -> Path:
+    """Where the leader record of ``catalog`` lives (its private service directory, created
+    unless ``create`` is False: a reader finds no record where there is no directory)."""
     from tabloader.service._protocol import runtime_dir
 
-    return runtime_dir(Path(catalog).expanduser().resolve()) / "ray-leader.json"
+    root = Path(catalog).expanduser().resolve()
+    return runtime_dir(root, create=create) / "ray-leader.json"
 
 
 def check_address(address: str) -> tuple[str, int]:
@@ -136,7 +138,7 @@ def recorded_leader(catalog: str | os.PathLike[str]) -> LeaderRecord | None:
     """``{"address", "pid"}`` of the ``tabloader serve --ray`` that serves ``catalog``
     (:func:`record_leader`), or None: no record, a stale or damaged one (then removed), or one
     that fails a check of the module docstring (then ignored with a warning)."""
-    path = record_path(catalog)
+    path = record_path(catalog, create=False)
     try:
         record = json.loads(read_file(path, what=f"Leader record {path}", max_bytes=RECORD_BYTES))
         address, pid, started = record["address"], record["pid"], record.get("started")

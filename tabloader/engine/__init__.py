@@ -22,8 +22,9 @@ A subpackage per stage, in the order a row goes through them::
   way; the consumer side (``JobStream``).
 
 :class:`Loader` (``_loader``) is the facade that wires them; ``_opening`` checks an open
-request once. The service (:mod:`tabloader.service`) runs one ``Loader`` for many processes;
-nothing here imports the service, the cluster or the CLI. :mod:`tabloader.engine.decode` is
+request once (its keyword arguments, typed: :class:`OpenArgs`). The service
+(:mod:`tabloader.service`) runs one ``Loader`` for many processes; nothing here imports the
+service, the cluster or the CLI. :mod:`tabloader.engine.decode` is
 the seam a decode backend plugs into.
 
 Besides the loader, the face names what sizing a cache or reproducing a job's augmentation
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from tabloader.engine._arena.arena import values_that_fit
     from tabloader.engine._arena.slabs import size_class
     from tabloader.engine._loader import JobStream, Loader, OnError, default_loader
+    from tabloader.engine._opening import OpenArgs
     from tabloader.engine._prepare.augment import Augmenter, shared_fit
     from tabloader.engine._prepare.resample import resize_kernel, resize_kernels, use_resize_kernel
     from tabloader.engine._queue.jobs import default_prefetch
@@ -57,6 +59,7 @@ __all__ = [
     "JobStream",
     "Loader",
     "OnError",
+    "OpenArgs",
     "default_loader",
     "default_prefetch",
     "resize_kernel",
@@ -72,6 +75,7 @@ _LAZY = {
     "JobStream": "tabloader.engine._loader",
     "Loader": "tabloader.engine._loader",
     "OnError": "tabloader.engine._loader",
+    "OpenArgs": "tabloader.engine._opening",
     "default_loader": "tabloader.engine._loader",
     "default_prefetch": "tabloader.engine._queue.jobs",
     "resize_kernel": "tabloader.engine._prepare.resample",

@@ -2,7 +2,37 @@
 (see :mod:`tabloader.engine`) - every job of this process on one arena and one thread pool.
 
 It does not know how jobs are attached: ``JobStream`` here, and ``tabloader.torch.JobDataset``
-on top of it, use the same ``Loader``.
+on top of it, use the same ``Loader``. Two doors open a job: :meth:`Loader.open` for a consumer
+in this process, :meth:`Loader.serve` for a server's client (the loader service, a node of a
+Ray cluster). Each open is planned (``_plan``: the request checked into a :class:`JobPlan`,
+nothing made) and then admitted (``_admit``: its scheduler, arena spaces and state). Its kind is
+two objects chosen there once: its *row source* (:mod:`tabloader.engine._queue.sources`: drawn
+by this loader's sampler, or fed by a leader) and its *receiver*
+(:mod:`tabloader.engine._deliver.collate`: copied out here, or handed over pinned to a client).
+
+Data-parallel ranks: the ranks of one job in one loader are one job (one entry in the sampler,
+so it still shares reads and decodes with every other job). The first open creates it; each
+other rank opens it with its own ``rank`` and the same ``world_size``, options and ``state``.
+Batches of ``batch_size`` rows are cut from the job's random order as for a plain job and dealt
+round-robin: batch k of an epoch goes to rank ``k % world_size``. Every rank gets
+``n // (batch_size * world_size)`` batches of an epoch of ``n`` rows; the last
+``n % (batch_size * world_size)`` rows of the epoch's uniformly random order (so a random
+subset, another each epoch) are dropped, as with ``DistributedSampler(drop_last=True)``. With
+the job option ``drop_last = false`` (evaluation jobs) no row is dropped: every rank gets
+``ceil(n / world_size)`` rows (the last batch of each rank maybe short), the shares padded by
+repeating the first rows of the epoch's order (fewer than ``world_size``), as with
+``DistributedSampler(drop_last=False)``. With ``world_size == 1`` nothing is dropped or padded
+(the last batch of an epoch may be short).
+
+The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank ahead of the
+others waits for the slowest (as DDP does anyway); no rank gets a batch before every rank has
+opened, and a rank that has waited ``rank_timeout`` seconds (a job option, default 45) for one
+that never opened raises ``LoaderError``. Each rank's stream has its own ``epoch`` and
+``stats``; ``state_dict()`` from any rank is the job's state at that rank's step, so every rank
+should save at the same step (as DDP checkpoints do) and all reopen with that state. Closing a
+rank while the others go on drops its batches (a rank that leaves mid-epoch loses its share of
+that epoch; it cannot rejoin until every rank has closed); the job leaves the sampler with its
+last open rank.
 
 Errors: a row that fails to read or decode raises ``RowReadError`` (with its ``_id``) in
 every job that reaches it, in the consumer's thread with the worker's traceback; the batch is
@@ -13,10 +43,12 @@ and counted in ``stats()``. Other jobs never see another job's failures.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +65,9 @@ from tabloader.engine._arena.accounting import AccessLog
 from tabloader.engine._arena.arena import Arena
 from tabloader.engine._arena.shm import Segment, shm_available
 from tabloader.engine._deliver.batchmem import BatchMemory
+from tabloader.engine._deliver.collate import Collate, HandOver, OwnSlots, Pins
 from tabloader.engine._deliver.stream import JobStream, ServedStream
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._opening import OpenRequest, Resume
 from tabloader.engine._prepare.augment import Augmenter
 from tabloader.engine._prepare.decoding import DecodePool
 from tabloader.engine._prepare.fetch import Fetcher
@@ -43,27 +76,59 @@ from tabloader.engine._prepare.pool import PriorityPool
 from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
 from tabloader.engine._prepare.storage import CACHE_DIR, Share, StorageReads
 from tabloader.engine._prepare.work import Plan, Receiver
+from tabloader.engine._queue import jobs
 from tabloader.engine._queue.jobqueue import JobQueue
-from tabloader.engine._queue.jobs import (
-    JobState,
-    OnError,
-    cache_rows,
-    default_prefetch,
-    fit_prefetch,
-)
+from tabloader.engine._queue.jobs import JobState, OnError, RankState, RowSource, Seat
 from tabloader.engine._queue.queues import JobQueues
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.engine._queue.scheduler import DatasetScheduler
+from tabloader.engine._queue.sources import Sampled
 from tabloader.sampling import SAMPLERS, IndependentSampler
 
 if TYPE_CHECKING:
-    from tabloader.catalog import Dataset, Job
+    from typing_extensions import Unpack
 
-__all__ = ["JobStream", "Loader", "OnError", "default_loader"]
+    from tabloader.catalog import Dataset, Job, JobSpec
+    from tabloader.engine._opening import OpenArgs
+
+__all__ = ["JobPlan", "JobStream", "Loader", "OnError", "default_loader"]
 
 logger = logging.getLogger(__name__)
 
 LOOKAHEAD_BATCHES = 4  # default horizon, in batches
+UNPLACED = -1  # a prepared column's arena space before the job is admitted (``_place``)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What opening a job needs, checked (``Loader._plan``): nothing is made or registered
+    until it is admitted (``Loader._admit``).
+
+    Attributes:
+        job, spec: the catalog's job and the options it opens with.
+        dataset: the dataset version it reads.
+        rank, world_size: the rank asked for (for the log).
+        seat: its name, rank and world size here, and its row source.
+        columns: how its columns are prepared (arena spaces ``UNPLACED``) and its receiver.
+        notes: what the log says of the decodes it shares, or does not.
+        prefetch, floor, lookahead, epochs: batches ahead per rank, the least horizon (rows,
+            all ranks), the lookahead asked for, the epochs it reads.
+        resume: where it resumes (None: a fresh start).
+    """
+
+    job: Job
+    spec: JobSpec
+    dataset: Dataset
+    rank: int
+    world_size: int
+    seat: Seat
+    columns: Plan
+    notes: list[str]
+    prefetch: int
+    floor: int
+    lookahead: int | None
+    epochs: int | None
+    resume: Resume | None
 
 
 def _holds_bytes(cat: CatalogAPI) -> bool:
@@ -173,26 +238,17 @@ class Loader:
         self._procs: DecodePool | None = None
         self._memory = BatchMemory()  # the jobs' image batches, recycled
         try:
-            if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
-                try:
-                    self._segment = Segment.new("arena", max(cache_bytes, 1) + staging_bytes)
-                except CacheError as exc:  # /dev/shm too small: private memory, threads
-                    logger.warning("%s Decoding in threads instead.", exc)
-                else:
-                    # started at the first fixed-size decode (threads decode until they
-                    # run): a loader of numbers or of augmented jobs never needs them, and
-                    # their start (a forkserver, its imports) took a core from the first batch
-                    self._procs = DecodePool(self._segment, self.workers, self.max_pixels)
-            self._arena = Arena(
-                cache_bytes,
-                score=self._score,
-                buffer=None if self._segment is None else self._segment.buf,
-            )
+            self._arena = self._make_arena(cache_bytes, staging_bytes, decode)
         except BaseException:
             self._release_memory()
             if self._owns_catalog:
                 self.catalog.close()
             raise
+        # who receives the jobs' batches, chosen at each open: copied out for a job of this
+        # process (``open``), or handed over pinned to a server's client (``serve``)
+        self._pins = Pins(self._arena, self.access_log)
+        self.collate: Receiver = Collate(self._arena, self._memory, self._pins)
+        self.hand_over: Receiver = HandOver(self._arena, OwnSlots(self._arena), self._pins)
         self._pool = PriorityPool(self.workers, "tabloader-io")
         self._storage = StorageReads(
             Path(storage_cache_dir) if storage_cache_dir else self.catalog.root / CACHE_DIR,
@@ -208,6 +264,22 @@ class Loader:
         self._lock = threading.Lock()
         self._closed = False
         _LIVE_LOADERS.add(self)
+
+    def _make_arena(self, cache_bytes: int, staging_bytes: int, decode: str) -> Arena:
+        """The arena: in shared memory with decode processes writing into it (``decode``
+        "processes", where shared memory is available), else in private memory."""
+        if decode == "processes" and shm_available() and isinstance(cache_bytes, int):
+            try:
+                self._segment = Segment.new("arena", max(cache_bytes, 1) + staging_bytes)
+            except CacheError as exc:  # /dev/shm too small: private memory, threads
+                logger.warning("%s Decoding in threads instead.", exc)
+            else:
+                # started at the first fixed-size decode (threads decode until they run): a
+                # loader of numbers or of augmented jobs never needs them, and their start (a
+                # forkserver, its imports) took a core from the first batch
+                self._procs = DecodePool(self._segment, self.workers, self.max_pixels)
+        buffer = None if self._segment is None else self._segment.buf
+        return Arena(cache_bytes, score=self._score, buffer=buffer)
 
     @property
     def arena(self) -> Arena:
@@ -247,8 +319,10 @@ class Loader:
             return np.full(rows.size, np.inf), np.zeros(rows.size)
         return owner.score(space, rows)
 
-    def _scheduler(self, dataset: Dataset) -> DatasetScheduler:
-        """The dataset's scheduler, created (or moved to a newer version) as needed.
+    def _current(self, dataset: Dataset) -> DatasetScheduler | None:
+        """The scheduler that reads ``dataset`` (or an earlier version of it), None if none
+        does: not yet, or one reads a dataset of that name dropped since (``_scheduler``
+        replaces it).
 
         Raises:
             LoaderError: the dataset was dropped and imported again while jobs of this
@@ -256,21 +330,32 @@ class Loader:
         """
         found = self._schedulers.get(dataset.name)
         read = self._read.get(dataset.name)
-        if found is not None and read is not None and not _continues(read, dataset):
-            with found.cond:
-                readers = sorted(found.jobs)
-            if readers:
-                raise LoaderError(
-                    f"Dataset {dataset.name!r} was dropped and imported again while job(s) "
-                    f"{', '.join(readers)} of this loader still read the one dropped; close "
-                    "them (or let them finish), then open the job again."
-                )
-            found.close()  # its cached values are of the old rows: new spaces from here on
+        if found is None or read is None or _continues(read, dataset):
+            return found
+        with found.cond:
+            readers = sorted(found.jobs)
+        if readers:
+            raise LoaderError(
+                f"Dataset {dataset.name!r} was dropped and imported again while job(s) "
+                f"{', '.join(readers)} of this loader still read the one dropped; close "
+                "them (or let them finish), then open the job again."
+            )
+        return None
+
+    def _scheduler(self, dataset: Dataset) -> DatasetScheduler:
+        """The dataset's scheduler, created (or moved to a newer version) as needed.
+
+        Raises:
+            LoaderError: as ``_current``.
+        """
+        found = self._current(dataset)
+        stale = self._schedulers.get(dataset.name)
+        if found is None and stale is not None:  # of a dataset dropped since: its cached
+            stale.close()  # values are of the old rows, new spaces from here on
             self._storage.detach(dataset.name)
             del self._schedulers[dataset.name]
-            self._space_owner = {k: v for k, v in self._space_owner.items() if v is not found}
+            self._space_owner = {k: v for k, v in self._space_owner.items() if v is not stale}
             self._generation[dataset.name] = self._generation.get(dataset.name, 0) + 1
-            found = None
         reader = DatasetReader.from_spec(dataset.reader.spec(), memory_map=False)
         # Cheap columns are read through the memory map when rows are small (zero-copy); beside
         # payloads, with ``pread``: a map faults in the pages around each value it touches (the
@@ -278,65 +363,59 @@ class Loader:
         # and 285 ms against 30 to read those labels whole.
         table = reader if any(holds_bytes(f.type) for f in dataset.schema) else dataset.reader
         if found is None:
-            catalog, name = self.catalog, dataset.name
-            fetcher = Fetcher(
-                reader,
-                table,
-                self._arena,
-                self._pool,
-                on_done=lambda w: None,
-                workers=self.workers,
-                procs=self._procs,
-                memory=self._memory,
-                read_column=lambda column, rows: catalog.column(
-                    name, column, rows=rows, of=dataset
-                ),
-            )
-            queues = JobQueues(
-                dataset.num_rows,
-                self._sampler_cls(seed=self._seed),
-                gather_sampler=IndependentSampler(seed=self._seed),
-            )
-            sched = DatasetScheduler(
-                dataset.name,
-                dataset.num_rows,
-                queues,
-                fetcher,
-                close_job=lambda job: sched.remove(job),
-            )
-            fetcher.on_done = sched.landed
-            fetcher.access_log = self.access_log
-            self._schedulers[dataset.name] = sched
-        else:
-            sched = found
-            if self._read[dataset.name].version < dataset.version:
-                sched.fetcher.set_readers(reader, table)
-                sched.grow(dataset.num_rows)
-        self._storage.attach(sched, reader, self._arena)  # object storage: tier, read-ahead
+            found = self._schedulers[dataset.name] = self._new_scheduler(dataset, reader, table)
+        elif self._read[dataset.name].version < dataset.version:
+            found.fetcher.set_readers(reader, table)
+            found.grow(dataset.num_rows)
+        self._storage.attach(found, reader, self._arena)  # object storage: tier, read-ahead
         self._read[dataset.name] = dataset
+        return found
+
+    def _new_scheduler(
+        self, dataset: Dataset, reader: DatasetReader, table: DatasetReader
+    ) -> DatasetScheduler:
+        """A scheduler of ``dataset``, its fetcher reading ``reader`` and ``table``."""
+        catalog, name = self.catalog, dataset.name
+        fetcher = Fetcher(
+            reader,
+            table,
+            self._arena,
+            self._pool,
+            on_done=lambda w: None,
+            workers=self.workers,
+            procs=self._procs,
+            memory=self._memory,
+            read_column=lambda column, rows: catalog.column(name, column, rows=rows, of=dataset),
+            pins=self._pins,
+            access_log=self.access_log,
+        )
+        queues = JobQueues(
+            dataset.num_rows,
+            self._sampler_cls(seed=self._seed),
+            gather_sampler=IndependentSampler(seed=self._seed),
+        )
+        sched = DatasetScheduler(
+            dataset.name, dataset.num_rows, queues, fetcher, close_job=lambda job: sched.remove(job)
+        )
+        fetcher.on_done = sched.landed
         return sched
 
-    def open(
-        self,
-        job: str | Job | OpenRequest,
-        *,
-        remote: bool = False,
-        fed: bool = False,
-        **args: Any,
-    ) -> JobStream:
-        """Start consuming a registered job (or one rank of it, for data-parallel training).
+    def open(self, job: str | Job | OpenRequest, **args: Unpack[OpenArgs]) -> JobStream:
+        """Start consuming a registered job (or one rank of it, for data-parallel training) in
+        this process: its rows drawn by this loader's sampler, its batches copied out for it.
 
         Args:
-            job: the job name (or ``Job``), or the whole :class:`OpenRequest` (then alone):
-                ``args`` are its arguments (``OpenRequest.make``), declared there once:
+            job: the job name (or ``Job``), or the whole :class:`OpenRequest` (then alone).
+            **args: the open's arguments (:class:`OpenArgs`, made into one
+                :class:`OpenRequest`):
             spec: the job's options (default: the ones it was registered with).
-            **options: job options (``tabloader.catalog._options.JOB_OPTIONS``: ``batch_size``,
+            **options: job options (``tabloader.catalog.JobOptions``: ``batch_size``,
                 ``image_size``, here also ``(height, width)``, ``augment``...) laid over
                 ``spec`` (``JobSpec.from_options``; None: not given). ``augment``'s draws come
-                from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode (``_plan``).
+                from (``seed``, epoch, row ``_id``) on a shared aspect-kept decode.
             prefetch: batches prepared ahead of consumption, per rank (default: enough to keep
                 every worker busy, at least 2, more for batches of small images:
-                ``jobs.default_prefetch``).
+                ``default_prefetch``).
             lookahead: rows sampled ahead, per rank; more lets jobs at different moments
                 share rounds, at the cost of a longer queue of ids. Default: as far as the
                 cache holds (``queues.LOOKAHEAD_CACHES`` arena capacities of rounds, each job's
@@ -346,48 +425,49 @@ class Loader:
             epochs: stop iterating after this many epochs (None: never).
             state: a ``JobStream.state_dict()`` to resume from, mid-epoch.
             rank, world_size: this stream is rank ``rank`` of ``world_size`` data-parallel
-                ranks of the job (DDP). When both are None they are found from what launched
-                this process (an initialised torch.distributed process group, ``RANK`` and
-                ``WORLD_SIZE``, Lightning's launcher, SLURM's ``srun``...: the order and the
-                checks are in :mod:`tabloader.engine._queue.ranks`), else 0 and 1.
-            remote: for the loader service: the job's batches are received by a ``HandOver``
-                (:mod:`tabloader.engine._deliver.collate`), not a ``Collate``: handed over with
-                their values pinned in the arena, which its client copies them out of (see
-                ``tabloader.service._server``). Chosen here once, in the job's plan.
-            fed: for a node of a Ray cluster: the rank's rows come from the cluster leader
-                (``DatasetScheduler.feed``); just this rank opens here, a job of its own.
-
-        Data-parallel ranks: the ranks of one job in one loader are one job (one entry in
-        the sampler, so it still shares reads and decodes with every other job). The first
-        open creates it; each other rank opens it with its own ``rank`` and the same
-        ``world_size``, options and ``state``. Batches of ``batch_size`` rows are cut from the
-        job's random order as for a plain job and dealt round-robin: batch k of an epoch goes
-        to rank ``k % world_size``. Every rank gets ``n // (batch_size * world_size)`` batches
-        of an epoch of ``n`` rows; the last ``n % (batch_size * world_size)`` rows of the
-        epoch's uniformly random order (so a random subset, another each epoch) are dropped,
-        as with ``DistributedSampler(drop_last=True)``. With the job option ``drop_last =
-        false`` (evaluation jobs) no row is dropped: every rank gets ``ceil(n / world_size)``
-        rows (the last batch of each rank maybe short), the shares padded by repeating the
-        first rows of the epoch's order (fewer than ``world_size``), as with
-        ``DistributedSampler(drop_last=False)``. With ``world_size == 1`` nothing is dropped
-        or padded (the last batch of an epoch may be short).
-
-        The ranks go in lockstep: each has ``prefetch`` batches prepared ahead, and a rank
-        ahead of the others waits for the slowest (as DDP does anyway); no rank gets a batch
-        before every rank has opened, and a rank that has waited ``rank_timeout`` seconds (a
-        job option, default 45) for one that never opened raises ``LoaderError``. Each rank's
-        stream has its own ``epoch`` and ``stats``; ``state_dict()`` from any rank is the
-        job's state at that rank's step, so every rank should save at the same step (as DDP
-        checkpoints do) and all reopen with that state.
-        Closing a rank while the others go on drops its batches (a rank that leaves mid-epoch
-        loses its share of that epoch; it cannot rejoin until every rank has closed); the job
-        leaves the sampler with its last open rank.
+                ranks of the job (DDP; see the module docstring). When both are None they are
+                found from what launched this process (an initialised torch.distributed
+                process group, ``RANK`` and ``WORLD_SIZE``, Lightning's launcher, SLURM's
+                ``srun``...: :mod:`tabloader.engine._queue.ranks`), else 0 and 1.
 
         Raises:
             JobNotFoundError: no such job. LoaderError: bad options (``rank`` and
                 ``world_size`` included), the job (or that rank of it) is open already, or
                 open with another ``world_size``, other options or another ``state``.
         """
+        return JobStream(*self._open(job, args, Sampled, self.collate))
+
+    def serve(
+        self,
+        job: str | Job | OpenRequest,
+        *,
+        source: type[RowSource] = Sampled,
+        receiver: Receiver | None = None,
+        **args: Unpack[OpenArgs],
+    ) -> ServedStream:
+        """Open a job (as :meth:`open`) for a server to serve to its client process.
+
+        Args:
+            job, args: as :meth:`open`'s.
+            source: where its rows come from (:mod:`tabloader.engine._queue.sources`):
+                ``Sampled`` by this loader's sampler, or ``Fed`` by a leader through
+                ``ServedStream.feed`` (a node of a Ray cluster: each rank is a job of its own
+                here).
+            receiver: who receives its batches (default :attr:`hand_over`: handed over with
+                their values pinned in the arena, which its client copies them out of and
+                then releases; see ``tabloader.service._server``).
+        """
+        return ServedStream(*self._open(job, args, source, receiver or self.hand_over))
+
+    def _open(
+        self,
+        job: str | Job | OpenRequest,
+        args: OpenArgs,
+        source: type[RowSource],
+        receiver: Receiver,
+    ) -> tuple[DatasetScheduler, RankState]:
+        """Plan the open (:meth:`_plan`: checked, nothing made), admit the job (:meth:`_admit`:
+        its scheduler, arena spaces and state) and add it to its scheduler."""
         if self._closed:
             raise LoaderError("The loader is closed; create a new Loader.")
         if isinstance(job, OpenRequest) and args:
@@ -402,135 +482,157 @@ class Loader:
             request = OpenRequest.make(job, **args)
         else:
             request, known = OpenRequest.make(job.name, **args), job
-        rank, world_size = resolve_rank(request.rank, request.world_size)
-        prefetch, lookahead, epochs = request.prefetch, request.lookahead, request.epochs
         with self._lock:
-            info = self.catalog.job(request.job) if known is None else known
-            spec = request.resolve_spec(info.options)  # the one check of the merged options
-            batch_size = spec.batch_size
-            given = prefetch
-            augmenter, cap = job_augmenter(info.name, dict(spec.values))
-            if fed and not spec.drop_last:
-                raise LoaderError(
-                    f"Job {info.name!r}: drop_last = false (padded epochs) is not supported on "
-                    "a Ray cluster yet; open it there with drop_last = true (the default)."
-                )
-            if world_size > len(info.ids):
-                raise LoaderError(
-                    f"world_size={world_size}: job {info.name!r} has {len(info.ids)} rows, "
-                    "fewer than its ranks; a job has at most one rank per row."
-                )
-            share = rank_share(len(info.ids), batch_size, world_size, spec.drop_last)
-            if share == 0 and world_size > 1:
-                raise LoaderError(
-                    f"Job {info.name!r} has {len(info.ids)} rows, fewer than batch_size "
-                    f"({batch_size}) x world_size ({world_size}): no rank would get a batch; "
-                    "use a smaller batch_size."
-                )
-            dataset = self.catalog.dataset(info.dataset)
-            if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
-                raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
-            sched = self._scheduler(dataset)
-            # who receives its batches, chosen here once: the service's clients copy them
-            # out of shared memory, pinned until then; a job of this process copies at once
-            receiver = sched.fetcher.hand_over if remote else sched.fetcher.collate
-            plan = self._plan(sched, dataset, info, spec.image_size, receiver, augmenter, cap)
-            if prefetch is None:
-                prefetch = default_prefetch(self.workers, batch_size, plan)
-        if any(dec.dtype is None for dec in plan.gathered):  # strings, lists: pyarrow's own
+            plan = self._plan(request, known, source, receiver)
+            sched, state = self._admit(plan)
+        if any(dec.dtype is None for dec in state.plan.gathered):  # strings, lists: pyarrow's
             _warm_pyarrow()
-        local = 1 if fed else world_size  # a fed rank is a job of its own here
-        if receiver.pins:  # the service's cache holds its clients' prepared batches
-            rows = min(batch_size, len(info.ids))  # the batch the job can really produce
-            prefetch = fit_prefetch(self._arena.buffer.size, plan, rows * local, prefetch, given)
-        if fed and request.state is not None:
-            raise LoaderError(
-                "On a Ray cluster the leader keeps each job's progress (and checkpoints it); "
-                "open the job without state."
-            )
-        # object storage: sample at least as far ahead as the read-ahead fetches
-        ahead = 0 if lookahead else self._storage.ahead_rows(dataset.reader)
-        floor = local * max(
-            lookahead or LOOKAHEAD_BATCHES * batch_size, batch_size * prefetch, ahead
-        )
-        state_obj = JobState(
-            info.name if not fed or world_size == 1 else f"{info.name}[rank {rank}]",
-            info.ids,
-            plan,
-            batch_size,
-            prefetch=prefetch,
-            queue=JobQueue(
-                horizon=floor,
-                floor=floor,
-                lookahead=lookahead,
-                cache_rows=cache_rows(self._arena.buffer.size, plan),
-                arena_spaces=[space for _, space in plan.prepared],
-            ),
-            on_error=OnError(spec.on_error),
-            epochs=epochs,
-            world_size=local,
-            id_array=bitmap_to_array(info.ids).astype(np.int64),
-            remote=receiver.pins,
-            fed=fed,
-            rank_rows=share,
-            spec=spec,
-            weights=info.weights,
-        )
-        resume = request.resume(info, spec)
+        resume = plan.resume
         remaining, epoch = (None, 0) if resume is None else (resume.remaining, resume.epoch)
-        state_obj.scores = None if resume is None else resume.scores
-        state_obj.drawn = None if resume is None else resume.drawn
-        joined = sched.add(state_obj, remaining=remaining, epoch=epoch, rank=0 if fed else rank)
+        joined = sched.add(state, remaining=remaining, epoch=epoch, rank=plan.seat.rank)
         logger.info(
             "job %s opened on %s (%d rows)%s",
-            info.name,
-            info.dataset,
-            len(info.ids),
-            f" as rank {rank} of {world_size}" if world_size > 1 else "",
+            plan.job.name,
+            plan.job.dataset,
+            len(plan.job.ids),
+            f" as rank {plan.rank} of {plan.world_size}" if plan.world_size > 1 else "",
         )
-        return (ServedStream if remote or fed else JobStream)(sched, joined)
+        return sched, joined
 
     def _plan(
+        self, request: OpenRequest, known: Job | None, source: type[RowSource], receiver: Receiver
+    ) -> JobPlan:
+        """What opening ``request`` needs, checked: the job and its options, its place here
+        (its source's ``seat``), its columns' decodes, its prefetch and horizon, where it
+        resumes. Nothing is made or registered (the loader's lock is held).
+
+        Raises:
+            LoaderError: what the job cannot be opened with (see :meth:`open`).
+        """
+        rank, world_size = resolve_rank(request.rank, request.world_size)
+        info = self.catalog.job(request.job) if known is None else known
+        spec = request.resolve_spec(info.options)  # the one check of the merged options
+        batch_size = spec.batch_size
+        augmenter, cap = job_augmenter(info.name, dict(spec.values))
+        share = _share(info, spec, world_size)
+        seat = source.seat(
+            info.name,
+            spec,
+            rank=rank,
+            world_size=world_size,
+            share=share,
+            resumes=request.state is not None,
+        )
+        dataset = self.catalog.dataset(info.dataset)
+        if dataset.version < info.dataset_version:  # pragma: no cover - catalog invariant
+            raise LoaderError(f"job {info.name!r} is newer than its dataset; reopen it.")
+        current = self._current(dataset)
+        columns, notes = self._columns(current, dataset, info, spec, receiver, augmenter, cap)
+        prefetch = request.prefetch
+        if prefetch is None:
+            prefetch = jobs.default_prefetch(self.workers, batch_size, columns)
+        if receiver.pins:  # the service's cache holds its clients' prepared batches
+            rows = min(batch_size, len(info.ids)) * seat.world_size  # what the job produces
+            capacity = self._arena.buffer.size
+            prefetch = jobs.fit_prefetch(capacity, columns, rows, prefetch, request.prefetch)
+        ahead = request.lookahead or LOOKAHEAD_BATCHES * batch_size
+        if not request.lookahead:  # object storage: sample at least as far as it reads ahead
+            ahead = max(ahead, self._storage.ahead_rows(dataset.reader))
+        return JobPlan(
+            job=info,
+            spec=spec,
+            dataset=dataset,
+            rank=rank,
+            world_size=world_size,
+            seat=seat,
+            columns=columns,
+            notes=notes,
+            prefetch=prefetch,
+            floor=seat.world_size * max(ahead, batch_size * prefetch),
+            lookahead=request.lookahead,
+            epochs=request.epochs,
+            resume=request.resume(info, spec),
+        )
+
+    def _admit(self, plan: JobPlan) -> tuple[DatasetScheduler, JobState]:
+        """Make what the planned job needs: its dataset's scheduler, the arena spaces of its
+        prepared columns, its state (the loader's lock is held; the scheduler adds it)."""
+        info, spec = plan.job, plan.spec
+        sched = self._scheduler(plan.dataset)
+        columns = self._place(sched, plan.dataset, plan.columns)
+        for note in plan.notes:  # the service's log: what sharing costs whom
+            logger.info("%s", note)
+        resume = plan.resume
+        return sched, JobState(
+            plan.seat.name,
+            info.ids,
+            columns,
+            spec.batch_size,
+            prefetch=plan.prefetch,
+            queue=JobQueue(
+                horizon=plan.floor,
+                floor=plan.floor,
+                lookahead=plan.lookahead,
+                cache_rows=jobs.cache_rows(self._arena.buffer.size, columns),
+                arena_spaces=[space for _, space in columns.prepared],
+            ),
+            on_error=OnError(spec.on_error),
+            source=plan.seat.source,
+            epochs=plan.epochs,
+            world_size=plan.seat.world_size,
+            id_array=bitmap_to_array(info.ids).astype(np.int64),
+            spec=spec,
+            weights=info.weights,
+            scores=None if resume is None else resume.scores,
+            drawn=None if resume is None else resume.drawn,
+        )
+
+    def _columns(
         self,
-        sched: DatasetScheduler,
+        sched: DatasetScheduler | None,
         dataset: Dataset,
         job: Job,
-        size: Any,
+        spec: JobSpec,
         receiver: Receiver,
-        augmenter: Augmenter | None = None,
-        cap: int | None = None,
-    ) -> Plan:
-        """How the job's columns are prepared: gathered, or decoded into an arena space
-        (image columns: sizes and augmentation as :mod:`tabloader.engine._prepare.planning`
-        decides)."""
+        augmenter: Augmenter | None,
+        cap: int | None,
+    ) -> tuple[Plan, list[str]]:
+        """How the job's columns are prepared (gathered, or decoded: image columns' sizes and
+        augmentation as :mod:`tabloader.engine._prepare.planning` decides, beside the decodes
+        of the jobs open on ``sched``, the dataset's scheduler if any), and what the log says
+        of sharing. The prepared columns' arena spaces are given at admission (``_place``)."""
         schema = dataset.schema
-        columns = list(job.columns)
         gathered, prepared = [], []
         augment: dict[str, Augmenter] = {}
         larger, apart = [], []
-        for c in columns:
+        for c in job.columns:
             dec = decoder_for(schema.field(c))
-            if dec.kind is DecodeKind.IMAGE:
-                decodes = _open_decodes(sched, c)
-                col = column_plan(job.name, job.ids, c, size, augmenter, cap, decodes)
-                if col.augmenter is not None:
-                    augment[c] = col.augmenter
-                larger += [col.larger] if col.larger else []
-                apart += [col.apart] if col.apart else []
-                dec = decoder_for(schema.field(c), image_size=col.size, max_pixels=self.max_pixels)
-                gen = self._generation.get(dataset.name, 0)
-                name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
-                fixed = dec.image_size is not None and not isinstance(dec.image_size, Fit)
-                space = self._arena.space(name, num_rows=dataset.num_rows, fixed=fixed)
-                self._space_owner[space] = sched
-                prepared.append((dec, space))
-            else:
+            if dec.kind is not DecodeKind.IMAGE:
                 gathered.append(dec)
-        for note in larger + apart:  # the service's log: what sharing costs whom
-            logger.info("%s", note)
-        return Plan(
-            tuple(columns), tuple(gathered), tuple(prepared), augment, receiver, tuple(larger)
-        )
+                continue
+            decodes = [] if sched is None else _open_decodes(sched, c)
+            col = column_plan(job.name, job.ids, c, spec.image_size, augmenter, cap, decodes)
+            if col.augmenter is not None:
+                augment[c] = col.augmenter
+            larger += [col.larger] if col.larger else []
+            apart += [col.apart] if col.apart else []
+            dec = decoder_for(schema.field(c), image_size=col.size, max_pixels=self.max_pixels)
+            prepared.append((dec, UNPLACED))
+        columns = tuple(job.columns)
+        plan = Plan(columns, tuple(gathered), tuple(prepared), augment, receiver, tuple(larger))
+        return plan, larger + apart
+
+    def _place(self, sched: DatasetScheduler, dataset: Dataset, plan: Plan) -> Plan:
+        """``plan`` with the arena space of each prepared column (made if new)."""
+        gen = self._generation.get(dataset.name, 0)
+        prepared = []
+        for dec, _ in plan.prepared:
+            name = f"{dataset.name}{f'~{gen}' if gen else ''}/{dec.key}"
+            fixed = dec.image_size is not None and not isinstance(dec.image_size, Fit)
+            space = self._arena.space(name, num_rows=dataset.num_rows, fixed=fixed)
+            self._space_owner[space] = sched
+            prepared.append((dec, space))
+        return dataclasses.replace(plan, prepared=tuple(prepared))
 
     def storage_batch(self, uri: str, name: str, size: int, batch: int) -> bytes:
         """Record batch ``batch`` (-1: the tail) of part ``name`` (``size`` bytes) of the object
@@ -709,6 +811,26 @@ def default_loader(catalog: Catalog | str | os.PathLike[str] | None = None) -> L
             loader = Loader(catalog if isinstance(catalog, Catalog) else root, cache_bytes=cache)
             _DEFAULT_LOADERS[root] = loader
         return loader
+
+
+def _share(job: Job, spec: JobSpec, world_size: int) -> int:
+    """The rows of an epoch each of ``world_size`` ranks of ``job`` reads (``rank_share``).
+
+    Raises:
+        LoaderError: more ranks than rows, or ranks that would get no batch.
+    """
+    if world_size > len(job.ids):
+        raise LoaderError(
+            f"world_size={world_size}: job {job.name!r} has {len(job.ids)} rows, "
+            "fewer than its ranks; a job has at most one rank per row."
+        )
+    share = rank_share(len(job.ids), spec.batch_size, world_size, spec.drop_last)
+    if share == 0 and world_size > 1:
+        raise LoaderError(
+            f"Job {job.name!r} has {len(job.ids)} rows, fewer than batch_size ({spec.batch_size})"
+            f" x world_size ({world_size}): no rank would get a batch; use a smaller batch_size."
+        )
+    return share
 
 
 def _continues(read: Dataset, dataset: Dataset) -> bool:

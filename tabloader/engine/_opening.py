@@ -6,7 +6,8 @@ service.
 options given at the open (laid over the ones it was registered with, or over a whole
 ``spec``), the data-parallel ``rank`` and ``world_size``, ``prefetch``, ``lookahead``,
 ``epochs`` and a ``state`` to resume from. ``Loader.open``, ``RemoteLoader.open`` and
-``JobDataset`` take its arguments as they are (``OpenRequest.make``) or the request itself.
+``JobDataset`` take its arguments as they are (:class:`OpenArgs`, typed: ``OpenRequest.make``)
+or the request itself.
 
 Checks: each argument is checked as it is made (an unknown option with the closest known
 one, a bad count, a rank outside its world); the options given are merged with the registered
@@ -39,18 +40,21 @@ from tabloader.catalog._errors import (
     ServiceError,
     TabloaderError,
 )
-from tabloader.catalog._options import JOB_OPTIONS, JobSpec, check_options
+from tabloader.catalog._options import JOB_OPTIONS, JobOptions, JobSpec, check_options
 from tabloader.catalog._settings import SETTINGS, check_counts
 from tabloader.engine._queue.ranks import resolve_rank
 from tabloader.sampling._importance import ROWS_MAX, ImportanceScores
 from tabloader.sampling._states import Drawn
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from tabloader.catalog import Job
 
 __all__ = [
     "EPOCH_MAX",
     "OPEN_VERSION",
+    "OpenArgs",
     "OpenRequest",
     "Resume",
     "check_state",
@@ -65,6 +69,24 @@ _SEGMENTS = 64  # epochs a weighted job's state may have drawn ahead into (its q
 _STREAM = (1 << 128, 1 << 32, 1 << 62)  # a stream's entropy, key and round are below these
 _COUNTS = ("prefetch", "lookahead", "epochs")
 _WIRE_KEYS = frozenset({"v", "job", "options", "spec", "rank", "world_size", *_COUNTS, "state"})
+
+
+class OpenArgs(JobOptions, total=False):
+    """An open's keyword arguments (``Loader.open``, ``RemoteLoader.open``, ``JobDataset``):
+    the job options (:class:`~tabloader.catalog.JobOptions`) and the open's own, each as
+    :class:`OpenRequest` has it (None: not given)."""
+
+    spec: JobSpec | None
+    rank: int | None
+    world_size: int | None
+    prefetch: int | None
+    lookahead: int | None
+    epochs: int | None
+    state: Mapping[str, Any] | None
+
+
+_OWN = ("spec", "rank", "world_size", "prefetch", "lookahead", "epochs", "state")
+"""The open's own arguments (:class:`OpenArgs` beyond the job options)."""
 
 
 @dataclass(frozen=True)
@@ -117,21 +139,11 @@ class OpenRequest:
             check_state(self.state, self.epochs)
 
     @classmethod
-    def make(
-        cls,
-        job: str,
-        *,
-        spec: JobSpec | None = None,
-        prefetch: int | None = None,
-        lookahead: int | None = None,
-        epochs: int | None = None,
-        state: Mapping[str, Any] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        **options: Any,
-    ) -> OpenRequest:
+    def make(cls, job: str, **args: Unpack[OpenArgs]) -> OpenRequest:
         """The request of ``open(job, ...)``'s arguments: the job options are keywords."""
-        return cls(job, options, spec, rank, world_size, prefetch, lookahead, epochs, state)
+        given: dict[str, Any] = dict(args)
+        own = {name: given.pop(name, None) for name in _OWN}
+        return cls(job, given, **own)
 
     def resolved(self) -> OpenRequest:
         """This request with ``rank`` and ``world_size`` found from what launched this process
@@ -341,7 +353,8 @@ def _drawn(
     ):
         raise _not_a_state(f"the draws' epochs are {str(epochs_of)[:80]}")
     n, counts = len(job.ids), [int(c) for _, c in pairs]
-    tops = [len(remaining)] + [n] * (len(pairs) - 1)  # what each epoch has left at most
+    # what each epoch has left at most (no pairs: nothing drawn yet, a state saved at once)
+    tops = ([len(remaining)] + [n] * (len(pairs) - 1))[: len(pairs)]
     if (
         len(rows) % 4
         or len(rows) // 4 != sum(counts)

@@ -7,8 +7,8 @@
   with a ``JobDataset`` as ``train_dataset`` or ``eval_dataset``, resumed exactly once.
 
 Plain PyTorch, torchrun, Lightning and Ray Train need none: return
-``tabloader.torch.JobLoader(ds)`` from Lightning's ``train_dataloader()``; the README's
-"With your training framework" has a recipe for each.
+``tabloader.torch.JobLoader(ds)`` from Lightning's ``train_dataloader()``; docs/frameworks.md
+has a recipe for each.
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ Example:
 
 from __future__ import annotations
 
-from tabloader.sampling._base import Sampler
+from tabloader.sampling._base import JobStart, Sampler
 from tabloader.sampling._dependent import DependentSampler
 from tabloader.sampling._independent import IndependentSampler
 
-__all__ = ["SAMPLERS", "DependentSampler", "IndependentSampler", "Sampler"]
+__all__ = ["SAMPLERS", "DependentSampler", "IndependentSampler", "JobStart", "Sampler"]
 
 SAMPLERS: dict[str, type[DependentSampler] | type[IndependentSampler]] = {
     "dependent": DependentSampler,

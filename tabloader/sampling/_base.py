@@ -10,7 +10,7 @@ and :class:`~tabloader.sampling.IndependentSampler` implement it, on
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 from pyroaring import BitMap
@@ -19,11 +19,14 @@ from tabloader.catalog._errors import SamplingError
 from tabloader.sampling._states import SamplerState, UniformsState
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from tabloader.catalog._options import JobSpec
     from tabloader.sampling._importance import ImportanceScores
     from tabloader.sampling._states import Drawn
 
 __all__ = [
+    "JobStart",
     "Sampler",
     "Uniforms",
     "check_ids",
@@ -33,34 +36,38 @@ __all__ = [
 ]
 
 
+class JobStart(TypedDict, total=False):
+    """Where a job starts in a sampler (``Sampler.add_job``'s keywords; none: a fresh plain
+    job, its first epoch all of its rows)."""
+
+    remaining: BitMap | None  # resumed: the rows of its epoch still to read
+    epoch: int  # resumed: that epoch's number
+    weights: np.ndarray | None  # a weighted job's static weights (float64, ids ascending)
+    scores: ImportanceScores | None  # an importance job's scores to resume with
+    drawn: Drawn | None  # a weighted job's draws to resume with
+
+
 @runtime_checkable
 class Sampler(Protocol):
     """What a sampler offers: jobs join and leave, rounds hand out one row per job.
 
-    A sampler whose jobs share rounds also has ``give_back(name, rows)``: a job puts rows it
-    was handed and never read back into its epoch, so a job that joins late shares them
-    (:meth:`~tabloader.sampling.DependentSampler.give_back`; the engine looks for it).
+    A sampler whose jobs share rounds (``shares_rounds``) takes rows back: a job puts rows it
+    was handed and never read back into its epoch (``give_back``), so a job that joins late
+    shares them (:meth:`~tabloader.sampling.DependentSampler.give_back`).
     """
 
+    shares_rounds: ClassVar[bool]  # its jobs share rounds: it takes rows back (``give_back``)
+
     def add_job(
-        self,
-        name: str,
-        ids: BitMap,
-        spec: JobSpec | None = None,
-        *,
-        remaining: BitMap | None = None,
-        epoch: int = 0,
-        weights: np.ndarray | None = None,
-        scores: ImportanceScores | None = None,
-        drawn: Drawn | None = None,
+        self, name: str, ids: BitMap, spec: JobSpec | None = None, **start: Unpack[JobStart]
     ) -> None:
         """Register ``name``; its first epoch is all of ``ids`` (or ``remaining`` of them,
-        epoch ``epoch``, when it resumes). ``spec``: the job's options (``importance`` and
-        ``replacement`` are read). ``weights`` (float64, aligned with ``ids`` ascending) or
-        ``spec.importance == 'loss'`` make the job *weighted*: it draws from its own
-        distribution (:mod:`tabloader.sampling._weighted`). ``scores``: an importance job
-        resumes with these (``importance_scores`` of the run saved) instead of the prior;
-        ``drawn``: a weighted job with the draws of that run (``drawn``)."""
+        epoch ``epoch``, when it resumes: :class:`JobStart`). ``spec``: the job's options
+        (``importance`` and ``replacement`` are read). ``weights`` (float64, aligned with
+        ``ids`` ascending) or ``spec.importance == 'loss'`` make the job *weighted*: it draws
+        from its own distribution (:mod:`tabloader.sampling._weighted`). ``scores``: an
+        importance job resumes with these (``importance_scores`` of the run saved) instead of
+        the prior; ``drawn``: a weighted job with the draws of that run (``drawn``)."""
 
     def remove_job(self, name: str) -> None:
         """Unregister ``name``; no other job gains, loses or repeats a row."""
@@ -76,6 +83,10 @@ class Sampler(Protocol):
 
     def remaining(self, name: str) -> BitMap:
         """The rows ``name`` still has to read this epoch."""
+
+    def give_back(self, name: str, rows: np.ndarray) -> None:
+        """Return ``rows``, handed out to ``name`` this epoch and not read, to its epoch (a
+        sampler that ``shares_rounds``; the others raise ``SamplingError``)."""
 
     def epoch(self, name: str) -> int:
         """The current epoch of ``name`` (0 for its first)."""

@@ -139,6 +139,7 @@ class DependentSampler(SamplerBase[_Job]):
     """
 
     KIND = "dependent"
+    shares_rounds = True
 
     def __init__(self, seed: int | None = None) -> None:
         self._regions = Regions()
@@ -359,30 +360,29 @@ class DependentSampler(SamplerBase[_Job]):
         Returns:
             Per job of ``order``, its ``n`` rows.
         """
-        regions = self._regions
-        cnt = self._count
-        uni = self._uniforms
         m = len(order)
-        levels, dec = regions.groups(order)
+        levels, dec = self._regions.groups(order)
         if self.vectorize and len(levels[0]) == 1 and not any(levels[1:]) and not any(dec):
             return [self._rounds_one_region(order, n, levels[0][0])] * m
         if self.vectorize and _walk is not None and max(order) < 64:
             return self._rounds_walked(order, n, levels, dec)
+        return self._rounds_python(order, n, levels, dec)
+
+    def _rounds_python(
+        self, order: tuple[int, ...], n: int, levels: list[list[int]], dec: list[list[int]]
+    ) -> list[_Part]:
+        """The loop of :meth:`_rounds` in Python (``vectorize`` off, or no C walk)."""
+        regions = self._regions
+        cnt = self._count
+        uni = self._uniforms
+        m = len(order)
         out_cols: list[list[int]] = [[] for _ in range(m)]
         prefix = [0]
         for slot in order:
             prefix.append(prefix[-1] | 1 << slot)
         bits = [1 << slot for slot in order]
         c0 = [cnt[slot] for slot in order]
-        rows, keys, index, pos, reg = (
-            regions.rows,
-            regions.keys,
-            regions.index,
-            regions.pos,
-            regions.reg,
-        )
-        index_get = index.get
-        new_region = regions.region
+        rows = regions.rows
         one_level = [len(lv) == 1 for lv in levels]
         uni.ensure(2 * m)
         buf, bi = uni.buf, uni.i
@@ -428,31 +428,40 @@ class DependentSampler(SamplerBase[_Job]):
                 size_s += size_i
                 covered = s + 1
                 s = k
-            # Move the picked rows to their new regions (a row picked twice moves twice).
-            for row, mask in zip(pick_rows, pick_masks, strict=True):
-                r = reg[row]
-                arr = rows[r]
-                p = pos[row]
-                last = arr.pop()
-                if last != row:
-                    arr[p] = last
-                    pos[last] = p
-                new_key = keys[r] & ~mask
-                if new_key:
-                    found = index_get(new_key)
-                    if found is None:
-                        found = new_region(new_key)
-                        one_level = [len(lv) == 1 for lv in levels]
-                    arr = rows[found]
-                    pos[row] = len(arr)
-                    arr.append(row)
-                    reg[row] = found
-                else:
-                    reg[row] = -1
+            if self._move(pick_rows, pick_masks):  # a region was made: levels grew
+                one_level = [len(lv) == 1 for lv in levels]
         uni.i = bi
         for t, slot in enumerate(order):
             cnt[slot] = c0[t] - n
         return list(out_cols)
+
+    def _move(self, picked: list[int], masks: list[int]) -> bool:
+        """Move the ``picked`` rows of a round to their new regions, each leaving the jobs of
+        its mask (a row picked twice moves twice); True if a region was made."""
+        regions = self._regions
+        rows, keys, pos, reg = regions.rows, regions.keys, regions.pos, regions.reg
+        made = False
+        for row, mask in zip(picked, masks, strict=True):
+            r = reg[row]
+            arr = rows[r]
+            p = pos[row]
+            last = arr.pop()
+            if last != row:
+                arr[p] = last
+                pos[last] = p
+            new_key = keys[r] & ~mask
+            if new_key:
+                found = regions.index.get(new_key)
+                if found is None:
+                    found = regions.region(new_key)
+                    made = True
+                arr = rows[found]
+                pos[row] = len(arr)
+                arr.append(row)
+                reg[row] = found
+            else:
+                reg[row] = -1
+        return made
 
     CHUNK = 4096  # rounds per call of the C walk (its uniforms are a list of floats)
 
@@ -468,10 +477,7 @@ class DependentSampler(SamplerBase[_Job]):
             c0 = [cnt[slot] for slot in order]
             part = np.empty((m, steps), dtype=np.int64)
             uni.ensure(2 * m * steps)
-            uni.i = _walk.rounds(
-                steps, order, c0, levels, dec, uni.buf, uni.i, regions.rows, regions.keys,
-                regions.index, regions.pos, regions.reg, regions.region, part,
-            )  # fmt: skip
+            uni.i = _walk.rounds(regions, order, c0, levels, dec, uni.buf, uni.i, part)
             parts.append(part)
             for slot in order:
                 cnt[slot] -= steps

@@ -106,6 +106,17 @@ class IndependentSampler(SamplerBase[_Job]):
     def _plain_remaining(self, job: _Job) -> BitMap:
         return bitmap_from_array(np.sort(job.perm[job.ptr :]))
 
+    def give_back(self, name: str, rows: np.ndarray) -> None:
+        """Refused: each job reads its own permutation, nobody shares its rounds.
+
+        Raises:
+            SamplingError: always.
+        """
+        raise SamplingError(
+            f"give_back({name!r}): the independent sampler's jobs share no rounds, so nothing "
+            "is given back; use DependentSampler."
+        )
+
     def refcounts(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`refcount` of every row of ``ids`` (int64 array)."""
         ids = np.asarray(ids, dtype=np.int64)

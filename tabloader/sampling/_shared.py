@@ -45,6 +45,7 @@ class SamplerBase(Generic[J]):
 
     VERSION = 1
     KIND: ClassVar[str]  # the ``kind`` of its state_dict
+    shares_rounds: ClassVar[bool] = False  # its jobs' rounds hand out the same rows
     _jobs: dict[str, J]
     _next_seq: int
 

@@ -22,6 +22,7 @@ refused with the fix (:class:`ServiceCatalog`): DROP DATASET of a dataset an ope
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import threading
 import uuid
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from tabloader.catalog._api import OPERATIONS, Arg, Operation, StatementTarget, Wire
-from tabloader.catalog._errors import DatasetInUseError, ServiceError
+from tabloader.catalog._errors import DatasetInUseError, ServiceError, StorageError
 from tabloader.service._protocol import (
     Client,
     JobFieldsWire,
@@ -125,13 +126,33 @@ class SourceWire(TypedDict):
     description: str
 
 
+# The disk faults of writing a spool file, each with its fix (the folder is named with it).
+_SPOOL_FAULTS = {
+    errno.ENOSPC: "the disk is full: free space on the disk that holds {folder}",
+    errno.EDQUOT: "this user's disk quota is used up: free some of it on the disk that holds "
+    "{folder}",
+    errno.EROFS: "the disk is read-only: remount the disk that holds {folder} read-write",
+}
+
+
 def _send_source(source: Any, spool: Spool) -> SourceWire:
     import pyarrow as pa
 
     path = spool.new_file()
-    with pa.OSFile(str(path), "wb") as out, pa.ipc.new_stream(out, source.schema) as writer:
-        for batch in source.batches:
-            writer.write_batch(batch)
+    try:
+        with pa.OSFile(str(path), "wb") as out, pa.ipc.new_stream(out, source.schema) as writer:
+            for batch in source.batches:
+                writer.write_batch(batch)
+    except OSError as exc:
+        fault = _SPOOL_FAULTS.get(exc.errno or 0)
+        if fault is None:
+            raise
+        raise StorageError(
+            f"Importing data held in memory through the loader service failed writing it to "
+            f"{path}, for the service to read: {os.strerror(exc.errno or 0)}. Nothing was "
+            f"imported; {fault.format(folder=path.parent)}, and import again.",
+            path=str(path),
+        ) from exc
     return {
         "path": str(path),
         "class_names": source.class_names,

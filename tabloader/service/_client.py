@@ -7,7 +7,8 @@ read-only) into the job's own arrays, then released (see :mod:`tabloader.service
 
 If no service runs for the catalog, :func:`dial` starts one in the background (a detached
 ``tabloader --catalog DIR serve --idle-exit S``; ``S`` is ``$TABLOADER_IDLE_EXIT``, default
-30 s) and waits for it; two scripts that start at once end up with one service. It runs in
+30 s) and waits for it (also while it waits for a catalog another process holds:
+:mod:`tabloader.service._turns`); two scripts that start at once end up with one service. It runs in
 ``/``, whoever started it, so paths go to it absolute (:mod:`tabloader.service._connection`
 resolves relative ones against the client's working directory). Statements and the catalog's
 other calls go through :func:`tabloader.connect`, which uses the service while one runs.
@@ -23,10 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,11 +35,12 @@ from tabloader.catalog._directory import resolve_root
 from tabloader.catalog._errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 from tabloader.catalog._options import JobSpec
 from tabloader.catalog._settings import setting
+from tabloader.catalog.storage._stores import STORAGE_ENV, storage_uri
 from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
-from tabloader.engine._deliver.streams import report_arrays
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._deliver.streams import StreamBase, report_arrays
+from tabloader.engine._opening import OpenArgs, OpenRequest
 from tabloader.service._listener import STARTER_ENV
 from tabloader.service._plugins import Locator, locator
 from tabloader.service._protocol import (
@@ -52,6 +53,9 @@ from tabloader.service._protocol import (
     state_from_wire,
 )
 from tabloader.service._reopen import Ahead, forget, register, settle
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
@@ -76,15 +80,23 @@ sys.exit(main())
 
 
 def _service_env() -> dict[str, str]:
-    """This process's environment with ``PYTHONPATH`` absolute: its relative entries mean this
-    process's working directory (the service runs in /), so the service imports our packages.
-    """
+    """This process's environment with its paths absolute: relative ones mean this process's
+    working directory (the service runs in /): ``PYTHONPATH`` (so the service imports our
+    packages) and ``$TABLOADER_STORAGE`` (so it reads the parts this process would read)."""
     env = dict(os.environ)
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)
         )
+    if env.get(STORAGE_ENV):
+        env[STORAGE_ENV] = str(storage_uri(Path("/")))
     return env
+
+
+def _start_seconds() -> float:
+    """How long a client waits for the service it starts: ``START_TIMEOUT_S``, and the
+    ``lock_wait`` that a service waits for a catalog another process holds."""
+    return START_TIMEOUT_S + float(setting("lock_wait"))
 
 
 def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
@@ -108,7 +120,8 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
     except ServiceError:
         if not start:
             raise
-    deadline = time.monotonic() + START_TIMEOUT_S
+    start_s = _start_seconds()
+    deadline = time.monotonic() + start_s
     fd = os.open(runtime_dir(root) / "starting", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         while True:  # polled, not blocking: a stopped client holding it cannot hang us
@@ -121,7 +134,7 @@ def dial(root: str | os.PathLike[str], *, start: bool = True) -> Client:
                 if time.monotonic() > deadline:
                     raise ServiceError(
                         f"Another process has been starting the tabloader service for catalog "
-                        f"{root} for {START_TIMEOUT_S:.0f} s; see {runtime_dir(root) / LOG_FILE}."
+                        f"{root} for {start_s:.0f} s; see {runtime_dir(root) / LOG_FILE}."
                     ) from None
                 time.sleep(START_POLL_S)
         try:  # it may have come up while we waited for the lock
@@ -158,7 +171,7 @@ def _start(root: Path, deadline: float) -> Client:
                     raise
                 raise ServiceError(
                     f"The tabloader service for catalog {root} did not answer within "
-                    f"{START_TIMEOUT_S:.0f} s; see {log}."
+                    f"{_start_seconds():.0f} s; see {log}."
                 ) from exc
             if (proc is None or ended) and service_pid(root) is None:
                 proc, start_of_ours = _spawn(root, log)
@@ -366,10 +379,10 @@ class RemoteLoader:
                     self._ctl = Client(self.root, node=self.node)
 
     def open(
-        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Any
+        self, job: str | OpenRequest, *, read_ahead: bool = False, **args: Unpack[OpenArgs]
     ) -> RemoteStream:
-        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (``OpenRequest.make``),
-        or the whole ``OpenRequest``.
+        """Open ``job`` in the service; ``args`` as ``Loader.open``'s (:class:`OpenArgs`,
+        made into one ``OpenRequest``), or the whole ``OpenRequest``.
 
         ``rank`` and ``world_size`` are found here, in this process (never in the service),
         from what launched it when both are None (a process group, torchrun's ``RANK`` and
@@ -482,7 +495,7 @@ class RemoteLoader:
         self.close()
 
 
-class RemoteStream:
+class RemoteStream(StreamBase):
     """One job's batches from the service; the interface of ``JobStream``.
 
     **Reading ahead.** As soon as a batch is copied out of the shared memory (and its values
@@ -522,6 +535,7 @@ class RemoteStream:
         self._epoch_hint: int | None = None  # the epoch it opened at, until a batch moves it
         # the reply read ahead was this error, for a later epoch than the one being read
         self._failed: TabloaderError | None = None
+        self._closed = False  # by close(), maybe from another thread
 
     @property
     def epoch(self) -> int:
@@ -537,37 +551,56 @@ class RemoteStream:
             return int(self._conn.call("epoch")["epoch"])
 
     def take(self, epoch: int | None = None) -> dict[str, Any] | None:
-        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
-        with self._lock:
-            self._epoch_hint = None
-            start = time.perf_counter()
-            if self._returned is not None:
-                self._compute_s += start - self._returned
-            reply = self._collect()  # counts its own wait for a reply read ahead
-            failed = self._failed
-            if failed is not None:  # the next batch failed: raise it when it is asked for
-                if epoch is not None and getattr(failed, "epoch", epoch) > epoch:
-                    self._returned = time.perf_counter()
-                    return None  # ``epoch`` ended before it
-                self._failed = None
-                raise failed
-            start = time.perf_counter()
-            if reply is None:
-                reply = self._conn.call("next", **self._timing())
-            if reply.get("end"):
-                batch = None
-            elif epoch is not None and int(reply["epoch"]) != epoch:
-                self._ready, batch = reply, None  # of a later epoch: kept for its take
-            else:
-                copy = time.perf_counter()
-                batch = self._build(reply.get("batch"))
-                done = time.perf_counter()
-                self._copy_s += done - copy
-                self._wait_s += done - start  # the copy counts as waiting
-                self._conn.send("next", release=[int(reply["ticket"])], **self._timing())
-                self._ahead = True
-            self._returned = time.perf_counter()
-            return batch
+        """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch.
+
+        Raises:
+            LoaderError: the job's error; or the stream is closed (also by ``close()`` from
+                another thread while this waits: not a lost service).
+        """
+        try:
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                return self._take_locked(epoch)
+        except TabloaderError:
+            if self._closed:  # what failed is the connection close() hung up
+                raise self._closed_error() from None
+            raise
+
+    def _closed_error(self) -> LoaderError:
+        return LoaderError(f"Job stream {self.name!r} is closed; open the job again.")
+
+    def _take_locked(self, epoch: int | None) -> dict[str, Any] | None:
+        """``take`` with ``_lock`` held."""
+        self._epoch_hint = None
+        start = time.perf_counter()
+        if self._returned is not None:
+            self._compute_s += start - self._returned
+        reply = self._collect()  # counts its own wait for a reply read ahead
+        failed = self._failed
+        if failed is not None:  # the next batch failed: raise it when it is asked for
+            if epoch is not None and getattr(failed, "epoch", epoch) > epoch:
+                self._returned = time.perf_counter()
+                return None  # ``epoch`` ended before it
+            self._failed = None
+            raise failed
+        start = time.perf_counter()
+        if reply is None:
+            reply = self._conn.call("next", **self._timing())
+        if reply.get("end"):
+            batch = None
+        elif epoch is not None and int(reply["epoch"]) != epoch:
+            self._ready, batch = reply, None  # of a later epoch: kept for its take
+        else:
+            copy = time.perf_counter()
+            batch = self._build(reply.get("batch"))
+            done = time.perf_counter()
+            self._copy_s += done - copy
+            self._wait_s += done - start  # the copy counts as waiting
+            self._conn.send("next", release=[int(reply["ticket"])], **self._timing())
+            self._ahead = True
+        self._returned = time.perf_counter()
+        return batch
 
     def _collect(self) -> Message | None:
         """The reply read ahead (waiting for it if it is on its way), or None; the caller
@@ -593,16 +626,6 @@ class RemoteStream:
         timing = {"wait_s": self._wait_s, "compute_s": self._compute_s}
         self._wait_s = self._compute_s = 0.0
         return timing
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while (batch := self.take(None)) is not None:
-            yield batch
-
-    def iter_epoch(self) -> Iterator[dict[str, Any]]:
-        """Yield the remaining batches of the current epoch."""
-        epoch = self.epoch
-        while (batch := self.take(epoch)) is not None:
-            yield batch
 
     def next_batch(self) -> dict[str, Any]:
         """The next batch (``LoaderError`` after the last epoch)."""
@@ -662,6 +685,7 @@ class RemoteStream:
         batch read ahead and not come yet is given up), unless a ``take`` blocks in another
         thread for ``CLOSE_WAIT_S``: a connection that just drops is a client that died (on a
         Ray cluster, its job's other ranks then fail)."""
+        self._closed = True  # first: a take() it interrupts says closed, not lost
         self._finalizer.detach()
         forget(self._key, self)
         if self._lock.acquire(timeout=self.CLOSE_WAIT_S):
@@ -686,12 +710,6 @@ class RemoteStream:
     @_ahead.setter
     def _ahead(self, value: bool) -> None:
         self._ahead_out.value = value
-
-    def __enter__(self) -> RemoteStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- copying out of shared memory -----------------------------------------------------------
     def _build(self, wire: Any) -> dict[str, Any]:

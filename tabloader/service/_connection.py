@@ -1,7 +1,8 @@
 """``tabloader.connect``: a catalog, the same to its user whether its loader service runs or not.
 
-A :class:`Connection` opens the catalog in this process when no other process holds it, and
-otherwise talks to the catalog's running service (which holds it: DuckDB allows one owner). A
+A :class:`Connection` talks to the catalog's running service (which holds it: DuckDB allows one
+owner), or opens the catalog in this process when none runs; a catalog that another process holds
+meanwhile is waited for, in turns (:mod:`tabloader.service._turns`; ``docs/many-processes.md``). A
 ``Connection`` is the catalog API (:class:`tabloader.catalog._api.CatalogAPI`): each operation of
 its table either calls the ``Catalog`` of this process or goes to the service as one request
 (:mod:`tabloader.service._catalog_ops`, which says how values cross). Every method returns the same
@@ -20,21 +21,19 @@ read.
 from __future__ import annotations
 
 import os
-import re
-import time
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tabloader import catalog
 from tabloader.catalog._api import CatalogAPI, Operation, Wire
-from tabloader.catalog._directory import resolve_root
+from tabloader.catalog._directory import is_open, resolve_root
 from tabloader.catalog._errors import CatalogLockedError, ServiceError, ServiceStuckError
 from tabloader.catalog._model import Job
 from tabloader.catalog._options import default_cache_problem
 from tabloader.service._catalog_ops import request
 from tabloader.service._client import dial
 from tabloader.service._protocol import Client, service_pid
+from tabloader.service._turns import LockWait, Turn
 
 if TYPE_CHECKING:
     from tabloader.catalog import Catalog
@@ -46,35 +45,16 @@ def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Conne
     """The catalog at ``path`` (default as ``catalog.open_catalog``), through its service while one
     runs; ``options`` as ``catalog.open_catalog`` (they apply when this process opens it).
 
+    A catalog that another process holds for a moment (a statement, an import, a service
+    starting or stopping) is waited for, up to ``$TABLOADER_LOCK_WAIT`` seconds (default 60;
+    see :mod:`tabloader.service._turns`): many processes that connect at once take turns.
+
     Raises:
-        CatalogLockedError: another process holds the catalog and it is not a service.
+        CatalogLockedError: another process held the catalog for all that time (it names that
+            process and the ways out), or this process has it open already.
         ServiceStuckError: its service holds it but does not answer.
     """
     return Connection(path, **options)
-
-
-RACE_S = 10.0
-"""Seconds a connection waits for a service that holds the catalog but has no socket (it is
-starting, or stopping): then it goes through the service, or opens the catalog itself."""
-RACE_POLL_S = 0.05
-
-
-def _service_holds(root: Path, locked: CatalogLockedError) -> bool:
-    """Whether the process that holds ``root`` (``locked`` names its pid) is its service: one
-    holds the service lock, or the DuckDB lock's holder runs ``serve`` (a service that let
-    its service lock go, closing its catalog)."""
-    if service_pid(root) is not None:
-        return True
-    pid = re.search(r"\(PID (\d+)\)", str(locked))
-    if pid is None:  # another Catalog of this process
-        return False
-    try:
-        with open(f"/proc/{pid.group(1)}/cmdline", "rb") as f:
-            return b"serve" in f.read(1 << 16).split(b"\0")
-    except FileNotFoundError:  # it exited meanwhile: the next try opens the catalog
-        return True
-    except OSError:
-        return False
 
 
 def _warn_default_cache(job: Job) -> None:
@@ -98,27 +78,57 @@ class Connection(CatalogAPI):
         self._local: Catalog | None = None
         self._ctl: Client | None = None
         self.service_pid: int | None = None
-        deadline = time.monotonic() + RACE_S
-        while self._ctl is None:
-            try:
-                self._local = catalog.open_catalog(path, **options)
-                self.root = self._local.root
-                return
-            except CatalogLockedError as locked:
-                self.root = resolve_root(path)
-                try:
-                    self._ctl = dial(self.root, start=False)
-                except ServiceStuckError:
-                    raise
-                except ServiceError:  # no socket: a service starting or stopping, or no service
-                    if time.monotonic() > deadline or not _service_holds(self.root, locked):
-                        raise locked from None
-                    time.sleep(RACE_POLL_S)
+        self.root = resolve_root(path)
+        self._turn = Turn(self.root)  # kept while the catalog is open here
+        waiting = LockWait(self.root)
+        try:
+            while not self._try_open(path, options, waiting):
+                pass
+        except BaseException:
+            self._turn.release()
+            raise
+        if self._local is not None:
+            return
+        self._turn.release()
+        assert self._ctl is not None
         try:
             self.service_pid = int(self._ctl.call("hello")["pid"])
         except BaseException:
             self._ctl.close()
             raise
+
+    def _try_open(self, path: Any, options: dict[str, Any], waiting: LockWait) -> bool:
+        """One try (see :mod:`tabloader.service._turns`): open the catalog here (``_local``),
+        or connect to its service (``_ctl``); else pause before the next (False)."""
+        running = service_pid(self.root)
+        if running is None:
+            # (this process has it open: the open below says so at once, whoever has the turn)
+            holder = None if is_open(self.root) else self._turn.take()
+            if holder is not None:  # another process opens the catalog, or has it open
+                waiting.pause(holder, cheap=True)
+                return False
+            try:
+                self._local = catalog.open_catalog(path, **options)
+                self.root = self._local.root
+                return True
+            except CatalogLockedError as locked:
+                if locked.pid is None and is_open(self.root):  # this process has it
+                    raise
+                why = locked
+        else:  # the catalog is its service's: this process takes no turn
+            self._turn.release()
+        try:
+            self._ctl = dial(self.root, start=False)
+            return True
+        except ServiceStuckError:
+            raise
+        except ServiceError:  # no service, or one starting or stopping
+            pass
+        if running is not None:
+            waiting.pause(running, service=True, cheap=True)
+        else:
+            waiting.pause(why.pid)
+        return False
 
     def _perform(self, op: Operation, arguments: dict[str, Any]) -> Any:
         """Every operation of the API: by the catalog of this process, or by the service."""
@@ -164,6 +174,7 @@ class Connection(CatalogAPI):
         """Close the catalog, or the connection to its service. Idempotent."""
         if self._local is not None:
             self._local.close()
+            self._turn.release()  # after the catalog: the next process finds it free
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None

@@ -133,6 +133,9 @@ class Listener:
         catalog_root: the catalog this service owns.
         handler: makes the handler of each new session.
         node: the Ray node whose loader this is (None: the catalog's local service).
+        listen: make the socket now; False: only take the service lock and write the key,
+            and ``listen()`` later (a service that must open its catalog first: clients find
+            no socket until it can answer, rather than one that does not answer).
 
     Raises:
         ServiceRunningError: a service already runs for the catalog.
@@ -145,6 +148,7 @@ class Listener:
         handler: Callable[[Session], Handler],
         *,
         node: str | None = None,
+        listen: bool = True,
     ) -> None:
         self._root, self._factory = Path(catalog_root), handler
         directory = runtime_dir(self._root, node)
@@ -166,15 +170,21 @@ class Listener:
         try:
             self._lock_fd = _lock_service(directory / "lock", self._root)
             self._key = _write_key(self._key_path)
-            if self._sock_path.exists() or self._sock_path.is_symlink():
-                logger.info("removing the stale socket %s (its service is gone)", self._sock_path)
-                self._sock_path.unlink()
-            self._sock.bind(os.fspath(self._sock_path))
-            os.chmod(self._sock_path, 0o600)
-            self._sock.listen(socket.SOMAXCONN)
+            if listen:
+                self.listen()
         except BaseException:
             self.close()
             raise
+
+    def listen(self) -> None:
+        """Make the socket (a stale one of a service that died is removed first): clients
+        connect from now on, and wait in its backlog until ``serve_forever`` accepts them."""
+        if self._sock_path.exists() or self._sock_path.is_symlink():
+            logger.info("removing the stale socket %s (its service is gone)", self._sock_path)
+            self._sock_path.unlink()
+        self._sock.bind(os.fspath(self._sock_path))
+        os.chmod(self._sock_path, 0o600)
+        self._sock.listen(socket.SOMAXCONN)
         logger.info("listening on %s for catalog %s", self._sock_path, self._root)
 
     @property

@@ -4,7 +4,7 @@ Two plugs, both used by the Ray cluster (:mod:`tabloader.cluster._node`) and by 
 
 * A :class:`Feed` gives the rows of every job opened in a service (``Service(feed=...)``): a
   node's loader is fed by the cluster's leader instead of sampling its jobs itself. The service
-  opens each job fed (``Loader.open(fed=True)``) and tells the feed when a rank joins or leaves.
+  opens each job fed (``Loader.serve(source=Fed)``) and tells the feed when a rank joins or leaves.
 * A :class:`Locator` tells a client which node's loader serves a catalog for this process (a
   Ray worker of a cluster serving it), registered with :func:`set_locator` when the cluster
   layer is imported; without one, a client uses the catalog's local service.

@@ -141,36 +141,51 @@ RELEASE_MAX = 256  # tickets one request releases at most
 LOG_FILE = "service.log"  # the service's log, in its runtime_dir (<catalog>/.service)
 
 
-def runtime_dir(catalog_root: Path, node: str | None = None) -> Path:
+def runtime_dir(catalog_root: Path, node: str | None = None, *, create: bool = True) -> Path:
     """Return the service's private directory for a catalog, creating it (mode 0700).
 
-    ``<catalog_root>/.service``, or ``/tmp/tabloader-<uid>/<sha256(root)[:16]>`` when a socket
-    path in the former would pass the AF_UNIX length limit. The loader of Ray node ``node``
+    ``<catalog_root>/.service``; or ``/tmp/tabloader-<uid>/<sha256(root)[:16]>`` when a socket
+    path in the former would pass the AF_UNIX length limit, or when this user may not write
+    the catalog directory (a read-only catalog: its service, and every client, use the
+    fallback; nothing is written in the catalog). The loader of Ray node ``node``
     (:mod:`tabloader.cluster._node`) has ``node-<id>`` in there: the nodes of a cluster (and of
     a cluster simulated on one machine) share the catalog directory.
 
+    Args:
+        catalog_root: the catalog directory.
+        node: the Ray node whose loader's directory it is (None: the catalog's service).
+        create: create what is missing; False only finds where it is (a client looking for a
+            service: a missing directory means none runs, and nothing is created).
+
     Raises:
-        ServiceError: the catalog directory does not exist, or the service directory exists
-            but is not ours alone (owner, mode, not a directory).
+        ServiceError: the catalog directory does not exist, the service directory cannot be
+            created (with the fix), or it exists but is not ours alone (owner, mode, not a
+            directory).
     """
     root = Path(catalog_root).resolve()
     if not root.is_dir():  # checked first: the /tmp fallback below would not notice
         raise ServiceError(f"no catalog directory at {root}; check the catalog path")
     path = root / ".service"
-    if len(os.fsencode(path / "node-0123456789abcdef" / "sock")) > _SOCKET_PATH_MAX:
+    long = len(os.fsencode(path / "node-0123456789abcdef" / "sock")) > _SOCKET_PATH_MAX
+    if long or not _writable(path if os.path.lexists(path) else root):
         base = Path("/tmp") / f"tabloader-{os.getuid()}"
-        _make_private_dir(base)
+        _private_dir(base, create)
         path = base / hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
-    _make_private_dir(path)
+    _private_dir(path, create)
     if node is not None:
         path = path / f"node-{node[:16]}"
-        _make_private_dir(path)
+        _private_dir(path, create)
     return path
 
 
+def _writable(path: Path) -> bool:
+    """Whether this user may create files in folder ``path`` (not on a read-only mount)."""
+    return os.access(path, os.W_OK | os.X_OK)
+
+
 def socket_path(catalog_root: Path, node: str | None = None) -> Path:
-    """Return the path of the service's Unix socket for a catalog."""
-    return runtime_dir(catalog_root, node) / "sock"
+    """Return the path of the service's Unix socket for a catalog (creating nothing)."""
+    return runtime_dir(catalog_root, node, create=False) / "sock"
 
 
 KEY_BYTES = 32
@@ -178,8 +193,9 @@ KEY_BYTES = 32
 
 
 def key_path(catalog_root: Path, node: str | None = None) -> Path:
-    """Return the path of the service's authentication key (``KEY_BYTES``, mode 0600)."""
-    return runtime_dir(catalog_root, node) / "authkey"
+    """Return the path of the service's authentication key (``KEY_BYTES``, mode 0600;
+    creating nothing)."""
+    return runtime_dir(catalog_root, node, create=False) / "authkey"
 
 
 def service_pid(catalog_root: Path, node: str | None = None) -> int | None:
@@ -187,10 +203,10 @@ def service_pid(catalog_root: Path, node: str | None = None) -> int | None:
     answering or not), else None."""
     try:
         fd = os.open(  # never through a link, never blocking (a FIFO put in its place)
-            runtime_dir(catalog_root, node) / "lock",
+            runtime_dir(catalog_root, node, create=False) / "lock",
             os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
         )
-    except OSError:
+    except (OSError, ServiceError):  # no service directory (or none we would talk to)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -220,6 +236,7 @@ class Client:
     ) -> None:
         self._root = Path(catalog_root)
         self._call_lock, self._sock_lock = threading.Lock(), threading.Lock()
+        self._closed = False  # by close(): a request that then fails lost nothing
         path, key_file = socket_path(self._root, node), key_path(self._root, node)
         none = (
             f"no tabloader service runs for catalog {self._root}; "
@@ -341,7 +358,14 @@ class Client:
         return self._sock
 
     def _lost(self, exc: BaseException) -> ServiceError:
+        closed = self._closed
         self.close()
+        if closed:  # close() of this process, from another thread: the service is fine
+            return ServiceError(
+                f"this connection to the tabloader service of catalog {self._root} was "
+                "closed (close() from another thread) while a request waited for its "
+                "reply; connect again to go on"
+            )
         return ServiceError(
             f"lost the tabloader service for catalog {self._root} ({describe(exc)}); the "
             "jobs' places in their epochs went with it. Make a new JobDataset or RemoteLoader "
@@ -350,6 +374,7 @@ class Client:
 
     def close(self) -> None:
         """Close the connection (a call in flight in another thread raises). Idempotent."""
+        self._closed = True
         with self._sock_lock:
             if self._sock is not None:
                 with contextlib.suppress(OSError):
@@ -836,14 +861,13 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _make_private_dir(path: Path) -> None:
-    try:
-        os.mkdir(path, 0o700)
-        os.chmod(path, 0o700)  # whatever the umask
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise ServiceError(f"cannot create the service directory {path}: {exc.strerror}") from exc
+def _private_dir(path: Path, create: bool) -> None:
+    """Check that ``path`` is a folder of this user's alone (mode 0700), creating it first
+    with ``create``; without, a missing folder is no error (the caller finds nothing in it)."""
+    if not os.path.lexists(path):
+        if not create:
+            return
+        _make_private_dir(path)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise ServiceError(f"{path} is not a directory; remove it")
@@ -852,3 +876,18 @@ def _make_private_dir(path: Path) -> None:
     if st.st_mode & 0o077:
         mode = stat.filemode(st.st_mode)
         raise ServiceError(f"{path} is open to others ({mode}); run `chmod 700 {path}`")
+
+
+def _make_private_dir(path: Path) -> None:
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # whatever the umask
+    except FileExistsError:  # made meanwhile: checked as any other
+        pass
+    except OSError as exc:
+        raise ServiceError(
+            f"cannot create the service directory {path}: {exc.strerror}. The loader service "
+            f"keeps its socket there (in the catalog directory, or in /tmp for a catalog this "
+            f"user may not write): make {path.parent} writable for this user, or free space "
+            "there."
+        ) from exc

@@ -43,19 +43,19 @@ from typing import Any, NoReturn, TypedDict, cast
 
 import numpy as np
 
-from tabloader import catalog
 from tabloader.catalog._api import StatementTarget
 from tabloader.catalog._directory import not_a_catalog
 from tabloader.catalog._errors import LoaderError, ServiceError
 from tabloader.engine import Loader
-from tabloader.engine._deliver.collate import release
 from tabloader.engine._deliver.handoff import HandedBatch, Staging
 from tabloader.engine._deliver.stream import ServedStream
 from tabloader.engine._deliver.streams import no_importance
 from tabloader.engine._opening import OpenRequest
 from tabloader.engine._prepare.storage import Share, node_cache_dir
+from tabloader.engine._queue.sources import Fed
 from tabloader.service._catalog_ops import CatalogOps
 from tabloader.service._listener import STARTER_ENV, Listener, ServiceRunningError, Session
+from tabloader.service._metrics import MetricsServer, render_metrics
 from tabloader.service._plugins import Feed
 from tabloader.service._protocol import (
     FDS,
@@ -76,6 +76,7 @@ from tabloader.service._protocol import (
     runtime_dir,
     state_to_wire,
 )
+from tabloader.service._turns import open_catalog
 
 __all__ = ["ClientInfo", "JobSeat", "Service"]
 
@@ -112,6 +113,9 @@ class Service:
             (``Loader``'s; None: the setting, ``--storage-cache-bytes``); a node's is its own,
             ``node_cache_dir(node)`` under the catalog.
         storage_share: a Ray node's partitioned cache around its tier (``Loader``'s).
+        metrics_port: serve the figures of ``stats()`` for Prometheus at
+            ``http://127.0.0.1:PORT/metrics`` until closed (:mod:`tabloader.service._metrics`;
+            0: a free port, then ``metrics.port`` says which); None: not.
 
     A service started by a client (``STARTER_ENV`` set) that finds another one serving exits 0
     with one line in the log instead (see ``_lost_start``).
@@ -135,8 +139,10 @@ class Service:
         max_image_megapixels: int | None = None,
         storage_cache_bytes: int | None = None,
         storage_share: Share | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.root = Path(root).absolute()
+        self.metrics: MetricsServer | None = None
         self.node = node
         self.idle_exit = idle_exit
         self._stop = threading.Event()
@@ -144,16 +150,16 @@ class Service:
         self._tickets = itertools.count()
         starter = os.environ.pop(STARTER_ENV, None)  # this process's, not its children's
         try:
-            self.listener = Listener(self.root, lambda session: _Handler(self, session), node=node)
+            self.listener = Listener(
+                self.root, lambda session: _Handler(self, session), node=node, listen=False
+            )
         except ServiceRunningError as exc:
             if starter is None:  # a user's `tabloader serve`: theirs to see
                 raise
             _lost_start(self.root, exc, starter)
         self.feed: Feed | None = None
         try:
-            self.catalog: StatementTarget = (
-                catalog.open_catalog(self.root) if opened is None else opened
-            )
+            self.catalog: StatementTarget = open_catalog(self.root) if opened is None else opened
             try:
                 if not self.catalog.exists:  # a service reads a catalog; it creates none
                     raise not_a_catalog(self.root)
@@ -194,8 +200,15 @@ class Service:
         )
         self.blocks_lock = threading.Lock()
         self.segment = segment
-        if feed is not None:
-            self.feed = feed(self)
+        try:
+            if feed is not None:
+                self.feed = feed(self)
+            if metrics_port is not None:
+                self.metrics = MetricsServer(metrics_port, self.prometheus)
+            self.listener.listen()  # clients find the socket once the service can answer
+        except BaseException:
+            self.close()
+            raise
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
@@ -235,12 +248,22 @@ class Service:
         abandoned: its batches have no client left.
         """
         self._stop.set()
+        if self.metrics is not None:
+            self.metrics.close()
         self.listener.stop()
         self.catalog.close()  # before the lock that lets a new service start
         self.listener.close()
         if self.feed is not None:
             self.feed.close()
         self.loader.close()
+
+    def stats(self, *, but: Any = None) -> dict[str, Any]:
+        """The engine's counters (``Loader.stats()``) and the ``clients`` but ``but``."""
+        return {**self.loader.stats(), "clients": self.clients(but=but)}
+
+    def prometheus(self) -> str:
+        """``stats()`` in Prometheus' text format (``--metrics-port``)."""
+        return render_metrics(_jsonable(self.stats()))
 
     def clients(self, *, but: Any = None) -> list[ClientInfo]:
         """The client processes connected now, but the connection ``but`` (the one asking):
@@ -329,8 +352,7 @@ class _Handler(CatalogOps):
         if self.stream is not None:
             self._record_stalls(msg)
             return {"stats": _jsonable(self.stream.stats())}
-        stats = {**self.service.loader.stats(), "clients": self.service.clients(but=self)}
-        return {"stats": _jsonable(stats)}
+        return {"stats": _jsonable(self.service.stats(but=self))}
 
     def client(self) -> tuple[int, JobSeat | None] | None:
         """This connection's process and the job stream it reads, if any (None: closed)."""
@@ -375,13 +397,12 @@ class _Handler(CatalogOps):
             raise stale
         request = OpenRequest.from_wire(msg.get("request"))
         feed = self.service.feed
-        with self.service.lock:
+        with self.service.lock:  # a fed service's jobs get their rows from the feed's leader
             if feed is None:
-                opened = self.service.loader.open(request, remote=True)
+                stream = self.service.loader.serve(request)
             else:
                 info = self.service.catalog.job(request.job)
-                opened = self.service.loader.open(request, remote=True, fed=True)
-        stream = ServedStream.of(opened)
+                stream = self.service.loader.serve(request, source=Fed)
         if feed is not None:
             rank, world_size = int(request.rank or 0), int(request.world_size or 1)
             try:
@@ -512,7 +533,7 @@ class _Handler(CatalogOps):
         elif used and block < 0:
             staging = int(arena.reserve(service.staging, np.array([ticket]), (used,))[0][0])
         if used and staging < 0:
-            self._released(batch.work)
+            batch.work.plan.receiver.release(batch.work)
             raise LoaderError(
                 f"A batch needs {used} bytes of staging in the cache, more than its unpinned "
                 + (
@@ -546,20 +567,12 @@ class _Handler(CatalogOps):
             if held is None:
                 continue
             staging, block, work = held
-            self._released(work)
+            work.plan.receiver.release(work)  # its pins (and the access log hears of it)
             if block >= 0:
                 with self.service.blocks_lock:
                     self.service.blocks.append(block)
             elif staging >= 0:
                 arena.discard(np.array([staging], np.int64))
-
-    def _released(self, work: Any) -> None:
-        """Release what a handed-over batch holds in the arena (and tell the loader's access
-        log, if it keeps one)."""
-        log = self.service.loader.access_log
-        if log is not None:
-            log.released(work)
-        release(work, self.service.arena)
 
     def interruptible(self, msg: Message) -> bool:
         """Only a ``next`` is given up by a request sent while it waits (a client's ``leave``

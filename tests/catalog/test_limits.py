@@ -20,7 +20,7 @@ from tabloader.catalog._settings import parse_bytes
 from tabloader.catalog._sql.dialect import MAX_NESTING, MAX_STATEMENT_CHARS
 from tabloader.catalog._sql.validate import PREDICATE_FUNCTION_CALLS
 
-README = Path(__file__).parents[2] / "README.md"
+STATEMENTS = Path(__file__).parents[2] / "docs" / "statements.md"
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +222,8 @@ def test_every_offered_function_registers(cat):
     except ForbiddenExpressionError as exc:
         offered = set(re.findall(r"\b([a-z_]+)\b", str(exc).split("functions", 1)[1]))
     offered -= {"on", "the", "dataset", "s", "columns", "line", "col"}
-    readme = README.read_text()
-    section = readme[readme.index("predicates use an allow-list") :]
+    text = STATEMENTS.read_text()
+    section = text[text.index("predicates use an allow-list") :]
     offered |= set(re.findall(r"`([a-z_]+)`", section[: section.index("no subqueries")]))
     assert {"contains", "ends_with", "array_length", "hash", "lower", "abs"} <= offered
     assert offered <= set(PREDICATE_FUNCTION_CALLS)

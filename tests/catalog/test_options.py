@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tabloader import catalog
-from tabloader.catalog import OptionError, StatementError
+from tabloader.catalog import JobOptions, OptionError, StatementError
 from tabloader.catalog._options import (
     BATCH_BYTES_LIMIT,
     JOB_OPTIONS,
@@ -188,9 +188,11 @@ def test_an_option_added_to_the_table_is_carried_as_it_is(monkeypatch):
         JobSpec.from_options({}, momentum=100)
 
 
-def test_every_option_is_typed_for_mypy_on_job_spec():
+def test_every_option_is_typed_for_mypy_on_job_spec_and_the_doors():
     """``JobSpec``'s ``if TYPE_CHECKING`` block types each option of the table (mypy then
-    refuses a misspelt ``spec.batch_sise``); a row added to ``JOB_OPTIONS`` needs its line."""
+    refuses a misspelt ``spec.batch_sise``), and so does ``JobOptions``, the keyword
+    arguments of the three doors (``Loader.open``, ``RemoteLoader.open``, ``JobDataset``: an
+    editor shows ``batch_size=``); a row added to ``JOB_OPTIONS`` needs its line in both."""
     import ast
     import inspect
 
@@ -206,6 +208,8 @@ def test_every_option_is_typed_for_mypy_on_job_spec():
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
     }
     assert typed == set(JOB_OPTIONS)
+    assert set(JobOptions.__annotations__) == set(JOB_OPTIONS)
+    assert not JobOptions.__required_keys__  # every option may be left out
 
 
 @pytest.mark.parametrize(

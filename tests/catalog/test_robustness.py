@@ -172,3 +172,28 @@ def test_empty_dataset_folders_are_removed_at_open(tmp_path):
     with catalog.open_catalog(root) as c:
         assert sorted(p.name for p in (root / "data").iterdir()) == ["keep", "t"]
         assert c.dataset("t").num_rows == 100_000
+
+
+@pytest.mark.parametrize("where", ["absolute", "escaping"])
+def test_a_part_path_outside_the_storage_is_refused_as_damage(tmp_path, where):
+    """A part path in catalog.duckdb that is absolute or climbs out with ``..`` names a file
+    anywhere (here a faithful copy of the part, which would read fine): refused, never read."""
+    root = tmp_path / "cat"
+    with catalog.open_catalog(root, create=True) as c:
+        c.import_arrow("t", pa.table({"x": list(range(100))}))
+        (part,) = c.dataset("t").reader.parts
+    elsewhere = tmp_path / "elsewhere" / "data" / "t"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(root / part.path, elsewhere)
+    name = os.path.basename(part.path)
+    forged = str(elsewhere / name) if where == "absolute" else f"../elsewhere/data/t/{name}"
+    with catalog.open_catalog(root) as c:
+        c.connection.execute("UPDATE _tabloader.parts SET path = ?", [forged])
+    with catalog.open_catalog(root) as c:
+        with pytest.raises(StorageError) as info:
+            c.dataset("t").take([0])
+        text = one_line(info.value)
+        assert text.startswith(f"The catalog is damaged: it records part '{forged}' (rows 0..99)")
+        assert f"which is {where if where == 'absolute' else 'outside the storage root'}" in text
+        assert text.endswith("re-import the dataset (DROP DATASET, then CREATE DATASET).")
+        assert info.value.path == forged

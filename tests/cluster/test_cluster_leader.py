@@ -12,6 +12,7 @@ from tabloader.catalog._errors import OptionError, SamplingError
 from tabloader.catalog._options import JobSpec
 from tabloader.cluster._actor import _decode, state_json
 from tabloader.cluster._leader import Leader
+from tests.support.jobs import catalog_job
 
 # name -> (ids, node of each rank, batch size, dataset)
 JOBS = {
@@ -30,7 +31,7 @@ def spec(batch_size):
 def make_leader(**kw):
     leader = Leader(seed=3, **kw)
     for name, (ids, nodes, bs, ds) in JOBS.items():
-        leader.add_job(name, BitMap(ids), nodes=nodes, batch_size=bs, dataset=ds)
+        leader.add_job(catalog_job(name, ids, dataset=ds, batch_size=bs), nodes=nodes)
     return leader
 
 
@@ -133,7 +134,7 @@ def test_restored_leader_resumes_every_job_exactly_once(stop_after):
 
 def test_state_lists_the_epochs_owed():
     leader = Leader(seed=0, lookahead=40, round_rows=20)
-    leader.add_job("a", BitMap(range(30)), nodes=["n0", "n1"], batch_size=5)
+    leader.add_job(catalog_job("a", range(30), batch_size=5), nodes=["n0", "n1"])
     lists = leader.work("n0") + leader.work("n1")  # 30 rows of epoch 0, 10 of epoch 1
     state = leader.state_dict()["jobs"][0]
     owed = [(p["epoch"], len(BitMap.deserialize(p["remaining"]))) for p in state["epochs"]]
@@ -156,13 +157,14 @@ def test_remove_job_keeps_the_others():
     assert "b" not in {j["name"] for j in leader.state_dict()["jobs"]}
 
 
-def test_catalog_job(cat):
+def test_a_catalog_job_carries_its_rows_dataset_and_spec(cat):
     import pyarrow as pa
 
     cat.import_arrow("tbl", pa.table({"x": list(range(20))}))
     cat.register_job("j", "tbl", where="x < 12")
     leader = Leader(lookahead=50)
-    leader.add_catalog_job(cat.job("j"), nodes=["n0", "n1"], batch_size=3)
+    job = cat.job("j")
+    leader.add_job(job, nodes=["n0", "n1"], spec=JobSpec.from_options(job.options, batch_size=3))
     lists = leader.work("n0") + leader.work("n1")
     rows = np.concatenate([a.rows for w in lists for a in w.items if a.epoch == 0])
     assert sorted(rows.tolist()) == list(range(12))
@@ -170,11 +172,16 @@ def test_catalog_job(cat):
 
 def test_errors():
     leader = Leader()
-    leader.add_job("a", BitMap(range(5)), nodes=["n0"], batch_size=1)
+    leader.add_job(catalog_job("a", range(5), batch_size=1), nodes=["n0"])
     with pytest.raises(SamplingError, match="already on the leader"):
-        leader.add_job("a", BitMap(range(5)), nodes=["n0"], batch_size=1)
+        leader.add_job(catalog_job("a", range(5), batch_size=1), nodes=["n0"])
     with pytest.raises(SamplingError, match="no ranks"):
-        leader.add_job("b", BitMap(range(5)), nodes=[], batch_size=1)
+        leader.add_job(catalog_job("b", range(5), batch_size=1), nodes=[])
+    padded = JobSpec({"batch_size": 2, "drop_last": False})
+    with pytest.raises(SamplingError, match=r"drop_last = false \(padded epochs\) is not supp"):
+        leader.add_job(catalog_job("p", range(5)), nodes=["n0", "n1"], spec=padded)
+    assert "p" not in leader.jobs()
+    leader.add_job(catalog_job("p", range(5), batch_size=2), nodes=["n0", "n1"])  # not half-added
     with pytest.raises(SamplingError, match="No job has a rank on node 'n9'"):
         leader.work("n9")
     with pytest.raises(SamplingError, match="Unknown job 'zz'"):
@@ -188,31 +195,33 @@ def test_errors():
 def test_job_starts_when_every_rank_joined():
     leader = Leader(seed=0, lookahead=40, round_rows=20)
     ids = BitMap(range(40))
-    assert not leader.join("a", rank=1, world_size=2, node="n1", spec=spec(5), ids=ids)
+    assert not leader.join(catalog_job("a", ids), rank=1, world_size=2, node="n1", spec=spec(5))
     assert leader.jobs() == []
     assert leader.status()["pending"] == {"a": 1}
     assert leader.poll("n1") == ([], {})  # no rows before every rank joined
-    assert leader.join("a", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
+    assert leader.join(catalog_job("a", ids), rank=0, world_size=2, node="n0", spec=spec(5))
     assert job_status(leader, "a")["ranks"] == ["n0", "n1"]
     lists, gone = leader.poll("n1", stats={"decodes": 3})
     assert gone == {}
     assert {a.rank for w in lists for a in w.items} == {1}
     assert leader.status()["nodes"] == {"n1": {"decodes": 3}}
     with pytest.raises(SamplingError, match="runs on the cluster already"):
-        leader.join("a", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
-    leader.join("b", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
+        leader.join(catalog_job("a", ids), rank=0, world_size=2, node="n0", spec=spec(5))
+    leader.join(catalog_job("b", ids), rank=0, world_size=2, node="n0", spec=spec(5))
     with pytest.raises(SamplingError, match="the same way"):
-        leader.join("b", rank=1, world_size=3, node="n0", spec=spec(5), ids=ids)
+        leader.join(catalog_job("b", ids), rank=1, world_size=3, node="n0", spec=spec(5))
     with pytest.raises(SamplingError, match="joined already or is out of range"):
-        leader.join("b", rank=0, world_size=2, node="n0", spec=spec(5), ids=ids)
+        leader.join(catalog_job("b", ids), rank=0, world_size=2, node="n0", spec=spec(5))
     other = JobSpec({"batch_size": 5, "on_error": "skip"}).to_wire()
     with pytest.raises(
         SamplingError, match=r"Rank 1 of job 'b' joined with on_error='skip' \(others: 'raise'\)"
     ):
-        leader.join("b", rank=1, world_size=2, node="n1", spec=other, ids=ids)
+        leader.join(catalog_job("b", ids), rank=1, world_size=2, node="n1", spec=other)
     with pytest.raises(OptionError, match="A job spec of version 0; this tabloader reads"):
-        leader.join("b", rank=1, world_size=2, node="n1", spec={**spec(5), "v": 0}, ids=ids)
-    assert leader.join("b", rank=1, world_size=2, node="n1", spec=spec(5), ids=ids)
+        leader.join(
+            catalog_job("b", ids), rank=1, world_size=2, node="n1", spec={**spec(5), "v": 0}
+        )
+    assert leader.join(catalog_job("b", ids), rank=1, world_size=2, node="n1", spec=spec(5))
 
 
 def test_failed_rank_takes_its_job_off_and_is_listed_gone():
@@ -223,7 +232,7 @@ def test_failed_rank_takes_its_job_off_and_is_listed_gone():
     assert gone == {"a": "rank 1 died"}
     assert all(a.job != "a" for w in lists for a in w.items)
     # a job that joins again under that name is no longer gone
-    leader.join("a", rank=0, world_size=1, node="n0", spec=spec(4), ids=BitMap(range(8)))
+    leader.join(catalog_job("a", BitMap(range(8))), rank=0, world_size=1, node="n0", spec=spec(4))
     assert leader.poll("n0")[1] == {}
 
 
@@ -240,7 +249,7 @@ def test_ranks_leaving_normally_end_the_job_with_the_last():
 
 def test_node_leaving_takes_only_its_jobs():
     leader = make_leader(lookahead=100, round_rows=30)
-    leader.add_job("solo", BitMap(range(50)), nodes=["n2"], batch_size=5, dataset="imgs@1")
+    leader.add_job(catalog_job("solo", range(50), batch_size=5), nodes=["n2"])
     assert sorted(leader.remove_node("n2")) == ["solo"]
     assert leader.jobs() == ["a", "b", "c", "t"]
     lists, gone = leader.poll("n0")
@@ -268,7 +277,7 @@ def test_acked_counts_per_rank_survive_a_restore():
 def test_no_rows_sampled_past_a_jobs_last_epoch():
     leader = Leader(seed=0, lookahead=1000, round_rows=16)
     ids = BitMap(range(40))
-    leader.join("a", rank=0, world_size=1, node="n0", spec=spec(4), ids=ids, epochs=2)
+    leader.join(catalog_job("a", ids), rank=0, world_size=1, node="n0", spec=spec(4), epochs=2)
     lists, _ = leader.poll("n0")
     epochs = [a.epoch for w in lists for a in w.items]
     assert sorted(set(epochs)) == [0, 1]
@@ -283,9 +292,11 @@ def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_res
     leader = make_leader()
     imp = JobSpec({"batch_size": 4, "importance": "loss"}).to_wire()
     rows = BitMap(range(2000, 2040))
-    assert leader.join("imp", rank=0, world_size=1, node="n0", spec=imp, ids=rows, dataset="x")
+    assert leader.join(
+        catalog_job("imp", rows, dataset="x"), rank=0, world_size=1, node="n0", spec=imp
+    )
     leader.report("imp", np.array([2001, 2005, 2003]), np.array([0.5, 0.1, 0.9]))
-    scores = leader._samplers["x"].importance_scores("imp")
+    scores = leader._samplers["x@0"].importance_scores("imp")
     got = dict(zip(scores.ids.tolist(), scores.ranks.tolist(), strict=True))
     assert (got[2005], got[2001], got[2003]) == (1, 2, 3)  # lowest loss: rank 0, stored + 1
     assert sum(v > 0 for v in got.values()) == 3
@@ -294,7 +305,7 @@ def test_an_importance_job_takes_reports_on_the_leader_and_keeps_its_spec_on_res
     with pytest.raises(SamplingError, match="not rows of this job"):
         leader.report("imp", np.array([1]), np.array([0.5]))
     restored = Leader.from_state_dict(_decode(json.loads(state_json(leader))))
-    again = restored._samplers["x"].importance_scores("imp")
+    again = restored._samplers["x@0"].importance_scores("imp")
     np.testing.assert_array_equal(again.ranks, scores.ranks)  # the checkpoint keeps them
     restored.report("imp", np.array([2002]), np.array([1.0]))  # and it takes reports
     assert again.ranks[2] == 1
@@ -310,12 +321,10 @@ def weighted_leader(seed):
     sharing their rows."""
     leader = Leader(seed=seed, lookahead=60, round_rows=20)
     with_r = JobSpec({"batch_size": 5, "weight": "w"})
-    leader.add_job(
-        "w", BitMap(WIDS), nodes=["n0", "n1"], batch_size=5, spec=with_r, weights=WEIGHTS
-    )
+    leader.add_job(catalog_job("w", WIDS, weights=WEIGHTS), nodes=["n0", "n1"], spec=with_r)
     without = JobSpec({"batch_size": 5, "weight": "w", "replacement": False})
-    leader.add_job("o", BitMap(WIDS), nodes=["n0"], batch_size=5, spec=without, weights=WEIGHTS)
-    leader.add_job("p", BitMap(WIDS), nodes=["n1"], batch_size=5)
+    leader.add_job(catalog_job("o", WIDS, weights=WEIGHTS), nodes=["n0"], spec=without)
+    leader.add_job(catalog_job("p", WIDS, batch_size=5), nodes=["n1"])
     return leader
 
 
@@ -414,13 +423,13 @@ def test_rows_of_an_importance_job_carry_the_weights_of_the_distribution_they_ca
     leader = Leader(seed=0, lookahead=40, round_rows=40)
     imp = JobSpec({"batch_size": 4, "importance": "loss"}).to_wire()
     ids = np.arange(100, 140)
-    leader.join("imp", rank=0, world_size=1, node="n0", spec=imp, ids=BitMap(ids))
+    leader.join(catalog_job("imp", BitMap(ids)), rank=0, world_size=1, node="n0", spec=imp)
     (first,) = leader.work("n0")
     np.testing.assert_array_equal(first.items[0].weights, np.ones(40, np.float32))
     leader.ack("n0", first.seq)
     leader.report("imp", ids[:8], np.arange(8.0))
     leader.report("imp", ids[8:16], np.arange(8.0)[::-1])
-    p = leader._samplers[""].importance_scores("imp").probabilities().copy()
+    p = leader._samplers["imgs@1"].importance_scores("imp").probabilities().copy()
     (second,) = leader.work("n0")
     (a,) = second.items
     assert a.epoch == 1
@@ -433,11 +442,19 @@ def test_ranks_joining_with_other_weights_are_refused():
     leader = Leader(seed=0)
     ws = JobSpec({"batch_size": 5, "weight": "w"}).to_wire()
     ids = BitMap(range(10))
-    leader.join("w", rank=0, world_size=2, node="n0", spec=ws, ids=ids, weights=np.ones(10))
+    leader.join(
+        catalog_job("w", ids, weights=np.ones(10)), rank=0, world_size=2, node="n0", spec=ws
+    )
     with pytest.raises(SamplingError, match="Rank 1 of job 'w' joined with other row weights"):
-        leader.join("w", rank=1, world_size=2, node="n1", spec=ws, ids=ids, weights=np.ones(10) * 2)
+        leader.join(
+            catalog_job("w", ids, weights=np.ones(10) * 2), rank=1, world_size=2, node="n1", spec=ws
+        )
     with pytest.raises(SamplingError, match="Rank 1 of job 'w' joined with other row weights"):
-        leader.join("w", rank=1, world_size=2, node="n1", spec=ws, ids=ids)
-    assert leader.join("w", rank=1, world_size=2, node="n1", spec=ws, ids=ids, weights=np.ones(10))
+        leader.join(catalog_job("w", ids), rank=1, world_size=2, node="n1", spec=ws)
+    assert leader.join(
+        catalog_job("w", ids, weights=np.ones(10)), rank=1, world_size=2, node="n1", spec=ws
+    )
     with pytest.raises(SamplingError, match=r"weights of job 'v' .* all zero"):
-        leader.join("v", rank=0, world_size=1, node="n0", spec=ws, ids=ids, weights=np.zeros(10))
+        leader.join(
+            catalog_job("v", ids, weights=np.zeros(10)), rank=0, world_size=1, node="n0", spec=ws
+        )

@@ -15,6 +15,8 @@ from tabloader.catalog._options import JobSpec
 from tabloader.cluster import _node as node
 from tabloader.cluster._leader import Leader
 from tabloader.engine import Loader
+from tabloader.engine._queue.sources import Fed
+from tests.support.jobs import catalog_job
 
 
 def spec(batch_size):
@@ -31,8 +33,14 @@ def loader(cat):
 
 
 def fed(loader, *, rank=0, world_size=1, epochs=None, batch_size=4):
-    stream = loader.open(
-        "j", fed=True, rank=rank, world_size=world_size, batch_size=batch_size, epochs=epochs
+    stream = loader.serve(
+        "j",
+        source=Fed,
+        receiver=loader.collate,
+        rank=rank,
+        world_size=world_size,
+        batch_size=batch_size,
+        epochs=epochs,
     )
     return stream, stream.rank_state.job
 
@@ -42,7 +50,8 @@ def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
     in batches (the last short with one rank), and nothing past ``epochs``."""
     stream, job = fed(loader, epochs=2)
     leader = Leader(seed=1, lookahead=1000, round_rows=7)
-    leader.join("j", rank=0, world_size=1, node="n", spec=spec(4), ids=job.ids, epochs=3)
+    j = loader.catalog.job("j")
+    leader.join(j, rank=0, world_size=1, node="n", spec=spec(4), epochs=3)
     lists, _ = leader.poll("n")
     sent: dict[int, list[int]] = {}
     for w in lists:
@@ -61,7 +70,7 @@ def test_a_fed_rank_reads_what_the_leader_sends_epoch_by_epoch(loader):
 def test_data_parallel_ranks_read_whole_batches_of_their_quota(loader):
     stream, job = fed(loader, rank=1, world_size=2)
     assert stream.name == "j[rank 1]"
-    assert job.rank_rows == 30 // (4 * 2) * 4  # 12: the remainder of the epoch is dropped
+    assert job.source.rank_rows == 30 // (4 * 2) * 4  # 12: the remainder of the epoch is dropped
     stream.feed(0, np.arange(12, dtype=np.int64), np.arange(12, dtype=np.int64))
     assert [len(b["_id"]) for b in stream.iter_epoch()] == [4, 4, 4]
 
@@ -89,7 +98,7 @@ def test_a_gone_job_raises_once_its_rank_would_wait(loader):
 
 def test_fed_jobs_have_no_local_state(loader):
     with pytest.raises(LoaderError, match="leader keeps each job's progress"):
-        loader.open("j", fed=True, state={"job": "j", "epoch": 0, "remaining": b""})
+        loader.serve("j", source=Fed, state={"job": "j", "epoch": 0, "remaining": b""})
     stream, _ = fed(loader)
     with pytest.raises(LoaderError, match="whose leader keeps the job's progress"):
         stream.state_dict()
@@ -182,7 +191,7 @@ def test_no_ray_no_cluster(tmp_path):
 def test_leader_lookahead_is_bounded_for_every_node():
     leader = Leader(seed=0, lookahead=20, round_rows=5)
     ids = BitMap(range(100))
-    leader.join("j", rank=0, world_size=1, node="n", spec=spec(5), ids=ids)
+    leader.join(catalog_job("j", ids), rank=0, world_size=1, node="n", spec=spec(5))
     lists, _ = leader.poll("n")
     assert sum(w.num_rows for w in lists) == 20  # no more until the node acknowledges
     leader.ack("n", lists[-1].seq)
@@ -210,8 +219,8 @@ def test_a_poll_answered_before_a_rank_joined_does_not_fail_it(loader, monkeypat
             assert joined.wait(10)  # the join is answered while this poll's answer travels
         return [], answer
 
-    def join(name, **kwargs):
-        gone.pop(name, None)
+    def join(job, **kwargs):
+        gone.pop(job.name, None)
         return True
 
     leader = SimpleNamespace(
@@ -226,7 +235,7 @@ def test_a_poll_answered_before_a_rank_joined_does_not_fail_it(loader, monkeypat
         feed.join(stream, loader.catalog.job("j"), rank=0, world_size=1)
         joined.set()
         assert second.wait(10)
-        assert job.gone is None, job.gone
+        assert job.source.gone is None, job.source.gone
     finally:
         feed.close()
         stream.close()
@@ -261,7 +270,7 @@ def weighted_fed(cat, loader, **options):
     """A job of the loader's table weighted by ``x + 10``, opened fed, and its catalog job."""
     cat.register_job("w", "t", where="x < 300", options={"weight": "x + 10", **options})
     info = cat.job("w")
-    return loader.open("w", fed=True, batch_size=4, epochs=2), info
+    return loader.serve("w", source=Fed, receiver=loader.collate, batch_size=4, epochs=2), info
 
 
 def test_a_fed_weighted_jobs_batches_carry_the_weights_the_leader_drew_by(cat, loader):
@@ -271,7 +280,7 @@ def test_a_fed_weighted_jobs_batches_carry_the_weights_the_leader_drew_by(cat, l
     stream, info = weighted_fed(cat, loader)
     leader = Leader(seed=5, lookahead=1000, round_rows=7)
     wire = stream.spec.to_wire()
-    leader.join("w", rank=0, world_size=1, node="n", spec=wire, ids=info.ids, weights=info.weights)
+    leader.join(info, rank=0, world_size=1, node="n", spec=wire)
     lists, _ = leader.poll("n")
     sent: dict[int, list] = {}
     for w in lists:

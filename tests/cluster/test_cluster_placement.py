@@ -6,9 +6,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
 
-from tabloader.catalog._errors import SamplingError
+from tabloader.catalog._errors import OptionError, SamplingError
+from tabloader.catalog._options import JobSpec
 from tabloader.cluster._placement import DROPPED, Placer, preferred_nodes
 from tabloader.sampling import DependentSampler
+
+
+def batches_of(batch_size):
+    """The options of a job of ``batch_size`` rows per batch (what placement reads)."""
+    return JobSpec({"batch_size": batch_size})
+
 
 # name -> (ids, node of each rank, batch size)
 JOBS = {
@@ -29,7 +36,7 @@ def run_epochs(jobs, *, epochs=2, round_rows=256, seed=0, control=False, slack=N
     got = {name: {} for name in jobs}
     for name, (ids, nodes, bs) in jobs.items():
         sampler.add_job(name, BitMap(ids))
-        placer.add_job(name, size=len(ids), nodes=nodes, batch_size=bs)
+        placer.add_job(name, size=len(ids), nodes=nodes, spec=batches_of(bs))
         left[name] = len(ids)
     shared = same = 0
     snapshots = []
@@ -142,8 +149,8 @@ def test_placement_is_stable_across_placers():
     out = []
     for _ in range(2):
         p = Placer()
-        p.add_job("a", size=300, nodes=["x", "y"], batch_size=10)
-        p.add_job("b", size=300, nodes=["y", "x", "x"], batch_size=10)
+        p.add_job("a", size=300, nodes=["x", "y"], spec=batches_of(10))
+        p.add_job("b", size=300, nodes=["y", "x", "x"], spec=batches_of(10))
         out.append(p.place(rows))
     assert all((out[0][n] == out[1][n]).all() for n in rows)
 
@@ -178,12 +185,16 @@ def test_property_exactly_once_equal_ranks(sizes, worlds, batch, round_rows, see
 def test_errors():
     p = Placer()
     with pytest.raises(SamplingError, match="no ranks"):
-        p.add_job("a", size=3, nodes=[], batch_size=1)
-    with pytest.raises(SamplingError, match="batch_size"):
-        p.add_job("a", size=3, nodes=["n"], batch_size=0)
+        p.add_job("a", size=3, nodes=[], spec=batches_of(1))
+    with pytest.raises(OptionError, match="batch_size"):  # the spec refuses it, before
+        p.add_job("a", size=3, nodes=["n"], spec=batches_of(0))
+    with pytest.raises(SamplingError, match=r"size \(0\) must be >= 1"):
+        p.add_job("a", size=0, nodes=["n"], spec=batches_of(1))
+    with pytest.raises(SamplingError, match="drop_last = false"):
+        p.add_job("a", size=3, nodes=["n"], spec=JobSpec({"batch_size": 1, "drop_last": False}))
     with pytest.raises(SamplingError, match="2 rank counts for 1 ranks"):
-        p.add_job("a", size=3, nodes=["n"], batch_size=1, counts=[0, 0])
-    p.add_job("a", size=3, nodes=["n"], batch_size=1)
+        p.add_job("a", size=3, nodes=["n"], spec=batches_of(1), counts=[0, 0])
+    p.add_job("a", size=3, nodes=["n"], spec=batches_of(1))
     with pytest.raises(SamplingError, match="Unknown job 'b'"):
         p.place({"b": np.arange(2)})
     with pytest.raises(SamplingError, match="3 rows left in its epoch"):

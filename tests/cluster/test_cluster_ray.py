@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from pyroaring import BitMap
 
+from tests.support.jobs import catalog_job
+
 # Ray reads this when it is imported: its servers then bind the loopback address only.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -100,13 +102,9 @@ def test_leader_actor_answers_each_node_its_work(two_nodes, tmp_path):
     again = start_leader(catalog)  # the same named actor
     assert ray.get(again.jobs.remote(), timeout=TIMEOUT) == []
     rows = {"a": BitMap(range(64)), "b": BitMap(range(32, 96))}
-    for name, bm in rows.items():
-        ray.get(
-            leader.add_job.remote(
-                name, nodes=ids, batch_size=8, ids=bm.serialize(), dataset="imgs@1"
-            ),
-            timeout=TIMEOUT,
-        )
+    for name, bm in rows.items():  # the catalog's jobs (made here: the catalog is empty)
+        job = catalog_job(name, bm, dataset="imgs@1", batch_size=8)
+        ray.get(leader.add_job.remote(job, nodes=ids), timeout=TIMEOUT)
     got = dict(
         ray.get(
             [pull.options(resources={f"node{i}": 0.01}).remote(catalog) for i in range(2)],

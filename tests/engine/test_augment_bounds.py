@@ -110,7 +110,7 @@ def test_a_row_the_augmentation_may_not_take_is_skipped_or_raised_as_on_error_sa
             assert batch["image"].shape == (4, 16, 16, 3)
             assert lenient.stats()["skipped"] == 1
         # a service's client: the batch handed over (augmented into slots of its own)
-        with loader.open("j", batch_size=5, epochs=1, on_error="skip", remote=True) as handed:
+        with loader.serve("j", batch_size=5, epochs=1, on_error="skip") as handed:
             batch = handed.take()
             ids, image = batch.columns
             assert sorted(ids.value.tolist()) == [0, 1, 2, 4]

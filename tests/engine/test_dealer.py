@@ -15,6 +15,8 @@ from tabloader.engine._prepare.work import Plan
 from tabloader.engine._queue.dealer import Dealer
 from tabloader.engine._queue.jobqueue import JobQueue
 from tabloader.engine._queue.jobs import JobState, OnError
+from tabloader.engine._queue.sources import Sampled
+from tabloader.sampling import DependentSampler
 
 
 class Kept:
@@ -27,6 +29,9 @@ class Kept:
 
 
 def job(n: int, *, world_size: int, drop_last: bool = True, prefetch: int = 8) -> JobState:
+    source = Sampled()  # its rows are appended by hand (``sampled``); a plain job there
+    source.sampler = DependentSampler(seed=0)
+    source.sampler.add_job("j", BitMap(range(n)))
     state = JobState(
         "j",
         BitMap(range(n)),
@@ -35,6 +40,7 @@ def job(n: int, *, world_size: int, drop_last: bool = True, prefetch: int = 8) -
         prefetch=prefetch,
         queue=JobQueue(horizon=n),
         on_error=OnError.RAISE,
+        source=source,
         world_size=world_size,
         spec=JobSpec({"batch_size": 4, "drop_last": drop_last}),
     )
@@ -92,7 +98,8 @@ def test_a_rank_without_room_stops_the_dealing_and_a_rank_that_left_loses_its_tu
 def test_the_state_counts_the_rows_no_rank_has_taken():
     state, dealer, _ = dealt(16, world_size=2)
     state.ranks[0].taken = state.ranks[1].taken = 1  # every rank has its first batch
-    remaining = BitMap.deserialize(dealer.state(state.ranks[0])["remaining"])
+    sampler = state.source.sampler  # the one that keeps the job's progress
+    remaining = BitMap.deserialize(dealer.state(state.ranks[0], sampler)["remaining"])
     assert remaining == BitMap(range(8, 16))
 
 

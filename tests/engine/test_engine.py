@@ -431,7 +431,7 @@ def expected_uses(group) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     for job in group.jobs.values():
         rows = job.queue.q_rows.tolist()
         if job.queue.left:
-            rows += list(job.queue.sampler.remaining(job.name))
+            rows += list(job.source.sampler.remaining(job.name))
         for _, space in job.plan.prepared:
             np.add.at(uses[space], np.array(rows, dtype=np.intp), 1)
             np.minimum.at(nxt[space], job.queue.q_rows, job.queue.q_rounds)
@@ -880,8 +880,8 @@ def test_jobs_that_only_gather_sample_independently(images):
     with Loader(images, cache_bytes=1 << 20) as loader:
         pix, lab = loader.open("pix", epochs=1), loader.open("lab", epochs=1)
         sched = loader.scheduler("imgs")
-        assert type(pix.rank_state.job.queue.sampler).__name__ == "DependentSampler"
-        assert type(lab.rank_state.job.queue.sampler).__name__ == "IndependentSampler"
+        assert type(pix.rank_state.job.source.sampler).__name__ == "DependentSampler"
+        assert type(lab.rank_state.job.source.sampler).__name__ == "IndependentSampler"
         assert sched.queues.sampler.jobs() == ["pix"]
         assert sched.queues.gather_sampler.jobs() == ["lab"]
         for stream in (pix, lab):
@@ -970,7 +970,7 @@ def test_access_log_needs_an_existing_directory(images, tmp_path):
 def _rows_after_a_late_open(images, monkeypatch, *, give_back: bool) -> tuple[list, list]:
     """Job x samples 40 rows ahead, then y opens; both read an epoch at the same pace."""
     if not give_back:
-        monkeypatch.delattr(DependentSampler, "give_back")
+        monkeypatch.setattr(DependentSampler, "shares_rounds", False)  # takes nothing back
     for name in ("x", "y"):
         images.sql(f"REGISTER OR REPLACE JOB {name} SELECT image FROM imgs WITH (image_size = 8)")
     with Loader(images, cache_bytes=1 << 20, workers=2) as loader:
@@ -1025,7 +1025,7 @@ def test_a_service_batch_of_cached_rows_needs_no_pool_thread(images, monkeypatch
             return submit(fn, *args, **kwargs)
 
         monkeypatch.setattr(pool, "submit", counting)
-        remote = loader.open("r", batch_size=4, epochs=1, remote=True)
+        remote = loader.serve("r", batch_size=4, epochs=1)
         table = images.sql("SELECT _id, label FROM imgs").to_pydict()
         labels = dict(zip(table["_id"], table["label"], strict=True))
         seen = []
@@ -1108,7 +1108,8 @@ def test_image_jobs_never_wake_pyarrows_pandas_shim(image_cat_dir):
         from tabloader.engine import Loader
         loader = Loader({str(image_cat_dir)!r}, cache_bytes=1 << 24, decode="threads")
         for job in ("aug", "ev"):
-            with loader.open(job, batch_size=8, epochs=1, remote=job == "aug") as stream:
+            door = loader.serve if job == "aug" else loader.open
+            with door(job, batch_size=8, epochs=1) as stream:
                 assert stream.take() is not None
         print("pandas" in sys.modules)
         loader.close()

@@ -1,12 +1,15 @@
 """A job's queue on its own: its three arrays stay aligned through appends, cuts at the head
-and tails given back; a cut logs its rounds; a fed job's queue has no sampler rows."""
+and tails given back; a cut logs its rounds; a fed job's source has no sampler rows."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 from pyroaring import BitMap
 
 from tabloader.engine._queue.jobqueue import JobQueue
+from tabloader.engine._queue.sources import Fed, Sampled
 from tabloader.sampling import DependentSampler
 
 
@@ -32,12 +35,14 @@ def test_the_arrays_stay_aligned_and_cuts_log_their_rounds():
 
 
 def test_remaining_is_the_samplers_or_none_for_a_fed_job():
-    assert JobQueue(horizon=4).remaining("j") == BitMap()
+    job = SimpleNamespace(name="j", queue=JobQueue(horizon=4))
+    assert Fed(rank_rows=6).remaining(job) == BitMap()
     sampler = DependentSampler(seed=0)
     sampler.add_job("j", BitMap(range(6)))
-    q = JobQueue(horizon=4, sampler=sampler)
+    source = Sampled()
+    source.sampler = sampler
     sampler.sample_many(["j"], 2)
-    assert len(q.remaining("j")) == 4
+    assert len(source.remaining(job)) == 4
 
 
 def test_a_horizon_follows_the_cache_only_without_a_lookahead():

@@ -3,6 +3,8 @@ field of which is checked on arrival (a malformed one is a ``ServiceError`` nami
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from tabloader.catalog import LoaderError, OptionError, ServiceError
@@ -200,3 +202,27 @@ def test_a_state_or_world_is_checked_against_the_jobs_rows(images):
             loader.open("j", rank=0, world_size=61, drop_last=False)
         with loader.open("j", state=state) as again:  # the true state still resumes
             assert again.next_batch() is not None
+
+
+def test_the_three_doors_take_the_typed_open_arguments():
+    """``Loader.open``, ``RemoteLoader.open`` and ``JobDataset`` take ``**args:
+    Unpack[OpenArgs]`` (mypy and editors see ``batch_size=``), and ``OpenArgs`` names every
+    argument of an ``OpenRequest`` beside the job: the job options and the open's own."""
+    import dataclasses
+    import inspect
+
+    from tabloader.catalog._options import JOB_OPTIONS
+    from tabloader.engine import OpenArgs
+    from tabloader.service._client import RemoteLoader
+
+    doors = [Loader.open, Loader.serve, RemoteLoader.open]
+    if importlib.util.find_spec("torch") is not None:
+        from tabloader.torch import JobDataset
+
+        doors.append(JobDataset.__init__)
+    for door in doors:
+        args = inspect.signature(door).parameters["args"]
+        assert args.kind is args.VAR_KEYWORD, door
+        assert args.annotation == "Unpack[OpenArgs]", door
+    own = {f.name for f in dataclasses.fields(OpenRequest)} - {"job", "options"}
+    assert set(OpenArgs.__annotations__) == set(JOB_OPTIONS) | own

@@ -10,6 +10,7 @@ import pytest
 from tabloader.catalog import LoaderError, OptionError
 from tabloader.engine import Loader
 from tabloader.engine._queue.ranks import rank_share
+from tabloader.engine._queue.sources import Fed
 from tabloader.service._client import RemoteLoader
 from tests.support.service import TIMEOUT, sql, start_service
 from tests.support.threads import run_threads
@@ -224,7 +225,7 @@ def test_a_cluster_node_refuses_padding(images):
         Loader(images, cache_bytes=1 << 20) as loader,
         pytest.raises(LoaderError, match=r"drop_last = false .* not supported on a Ray cluster"),
     ):
-        loader.open(images.job("j"), fed=True, batch_size=4, rank=0, world_size=2)
+        loader.serve(images.job("j"), source=Fed, batch_size=4, rank=0, world_size=2)
 
 
 def test_the_length_of_a_job_dataset_counts_the_padded_batches(images):

@@ -730,7 +730,7 @@ def test_future_uses_match_the_queues_with_ranks(images):
                     for job in group.jobs.values():
                         queued = job.queue.q_rows.tolist()
                         if job.queue.left:
-                            queued += list(job.queue.sampler.remaining(job.name))
+                            queued += list(job.source.sampler.remaining(job.name))
                         np.add.at(want, np.array(queued, dtype=np.intp), 1)
                         np.minimum.at(nxt, job.queue.q_rows, job.queue.q_rounds)
                     assert counts.tolist() == want.tolist(), step

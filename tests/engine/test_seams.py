@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import threading
 from pathlib import Path
@@ -152,6 +153,52 @@ def test_file_uris_and_bare_paths_are_the_local_store(image_cat_dir):
         assert reader.take([0, 7]).equals(ds.take([0, 7]))
         assert ds.reader.spec()[0] == str(image_cat_dir)
     assert open_store(str(image_cat_dir)).locate("data/x") == str(image_cat_dir / "data/x")
+
+
+def test_file_uris_of_another_host_are_refused(image_cat_dir):
+    """``file://host/path`` names a host, not the path ``/host/path``: refused, not read
+    from this machine's ``/path``."""
+    with pytest.raises(
+        StorageError,
+        match=r"File URI 'file://server/data' names host 'server', but file:// reads this "
+        r"machine's files only: give file:///path",
+    ):
+        open_store("file://server/data")
+    with pytest.raises(StorageError, match="names host 'cat'"):  # a relative path meant
+        DatasetReader("file://cat/data", [], pa.schema([]))
+    local = open_store(f"file://localhost{image_cat_dir}")
+    assert local.locate("data/x") == str(image_cat_dir / "data/x")
+
+
+@pytest.mark.skipif(not shm_available(), reason="no /dev/shm (O_TMPFILE) on this system")
+def test_a_relative_storage_path_means_the_callers_folder_in_the_service_too(
+    image_cat_dir, tmp_path, monkeypatch
+):
+    """``$TABLOADER_STORAGE=copy`` in a client's folder: the service it starts (which runs in
+    ``/``) reads the parts there too, as the client's own reads do."""
+    import shutil
+    import signal
+
+    import tabloader
+    from tabloader.service._client import RemoteLoader
+
+    with catalog.open_catalog(image_cat_dir) as cat:
+        cat.sql("REGISTER JOB a SELECT image, label FROM imgs WHERE label < 2")
+        rows = sorted(cat.job("a").ids)
+    shutil.copytree(image_cat_dir / "data", tmp_path / "copy" / "data")
+    for part in (image_cat_dir / "data" / "imgs").iterdir():  # only the copy can be read
+        part.write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(STORAGE_ENV, "copy")
+    with RemoteLoader(image_cat_dir) as remote:
+        try:
+            with remote.open("a", batch_size=8, epochs=1) as stream:
+                assert sorted(i for b in stream for i in b["_id"].tolist()) == rows
+            with tabloader.connect(image_cat_dir) as cat:  # through the service
+                assert cat.service_pid == remote.service_pid
+                assert cat.dataset("imgs").files[0].is_relative_to(tmp_path / "copy")
+        finally:
+            os.kill(remote.service_pid, signal.SIGTERM)
 
 
 def test_a_store_that_copies_its_reads_still_reads_small_values(cat):

@@ -97,7 +97,7 @@ def test_a_job_registered_and_never_opened_changes_no_other_jobs_cost(images, bi
     # the service's open (its batches pinned in its cache) checks the job's batch size
     with (
         Loader(images, cache_bytes=8 << 20) as loader,
-        loader.open("ev", batch_size=32, remote=True) as stream,
+        loader.serve("ev", batch_size=32) as stream,
     ):
         assert dict(stream.augment) == {}  # its own 32 x 32 values, as if big were not
 
@@ -113,7 +113,7 @@ def test_a_job_open_beside_a_far_larger_decode_keeps_its_own_and_the_log_says_wh
         Loader(images, cache_bytes=8 << 20) as loader,
         loader.open("big", batch_size=8),
         caplog.at_level(logging.INFO, logger="tabloader.engine"),
-        loader.open("ev", batch_size=32, remote=True) as stream,
+        loader.serve("ev", batch_size=32) as stream,
     ):
         assert dict(stream.augment) == {}
     assert (
@@ -133,7 +133,7 @@ def test_a_job_reading_a_larger_shared_decode_says_so_and_its_open_check_names_i
     )
     # a cache that holds three batches of ev's own 24 x 24 values, not of 40-pixel decodes
     with Loader(images, cache_bytes=100_000) as loader:
-        with loader.open("ev", batch_size=8, remote=True) as alone:
+        with loader.serve("ev", batch_size=8) as alone:
             assert dict(alone.augment) == {}
         with loader.open("tr", batch_size=8):
             with (
@@ -147,7 +147,7 @@ def test_a_job_reading_a_larger_shared_decode_says_so_and_its_open_check_names_i
                 match=r"--cache-bytes\. It reads decodes larger than it needs, shared with jobs "
                 rf"open now: {re.escape(note)}\.$",
             ):
-                loader.open("ev", batch_size=8, remote=True)
+                loader.serve("ev", batch_size=8)
 
 
 def test_a_job_needing_more_decodes_apart_and_names_who_may_read_it_later(images, caplog):

@@ -1,6 +1,6 @@
 """The stream protocol: the in-process and the service's streams offer the same members, with
 signatures that take every call the protocol allows; the calls only a server makes live on
-``ServedStream``."""
+``ServedStream`` (what ``Loader.serve`` opens)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tabloader.catalog._errors import LoaderError
 from tabloader.engine import Loader
 from tabloader.engine._deliver.stream import JobStream, ServedStream
 from tabloader.engine._deliver.streams import Stream
+from tabloader.engine._queue.sources import Fed
 from tabloader.service._client import RemoteStream
 
 SERVER_ONLY = ("feed", "fail", "lost", "share_done", "wants_rows", "record_stalls")
@@ -78,14 +79,24 @@ def test_a_local_open_is_a_stream_without_the_servers_calls(loader):
     with loader.open("j", batch_size=4) as stream:
         assert isinstance(stream, Stream)
         assert not any(hasattr(stream, n) for n in SERVER_ONLY)
-        with pytest.raises(LoaderError, match="open it with remote=True"):
-            ServedStream.of(stream)
+        assert not isinstance(stream, ServedStream)
         assert len(next(iter(stream))["_id"]) == 4
 
 
 def test_a_fed_open_is_a_served_stream(loader):
-    with loader.open("j", fed=True, batch_size=4) as stream:
-        assert ServedStream.of(stream) is stream
+    with loader.serve("j", source=Fed, receiver=loader.collate, batch_size=4) as stream:
+        assert isinstance(stream, ServedStream)
         assert isinstance(stream, Stream)
         stream.feed(0, np.arange(8, dtype=np.int64), np.arange(8, dtype=np.int64))
         assert stream.take()["_id"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_served_stream_of_a_sampled_job_refuses_rows_fed(loader):
+    """The row source is chosen at the open: rows fed to a job this loader samples are an
+    error naming the fix, never rows queued beside its sampler's."""
+    with loader.serve("j", receiver=loader.collate, batch_size=4) as stream:
+        with pytest.raises(LoaderError, match="is sampled by this loader: its rows come from"):
+            stream.feed(0, np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64))
+        with pytest.raises(LoaderError, match="has no leader to fail it"):
+            stream.fail("gone")
+        assert len(stream.take()["_id"]) == 4

@@ -21,6 +21,7 @@ from tabloader.engine._prepare.work import Plan
 from tabloader.engine._queue.dealer import Dealer
 from tabloader.engine._queue.jobqueue import JobQueue
 from tabloader.engine._queue.jobs import JobState, OnError
+from tabloader.engine._queue.sources import Sampled
 from tabloader.sampling import DependentSampler
 
 
@@ -40,13 +41,14 @@ def dealt(name: str, sampler: DependentSampler, n: int) -> tuple[JobState, Deale
         prefetch=8,
         queue=JobQueue(horizon=n),
         on_error=OnError.RAISE,
+        source=Sampled(),
         world_size=1,
         spec=JobSpec({"batch_size": 4}),
     )
     for r in range(state.world_size):
         state.open_rank(r, threading.Lock())
     q = state.queue
-    q.sampler = sampler
+    state.source.sampler = sampler
     q.left = q.first_rows = n
     rows = sampler.sample_many([name], n)[name]
     q.append(rows, np.arange(n, dtype=np.int64))
@@ -89,9 +91,9 @@ def test_a_weighted_job_with_replacement_saves_its_draws_left():
     s = DependentSampler(seed=0)
     s.add_job("w", BitMap(range(8)), weights=np.arange(1.0, 9.0))
     state, dealer, _ = dealt("w", s, 8)  # 8 draws, maybe repeats, in 2 batches
-    assert BitMap.deserialize(dealer.state(state.ranks[0])["remaining"]) == BitMap(range(8))
+    assert BitMap.deserialize(dealer.state(state.ranks[0], s)["remaining"]) == BitMap(range(8))
     state.ranks[0].taken = 1
-    saved = dealer.state(state.ranks[0])
+    saved = dealer.state(state.ranks[0], s)
     remaining = BitMap.deserialize(saved["remaining"])
     assert len(remaining) == 4  # draws left, whichever rows
     resumed = DependentSampler(seed=1)

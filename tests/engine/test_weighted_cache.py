@@ -61,13 +61,14 @@ def test_a_weighted_jobs_heavy_rows_rank_as_more_future_uses_and_nothing_leaks(i
         (space,) = sched.jobs["w"].queue.spaces()
         rows = np.arange(len(labels), dtype=np.int64)
         for _ in range(25):
-            w.take()
+            drawing = w.take() is not None  # the weighted job still has draws to come
             p.take()
             with sched.cond:
                 _, uses = sched.score(space, rows)
                 counts = sched.queues.future.uses[space]
                 assert counts.min() >= 0
-            seen.append((uses[heavy].mean(), uses[light].mean()))
+            if drawing:
+                seen.append((uses[heavy].mean(), uses[light].mean()))
         for stream in (w, p):
             while stream.take() is not None:
                 pass
@@ -76,7 +77,10 @@ def test_a_weighted_jobs_heavy_rows_rank_as_more_future_uses_and_nothing_leaks(i
         with sched.cond:
             assert not sched.queues.future.uses[space].any()  # every use counted went
     # near the end of the weighted job's epoch few draws are left to expect, and the plain
-    # job's one use per row weighs more (measured down to 1.9x): 2x is asked over the run
+    # job's one use per row weighs more (measured down to 1.9x): 2x is asked over the run;
+    # once the weighted job has delivered its last batch only the plain job's uses are left
+    # (even for both kinds of rows), so those steps are not compared
+    assert len(seen) >= 10, seen
     heavy_uses, light_uses = np.array(seen).T
     assert (heavy_uses >= light_uses).all(), seen
     assert heavy_uses.sum() > 2 * light_uses.sum(), seen

@@ -37,6 +37,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--resume", help="the checkpoint to resume from")
     parser.add_argument("--limit-train-batches", type=int)
     parser.add_argument("--plain-prepare", action="store_true")
+    parser.add_argument(
+        "--plain-loader", action="store_true", help="DataLoader(ds, batch_size=None), no JobLoader"
+    )
     return parser.parse_args()
 
 

@@ -24,7 +24,7 @@ data = JobDataset(args.job, catalog=args.catalog, epochs=args.epochs)
 if args.plain_prepare:  # what users try first
     loader = accelerator.prepare(DataLoader(data, batch_size=None))
 else:
-    loader = prepare(accelerator, data)  # the README's accelerate recipe
+    loader = prepare(accelerator, data)  # docs/frameworks.md's accelerate recipe
 start = 0
 if args.resume:
     accelerator.load_state(args.resume)

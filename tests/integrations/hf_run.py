@@ -19,7 +19,7 @@ RANK = int(os.environ.get("RANK", "0"))
 
 
 class Classifier(torch.nn.Module):
-    """``model(**batch)`` with the names of the README's transform; ``_id`` is kept because
+    """``model(**batch)`` with the names of docs/frameworks.md's transform; ``_id`` is kept because
     ``forward`` takes it, ``image`` and ``label`` are dropped because it does not."""
 
     def __init__(self) -> None:
@@ -35,7 +35,7 @@ class Classifier(torch.nn.Module):
 
 
 def names(batch: dict, generator: torch.Generator) -> dict:
-    """The job's columns as the model's arguments (the README's recipe), the rest kept."""
+    """The job's columns as the model's arguments (docs/frameworks.md's recipe), the rest kept."""
     return {**batch, "pixel_values": features(batch["image"]), "labels": batch["label"]}
 
 
@@ -54,7 +54,7 @@ class Epochs(TrainerCallback):
 
 
 classifier = Classifier()
-trainer = JobTrainer(  # the README's Hugging Face recipe
+trainer = JobTrainer(  # docs/frameworks.md's Hugging Face recipe
     model=classifier,
     args=TrainingArguments(
         output_dir=args.out + "/hf",

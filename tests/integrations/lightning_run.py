@@ -1,12 +1,15 @@
 """Lightning on CPU, 1 process or ``devices=2, strategy="ddp"`` (Lightning's own launcher
 starts rank 1 as a child of this process): ``train_dataloader()`` returns ``JobLoader(ds)``,
-no other glue. See ``_common.py`` for the arguments and what is recorded."""
+no other glue (``--plain-loader``: ``DataLoader(ds, batch_size=None)``, which Lightning
+checkpoints without the job's position). See ``_common.py`` for the arguments and what is
+recorded."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
 from _common import arguments, crash, features, model, record
+from torch.utils.data import DataLoader
 
 from tabloader.torch import JobDataset, JobLoader
 
@@ -18,8 +21,10 @@ class Model(L.LightningModule):
         super().__init__()
         self.net = model()
 
-    def train_dataloader(self) -> JobLoader:  # the README's Lightning recipe
+    def train_dataloader(self) -> DataLoader:  # docs/frameworks.md's Lightning recipe
         self.train_job = JobDataset(args.job, catalog=args.catalog, epochs=args.epochs)
+        if args.plain_loader:  # what other loaders do: its checkpoints hold no job position
+            return DataLoader(self.train_job, batch_size=None)
         return JobLoader(self.train_job)
 
     def val_dataloader(self) -> JobLoader:

@@ -8,7 +8,7 @@ world_size)`` rows of the epoch's order), each row once. A first run saves a che
 of the way into epoch 1 and exits at once (a crash); a fresh process resumes from the
 checkpoint, and epoch 1 over both runs must still hold each row once.
 
-The README's "With your training framework" recipes and the test that runs each:
+The recipes of docs/frameworks.md and the test that runs each:
 
 * plain PyTorch and torchrun: ``tests/service/test_service.py``
   (``test_two_training_scripts_share_one_service_exactly_once_each``,
@@ -88,7 +88,7 @@ def cat_dir():
     with catalog.open_catalog(root, create=True) as cat:
         cat.import_imagefolder("imgs", folder)
         options = f"WITH (batch_size = {BATCH}, image_size = 8)"
-        for job in ("l1", "l1_limit", "ddp", "hf", "acc"):
+        for job in ("l1", "l1_limit", "l1_plain", "ddp", "hf", "acc"):
             cat.sql(f"REGISTER JOB {job} SELECT image, label FROM imgs {options}")
         quick = f"WITH (batch_size = {BATCH}, image_size = 8, rank_timeout = 2)"
         cat.sql(f"REGISTER JOB acc_plain SELECT image, label FROM imgs {quick}")
@@ -147,9 +147,15 @@ def launch(*command: str | Path, torchrun: int = 0) -> subprocess.CompletedProce
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+UNSAVED = "position of job"  # tabloader's warning of a checkpoint without the job's position
+
+
 def succeeds(*command: str | Path, torchrun: int = 0) -> str:
+    """Run a script (``launch``) that must succeed, and whose checkpoints carry the job's
+    position (no warning of tabloader says otherwise); its stdout."""
     result = launch(*command, torchrun=torchrun)
     assert result.returncode == 0, result.stderr[-6000:]
+    assert UNSAVED not in result.stderr, result.stderr[-6000:]
     return result.stdout
 
 
@@ -288,6 +294,29 @@ def test_lightning_limit_train_batches_gives_short_whole_epochs(cat_dir, tmp_pat
 
 @pytest.mark.slow
 @frameworks
+def test_lightning_with_a_plain_dataloader_says_its_checkpoints_lose_the_position(
+    cat_dir, tmp_path
+):
+    """``DataLoader(ds, batch_size=None)`` instead of ``JobLoader(ds)`` (the pattern of every
+    other loader): Lightning saves no job position, and the resume trains rows of epoch 1
+    twice or never; the checkpoint and the resume each warn, once, with the fix."""
+    common = ["--catalog", cat_dir, "--job", "l1_plain", "--out", tmp_path, "--plain-loader"]
+    ckpt = tmp_path / "mid.ckpt"
+    first = launch("lightning_run.py", *common, "--stop-after", 5, "--ckpt", ckpt)
+    assert first.returncode == 0, first.stderr[-6000:]
+    assert first.stderr.count(UNSAVED) == 1, first.stderr[-6000:]
+    assert "Lightning saved a checkpoint without the position of job 'l1_plain'" in first.stderr
+    assert "return JobLoader(ds) from train_dataloader()" in first.stderr
+    resumed = launch("lightning_run.py", *common, "--resume", ckpt, "--tag", "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    assert resumed.stderr.count(UNSAVED) == 1, resumed.stderr[-6000:]
+    assert f"Lightning resumed from {ckpt} after batch 5 of epoch 0, but" in resumed.stderr
+    epoch0 = recorded(tmp_path)[0]  # what the warning is about: not each row once
+    assert len(epoch0) != len(set(epoch0)) or set(epoch0) != job_rows(cat_dir, "l1_plain")
+
+
+@pytest.mark.slow
+@frameworks
 def test_lightning_ddp_two_processes_resumes_mid_epoch(cat_dir, tmp_path):
     """``devices=2, strategy="ddp"`` on CPU, Lightning's own launcher (rank 1 a child with
     ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE``, no ``RANK``): each rank its share, the
@@ -391,7 +420,7 @@ def accelerator():
 
 
 def test_a_state_saved_with_torch_save_resumes_the_epoch(engine, tmp_path):
-    """The README's plain PyTorch checkpoint: ``torch.save`` of ``state_dict()`` beside the
+    """docs/frameworks.md's plain PyTorch checkpoint: ``torch.save`` of ``state_dict()`` beside the
     model's, ``torch.load`` (``weights_only``, its default) in the run that resumes."""
     from tabloader.torch import JobDataset
 
@@ -478,3 +507,106 @@ def test_a_checkpoint_without_the_jobs_position_says_how_to_resume(tmp_path):
         r"ignore_data_skip=True",
     ):
         _load_state(str(tmp_path))
+
+
+def lightning_fit(data, loader, ckpt_dir, *, stop_after=None, resume=None) -> list:
+    """Fit a tiny ``LightningModule`` on ``loader`` (over ``data``) in this process, one
+    epoch, a checkpoint after step ``stop_after`` (then stop); the warnings it gave."""
+    import warnings
+
+    import lightning as L
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(1, 1)
+
+        def train_dataloader(self):
+            return loader
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch["label"].float()[:, None]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Stop(L.Callback):
+        def on_train_batch_end(self, trainer, *_):
+            if trainer.global_step == stop_after:
+                trainer.save_checkpoint(ckpt_dir / "mid.ckpt")
+                trainer.should_stop = True
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=[Stop()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Model(), ckpt_path=resume)
+    data.close()
+    return [str(w.message) for w in caught if "position" in str(w.message)]
+
+
+def test_lightning_warns_once_when_a_plain_dataloader_leaves_the_jobs_position_out(
+    engine, tmp_path
+):
+    """``DataLoader(ds, batch_size=None)`` from ``train_dataloader()``: the checkpoint holds
+    no position of the job, and the resume starts the job's epoch anew; each says so, once,
+    with the fix. A ``JobLoader`` says nothing."""
+    from torch.utils.data import DataLoader
+
+    from tabloader.torch import JobDataset, JobLoader
+
+    data = JobDataset("j", loader=engine)
+    warned = lightning_fit(data, DataLoader(data, batch_size=None), tmp_path, stop_after=2)
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("Lightning saved a checkpoint without the position of job 'j'")
+    assert "return JobLoader(ds) from train_dataloader()" in warned[0]
+
+    data = JobDataset("j", loader=engine)
+    resumed = lightning_fit(
+        data, DataLoader(data, batch_size=None), tmp_path, resume=tmp_path / "mid.ckpt"
+    )
+    assert len(resumed) == 1, resumed
+    assert resumed[0].startswith(
+        f"Lightning resumed from {tmp_path / 'mid.ckpt'} after batch 2 of epoch 0, but the "
+        "checkpoint holds no position of job 'j'"
+    )
+    assert "return JobLoader(ds) from train_dataloader()" in resumed[0]
+
+    data = JobDataset("j", loader=engine)
+    assert lightning_fit(data, JobLoader(data), tmp_path / "ok", stop_after=2) == []
+    data = JobDataset("j", loader=engine)
+    assert lightning_fit(data, JobLoader(data), tmp_path, resume=tmp_path / "ok" / "mid.ckpt") == []
+
+
+def test_the_readmes_hf_recipe_says_what_cpus_need_as_hf_run_does():
+    """On a machine without GPUs, torchrun's processes join one ``Trainer`` run only with
+    ``use_cpu=True`` (each runs alone otherwise, and ``prepare`` refuses the dataset of a
+    rank that accelerate does not know): the recipe in docs/frameworks.md says so, as its accelerate
+    recipe says ``Accelerator(cpu=True)``, and ``hf_run.py`` (which the tests launch on CPUs)
+    is that recipe: the same ``TrainingArguments``, with ``use_cpu=True``."""
+    import ast
+
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    recipe = page.split("## Hugging Face Trainer\n", 1)[1].split("## accelerate\n", 1)[0]
+    code = recipe.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "# on a machine without GPUs: TrainingArguments(..., use_cpu=True)" in code
+
+    def training_arguments(source: str) -> dict[str, ast.expr]:
+        (call,) = [
+            node
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "TrainingArguments"
+        ]
+        return {k.arg: k.value for k in call.keywords if k.arg is not None}
+
+    ours = training_arguments((SCRIPTS / "hf_run.py").read_text())
+    assert ast.literal_eval(ours["use_cpu"]) is True
+    assert set(training_arguments(code)) <= set(ours)  # the recipe's, run for real

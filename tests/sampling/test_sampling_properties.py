@@ -14,6 +14,8 @@ from pyroaring import BitMap
 from tabloader.sampling import DependentSampler, IndependentSampler
 from tabloader.sampling import _dependent as dependent
 
+walk = dependent._walk  # the C walk: the one private name these tests call
+
 SETTINGS = settings(
     max_examples=60,
     deadline=None,
@@ -157,17 +159,53 @@ def replay_state(s: DependentSampler) -> tuple:
 def test_the_c_walk_is_built():
     """The install builds the C walk (a C compiler is part of the test setup); without it the
     service samples four staggered jobs ~30x slower per round."""
-    assert dependent._walk is not None
+    assert walk is not None
+
+
+def one_region(row):
+    """Regions holding ``row`` alone, in region 0 of job slot 0; pos/reg cover rows 0..1."""
+    regions = dependent.Regions()
+    regions.keys, regions.index = [1], {1: 0}
+    regions.rows = [array.array("I", [row])]
+    regions.pos, regions.reg = array.array("I", [0, 0]), array.array("i", [0, 0])
+    return regions
 
 
 def test_the_c_walk_refuses_a_row_past_its_position_index():
     """Regions that name a row the position index does not cover (a bug elsewhere) raise in
     the C walk instead of writing past the index's memory."""
-    rows = [array.array("I", [5])]  # row 5; pos/reg cover rows 0..1 only
-    pos, reg = array.array("I", [0, 0]), array.array("i", [0, 0])
     out = np.empty((1, 1), dtype=np.int64)
     with pytest.raises(RuntimeError, match="row 5 is past the position index"):
-        dependent._walk.rounds(
-            1, (0,), [1], [[0]], [[]], [0.5, 0.5], 0, rows, [1], {1: 0}, pos, reg,
-            lambda key: 0, out,
-        )  # fmt: skip
+        walk.rounds(one_region(5), (0,), [1], [[0]], [[]], [0.5, 0.5], 0, out)
+
+
+def test_the_c_walk_takes_the_regions_object_and_walks_as_python():
+    """One round over one region: the C walk reads the region through the object, picks the
+    row the uniforms name and drops it (no job needs it after)."""
+    regions, out = one_region(1), np.empty((1, 1), dtype=np.int64)
+    assert walk.rounds(regions, (0,), [1], [[0]], [[]], [0.25, 0.5], 0, out) == 2
+    assert out.tolist() == [[1]]
+    assert (len(regions.rows[0]), regions.reg[1]) == (0, -1)
+
+
+@pytest.mark.parametrize(
+    ("attr", "value", "error", "match"),
+    [
+        ("rows", (), TypeError, r"regions\.rows must be a list; got tuple"),
+        ("index", [], TypeError, r"regions\.index must be a dict; got list"),
+        ("pos", [0, 0], TypeError, r"regions\.pos must be a writable array\('I'\); got list"),
+        ("reg", array.array("I", [0, 0]), TypeError, r"regions\.reg must be .*array\('i'\)"),
+        ("reg", array.array("i", [0]), ValueError, "regions.pos and regions.reg differ"),
+    ],
+)
+def test_the_c_walk_names_a_wrong_attribute_of_its_regions(attr, value, error, match):
+    regions, out = one_region(1), np.empty((1, 1), dtype=np.int64)
+    setattr(regions, attr, value)
+    with pytest.raises(error, match=match):
+        walk.rounds(regions, (0,), [1], [[0]], [[]], [0.25, 0.5], 0, out)
+
+
+@pytest.mark.parametrize("out", [np.empty((2, 1), np.int64), np.empty(1, np.int64)])
+def test_the_c_walk_wants_an_out_of_one_row_per_job(out):
+    with pytest.raises(ValueError, match=r"out must be an int64 array \(m jobs, n rounds\)"):
+        walk.rounds(one_region(1), (0,), [1], [[0]], [[]], [0.25, 0.5], 0, out)

@@ -10,18 +10,22 @@ from pyroaring import BitMap
 
 from tabloader.catalog._errors import SamplingError
 from tabloader.catalog._options import JobSpec
-from tabloader.sampling import DependentSampler, IndependentSampler, Sampler
+from tabloader.sampling import DependentSampler, IndependentSampler, JobStart, Sampler
 
 SAMPLERS = [DependentSampler, IndependentSampler]
 
 
 @pytest.mark.parametrize("cls", SAMPLERS)
 def test_add_job_has_the_protocols_signature(cls):
+    """The protocol's arguments, then its start (``JobStart``) as optional keywords."""
     want = inspect.signature(Sampler.add_job).parameters
     have = inspect.signature(cls.add_job).parameters
-    assert [(p.name, p.kind, p.default) for p in have.values()] == [
-        (p.name, p.kind, p.default) for p in want.values()
-    ]
+    named = [(p.name, p.kind, p.default) for p in want.values() if p.kind is not p.VAR_KEYWORD]
+    assert [(p.name, p.kind, p.default) for p in have.values()][: len(named)] == named
+    keywords = [p for p in have.values() if p.kind is p.KEYWORD_ONLY]
+    assert [p.name for p in keywords] == list(JobStart.__annotations__)
+    assert len(have) == len(named) + len(keywords)
+    assert all(p.default is not p.empty for p in keywords)
 
 
 @pytest.mark.parametrize("cls", SAMPLERS)

@@ -10,7 +10,12 @@ snapshot of the directory proves nothing was written."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 import types
 
 import duckdb
@@ -141,3 +146,90 @@ def test_a_catalog_this_user_may_not_even_read_says_so(root, monkeypatch):
         f"(Permission denied). Its owner can share it (chmod -R g+rX {root}, for the group), "
         "or use a catalog of your own."
     )
+
+
+def no_folders_in(monkeypatch, root):
+    """Also refuse to make folders in ``root`` (a read-only disk refuses every write)."""
+    mkdir = os.mkdir
+
+    def fake_mkdir(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(root)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+@pytest.fixture
+def short_root(root, short_tmp):
+    """``root`` at a short path, as the default catalog's: its service's folder would be in it
+    (``.service``), not in /tmp (where a long path's goes)."""
+    return shutil.copytree(root, short_tmp / "cat")
+
+
+def test_status_of_a_read_only_catalog_reports_no_service_and_creates_nothing(
+    short_root, monkeypatch, capsys
+):
+    root = short_root
+    before = snapshot(root)
+    read_only(monkeypatch, root, "access-erofs")
+    no_folders_in(monkeypatch, root)
+    assert cli.main(["--catalog", str(root), "status"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith(f"No loader service runs for catalog {root}"), out.err
+    assert snapshot(root) == before
+    assert not (root / ".service").exists()
+
+
+def test_a_service_directory_that_cannot_be_made_says_how_to_fix_it(short_tmp, monkeypatch):
+    from tabloader.catalog._errors import ServiceError
+    from tabloader.service._protocol import runtime_dir
+
+    root = short_tmp / "cat"  # short: its .service, not the /tmp fallback
+    root.mkdir()
+    no_folders_in(monkeypatch, root)  # a catalog this user may write, on a disk gone full/RO
+    with pytest.raises(
+        ServiceError,
+        match=r"cannot create the service directory .*\.service: Read-only file system\. The "
+        r"loader service keeps its socket there .*: make .* writable for this user",
+    ):
+        runtime_dir(root)
+
+
+READ_ONLY_JOB = """
+import sys
+from tabloader.service._client import RemoteLoader
+with RemoteLoader(sys.argv[1]) as remote, remote.open("a", batch_size=8, epochs=1) as s:
+    ids = sorted(i for b in s for i in b["_id"].tolist())
+print(len(ids), remote.service_pid, flush=True)
+import os, signal
+os.kill(remote.service_pid, signal.SIGTERM)
+"""
+
+
+def unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not unshare_works(), reason="no unprivileged mount namespace (unshare -rm)")
+def test_a_job_reads_a_catalog_on_a_read_only_mount_through_a_service(short_root):
+    """A real read-only mount (a bind mount in a mount namespace of the script's own): the
+    service's folder goes to /tmp, the job reads its rows, and the catalog is unchanged."""
+    root = short_root
+    before = snapshot(root)
+    mount = f"mount --bind -o ro {shlex.quote(str(root))} {shlex.quote(str(root))}"
+    script = shlex.join([sys.executable, "-c", READ_ONLY_JOB, str(root)])
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"{mount} && {script}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TABLOADER_IDLE_EXIT": "5"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split()[0] == "50"  # x < 50
+    assert snapshot(root) == before
+    assert not (root / ".service").exists()

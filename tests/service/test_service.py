@@ -177,7 +177,8 @@ def test_the_catalog_package_opened_beside_a_service_names_the_way_through_it(se
         catalog.open_catalog(cat_dir)
 
 
-def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir):
+def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(cat_dir, monkeypatch):
+    monkeypatch.setenv("TABLOADER_LOCK_WAIT", "0.5")  # waited for that long, then refused
     holder = subprocess.Popen(
         [
             *(sys.executable, "-c"),
@@ -189,7 +190,9 @@ def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(ca
     )
     try:
         assert holder.stdout.readline().strip() == b"1"
-        with pytest.raises(CatalogLockedError, match="in use by another process"):
+        with pytest.raises(
+            CatalogLockedError, match=rf"is held by pid {holder.pid} .*within 0.5 s"
+        ):
             tabloader.connect(cat_dir)
     finally:
         holder.kill()
@@ -478,6 +481,59 @@ def test_a_stream_closing_while_it_reads_ahead_leaves_and_does_not_hang_up(cat_d
     log = (cat_dir.parent / "serve.log").read_text()
     assert log.count(" left job a") == 2
     assert "hung up during a request" not in log
+
+
+def in_a_thread(work) -> tuple[threading.Thread, list[BaseException]]:
+    """``work()`` run in a thread that records what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, raised
+
+
+def test_closing_a_job_dataset_from_another_thread_is_a_close_not_a_lost_service(service, cat_dir):
+    """A thread iterates rank 0 of a 2-rank job, waiting in the service for rank 1; another
+    closes the dataset: the iteration ends with the stream's "closed", not "lost the
+    service", and the service serves on."""
+    from tabloader.torch import JobDataset
+
+    data = JobDataset("c0", catalog=cat_dir, batch_size=4, rank=0, world_size=2)
+    thread, raised = in_a_thread(lambda: list(data))
+    wait_for(lambda: "c0" in service_loader(cat_dir).stats()["jobs"], "the job to open")
+    data.close()  # waits CLOSE_WAIT_S for the take that waits, then hangs up
+    thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert [type(e) for e in raised] == [LoaderError], raised
+    assert str(raised[0]) == "Job stream 'c0' is closed; open the job again."
+    with RemoteLoader(cat_dir, start=False) as remote:
+        assert remote.service_pid == service.pid
+
+
+def test_closing_a_connection_from_another_thread_is_a_close_not_a_lost_service(service, cat_dir):
+    """A statement waits for the service (stopped for the while); another thread closes the
+    connection: the statement fails as closed here, not as a lost service."""
+    cat = tabloader.connect(cat_dir)
+    assert cat.service_pid == service.pid
+    service.send_signal(signal.SIGSTOP)
+    try:
+        thread, raised = in_a_thread(lambda: cat.sql("SHOW JOBS"))
+        time.sleep(0.2)  # it sent the statement and waits for the reply
+        cat.close()
+        thread.join(TIMEOUT)
+    finally:
+        service.send_signal(signal.SIGCONT)
+    assert not thread.is_alive()
+    assert [type(e) for e in raised] == [ServiceError], raised
+    # (if the thread had not sent the statement yet: "this Client ... is closed")
+    assert re.search(r"was closed \(close\(\) from another thread\)|is closed", str(raised[0]))
+    assert "lost" not in str(raised[0])
 
 
 def test_wait_ready_returns_once_the_decode_processes_run(service, cat_dir):

@@ -91,6 +91,39 @@ def open_imagefolder(
     exts = _normalize_extensions(extensions)
     base = Path(root)
     check_folder(base, root, "; FORMAT imagefolder needs a folder laid out as root/<class>/<file>.")
+    classes = _class_folders(base, root, exts, follow_links)
+    files: list[tuple[int, str]] = []
+    for label, name in enumerate(classes):
+        found = _list_class(base, name, exts, follow_links)
+        if not found:
+            logger.info(
+                "class folder %s/%s has no images; its label %d stays unused", base, name, label
+            )
+        files.extend((label, rel) for rel in found)
+    if not files:
+        raise ImportFailedError(
+            f"No image files with extension {', '.join(sorted(exts))} in the class folders of "
+            f"'{root}' ({_shown(classes)}). Check the folder, or pass extensions=."
+        )
+    logger.info("found %d images in %d classes under %s", len(files), len(classes), base)
+    return Source(
+        SCHEMA,
+        _batches(base, classes, files, batch_size, follow_links),
+        num_rows=len(files),
+        class_names={"label": classes},
+        description=str(root),
+    )
+
+
+def _class_folders(
+    base: Path, root: str | os.PathLike[str], exts: frozenset[str], follow_links: bool
+) -> list[str]:
+    """The class folders of the image folder ``base`` (``root`` as given), sorted.
+
+    Raises:
+        ImportFailedError: it is empty, has images directly in it or no class folders, or a
+            symbolic link leads out of it.
+    """
     entries = sorted(p for p in base.iterdir() if not p.name.startswith("."))
     if not entries:
         raise ImportFailedError(
@@ -117,27 +150,7 @@ def open_imagefolder(
             "image folder must be root/<class>/<file>. Pass the folder that holds the class "
             "folders."
         )
-    files: list[tuple[int, str]] = []
-    for label, name in enumerate(classes):
-        found = _list_class(base, name, exts, follow_links)
-        if not found:
-            logger.info(
-                "class folder %s/%s has no images; its label %d stays unused", base, name, label
-            )
-        files.extend((label, rel) for rel in found)
-    if not files:
-        raise ImportFailedError(
-            f"No image files with extension {', '.join(sorted(exts))} in the class folders of "
-            f"'{root}' ({_shown(classes)}). Check the folder, or pass extensions=."
-        )
-    logger.info("found %d images in %d classes under %s", len(files), len(classes), base)
-    return Source(
-        SCHEMA,
-        _batches(base, classes, files, batch_size, follow_links),
-        num_rows=len(files),
-        class_names={"label": classes},
-        description=str(root),
-    )
+    return classes
 
 
 def _normalize_extensions(extensions: Iterable[str]) -> frozenset[str]:

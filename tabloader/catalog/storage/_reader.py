@@ -72,6 +72,33 @@ ReaderSpec = tuple[str, list[PartInfo], pa.Schema, bool]
 whether it verifies (picklable; ``DatasetReader.spec``)."""
 
 
+def _check_part_path(part: PartInfo, root: str | os.PathLike[str]) -> None:
+    """Refuse a part whose recorded path is not a plain path under the storage root (the
+    catalog records ``data/<dataset>/<file>``): an absolute one, or one with ``..``, names a
+    file anywhere, which the reader would read as the dataset's rows.
+
+    Raises:
+        StorageError: the catalog recorded such a path (it is damaged).
+    """
+    path = part.path
+    if not isinstance(path, str) or not path:
+        why = "not a path"
+    elif PurePosixPath(path).is_absolute():
+        why = "absolute"
+    elif ".." in PurePosixPath(path).parts or "\\" in path or "\0" in path:
+        why = "outside the storage root (it has '..', a backslash or a NUL)"
+    else:
+        return
+    raise StorageError(
+        f"The catalog is damaged: it records part {path!r} (rows "
+        f"{_rows(part.first_id, part.end_id)}), which is {why}; a part's path is relative to "
+        f"the dataset's storage ({root}), as data/<dataset>/<file>. Restore catalog.duckdb "
+        "from a backup, or re-import the dataset (DROP DATASET, then CREATE DATASET).",
+        path=str(path),
+        rows=range(part.first_id, part.end_id),
+    )
+
+
 class DatasetReader:
     """Read rows by ``_id`` from the parts of one dataset version.
 
@@ -99,6 +126,8 @@ class DatasetReader:
         self.memory_map = memory_map
         self.verify = verify
         self.parts = list(parts)
+        for part in self.parts:
+            _check_part_path(part, root)
         self.schema = schema
         self.num_rows = sum(p.num_rows for p in self.parts)
         self._first_list = [p.first_id for p in self.parts]

@@ -19,7 +19,8 @@ them on every fetch and fetches a batch that fails its check once more
 a dataset's parts: ``CREATE DATASET ... WITH (storage = 's3://bucket/prefix')`` writes them to
 ``<prefix>/data/<dataset>/`` (``tabloader.catalog._imports``); else imports write into the catalog
 directory. ``$TABLOADER_STORAGE`` (:func:`storage_uri`) makes the catalogs a process opens read all
-their parts from another root that holds a copy of their ``data/`` folders.
+their parts from another root that holds a copy of their ``data/`` folders (a path: relative
+ones mean the reading process's working directory).
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def open_store(uri: str | os.PathLike[str]) -> Store:
         return LocalStore(Path(uri))
     scheme = m.group(1).lower()
     if scheme == _LOCAL:
-        return LocalStore(Path(unquote(urlsplit(uri).path)), uri)
+        return LocalStore(_file_path(uri), uri)
     factory = _factory(scheme)
     if factory is None:
         known = ", ".join(sorted({_LOCAL, *_STORES, *BUILTIN_STORES}))
@@ -248,7 +249,30 @@ def open_store(uri: str | os.PathLike[str]) -> Store:
     return factory(uri)
 
 
+def _file_path(uri: str) -> Path:
+    """The local path of a ``file://`` URI: ``file:///path`` or ``file://localhost/path``.
+
+    Raises:
+        StorageError: it names another host (this machine's files are all a file URI reads).
+    """
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise StorageError(
+            f"File URI {uri!r} names host {parts.netloc!r}, but file:// reads this machine's "
+            f"files only: give file:///path (three slashes; file://{parts.netloc}/... is not "
+            f"the path /{parts.netloc}/...), a plain path, or mount that host's files here.",
+            path=uri,
+        )
+    return Path(unquote(parts.path))
+
+
 def storage_uri(root: Path) -> str | Path:
     """The root the parts of the catalog at ``root`` are read from: ``$TABLOADER_STORAGE``
-    where set (a copy of the catalog's ``data/`` folder lies under it), else ``root``."""
-    return os.environ.get(STORAGE_ENV) or root
+    where set (a copy of the catalog's ``data/`` folder lies under it), else ``root``. A
+    relative path there means one in the working directory of the process that reads the
+    variable (it is made absolute here: the URI travels to other processes, a service runs
+    in ``/``)."""
+    uri = os.environ.get(STORAGE_ENV)
+    if not uri:
+        return root
+    return uri if _SCHEME.match(uri) else Path(uri).absolute()

@@ -3,7 +3,8 @@ job.
 
 A prepared batch is laid out as a :class:`~tabloader.engine._deliver.handoff.HandedBatch` (its ids
 and each column, where its values lie in the arena) and goes to its job's *receiver*, chosen once
-when the job opens (``Loader.open(remote=...)``; the job's ``Plan.receiver``):
+when the job opens (``Loader.open``: collated; ``Loader.serve``: handed over; the job's
+``Plan.receiver``), which owns the life of the batch's pins (:class:`Pins` lets them go):
 
 * :class:`Collate` (a job of this process) copies it out at once
   (:meth:`~tabloader.engine._deliver.handoff.HandedBatch.copy_out`: the one copy of each payload
@@ -31,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tabloader.catalog._bitmaps import ID_COLUMN
+from tabloader.engine._arena.accounting import AccessLog
 from tabloader.engine._arena.arena import Arena
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import (
@@ -49,19 +51,51 @@ if TYPE_CHECKING:
     from tabloader.engine._prepare.augment import Augmenter
     from tabloader.engine._prepare.work import Work
 
-__all__ = ["Collate", "HandOver", "OwnSlots", "refuse_sources", "release"]
+__all__ = ["Collate", "HandOver", "OwnSlots", "Pins", "refuse_sources", "release"]
+
+
+class Pins:
+    """Lets go of what batches hold in the arena (:func:`release`), and tells the loader's
+    access log (``AccessLog``), if it keeps one."""
+
+    def __init__(self, arena: Arena, log: AccessLog | None = None) -> None:
+        self.arena, self.log = arena, log
+
+    def release(self, work: Work) -> None:
+        """Drop the pins ``work`` holds (and free its own slots); a second call does nothing."""
+        self.noted(work)
+        release(work, self.arena)
+
+    def noted(self, work: Work) -> None:
+        """Tell the access log that ``work`` let its looked-up values go."""
+        if self.log is not None:
+            self.log.released(work)
 
 
 class Collate:
     """The receiver of a job of this process: its batch, copied out of the arena (None if
-    every row failed); the pins stay for the caller to release."""
+    every row failed), and its pins released at once."""
 
     pins = False  # released as soon as the batch is copied out
 
-    def __init__(self, arena: Arena, memory: BatchMemory) -> None:
-        self.arena, self.memory = arena, memory
+    def __init__(self, arena: Arena, memory: BatchMemory, pins: Pins) -> None:
+        self.arena, self.memory, self._pins = arena, memory, pins
 
     def receive(self, work: Work) -> dict[str, Any] | None:
+        try:
+            return self._copy(work)
+        finally:
+            self._pins.release(work)
+
+    def release(self, work: Work) -> None:
+        """Nothing is left to let go (``receive`` released it all); a batch never received
+        is released as any other."""
+        self._pins.release(work)
+
+    def open_already(self, job: str) -> str:
+        return f"Job {job!r} is open already in this loader; close its stream first."
+
+    def _copy(self, work: Work) -> dict[str, Any] | None:
         keep = _kept(work)
         if keep is not None and keep.size == 0:
             return None
@@ -94,8 +128,20 @@ class HandOver:
 
     pins = True  # until the client has copied the batch out
 
-    def __init__(self, arena: Arena, own: OwnSlots) -> None:
-        self.arena, self.own = arena, own
+    def __init__(self, arena: Arena, own: OwnSlots, pins: Pins) -> None:
+        self.arena, self.own, self._pins = arena, own, pins
+
+    def release(self, work: Work) -> None:
+        """The client has the batch (or nobody will take it): its pins go."""
+        self._pins.release(work)
+
+    def open_already(self, job: str) -> str:
+        return (
+            f"Job {job!r} is open already in the loader service, by another process or "
+            "another stream of this one (`tabloader status` lists the clients and their "
+            "jobs): close it there or end that process first, or register this one under "
+            "another job name."
+        )
 
     def receive(self, work: Work) -> HandedBatch:
         arena = self.arena
@@ -115,6 +161,8 @@ class HandOver:
                 starts, shapes, _ = _rows(work, ci, keep)
                 private = _private(work, ci, keep)
                 prepared[dec.column] = _decoded(dec.column, starts.copy(), shapes, private)
+        if work.discard:  # the augmented images' sources were let go
+            self._pins.noted(work)
         batch = _batch(work, keep, prepared)
         batch.work = work
         return batch

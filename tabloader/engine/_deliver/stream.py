@@ -1,30 +1,26 @@
-"""The consumer side: a job's batches as an iterator (:class:`JobStream`)."""
+"""The consumer side: a job's batches as an iterator (:class:`JobStream`), and the stream a
+server serves to its client (:class:`ServedStream`)."""
 
 from __future__ import annotations
 
+import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
 from tabloader.catalog._errors import LoaderError
-from tabloader.engine._deliver.streams import report_arrays
-from tabloader.engine._queue.jobs import JobState, RankState
-from tabloader.engine._queue.queues import FedRows
+from tabloader.engine._deliver.streams import StreamBase, report_arrays
+from tabloader.engine._queue.jobs import FedRows, JobState, RankState, Rows, Weights
 from tabloader.engine._queue.scheduler import DatasetScheduler
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
     from tabloader.catalog._options import JobSpec
     from tabloader.engine._prepare.augment import Augmenter
 
 __all__ = ["JobStream", "ServedStream"]
 
 
-class JobStream:
+class JobStream(StreamBase):
     """The batches of one job (of one rank of a data-parallel job); iterate it, or call
     ``next_batch()``.
 
@@ -96,15 +92,22 @@ class JobStream:
         with self._scheduler.cond:
             return self._rank.finished()
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while (batch := self._scheduler.take(self._rank, None)) is not None:
-            yield batch
-
-    def iter_epoch(self) -> Iterator[dict[str, Any]]:
-        """Yield the remaining batches of the current epoch."""
-        epoch = self.epoch
-        while (batch := self._scheduler.take(self._rank, epoch)) is not None:
-            yield batch
+    def _take(self, epoch: int | None) -> Any:
+        """The next batch (``DatasetScheduler.take``), its consumer's stalls timed: seconds
+        waiting in here (``wait_s``) and between its calls (``compute_s``); batches and rows
+        delivered counted."""
+        rank = self._rank
+        t0 = time.perf_counter()
+        if rank.last_return is not None:
+            rank.compute_s += t0 - rank.last_return
+            rank.last_return = None
+        batch = self._scheduler.take(rank, epoch)
+        now = rank.last_return = time.perf_counter()
+        if batch is not None:
+            rank.wait_s += now - t0
+            rank.delivered += 1
+            rank.rows += len(batch["_id"])
+        return batch
 
     def next_batch(self) -> dict[str, Any]:
         """Return the next batch: a dict of column -> array (``_id`` included).
@@ -114,7 +117,7 @@ class JobStream:
                 it has delivered the ``epochs`` it was opened for.
             RowReadError: a row of the batch failed (``on_error="raise"``).
         """
-        batch = self._scheduler.take(self._rank, None)
+        batch: dict[str, Any] | None = self._take(None)
         if batch is None:
             raise LoaderError(
                 f"Job stream {self._rank.label()} has delivered its {self._job.epochs} "
@@ -124,7 +127,8 @@ class JobStream:
 
     def take(self, epoch: int | None = None) -> dict[str, Any] | None:
         """The next batch, or None at the end of ``epoch`` (if given) or of the last epoch."""
-        return self._scheduler.take(self._rank, epoch)
+        batch: dict[str, Any] | None = self._take(epoch)
+        return batch
 
     def abandon(self, epoch: int, *, ahead_rows: int = 0) -> int:
         """Give up the rest of ``epoch`` (a new iteration starts the next one): the rows of it
@@ -196,44 +200,38 @@ class JobStream:
         """
         self._scheduler.leave(self._rank)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class ServedStream(JobStream):
-    """A stream that the loader service serves to a client process, or a node of a Ray
-    cluster feeds (``Loader.open(remote=True)`` or ``fed=True``): a :class:`JobStream` and
-    the calls only its server makes. The client's process times its own stalls and says
-    when its job has a batch; a process may end without closing it; a cluster node queues
-    the rows its leader sent and fails the stream when the cluster job is gone.
+    """A stream that a server serves to its client process (``Loader.serve``: the loader
+    service, a node of a Ray cluster): a :class:`JobStream` and the calls only its server
+    makes. The client's process times its own stalls and says when its job has a batch; a
+    process may end without closing it; a fed job's server queues the rows its leader sent
+    and fails the stream when the leader's job is gone.
     """
 
-    @staticmethod
-    def of(stream: JobStream) -> ServedStream:
-        """``stream``, which ``Loader.open`` made for a server.
-
-        Raises:
-            LoaderError: it was opened without ``remote`` or ``fed``.
-        """
-        if not isinstance(stream, ServedStream):
-            raise LoaderError(
-                f"Job stream {stream.rank_state.label()} was opened for this process, not "
-                "for a server; open it with remote=True (the loader service) or fed=True (a "
-                "cluster node)."
-            )
-        return stream
+    def _take(self, epoch: int | None) -> Any:
+        """The next batch; its client times its stalls and says when it has it."""
+        return self._scheduler.take(self._rank, epoch)
 
     def record_stalls(self, wait_s: float, compute_s: float, augment_s: float = 0.0) -> None:
-        """Add stall seconds the job measured itself (the service's clients; see ``stats``)."""
-        self._scheduler.record_stalls(self._rank, wait_s, compute_s, augment_s)
+        """Add seconds the client measured: waiting for batches, between them, and
+        augmenting them (its own threads).
+
+        Without the scheduler's lock: only the rank's own consumer (its connection's thread)
+        writes these counters, and ``stats`` only reads them. (Taken on every request, the
+        lock was the most contended wait of four tiny-row jobs' connections: 8% of the
+        service's samples.)
+        """
+        rank = self._rank
+        rank.wait_s += wait_s
+        rank.compute_s += compute_s
+        rank.augment_s += augment_s
 
     def record_delivery(self, rows: int) -> None:
-        """Count a batch of ``rows`` rows as delivered: for a stream opened ``remote``, the
-        service's client says when its job got one."""
-        self._scheduler.record_delivery(self._rank, rows)
+        """Count a batch of ``rows`` rows as delivered: the client says when its job got one
+        (no lock: see ``record_stalls``)."""
+        self._rank.delivered += 1
+        self._rank.rows += rows
 
     def lost(self, who: str, *, undelivered: int = 0) -> None:
         """This rank's process ended without ``close()`` (``who`` names it): the stream closes,
@@ -248,26 +246,24 @@ class ServedStream(JobStream):
         with self._scheduler.cond:
             return self._rank.finished() or self._rank.share_done(undelivered) is not None
 
-    # -- a stream opened ``fed`` (on a node of a Ray cluster: its rows come from the leader) --
-    def feed(
-        self,
-        epoch: int,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
-        """Queue ``rows`` of ``epoch`` that the cluster leader sent, with their rounds (and a
+    # -- a fed stream (``Loader.serve(source=Fed)``: its rows come from a leader) --------------
+    def feed(self, epoch: int, rows: Rows, rounds: Rows, weights: Weights = None) -> None:
+        """Queue ``rows`` of ``epoch`` that the job's leader sent, with their rounds (and a
         weighted job's ``_weight`` of each row, which its batches carry).
 
         Raises:
-            LoaderError: the leader and this node disagree on the job's epochs, or on
-                whether and how its rows are weighted.
+            LoaderError: the job is not fed, or the leader and this node disagree on its
+                epochs, or on whether and how its rows are weighted.
         """
         self._scheduler.feed(self._job, FedRows(epoch, rows, rounds, weights))
 
     def fail(self, reason: str) -> None:
-        """The cluster job is gone: the stream raises ``reason`` once it would wait for rows
-        (the batches it has are still delivered)."""
+        """The leader's job is gone: the stream raises ``reason`` once it would wait for rows
+        (the batches it has are still delivered).
+
+        Raises:
+            LoaderError: the job is not fed.
+        """
         self._scheduler.fail(self._job, reason)
 
     def wants_rows(self) -> bool:

@@ -1,7 +1,8 @@
 """What every consumer of a job's batches programs against: the :class:`Stream` protocol.
 
 Two streams implement it: :class:`~tabloader.engine._deliver.stream.JobStream` (a loader in this
-process) and :class:`~tabloader.service._client.RemoteStream` (a job of the loader service).
+process) and :class:`~tabloader.service._client.RemoteStream` (a job of the loader service), on
+:class:`StreamBase` (what they do alike by ``take``: iterating, and ``with``).
 ``tabloader.torch`` and the integrations take either. This module imports nothing of the
 engine, so a job process of the service can name the type without loading it.
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from tabloader.catalog._options import JobSpec
 
-__all__ = ["REPORT_ROWS_MAX", "Stream", "no_importance", "report_arrays"]
+__all__ = ["REPORT_ROWS_MAX", "Stream", "StreamBase", "no_importance", "report_arrays"]
 
 
 @runtime_checkable
@@ -81,6 +82,28 @@ class Stream(Protocol):
     def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class StreamBase:
+    """What a :class:`Stream` does by its ``take``, ``epoch`` and ``close``, alike for both
+    streams: iterating, and ``with``."""
+
+    def __iter__(self: Stream) -> Iterator[dict[str, Any]]:
+        """The batches until the last epoch (forever without one)."""
+        while (batch := self.take(None)) is not None:
+            yield batch
+
+    def iter_epoch(self: Stream) -> Iterator[dict[str, Any]]:
+        """The remaining batches of the current epoch."""
+        epoch = self.epoch
+        while (batch := self.take(epoch)) is not None:
+            yield batch
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self: Stream, *exc: object) -> None:
+        self.close()
 
 
 def no_importance(job: str) -> LoaderError:

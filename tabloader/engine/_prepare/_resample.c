@@ -26,8 +26,10 @@
  * vertical pass never reads past a row's bytes. The last byte of the source's last row may
  * be followed by nothing (an image at the end of a shared arena).
  *
- * Dispatch: AVX2 when the CPU has it (__builtin_cpu_supports), else portable C; the
- * environment variable TABLOADER_RESAMPLE=scalar (or set_isa("scalar")) forces portable C.
+ * Dispatch: one table of kernels per instruction set (portable C; AVX2 on x86), one pointer
+ * to the table in use: the best one the CPU runs (__builtin_cpu_supports), unless the
+ * environment variable TABLOADER_RESAMPLE=scalar (or set_isa("scalar")) picks portable C.
+ * Define RS_PORTABLE to build the portable C alone, as on other CPUs (a test compiles it so).
  * The GIL is released while pixels are computed. Scratch memory is per thread and kept.
  */
 #define PY_SSIZE_T_CLEAN
@@ -39,16 +41,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(RS_PORTABLE)
 #define RS_X86 1
 #include <immintrin.h>
 #define RS_AVX2 __attribute__((target("avx2")))
 #endif
-
-enum { ISA_SCALAR = 0, ISA_AVX2 = 1 };
-static const char *const ISA_NAMES[] = {"scalar", "avx2"};
-static int g_isa = ISA_SCALAR;
-static int g_cpu_avx2 = 0;
 
 /* padding after each copied source row: the AVX2 loads read up to 13 bytes past its end */
 #define HSLACK 16
@@ -206,18 +203,78 @@ static inline uint8_t clamp_u8(int32_t v, int prec)
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
+/* ------------------------------------------------------------------ kernel tables */
+/* Each instruction set is one table of kernels (as xxHash dispatches): the portable C one
+   and, on x86, the AVX2 one. One pointer names the active table: set at import from the CPU
+   and TABLOADER_RESAMPLE, and by set_isa. A resize reads it once; planning a pass picks that
+   table's row function for the axis's window size; no loop asks which ISA runs. */
+
+/* The AVX2 horizontal pass's table, in output (dst) order: output pixels in pairs, one per
+   128-bit lane. off: the byte offset of each pixel's window in the row; w: per pair and tap
+   pair, 32 bytes: (w[k], w[k+1]) x 4 for the lane-0 pixel, then for the lane-1 pixel. Padded
+   to whole groups of 8 pixels with zero weights at offset 0. */
+typedef struct {
+    int ngroups; /* groups of 8 output pixels */
+    int npw;     /* tap pairs per output: Kp / 2 */
+    int32_t *off;
+    int16_t *w;
+} HTable;
+
+static size_t htable_bytes(int64_t ow, int kp)
+{
+    size_t pairs = 4 * (size_t)((ow + 7) / 8);
+    return round_up(sizeof(int32_t) * 2 * pairs, 64) + sizeof(int16_t) * 16 * pairs * (kp / 2);
+}
+
+typedef struct HPass HPass;
+
+/* Source rows a and b (b may be a again: one row) -> output rows da and db (db is then da).
+   The source rows are readable HSLACK bytes past their pixels; the output rows are writable
+   for rowcap bytes. */
+typedef void (*HRowsFn)(const HPass *h, const uint8_t *sa, const uint8_t *sb, uint8_t *da,
+                        uint8_t *db, size_t rowcap);
+
+/* One image's horizontal pass: the axis, the mirror, the table the row function reads (the
+   AVX2 one's; portable C reads the axis) and that function, set when the pass is planned. */
+struct HPass {
+    const Axis *ax;
+    int flip;
+    HTable t;
+    HRowsFn rows;
+};
+
+/* nbytes of one output row from the v->Kp rows rows[k] (a pad tap repeats the last row) and
+   their weights w; acc: scratch for nbytes int32 sums. */
+typedef void (*VRowFn)(const uint8_t *const *rows, const int16_t *w, const Axis *v,
+                       uint8_t *dst, int nbytes, int32_t *acc);
+
+typedef struct {
+    const char *name;
+    int (*runs)(void);                           /* whether this CPU runs its code */
+    void (*plan_h)(HPass *h);                    /* h->rows (and h->t) for h->ax, h->flip */
+    VRowFn (*plan_v)(const Axis *v, int nbytes); /* the vertical pass's row function */
+    void (*flip_row)(const uint8_t *s, uint8_t *d, int64_t w); /* w pixels, mirrored */
+} Kernels;
+
+/* fns[i] where the table has one for i, else any: the row functions unrolled for a size */
+#define PICK(fns, i, any)                                                                      \
+    ((i) >= 0 && (size_t)(i) < sizeof(fns) / sizeof(*(fns)) && (fns)[i] ? (fns)[i] : (any))
+
 /* ------------------------------------------------------------------ portable C */
 /* One row, cw pixels (from src) -> ow pixels (dst, reversed when flip). Always inlined with
-   a constant K (see hrow_scalar): the tap loop unrolls. */
+   a constant K (see HROWS_SCALAR): the tap loop unrolls. */
 static inline __attribute__((always_inline)) void
 hrow_scalar_k(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip, const int K)
 {
+    /* locals: the stores to dst (bytes) could alias *ax */
     const int ow = ax->n, Kp = ax->Kp, prec = ax->prec;
+    const int32_t *start = ax->start;
+    const int16_t *wts = ax->w;
     const int32_t init = 1 << (prec - 1);
     for (int ox = 0; ox < ow; ox++) {
         const int x = flip ? ow - 1 - ox : ox;
-        const uint8_t *s = src + 3 * (size_t)ax->start[x];
-        const int16_t *w = ax->w + (size_t)x * Kp;
+        const uint8_t *s = src + 3 * (size_t)start[x];
+        const int16_t *w = wts + (size_t)x * Kp;
         int32_t r = init, g = init, b = init;
         for (int k = 0; k < K; k++) {
             r += w[k] * s[3 * k];
@@ -230,44 +287,33 @@ hrow_scalar_k(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip, const 
     }
 }
 
-#define HROW_SCALAR_K(K)                                                                       \
-    static void hrow_scalar_##K(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip)   \
+#define HROWS_SCALAR(name, K)                                                                  \
+    static void name(const HPass *h, const uint8_t *sa, const uint8_t *sb, uint8_t *da,        \
+                     uint8_t *db, size_t rowcap)                                               \
     {                                                                                          \
-        hrow_scalar_k(src, dst, ax, flip, K);                                                  \
+        (void)rowcap;                                                                          \
+        hrow_scalar_k(sa, da, h->ax, h->flip, K);                                              \
+        if (sb != sa)                                                                          \
+            hrow_scalar_k(sb, db, h->ax, h->flip, K);                                          \
     }
-HROW_SCALAR_K(2)
-HROW_SCALAR_K(3)
-HROW_SCALAR_K(4)
-HROW_SCALAR_K(5)
-HROW_SCALAR_K(6)
+HROWS_SCALAR(hrows_scalar_2, 2)
+HROWS_SCALAR(hrows_scalar_3, 3)
+HROWS_SCALAR(hrows_scalar_4, 4)
+HROWS_SCALAR(hrows_scalar_5, 5)
+HROWS_SCALAR(hrows_scalar_6, 6)
+HROWS_SCALAR(hrows_scalar_any, h->ax->K)
 
-static void hrow_scalar(const uint8_t *src, uint8_t *dst, const Axis *ax, int flip)
+static void plan_h_scalar(HPass *h)
 {
-    switch (ax->K) {
-    case 2:
-        hrow_scalar_2(src, dst, ax, flip);
-        break;
-    case 3:
-        hrow_scalar_3(src, dst, ax, flip);
-        break;
-    case 4:
-        hrow_scalar_4(src, dst, ax, flip);
-        break;
-    case 5:
-        hrow_scalar_5(src, dst, ax, flip);
-        break;
-    case 6:
-        hrow_scalar_6(src, dst, ax, flip);
-        break;
-    default:
-        hrow_scalar_k(src, dst, ax, flip, ax->K);
-    }
+    static const HRowsFn by_k[] = {NULL,           NULL,           hrows_scalar_2, hrows_scalar_3,
+                                   hrows_scalar_4, hrows_scalar_5, hrows_scalar_6};
+    h->rows = PICK(by_k, h->ax->K, hrows_scalar_any);
 }
 
-/* nbytes of one output row from K input rows (rows[k]) and their weights. */
-static void vrow_scalar(const uint8_t *const *rows, const int16_t *w, int K, int prec,
+static void vrow_scalar(const uint8_t *const *rows, const int16_t *w, const Axis *v,
                         uint8_t *dst, int nbytes, int32_t *acc)
 {
+    const int K = v->K, prec = v->prec; /* locals: acc's stores could alias *v */
     const int32_t init = 1 << (prec - 1);
     for (int x = 0; x < nbytes; x++)
         acc[x] = init;
@@ -281,6 +327,36 @@ static void vrow_scalar(const uint8_t *const *rows, const int16_t *w, int K, int
         dst[x] = clamp_u8(acc[x], prec);
 }
 
+static VRowFn plan_v_scalar(const Axis *v, int nbytes)
+{
+    (void)v;
+    (void)nbytes;
+    return vrow_scalar;
+}
+
+/* Pixels x.. of a row of w pixels, mirrored. */
+static inline void flip_pixels(const uint8_t *s, uint8_t *d, int64_t w, int64_t x)
+{
+    for (; x < w; x++) {
+        const uint8_t *p = s + 3 * (size_t)(w - 1 - x);
+        d[3 * x] = p[0];
+        d[3 * x + 1] = p[1];
+        d[3 * x + 2] = p[2];
+    }
+}
+
+static void flip_row_scalar(const uint8_t *s, uint8_t *d, int64_t w) { flip_pixels(s, d, w, 0); }
+
+static int runs_everywhere(void) { return 1; }
+
+static const Kernels SCALAR = {
+    .name = "scalar",
+    .runs = runs_everywhere,
+    .plan_h = plan_h_scalar,
+    .plan_v = plan_v_scalar,
+    .flip_row = flip_row_scalar,
+};
+
 /* ------------------------------------------------------------------ AVX2 */
 #ifdef RS_X86
 static inline int32_t load_i32(const int16_t *p)
@@ -288,23 +364,6 @@ static inline int32_t load_i32(const int16_t *p)
     int32_t v;
     memcpy(&v, p, 4);
     return v;
-}
-
-/* The horizontal pass's table, in output (dst) order: output pixels in pairs, one per 128-bit
-   lane. off: the byte offset of each pixel's window in the row; w: per pair and tap pair, 32
-   bytes: (w[k], w[k+1]) x 4 for the lane-0 pixel, then for the lane-1 pixel. Padded to whole
-   groups of 8 pixels with zero weights at offset 0. */
-typedef struct {
-    int ngroups; /* groups of 8 output pixels */
-    int npw;     /* tap pairs per output: Kp / 2 */
-    int32_t *off;
-    int16_t *w;
-} HTable;
-
-static size_t htable_bytes(int64_t ow, int kp)
-{
-    size_t pairs = 4 * (size_t)((ow + 7) / 8);
-    return round_up(sizeof(int32_t) * 2 * pairs, 64) + sizeof(int16_t) * 16 * pairs * (kp / 2);
 }
 
 static void build_htable(const Axis *ax, int flip, HTable *t)
@@ -367,10 +426,10 @@ hpair_avx2(const uint8_t *p0, const uint8_t *p1, const __m256i *w, const int Kp,
     return _mm256_srai_epi32(acc, prec);
 }
 
-/* One row: cw source pixels -> ow output pixels (already in dst order in the table), 8 at a
-   time: four pairs packed to bytes, reordered across lanes, compacted from 4 to 3 bytes per
-   pixel and stored as 2 x 16 bytes (the last 4 of which the next group overwrites).
-   dst must be writable for rowcap bytes; groups that would pass it go through a buffer. */
+/* Four pairs (a group of 8 output pixels, the g-th) packed to bytes, reordered across lanes,
+   compacted from 4 to 3 bytes per pixel and stored as 2 x 16 bytes at 24 g (the last 4 of
+   which the next group overwrites). dst must be writable for rowcap bytes; a group that would
+   pass it goes through a buffer. */
 __attribute__((always_inline)) RS_AVX2 static inline void
 store_group(__m256i a0, __m256i a1, __m256i a2, __m256i a3, uint8_t *dst, size_t rowcap, int g,
             int ow)
@@ -421,45 +480,24 @@ hrow_avx2_k(const uint8_t *sa, const uint8_t *sb, uint8_t *da, uint8_t *db, size
     }
 }
 
-#define HROW_K(K)                                                                              \
-    RS_AVX2 static void hrow_avx2_##K(const uint8_t *sa, const uint8_t *sb, uint8_t *da,       \
-                                      uint8_t *db, size_t rowcap, const HTable *t, int ow,     \
-                                      int prec)                                                \
+#define HROWS_AVX2(name, Kp)                                                                   \
+    RS_AVX2 static void name(const HPass *h, const uint8_t *sa, const uint8_t *sb, uint8_t *da, \
+                             uint8_t *db, size_t rowcap)                                       \
     {                                                                                          \
-        hrow_avx2_k(sa, sb, da, db, rowcap, t, ow, K, prec);                                   \
+        hrow_avx2_k(sa, sb, da, db, rowcap, &h->t, h->ax->n, Kp, h->ax->prec);                 \
     }
-HROW_K(2)
-HROW_K(4)
-HROW_K(6)
-HROW_K(8)
+HROWS_AVX2(hrows_avx2_2, 2)
+HROWS_AVX2(hrows_avx2_4, 4)
+HROWS_AVX2(hrows_avx2_6, 6)
+HROWS_AVX2(hrows_avx2_8, 8)
+HROWS_AVX2(hrows_avx2_any, h->ax->Kp)
 
-RS_AVX2 static void hrow_avx2_any(const uint8_t *sa, const uint8_t *sb, uint8_t *da,
-                                  uint8_t *db, size_t rowcap, const HTable *t, int ow, int Kp,
-                                  int prec)
+static void plan_h_avx2(HPass *h)
 {
-    hrow_avx2_k(sa, sb, da, db, rowcap, t, ow, Kp, prec);
-}
-
-/* Two rows (b may be a again) with Kp taps (unrolled for the usual 2..8). */
-static void hrow_avx2(const uint8_t *sa, const uint8_t *sb, uint8_t *da, uint8_t *db,
-                      size_t rowcap, const HTable *t, int ow, int Kp, int prec)
-{
-    switch (Kp) {
-    case 2:
-        hrow_avx2_2(sa, sb, da, db, rowcap, t, ow, prec);
-        break;
-    case 4:
-        hrow_avx2_4(sa, sb, da, db, rowcap, t, ow, prec);
-        break;
-    case 6:
-        hrow_avx2_6(sa, sb, da, db, rowcap, t, ow, prec);
-        break;
-    case 8:
-        hrow_avx2_8(sa, sb, da, db, rowcap, t, ow, prec);
-        break;
-    default:
-        hrow_avx2_any(sa, sb, da, db, rowcap, t, ow, Kp, prec);
-    }
+    static const HRowsFn by_kp[] = {NULL, NULL,         hrows_avx2_2, NULL,        hrows_avx2_4,
+                                    NULL, hrows_avx2_6, NULL,         hrows_avx2_8};
+    build_htable(h->ax, h->flip, &h->t);
+    h->rows = PICK(by_kp, h->ax->Kp, hrows_avx2_any);
 }
 
 /* 32 bytes of an output row: rows in pairs, bytes interleaved (a0 b0 a1 b1 ...) and widened
@@ -511,54 +549,66 @@ vrow_avx2_k(const uint8_t *const *rows_in, const int16_t *w, const int Kp, int p
     }
 }
 
-#define VROW_K(K)                                                                              \
-    RS_AVX2 static void vrow_avx2_##K(const uint8_t *const *rows, const int16_t *w, int prec,  \
-                                      uint8_t *dst, int nbytes)                                \
+#define VROW_AVX2(name, Kp)                                                                    \
+    RS_AVX2 static void name(const uint8_t *const *rows, const int16_t *w, const Axis *v,      \
+                             uint8_t *dst, int nbytes, int32_t *acc)                           \
     {                                                                                          \
-        vrow_avx2_k(rows, w, K, prec, dst, nbytes);                                            \
+        (void)acc;                                                                             \
+        vrow_avx2_k(rows, w, Kp, v->prec, dst, nbytes);                                        \
     }
-VROW_K(2)
-VROW_K(4)
-VROW_K(6)
-VROW_K(8)
+VROW_AVX2(vrow_avx2_2, 2)
+VROW_AVX2(vrow_avx2_4, 4)
+VROW_AVX2(vrow_avx2_6, 6)
+VROW_AVX2(vrow_avx2_8, 8)
+VROW_AVX2(vrow_avx2_any, v->Kp)
 
-/* Other window sizes; one of more than 64 taps (a shrink by more than 31x) is summed by the
-   portable code (the same bytes). */
-RS_AVX2 static void vrow_avx2_any(const uint8_t *const *rows, const int16_t *w, int K, int Kp,
-                                  int prec, uint8_t *dst, int nbytes, int32_t *acc)
+/* A row shorter than one vector (32 bytes), or a window of more than 64 taps (a shrink by more
+   than 31x: vrow_avx2_k's tables hold 64), is summed by the portable code (the same bytes). */
+static VRowFn plan_v_avx2(const Axis *v, int nbytes)
 {
-    if (Kp > 64) {
-        vrow_scalar(rows, w, K, prec, dst, nbytes, acc);
-        return;
-    }
-    vrow_avx2_k(rows, w, Kp, prec, dst, nbytes);
+    static const VRowFn by_kp[] = {NULL, NULL,         vrow_avx2_2, NULL,        vrow_avx2_4,
+                                   NULL, vrow_avx2_6, NULL,         vrow_avx2_8};
+    if (nbytes < 32 || v->Kp > 64)
+        return vrow_scalar;
+    return PICK(by_kp, v->Kp, vrow_avx2_any);
 }
 
-static void vrow_avx2(const uint8_t *const *rows, const int16_t *w, int K, int Kp, int prec,
-                      uint8_t *dst, int nbytes, int32_t *acc)
+/* A row of w pixels mirrored, 5 pixels (15 bytes) per shuffle: the 16 bytes loaded end at the
+   5 pixels' end (starting one byte before them), the 16th byte stored is the next pixel's
+   first, written again next. */
+RS_AVX2 static void flip_row_avx2(const uint8_t *s, uint8_t *d, int64_t w)
 {
-    if (nbytes < 32) {
-        vrow_scalar(rows, w, K, prec, dst, nbytes, acc);
-        return;
+    const __m128i rev = _mm_setr_epi8(13, 14, 15, 10, 11, 12, 7, 8, 9, 4, 5, 6, 1, 2, 3, 0);
+    int64_t ox = 0;
+    for (; ox + 6 <= w; ox += 5) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + 3 * (w - 5 - ox) - 1));
+        _mm_storeu_si128((__m128i *)(d + 3 * ox), _mm_shuffle_epi8(v, rev));
     }
-    switch (Kp) {
-    case 2:
-        vrow_avx2_2(rows, w, prec, dst, nbytes);
-        break;
-    case 4:
-        vrow_avx2_4(rows, w, prec, dst, nbytes);
-        break;
-    case 6:
-        vrow_avx2_6(rows, w, prec, dst, nbytes);
-        break;
-    case 8:
-        vrow_avx2_8(rows, w, prec, dst, nbytes);
-        break;
-    default:
-        vrow_avx2_any(rows, w, K, Kp, prec, dst, nbytes, acc);
-    }
+    flip_pixels(s, d, w, ox);
 }
+
+static int runs_avx2(void) { return __builtin_cpu_supports("avx2") != 0; }
+
+static const Kernels AVX2 = {
+    .name = "avx2",
+    .runs = runs_avx2,
+    .plan_h = plan_h_avx2,
+    .plan_v = plan_v_avx2,
+    .flip_row = flip_row_avx2,
+};
 #endif
+
+/* Every table, best first. */
+static const Kernels *const TABLES[] = {
+#ifdef RS_X86
+    &AVX2,
+#endif
+    &SCALAR,
+};
+#define NTABLES (sizeof TABLES / sizeof *TABLES)
+
+/* The table resizes use from now on: set at import and by set_isa, read once per resize. */
+static const Kernels *g_kernels = &SCALAR;
 
 /* ------------------------------------------------------------------ one image */
 typedef struct {
@@ -571,41 +621,12 @@ typedef struct {
     int flip;
 } Job;
 
-#ifdef RS_X86
-/* A row of w pixels mirrored, 5 pixels (15 bytes) per shuffle: the 16 bytes loaded end at the
-   5 pixels' end (starting one byte before them), the 16th byte stored is the next pixel's
-   first, written again next. */
-RS_AVX2 static int64_t flip_row_avx2(const uint8_t *s, uint8_t *d, int64_t w)
+static void copy_row(const uint8_t *s, uint8_t *d, int64_t w, int flip, const Kernels *kn)
 {
-    const __m128i rev = _mm_setr_epi8(13, 14, 15, 10, 11, 12, 7, 8, 9, 4, 5, 6, 1, 2, 3, 0);
-    int64_t ox = 0;
-    for (; ox + 6 <= w; ox += 5) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(s + 3 * (w - 5 - ox) - 1));
-        _mm_storeu_si128((__m128i *)(d + 3 * ox), _mm_shuffle_epi8(v, rev));
-    }
-    return ox;
-}
-#endif
-
-static void copy_row(const uint8_t *s, uint8_t *d, int64_t w, int flip, int isa)
-{
-    if (!flip) {
+    if (flip)
+        kn->flip_row(s, d, w);
+    else
         memcpy(d, s, 3 * (size_t)w);
-        return;
-    }
-    int64_t x = 0;
-#ifdef RS_X86
-    if (isa == ISA_AVX2)
-        x = flip_row_avx2(s, d, w);
-#else
-    (void)isa;
-#endif
-    for (; x < w; x++) {
-        const uint8_t *p = s + 3 * (size_t)(w - 1 - x);
-        d[3 * x] = p[0];
-        d[3 * x + 1] = p[1];
-        d[3 * x + 2] = p[2];
-    }
 }
 
 #define CHUNK 16 /* source rows copied at a time */
@@ -639,14 +660,38 @@ static unsigned char *carve(unsigned char **p, size_t n)
     return r;
 }
 
-/* Resize one job with the chosen ISA. Without the GIL. Returns -1 when out of memory. */
-static int run_job(const Job *j, int isa)
+/* The horizontal pass over the box's rows r0..r1 (all of them without a vertical pass):
+   copied CHUNK at a time into scratch rows (chunk, cstride apart), then resampled two at a
+   time into out (ostride apart, rowcap bytes each). A cold source (an arena's decode) streams
+   in at memory speed when its rows are read back to back, and a row read while the previous
+   one is being computed arrives late. */
+static void hpass(const Job *j, const HPass *h, int64_t r0, int64_t r1, uint8_t *chunk,
+                  size_t cstride, uint8_t *out, size_t ostride, size_t rowcap)
+{
+    for (int64_t c0 = r0; c0 < r1; c0 += CHUNK) {
+        const int64_t c1 = c0 + CHUNK < r1 ? c0 + CHUNK : r1;
+        for (int64_t r = c0; r < c1; r++) {
+            memcpy(chunk + (r - c0) * cstride, j->src + (j->top + r) * j->sstride + 3 * j->left,
+                   3 * (size_t)j->cw);
+            memset(chunk + (r - c0) * cstride + 3 * (size_t)j->cw, 0, HSLACK);
+        }
+        for (int64_t r = c0; r < c1; r += 2) {
+            const int two = r + 1 < c1;
+            const uint8_t *row = chunk + (r - c0) * cstride;
+            uint8_t *d = out + (r - r0) * ostride;
+            h->rows(h, row, two ? row + cstride : row, d, two ? d + ostride : d, rowcap);
+        }
+    }
+}
+
+/* Resize one job with the kernels kn. Without the GIL. Returns -1 when out of memory. */
+static int run_job(const Job *j, const Kernels *kn)
 {
     const int needh = j->cw != j->ow, needv = j->ch != j->oh;
     if (!needh && !needv) {
         for (int64_t y = 0; y < j->oh; y++)
             copy_row(j->src + (j->top + y) * j->sstride + 3 * j->left, j->dst + y * j->dstride,
-                     j->ow, j->flip, isa);
+                     j->ow, j->flip, kn);
         return 0;
     }
     unsigned char *mem = scratch(job_scratch(j));
@@ -667,10 +712,10 @@ static int run_job(const Job *j, int isa)
     uint8_t *fliprow = carve(&p, 3 * (size_t)j->ow + 64);
     const uint8_t **rows =
         (const uint8_t **)carve(&p, sizeof(uint8_t *) * (size_t)(axis_kp_bound(j->ch, j->oh) + 1));
-    HTable T;
+    HPass hp = {.ax = &H, .flip = j->flip};
     size_t tb = htable_bytes(j->ow, axis_kp_bound(j->cw, j->ow));
-    T.off = (int32_t *)p;
-    T.w = (int16_t *)(p + round_up(sizeof(int32_t) * 8 * (size_t)((j->ow + 7) / 8), 64));
+    hp.t.off = (int32_t *)p;
+    hp.t.w = (int16_t *)(p + round_up(sizeof(int32_t) * 8 * (size_t)((j->ow + 7) / 8), 64));
     carve(&p, tb);
     const size_t cstride = round_up(3 * (size_t)j->cw + HSLACK, 64);
     uint8_t *chunk = carve(&p, CHUNK * cstride);
@@ -683,67 +728,36 @@ static int run_job(const Job *j, int isa)
         compute_axis(j->ch, j->oh, &V, wd, xs);
 
     if (needh) {
-        /* rows of the box the vertical pass reads (all of them without one) */
-        int64_t r0 = needv ? V.start[0] : 0;
-        int64_t r1 = needv ? V.start[j->oh - 1] + V.K : j->ch;
-#ifdef RS_X86
-        if (isa == ISA_AVX2)
-            build_htable(&H, j->flip, &T);
-#endif
-        /* Rows are copied CHUNK at a time into scratch, then resampled from there: a cold
-           source (an arena's decode) streams in at memory speed when its rows are read back
-           to back, and a row read while the previous one is being computed arrives late. */
-        for (int64_t c0 = r0; c0 < r1; c0 += CHUNK) {
-            const int64_t c1 = c0 + CHUNK < r1 ? c0 + CHUNK : r1;
-            for (int64_t r = c0; r < c1; r++) {
-                memcpy(chunk + (r - c0) * cstride,
-                       j->src + (j->top + r) * j->sstride + 3 * j->left, 3 * (size_t)j->cw);
-                memset(chunk + (r - c0) * cstride + 3 * (size_t)j->cw, 0, HSLACK);
-            }
-            for (int64_t r = c0; r < c1;) {
-                uint8_t *d = needv ? inter + (r - r0) * istride : j->dst + r * j->dstride;
-                const uint8_t *row = chunk + (r - c0) * cstride;
-#ifdef RS_X86
-                if (isa == ISA_AVX2) {
-                    const int two = r + 1 < c1;
-                    uint8_t *d2 = !two ? d : needv ? d + istride : d + j->dstride;
-                    hrow_avx2(row, two ? row + cstride : row, d, d2,
-                              needv ? istride : 3 * (size_t)j->ow, &T, (int)j->ow, H.Kp, H.prec);
-                    r += 1 + two;
-                    continue;
-                }
-#endif
-                hrow_scalar(row, d, &H, j->flip);
-                r++;
-            }
-        }
-        if (!needv)
+        kn->plan_h(&hp);
+        if (!needv) {
+            hpass(j, &hp, 0, j->ch, chunk, cstride, j->dst, (size_t)j->dstride,
+                  3 * (size_t)j->ow);
             return 0;
+        }
+        /* only the rows of the box the vertical pass reads */
+        hpass(j, &hp, V.start[0], V.start[j->oh - 1] + V.K, chunk, cstride, inter, istride,
+              istride);
     }
     /* vertical: from the intermediate, or straight from the box */
+    const VRowFn vrow = kn->plan_v(&V, (int)(3 * j->ow));
     const int64_t r0 = needh ? V.start[0] : 0;
     const uint8_t *base = needh ? inter : j->src + j->top * j->sstride + 3 * j->left;
     const Py_ssize_t bstride = needh ? (Py_ssize_t)istride : j->sstride;
     const int nbytes = (int)(3 * j->ow);
     const int flip_after = !needh && j->flip;
     for (int64_t y = 0; y < j->oh; y++) {
-        const int16_t *w = V.w + (size_t)y * V.Kp;
         for (int k = 0; k < V.K; k++)
             rows[k] = base + (V.start[y] + k - r0) * bstride;
         for (int k = V.K; k < V.Kp; k++)
             rows[k] = rows[V.K - 1];
         uint8_t *d = flip_after ? fliprow : j->dst + y * j->dstride;
-#ifdef RS_X86
-        if (isa == ISA_AVX2)
-            vrow_avx2(rows, w, V.K, V.Kp, V.prec, d, nbytes, acc);
-        else
-#endif
-            vrow_scalar(rows, w, V.K, V.prec, d, nbytes, acc);
+        vrow(rows, V.w + (size_t)y * V.Kp, &V, d, nbytes, acc);
         if (flip_after)
-            copy_row(fliprow, j->dst + y * j->dstride, j->ow, 1, isa);
+            kn->flip_row(fliprow, j->dst + y * j->dstride, j->ow);
     }
     return 0;
 }
+
 
 /* ------------------------------------------------------------------ Python glue */
 static int is_u8_format(const char *f)
@@ -867,9 +881,24 @@ static int too_big(int64_t v) { return v > (1 << 24); }
 
 PyDoc_STRVAR(resize_doc,
              "resize(src, out, top, left, height, width, flip, /)\n--\n\n"
-             "Resize the box (top, left, height, width) of src (uint8, H x W x 3) into out "
-             "(uint8, h x w x 3), mirrored left-right when flip. torch's antialiased bilinear "
-             "arithmetic; the GIL is released.");
+             "Resize the box (top, left, height, width) of src into out, mirrored when flip.\n"
+             "\n"
+             "The GIL is released while the pixels are computed.\n"
+             "\n"
+             "Args:\n"
+             "    src: uint8 (H, W, 3): pixels as 3 contiguous bytes, rows of any positive "
+             "stride.\n"
+             "    out: uint8 (h, w, 3), writable, laid out as src may be.\n"
+             "    top: The box's first row.\n"
+             "    left: The box's first column.\n"
+             "    height: The box's rows.\n"
+             "    width: The box's columns.\n"
+             "    flip: Write the output's columns in reverse order (a left-right mirror).\n"
+             "\n"
+             "Raises:\n"
+             "    ValueError: A wrong dtype, shape or layout, a read-only out, a box that is "
+             "empty or\n"
+             "        not inside src, or an image over 2**24 pixels wide or tall.");
 
 static PyObject *py_resize(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -917,9 +946,9 @@ static PyObject *py_resize(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     j.ow = ob.shape[1];
     j.flip = flip;
     {
-        int isa = g_isa;
+        const Kernels *kn = g_kernels;
         Py_BEGIN_ALLOW_THREADS
-        rc = run_job(&j, isa);
+        rc = run_job(&j, kn);
         Py_END_ALLOW_THREADS
     }
     if (rc < 0)
@@ -964,10 +993,26 @@ static int get_table(PyObject *obj, Py_buffer *b, const char *what, Py_ssize_t n
 
 PyDoc_STRVAR(resize_batch_doc,
              "resize_batch(arena, offsets, shapes, boxes, flips, out, /)\n--\n\n"
-             "For each k: the image of shapes[k] = (h, w) stored C-contiguous at byte "
-             "offsets[k] of arena, its box boxes[k] = (top, left, height, width) resized into "
-             "out[k] (out: uint8 n x h x w x 3), mirrored where flips[k]. One call, the GIL "
-             "released once.");
+             "Resize images held in one buffer, each into its slot of out.\n"
+             "\n"
+             "Image k, C-contiguous uint8 (h, w, 3) with (h, w) = shapes[k], starts at byte "
+             "offsets[k]\n"
+             "of arena; its box boxes[k] = (top, left, height, width) is resized into out[k], "
+             "mirrored\n"
+             "where flips[k]. One call: the GIL is released once for the batch.\n"
+             "\n"
+             "Args:\n"
+             "    arena: A contiguous byte buffer (a shared arena, a uint8 array).\n"
+             "    offsets: int64 (n,), C-contiguous.\n"
+             "    shapes: int64 (n, 2), C-contiguous.\n"
+             "    boxes: int64 (n, 4), C-contiguous.\n"
+             "    flips: bool or uint8 (n,), C-contiguous.\n"
+             "    out: uint8 (n, h, w, 3), writable: pixels as 3 contiguous bytes.\n"
+             "\n"
+             "Raises:\n"
+             "    ValueError: A table of the wrong dtype or shape, an image outside arena or a "
+             "box\n"
+             "        outside its image (naming the image), or a wrong out.");
 
 static PyObject *py_resize_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1061,10 +1106,11 @@ static PyObject *py_resize_batch(PyObject *mod, PyObject *const *args, Py_ssize_
             j->ow = ob.shape[2];
             j->flip = fl[k] != 0;
         }
-        int rc = 0, isa = g_isa;
+        int rc = 0;
+        const Kernels *kn = g_kernels;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t k = 0; k < n && rc == 0; k++)
-            rc = run_job(&jobs[k], isa);
+            rc = run_job(&jobs[k], kn);
         Py_END_ALLOW_THREADS
         if (rc < 0)
             PyErr_NoMemory();
@@ -1087,28 +1133,54 @@ done:
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(isa_doc, "isa()\n--\n\nThe code path resizes use now: 'avx2' or 'scalar'.");
+PyDoc_STRVAR(isa_doc,
+             "isa()\n--\n\n"
+             "The code path resizes use now: 'avx2' or 'scalar'.");
 
 static PyObject *py_isa(PyObject *mod, PyObject *unused)
 {
     (void)mod;
     (void)unused;
-    return PyUnicode_FromString(ISA_NAMES[g_isa]);
+    return PyUnicode_FromString(g_kernels->name);
 }
 
-static int parse_isa(const char *name)
+/* The best table this CPU runs. */
+static const Kernels *best_kernels(void)
 {
-    if (strcmp(name, "scalar") == 0)
-        return ISA_SCALAR;
+    for (size_t i = 0; i < NTABLES; i++)
+        if (TABLES[i]->runs())
+            return TABLES[i];
+    return &SCALAR;
+}
+
+/* The table named 'scalar' or 'avx2' (one this build or CPU lacks: the best it has), or 'auto'
+   or '' (the best); NULL for another name. */
+static const Kernels *kernels_named(const char *name)
+{
+    for (size_t i = 0; i < NTABLES; i++)
+        if (strcmp(name, TABLES[i]->name) == 0 && TABLES[i]->runs())
+            return TABLES[i];
     if (strcmp(name, "avx2") == 0 || strcmp(name, "auto") == 0 || name[0] == '\0')
-        return g_cpu_avx2 ? ISA_AVX2 : ISA_SCALAR;
-    return -1;
+        return best_kernels();
+    return NULL;
 }
 
 PyDoc_STRVAR(set_isa_doc,
              "set_isa(name, /)\n--\n\n"
-             "Use 'scalar' (portable C) or 'avx2' / 'auto' (AVX2 where the CPU has it) from now "
-             "on, in every thread; returns the previous path. For tests and benchmarks.");
+             "Use a code path for every resize from now on, in every thread.\n"
+             "\n"
+             "For tests and benchmarks; both paths give the same bytes.\n"
+             "\n"
+             "Args:\n"
+             "    name: 'scalar' (portable C), 'avx2' (where the CPU has it, else the best it "
+             "has) or\n"
+             "        'auto' (the best the CPU has).\n"
+             "\n"
+             "Returns:\n"
+             "    The path used until now.\n"
+             "\n"
+             "Raises:\n"
+             "    ValueError: An unknown name.");
 
 static PyObject *py_set_isa(PyObject *mod, PyObject *arg)
 {
@@ -1116,15 +1188,15 @@ static PyObject *py_set_isa(PyObject *mod, PyObject *arg)
     const char *name = PyUnicode_AsUTF8(arg);
     if (name == NULL)
         return NULL;
-    int isa = parse_isa(name);
-    if (isa < 0) {
+    const Kernels *kn = kernels_named(name);
+    if (kn == NULL) {
         PyErr_Format(PyExc_ValueError, "unknown resample path %R; use 'scalar', 'avx2' or 'auto'",
                      arg);
         return NULL;
     }
-    int old = g_isa;
-    g_isa = isa;
-    return PyUnicode_FromString(ISA_NAMES[old]);
+    const Kernels *old = g_kernels;
+    g_kernels = kn;
+    return PyUnicode_FromString(old->name);
 }
 
 static PyMethodDef methods[] = {
@@ -1139,11 +1211,44 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moduledef = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_resample",
-    .m_doc = "Crop + antialiased bilinear resize + mirror of uint8 HxWx3 images (torch's "
-             "arithmetic).",
+    .m_doc = "Crop, antialiased bilinear resize and mirror of uint8 (H, W, 3) images, in C.\n"
+             "\n"
+             "The bytes are those of torch's uint8 ``interpolate(mode=\"bilinear\", "
+             "antialias=True)``. Each\n"
+             "instruction set is one table of kernels (``ISAS``: those this CPU runs, best "
+             "first). Resizes\n"
+             "use the best one, unless ``TABLOADER_RESAMPLE=scalar|avx2|auto`` at import or "
+             "``set_isa()``\n"
+             "picks another; every path gives the same bytes.",
     .m_size = -1,
     .m_methods = methods,
 };
+
+/* ISAS: the names of the tables this CPU runs, best first. */
+static int add_isas(PyObject *m)
+{
+    PyObject *names = PyList_New(0), *t = NULL;
+    int rc = -1;
+    if (names == NULL)
+        return -1;
+    for (size_t i = 0; i < NTABLES; i++) {
+        if (!TABLES[i]->runs())
+            continue;
+        PyObject *name = PyUnicode_FromString(TABLES[i]->name);
+        if (name == NULL || PyList_Append(names, name) < 0) {
+            Py_XDECREF(name);
+            goto done;
+        }
+        Py_DECREF(name);
+    }
+    t = PyList_AsTuple(names);
+    if (t != NULL)
+        rc = PyModule_AddObjectRef(m, "ISAS", t);
+done:
+    Py_XDECREF(t);
+    Py_DECREF(names);
+    return rc;
+}
 
 PyMODINIT_FUNC PyInit__resample(void)
 {
@@ -1157,15 +1262,14 @@ PyMODINIT_FUNC PyInit__resample(void)
     }
 #ifdef RS_X86
     __builtin_cpu_init();
-    g_cpu_avx2 = __builtin_cpu_supports("avx2") != 0;
 #endif
     const char *env = getenv("TABLOADER_RESAMPLE");
-    int isa = parse_isa(env ? env : "auto");
-    g_isa = isa < 0 ? parse_isa("auto") : isa;
+    const Kernels *kn = kernels_named(env ? env : "auto");
+    g_kernels = kn != NULL ? kn : best_kernels();
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "CPU_AVX2", g_cpu_avx2) < 0) {
+    if (add_isas(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -49,7 +49,7 @@ from tabloader.catalog.storage import DatasetReader
 from tabloader.engine._arena.accounting import AccessLog, Counters
 from tabloader.engine._arena.arena import Arena
 from tabloader.engine._deliver.batchmem import BatchMemory
-from tabloader.engine._deliver.collate import Collate, HandOver, OwnSlots, release
+from tabloader.engine._deliver.collate import Pins
 from tabloader.engine._prepare.decoding import DecodePool, decode_rows
 from tabloader.engine._prepare.gather import Gatherer
 from tabloader.engine._prepare.pool import PriorityPool
@@ -120,6 +120,8 @@ class Fetcher:
         procs: DecodePool | None = None,
         memory: BatchMemory | None = None,
         read_column: Callable[[str, int], pa.Array] | None = None,
+        pins: Pins | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         self.procs = procs
         self.memory = memory or BatchMemory()
@@ -138,11 +140,9 @@ class Fetcher:
         self._starting_lock = threading.Lock()  # never held while calling the arena
         self._loads: dict[int, _Load] = {}
         self._next_load = 0
-        self.access_log: AccessLog | None = None  # set by a Loader asked to record one
-        self.own = OwnSlots(arena)  # handed-over batches' augmented images
-        # the receivers of its jobs' batches (a job's plan names its own, chosen at its open)
-        self.collate = Collate(arena, self.memory)
-        self.hand_over = HandOver(arena, self.own)
+        self.access_log = access_log  # a Loader asked to record one
+        # lets go of a batch's values where its receiver has none (it failed first)
+        self.pins = pins or Pins(arena, access_log)
         # column -> row -> why: rows whose own bytes failed, never read again (docstring)
         self._failed: dict[str, dict[int, str]] = {}
         # a dataset in object storage: its record batches fetched ahead of the decodes
@@ -353,8 +353,7 @@ class Fetcher:
         knows their next use and keeps them until then; a batch of any job that needs one
         while it is decoded waits for this task, as for any load in flight.
         """
-        queue = getattr(getattr(work.job, "job", None), "queue", None)
-        head = NO_ROWS if queue is None else queue.q_rows[: 4 * want]
+        head: npt.NDArray[np.int64] = work.job.job.queue.q_rows[: 4 * want]
         if head.size == 0:
             return NO_ROWS
         head = head[(loading[head] < 0) & ~np.isin(head, claimed)]
@@ -613,26 +612,17 @@ class Fetcher:
         if work.error is None and not work.gathered:
             self._gather(work)
         t0 = time.perf_counter()
-        handed_over = False
         try:
             if work.error is None and not (work.errors and not work.skip):
+                # its receiver keeps pinned what the job's client will copy, the rest goes
                 work.result = work.plan.receiver.receive(work)
-                handed_over = work.plan.receiver.pins
-                if handed_over and work.discard and self.access_log is not None:
-                    self.access_log.released(work)  # the augmented images' sources
         except BaseException as exc:
             work.error = exc
         finally:
-            if not handed_over:
-                self.release(work)
+            if work.result is None:  # nothing received: nothing stays pinned
+                self.pins.release(work)
             self.counters.add(collate_s=time.perf_counter() - t0, augment_s=work.augment_s)
         self.on_done(work)
-
-    def release(self, work: Work) -> None:
-        """Drop the pins a batch holds on its values (and free its own slots)."""
-        if self.access_log is not None:
-            self.access_log.released(work)
-        release(work, self.arena)
 
 
 def _fixed_shape(size: Any) -> tuple[int, int, int]:

@@ -104,9 +104,7 @@ def resize_kernel() -> str | None:
 def resize_kernels() -> list[str]:
     """The kernel's code paths this CPU can run (``"avx2"`` where it has AVX2, ``"scalar"``);
     empty without the kernel."""
-    if _kernel is None:
-        return []
-    return ["avx2", "scalar"] if _kernel.CPU_AVX2 else ["scalar"]
+    return [] if _kernel is None else list(_kernel.ISAS)
 
 
 def use_resize_kernel(name: str) -> str:

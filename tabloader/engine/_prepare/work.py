@@ -26,13 +26,23 @@ _SEQ = itertools.count()
 
 class Receiver(Protocol):
     """What becomes of a job's prepared batch, chosen once when the job opens (the two, in
-    :mod:`tabloader.engine._deliver.collate`: copied out for a job of this process, or handed over
-    pinned to a loader service's client)."""
+    :mod:`tabloader.engine._deliver.collate`: copied out for a job of this process, or handed
+    over pinned to a loader service's client). It owns the life of the batch's pins: what
+    ``receive`` keeps pinned stays so until ``release``."""
 
     pins: bool  # the batch keeps its values pinned once received, until its client has it
 
     def receive(self, work: Work) -> Any:
-        """The batch ``work`` prepared, as its job receives it (``Work.result``)."""
+        """The batch ``work`` prepared, as its job receives it (``Work.result``); the values
+        it does not keep for the job are released."""
+
+    def release(self, work: Work) -> None:
+        """Let go of what a received batch holds (its client has it, or nobody will take
+        it); a batch holds nothing after."""
+
+    def open_already(self, job: str) -> str:
+        """Why ``job``, open already, cannot be opened again with this receiver, and what
+        to do."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,6 @@ class Work:
         "plan",
         "private",
         "ready",
-        "remote",
         "result",
         "rows",
         "seq",
@@ -87,11 +96,9 @@ class Work:
         plan: Plan,
         *,
         skip: bool,
-        remote: bool = False,
     ):
         self.job = job
         self.seq = next(_SEQ)  # cut order: the pool runs the earliest batch's tasks first
-        self.remote = remote  # handed over pinned to another process (the loader service)
         self.rows = rows
         self.epoch = epoch
         self.plan = plan

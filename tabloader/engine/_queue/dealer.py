@@ -30,6 +30,7 @@ from tabloader.catalog._errors import LoaderError
 from tabloader.engine._prepare.work import Work
 from tabloader.engine._queue.jobqueue import NO_ROWS
 from tabloader.engine._queue.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
+from tabloader.sampling._base import Sampler
 
 __all__ = ["DRAWN_MAX", "Dealer"]
 
@@ -150,7 +151,7 @@ class Dealer:
             n = min(size, same)
             if n < size and not complete:
                 return
-            sent = q.head_weights(n)  # a fed weighted job's: the leader's, with the rows
+            sent = q.head_weights(n)  # weights queued with the rows (a fed weighted job's)
             rows = self._pop(n)
             self.log.append((epoch, self.cut, rows))
             if self.pads():  # the epoch's last batches are padded to every rank's share
@@ -162,23 +163,11 @@ class Dealer:
                 rank.give_up(rows.size)
                 rank.cond.notify_all()
                 continue
-            work = Work(
-                rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP, remote=job.remote
-            )
-            work.weights = sent if job.fed else self.weights(epoch, rows)
+            work = Work(rank, rows, epoch, job.plan, skip=job.on_error is OnError.SKIP)
+            work.weights = job.source.weights(job, epoch, rows, sent)
             rank.batches.append(work)
             rank.requests += rows.size * len(job.plan.columns)
             self._submit(work)
-
-    def weights(self, epoch: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32] | None:
-        """The batch's ``_weight`` column: a weighted job's ``1 / (N p_row)`` from its sampler
-        (``row_weights``), asked in cut order (it forgets the epochs before); None for a plain
-        job. A fed job's come from the cluster leader with its rows (``JobQueue.head_weights``)."""
-        row_weights = getattr(self.job.queue.sampler, "row_weights", None)
-        if row_weights is None:
-            return None
-        got = row_weights(self.job.name, epoch, rows)
-        return None if got is None else np.asarray(got, dtype=np.float32)
 
     # -- state ---------------------------------------------------------------------------------
     def trim_log(self) -> None:
@@ -201,9 +190,10 @@ class Dealer:
         for _ in range(behind - MAX_UNDELIVERED * job.world_size - 1):
             self.log.popleft()
 
-    def state(self, rank: RankState, back: int = 0) -> dict[str, Any]:
+    def state(self, rank: RankState, sampler: Sampler, back: int = 0) -> dict[str, Any]:
         """The job's state at ``rank``'s step ``back`` batches ago (``position``): its epoch
-        and the rows of that epoch not in the batches every rank had taken at that step.
+        and the rows of that epoch not in the batches every rank had taken at that step
+        (``sampler``: the one that keeps the job's progress, ``RowSource.progress``).
 
         A weighted job with replacement has draws left, not rows: its state is that many rows
         (its first ids: which ones does not matter, a job resumed with ``remaining`` draws
@@ -215,7 +205,7 @@ class Dealer:
         parts = [rows for e, k, rows in self.log if e == epoch and k >= behind]
         parts.append(q.q_rows[q.q_epochs == epoch])
         state: dict[str, Any] = {"job": job.name, "epoch": epoch}
-        if self._draws():
+        if sampler.weighted(job.name) and job.spec.replacement:
             left = sum(p.size for p in parts) + (q.left if epoch == q.epoch else 0)
             left = len(job.ids) if epoch > q.epoch else left
             ids = bitmap_to_array(job.ids)[:left].astype(np.uint32)
@@ -223,23 +213,22 @@ class Dealer:
         else:
             rows = BitMap(np.concatenate(parts).astype(np.uint32))
             if epoch == q.epoch and q.left > 0:
-                rows |= q.remaining(job.name)
+                rows |= sampler.remaining(job.name)
             elif epoch > q.epoch:  # nothing of that epoch handed out yet
                 rows = BitMap(job.ids)
             state["remaining"] = rows.serialize()
-        drawn = self._drawn(epoch, behind)
+        drawn = self._drawn(sampler, epoch, behind)
         if drawn is not None:
             state["draws"] = drawn
         return state
 
-    def _drawn(self, epoch: int, behind: int) -> dict[str, Any] | None:
+    def _drawn(self, sampler: Sampler, epoch: int, behind: int) -> dict[str, Any] | None:
         """A weighted job's draws at the step (batch ``behind`` of ``epoch``): the rows drawn
         after it already (cut since, or queued), by epoch, and where its sampler's stream
         stands (``Sampler.drawn``): a resume replays the one and draws on from the other.
         None for a plain job, or one that drew more ahead than a state carries."""
         q = self.job.queue
-        drawn = getattr(q.sampler, "drawn", None)
-        point = None if drawn is None else drawn(self.job.name, epoch)
+        point = sampler.drawn(self.job.name, epoch)
         if point is None:
             return None
         pieces = [(e, rows) for e, k, rows in self.log if (e, k) >= (epoch, behind)]
@@ -259,11 +248,6 @@ class Dealer:
                 epochs.append([e, int(rows.size)])
         rows = np.concatenate([NO_ROWS, *(r for _, r in pieces)]).astype(np.uint32)
         return {**point, "rows": rows.tobytes(), "epochs": epochs}
-
-    def _draws(self) -> bool:
-        """Whether the job's epochs are counts of draws (a weighted job with replacement)."""
-        weighted = getattr(self.job.queue.sampler, "weighted", None)
-        return bool(weighted is not None and weighted(self.job.name) and self.job.spec.replacement)
 
     def check_state(self, rank: int, remaining: BitMap | None, epoch: int) -> None:
         """Rank ``rank`` joins with the state ``remaining`` rows of ``epoch`` (or None).

@@ -1,7 +1,7 @@
 """One job's queue (:class:`JobQueue`): the rows sampled for it and not yet cut into batches.
 
 The queue is three arrays of one length (row, round it is used in, epoch; a fed weighted job
-has a fourth, each row's ``_weight`` as the cluster leader sent it), the sampler's
+has a fourth, each row's ``_weight`` as its leader sent it), its row source's
 position for the job (``epoch``, ``left``: rows of that epoch it still hands out) and how far
 ahead the job samples (``horizon``, from ``lookahead`` or the cache). Only
 :mod:`tabloader.engine._queue.queues` writes it (rounds append, cuts pop the head, a newcomer gets
@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
-
-from tabloader.sampling._base import Sampler
 
 __all__ = ["NO_ROWS", "JobQueue", "RoundLog"]
 
@@ -54,7 +51,7 @@ class RoundLog:
 
 @dataclass(eq=False)
 class JobQueue:
-    """The rows sampled for one job (all its ranks) and not cut yet, and its sampler's place.
+    """The rows sampled for one job (all its ranks) and not cut yet, and its source's place.
 
     The horizon: ``lookahead`` given at open (per rank, times the ranks), else it follows
     the cache (``cache_rows``: the arena's capacity in this job's values) and the job's pace,
@@ -66,14 +63,13 @@ class JobQueue:
     lookahead: int | None = None
     cache_rows: int = 0
     arena_spaces: list[int] = field(default_factory=list)  # of the job's prepared columns
-    sampler: Sampler | None = None  # the sampler the job is registered in (None: fed)
     q_rows: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     q_rounds: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     q_epochs: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
     # a fed weighted job's ``_weight`` of each queued row (the leader's); else empty
     q_weights: npt.NDArray[np.float32] = field(default_factory=lambda: NO_WEIGHTS)
-    epoch: int = 0  # epoch of the rows the sampler hands out next
-    left: int = 0  # rows of that epoch the sampler still has to hand out
+    epoch: int = 0  # epoch of the rows its source hands out next
+    left: int = 0  # rows of that epoch the source still has to hand out
     # the job draws with replacement (a weighted job): a row may come twice in an epoch or
     # never, so its rows count as future uses when sampled, not all at the epoch's start
     repeats: bool = False
@@ -86,11 +82,6 @@ class JobQueue:
     def spaces(self) -> list[int]:
         """The arena spaces whose values the queued rows will use (``FutureUses`` counts)."""
         return self.arena_spaces
-
-    def remaining(self, name: str) -> BitMap:
-        """The rows of epoch ``epoch`` that the sampler has not handed out to the job ``name``
-        yet (none for a fed job: its node has no sampler)."""
-        return BitMap() if self.sampler is None else self.sampler.remaining(name)
 
     def dynamic(self) -> bool:
         """Whether the horizon follows the cache and the job's pace (no ``lookahead`` given,

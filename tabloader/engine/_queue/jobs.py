@@ -17,8 +17,13 @@
   ``drop_last = false`` (evaluation), ``ceil(n / world_size)`` rows, the last batch of each
   rank maybe short, the shares padded with the epoch's first rows repeated (fewer than
   ``world_size`` of them), as ``DistributedSampler(drop_last=False)`` does. A resumed job's
-  first epoch has only the rows it had left; a fed job's (a cluster node's) epochs have
-  ``rank_rows`` rows.
+  first epoch has only the rows it had left; how many rows an epoch has is its row source's
+  (``RowSource.epoch_rows``: a fed rank's epochs have its share of the cluster job's).
+* **Its row source and its receiver**, chosen once when it opens: where its rows come from
+  (:class:`RowSource`: this loader's sampler, or a leader that feeds them; the two are in
+  :mod:`tabloader.engine._queue.sources`) and who receives its batches (the plan's
+  ``receiver``: :mod:`tabloader.engine._deliver.collate`). The scheduler and the dealer call
+  them and never ask which a job has.
 * **Stalls.** Per rank, seconds blocked in ``take`` (``wait_s``: waiting for data) vs seconds
   between batches (``compute_s``: its own compute); a job's ``stats`` sum its ranks'.
 * **Pace.** The rows a job takes per second, measured (:class:`Pace`): its share of the
@@ -36,7 +41,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -49,24 +54,32 @@ from tabloader.engine._arena.arena import values_that_fit
 from tabloader.engine._prepare.fetch import MIN_PROCESS_ROWS
 from tabloader.engine._prepare.work import Plan, Work
 from tabloader.engine._queue.jobqueue import NO_ROWS, JobQueue
-from tabloader.engine._queue.ranks import rank_share
 from tabloader.engine.decode import Fit
 
 if TYPE_CHECKING:
+    from tabloader.sampling._base import Sampler
     from tabloader.sampling._importance import ImportanceScores
     from tabloader.sampling._states import Drawn
 
 __all__ = [
     "MAX_UNDELIVERED",
+    "FedRows",
     "JobState",
     "OnError",
     "Pace",
     "RankState",
+    "RowSource",
+    "Rows",
+    "Seat",
+    "Weights",
     "batch_bytes",
     "cache_rows",
     "default_prefetch",
     "fit_prefetch",
 ]
+
+Rows = npt.NDArray[np.int64]
+Weights = npt.NDArray[np.float32] | None  # a batch's ``_weight`` column (None: a plain job's)
 
 MAX_UNDELIVERED = 2
 """The most batches a ``state_dict`` may count as taken but not trained on: a service
@@ -116,6 +129,108 @@ class Pace:
         return None if span < self.MIN_SPAN_S else (self.total - before) / span
 
 
+@dataclass(frozen=True)
+class FedRows:
+    """Rows of one epoch that a leader sent a fed job, with the rounds (the leader's) they
+    are used in and, for a weighted job, each row's ``_weight``."""
+
+    epoch: int
+    rows: npt.NDArray[np.int64]
+    rounds: npt.NDArray[np.int64]
+    weights: npt.NDArray[np.float32] | None = None
+
+
+class Seat(NamedTuple):
+    """Where an open takes its place in this loader (``RowSource.seat``): the job's name,
+    rank and world size here, and its row source."""
+
+    name: str
+    rank: int
+    world_size: int
+    source: RowSource
+
+
+class RowSource(Protocol):
+    """Where an open job's rows come from, chosen once when it opens (the two there are:
+    :mod:`tabloader.engine._queue.sources`). A new feed is one more class of these methods.
+
+    ``sampler`` is the sampler of this loader that draws the job's rows, which groups jobs
+    in its rounds (None: they come from elsewhere, and take no part in rounds here).
+    """
+
+    sampler: Sampler | None
+
+    @classmethod
+    def seat(
+        cls, name: str, spec: JobSpec, *, rank: int, world_size: int, share: int, resumes: bool
+    ) -> Seat:
+        """Where rank ``rank`` of ``world_size`` of job ``name`` (opened with ``spec``; each
+        rank reads ``share`` rows of an epoch; ``resumes``: from a state) sits in this loader,
+        and its source (made here: nothing is registered yet).
+
+        Raises:
+            LoaderError: what the source cannot do.
+        """
+
+    def open(
+        self, job: JobState, sampler: Sampler, *, remaining: BitMap | None, epoch: int
+    ) -> BitMap | None:
+        """Start handing out ``job``'s rows (``sampler``: this loader's for its columns),
+        fresh or resumed (``remaining`` rows of ``epoch``); the job's queue is at its first
+        epoch after. Returns the rows of that epoch to count as future uses now (None: each
+        is counted as it comes)."""
+
+    def close(self, job: JobState) -> None:
+        """``job`` leaves: the source forgets it."""
+
+    def remaining(self, job: JobState) -> BitMap:
+        """The rows of the job's current epoch the source has still to hand out here, and
+        counted as future uses (``open``)."""
+
+    def epoch_rows(self, job: JobState, epoch: int) -> int:
+        """Rows each rank of ``job`` gets in ``epoch`` (padding included)."""
+
+    def hungry(self, job: JobState) -> bool:
+        """Whether ``job`` wants a sampling round of this loader now."""
+
+    def weights(self, job: JobState, epoch: int, rows: Rows, sent: Weights) -> Weights:
+        """The ``_weight`` column of a batch of ``rows`` of ``epoch`` (``sent``: the weights
+        that came with them into the queue); None for a plain job."""
+
+    def accept(self, job: JobState, sent: FedRows) -> Weights:
+        """Check rows a leader sent ``job`` and move its queue to their epoch; their
+        ``_weight``s, checked (None: a plain job's).
+
+        Raises:
+            LoaderError: the job is not fed, or the rows disagree with it.
+        """
+
+    def fail(self, reason: str) -> None:
+        """No more rows come (the leader's job is gone, ``reason``)."""
+
+    def check_going(self, job: JobState) -> None:
+        """Raise why no more rows come for ``job``, if so (its rank then has no batch left).
+
+        Raises:
+            LoaderError: the source failed (``fail``).
+        """
+
+    def report(self, job: JobState, ids: Rows, losses: Any) -> None:
+        """Per-row losses of a batch of ``job``, to whoever draws its rows.
+
+        Raises:
+            LoaderError: not taken here, or refused.
+        """
+
+    def progress(self, job: JobState) -> Sampler:
+        """The sampler that keeps ``job``'s progress here (its ``state_dict`` is made from
+        it).
+
+        Raises:
+            LoaderError: the job's progress is kept elsewhere.
+        """
+
+
 @dataclass(eq=False)
 class JobState:
     """One open job of a dataset: its queue of rows, its ranks (one unless data-parallel).
@@ -132,18 +247,16 @@ class JobState:
     prefetch: int  # batches prepared ahead, per rank
     queue: JobQueue  # its rows sampled ahead and not cut yet (``queues`` writes it)
     on_error: OnError
+    source: RowSource  # where its rows come from, chosen at its open
     epochs: int | None = None  # stop after this many epochs (None: never)
     world_size: int = 1
     id_array: npt.NDArray[np.int64] = field(default_factory=lambda: NO_ROWS)
-    remote: bool = False  # batches are handed over pinned (the loader service's clients)
     closed: bool = False
     # the ranks that have opened (and maybe left since), by number: made as each opens, so
     # a job's world costs nothing before its ranks come (``open_rank``)
     ranks: dict[int, RankState] = field(init=False)
     pending: int = field(init=False)  # ranks not opened yet
     num_ids: int = field(init=False)
-    fed: bool = False  # rows come from ``feed`` (a cluster leader), not from a sampler
-    rank_rows: int = 0  # fed: rows of each epoch
     spec: JobSpec = field(default_factory=JobSpec)  # the options it was opened with
     # a weighted job's weight of each row (option weight), aligned with ``id_array``
     weights: npt.NDArray[np.float64] | None = None
@@ -151,9 +264,8 @@ class JobState:
     scores: ImportanceScores | None = None
     # a weighted job resumed from a state: the draws its run had made (``Dealer._drawn``)
     drawn: Drawn | None = None
-    gone: str | None = None  # why a rank (or the cluster job) is gone: the others fail with it
-    # local ranks: the first epoch they fail at (-1: now); fed ones fail once their rows end
-    gone_from: int | None = None
+    gone: str | None = None  # why a rank is gone: the others fail with it
+    gone_from: int | None = None  # the first epoch they fail at
     # why the job failed in the loader (its own sampling, queueing or dealing raised): every
     # rank raises it; the other jobs of the dataset go on (``DatasetScheduler.fail_job``)
     failed: str | None = None
@@ -192,12 +304,8 @@ class JobState:
         return -(-self.rank_rows_of(epoch) // self.batch_size)
 
     def rank_rows_of(self, epoch: int) -> int:
-        """Rows each rank gets in ``epoch`` (padding included)."""
-        if self.fed:
-            return self.rank_rows
-        q = self.queue
-        n = q.first_rows if epoch == q.first_epoch else self.num_ids
-        return rank_share(n, self.batch_size, self.world_size, self.spec.drop_last)
+        """Rows each rank gets in ``epoch`` (padding included): its source's."""
+        return self.source.epoch_rows(self, epoch)
 
     def done_sampling(self) -> bool:
         """True once the sampler has handed out the job's last epoch."""
@@ -211,23 +319,12 @@ class JobState:
         return self.queue.horizon - self.queue.q_rows.size - self.in_flight()
 
     def hungry(self) -> bool:
-        """True if the job has fewer rows ahead than ``prefetch`` batches per rank, or a job
-        whose lookahead follows the cache has an eighth of it (and a batch) to refill: it
-        starts a round (its next uses stay known as it consumes). Never before every rank
-        has opened."""
-        if self.fed or not self.all_joined():
-            return False
-        room = self.room()
-        if room <= 0:
-            return False
-        q = self.queue
-        if q.dynamic() and room >= max(self.batch_size * self.world_size, q.horizon // 8):
-            return True
-        return q.q_rows.size + self.in_flight() < self.prefetch * self.batch_size * self.world_size
+        """True if the job wants a sampling round now (its source says: ``RowSource.hungry``)."""
+        return self.source.hungry(self)
 
     def wants_rows(self) -> bool:
         """True if the open job has fewer rows queued and in flight than its horizon (a fed
-        job's node then asks the cluster leader for more)."""
+        job's feed then asks its leader for more)."""
         q = self.queue
         return not self.closed and q.q_rows.size + self.in_flight() < q.horizon
 
@@ -253,17 +350,8 @@ class JobState:
                 is asked for with another world size or other options.
         """
         name = self.name
-        if self.world_size == 1 and asked.world_size == 1 and asked.remote:
-            raise LoaderError(
-                f"Job {name!r} is open already in the loader service, by another process or "
-                "another stream of this one (`tabloader status` lists the clients and their "
-                "jobs): close it there or end that process first, or register this one under "
-                "another job name."
-            )
         if self.world_size == 1 and asked.world_size == 1:
-            raise LoaderError(
-                f"Job {name!r} is open already in this loader; close its stream first."
-            )
+            raise LoaderError(asked.plan.receiver.open_already(name))
         if self.world_size != asked.world_size:
             raise LoaderError(
                 f"Job {name!r} is open already in this loader with world_size={self.world_size}"
@@ -458,11 +546,11 @@ def fit_prefetch(capacity: int, plan: Plan, rows: int, prefetch: int, given: int
         if plan.larger
         else ""
     )
+    held = f"{(given or 1) + 2} of them are held at once"
     raise LoaderError(
         f"A batch of this job takes {format_bytes(one)} of decoded images (over its ranks); "
-        f"{(given or 1) + 2} of them are held at once, more than the service's cache of "
-        f"{format_bytes(capacity)}: lower batch_size, image_size or prefetch, or "
-        f"start the service with a larger --cache-bytes.{shared}"
+        f"{held}, more than the service's cache of {format_bytes(capacity)}: lower batch_size, "
+        f"image_size or prefetch, or start the service with a larger --cache-bytes.{shared}"
     )
 
 

@@ -25,8 +25,9 @@
   they sampled ahead that no job has cut into a batch, so the newcomer's first rounds are
   shared with them instead of drawn alone (four jobs opened 15 ms apart each had 160 rows of
   its own ahead: their first batches waited for 640 decodes).
-* **Fed jobs** (a node of a Ray cluster) take no part in rounds: :meth:`JobQueues.feed` queues
-  the rows and rounds the cluster leader sent.
+* **Fed jobs** (a node of a Ray cluster) take no part in rounds: their row source has no
+  sampler here (:mod:`tabloader.engine._queue.sources`), and :meth:`JobQueues.feed` queues the
+  rows and rounds their leader sent.
 
 Each job's queue is its :class:`~tabloader.engine._queue.jobqueue.JobQueue` (``job.queue``): this
 module alone writes it, and keeps the queues, the samplers and the future uses consistent. Its
@@ -36,18 +37,14 @@ around every call and cuts the batches (:meth:`JobQueues.pop`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
 from tabloader.catalog._bitmaps import bitmap_to_array
-from tabloader.catalog._errors import LoaderError
 from tabloader.catalog._options import JobSpec
 from tabloader.engine._queue.jobqueue import NO_ROWS, JobQueue
-from tabloader.engine._queue.jobs import JobState
+from tabloader.engine._queue.jobs import FedRows, JobState, Rows, Weights
 from tabloader.engine._queue.uses import FutureUses
 from tabloader.sampling._base import Sampler
 
@@ -55,7 +52,6 @@ __all__ = [
     "LOOKAHEAD_CACHES",
     "LOOKAHEAD_ROWS",
     "ROUND_ROWS",
-    "FedRows",
     "JobQueues",
     "draws_with_replacement",
 ]
@@ -74,45 +70,6 @@ def draws_with_replacement(spec: JobSpec) -> bool:
     """Whether a job of ``spec`` draws with replacement: weighted (``weight``, ``importance``)
     with ``replacement`` on (a row may come twice in an epoch, or never)."""
     return bool((spec.weight is not None or spec.importance is not None) and spec.replacement)
-
-
-@dataclass(frozen=True)
-class FedRows:
-    """Rows of one epoch that the cluster leader sent a fed job, with the rounds (the
-    leader's) they are used in and, for a weighted job, each row's ``_weight``."""
-
-    epoch: int
-    rows: npt.NDArray[np.int64]
-    rounds: npt.NDArray[np.int64]
-    weights: npt.NDArray[np.float32] | None = None
-
-
-def _fed_weights(
-    job: JobState, rows: npt.NDArray[np.int64], weights: npt.NDArray[np.float32] | None
-) -> npt.NDArray[np.float32] | None:
-    """The ``_weight``s the cluster leader sent with ``rows`` of the fed ``job``, checked: one
-    finite positive number per row for a weighted job (``weight``, ``importance``), none for a
-    plain one.
-
-    Raises:
-        LoaderError: weights missing, unexpected, of another length or not finite and > 0.
-    """
-    weighted = job.spec.weight is not None or job.spec.importance is not None
-    if weights is None and not weighted:
-        return None
-    if weights is None or not weighted:
-        raise LoaderError(
-            f"Job {job.name!r} got rows {'without' if weighted else 'with'} weights from the "
-            f"cluster leader, but it is {'' if weighted else 'not '}a weighted job here: the "
-            "leader and this node disagree on its options; restart the job."
-        )
-    w = np.asarray(weights, dtype=np.float32)
-    if w.shape != rows.shape or not (np.isfinite(w) & (w > 0)).all():
-        raise LoaderError(
-            f"Job {job.name!r} got {w.size} weights for {rows.size} rows from the cluster "
-            "leader, or weights not finite and > 0; restart the job."
-        )
-    return w
 
 
 class JobQueues:
@@ -142,30 +99,15 @@ class JobQueues:
 
     # -- jobs ------------------------------------------------------------------------------------
     def open(self, job: JobState, *, remaining: BitMap | None, epoch: int) -> None:
-        """Register ``job`` with its sampler, fresh or resumed (``remaining`` rows of
-        ``epoch``); the other jobs of that sampler give back what they sampled ahead."""
+        """Open ``job`` at its source (``RowSource.open``: a sampled job is registered in the
+        sampler of its columns), fresh or resumed (``remaining`` rows of ``epoch``); the other
+        jobs of that sampler give back what they sampled ahead."""
         q = job.queue
-        q.sampler = sampler = self.sampler if job.plan.prepared else self.gather_sampler
-        if remaining is None:
-            sampler.add_job(job.name, job.ids, job.spec, weights=job.weights)
-            remaining = job.ids
-        else:  # an importance job resumes with its scores, a weighted one with its draws
-            sampler.add_job(
-                job.name,
-                job.ids,
-                job.spec,
-                remaining=remaining,
-                epoch=epoch,
-                weights=job.weights,
-                scores=job.scores,
-                drawn=job.drawn,
-            )
-            q.epoch = epoch
-        q.left = q.first_rows = len(remaining)
-        q.first_epoch = q.epoch
-        q.repeats = draws_with_replacement(job.spec)
-        if not q.repeats:
-            self.future.count(q, bitmap_to_array(remaining), +1)
+        sampler = self.sampler if job.plan.prepared else self.gather_sampler
+        counted = job.source.open(job, sampler, remaining=remaining, epoch=epoch)
+        q.repeats = draws_with_replacement(job.spec)  # a leader's draws may repeat too
+        if counted is not None and not q.repeats:
+            self.future.count(q, bitmap_to_array(counted), +1)
         if job.drawn is not None:
             self._replay(job)
         self._rebase(job)
@@ -187,58 +129,33 @@ class JobQueues:
                 self.future.count(q, rows, +1, repeats=True)
             self._queue(q, rows, np.arange(base, self.round, dtype=np.int64))
 
-    def open_fed(self, job: JobState) -> None:
-        """Register the fed ``job``: no sampler, nothing received of epoch 0 yet (``feed``)."""
-        job.queue.left = job.queue.first_rows = 0
-        job.queue.epoch = -1
-        job.queue.repeats = draws_with_replacement(job.spec)  # the leader's draws may repeat
-        self.jobs[job.name] = job
-
     def close(self, job: JobState) -> None:
-        """``job`` leaves: its queued rows and remaining uses go, the sampler forgets it."""
+        """``job`` leaves: its queued rows and remaining uses go, its source forgets it."""
         if self.jobs.get(job.name) is job:
             del self.jobs[job.name]
         q = job.queue
         try:
             self.future.unqueued(q, q.clear(), self._queues())
-            if q.sampler is not None and q.left and not q.repeats:
-                # the rows of this epoch the sampler still had for it
-                self.future.count(q, bitmap_to_array(q.remaining(job.name)), -1)
-        finally:  # whatever failed (a job failing leaves too), the sampler forgets it
-            if q.sampler is not None:  # a fed job has none here
-                q.sampler.remove_job(job.name)
+            if q.left and not q.repeats:
+                # the rows of this epoch the source still had for it
+                self.future.count(q, bitmap_to_array(job.source.remaining(job)), -1)
+        finally:  # whatever failed (a job failing leaves too), the source forgets it
+            job.source.close(job)
 
     # -- filling the queues ------------------------------------------------------------------------
-    def feed(self, job: JobState, fed: FedRows) -> None:
-        """Queue the rows the cluster leader sent the fed ``job`` (``fed``), with their
-        (leader's) rounds and, for a weighted job, each row's ``_weight`` (what its batches
-        carry).
+    def feed(self, job: JobState, sent: FedRows) -> None:
+        """Queue the rows a leader sent the fed ``job`` (``sent``), with their (leader's)
+        rounds and, for a weighted job, each row's ``_weight`` (what its batches carry).
 
         Raises:
-            LoaderError: rows of an epoch come before the previous epoch is complete, more
-                rows than the epoch has, or weights missing, unexpected or bad (the leader and
-                this node disagree).
+            LoaderError: its source refused them (``RowSource.accept``: not a fed job, or
+                rows the leader and this node disagree on).
         """
-        epoch, rows = fed.epoch, fed.rows
+        weights = job.source.accept(job, sent)
         q = job.queue
-        weights = _fed_weights(job, rows, fed.weights)
-        if epoch != q.epoch:
-            if q.left or epoch < q.epoch:
-                raise LoaderError(
-                    f"Job {job.name!r} got rows of epoch {epoch} from the cluster leader "
-                    f"while epoch {q.epoch} misses {q.left} rows; restart the job."
-                )
-            q.epoch, q.left = epoch, job.rank_rows
-        if rows.size > q.left:
-            raise LoaderError(
-                f"Job {job.name!r} got {rows.size} rows of epoch {epoch} from the cluster "
-                f"leader, {q.left} more than its {job.rank_rows} a rank reads per epoch; "
-                "restart the job."
-            )
-        q.left -= rows.size
         # a sampled job counted its epoch's rows at start; a draw may repeat a row
-        self.future.count(q, rows, +1, repeats=q.repeats)
-        self._queue(q, rows, fed.rounds, weights)
+        self.future.count(q, sent.rows, +1, repeats=q.repeats)
+        self._queue(q, sent.rows, sent.rounds, weights)
 
     def sample(self) -> list[tuple[JobState, Exception]]:
         """One ``sample_many`` call per sampler for every job at or below its horizon.
@@ -256,11 +173,14 @@ class JobQueues:
         want = [
             j
             for j in self.jobs.values()
-            if not j.fed and j.all_joined() and not j.done_sampling() and j.room() >= 0
+            if j.source.sampler is not None
+            and j.all_joined()
+            and not j.done_sampling()
+            and j.room() >= 0
         ]
         failed: list[tuple[JobState, Exception]] = []
         for sampler in (self.sampler, self.gather_sampler):
-            group = [j for j in want if j.queue.sampler is sampler]
+            group = [j for j in want if j.source.sampler is sampler]
             if group:
                 failed += self._sample_group(sampler, group)
         return failed
@@ -313,7 +233,7 @@ class JobQueues:
         group = [
             j
             for j in self.jobs.values()
-            if j.queue.dynamic() and j.queue.sampler is self.sampler and not j.done_sampling()
+            if j.queue.dynamic() and j.source.sampler is self.sampler and not j.done_sampling()
         ]
         if not group:
             return
@@ -329,13 +249,7 @@ class JobQueues:
             most = min(job.num_ids, LOOKAHEAD_ROWS) * job.world_size
             q.horizon = max(q.floor, min(share, most))
 
-    def _queue(
-        self,
-        q: JobQueue,
-        rows: npt.NDArray[np.int64],
-        rounds: npt.NDArray[np.int64],
-        weights: npt.NDArray[np.float32] | None = None,
-    ) -> None:
+    def _queue(self, q: JobQueue, rows: Rows, rounds: Rows, weights: Weights = None) -> None:
         """Append ``rows`` of the job's current epoch, used in ``rounds`` (a fed weighted
         job's with their ``_weight``s), to its queue, and count them as future uses."""
         q.append(rows, rounds, weights)
@@ -356,12 +270,10 @@ class JobQueues:
         rounds, never by which rows it holds, so every job's order stays uniform (see
         ``DependentSampler.give_back``). Only rows of the epoch the sampler is in go back.
         """
-        sampler = new.queue.sampler
-        give_back: Callable[[str, npt.NDArray[np.int64]], None] | None
-        give_back = getattr(sampler, "give_back", None)  # a sampler whose jobs share rounds
-        if give_back is None:
+        sampler = new.source.sampler
+        if sampler is None or not sampler.shares_rounds:
             return
-        group = [j for j in self.jobs.values() if j.queue.sampler is sampler and not j.fed]
+        group = [j for j in self.jobs.values() if j.source.sampler is sampler]
         queues = [j.queue for j in group]
         floor = min((int(q.q_rounds[0]) for q in queues if q.q_rounds.size), default=None)
         if floor is None:
@@ -381,7 +293,7 @@ class JobQueues:
             # a row given back stays a future use of an epoch counted at its start; a draw
             # with replacement given back is drawn again, counted again when it is
             self.future.unqueued(q, rows, self._queues(), used=q.repeats)
-            give_back(j.name, rows)
+            sampler.give_back(j.name, rows)
             q.left += int(rows.size)
 
     def expected(self, space: int, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64] | None:
@@ -390,10 +302,11 @@ class JobQueues:
 
         The dependent sampler sums them over its weighted jobs: two such jobs in different
         arena spaces add to each other's rows there (a ranking hint for the eviction only).
-        A fed job's draws are the cluster leader's, whose sampler this node has not.
+        A fed job's draws are its leader's, whose sampler this loader has not.
         """
         jobs = self.jobs.values()
-        if not any(j.queue.repeats and not j.fed and space in j.queue.spaces() for j in jobs):
+        mine = [j for j in jobs if j.queue.repeats and j.source.sampler is self.sampler]
+        if not any(space in j.queue.spaces() for j in mine):
             return None
         draws: npt.NDArray[np.float64] = self.sampler.expected_draws(rows, repeats_only=True)
         return draws

@@ -24,11 +24,13 @@ Data flow, per dataset::
   are cut only while the rank whose turn it is has room below ``prefetch``, so a rank ahead
   waits for the slow one and at most ``prefetch`` batches per rank are in flight. A rank
   that left has its turns dropped, unprepared.
-* **Fed jobs (a cluster node).** On a node of a Ray cluster the leader samples for every
-  job (:mod:`tabloader.cluster`): each rank there is a job of its own here (``fed``), whose
-  queue :meth:`DatasetScheduler.feed` fills with the rows and rounds the leader sent, and whose
-  epoch has ``rank_rows`` rows. It takes no part in the rounds. A fed job whose cluster job
-  is gone (a rank or node failed) raises the reason once it would wait for rows.
+* **Row sources and receivers.** Where a job's rows come from and who receives its batches
+  were chosen when it opened (:mod:`tabloader.engine._queue.sources`,
+  :mod:`tabloader.engine._deliver.collate`); this module calls them and never asks which. On a
+  node of a Ray cluster the leader samples for every job (:mod:`tabloader.cluster`): each rank
+  there is a job of its own here, *fed*: :meth:`DatasetScheduler.feed` queues the rows and
+  rounds the leader sent; it takes no part in the rounds, and once its source fails (the
+  cluster job is gone) it raises the reason when it would wait for rows.
 
 A job's and a rank's state (positions, counters): :mod:`tabloader.engine._queue.jobs`; its queue:
 :mod:`tabloader.engine._queue.jobqueue`; the cutting and dealing of its batches, and its
@@ -49,14 +51,13 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from tabloader.catalog._errors import LoaderError, SamplingError
+from tabloader.catalog._errors import LoaderError
 from tabloader.engine._deliver.streams import no_importance
 from tabloader.engine._prepare.fetch import Fetcher
 from tabloader.engine._prepare.work import Work
 from tabloader.engine._queue.dealer import Dealer
-from tabloader.engine._queue.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
-from tabloader.engine._queue.queues import FedRows, JobQueues
-from tabloader.sampling._importance import ImportanceScores
+from tabloader.engine._queue.jobs import MAX_UNDELIVERED, FedRows, JobState, OnError, RankState
+from tabloader.engine._queue.queues import JobQueues
 
 __all__ = ["DatasetScheduler"]
 
@@ -134,11 +135,7 @@ class DatasetScheduler:
             if current is not None:
                 return self._attach_locked(current, job, rank, remaining, epoch)
             resumed = None if remaining is None else (epoch, BitMap(remaining))
-            if job.fed:
-                self.queues.open_fed(job)
-                rank = 0
-            else:
-                self.queues.open(job, remaining=remaining, epoch=epoch)
+            self.queues.open(job, remaining=remaining, epoch=epoch)
             self.dealers[job] = Dealer(
                 job,
                 pop=functools.partial(self.queues.pop, job),
@@ -146,30 +143,30 @@ class DatasetScheduler:
                 resumed=resumed,
             )
             joined = job.open_rank(rank, self.lock)
-            if not job.fed:
-                self._activate_locked(job)  # a resumed job's rows drawn already (``drawn``)
-                self.cond.notify()  # a round for the new job
+            self._activate_locked(job)  # a resumed job's rows drawn already (``drawn``)
+            self.cond.notify()  # a round for the new job
             return joined
 
-    def feed(self, job: JobState, fed: FedRows) -> None:
-        """Queue the rows the cluster leader sent the fed ``job`` (:meth:`JobQueues.feed`) and
-        start preparing its batches.
+    def feed(self, job: JobState, sent: FedRows) -> None:
+        """Queue the rows a leader sent the fed ``job`` (:meth:`JobQueues.feed`) and start
+        preparing its batches.
 
         Raises:
-            LoaderError: the leader and this node disagree on the job's epochs or weights.
+            LoaderError: the job is not fed, or the leader and this node disagree on its
+                epochs or weights.
         """
         with self.cond:
-            if job.closed or (job.epochs is not None and fed.epoch >= job.epochs):
+            if job.closed or (job.epochs is not None and sent.epoch >= job.epochs):
                 return  # past the epochs the job reads: nothing to load
-            self.queues.feed(job, fed)
+            self.queues.feed(job, sent)
             self._activate_locked(job)
             self._wake_job(job)
 
     def fail(self, job: JobState, reason: str) -> None:
-        """The fed ``job``'s cluster job is gone: its rank raises ``reason`` once it would
-        wait for rows (the batches it has go on being delivered)."""
+        """The fed ``job``'s source fails (its cluster job is gone): its rank raises
+        ``reason`` once it would wait for rows (the batches it has go on being delivered)."""
         with self.cond:
-            job.gone = reason
+            job.source.fail(reason)
             self._wake_job(job)
 
     def lost(self, rank: RankState, who: str, undelivered: int = 0) -> None:
@@ -218,11 +215,11 @@ class DatasetScheduler:
         self._wake_job(job)  # a consumer waiting in take() raises: closed
 
     def _drop_batches(self, rank: RankState) -> None:
-        """Forget a closed rank's batches. Ready ones handed over pinned (the service's) are
-        released here; those still preparing release their pins when they land (``landed``)."""
+        """Forget a closed rank's batches. Ready ones are released by their receiver here;
+        those still preparing release their pins when they land (``landed``)."""
         for work in rank.batches:
-            if work.remote and work.ready and work.result is not None:
-                self.fetcher.release(work)
+            if work.ready:
+                work.plan.receiver.release(work)
         rank.batches.clear()
 
     def leave(self, rank: RankState) -> None:
@@ -362,35 +359,27 @@ class DatasetScheduler:
             rank.loaded += work.loaded + work.rows.size * len(work.plan.gathered)
             rank.decoded += work.loaded
             work.ready = True
-            if work.dropped:  # its rank abandoned its epoch while it was prepared
-                if work.remote and work.result is not None:
-                    self.fetcher.release(work)
-            elif not rank.closed:
-                if rank.batches and rank.batches[0] is work:  # what its consumer waits for
-                    rank.cond.notify_all()
-            elif work.remote and work.result is not None:
-                self.fetcher.release(work)
+            if work.dropped or rank.closed:  # nobody takes it (its epoch was abandoned)
+                work.plan.receiver.release(work)
+            elif rank.batches and rank.batches[0] is work:  # what its consumer waits for
+                rank.cond.notify_all()
 
     # -- the consumer side -------------------------------------------------------------------------
-    def take(self, rank: RankState, epoch: int | None) -> dict[str, Any] | None:
-        """The rank's next batch, or None at the end of ``epoch`` (if given) or of the last
-        epoch.
+    def take(self, rank: RankState, epoch: int | None) -> Any:
+        """The rank's next batch (as its receiver received it), or None at the end of
+        ``epoch`` (if given) or of the last epoch.
 
         A batch whose rows were all skipped is not returned: the next one of its epoch is.
-        Stalls are timed here, except for a service's client, which times its own (it reads
-        ahead: ``record_stalls``).
+        Its consumer's stalls are timed by the stream it takes from (``JobStream``; a service's
+        client times its own).
         """
         job = rank.job
         while True:
             t0 = time.perf_counter()
-            if rank.last_return is not None and not job.remote:
-                rank.compute_s += t0 - rank.last_return
-                rank.last_return = None
             with self.cond:
                 while True:
                     self._check(rank)
                     if rank.finished() or (epoch is not None and rank.next_epoch() != epoch):
-                        rank.last_return = time.perf_counter()
                         return None
                     if job.gone_from is not None and rank.next_epoch() >= job.gone_from:
                         self._raise_gone(rank)
@@ -399,8 +388,8 @@ class DatasetScheduler:
                         break
                     if not rank.batches:
                         self._activate_locked(job)
-                        if job.fed and job.gone is not None and not rank.batches:
-                            self._raise_gone(rank)
+                        if not rank.batches:
+                            job.source.check_going(job)  # a fed job's leader may be gone
                         if rank.batches:  # dealt now, maybe prepared here already: its
                             continue  # wake-up came before this wait
                     self._poke(job)
@@ -410,10 +399,6 @@ class DatasetScheduler:
                 self._trim_log_locked(job)
                 self._activate_locked(job)
                 self._poke(job)  # room for the scheduler
-            if not job.remote:
-                now = time.perf_counter()
-                rank.wait_s += now - t0
-                rank.last_return = now
             batch = self._deliver(rank, work)
             if batch is not None:
                 return batch
@@ -469,18 +454,13 @@ class DatasetScheduler:
         rank.give_up(int(work.rows.size))
         if not work.ready:
             work.dropped = True  # ``landed`` releases what it holds
-        elif work.remote and work.result is not None:
-            self.fetcher.release(work)
+        else:
+            work.plan.receiver.release(work)
 
     @staticmethod
     def _raise_gone(rank: RankState) -> None:
-        """Raise why the rank's job is gone (a rank of it died, or the cluster job left)."""
+        """Raise why the rank's job is gone (a rank of it died)."""
         job = rank.job
-        if job.fed:
-            raise LoaderError(
-                f"Job {job.name!r} left the cluster: {job.gone}. Its other ranks stop too; "
-                "start every rank again."
-            )
         raise LoaderError(
             f"Job {rank.label()} lost a rank: {job.gone}. Every rank of a data-parallel job "
             "reads each epoch together; start every rank again (from a state_dict to resume)."
@@ -489,51 +469,21 @@ class DatasetScheduler:
     def report(
         self, rank: RankState, ids: npt.NDArray[np.int64], losses: npt.NDArray[np.float64]
     ) -> None:
-        """Hand per-row losses of a batch of ``rank`` to its job's sampler (``Sampler.report``),
-        under the lock its rounds are drawn under; every rank of a job reports to the job's
-        one entry there.
+        """Hand per-row losses of a batch of ``rank`` to its job's source
+        (``RowSource.report``: its sampler's ``report``), under the lock its rounds are drawn
+        under; every rank of a job reports to the job's one entry there.
 
         Raises:
             LoaderError: the job was not opened with ``importance = 'loss'``, the rank is
-                closed, the job is fed (its sampler is the cluster leader's: the service
-                forwards there), or the sampler refused the rows (not the job's).
+                closed, the job is fed (its leader takes its reports: the service forwards
+                there), or the sampler refused the rows (not the job's).
         """
         job = rank.job
         if job.spec.importance != "loss":
             raise no_importance(job.name)
         with self.cond:
             self._check(rank)
-            sampler = job.queue.sampler
-            if sampler is None:
-                raise LoaderError(
-                    f"Job {job.name!r} is fed by a cluster leader, which takes its reports; "
-                    "report through the node's loader service (a RemoteStream)."
-                )
-            try:
-                sampler.report(job.name, ids, losses)
-            except SamplingError as exc:
-                raise LoaderError(f"Job {job.name!r}: {exc}") from None
-
-    def record_stalls(
-        self, rank: RankState, wait_s: float, compute_s: float, augment_s: float = 0.0
-    ) -> None:
-        """Add seconds a service's client measured: waiting for batches, between them, and
-        augmenting them (its own threads).
-
-        Without the scheduler's lock, as ``take`` counts an in-process rank's: only the rank's
-        own consumer (its connection's thread) writes these counters, and ``stats`` only reads
-        them. (Taken on every request, the lock was the most contended wait of four tiny-row
-        jobs' connections: 8% of the service's samples.)
-        """
-        rank.wait_s += wait_s
-        rank.compute_s += compute_s
-        rank.augment_s += augment_s
-
-    def record_delivery(self, rank: RankState, rows: int) -> None:
-        """A service's client has handed a batch of ``rows`` rows to its job (no lock: see
-        ``record_stalls``)."""
-        rank.delivered += 1
-        rank.rows += rows
+            job.source.report(job, ids, losses)
 
     def _wait_locked(self, rank: RankState, since: float) -> None:
         """Wait for news (``since``: when the rank's ``take`` began to wait).
@@ -580,12 +530,8 @@ class DatasetScheduler:
                 if key[1] is None or key not in self._logged_skips:  # once a job and row
                     self._logged_skips.add(key)
                     logger.warning("job %s skipped a row: %s", rank.label(), e)
-        batch = work.result
         rank.augment_s += work.augment_s
-        if batch is not None and not job.remote:  # a service's: once its client has it
-            rank.delivered += 1
-            rank.rows += len(batch["_id"])
-        return batch
+        return work.result
 
     def _check(self, rank: RankState) -> None:
         if rank.job.failed is not None:
@@ -606,11 +552,7 @@ class DatasetScheduler:
         holds one it read ahead).
         """
         job = rank.job
-        if job.fed:
-            raise LoaderError(
-                f"Job {job.name!r} reads on a Ray cluster, whose leader keeps the job's "
-                "progress and checkpoints it; state_dict() is for a local loader."
-            )
+        sampler = job.source.progress(job)  # raises where the progress is kept elsewhere
         if not 0 <= undelivered <= MAX_UNDELIVERED or isinstance(undelivered, bool):
             raise LoaderError(
                 f"{undelivered!r} batches taken but not trained on: a state_dict counts 0 to "
@@ -619,18 +561,12 @@ class DatasetScheduler:
             )
         with self.cond:
             self._check(rank)
-            state = self.dealers[job].state(rank, undelivered)
-            scores = self._scores_locked(job)
-            if scores is not None:  # a resume draws from them (``Loader.open``)
-                state["importance"] = scores.state_dict()
+            state = self.dealers[job].state(rank, sampler, undelivered)
+            if job.spec.importance == "loss":  # a resume draws from its scores
+                scores = sampler.importance_scores(job.name)
+                if scores is not None:
+                    state["importance"] = scores.state_dict()
             return state
-
-    def _scores_locked(self, job: JobState) -> ImportanceScores | None:
-        """The importance scores of ``job`` in its sampler now (None: not an importance job)."""
-        sampler = job.queue.sampler
-        if job.spec.importance != "loss" or sampler is None:
-            return None
-        return sampler.importance_scores(job.name)
 
     def close(self) -> None:
         with self.cond:
