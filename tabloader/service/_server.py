@@ -181,6 +181,20 @@ class Service:
         except BaseException:
             self.listener.close()
             raise
+        self._stage()
+        try:
+            if feed is not None:
+                self.feed = feed(self)
+            if metrics_port is not None:
+                self.metrics = MetricsServer(metrics_port, self.prometheus)
+            self.listener.listen()  # clients find the socket once the service can answer
+        except BaseException:
+            self.close()
+            raise
+
+    def _stage(self) -> None:
+        """The staging of the loader's shared segment: its arena's ``_staging`` space and the
+        blocks after the arena (the loader has no segment: closed, ``ServiceError``)."""
         segment = self.loader.segment
         if segment is None:
             self.close()
@@ -200,15 +214,6 @@ class Service:
         )
         self.blocks_lock = threading.Lock()
         self.segment = segment
-        try:
-            if feed is not None:
-                self.feed = feed(self)
-            if metrics_port is not None:
-                self.metrics = MetricsServer(metrics_port, self.prometheus)
-            self.listener.listen()  # clients find the socket once the service can answer
-        except BaseException:
-            self.close()
-            raise
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""
