@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from tabloader.catalog._errors import StorageError
 from tabloader.catalog.storage._ranged import PartFile
+from tabloader.catalog.storage._tier import Counters
 
 if TYPE_CHECKING:
     from tabloader.catalog.storage._tier import BatchCache
@@ -153,30 +154,14 @@ def s3_config(environ: dict[str, str] | os._Environ[str] | None = None) -> S3Con
 
 
 @dataclass
-class StoreCounters:
-    """What a store fetched (thread-safe increments through ``add``)."""
+class StoreCounters(Counters):
+    """What a store fetched."""
 
     requests: int = 0
     bytes: int = 0  # fetched
     retries: int = 0
     refetches: int = 0
     written: int = 0  # uploaded
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {
-                "requests": self.requests,
-                "bytes": self.bytes,
-                "retries": self.retries,
-                "refetches": self.refetches,
-                "written": self.written,
-            }
 
 
 class _Final(Exception):

@@ -44,7 +44,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +61,7 @@ __all__ = [
     "RERANK_S",
     "TAIL",
     "BatchCache",
+    "Counters",
     "Ranker",
     "StorageTier",
     "TierCounters",
@@ -116,8 +117,25 @@ class BatchCache(Protocol):
 
 
 @dataclass
-class TierCounters:
-    """What the tier served and kept (thread-safe through ``add``)."""
+class Counters:
+    """Integer counters added to from several threads (``add``) and read together
+    (``snapshot``); subclasses declare them as fields (the tier's, a store's)."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "_lock"}
+
+
+@dataclass
+class TierCounters(Counters):
+    """What the tier served and kept."""
 
     hits: int = 0
     hit_bytes: int = 0
@@ -128,18 +146,6 @@ class TierCounters:
     evicted: int = 0
     evicted_bytes: int = 0
     dropped: int = 0  # found damaged (or gone) when read back
-
-    def __post_init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 class _Entry:
