@@ -18,11 +18,16 @@ from tests.support.s3proxy import Faults
 def run(loader, jobs: dict[str, int]) -> dict[str, list[list[int]]]:
     """Each job of ``jobs`` ({name: epochs}) on its own thread: its rows, epoch by epoch."""
     seen: dict[str, list[list[int]]] = {name: [] for name in jobs}
+    errors: list[BaseException] = []
 
     def consume(name: str) -> None:
-        with loader.open(name, batch_size=7, epochs=jobs[name]) as stream:
-            for _ in range(jobs[name]):
-                seen[name].append([i for b in stream.iter_epoch() for i in b["_id"].tolist()])
+        try:
+            with loader.open(name, batch_size=7, epochs=jobs[name]) as stream:
+                for _ in range(jobs[name]):
+                    rows = [i for b in stream.iter_epoch() for i in b["_id"].tolist()]
+                    seen[name].append(rows)
+        except BaseException as exc:  # raised below, with its cause (a thread's is only logged)
+            errors.append(exc)
 
     threads = [threading.Thread(target=consume, args=(n,)) for n in jobs]
     for t in threads:
@@ -30,6 +35,8 @@ def run(loader, jobs: dict[str, int]) -> dict[str, list[list[int]]]:
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
     return seen
 
 
