@@ -1,7 +1,8 @@
 """Benchmark ``storage``: training from object storage through requests of 10 ms (issue 47).
 
 The same generated JPEGs (``--images``, ``--size``) are served by an S3 server on loopback
-(moto's server mode, in a process of its own) behind ``tests/support/s3proxy.py``, which adds
+(moto's server mode, in a process of its own, each object's value kept in memory: moto would
+read a whole object for each ranged GET) behind ``tests/support/s3proxy.py``, which adds
 ``--latency`` seconds to every request, and read side by side in one run, each decoding every
 image and resizing it to ``--image-size`` square (the work a training step asks for):
 
@@ -34,7 +35,8 @@ bytes the proxy passed, against the dataset's bytes (the image files'). The *lat
 ratio* of an S3 run is its last epoch's images per second over its local reference's. Target
 (``TARGET``): one tabloader job through the latency at >= 0.8x its local speed (tier off). The
 decoded arena of tabloader holds ``--cache`` of the decoded dataset (the DataLoaders and
-LitData keep none), so its later epochs decode and read storage again as theirs do.
+LitData keep none), and its read-ahead ``--readahead`` of the stored one, so that its later
+epochs decode and read storage again as theirs do (a dataset larger than the memory).
 
 LitData (the ``bench`` extra; ``pip install litdata 'torch==X'`` with the torch you have,
 or pip upgrades it) reads S3 through obstore, which refuses ``http://`` endpoints unless told
@@ -74,7 +76,22 @@ KEYS = ("testing", "testing")  # moto's credentials
 # "mark" line on stdin with the GETs and body bytes the proxy passed so far, per prefix.
 _SERVER = """
 import json, sys, time
+import moto.s3.models as models
 from tests.support.s3proxy import Faults, loopback_s3
+
+# moto reads an object's whole value (from a temporary file past 16 MiB) for each GET, a ranged
+# one too, and then slices it: a 150 KB range of a 40 MB part would cost moto 40 MB of reads.
+# S3 does not; here each object's value is read once and kept in memory, for every arm alike.
+_value = models.FakeKey.value
+def _get(key):
+    kept = key.__dict__.get("_bench_value")
+    if kept is None:
+        kept = key.__dict__["_bench_value"] = _value.fget(key)
+    return kept
+def _set(key, value):
+    key.__dict__.pop("_bench_value", None)
+    _value.fset(key, value)
+models.FakeKey.value = property(_get, _set)
 with loopback_s3(Faults(latency=float(sys.argv[1]))) as s3:
     print(json.dumps({"url": s3.url, "server_url": s3.server_url}), flush=True)
     for line in sys.stdin:
@@ -170,6 +187,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", type=float, default=0.10, help="arena, x decoded dataset")
     parser.add_argument("--chunk-bytes", default="8MB", help="LitData's chunks")
     parser.add_argument("--workers", type=positive_int, default=2, help="tabloader's workers")
+    parser.add_argument(
+        "--readahead",
+        type=float,
+        default=0.4,
+        help="tabloader's read-ahead, x the dataset (under 1: later epochs fetch again)",
+    )
     parser.add_argument("--out", default="bench-results/storage.json", help="JSON output")
 
 
@@ -465,7 +488,8 @@ def _tabloader_arms(
     decoded = args.images * args.image_size**2 * 3
     cache = max(4 << 20, int(args.cache * decoded))
     tier = int(args.tier * data_bytes * 1.1)  # (the part file: the images and their rows)
-    kw = {"cache_bytes": cache, "decode": "processes"}
+    ahead = max(1 << 20, int(args.readahead * data_bytes))
+    kw = {"cache_bytes": cache, "decode": "processes", "readahead_bytes": ahead}
     results: dict[str, Any] = {}
     for where, ds in (("S3", "s3imgs"), ("local", "localimgs")):
         results[f"tabloader 1 job {where}"] = _tabloader(
@@ -484,6 +508,7 @@ def _tabloader_arms(
         )
     results["_tier_bytes"] = tier
     results["_cache_bytes"] = cache
+    results["_readahead_bytes"] = ahead
     return results
 
 
@@ -499,6 +524,7 @@ def _report(
     results: dict[str, Any], args: argparse.Namespace, data_bytes: int, w: int, h: int
 ) -> int:
     tier, cache = results.pop("_tier_bytes", 0), results.pop("_cache_bytes", 0)
+    ahead = results.pop("_readahead_bytes", 0)
     stored = results.pop("_stored_bytes")
     rows: list[dict[str, Any]] = []
     for name, epochs in results.items():
@@ -525,8 +551,8 @@ def _report(
     print(
         f"storage: {args.images} JPEGs of {w}x{h} ({data_bytes:,} bytes) decoded to "
         f"{args.image_size}x{args.image_size}; {args.latency * 1000:.0f} ms added a request; "
-        f"tabloader's arena {cache:,} bytes, 4 jobs' tier {tier:,} bytes (1 job: off), its "
-        f"dataset stored in {stored:,} bytes"
+        f"tabloader's arena {cache:,} bytes, read-ahead {ahead:,} bytes, 4 jobs' tier {tier:,} "
+        f"bytes (1 job: off), its dataset stored in {stored:,} bytes"
     )
     print(cpu_line())
     print(format_table([{k: r.get(k, "") for k in keys} for r in rows], keys))
@@ -543,6 +569,7 @@ def _report(
             "tier_bytes": tier,
             "stored_bytes": stored,
             "arena_bytes": cache,
+            "readahead_bytes": ahead,
             "cpu": cpu_line(),
             "results": results,
             "checks": checks,
