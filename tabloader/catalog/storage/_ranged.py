@@ -172,8 +172,9 @@ class PartFile:
 
     def load(self, batches: Iterable[int], cache: BatchCache | None = None) -> None:
         """Hold the record batches ``batches`` until ``release``: each loaded already gets one
-        hold more; one being fetched by another load is waited for; the others are looked
-        for in ``cache``, then fetched (adjacent ones in one request, the requests in flight
+        hold more; one being fetched by another load is waited for (and fetched by this one if
+        that fetch fails: its error is not this load's); the others are looked for in
+        ``cache``, then fetched (adjacent ones in one request, the requests in flight
         together).
 
         Raises:
@@ -206,9 +207,16 @@ class PartFile:
         for b, future in waits:  # each, so that every hold taken is known
             try:
                 future.result()
-                done.append(b)
+            except Exception:  # the load waited for failed (the read-ahead's, its tries
+                try:  # spent while this one waited): one fetch of this load's own
+                    self.load([b], cache)
+                except BaseException as exc:
+                    error = error or exc
+                    continue
             except BaseException as exc:
                 error = error or exc
+                continue
+            done.append(b)
         if error is not None:
             self.release(done)
             raise error
