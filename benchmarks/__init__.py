@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "isolation": "benchmarks.isolation",
     "kernels": "benchmarks.kernels",
     "service": "benchmarks.e2e",  # the loader service's benchmark is e2e (one run, all three)
+    "storage": "benchmarks.storage",
     "throughput": "benchmarks.throughput",
     "train": "benchmarks.train",
 }

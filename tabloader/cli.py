@@ -293,12 +293,43 @@ def _print_service(report: dict[str, Any]) -> None:
         f"hit rate {rate} ({cache['hits']:,} hits, {cache['misses']:,} misses), "
         f"{cache['evictions']:,} evictions"
     )
+    if "storage" in report:
+        _print(storage_line(report["storage"]))
     keys = ["job", "dataset", "ranks", "epoch", "batches", "rows", "rows_per_s", "shared"]
     keys += ["wait_s", "augment_s", "compute_s"]
     jobs = [{**j, "ranks": j["world_size"]} for j in report["jobs"]]  # counts: over the ranks
     _print(
         format_table([{k: j.get(k) for k in keys} for j in jobs], keys) if jobs else "no open jobs"
     )
+
+
+def storage_line(storage: dict[str, Any]) -> str:
+    """Where the bytes read came from: the bucket (object storage), the local storage tier,
+    peer nodes (a Ray cluster's partitioned cache), local files."""
+    tier, peers = storage.get("tier"), storage.get("peers")
+    parts = [
+        f"bucket {storage.get('bucket_bytes', 0):,} bytes in "
+        f"{storage.get('bucket_requests', 0):,} requests",
+        "tier off"
+        if tier is None
+        else f"tier {tier['hit_bytes']:,} bytes ({tier['used_bytes']:,} of "
+        f"{tier['capacity_bytes']:,} bytes held)",
+    ]
+    if peers is not None:
+        parts.append(f"peers {peers['peer_bytes']:,} bytes")
+    parts.append(f"local files {storage.get('local_bytes', 0):,} bytes")
+    return "storage: " + "; ".join(parts)
+
+
+def _storage_columns(storage: dict[str, Any] | None) -> dict[str, Any]:
+    """A node's bytes from the bucket, its own tier and its peers (``-``: none reported)."""
+    storage = storage or {}
+    tier, peers = storage.get("tier") or {}, storage.get("peers") or {}
+    return {
+        "bucket_bytes": storage.get("bucket_bytes", "-"),
+        "tier_bytes": tier.get("hit_bytes", "-"),
+        "peer_bytes": peers.get("peer_bytes", "-"),
+    }
 
 
 def _client(client: ClientInfo) -> str:
@@ -346,12 +377,19 @@ def _print_cluster(root: Path, status: dict[str, Any]) -> None:
         f"leader generation {status['generation']}; reads {status['reads']:,}, decodes "
         f"{status['decodes']:,}"
     )
+    storage = status.get("storage")
+    if storage is not None:
+        _print(
+            f"storage: bucket {storage['bucket_bytes']:,} bytes, tiers {storage['tier_bytes']:,}"
+            f" bytes, peers {storage['peer_bytes']:,} bytes"
+        )
     rows = [
         {
             "node": n[:16],
             "reads": s["reads"],
             "decodes": s["decodes"],
             "hits": s["cache"]["hits"],
+            **_storage_columns(s.get("storage")),
             "clients": s["clients"],
             "ranks": ", ".join(sorted(s["jobs"])) or "-",
         }
@@ -442,6 +480,13 @@ def _register_serve(sub: Any) -> None:
         help="shared-memory cache size: bytes or e.g. 2GiB (default: $TABLOADER_CACHE_BYTES "
         "or 1 GiB)",
     )
+    p.add_argument(
+        "--storage-cache-bytes",
+        default=None,
+        help="the local storage tier of datasets in object storage, on disk under the "
+        "catalog's cache/ folder: bytes or e.g. 100GiB; 0 turns it off (default: "
+        "$TABLOADER_STORAGE_CACHE_BYTES or 0)",
+    )
     p.add_argument("--workers", default=None, help="decode processes (default: cores)")
     p.add_argument("--idle-exit", default=None, help="stop this many seconds after the last client")
     p.add_argument(
@@ -477,6 +522,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from tabloader.service._server import Service, keep_temp_private, log_to_file, yield_to_jobs
 
     cache = _flag("cache_bytes", args.cache_bytes)
+    tier = _flag("storage_cache_bytes", args.storage_cache_bytes)
     workers = _flag("workers", args.workers)
     idle_exit = None if args.idle_exit is None else _flag("idle_exit", args.idle_exit)
     megapixels = _flag("max_image_megapixels", args.max_image_megapixels)
@@ -508,7 +554,14 @@ def _run_serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-        serve_cluster(root, args.ray, ready=ready, cache_bytes=cache, workers=workers)
+        serve_cluster(
+            root,
+            args.ray,
+            ready=ready,
+            cache_bytes=cache,
+            workers=workers,
+            storage_cache_bytes=tier,
+        )
         return 0
     service = Service(
         _root(args),
@@ -517,6 +570,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         idle_exit=idle_exit,
         access_log=args.access_log,
         max_image_megapixels=megapixels,
+        storage_cache_bytes=tier,
         metrics_port=metrics_port,
     )
     keep_temp_private(service.root)  # the service's lock is ours; no decode process yet

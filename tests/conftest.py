@@ -113,6 +113,16 @@ def image_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tier_images(tmp_path_factory):
+    """80 JPEGs of about 24 KB: the storage tier's tests import them a record batch a row
+    (``tests.engine.test_storage_tier.bucket_dataset``)."""
+    from tabloader.datagen import make_imagefolder
+
+    root = tmp_path_factory.mktemp("tier-images") / "folder"
+    return make_imagefolder(root, num_images=80, num_classes=4, size=(256, 192), seed=3)
+
+
+@pytest.fixture(scope="session")
 def image_catalog(tmp_path_factory, image_folder):
     """A catalog holding ``image_folder`` as dataset ``imgs``, imported once per test run.
 

@@ -180,6 +180,27 @@ SETTINGS: dict[str, Setting] = {
             example="'2GiB'",
         ),
         Setting(
+            "storage_cache_bytes",
+            "bytes",
+            "the local storage tier of object storage's bytes, on disk under the catalog's "
+            "cache directory (bytes; 0: none)",
+            minimum=0,
+            default=0,
+            env="TABLOADER_STORAGE_CACHE_BYTES",
+            flag="--storage-cache-bytes",
+            example="'100GiB'",
+        ),
+        Setting(
+            "readahead_bytes",
+            "bytes",
+            "the record batches of object storage fetched ahead of their decode (bytes)",
+            minimum=1 << 20,
+            maximum=physical_memory,
+            default=64 << 20,
+            env="TABLOADER_READAHEAD_BYTES",
+            example="'256MiB'",
+        ),
+        Setting(
             "workers",
             "count",
             "decode processes and reader threads",

@@ -233,6 +233,10 @@ def start_leader(
     ).remote(path, options)
 
 
+PEER_CALLS = 32
+"""Calls a node's loader actor serves at once: its peers ask it for record batches of its share
+of the partitioned cache (``NodeLoader.storage_batch``), up to 16 in flight from each."""
+
 LEADER_DEFAULTS: LeaderOptions = {"lookahead": 512, "round_rows": 64}
 """A cluster leader's defaults: rows sampled ahead per job, rows per job and round."""
 
@@ -284,6 +288,7 @@ class Cluster:
                     get_if_exists=True,
                     num_cpus=0,
                     max_restarts=-1,  # a loader that dies comes back (its jobs there fail)
+                    max_concurrency=PEER_CALLS,  # its peers' storage_batch calls at once
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 )
                 .remote(self.root, self.service)
@@ -330,15 +335,23 @@ class ClusterStatus(LeaderStatus):
 
     reads: int
     decodes: int
+    storage: dict[str, int]
 
 
 def with_totals(status: LeaderStatus) -> ClusterStatus:
-    """``status`` plus the cluster's total ``reads`` and ``decodes`` over its nodes."""
+    """``status`` plus the cluster's total ``reads`` and ``decodes`` over its nodes, and the
+    bytes its nodes read from the bucket, their tiers and each other (``storage``)."""
     nodes = status.get("nodes", {})
+    stores = [n.get("storage") or {} for n in nodes.values()]
     return {
         **status,
         "reads": int(sum(n.get("reads", 0) for n in nodes.values())),
         "decodes": int(sum(n.get("decodes", 0) for n in nodes.values())),
+        "storage": {
+            "bucket_bytes": sum(int(s.get("bucket_bytes", 0)) for s in stores),
+            "tier_bytes": sum(int((s.get("tier") or {}).get("hit_bytes", 0)) for s in stores),
+            "peer_bytes": sum(int((s.get("peers") or {}).get("peer_bytes", 0)) for s in stores),
+        },
     }
 
 

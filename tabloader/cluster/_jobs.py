@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -185,13 +185,15 @@ class NodeJobCounts(TypedDict):
 
 
 class NodeStats(TypedDict):
-    """What a node reports of its loader with each poll (``node.node_stats``)."""
+    """What a node reports of its loader with each poll (``node.node_stats``); ``storage``:
+    bytes from the bucket, the node's tier and its peers (``Loader.stats()["storage"]``)."""
 
     reads: int
     decodes: int
     cache: CacheCounts
     jobs: dict[str, NodeJobCounts]
     clients: int
+    storage: NotRequired[dict[str, Any]]
 
 
 class JobStatus(TypedDict):

@@ -44,6 +44,7 @@ from tabloader.catalog._api import Operation, StatementTarget, Wire
 from tabloader.catalog._errors import CatalogLockedError, LoaderError, ServiceError, TabloaderError
 from tabloader.cluster._jobs import NodeStats, WorkList
 from tabloader.cluster._names import get_leader, node_key
+from tabloader.cluster._peers import PeerCache
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -366,6 +367,7 @@ class ServiceOptions(TypedDict, total=False):
     idle_exit: float | None
     access_log: str | None
     max_image_megapixels: int | None
+    storage_cache_bytes: int | None
 
 
 class NodeInfo(TypedDict):
@@ -401,6 +403,9 @@ class NodeLoader:
             node=self.node,
             opened=SnapshotCatalog(self.root),
             feed=lambda service: NodeFeed(leader, self.node, lambda: node_stats(service)),
+            # its tier keeps its share of a partitioned cache; the others' shares are asked of
+            # their nodes before the bucket (tabloader.cluster._peers)
+            storage_share=lambda tier: PeerCache(self.root, self.node, tier),
             **options,
         )
         self._thread = threading.Thread(target=self.service.serve, daemon=True)
@@ -414,6 +419,11 @@ class NodeLoader:
         """The node's loader counters."""
         return node_stats(self.service)
 
+    def storage_batch(self, uri: str, name: str, size: int, batch: int) -> bytes:
+        """A record batch of this node's share of the partitioned cache, for a peer: from
+        this node's tier, else fetched from the bucket and kept (``PeerCache``)."""
+        return self.service.loader.storage_batch(uri, name, size, batch)
+
     def stop(self) -> None:
         """Stop the service (its socket, processes and shared memory go)."""
         self.service.stop()
@@ -424,9 +434,17 @@ def node_stats(service: Service) -> NodeStats:
     """What a node reports of its loader: reads, decodes, cache, jobs (plain values)."""
     s = service.loader.stats()
     cache = s["cache"]
+    storage = s["storage"]
     return {
         "reads": s["reads"],
         "decodes": s["decodes"],
+        "storage": {
+            "bucket_bytes": int(storage["bucket_bytes"]),
+            "bucket_requests": int(storage["bucket_requests"]),
+            "tier": storage["tier"],
+            "peers": storage["peers"],
+            "local_bytes": int(storage["local_bytes"]),
+        },
         "cache": {
             "entries": cache.entries,
             "hits": cache.hits,

@@ -74,6 +74,7 @@ from tabloader.engine._prepare.fetch import Fetcher
 from tabloader.engine._prepare.planning import OpenDecode, column_plan, job_augmenter
 from tabloader.engine._prepare.pool import PriorityPool
 from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
+from tabloader.engine._prepare.storage import CACHE_DIR, Share, StorageReads
 from tabloader.engine._prepare.work import Plan, Receiver
 from tabloader.engine._queue import jobs
 from tabloader.engine._queue.jobqueue import JobQueue
@@ -167,6 +168,16 @@ class Loader:
             before decoding, as a bad row (``RowReadError``; ``on_error='skip'`` skips it); the
             decode processes' memory cap is sized from it. Default: the setting
             (``$TABLOADER_MAX_IMAGE_MEGAPIXELS``, else 64; ``tabloader.catalog._settings``).
+        storage_cache_bytes: the local storage tier of datasets in object storage: record
+            batches kept on disk (``storage_cache_dir``, default the catalog's
+            ``cache/storage/``), evicted by next use, kept across restarts; 0 (the default,
+            unless ``$TABLOADER_STORAGE_CACHE_BYTES``) turns it off. See
+            :mod:`tabloader.catalog.storage._tier`.
+        readahead_bytes: per dataset in object storage, the record batches fetched ahead of
+            their decode (default 64 MiB, or ``$TABLOADER_READAHEAD_BYTES``; see
+            :mod:`tabloader.engine._prepare.readahead`).
+        storage_share: on a Ray node, the partitioned cache around the node's tier
+            (``tabloader.cluster``).
 
     Example:
         >>> loader = Loader(cat, cache_bytes=1 << 30)              # doctest: +SKIP
@@ -186,8 +197,14 @@ class Loader:
         staging_bytes: int = 0,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
+        storage_cache_bytes: int | str | None = None,
+        readahead_bytes: int | str | None = None,
+        storage_cache_dir: str | os.PathLike[str] | None = None,
+        storage_share: Share | None = None,
     ) -> None:
         self.max_pixels = pixel_limit(max_image_megapixels)
+        tier_bytes = SETTINGS["storage_cache_bytes"].resolve(storage_cache_bytes)
+        ahead_bytes = SETTINGS["readahead_bytes"].resolve(readahead_bytes)
         if decode not in ("processes", "threads"):
             raise LoaderError(f"decode={decode!r}: use 'processes' or 'threads'.")
         if sampler not in SAMPLERS:
@@ -233,6 +250,12 @@ class Loader:
         self.collate: Receiver = Collate(self._arena, self._memory, self._pins)
         self.hand_over: Receiver = HandOver(self._arena, OwnSlots(self._arena), self._pins)
         self._pool = PriorityPool(self.workers, "tabloader-io")
+        self._storage = StorageReads(
+            Path(storage_cache_dir) if storage_cache_dir else self.catalog.root / CACHE_DIR,
+            tier_bytes,
+            ahead_bytes,
+            share=storage_share,
+        )
         self._schedulers: dict[str, DatasetScheduler] = {}
         self._read: dict[str, Dataset] = {}  # the version each scheduler reads
         # bumped when a dataset is dropped and imported again: its arena spaces are new ones
@@ -329,6 +352,7 @@ class Loader:
         stale = self._schedulers.get(dataset.name)
         if found is None and stale is not None:  # of a dataset dropped since: its cached
             stale.close()  # values are of the old rows, new spaces from here on
+            self._storage.detach(dataset.name)
             del self._schedulers[dataset.name]
             self._space_owner = {k: v for k, v in self._space_owner.items() if v is not stale}
             self._generation[dataset.name] = self._generation.get(dataset.name, 0) + 1
@@ -343,6 +367,7 @@ class Loader:
         elif self._read[dataset.name].version < dataset.version:
             found.fetcher.set_readers(reader, table)
             found.grow(dataset.num_rows)
+        self._storage.attach(found, reader, self._arena)  # object storage: tier, read-ahead
         self._read[dataset.name] = dataset
         return found
 
@@ -511,6 +536,8 @@ class Loader:
             capacity = self._arena.buffer.size
             prefetch = jobs.fit_prefetch(capacity, columns, rows, prefetch, request.prefetch)
         ahead = request.lookahead or LOOKAHEAD_BATCHES * batch_size
+        if not request.lookahead:  # object storage: sample at least as far as it reads ahead
+            ahead = max(ahead, self._storage.ahead_rows(dataset.reader))
         return JobPlan(
             job=info,
             spec=spec,
@@ -607,6 +634,12 @@ class Loader:
             prepared.append((dec, space))
         return dataclasses.replace(plan, prepared=tuple(prepared))
 
+    def storage_batch(self, uri: str, name: str, size: int, batch: int) -> bytes:
+        """Record batch ``batch`` (-1: the tail) of part ``name`` (``size`` bytes) of the object
+        storage at ``uri``, from this loader's own tier or fetched (and kept there): what a
+        Ray node answers a peer asking for its share of the partitioned cache."""
+        return self._storage.read_batch(uri, name, size, batch)
+
     def job_options(self, job: str) -> dict[str, Any]:
         """The ``WITH`` options a job was registered with."""
         with self._lock:
@@ -632,6 +665,13 @@ class Loader:
         for s in schedulers:
             with s.cond:
                 jobs.update({n: {"dataset": s.name, **j.stats()} for n, j in s.jobs.items()})
+        storage = self._storage.stats()
+        local = sum(int(d["storage_bytes"]) for d in datasets.values()) + sum(
+            r.bytes_read
+            for s in schedulers
+            for r in {id(x): x for x in (s.fetcher.reader, s.fetcher.gatherer.table)}.values()
+            if not r.ranged
+        )
         return {
             "cache": self._arena.stats(),
             "reads": sum(int(d["reads"]) for d in datasets.values()),
@@ -639,6 +679,7 @@ class Loader:
             "bytes_read": sum(int(d["bytes_read"]) for d in datasets.values()),
             "datasets": datasets,
             "jobs": jobs,
+            "storage": {**storage, "local_bytes": local},
         }
 
     def close(self) -> None:
@@ -653,6 +694,7 @@ class Loader:
                 sched.remove(job)
             sched.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._storage.close()
         self._release_memory()
         self._memory.close()
         _join_warm_up()

@@ -51,6 +51,7 @@ from tabloader.engine._deliver.handoff import HandedBatch, Staging
 from tabloader.engine._deliver.stream import ServedStream
 from tabloader.engine._deliver.streams import no_importance
 from tabloader.engine._opening import OpenRequest
+from tabloader.engine._prepare.storage import Share, node_cache_dir
 from tabloader.engine._queue.sources import Fed
 from tabloader.service._catalog_ops import CatalogOps
 from tabloader.service._listener import STARTER_ENV, Listener, ServiceRunningError, Session
@@ -108,6 +109,10 @@ class Service:
         access_log: record the engine's look-ups and releases to this ``.npz`` file when the
             service stops (``Loader``'s ``access_log``; for benchmarks' cache bounds).
         max_image_megapixels: the pixel limit of a decode (``Loader``'s; None: the setting).
+        storage_cache_bytes: the local storage tier of datasets in object storage
+            (``Loader``'s; None: the setting, ``--storage-cache-bytes``); a node's is its own,
+            ``node_cache_dir(node)`` under the catalog.
+        storage_share: a Ray node's partitioned cache around its tier (``Loader``'s).
         metrics_port: serve the figures of ``stats()`` for Prometheus at
             ``http://127.0.0.1:PORT/metrics`` until closed (:mod:`tabloader.service._metrics`;
             0: a free port, then ``metrics.port`` says which); None: not.
@@ -132,6 +137,8 @@ class Service:
         feed: Callable[[Service], Feed] | None = None,
         access_log: str | os.PathLike[str] | None = None,
         max_image_megapixels: int | None = None,
+        storage_cache_bytes: int | None = None,
+        storage_share: Share | None = None,
         metrics_port: int | None = None,
     ) -> None:
         self.root = Path(root).absolute()
@@ -163,6 +170,10 @@ class Service:
                     staging_bytes=STAGING_BLOCK * STAGING_BLOCKS,
                     access_log=access_log,
                     max_image_megapixels=max_image_megapixels,
+                    storage_cache_bytes=storage_cache_bytes,
+                    # a node of a Ray cluster keeps its own tier (its share, on its disk)
+                    storage_cache_dir=None if node is None else self.root / node_cache_dir(node),
+                    storage_share=storage_share,
                 )
             except BaseException:
                 self.catalog.close()
@@ -170,6 +181,20 @@ class Service:
         except BaseException:
             self.listener.close()
             raise
+        self._stage()
+        try:
+            if feed is not None:
+                self.feed = feed(self)
+            if metrics_port is not None:
+                self.metrics = MetricsServer(metrics_port, self.prometheus)
+            self.listener.listen()  # clients find the socket once the service can answer
+        except BaseException:
+            self.close()
+            raise
+
+    def _stage(self) -> None:
+        """The staging of the loader's shared segment: its arena's ``_staging`` space and the
+        blocks after the arena (the loader has no segment: closed, ``ServiceError``)."""
         segment = self.loader.segment
         if segment is None:
             self.close()
@@ -189,15 +214,6 @@ class Service:
         )
         self.blocks_lock = threading.Lock()
         self.segment = segment
-        try:
-            if feed is not None:
-                self.feed = feed(self)
-            if metrics_port is not None:
-                self.metrics = MetricsServer(metrics_port, self.prometheus)
-            self.listener.listen()  # clients find the socket once the service can answer
-        except BaseException:
-            self.close()
-            raise
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT, ``stop()``, or ``idle_exit`` seconds without clients."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import socket
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -15,9 +16,10 @@ from tabloader import catalog
 from tabloader.catalog._errors import ImportFailedError, StorageError
 from tabloader.catalog.storage import DatasetReader
 from tabloader.catalog.storage._footer import footer_length, parse_footer
-from tabloader.catalog.storage._ranged import coalesce
+from tabloader.catalog.storage._ranged import TAIL_FETCH_BYTES, PartFile, coalesce
 from tabloader.catalog.storage._s3 import ATTEMPTS, open_s3, s3_config
 from tabloader.catalog.storage._stores import STORAGE_ENV
+from tests.support.polling import wait_for
 from tests.support.s3proxy import Faults
 
 
@@ -278,3 +280,46 @@ def test_a_missing_part_fails_its_own_rows_only(cat, s3):
     assert sorted(errors) == list(range(100, 200))
     assert "Missing data file 's3://" in str(errors[150])
     assert [bytes(v) for v in values[:100]] == data["blob"].to_pylist()
+
+
+def test_a_load_that_waited_on_a_failed_fetch_fetches_the_batch_itself():
+    """The read-ahead's fetch of a batch spent its tries while a decode's load waited for it:
+    the decode's load fetches the batch once itself instead of taking that error as its own."""
+    t = pa.table({"blob": pa.array([bytes([i % 251]) * 2000 for i in range(400)], pa.binary())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, t.schema) as w:
+        for b in t.to_batches(max_chunksize=50):  # 8 batches of 100 KB: the first not in the tail
+            w.write_batch(b)
+    data = sink.getvalue().to_pybytes()
+    gate, failing = threading.Event(), [True]
+
+    def read_ranges(ranges):
+        if failing[0] and any(off < len(data) - TAIL_FETCH_BYTES for off, _ in ranges):
+            failing[0] = False
+            gate.wait(30)
+            raise StorageError("Reading s3://b/p: answered 503 to 5 attempts")
+        return [data[off : off + n] for off, n in ranges]
+
+    file = PartFile(read_ranges, len(data), "part")
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            file.load([0])
+        except BaseException as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=load)
+    first.start()
+    wait_for(lambda: 0 in file._inflight, timeout=30)
+    second = threading.Thread(target=load)
+    second.start()
+    wait_for(lambda: file._inflight.get(0, [None, 0])[1] == 1, timeout=30)  # it waits
+    gate.set()
+    first.join(30)
+    second.join(30)
+    assert len(errors) == 1  # the first load's own fetch failed: its error
+    assert "503" in str(errors[0])
+    assert file.held(0)  # the second load fetched it and holds it
+    file.release([0])
+    assert not file.held(0)

@@ -25,26 +25,44 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(loopback_s3_server):
     """A simulated 2-node Ray cluster on loopback, one CPU and one custom resource per node.
 
     One for the module (starting one costs 8-11 s on 2 cores): each test serves its own
     catalog (its own named leader and loaders) and stops what it started; a test that adds a
-    node removes it.
+    node removes it. Its processes have the AWS environment of the loopback S3 server (the
+    ``s3`` fixture's): Ray's workers inherit their node's, not the test's.
     """
     from ray._private import ray_constants
 
     assert not ray_constants.ENABLE_RAY_CLUSTER, "ray was imported before this module"
-    cluster = cluster_utils.Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "resources": {"node0": 1},
-            "node_ip_address": "127.0.0.1",
-            "include_dashboard": False,
-        },
-    )
-    cluster.add_node(num_cpus=1, resources={"node1": 1}, node_ip_address="127.0.0.1")
+    aws = {
+        "AWS_ENDPOINT_URL": loopback_s3_server.url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    saved = {k: os.environ.get(k) for k in aws}
+    os.environ.update(aws)
+    try:
+        cluster = cluster_utils.Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "resources": {"node0": 1},
+                "node_ip_address": "127.0.0.1",
+                "include_dashboard": False,
+            },
+        )
+        cluster.add_node(num_cpus=1, resources={"node1": 1}, node_ip_address="127.0.0.1")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     assert cluster.address.startswith("127.0.0.1:"), cluster.address
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
@@ -467,3 +485,52 @@ def test_ray_train_ranks_split_each_epoch(two_nodes, tmp_path, image_folder, mon
     rows = parts[0] + parts[1]
     assert len(set(rows)) == len(rows)
     assert set(rows) <= sets["a"]
+
+
+def test_a_bucket_is_read_once_for_three_epochs_on_two_nodes_sharing_their_tiers(
+    two_nodes, tmp_path, s3, tier_images, monkeypatch
+):
+    """The partitioned cache: each node's tier keeps its share (three quarters of the dataset
+    fit each), a node asks the owner of a batch before the bucket."""
+    from tabloader import catalog
+    from tabloader.catalog.storage import _writer
+    from tabloader.cluster._actor import Cluster
+
+    monkeypatch.setattr(_writer, "TARGET_BATCH_BYTES", 16 << 10)  # a record batch a row
+    root = str(tmp_path / "cat")
+    with catalog.open_catalog(root, create=True) as cat:
+        ds = cat.import_imagefolder("imgs", tier_images, storage=s3.uri)
+        cat.sql(
+            "REGISTER JOB t SELECT image, label FROM imgs WITH (image_size = 192, batch_size = 4)"
+        )
+        size = sum(p.file_size for p in ds.reader.parts)
+    s3.proxy.reset()
+    nodes = node_ids()
+    # an arena of 57 decoded rows of the 80: each epoch reads storage again
+    cluster = Cluster(
+        root,
+        leader_options={"lookahead": 16, "round_rows": 8},
+        workers=1,
+        cache_bytes=6 << 20,
+        storage_cache_bytes=int(0.75 * size),
+    )
+    try:
+        cluster.wait_ready(timeout=TIMEOUT)
+        refs = [read_until.options(**on(r)).remote(root, "t", r, 2, epochs=3) for r in range(2)]
+        got = [ray.get(ref, timeout=TIMEOUT) for ref in refs]
+        stats = [ray.get(cluster.loaders[n].stats.remote(), timeout=TIMEOUT) for n in nodes]
+    finally:
+        cluster.close()
+    for r, (node, epochs, error) in enumerate(got):
+        assert error is None, error
+        assert node == nodes[r]
+        assert len(epochs) == 3
+    for e in range(3):
+        rows = got[0][1][e] + got[1][1][e]
+        assert len(rows) == len(set(rows)) >= 80 - 8  # exactly once (drop_last: < 2 batches)
+    fetched = sum(n for k, n in s3.proxy.stats.body_bytes.items() if "/data/imgs/" in k)
+    assert fetched <= 1.15 * size, (fetched, size)  # read once, for three epochs
+    storage = [s["storage"] for s in stats]
+    assert sum(s["bucket_bytes"] for s in storage) == fetched
+    assert all(s["peers"]["peer_bytes"] > 0 for s in storage), storage  # each asked the other
+    assert all(s["tier"]["hit_bytes"] > 0 for s in storage), storage

@@ -305,3 +305,26 @@ def test_a_leader_checkpoint_that_is_a_link_or_a_fifo_is_never_read(root, kind):
     expected = "is a symbolic link" if kind == "link" else "is a FIFO"
     with pytest.raises(StorageError, match=f"The leader's checkpoint {path} {expected}"):
         actor.LeaderActor(str(root), {})
+
+
+def test_status_ray_shows_bytes_from_the_bucket_the_tiers_and_the_peers(capsys, root, monkeypatch):
+    storage = {
+        "bucket_bytes": 1000,
+        "bucket_requests": 4,
+        "tier": {"hit_bytes": 300, "used_bytes": 900, "capacity_bytes": 2000},
+        "peers": {"peer_bytes": 700, "peer_requests": 3, "peer_failures": 0},
+        "local_bytes": 0,
+    }
+    node = {**CLUSTER["nodes"][NODE], "storage": storage}
+    status_of = actor.with_totals(
+        {**CLUSTER, "nodes": {NODE: node, "cd" * 20: CLUSTER["nodes"][NODE]}}
+    )
+    monkeypatch.setattr(actor, "cluster_status", lambda root, address="auto": status_of)
+    text = status(capsys, root, "--ray", ADDRESS)
+    assert "storage: bucket 1,000 bytes, tiers 300 bytes, peers 700 bytes" in text
+    header = next(line for line in text.splitlines() if line.startswith("node"))
+    assert header.split()[4:7] == ["bucket_bytes", "tier_bytes", "peer_bytes"]
+    row = next(line for line in text.splitlines() if line.startswith(NODE[:16]))
+    assert row.split()[4:7] == ["1000", "300", "700"]
+    other = next(line for line in text.splitlines() if line.startswith("cd" * 8))
+    assert other.split()[4:7] == ["-", "-", "-"]  # a node of an older tabloader reports none

@@ -26,8 +26,9 @@ def run(loader, jobs: dict[str, int]) -> dict[str, list[list[int]]]:
         try:
             with loader.open(name, batch_size=7, epochs=jobs[name]) as stream:
                 for _ in range(jobs[name]):
-                    seen[name].append([i for b in stream.iter_epoch() for i in b["_id"].tolist()])
-        except BaseException as exc:  # raised again below, with its cause, in the test
+                    rows = [i for b in stream.iter_epoch() for i in b["_id"].tolist()]
+                    seen[name].append(rows)
+        except BaseException as exc:  # raised below, with its cause (a thread's is only logged)
             errors.append(exc)
 
     threads = [threading.Thread(target=consume, args=(n,)) for n in jobs]

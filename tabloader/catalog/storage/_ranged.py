@@ -26,13 +26,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from tabloader.catalog._errors import StorageError
 from tabloader.catalog.storage._footer import TAIL_BYTES, Footer, footer_length, parse_footer
+from tabloader.catalog.storage._tier import TAIL
+
+if TYPE_CHECKING:
+    from tabloader.catalog.storage._tier import BatchCache
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -82,15 +87,36 @@ class PartFile:
         read_ranges: the object's ranges, fetched (``ReadRanges``).
         size: the file's size as the catalog recorded it.
         what: the file, for messages ("Data file 's3://…' of dataset 'd'").
+        name: the part's name under its store's root (a cache's key).
+        uri: its store's URI.
+        cache: where batches (and the tail) are looked for before they are fetched, and
+            offered once read (:class:`~tabloader.catalog.storage._tier.BatchCache`: the
+            storage tier); None: none.
 
     Raises:
         StorageError: the file's tail is not an Arrow IPC file's (or its footer is damaged).
     """
 
-    def __init__(self, read_ranges: ReadRanges, size: int, what: str) -> None:
+    def __init__(
+        self,
+        read_ranges: ReadRanges,
+        size: int,
+        what: str,
+        *,
+        name: str = "",
+        uri: str = "",
+        cache: BatchCache | None = None,
+    ) -> None:
         self.read_ranges, self.size, self.what = read_ranges, size, what
+        self.name, self.uri = name, uri
         n = min(size, TAIL_FETCH_BYTES)
-        tail = memoryview(read_ranges([(size - n, n)])[0])
+        cached = cache.get(self, TAIL) if cache is not None and name else None
+        if cached is not None and len(cached) == n:
+            tail = cached
+        else:
+            tail = memoryview(read_ranges([(size - n, n)])[0])
+            if cache is not None and name:
+                cache.offer(self, TAIL, tail)
         try:
             length = footer_length(bytes(tail[-TAIL_BYTES:]), size)
             start = size - TAIL_BYTES - length
@@ -100,6 +126,8 @@ class PartFile:
             at = start - (size - n)
             self.footer: Footer = parse_footer(bytes(tail[at : at + length]), start, size)
         except ValueError as exc:
+            if cached is not None and cache is not None:
+                cache.drop(self, TAIL)
             raise StorageError(f"{what} is not a readable Arrow IPC file: {exc}.") from None
         # kept while the file is open: its tail, and its dictionaries (read at every open)
         self._pinned: list[tuple[int, memoryview]] = [(size - n, tail)]
@@ -110,8 +138,15 @@ class PartFile:
             got = read_ranges([(offset, length) for offset, length, _ in merged])
             self._pinned += [(m[0], memoryview(d)) for m, d in zip(merged, got, strict=True)]
         self._held: dict[int, _Held] = {}  # record batch -> its bytes, while loaded
+        # record batch -> (its fetch, the loads waiting for it): one fetch per batch at a time
+        self._inflight: dict[int, list[Any]] = {}
         self._starts = np.ascontiguousarray(self.footer.batches["offset"])
         self._lock = threading.Lock()
+
+    def tail(self) -> memoryview:
+        """The file's last ``TAIL_FETCH_BYTES`` (its tail as a cache keeps it)."""
+        data = self._pinned[0][1]
+        return data[len(data) - min(self.size, TAIL_FETCH_BYTES) :]
 
     @property
     def num_batches(self) -> int:
@@ -135,57 +170,162 @@ class PartFile:
         if window:
             yield window
 
-    def load(self, batches: Iterable[int]) -> None:
-        """Fetch the record batches ``batches`` not loaded yet (adjacent ones in one request,
-        the requests in flight together) and hold them until ``release``; each batch loaded
-        counts one hold."""
+    def load(self, batches: Iterable[int], cache: BatchCache | None = None) -> None:
+        """Hold the record batches ``batches`` until ``release``: each loaded already gets one
+        hold more; one being fetched by another load is waited for (and fetched by this one if
+        that fetch fails: its error is not this load's); the others are looked for in
+        ``cache``, then fetched (adjacent ones in one request, the requests in flight
+        together).
+
+        Raises:
+            StorageError: a batch could not be fetched (the batches this load holds are
+                released).
+        """
+        mine: list[int] = []
+        waits: list[tuple[int, Future[None]]] = []
+        done: list[int] = []  # holds taken, to give back if the load fails
         with self._lock:
-            todo = []
             for b in sorted(set(batches)):
                 held = self._held.get(b)
-                if held is None:
-                    todo.append(b)
-                else:
+                if held is not None:
                     held.count += 1
-        if todo:
-            fetched = self._fetch(todo)
-            with self._lock:
-                for b, data in zip(todo, fetched, strict=True):
-                    held = self._held.get(b)
-                    if held is None:
-                        self._held[b] = _Held(data)
-                    else:  # another thread loaded it meanwhile: one copy, two holds
-                        held.count += 1
+                    done.append(b)
+                elif b in self._inflight:
+                    flight = self._inflight[b]
+                    flight[1] += 1  # its hold is added when it lands
+                    waits.append((b, flight[0]))
+                else:
+                    self._inflight[b] = [Future(), 0]
+                    mine.append(b)
+        error: BaseException | None = None
+        if mine:
+            try:
+                self._land(mine, cache)
+                done += mine
+            except BaseException as exc:
+                error = exc
+        for b, future in waits:  # each, so that every hold taken is known
+            try:
+                future.result()
+            except Exception:  # the load waited for failed (the read-ahead's, its tries
+                try:  # spent while this one waited): one fetch of this load's own
+                    self.load([b], cache)
+                except BaseException as exc:
+                    error = error or exc
+                    continue
+            except BaseException as exc:
+                error = error or exc
+                continue
+            done.append(b)
+        if error is not None:
+            self.release(done)
+            raise error
 
-    def refetch(self, batch: int) -> None:
-        """Fetch loaded record batch ``batch`` again (its bytes failed their check)."""
-        (data,) = self._fetch([batch])
+    def _land(self, batches: list[int], cache: BatchCache | None) -> None:
+        """Fetch ``batches`` (each in flight under this load) and hold them."""
+        try:
+            fetched = self._fetch(batches, cache)
+        except BaseException as exc:
+            with self._lock:
+                flights = [self._inflight.pop(b) for b in batches]
+            for flight in flights:
+                flight[0].set_exception(exc)
+            raise
+        with self._lock:
+            flights = []
+            for b, data in zip(batches, fetched, strict=True):
+                flight = self._inflight.pop(b)
+                held = self._held.get(b)
+                if held is None:
+                    held = self._held[b] = _Held(data)
+                    held.count = 1 + flight[1]
+                else:  # (not loaded twice at once: only by refetch meanwhile)
+                    held.count += 1 + flight[1]
+                flights.append(flight)
+        for flight in flights:
+            flight[0].set_result(None)
+
+    def held(self, batch: int) -> bool:
+        """Whether record batch ``batch`` is loaded (held in memory) now."""
+        return batch in self._held
+
+    def loading(self, batch: int) -> bool:
+        """Whether record batch ``batch`` is loaded or being fetched now."""
+        return batch in self._held or batch in self._inflight
+
+    def held_bytes(self) -> int:
+        """The bytes of the record batches held now."""
+        with self._lock:
+            return sum(len(h.data) for h in self._held.values())
+
+    def refetch(self, batch: int, cache: BatchCache | None = None) -> None:
+        """Fetch loaded record batch ``batch`` again, from the store (its bytes failed their
+        check; ``cache``, which may have served them, forgets them)."""
+        if cache is not None:
+            cache.drop(self, batch)
+        (data,) = self._fetch([batch], None)
         with self._lock:
             held = self._held.get(batch)
             if held is not None:
                 held.data = data
 
-    def release(self, batches: Iterable[int]) -> None:
-        """One hold less on each of ``batches``; a batch no one holds is dropped."""
+    def release(self, batches: Iterable[int], cache: BatchCache | None = None) -> None:
+        """One hold less on each of ``batches``; a batch no one holds is dropped, and offered
+        to ``cache`` (its readers are done with it: a cache ranks it by its next use)."""
+        gone: list[tuple[int, _Held]] = []
         with self._lock:
             for b in set(batches):
                 held = self._held.get(b)
-                if held is not None:
+                if held is not None and held.count > 0:
                     held.count -= 1
-                    if held.count <= 0:
-                        del self._held[b]
+                    if held.count == 0:
+                        gone.append((b, held))
+                        if cache is None:
+                            del self._held[b]
+        if cache is None or not gone:
+            return
+        for b, held in gone:  # held (at no count) while offered: a load meanwhile takes it
+            cache.offer(self, b, held.data)
+        with self._lock:
+            for b, held in gone:
+                if held.count == 0 and self._held.get(b) is held:
+                    del self._held[b]
 
-    def _fetch(self, batches: list[int]) -> list[memoryview]:
-        ranges = [self.footer.batch_range(b) for b in batches]
+    def _fetch(self, batches: list[int], cache: BatchCache | None) -> list[memoryview]:
+        """The bytes of ``batches`` (sorted): from ``cache`` where it has them, the others
+        fetched, adjacent ones in one request."""
+        out: list[memoryview] = [memoryview(b"")] * len(batches)
+        todo = []
+        for i, b in enumerate(batches):
+            data = self._in_tail(b)
+            if data is None and cache is not None:
+                data = cache.get(self, b)
+                if data is not None and len(data) != self.batch_bytes(b):
+                    data = None
+            if data is None:
+                todo.append(i)
+            else:
+                out[i] = data
+        if not todo:
+            return out
+        ranges = [self.footer.batch_range(batches[i]) for i in todo]
         merged = coalesce(ranges, MAX_REQUEST_BYTES)
         got = self.read_ranges([(offset, length) for offset, length, _ in merged])
-        out: list[memoryview] = [memoryview(b"")] * len(batches)
         for (offset, _, members), data in zip(merged, got, strict=True):
             view = memoryview(data)
-            for i in members:
-                at = ranges[i][0] - offset
-                out[i] = view[at : at + ranges[i][1]]
+            for m in members:
+                at = ranges[m][0] - offset
+                out[todo[m]] = view[at : at + ranges[m][1]]
         return out
+
+    def _in_tail(self, batch: int) -> memoryview | None:
+        """Batch ``batch``'s bytes if the tail fetched at open holds them (the last batches
+        of a part whose footer is small), else None."""
+        start, length = self.footer.batch_range(batch)
+        for at, data in self._pinned:
+            if at <= start and start + length <= at + len(data):
+                return data[start - at : start - at + length]
+        return None
 
     def read(self, offset: int, n: int) -> Any:
         """``n`` bytes at ``offset``: from a loaded batch or the tail where they lie in one,

@@ -33,7 +33,7 @@ import threading
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +58,9 @@ from tabloader.catalog.storage._values import (
     is_payload,
 )
 from tabloader.catalog.storage._writer import PartInfo
+
+if TYPE_CHECKING:
+    from tabloader.catalog.storage._tier import BatchCache
 
 __all__ = ["DatasetReader"]
 
@@ -147,6 +150,23 @@ class DatasetReader:
         # Object storage: batches fetched by ranged reads, checked at every fetch (ranged.py)
         self._ranged = isinstance(self.store, RangedStore)
         self._whole: dict[Fields, bool] = {}
+        # where fetched batches are looked for first and offered once read (the loader's
+        # storage tier; ``tabloader.catalog.storage._tier``); None: none
+        self.tier: BatchCache | None = None
+        # bytes of local files read through this reader (record batches' buffers, values
+        # read alone): what an epoch reads from a local disk (object storage: the store's
+        # counters)
+        self.bytes_read = 0
+        self._count_lock = threading.Lock()
+
+    @property
+    def ranged(self) -> bool:
+        """Whether the parts are read by ranged reads (object storage)."""
+        return self._ranged
+
+    def _count(self, nbytes: int) -> None:
+        with self._count_lock:
+            self.bytes_read += nbytes
 
     def spec(self) -> ReaderSpec:
         """What another process needs to open this reader again (``from_spec``): picklable,
@@ -286,9 +306,11 @@ class DatasetReader:
         if self._ranged:
             return self._fetched_batch(part, batch, fields)
         try:
-            return self._decode(part, batch, fields)
+            rb = self._decode(part, batch, fields)
         except _Damage as damage:
             raise self._damaged(part, batch, damage.exc, damage.column) from damage.exc
+        self._count(rb.get_total_buffer_size())
+        return rb
 
     def _decode(self, part: int, batch: int, fields: Fields) -> pa.RecordBatch:
         """Record batch ``batch`` of part ``part``, checked (``record_batch``); a batch of
@@ -327,28 +349,31 @@ class DatasetReader:
         ranged read (unless a caller loaded them ahead, ``_ahead``), checked; a batch that
         fails its check is fetched once more before it counts as damaged."""
         self._file(part, fields)  # opened and checked (size, identity) first
-        file = self._part_file(part)
+        file = self.part_file(part)
         whole = self._is_whole(fields)
         if whole:
-            file.load([batch])
+            file.load([batch], self.tier)
         try:
             try:
                 return self._decode(part, batch, fields)
             except _Damage:
                 self.store.counters.add(refetches=1)  # type: ignore[attr-defined]
                 if whole:
-                    file.refetch(batch)
+                    file.refetch(batch, self.tier)
                 return self._decode(part, batch, fields)  # (not loaded: its reads go again)
         except _Damage as damage:
             raise self._damaged(part, batch, damage.exc, damage.column) from damage.exc
         finally:
             if whole:
-                file.release([batch])
+                file.release([batch], self.tier)
 
-    def _part_file(self, part: int) -> PartFile:
+    def part_file(self, part: int) -> PartFile:
+        """Part ``part`` of object storage for ranged reads (its footer read: from the tier
+        where it holds it)."""
         info = self.parts[part]
         what = f"Data file '{self.locate_part(part)}' of dataset '{self.dataset}'"
-        return self.store.part(info.path, size=info.file_size, what=what)  # type: ignore[attr-defined, no-any-return]
+        store: RangedStore = self.store  # type: ignore[assignment]
+        return store.part(info.path, size=info.file_size, what=what, cache=self.tier)
 
     def _is_whole(self, fields: Fields) -> bool:
         """Whether a read of ``fields`` fetches its record batches whole: all columns, or a
@@ -372,20 +397,20 @@ class DatasetReader:
             return
         try:
             self._file(part, fields)  # opened and checked (size, identity) first
-            file = self._part_file(part)
+            file = self.part_file(part)
         except StorageError:
             yield from batches
             return
         for window in file.windows(batches):
             try:
-                file.load(window)
+                file.load(window, self.tier)
             except StorageError:
                 yield from window
                 continue
             try:
                 yield from window
             finally:
-                file.release(window)
+                file.release(window, self.tier)
 
     def _ahead(
         self, groups: Iterator[tuple[np.ndarray, int, int, Fields, np.ndarray]]
@@ -615,6 +640,7 @@ class DatasetReader:
                 located = index.located[batch[sel]]
                 here = sel[located]
                 got = index.read(ids[here] - self.parts[p].first_id)
+                self._count(sum(len(v) for v in got if v is not None))
                 for i, value in zip(here.tolist(), got, strict=True):
                     values[i] = value
                 rest = sel[~located]  # failed (errors set), or not locatable: whole batches

@@ -22,7 +22,8 @@ exponential backoff (a uniform draw below ``BACKOFF_S * 2**k``, at most ``MAX_BA
 any other answer (403, 404...) is final. Then a one-line ``StorageError`` names the fix.
 
 **Counters** (``S3Store.counters``, per store, i.e. per URI, in each process): requests,
-bytes fetched, retries, checks failed and fetched again (``refetches``).
+bytes fetched, retries, checks failed and fetched again (``refetches``), bytes uploaded
+(``written``).
 """
 
 from __future__ import annotations
@@ -36,14 +37,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
 from tabloader.catalog._errors import StorageError
 from tabloader.catalog.storage._ranged import PartFile
+from tabloader.catalog.storage._tier import Counters
+
+if TYPE_CHECKING:
+    from tabloader.catalog.storage._tier import BatchCache
 
 __all__ = [
     "ATTEMPTS",
@@ -149,28 +154,14 @@ def s3_config(environ: dict[str, str] | os._Environ[str] | None = None) -> S3Con
 
 
 @dataclass
-class StoreCounters:
-    """What a store fetched (thread-safe increments through ``add``)."""
+class StoreCounters(Counters):
+    """What a store fetched."""
 
     requests: int = 0
-    bytes: int = 0
+    bytes: int = 0  # fetched
     retries: int = 0
     refetches: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {
-                "requests": self.requests,
-                "bytes": self.bytes,
-                "retries": self.retries,
-                "refetches": self.refetches,
-            }
+    written: int = 0  # uploaded
 
 
 class _Final(Exception):
@@ -209,6 +200,7 @@ class S3Store:
         self._config: S3Config | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._parts: dict[tuple[str, int], PartFile] = {}
+        self._opening: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
 
     # -- names ------------------------------------------------------------------------------------
@@ -380,18 +372,31 @@ class S3Store:
         """Objects ``names`` whole, up to ``IN_FLIGHT`` requests in flight."""
         return list(self._in_flight().map(self.read_object, names))
 
-    def part(self, name: str, *, size: int, what: str) -> PartFile:
+    def part(self, name: str, *, size: int, what: str, cache: BatchCache | None = None) -> PartFile:
         """Part ``name`` (of ``size`` bytes) for ranged reads: its footer fetched once (with
-        its tail) and shared by every reader of it in this process.
+        its tail; from ``cache`` where it holds it) and shared by every reader of it in this
+        process.
 
         Raises:
             FileNotFoundError: no such object. StorageError: see ``PartFile``.
         """
         part = self._parts.get((name, size))
-        if part is None:
-            part = PartFile(lambda ranges: self.read_ranges(name, ranges), size, what)
-            with self._lock:
-                part = self._parts.setdefault((name, size), part)
+        if part is not None:
+            return part
+        with self._lock:  # one opening per part: readers that ask meanwhile wait for it
+            opening = self._opening.setdefault((name, size), threading.Lock())
+        with opening:
+            part = self._parts.get((name, size))
+            if part is None:
+                part = PartFile(
+                    lambda ranges: self.read_ranges(name, ranges),
+                    size,
+                    what,
+                    name=name,
+                    uri=self.uri,
+                    cache=cache,
+                )
+                self._parts[(name, size)] = part
         return part
 
     def open_part(self, name: str, *, size: int, what: str, memory_map: bool) -> pa.NativeFile:
@@ -436,7 +441,7 @@ class S3Store:
         store, key = self._store(), self.key(name)
         size = path.stat().st_size
         self._call(f"Writing {self.locate(name)}", lambda: obstore.put(store, key, path))
-        self.counters.add(bytes=size)
+        self.counters.add(written=size)
 
     def put(self, name: str, data: bytes) -> None:
         """Write ``data`` as object ``name`` (small objects)."""

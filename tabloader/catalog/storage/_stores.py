@@ -40,6 +40,7 @@ from tabloader.catalog._errors import CatalogError, StorageError
 
 if TYPE_CHECKING:
     from tabloader.catalog.storage._ranged import PartFile
+    from tabloader.catalog.storage._tier import BatchCache
 
 __all__ = [
     "BUILTIN_STORES",
@@ -102,8 +103,9 @@ class RangedStore(Protocol):
     uri: str
     counters: Any
 
-    def part(self, name: str, *, size: int, what: str) -> PartFile:
-        """Part ``name`` for ranged reads (its footer read), shared by its readers."""
+    def part(self, name: str, *, size: int, what: str, cache: BatchCache | None = None) -> PartFile:
+        """Part ``name`` for ranged reads (its footer read, or found in ``cache``), shared by
+        its readers."""
         ...
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[Any]:

@@ -39,6 +39,7 @@ class Counters:
     reads: int = 0  # payload (binary) values read
     decodes: int = 0  # images decoded
     bytes_read: int = 0
+    storage_bytes: int = 0  # bytes of local files the decode processes read (their readers')
     read_s: float = 0.0  # reading values from storage
     decode_s: float = 0.0  # decoding and resizing images
     collate_s: float = 0.0  # copying values into the jobs' batches (and augmenting them)

@@ -106,14 +106,28 @@ def decode_rows(
     value at a time, not a record batch each), then decoded together (``Decoder.many``: the
     resizes of one shape in one call).
     """
-    values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
     t0 = time.perf_counter()
     try:
         raw, errors = reader.binary_values(rows, dec.column)
     except Exception as exc:  # a failed read: every row fails with it
+        values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
         return values, dict.fromkeys(range(rows.size), exc), _counters(0, 0, 0, 0)
+    return decode_values(dec, rows, raw, dict(errors), into, read_s=time.perf_counter() - t0)
+
+
+def decode_values(
+    dec: Decoder,
+    rows: npt.NDArray[np.int64],
+    raw: list[Any],
+    failed: Errors,
+    into: Callable[[int, tuple[int, int, int]], npt.NDArray[np.uint8] | None] | None = None,
+    *,
+    read_s: float = 0.0,
+) -> tuple[list[npt.NDArray[np.uint8] | None], Errors, dict[str, float]]:
+    """Decode the values ``raw`` of ``rows`` read already (``decode_rows``), but those that
+    failed to read (``failed``, by position)."""
+    values: list[npt.NDArray[np.uint8] | None] = [None] * rows.size
     t1 = time.perf_counter()
-    failed: Errors = dict(errors)
     todo = [i for i in range(rows.size) if i not in failed] if failed else range(rows.size)
     reads = nbytes = 0
     for i in todo:
@@ -140,7 +154,7 @@ def decode_rows(
             )
         else:
             values[i] = value
-    counters = _counters(t1 - t0, time.perf_counter() - t1, reads, nbytes)
+    counters = _counters(read_s, time.perf_counter() - t1, reads, nbytes)
     counters["decodes"] = sum(v is not None for v in values)
     return values, failed, counters
 
@@ -297,6 +311,17 @@ class DecodePool:
             known = self._specs[id(reader)] = (reader, len(self._specs), spec)
         _, key, spec = known
         task = _Task(Future(), key, spec, dec, rows, offsets)
+        if reader.ranged:
+            # Object storage: the values are read here, from the batches the loader fetched
+            # ahead (its read-ahead, its storage tier; one fetch of a batch for every process),
+            # and go with the task; a decode process never requests anything itself.
+            t0 = time.perf_counter()
+            try:
+                raw, errors = reader.binary_values(rows, dec.column)
+            except Exception as exc:  # a failed read: every row fails with it
+                raw, errors = [None] * rows.size, dict.fromkeys(range(rows.size), exc)
+            task.raw = [_NOT_READ if i in errors else _plain(v) for i, v in enumerate(raw)]
+            task.read_errors, task.read_s = dict(errors), time.perf_counter() - t0
         self._run(task)
         return task.out
 
@@ -311,7 +336,7 @@ class DecodePool:
             return
         exc = future.exception()
         if exc is None:
-            task.out.set_result(future.result())
+            task.out.set_result(task.merged(future.result()))
         elif isinstance(exc, BrokenProcessPool) and not self._closed:
             task.deaths += 1  # run again from another thread: this one ends the old executor
             with self._lock:
@@ -330,7 +355,7 @@ class DecodePool:
                 if task.deaths < KILLS_PER_ROW:
                     self._run(task)
                 else:
-                    task.out.set_result(self._isolate(task))
+                    task.out.set_result(task.merged(self._isolate(task)))
             except BaseException as exc:  # closed meanwhile: its batches fail, none hangs
                 if not task.out.done():
                     task.out.set_exception(exc)
@@ -425,9 +450,40 @@ class _Task:
     rows: npt.NDArray[np.int64]
     offsets: npt.NDArray[np.int64]
     deaths: int = 0
+    # the rows' values read by the loader (object storage), ``_NOT_READ`` where the read failed
+    # (``read_errors``, by position); None: the decode process reads them
+    raw: list[Any] | None = None
+    read_errors: Errors | None = None
+    read_s: float = 0.0
 
     def args(self, part: slice = slice(None)) -> tuple[Any, ...]:
-        return (_decode_into, self.key, self.spec, self.dec, self.rows[part], self.offsets[part])
+        raw = None if self.raw is None else self.raw[part]
+        rows, offsets = self.rows[part], self.offsets[part]
+        return (_decode_into, self.key, self.spec, self.dec, rows, offsets, raw)
+
+    def merged(self, result: Result) -> Result:
+        """The process's result with the loader's failed reads and read time."""
+        errors, counters = result
+        if self.read_errors:
+            errors = {**errors, **self.read_errors}
+        if self.raw is not None:
+            counters = {**counters, "read_s": counters.get("read_s", 0.0) + self.read_s}
+        return errors, counters
+
+
+class _NotRead:
+    """A value the loader could not read (its error stays with the task)."""
+
+    def __reduce__(self) -> str:
+        return "_NOT_READ"
+
+
+_NOT_READ = _NotRead()
+
+
+def _plain(value: Any) -> bytes | None:
+    """A value read (a ``pa.Buffer``, bytes-like) as bytes, to go through the pipe."""
+    return None if value is None else bytes(value)
 
 
 class _Inherited:
@@ -646,7 +702,13 @@ def _decode_into(
     dec: Decoder,
     rows: npt.NDArray[np.int64],
     offsets: npt.NDArray[np.int64],
+    raw: list[Any] | None = None,
 ) -> tuple[Errors, dict[str, float]]:
+    if raw is not None:  # read by the loader (object storage): decoded, not read, here
+        failed: Errors = {i: LoaderError("not read") for i, v in enumerate(raw) if v is _NOT_READ}
+        values, errors, counters = decode_values(dec, rows, raw, failed)
+        errors = {i: e for i, e in errors.items() if i not in failed}  # (the loader has those)
+        return _placed(values, errors, counters, offsets)
     reader = _READERS.get(key)
     if reader is None:
         # A reader of its own: it checks each record batch's checksums on its first read in
@@ -654,7 +716,19 @@ def _decode_into(
         reader = _READERS[key] = reader_of(spec)
         while len(_READERS) > 8:  # older versions of datasets
             _READERS.popitem(last=False)
+    before = reader.bytes_read
     values, errors, counters = decode_rows(reader, dec, rows)
+    counters["storage_bytes"] = reader.bytes_read - before  # (one task at a time here)
+    return _placed(values, errors, counters, offsets)
+
+
+def _placed(
+    values: list[npt.NDArray[np.uint8] | None],
+    errors: Errors,
+    counters: dict[str, float],
+    offsets: npt.NDArray[np.int64],
+) -> tuple[Errors, dict[str, float]]:
+    """Write the decoded ``values`` into their slots (``offsets``) of the arena."""
     if any(
         isinstance(e, MemoryError) or isinstance(e.__cause__, MemoryError) for e in errors.values()
     ):

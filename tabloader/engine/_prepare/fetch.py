@@ -54,6 +54,7 @@ from tabloader.engine._prepare.decoding import DecodePool, decode_rows
 from tabloader.engine._prepare.gather import Gatherer
 from tabloader.engine._prepare.pool import PriorityPool
 from tabloader.engine._prepare.prep import Decoder
+from tabloader.engine._prepare.readahead import ReadAhead
 from tabloader.engine._prepare.work import Work
 from tabloader.engine.decode import Fit
 
@@ -144,6 +145,9 @@ class Fetcher:
         self.pins = pins or Pins(arena, access_log)
         # column -> row -> why: rows whose own bytes failed, never read again (docstring)
         self._failed: dict[str, dict[int, str]] = {}
+        # a dataset in object storage: its record batches fetched ahead of the decodes
+        # (``readahead``); a batch submitted holds its rows' batches until it is done
+        self.readahead: ReadAhead | None = None
 
     def failed_rows(self, column: str) -> dict[int, str]:
         """The rows of ``column`` remembered as bad data, with their errors' messages."""
@@ -177,6 +181,8 @@ class Fetcher:
         """
         plan = work.plan
         self._mark_starting(work, +1)
+        if self.readahead is not None and plan.prepared:
+            self.readahead.pin(work)
         inline = not plan.prepared or (plan.receiver.pins and not plan.augment)
         if inline and self.gatherer.all_flat(plan.gathered):
             self._start(work)
@@ -185,6 +191,8 @@ class Fetcher:
             self.pool.submit(self._start, work, priority=work.seq)
         except BaseException:
             self._mark_starting(work, -1)
+            if self.readahead is not None:
+                self.readahead.unpin(work)
             raise
 
     def _mark_starting(self, work: Work, delta: int) -> None:
@@ -225,6 +233,8 @@ class Fetcher:
         except BaseException as exc:  # the batch fails, its job raises; nothing hangs
             work.error = exc
         self._mark_starting(work, -1)  # its rows are pinned now, or claimed for decoding
+        if self.readahead is not None:
+            self.readahead.started(work)
         for load in loads:
             try:
                 self._dispatch(load)
@@ -597,6 +607,8 @@ class Fetcher:
 
     # -- step 3: collate -------------------------------------------------------------------------
     def _finish(self, work: Work) -> None:
+        if self.readahead is not None:
+            self.readahead.unpin(work)  # its rows are decoded (or failed)
         if work.error is None and not work.gathered:
             self._gather(work)
         t0 = time.perf_counter()
