@@ -2,11 +2,15 @@
 
 ``bench throughput --only tiny`` (:mod:`benchmarks.tiny`) and ``bench e2e --scenarios
 scale`` (:mod:`benchmarks.e2e_scale`) read the same data: ``rows`` JPEGs of 24x24 pixels
-(:func:`tabloader.datagen.make_imagefolder`, no size jitter, about 1 KB each), imported as
-dataset ``imgs`` (``image``, ``label``, ``label_name``, ``path``) of a catalog of its own.
+(:func:`tabloader.datagen.make_imagefolder`, no size jitter, about 1 KB each) in ``CLASSES``
+classes (image ``i`` in class ``i % CLASSES``), imported as dataset ``imgs`` (``image``,
+``label``, ``label_name``, ``path``) of a catalog of its own. A hundred classes let the scale
+scenario's jobs select by label as issue 49 names them (``label < 50``: half the rows,
+``label % 3 <> 0``: two thirds).
 
 Both steps are cached on disk under ``data`` (default ``bench-results/tiny-data``): the folder
-``images-<rows>-<side>`` (``make_imagefolder``'s marker), and the catalog ``catalog-<rows>-<side>``
+``images-<rows>-<side>-c<classes>`` (``make_imagefolder``'s marker), and the catalog
+``catalog-<rows>-<side>-c<classes>``
 with a ``.done`` marker written after its import and ``reader.json`` (what the DataLoaders'
 workers open: files only, no DuckDB). 400,000 images take about 2.5 minutes to make and as much
 to import on two cores; later runs reuse them at once.
@@ -20,10 +24,20 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_DATA", "SIDE", "TinyData", "add_data_arguments", "open_reader", "prepare_tiny"]
+__all__ = [
+    "CLASSES",
+    "DEFAULT_DATA",
+    "SIDE",
+    "TinyData",
+    "add_data_arguments",
+    "open_reader",
+    "prepare_tiny",
+]
 
 SIDE = 24
 """Stored images are ``SIDE`` x ``SIDE`` pixels (CIFAR's 32, a little smaller)."""
+CLASSES = 100
+"""Image ``i`` is of class ``i % CLASSES``."""
 DEFAULT_DATA = "bench-results/tiny-data"
 
 
@@ -61,14 +75,15 @@ def prepare_tiny(data: str | Path, rows: int, *, side: int = SIDE) -> TinyData:
 
     disable_progress_bars()
     base = Path(data)
+    name = f"{rows}-{side}-c{CLASSES}"
     folder = make_imagefolder(
-        base / f"images-{rows}-{side}",
+        base / f"images-{name}",
         num_images=rows,
-        num_classes=10,
+        num_classes=CLASSES,
         size=(side, side),
         size_jitter=0.0,
     )
-    root = (base / f"catalog-{rows}-{side}").absolute()
+    root = (base / f"catalog-{name}").absolute()
     done = root / ".done"
     if not done.exists():
         shutil.rmtree(root, ignore_errors=True)  # an import cut off: start it again

@@ -296,7 +296,7 @@ def _print_service(report: dict[str, Any]) -> None:
     if "storage" in report:
         _print(storage_line(report["storage"]))
     keys = ["job", "dataset", "ranks", "epoch", "batches", "rows", "rows_per_s", "shared"]
-    keys += ["wait_s", "augment_s", "compute_s"]
+    keys += ["wait_s", "augment_s", "compute_s", "regime"]
     jobs = [{**j, "ranks": j["world_size"]} for j in report["jobs"]]  # counts: over the ranks
     _print(
         format_table([{k: j.get(k) for k in keys} for j in jobs], keys) if jobs else "no open jobs"

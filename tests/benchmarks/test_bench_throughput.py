@@ -126,15 +126,29 @@ def test_scale_counts_decodes_against_the_union_and_belady(tmp_path):
     for r in scale["table"]:
         run = scale["runs"][f"5% {r['start']}"]
         assert r["union"] == 3000
-        assert run["sets"] == [2250] * 4
+        assert run["sets"] == [3000, 1500, 1980, 3000]  # all; label < 50; label % 3 <> 0; all
         assert [j["rows"] for j in run["jobs"].values()] == run["sets"]
         assert r["decodes"] >= r["MIN"] >= r["union"]
         assert r["MIN"] == run["belady"]["decodes"] >= run["belady"]["decodes_unpinned"]
         assert r["decodes/MIN"] == round(r["decodes"] / r["MIN"], 3)
         assert r["cache rows"] < 3000  # the cache holds less than the union: it evicts
         assert r["service rss MiB"] >= r["service anon MiB"] > 0
+        assert r["REGISTER ms"] > 0
+        if r["start"] == "speeds":  # the jobs' steps set their paces: no bound
+            assert r["coupled/union"] == "-"
+            assert run["coupled"] is None
+        elif r["start"] == "same":  # coupled and paced, every shared row is met while cached
+            assert run["coupled"] == r["union"]
+        else:  # the late job meets the others' rows from half-way: more than the union
+            assert r["union"] < run["coupled"] < sum(run["sets"])
         assert r["arena MiB"] > 0
-    assert [(t["scenario"], t["result"] in ("PASS", "FAIL")) for t in scale["targets"]] == [
-        (f"scale 5% {s}", True) for s in ("same", "late", "speeds")
+    assert [(t["scenario"], t["target"]) for t in scale["targets"]] == [
+        ("scale 5% same", "service decodes / Belady's MIN"),
+        ("scale 5% same", "service decodes / union"),
+        ("scale 5% late", "service decodes / Belady's MIN"),
+        ("scale 5% late", "service decodes / union"),
+        ("scale 5% speeds", "service decodes / Belady's MIN"),
+        ("scale REGISTER", "ms a job through the service (median of the cells)"),
     ]
+    assert all(t["result"] in ("PASS", "FAIL") for t in scale["targets"])
     assert "decodes/MIN" in data["stdout"]

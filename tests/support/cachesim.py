@@ -64,6 +64,7 @@ __all__ = [
     "Stream",
     "belady_of_log",
     "belady_pinned",
+    "coupled_decodes",
     "generate_stream",
     "replay",
     "simulate",
@@ -308,6 +309,38 @@ def _belady(rows: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
             cached[row] = nu
             heapq.heappush(heap, (-nu, row))
     return reads
+
+
+def coupled_decodes(
+    sets: Sequence[np.ndarray],
+    starts: Sequence[float],
+    capacity: int,
+    *,
+    paced: bool,
+    seed: int = 0,
+) -> int:
+    """Belady's MIN (``capacity`` rows) of one epoch of each job when the jobs' uniform orders
+    are maximally coupled: every row of the union has one uniform key, and each job reads its
+    rows (``sets[j]``, row ids) in the order of their keys rotated by its start phase
+    (``(key - starts[j]) mod 1``). Each job's order is uniform, and any two jobs that start
+    together read their shared rows in the same order (no two uniform orders agree more).
+
+    Time runs in epochs of the largest set. ``paced``: each job reads its epoch in one unit
+    (its rows/s in proportion to its epoch's size: DESIGN §17), so jobs started together meet
+    every shared row at the same moment; else every job reads at the largest set's rows/s (a
+    smaller set ends its epoch early). A job starting at ``starts[j]`` meets the others' keys
+    from there on. Ties in time go to the earlier job.
+    """
+    keys = np.random.default_rng(seed).random(int(max(int(s.max()) for s in sets)) + 1)
+    largest = max(s.size for s in sets)
+    times, rows = [], []
+    for s, start in zip(sets, starts, strict=True):
+        order = s[np.argsort((keys[s] - start) % 1.0, kind="stable")]
+        rate = s.size if paced else largest
+        times.append(start + (np.arange(order.size) + 0.5) / rate)
+        rows.append(order)
+    stream = np.concatenate(rows)[np.argsort(np.concatenate(times), kind="stable")]
+    return _belady(stream.tolist(), _next_use(stream).tolist(), capacity)
 
 
 class Belady(TypedDict):

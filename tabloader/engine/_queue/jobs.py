@@ -28,6 +28,9 @@
   between batches (``compute_s``: its own compute); a job's ``stats`` sum its ranks'.
 * **Pace.** The rows a job takes per second, measured (:class:`Pace`): its share of the
   lookahead (:mod:`tabloader.engine._queue.queues`).
+* **Regime.** Whether the job waits on the loader or on its own step (:class:`Regime`), measured
+  as it takes its batches; ``stats()`` says which (DESIGN §17: what pacing by epoch size would
+  act on).
 
 How queues are filled: :mod:`tabloader.engine._queue.queues`; batches cut and dealt:
 :mod:`tabloader.engine._queue.dealer`; the whole: :mod:`tabloader.engine._queue.scheduler`.
@@ -68,6 +71,7 @@ __all__ = [
     "OnError",
     "Pace",
     "RankState",
+    "Regime",
     "RowSource",
     "Rows",
     "Seat",
@@ -127,6 +131,39 @@ class Pace:
         since, before = self._marks[0]
         span = now - since
         return None if span < self.MIN_SPAN_S else (self.total - before) / span
+
+
+class Regime:
+    """Whether a job waits on the loader or on its own step, over its last ``WINDOW_S``
+    seconds: ``loader`` when it spent at least ``LOADER_BOUND`` of them blocked waiting for
+    data (``wait_s`` against ``compute_s``, as its consumer reports them), else ``step``. A
+    job not measured yet (it waits for its first batches) is ``loader``.
+
+    Example:
+        >>> regime = Regime()
+        >>> regime.update(0.0, 0.0, now=0.0), regime.update(0.1, 0.9, now=1.0)
+        ('loader', 'step')
+    """
+
+    WINDOW_S = 1.0
+    LOADER_BOUND = 0.5
+
+    def __init__(self) -> None:
+        self.name = "loader"
+        self._mark: tuple[float, float, float] | None = None  # (time, wait_s, compute_s)
+
+    def update(self, wait_s: float, compute_s: float, *, now: float | None = None) -> str:
+        """The job's regime, its totals being ``wait_s`` and ``compute_s`` now."""
+        now = time.monotonic() if now is None else now
+        if self._mark is None:
+            self._mark = (now, wait_s, compute_s)
+        elif now - self._mark[0] >= self.WINDOW_S:
+            waited, computed = wait_s - self._mark[1], compute_s - self._mark[2]
+            if waited + computed > 0:
+                loader = waited >= self.LOADER_BOUND * (waited + computed)
+                self.name = "loader" if loader else "step"
+            self._mark = (now, wait_s, compute_s)
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -270,6 +307,7 @@ class JobState:
     # rank raises it; the other jobs of the dataset go on (``DatasetScheduler.fail_job``)
     failed: str | None = None
     pace: Pace = field(default_factory=Pace)
+    regime: Regime = field(default_factory=Regime)
 
     def __post_init__(self) -> None:
         self.num_ids = len(self.ids)
@@ -317,6 +355,11 @@ class JobState:
         if self.done_sampling():
             return 0
         return self.queue.horizon - self.queue.q_rows.size - self.in_flight()
+
+    def measure_regime(self) -> str:
+        """The job's regime now (:class:`Regime`), from its ranks' stalls."""
+        ranks = self.ranks.values()
+        return self.regime.update(sum(r.wait_s for r in ranks), sum(r.compute_s for r in ranks))
 
     def hungry(self) -> bool:
         """True if the job wants a sampling round now (its source says: ``RowSource.hungry``)."""
@@ -386,7 +429,7 @@ class JobState:
         ``ranks``)."""
         per_rank = [self.ranks[r].stats() for r in sorted(self.ranks)]
         if self.world_size == 1:
-            return per_rank[0]
+            return {**per_rank[0], "regime": self.regime.name}
         total = {
             key: sum(s[key] for s in per_rank)
             for key in (
@@ -411,6 +454,7 @@ class JobState:
             **total,
             "epoch": min(r.next_epoch() for r in going),
             "waiting": total["wait_s"] / busy if busy > 0 else 0.0,
+            "regime": self.regime.name,
             "world_size": self.world_size,
             "ranks": per_rank,
         }

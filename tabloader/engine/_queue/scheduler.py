@@ -396,6 +396,7 @@ class DatasetScheduler:
                     self._wait_locked(rank, t0)
                 rank.taken += 1
                 job.pace.add(int(work.rows.size))
+                job.measure_regime()
                 self._trim_log_locked(job)
                 self._activate_locked(job)
                 self._poke(job)  # room for the scheduler
