@@ -195,7 +195,7 @@ ARGS: dict[Arg, ArgCodec] = {
     Arg.INT: ArgCodec(_as_is, _typed(int)),
     Arg.INT_OR_NONE: ArgCodec(_as_is, _typed(int, type(None))),
     Arg.BOOL: ArgCodec(_as_is, _typed(bool)),
-    Arg.STATEMENT: ArgCodec(lambda text, _: _absolute_paths(text), string_value),
+    Arg.STATEMENT: ArgCodec(lambda text, _: absolute_paths(text), string_value),
     Arg.PATH: ArgCodec(_absolute_path, string_value),
     Arg.COLUMNS: ArgCodec(
         lambda cols, _: cols if cols is None or isinstance(cols, str) else list(cols),
@@ -214,7 +214,7 @@ ARGS: dict[Arg, ArgCodec] = {
 """The codec of each kind of argument."""
 
 
-def _absolute_paths(statement: str) -> str:
+def absolute_paths(statement: str) -> str:
     """The statement a client sends: its relative FROM path made absolute (``absolute_paths``).
     Only CREATE and APPEND TO DATASET carry one: a text without either word is sent as it is,
     unparsed, so a client's REGISTER JOB does not import the parser (sqlglot: 0.15-0.35 s of

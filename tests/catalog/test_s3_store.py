@@ -311,10 +311,10 @@ def test_a_load_that_waited_on_a_failed_fetch_fetches_the_batch_itself():
 
     first = threading.Thread(target=load)
     first.start()
-    wait_for(lambda: 0 in file._inflight, timeout=30)
+    wait_for(lambda: 0 in file.inflight, timeout=30)
     second = threading.Thread(target=load)
     second.start()
-    wait_for(lambda: file._inflight.get(0, [None, 0])[1] == 1, timeout=30)  # it waits
+    wait_for(lambda: file.inflight.get(0, [None, 0])[1] == 1, timeout=30)  # it waits
     gate.set()
     first.join(30)
     second.join(30)

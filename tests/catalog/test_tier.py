@@ -43,7 +43,7 @@ def test_a_batch_that_ranks_below_everything_it_would_displace_is_not_admitted(t
     assert tier.counters.rejected == 1
     keep.add(("p", 3))
     keep.discard(("p", 0))
-    tier._victims_at = -1e9  # (ranks are kept RERANK_S seconds)
+    tier.victims_at = -1e9  # (ranks are kept RERANK_S seconds)
     tier.offer_key(("p", 3), blob(3))  # used sooner than 0 now: 0 goes
     assert tier.get_key(("p", 0)) is None
     assert tier.get_key(("p", 3)) == blob(3)
@@ -61,10 +61,10 @@ def test_the_index_keeps_entries_across_opens_and_a_crash_leaves_no_orphans(tmp_
     assert tier.get_key(("data/x/part-a.arrow", 0)) == blob(0)
     assert tier.get_key(("data/x/part-a.arrow", TAIL)) == blob(9, 64)
     tier.offer_key(("data/x/part-a.arrow", 1), blob(1))  # written, never indexed: a crash
-    orphan = tier._path(("data/x/part-a.arrow", 1))
+    orphan = tier.path_of(("data/x/part-a.arrow", 1))
     assert orphan.exists()
-    tier._closed = True  # (the process dies: no clean close)
-    os.close(tier._lockfd)
+    tier.closed = True  # (the process dies: no clean close)
+    os.close(tier.lockfd)
     tier = StorageTier(d, 10_000)
     assert not orphan.exists()
     assert tier.get_key(("data/x/part-a.arrow", 0)) == blob(0)
@@ -75,7 +75,7 @@ def test_the_index_keeps_entries_across_opens_and_a_crash_leaves_no_orphans(tmp_
 def test_an_entry_that_fails_its_check_is_dropped(tmp_path):
     tier = StorageTier(tmp_path / "t", 10_000)
     tier.offer_key(("p", 0), blob(0))
-    path = tier._path(("p", 0))
+    path = tier.path_of(("p", 0))
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -85,7 +85,7 @@ def test_an_entry_that_fails_its_check_is_dropped(tmp_path):
     assert tier.used == 0
     assert tier.counters.dropped == 1
     tier.offer_key(("p", 1), blob(1))
-    tier._path(("p", 1)).unlink()  # gone under it
+    tier.path_of(("p", 1)).unlink()  # gone under it
     assert tier.get_key(("p", 1)) is None
     assert tier.counters.dropped == 2
     tier.close()

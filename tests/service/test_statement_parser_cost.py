@@ -17,7 +17,7 @@ CHECK = textwrap.dedent(
     from tabloader.service import _server as server
 
     text = "REGISTER OR REPLACE JOB j SELECT image FROM imgs WHERE label % 3 <> 0"
-    assert ops._absolute_paths(text) == text
+    assert ops.absolute_paths(text) == text
     print("client:", "sqlglot" in sys.modules)
     server._warm_statements()
     print("warmed:", "sqlglot" in sys.modules)
@@ -34,7 +34,7 @@ def test_a_register_is_sent_unparsed_and_the_service_warms_the_parser():
 
 @pytest.mark.parametrize("verb", ["CREATE DATASET d FROM", "append to dataset d from"])
 def test_a_relative_path_is_still_made_absolute(verb, tmp_path, monkeypatch):
-    from tabloader.service._catalog_ops import _absolute_paths
+    from tabloader.service._catalog_ops import absolute_paths
 
     monkeypatch.chdir(tmp_path)
-    assert _absolute_paths(f"{verb} 'rows.parquet'") == f"{verb} '{tmp_path / 'rows.parquet'}'"
+    assert absolute_paths(f"{verb} 'rows.parquet'") == f"{verb} '{tmp_path / 'rows.parquet'}'"

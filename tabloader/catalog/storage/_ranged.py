@@ -139,7 +139,7 @@ class PartFile:
             self._pinned += [(m[0], memoryview(d)) for m, d in zip(merged, got, strict=True)]
         self._held: dict[int, _Held] = {}  # record batch -> its bytes, while loaded
         # record batch -> (its fetch, the loads waiting for it): one fetch per batch at a time
-        self._inflight: dict[int, list[Any]] = {}
+        self.inflight: dict[int, list[Any]] = {}
         self._starts = np.ascontiguousarray(self.footer.batches["offset"])
         self._lock = threading.Lock()
 
@@ -190,12 +190,12 @@ class PartFile:
                 if held is not None:
                     held.count += 1
                     done.append(b)
-                elif b in self._inflight:
-                    flight = self._inflight[b]
+                elif b in self.inflight:
+                    flight = self.inflight[b]
                     flight[1] += 1  # its hold is added when it lands
                     waits.append((b, flight[0]))
                 else:
-                    self._inflight[b] = [Future(), 0]
+                    self.inflight[b] = [Future(), 0]
                     mine.append(b)
         error: BaseException | None = None
         if mine:
@@ -227,14 +227,14 @@ class PartFile:
             fetched = self._fetch(batches, cache)
         except BaseException as exc:
             with self._lock:
-                flights = [self._inflight.pop(b) for b in batches]
+                flights = [self.inflight.pop(b) for b in batches]
             for flight in flights:
                 flight[0].set_exception(exc)
             raise
         with self._lock:
             flights = []
             for b, data in zip(batches, fetched, strict=True):
-                flight = self._inflight.pop(b)
+                flight = self.inflight.pop(b)
                 held = self._held.get(b)
                 if held is None:
                     held = self._held[b] = _Held(data)
@@ -251,7 +251,7 @@ class PartFile:
 
     def loading(self, batch: int) -> bool:
         """Whether record batch ``batch`` is loaded or being fetched now."""
-        return batch in self._held or batch in self._inflight
+        return batch in self._held or batch in self.inflight
 
     def held_bytes(self) -> int:
         """The bytes of the record batches held now."""

@@ -176,14 +176,14 @@ class StorageTier:
         self.used = 0
         self._lock = threading.Lock()
         self._victims: list[Key] = []  # the current eviction order (``_evict``), from _pos
-        self._victims_at, self._pos = -1.0e9, 0
+        self.victims_at, self._pos = -1.0e9, 0
         self._victim_rank: dict[Key, float] = {}
         self._dirty = False
         self._flushed = time.monotonic()
-        self._closed = False
+        self.closed = False
         try:
             make_private_dir(self.directory)
-            self._lockfd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            self.lockfd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             raise StorageError(
                 f"Cannot use {self.directory} for the storage tier: {exc.strerror or exc}. "
@@ -191,9 +191,9 @@ class StorageTier:
                 path=str(self.directory),
             ) from None
         try:
-            fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            os.close(self._lockfd)
+            os.close(self.lockfd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
                 raise
             raise StorageError(
@@ -204,7 +204,7 @@ class StorageTier:
         try:
             self._load()
         except BaseException:
-            os.close(self._lockfd)
+            os.close(self.lockfd)
             raise
 
     # -- the index ---------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class StorageTier:
         self._write_index(clean=False)  # a crash from here on is seen at the next open
 
     def _collect_orphans(self) -> None:
-        known = {self._path(k).relative_to(self.directory) for k in self._entries}
+        known = {self.path_of(k).relative_to(self.directory) for k in self._entries}
         removed = 0
         for folder in self.directory.iterdir():
             if not folder.is_dir() or len(folder.name) != 2:
@@ -261,7 +261,7 @@ class StorageTier:
 
     def flush(self) -> None:
         """Write the index now if entries changed since it was last written."""
-        if self._dirty and not self._closed:
+        if self._dirty and not self.closed:
             self._write_index(clean=False)
 
     def _maybe_flush(self) -> None:
@@ -273,17 +273,17 @@ class StorageTier:
 
     def close(self) -> None:
         """Write the index (marked clean) and let go of the directory."""
-        if self._closed:
+        if self.closed:
             return
         try:
             self._write_index(clean=True)
         except OSError as exc:
             logger.warning("storage tier %s: index not written: %s", self.directory, exc)
-        self._closed = True
-        os.close(self._lockfd)
+        self.closed = True
+        os.close(self.lockfd)
 
     # -- entries -----------------------------------------------------------------------------------
-    def _path(self, key: Key) -> Path:
+    def path_of(self, key: Key) -> Path:
         h = hashlib.blake2b(f"{key[0]}\0{key[1]}".encode(), digest_size=11).hexdigest()
         return self.directory / h[:2] / h[2:]
 
@@ -319,7 +319,7 @@ class StorageTier:
 
     def _read(self, key: Key, size: int) -> memoryview | None:
         try:
-            with open(self._path(key), "rb", buffering=0) as f:
+            with open(self.path_of(key), "rb", buffering=0) as f:
                 raw = f.read(_HEADER.size + size + 1)
         except OSError:
             return None
@@ -345,7 +345,7 @@ class StorageTier:
             if entry is not None:
                 entry.used = time.monotonic()
                 return
-            if self._closed or size > self.capacity:
+            if self.closed or size > self.capacity:
                 return
             if self.used + size > self.capacity and not self._evict(key, size):
                 self.counters.add(rejected=1)
@@ -365,7 +365,7 @@ class StorageTier:
         self._maybe_flush()
 
     def _write(self, key: Key, data: Any, size: int) -> None:
-        path = self._path(key)
+        path = self.path_of(key)
         make_private_dir(path.parent)
         view = memoryview(data).cast("B")
         header = _HEADER.pack(_MAGIC, size, xxhash.xxh3_64_intdigest(view))
@@ -386,14 +386,14 @@ class StorageTier:
         self.used -= entry.size
         self._dirty = True
         with contextlib.suppress(OSError):
-            os.unlink(self._path(key))
+            os.unlink(self.path_of(key))
 
     def _evict(self, key: Key, size: int) -> bool:
         """(lock held) Make room for ``size`` bytes of ``key``: evict the entries that rank
         highest, unless ``key`` ranks above them (False: it is not admitted)."""
         need = self.used + size - self.capacity
         now = time.monotonic()
-        if self._pos >= len(self._victims) or now - self._victims_at > RERANK_S:
+        if self._pos >= len(self._victims) or now - self.victims_at > RERANK_S:
             self._rerank(now)
         mine = float(self.rank([key], np.zeros(1))[0])
         freed, plan, pos = 0, [], self._pos
@@ -422,7 +422,7 @@ class StorageTier:
         order = np.argsort(-ranks, kind="stable")
         self._victims = [keys[i] for i in order.tolist()]
         self._victim_rank = dict(zip(keys, ranks.tolist(), strict=True))
-        self._victims_at, self._pos = now, 0
+        self.victims_at, self._pos = now, 0
 
     def snapshot(self) -> dict[str, int]:
         """Counters, and the bytes, entries and capacity now."""
