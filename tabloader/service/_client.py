@@ -67,7 +67,7 @@ START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet)
 # 3.10), and ``-c`` puts '' (the working directory) first, which this removes. Under
 # SCHED_BATCH, as ``yield_to_jobs`` puts the service's threads later (processes inherit it).
 # Its parser knows ``serve`` only: the other commands' help imports what serving never uses.
-# Its decode processes start at their first use (a fixed-size decode), from its DecodePool.
+# Its decode processes start once its threads decoded the first fixed-size values (DecodePool).
 _SERVE = """\
 import os, sys
 if sys.path[:1] == ['']: del sys.path[0]
