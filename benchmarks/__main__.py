@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from benchmarks import BENCHMARKS, load
+from benchmarks._cpu import cpu_line, force_avx2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,8 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--catalog", default=None, help="the catalog to use (default: a scratch one)"
     )
+    parser.add_argument(
+        "--simd",
+        choices=("native", "avx2"),
+        default="native",
+        help="avx2: the processes it starts run at AVX2 where the CPU has AVX-512 "
+        "(benchmarks._cpu.force_avx2; users' CPUs differ)",
+    )
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(rest)))
+    args = parser.parse_args(rest)
+    if args.simd == "avx2":
+        force_avx2()
+    print(cpu_line())
+    return int(module.run(args))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ RandomHorizontalFlip()``) and with the evaluation recipe (``image_size = 224``):
 ``DataLoader(num_workers=2)`` and one with ``num_workers`` = the machine's cores. Beside them,
 the job's own crop-resize-flip per image on one core (:mod:`.kernels`).
 
-Targets (issue 35; the recipe job against ``DataLoader(num_workers=2)``):
+Targets (issue 49, from issue 35's 1.1x and 1.3x; the recipe job against
+``DataLoader(num_workers=2)``):
 
 * the whole epoch, from building the loader (the service's start included) to the last
-  batch: >= 1.1x the DataLoader's images/s;
-* after the first batch: >= 1.3x;
+  batch: >= 1.3x the DataLoader's images/s;
+* after the first batch: >= 1.5x;
 * time to the first batch, from building the loader (the service started by it): <= 0.5 s;
 * ``RandomResizedCrop(224)`` + flip of a 500x375 decode, one core: <= 0.2 ms per image.
 """
@@ -27,7 +28,7 @@ from benchmarks.launched import Scenario, ScenarioRun, TargetRow, check, measure
 __all__ = ["TARGETS", "run_launched", "targets"]
 
 SCENARIOS = [Scenario("recipe", 1, "train"), Scenario("eval", 1, "eval")]
-TARGETS = {"epoch": 1.1, "after_first": 1.3, "first_batch_s": 0.5, "crop_ms": 0.2}
+TARGETS = {"epoch": 1.3, "after_first": 1.5, "first_batch_s": 0.5, "crop_ms": 0.2}
 
 
 def epoch_rate(run: ScenarioRun) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -623,8 +623,10 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], 
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``tabloader``."""
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``tabloader``: every command, or only ``commands`` (a started
+    service parses ``serve`` alone: the others' help imports modules it never uses, such as
+    ``tabloader.analyze``, on the path to its first batch)."""
     from tabloader import __version__
 
     parser = argparse.ArgumentParser(
@@ -634,8 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tabloader {__version__}")
     _add_global_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register, _ in COMMANDS.values():
-        register(sub)
+    for name, (register, _) in COMMANDS.items():
+        if commands is None or name in commands:
+            register(sub)
     # The global options are accepted after the subcommand too (tabloader sql --catalog DIR):
     # there they default to SUPPRESS, so an option given before the subcommand is kept.
     for command in sub.choices.values():
@@ -668,15 +671,15 @@ STDOUT_CLOSED = 141
 shell's code for a process that SIGPIPE ended, as ``cat`` or ``ls`` end there."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code.
+def main(argv: Sequence[str] | None = None, *, commands: Collection[str] | None = None) -> int:
+    """Run the CLI (``commands``: only those, see ``build_parser``); return the exit code.
 
     A reader of stdout that closed its end early (``| head -1``) ends the command quietly with
     ``STDOUT_CLOSED``, not a ``BrokenPipeError`` traceback: Python ignores SIGPIPE, so the
     write that finds the pipe closed raises, wherever the command was.
     """
     try:
-        return _main(argv)
+        return _main(argv, commands)
     except BrokenPipeError:
         if not _stdout_closed():  # a socket's: a real error
             raise
@@ -709,10 +712,10 @@ def _stdout_to_devnull() -> None:
         os.close(null)
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: Sequence[str] | None, commands: Collection[str] | None) -> int:
     from tabloader.catalog._errors import TabloaderError
 
-    parser = build_parser()
+    parser = build_parser(commands)
     args = parser.parse_args(argv)
     level = (
         logging.ERROR

@@ -316,3 +316,25 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "status", (cli.COMMANDS["status"][0], broken))
     with pytest.raises(BrokenPipeError, match=r"the service's socket"):
         main(["status"])
+
+
+def test_a_started_service_parses_serve_alone_and_imports_only_what_serving_needs(tmp_path):
+    """A client-started service's parser knows ``serve`` only (the other commands' help
+    imported ``tabloader.analyze``), and serving imports no HTTP server (``http.server`` and
+    ``ssl``: only ``--metrics-port`` needs them), each on the path to a cold first batch."""
+    args = cli.build_parser(("serve",)).parse_args(
+        ["--catalog", str(tmp_path), "serve", "--idle-exit", "3"]
+    )
+    assert (args.command, args.catalog, args.idle_exit) == ("serve", str(tmp_path), "3")
+    with pytest.raises(SystemExit):  # another command is unknown to it
+        cli.build_parser(("serve",)).parse_args(["sql", "SHOW JOBS"])
+    code = (
+        "import sys; from tabloader.cli import build_parser; build_parser(('serve',)); "
+        "import tabloader.service._server; "
+        "print(' '.join(m for m in ('tabloader.analyze', 'http.server', 'ssl') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == []

@@ -274,9 +274,10 @@ class Loader:
             except CacheError as exc:  # /dev/shm too small: private memory, threads
                 logger.warning("%s Decoding in threads instead.", exc)
             else:
-                # started at the first fixed-size decode (threads decode until they run): a
-                # loader of numbers or of augmented jobs never needs them, and their start (a
-                # forkserver, its imports) took a core from the first batch
+                # started once the threads have decoded the first fixed-size load (they decode
+                # until the processes run: ``Fetcher._run_load``): a loader of numbers or of
+                # augmented jobs never needs them, and their start (a forkserver, its imports)
+                # took a core from the first batch
                 self._procs = DecodePool(self._segment, self.workers, self.max_pixels)
         buffer = None if self._segment is None else self._segment.buf
         return Arena(cache_bytes, score=self._score, buffer=buffer)

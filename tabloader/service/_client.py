@@ -66,7 +66,8 @@ START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet)
 # shadow the installed packages; ``python -P`` leaves it out only from Python 3.11 (we support
 # 3.10), and ``-c`` puts '' (the working directory) first, which this removes. Under
 # SCHED_BATCH, as ``yield_to_jobs`` puts the service's threads later (processes inherit it).
-# Its decode processes start at their first use (a fixed-size decode), from its DecodePool.
+# Its parser knows ``serve`` only: the other commands' help imports what serving never uses.
+# Its decode processes start once its threads decoded the first fixed-size values (DecodePool).
 SERVE = """\
 import os, sys
 if sys.path[:1] == ['']: del sys.path[0]
@@ -75,7 +76,7 @@ try:
 except (AttributeError, OSError):
     pass
 from tabloader.cli import main
-sys.exit(main())
+sys.exit(main(commands=("serve",)))
 """
 
 

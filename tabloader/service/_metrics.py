@@ -28,11 +28,13 @@ moment of each request.
 
 from __future__ import annotations
 
-import http.server
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # imported by MetricsServer: http.server brings ssl, 10-40 ms of every
+    import http.server  # service's start, which seldom serves metrics
 
 __all__ = ["CONTENT_TYPE", "METRICS", "Metric", "MetricsServer", "render_metrics"]
 
@@ -237,6 +239,8 @@ class MetricsServer:
     """
 
     def __init__(self, port: int, render: Callable[[], str]) -> None:
+        import http.server
+
         from tabloader.catalog._errors import ServiceError
 
         handler = _handler(render)
@@ -263,6 +267,8 @@ class MetricsServer:
 
 
 def _handler(render: Callable[[], str]) -> type[http.server.BaseHTTPRequestHandler]:
+    import http.server
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path.split("?")[0] not in ("/metrics", "/"):

@@ -179,9 +179,10 @@ def test_a_row_that_kills_its_decode_process_twice_is_bad_data(images, monkeypat
 
 
 def test_decode_processes_start_at_the_first_fixed_size_decode_threads_decode_meanwhile(images):
-    """A loader starts its decode processes when a fixed-size decode first comes (and decodes
-    in its threads until they run): a loader of augmented jobs never starts them, and their
-    start (a forkserver, its imports) does not take a core from the first batch."""
+    """A loader starts its decode processes once its threads have decoded the first fixed-size
+    values (and decodes in its threads until they run): a loader of augmented jobs never starts
+    them, and their start (a forkserver, its imports) does not take a core from the first
+    batch's decodes."""
     images.sql("REGISTER JOB fixed SELECT image FROM imgs WITH (image_size = 16)")
     images.sql("REGISTER JOB aug SELECT image FROM imgs WITH (augment = 'RandomResizedCrop(8)')")
     with Loader(images, cache_bytes=8 << 20, workers=2) as loader:

@@ -370,10 +370,8 @@ class Fetcher:
         size = load.decoder.image_size
         if self.procs is None or not load.decoder.in_processes or not self.procs.ready:
             # a decode process fills slots reserved for a known shape: fixed sizes only (of a
-            # backend that runs there); the first ones start the processes and are decoded
-            # here meanwhile
-            if self.procs is not None and load.decoder.in_processes:
-                self.procs.start()
+            # backend that runs there); until they run, such loads are decoded here, and the
+            # first one to be decoded starts them (``_run_load``)
             self.pool.submit(self._run_load, load, priority=load.priority)
             return
         offsets, fresh = self.arena.reserve(load.space, load.rows, _fixed_shape(size))
@@ -434,6 +432,12 @@ class Fetcher:
             self._fail(load, exc)
             return
         self.counters.add(**counters)
+        if self.procs is not None and load.decoder.in_processes:
+            # Started once the first such load is decoded, not when it was dispatched: their
+            # start (a forkserver: an interpreter and its imports, 0.25-0.5 s of a core) took
+            # a core from the first batch's decodes, which a cold service's first batch
+            # waited for (0.5-1 s more than with the threads alone, on a loaded 2-core machine)
+            self.procs.start()  # (once; in the background)
         offsets, shapes = self._store(load, values, placed, slots)  # outside the fetcher's lock
         self._land(load, offsets, shapes, values, errors)
 
