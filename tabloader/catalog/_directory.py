@@ -362,43 +362,36 @@ def remove_leftovers(root: Path, folder: Path, pattern: re.Pattern[str], keep: s
 def migrate(root: Path, db: Database) -> None:
     """Upgrade a catalog of an older tabloader in place (each step is a no-op when done)."""
     _move_bitmaps_to_files(root, db)
-    _add_weights_column(db)
-    _add_storage_column(db)
+    for table, column, sql_type, reader in _ADDED_COLUMNS:
+        _add_column(db, table, column, sql_type, reader)
 
 
-def _add_storage_column(db: Database) -> None:
-    """Upgrade a catalog whose datasets all lay in its directory (``datasets.storage``: NULL
-    for each). Read-only: ``Database`` reads NULL in its place (``Database.storage_column``)."""
+_ADDED_COLUMNS = (
+    # tabloader <= 0.2: jobs had no weights (``weights_crc32``: NULL for each of them)
+    ("jobs", "weights_crc32", "BIGINT", "weights_column"),
+    # datasets all lay in the catalog directory (``storage``: NULL for each)
+    ("datasets", "storage", "VARCHAR", "storage_column"),
+)
+"""The columns later tabloaders added: (table, column, its SQL type, the ``Database``
+attribute that reads it)."""
+
+
+def _add_column(db: Database, table: str, column: str, sql_type: str, reader: str) -> None:
+    """Upgrade a catalog whose ``table`` lacks ``column`` (NULL for each row). A catalog opened
+    read-only is left as it is: ``Database`` reads NULL in its place (its attribute
+    ``reader``: ``Database.weights_column``, ``Database.storage_column``)."""
     from tabloader.catalog._database import META
 
     columns = db.con.execute(
         "SELECT column_name FROM information_schema.columns "
-        f"WHERE table_schema = '{META}' AND table_name = 'datasets'"
+        f"WHERE table_schema = '{META}' AND table_name = '{table}'"
     ).fetchall()
-    if ("storage",) in columns:
+    if (column,) in columns:
         return
     if db.read_only is not None:
-        db.storage_column = "NULL"
+        setattr(db, reader, "NULL")
         return
-    db.con.execute(f"ALTER TABLE {META}.datasets ADD COLUMN storage VARCHAR")
-
-
-def _add_weights_column(db: Database) -> None:
-    """Upgrade a catalog of tabloader <= 0.2, whose jobs had no weights (``weights_crc32``:
-    NULL for each of them). A catalog opened read-only is left as it is: ``Database``
-    reads NULL in its place (``Database.weights_column``)."""
-    from tabloader.catalog._database import META
-
-    columns = db.con.execute(
-        "SELECT column_name FROM information_schema.columns "
-        f"WHERE table_schema = '{META}' AND table_name = 'jobs'"
-    ).fetchall()
-    if ("weights_crc32",) in columns:
-        return
-    if db.read_only is not None:
-        db.weights_column = "NULL"
-        return
-    db.con.execute(f"ALTER TABLE {META}.jobs ADD COLUMN weights_crc32 BIGINT")
+    db.con.execute(f"ALTER TABLE {META}.{table} ADD COLUMN {column} {sql_type}")
 
 
 def _move_bitmaps_to_files(root: Path, db: Database) -> None:

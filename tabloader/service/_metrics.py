@@ -159,6 +159,18 @@ def _stall(stats: Mapping[str, Any]) -> float:
     return float(stats["wait_s"]) / busy if busy > 0 else 0.0
 
 
+def _loop_samples(
+    scope: str, labels: dict[str, Any], stats: Mapping[str, Any]
+) -> Iterable[tuple[str, dict[str, Any], float]]:
+    """The samples a job and each of its ranks both have (``scope``: job or rank): rows and
+    batches delivered, the loop's wait and compute seconds, its stall fraction."""
+    yield f"tabloader_{scope}_rows_total", labels, stats["rows"]
+    yield f"tabloader_{scope}_batches_total", labels, stats["batches"]
+    yield f"tabloader_{scope}_wait_seconds_total", labels, stats["wait_s"]
+    yield f"tabloader_{scope}_compute_seconds_total", labels, stats["compute_s"]
+    yield f"tabloader_{scope}_stall_fraction", labels, _stall(stats)
+
+
 def _samples(stats: Mapping[str, Any] | None) -> Iterable[tuple[str, dict[str, Any], float]]:
     """(metric, labels, value) of every sample of ``stats`` (None: no service)."""
     yield "tabloader_service_up", {}, int(stats is not None)
@@ -167,22 +179,13 @@ def _samples(stats: Mapping[str, Any] | None) -> Iterable[tuple[str, dict[str, A
     yield "tabloader_clients", {}, len(stats.get("clients", ()))
     for name, job in sorted(stats["jobs"].items()):
         labels = {"job": name, "dataset": job["dataset"]}
-        yield "tabloader_job_rows_total", labels, job["rows"]
-        yield "tabloader_job_batches_total", labels, job["batches"]
-        yield "tabloader_job_wait_seconds_total", labels, job["wait_s"]
-        yield "tabloader_job_compute_seconds_total", labels, job["compute_s"]
+        yield from _loop_samples("job", labels, job)
         yield "tabloader_job_augment_seconds_total", labels, job["augment_s"]
-        yield "tabloader_job_stall_fraction", labels, _stall(job)
         yield "tabloader_job_epoch", labels, job["epoch"]
         yield "tabloader_job_skipped_rows_total", labels, job["skipped"]
         yield "tabloader_job_shared_values_total", labels, job["shared"]
         for rank in job.get("ranks") or [job]:
-            at = {**labels, "rank": rank["rank"]}
-            yield "tabloader_rank_rows_total", at, rank["rows"]
-            yield "tabloader_rank_batches_total", at, rank["batches"]
-            yield "tabloader_rank_wait_seconds_total", at, rank["wait_s"]
-            yield "tabloader_rank_compute_seconds_total", at, rank["compute_s"]
-            yield "tabloader_rank_stall_fraction", at, _stall(rank)
+            yield from _loop_samples("rank", {**labels, "rank": rank["rank"]}, rank)
     for name, counters in sorted(stats["datasets"].items()):
         at = {"dataset": name}
         yield "tabloader_reads_total", at, counters["reads"]

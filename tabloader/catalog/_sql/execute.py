@@ -7,7 +7,7 @@ that imports it; the loader service gives them its own view of its catalog.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -173,79 +173,84 @@ def _options(node: exp.Tuple | None) -> dict[str, Any]:
     return options
 
 
+def _listing(columns: dict[str, pa.DataType], rows: Iterable[tuple[Any, ...]]) -> pa.Table:
+    """A table of ``columns`` (each name and type) holding ``rows`` (values in that order)."""
+    return pa.Table.from_pylist(
+        [dict(zip(columns, row, strict=True)) for row in rows],
+        schema=pa.schema(list(columns.items())),
+    )
+
+
 def _show_datasets(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
     jobs = catalog.job_infos()
-    rows = [
+    return _listing(
         {
-            "name": ds.name,
-            "version": ds.version,
-            "rows": ds.num_rows,
-            "columns": ", ".join(ds.columns[1:]),
-            "jobs": sum(j.dataset == ds.name for j in jobs),
-            "source": ds.description,
-        }
-        for ds in catalog.datasets()
-    ]
-    schema = pa.schema(
-        [
-            ("name", pa.string()),
-            ("version", pa.int64()),
-            ("rows", pa.int64()),
-            ("columns", pa.string()),
-            ("jobs", pa.int64()),
-            ("source", pa.string()),
-        ]
+            "name": pa.string(),
+            "version": pa.int64(),
+            "rows": pa.int64(),
+            "columns": pa.string(),
+            "jobs": pa.int64(),
+            "source": pa.string(),
+        },
+        (
+            (
+                ds.name,
+                ds.version,
+                ds.num_rows,
+                ", ".join(ds.columns[1:]),
+                sum(j.dataset == ds.name for j in jobs),
+                ds.description,
+            )
+            for ds in catalog.datasets()
+        ),
     )
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _show_jobs(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
-    rows = [
+    return _listing(
         {
-            "name": j.name,
-            "dataset": j.dataset,
-            "version": j.dataset_version,
-            "rows": j.num_rows,
-            "columns": ", ".join(j.columns),
-            "predicate": j.predicate,
-            "options": ", ".join(f"{k}={v}" for k, v in j.options.items()),
-        }
-        for j in catalog.job_infos()
-    ]
-    schema = pa.schema(
-        [
-            ("name", pa.string()),
-            ("dataset", pa.string()),
-            ("version", pa.int64()),
-            ("rows", pa.int64()),
-            ("columns", pa.string()),
-            ("predicate", pa.string()),
-            ("options", pa.string()),
-        ]
+            "name": pa.string(),
+            "dataset": pa.string(),
+            "version": pa.int64(),
+            "rows": pa.int64(),
+            "columns": pa.string(),
+            "predicate": pa.string(),
+            "options": pa.string(),
+        },
+        (
+            (
+                j.name,
+                j.dataset,
+                j.dataset_version,
+                j.num_rows,
+                ", ".join(j.columns),
+                j.predicate,
+                ", ".join(f"{k}={v}" for k, v in j.options.items()),
+            )
+            for j in catalog.job_infos()
+        ),
     )
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _describe(catalog: StatementTarget, stmt: DescribeDataset) -> pa.Table:
     ds = catalog.dataset(stmt.this.name)
-    rows = [
+    return _listing(
         {
-            "column": f.name,
-            "type": str(f.type),
-            "queryable": f.name in ds.queryable,
-            "classes": len(ds.class_names.get(f.name, [])) or None,
-        }
-        for f in ds.schema
-    ]
-    schema = pa.schema(
-        [
-            ("column", pa.string()),
-            ("type", pa.string()),
-            ("queryable", pa.bool_()),
-            ("classes", pa.int64()),
-        ]
+            "column": pa.string(),
+            "type": pa.string(),
+            "queryable": pa.bool_(),
+            "classes": pa.int64(),
+        },
+        (
+            (
+                f.name,
+                str(f.type),
+                f.name in ds.queryable,
+                len(ds.class_names.get(f.name, [])) or None,
+            )
+            for f in ds.schema
+        ),
     )
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _unregister(catalog: StatementTarget, stmt: UnregisterJob) -> None:

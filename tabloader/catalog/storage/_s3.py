@@ -154,7 +154,7 @@ def s3_config(environ: dict[str, str] | os._Environ[str] | None = None) -> S3Con
 
 
 @dataclass
-class StoreCounters(Counters):
+class StoreCounters(Counters[int]):
     """What a store fetched."""
 
     requests: int = 0

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -116,25 +116,31 @@ class BatchCache(Protocol):
         ...
 
 
+N = TypeVar("N", int, float)
+
+
 @dataclass
-class Counters:
-    """Integer counters added to from several threads (``add``) and read together
-    (``snapshot``); subclasses declare them as fields (the tier's, a store's)."""
+class Counters(Generic[N]):
+    """Counters (integers, or seconds too) added to from several threads (``add``) and read
+    together (``snapshot``); subclasses declare them as fields (the tier's, a store's, the
+    engine's per dataset: ``tabloader.engine._arena.accounting.Counters``)."""
 
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, **counts: int) -> None:
+    def add(self, **counts: N) -> None:
+        """Add to several counters at once."""
         with self._lock:
             for k, v in counts.items():
                 setattr(self, k, getattr(self, k) + v)
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, N]:
+        """The counters as a dict."""
         with self._lock:
             return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "_lock"}
 
 
 @dataclass
-class TierCounters(Counters):
+class TierCounters(Counters[int]):
     """What the tier served and kept."""
 
     hits: int = 0

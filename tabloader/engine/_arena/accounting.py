@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+from tabloader.catalog.storage import _tier
 
 if TYPE_CHECKING:
     from tabloader.engine._prepare.work import Work
@@ -33,7 +35,7 @@ __all__ = ["AccessLog", "Counters"]
 
 
 @dataclass
-class Counters:
+class Counters(_tier.Counters[float]):
     """Work done for one dataset, in values and in seconds of the pool's threads."""
 
     reads: int = 0  # payload (binary) values read
@@ -44,18 +46,6 @@ class Counters:
     decode_s: float = 0.0  # decoding and resizing images
     collate_s: float = 0.0  # copying values into the jobs' batches (and augmenting them)
     augment_s: float = 0.0  # the jobs' own augmentation (part of collate_s)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **amounts: float) -> None:
-        """Add to several counters at once."""
-        with self.lock:
-            for name, amount in amounts.items():
-                setattr(self, name, getattr(self, name) + amount)
-
-    def snapshot(self) -> dict[str, float]:
-        """The counters as a dict."""
-        with self.lock:
-            return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "lock"}
 
 
 class AccessLog:
