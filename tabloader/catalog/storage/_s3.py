@@ -329,6 +329,13 @@ class S3Store:
                     self._pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="tabloader-s3")
         return self._pool
 
+    def release_threads(self) -> None:
+        """End the threads of the requests in flight (started again at the next read)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     # -- reads ------------------------------------------------------------------------------------
     def read_range(self, name: str, offset: int, length: int) -> Any:
         """Bytes ``[offset, offset + length)`` of object ``name`` in one request (retried; a
@@ -486,6 +493,9 @@ def open_s3(uri: str) -> S3Store:
 
 def forget_stores() -> None:
     """Drop this process's stores (their clients read the environment again when next
-    opened: tests that change it)."""
+    opened: tests that change it); their threads end once their requests in flight are done."""
     with _STORES_LOCK:
+        stores = list(_STORES.values())
         _STORES.clear()
+    for store in stores:
+        store.release_threads()
