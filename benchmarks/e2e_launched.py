@@ -5,18 +5,20 @@ batch ``--batch-size`` (64), with no simulated step and with each of ``--steps``
 
 * ``recipe``: the training recipe, ``RandomResizedCrop(224), RandomHorizontalFlip()``, each job
   its own seed;
-* ``eval``: the evaluation recipe, ``image_size = 224`` (``Resize(224), CenterCrop(224)``).
+* ``eval``: the evaluation recipe, ``image_size = 224`` (``Resize(224), CenterCrop(224)``);
+* ``eight``: eight jobs of the training recipe (each its own seed).
 
 Competitors: tabloader (four ``train_tabloader.py``, the first one starting the catalog's
 service), four ``train_dataloader.py`` with ``DataLoader(num_workers=2)`` and with
 ``num_workers`` = the machine's cores (one competitor where those are equal).
 
-Targets (issue 35; the no-step runs, tabloader against four ``DataLoader(num_workers=2)``
+Targets (issue 49; the no-step runs, tabloader against as many ``DataLoader(num_workers=2)``
 processes):
 
-* ``recipe``: wall <= 0.55x (the four interpreters' imports are in both); the span from the
-  last loader built to the last batch <= 0.35x; CPU-seconds per delivered image <= 0.35x;
-* ``eval``: wall <= 0.40x;
+* ``recipe``: wall <= 0.40x (the four interpreters' imports are in both); the span from the
+  last loader built to the last batch <= 0.25x; CPU-seconds per delivered image <= 0.35x;
+* ``eval``: wall <= 0.30x;
+* ``eight``: wall <= 0.30x;
 * both, a guard that sharing works: the service's decodes <= 1.25x the images (four separate
   decodes would be 4x; the jobs' interpreters come up to 0.5 s apart, so the first decodes
   rows the others read later, a few evicted by then from the default 1 GiB cache).
@@ -31,8 +33,18 @@ from benchmarks.launched import Scenario, ScenarioRun, TargetRow, check, measure
 
 __all__ = ["LAUNCHED_SCENARIOS", "TARGETS", "run_launched", "targets"]
 
-LAUNCHED_SCENARIOS = {"recipe": Scenario("recipe", 4, "train"), "eval": Scenario("eval", 4, "eval")}
-TARGETS = {"recipe_wall": 0.55, "recipe_span": 0.35, "recipe_cpu": 0.35, "eval_wall": 0.40}
+LAUNCHED_SCENARIOS = {
+    "recipe": Scenario("recipe", 4, "train"),
+    "eval": Scenario("eval", 4, "eval"),
+    "eight": Scenario("eight", 8, "train"),
+}
+TARGETS = {
+    "recipe_wall": 0.40,
+    "recipe_span": 0.25,
+    "recipe_cpu": 0.35,
+    "eval_wall": 0.30,
+    "eight_wall": 0.30,
+}
 DECODES = 1.25  # a guard that sharing works: the four interpreters come up to 0.5 s apart,
 # so the first job decodes rows the others want later, some of them evicted by then (the
 # zygote mode's ``late`` scenario measures that against Belady's MIN)
@@ -41,17 +53,18 @@ DECODES = 1.25  # a guard that sharing works: the four interpreters come up to 0
 def targets(runs: list[ScenarioRun], images: int) -> list[TargetRow]:
     """The target rows of the no-step runs."""
     rows: list[TargetRow] = []
-    for name in LAUNCHED_SCENARIOS:
+    for name, scenario in LAUNCHED_SCENARIOS.items():
+        x = f"{name} x{scenario.jobs}"
         ours, theirs = pick(runs, name, "tabloader"), pick(runs, name, "dataloader(2)")
         if ours is None:
             continue
         service = ours["service"]
         assert service is not None  # a tabloader run's
-        check(rows, f"{name} x4: service decodes / images", service["decodes"] / images, DECODES)
+        check(rows, f"{x}: service decodes / images", service["decodes"] / images, DECODES)
         if theirs is None:
             continue
         wall = ours["wall_s"] / theirs["wall_s"]
-        check(rows, f"{name} x4: wall / dataloader(2) wall", wall, TARGETS[f"{name}_wall"])
+        check(rows, f"{x}: wall / dataloader(2) wall", wall, TARGETS[f"{name}_wall"])
         if name == "recipe":
             check(
                 rows,
@@ -66,7 +79,7 @@ def targets(runs: list[ScenarioRun], images: int) -> list[TargetRow]:
 
 def run_launched(args: argparse.Namespace) -> int:
     """Run the launched scenarios, print the tables and write JSON."""
-    names = [s for s in (args.scenarios or "recipe,eval").split(",") if s]
+    names = [s for s in (args.scenarios or "recipe,eval,eight").split(",") if s]
     unknown = sorted(set(names) - set(LAUNCHED_SCENARIOS))
     if unknown or not names:
         raise SystemExit(

@@ -141,13 +141,14 @@ def test_a_catalog_path_open_in_this_process_must_be_shared(loader):
 
 def test_a_job_process_imports_neither_duckdb_nor_the_engine():
     """Through the service a job process needs the client only: DuckDB, sqlglot, the engine
-    and the cluster layer cost 0.3-0.4 s of every job process's start (four at once)."""
+    and the cluster layer cost 0.3-0.4 s of every job process's start (four at once), and
+    pyarrow (through the storage package) 0.1 s of its import."""
     import subprocess
     import sys
 
     code = (
         "import sys, torch; from tabloader.torch import JobDataset; "
-        "print(' '.join(m for m in ('duckdb', 'sqlglot', 'tabloader.catalog._catalog', "
+        "print(' '.join(m for m in ('duckdb', 'sqlglot', 'pyarrow', 'tabloader.catalog._catalog', "
         "'tabloader.engine._loader', 'tabloader.cluster') if m in sys.modules))"
     )
     out = subprocess.run(

@@ -35,7 +35,6 @@ from tabloader.catalog._directory import resolve_root
 from tabloader.catalog._errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 from tabloader.catalog._options import JobSpec
 from tabloader.catalog._settings import setting
-from tabloader.catalog.storage._stores import STORAGE_ENV, storage_uri
 from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
@@ -89,7 +88,9 @@ def _service_env() -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)
         )
-    if env.get(STORAGE_ENV):
+    if env.get("TABLOADER_STORAGE"):  # (the storage package imports pyarrow: 0.1 s here)
+        from tabloader.catalog.storage._stores import STORAGE_ENV, storage_uri
+
         env[STORAGE_ENV] = str(storage_uri(Path("/")))
     return env
 
