@@ -22,6 +22,7 @@ from tabloader.catalog._errors import CatalogError, TabloaderError
 __all__ = [
     "DEFAULT_IMAGE_MEGAPIXELS",
     "SETTINGS",
+    "STORAGE_ENV",
     "Setting",
     "check_counts",
     "format_bytes",
@@ -30,6 +31,11 @@ __all__ = [
     "setting",
     "shared_memory",
 ]
+
+#: The environment variable naming the root that catalogs opened in this process read their
+#: parts from (unset: each catalog's own directory; see ``catalog.storage.storage_uri``). Here,
+#: not in the storage package, so that a client reads it without importing pyarrow.
+STORAGE_ENV = "TABLOADER_STORAGE"
 
 _SHM = "/dev/shm"
 

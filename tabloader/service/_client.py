@@ -34,7 +34,7 @@ import numpy.typing as npt
 from tabloader.catalog._directory import resolve_root
 from tabloader.catalog._errors import LoaderError, ServiceError, ServiceStuckError, TabloaderError
 from tabloader.catalog._options import JobSpec
-from tabloader.catalog._settings import setting
+from tabloader.catalog._settings import STORAGE_ENV, setting
 from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
@@ -88,8 +88,8 @@ def _service_env() -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(
             os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)
         )
-    if env.get("TABLOADER_STORAGE"):  # (the storage package imports pyarrow: 0.1 s here)
-        from tabloader.catalog.storage._stores import STORAGE_ENV, storage_uri
+    if env.get(STORAGE_ENV):  # (the storage package imports pyarrow: 0.1 s, where needed)
+        from tabloader.catalog.storage._stores import storage_uri
 
         env[STORAGE_ENV] = str(storage_uri(Path("/")))
     return env

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from tabloader.catalog._directory import open_file, opened_path
 from tabloader.catalog._errors import CatalogError, StorageError
+from tabloader.catalog._settings import STORAGE_ENV
 
 if TYPE_CHECKING:
     from tabloader.catalog.storage._ranged import PartFile
@@ -56,10 +57,6 @@ __all__ = [
     "store_factory",
     "unregister_store",
 ]
-
-#: The environment variable naming the root that catalogs opened in this process read their
-#: parts from (unset: each catalog's own directory).
-STORAGE_ENV = "TABLOADER_STORAGE"
 
 
 class Store(Protocol):
