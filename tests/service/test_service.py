@@ -1087,7 +1087,10 @@ def test_status_shows_the_running_service_its_jobs_and_decodes(service, cat_dir)
     assert a["wait_s"] > 0
     cache = stats["cache"]
     assert cache["hit_rate"] == cache["hits"] / (cache["hits"] + cache["misses"])
-    assert cache["misses"] >= stats["decodes"]
+    # every row of the first batch was looked up, the cold cache's first looks missed (rows
+    # decoded ahead of their batch are decodes without a miss: misses may be fewer than them)
+    assert cache["hits"] + cache["misses"] >= 8
+    assert cache["misses"] > 0
     assert 0 < cache["fill"] < 1
 
 
