@@ -2,8 +2,9 @@
 
 Each operation is one stub of :class:`CatalogAPI` marked ``@operation``: its signature and
 docstring are the API; the decorator adds its row to ``OPERATIONS`` (its name, its arguments
-and how each crosses the wire, whether it writes, how its result crosses the wire), as
-sqlglot's and DuckDB's tables of functions do. Every implementation is driven by that table:
+and how each crosses the wire, read from their types, whether it writes, how its result
+crosses the wire), as sqlglot's and DuckDB's tables of functions do. Every implementation is
+driven by that table:
 
 * ``Catalog`` implements each operation (the catalog opened in this process);
 * a class that subclasses ``CatalogAPI`` and defines ``_perform(op, arguments)`` gets every
@@ -13,8 +14,8 @@ sqlglot's and DuckDB's tables of functions do. Every implementation is driven by
   view of its catalog for statements, and a Ray node's catalog opened for each look-up.
 
 Adding an operation: its stub here (signature, docstring, ``@operation`` row) and its
-implementation in ``Catalog``; a new kind of argument or result also needs its wire codec
-(``tabloader.service._catalog_ops``).
+implementation in ``Catalog``; an argument of a new type needs its kind in ``ARG_OF_TYPE``, and
+a new kind of argument or result its wire codec (``tabloader.service._catalog_ops``).
 
 ``Arg`` and ``Wire`` only name how values cross the wire; the codecs live with the service
 protocol, which this package does not import.
@@ -41,7 +42,16 @@ if TYPE_CHECKING:
     from tabloader.catalog._model import Dataset, Job, JobInfo
     from tabloader.catalog.storage._verify import VerifyReport
 
-__all__ = ["OPERATIONS", "Arg", "CatalogAPI", "Operation", "StatementTarget", "Wire", "operation"]
+__all__ = [
+    "ARG_OF_TYPE",
+    "OPERATIONS",
+    "Arg",
+    "CatalogAPI",
+    "Operation",
+    "StatementTarget",
+    "Wire",
+    "operation",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,6 +72,22 @@ class Arg(enum.Enum):
     OPTIONS = "an object of job options, or None"
     DATASET_OR_NONE = "a dataset's files and schema, or None"
     SOURCE = "data in memory (spooled by the client to a private file the service reads)"
+
+
+ARG_OF_TYPE: dict[str, Arg] = {
+    "str": Arg.STR,
+    "str | None": Arg.STR_OR_NONE,
+    "int": Arg.INT,
+    "int | None": Arg.INT_OR_NONE,
+    "bool": Arg.BOOL,
+    "str | os.PathLike[str]": Arg.PATH,
+    "str | Sequence[str] | None": Arg.COLUMNS,
+    "str | exp.Expression | None": Arg.WHERE,
+    "dict[str, Any] | None": Arg.OPTIONS,
+    "Dataset | None": Arg.DATASET_OR_NONE,
+    "Source": Arg.SOURCE,
+}
+"""How an argument of each type (its annotation, as the stub writes it) crosses the wire."""
 
 
 class Wire(enum.Enum):
@@ -112,42 +138,51 @@ OPERATIONS: dict[str, Operation] = {}
 
 
 def operation(
-    result: Wire, *, writes: bool = False, **args: Arg
+    result: Wire, *, writes: bool = False, **kinds: Arg
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Add the stub below to ``OPERATIONS`` and make it call ``self._perform(op, arguments)``.
 
-    ``args`` names each argument's wire kind, in the signature's order (checked here, at
-    import, so the table and the signature cannot drift apart).
+    Each argument crosses the wire as its type says (``ARG_OF_TYPE``, read from the stub's
+    annotations at import: the signature is the one place an argument's type is written);
+    ``kinds`` names the kind of an argument whose type does not say it (a statement is a
+    ``str``).
     """
 
     def register(stub: Callable[P, R]) -> Callable[P, R]:
         signature = inspect.signature(stub)
-        names = list(signature.parameters)[1:]  # after self
-        if names != list(args):
-            raise TypeError(f"@operation of {stub.__name__}: {list(args)} is not {names}")
-        defaults = {
-            n: p.default
-            for n, p in signature.parameters.items()
-            if p.default is not inspect.Parameter.empty
-        }
-        positional = sum(
-            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-            for p in list(signature.parameters.values())[1:]
-        )
-        op = Operation(stub.__name__, tuple(args.items()), positional, defaults, writes, result)
+        params = list(signature.parameters.values())[1:]  # after self
+        unknown = sorted(set(kinds) - {p.name for p in params})
+        if unknown:
+            raise TypeError(f"@operation of {stub.__name__}: it has no argument {unknown}")
+        args = tuple((p.name, kinds.get(p.name) or _kind_of(stub, p)) for p in params)
+        defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+        op = Operation(stub.__name__, args, positional, defaults, writes, result)
         OPERATIONS[op.name] = op
+        names = [name for name, _ in args]
 
         @functools.wraps(stub)
         def perform(*given: P.args, **by_name: P.kwargs) -> R:
             bound = signature.bind(*given, **by_name)
             bound.apply_defaults()
             target, *values = bound.arguments.values()
-            out: R = target._perform(op, dict(zip(args, values, strict=True)))
+            out: R = target._perform(op, dict(zip(names, values, strict=True)))
             return out
 
         return perform
 
     return register
+
+
+def _kind_of(stub: Callable[..., Any], param: inspect.Parameter) -> Arg:
+    kind = ARG_OF_TYPE.get(str(param.annotation))
+    if kind is None:
+        raise TypeError(
+            f"@operation of {stub.__name__}: argument {param.name}'s type "
+            f"{param.annotation!r} says no wire kind; give one (ARG_OF_TYPE's types: "
+            f"{', '.join(ARG_OF_TYPE)}), or name its kind in the row ({param.name}=Arg....)."
+        )
+    return kind
 
 
 def _performed() -> NoReturn:
@@ -194,7 +229,7 @@ class CatalogAPI(Protocol):
         """Names of all datasets, sorted."""
         _performed()
 
-    @operation(Wire.DATASET, name=Arg.STR, version=Arg.INT_OR_NONE)
+    @operation(Wire.DATASET)
     def dataset(self, name: str, *, version: int | None = None) -> Dataset:
         """Return dataset ``name`` at its latest version or at ``version`` (its ``take`` reads
         the storage files in this process).
@@ -204,7 +239,7 @@ class CatalogAPI(Protocol):
         """
         _performed()
 
-    @operation(Wire.NONE, writes=True, name=Arg.STR, cascade=Arg.BOOL, if_exists=Arg.BOOL)
+    @operation(Wire.NONE, writes=True)
     def drop_dataset(self, name: str, *, cascade: bool = False, if_exists: bool = False) -> None:
         """Drop a dataset, its table and its files (a service refuses while its open jobs
         read it).
@@ -214,7 +249,7 @@ class CatalogAPI(Protocol):
         """
         _performed()
 
-    @operation(Wire.ARRAY, name=Arg.STR, column=Arg.STR, rows=Arg.INT, of=Arg.DATASET_OR_NONE)
+    @operation(Wire.ARRAY)
     def column(self, name: str, column: str, *, rows: int, of: Dataset | None = None) -> pa.Array:
         """Queryable column ``column`` of dataset ``name``, ids ``0..rows-1`` in order, as
         stored; ``of``: the version the caller reads (see ``Catalog.column``).
@@ -225,7 +260,7 @@ class CatalogAPI(Protocol):
         """
         _performed()
 
-    @operation(Wire.LOCAL, name=Arg.STR_OR_NONE)
+    @operation(Wire.LOCAL)
     def verify(self, name: str | None = None) -> VerifyReport:
         """Read every stored byte of dataset ``name`` (default: every dataset) and check it.
 
@@ -244,7 +279,7 @@ class CatalogAPI(Protocol):
         """Names of all jobs, sorted."""
         _performed()
 
-    @operation(Wire.JOB, name=Arg.STR)
+    @operation(Wire.JOB)
     def job(self, name: str) -> Job:
         """Return job ``name``, with its bitmap of row ids.
 
@@ -258,16 +293,7 @@ class CatalogAPI(Protocol):
         """What is stored about every job, sorted by name, without reading any bitmap."""
         _performed()
 
-    @operation(
-        Wire.JOB,
-        writes=True,
-        name=Arg.STR,
-        dataset=Arg.STR,
-        columns=Arg.COLUMNS,
-        where=Arg.WHERE,
-        options=Arg.OPTIONS,
-        replace=Arg.BOOL,
-    )
+    @operation(Wire.JOB, writes=True)
     def register_job(
         self,
         name: str,
@@ -299,20 +325,13 @@ class CatalogAPI(Protocol):
         """
         _performed()
 
-    @operation(Wire.NONE, writes=True, name=Arg.STR, if_exists=Arg.BOOL)
+    @operation(Wire.NONE, writes=True)
     def unregister_job(self, name: str, *, if_exists: bool = False) -> None:
         """Remove job ``name``."""
         _performed()
 
     # -- imports ---------------------------------------------------------------------------------
-    @operation(
-        Wire.DATASET,
-        writes=True,
-        name=Arg.STR,
-        source=Arg.SOURCE,
-        append=Arg.BOOL,
-        storage=Arg.STR_OR_NONE,
-    )
+    @operation(Wire.DATASET, writes=True)
     def import_source(
         self, name: str, source: Source, *, append: bool = False, storage: str | None = None
     ) -> Dataset:
@@ -324,17 +343,7 @@ class CatalogAPI(Protocol):
         """
         _performed()
 
-    @operation(
-        Wire.DATASET,
-        writes=True,
-        name=Arg.STR,
-        path=Arg.PATH,
-        format=Arg.STR,
-        append=Arg.BOOL,
-        follow_links=Arg.BOOL,
-        split=Arg.STR_OR_NONE,
-        storage=Arg.STR_OR_NONE,
-    )
+    @operation(Wire.DATASET, writes=True)
     def import_path(
         self,
         name: str,

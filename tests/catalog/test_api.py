@@ -25,8 +25,33 @@ def test_the_catalog_implements_every_operation_of_the_table():
         assert keywords == [n for n, _ in op.args[op.positional :]], name
 
 
-def test_a_row_whose_arguments_are_not_the_signatures_is_refused_at_import():
-    with pytest.raises(TypeError, match=r"@operation of look: \['name'\] is not \['key'\]"):
+def test_each_argument_crosses_the_wire_as_its_type_says_unless_the_row_names_its_kind():
+    kinds = {name: dict(op.args) for name, op in OPERATIONS.items()}
+    assert kinds["register_job"] == {
+        "name": Arg.STR,
+        "dataset": Arg.STR,
+        "columns": Arg.COLUMNS,
+        "where": Arg.WHERE,
+        "options": Arg.OPTIONS,
+        "replace": Arg.BOOL,
+    }
+    assert kinds["import_path"]["path"] is Arg.PATH
+    assert kinds["sql"] == {"statement": Arg.STATEMENT}  # a str, named in its row
+
+
+def test_an_argument_of_a_type_with_no_wire_kind_is_refused_at_import():
+    with pytest.raises(TypeError, match=r"argument key's type 'float' says no wire kind"):
+
+        class Broken(CatalogAPI):
+            @operation(Wire.NAMES)
+            def look(self, key: float) -> list[str]:
+                raise AssertionError
+
+    assert "look" not in OPERATIONS
+
+
+def test_a_row_naming_an_argument_the_signature_lacks_is_refused_at_import():
+    with pytest.raises(TypeError, match=r"@operation of look: it has no argument \['name'\]"):
 
         class Broken(CatalogAPI):
             @operation(Wire.NAMES, name=Arg.STR)
