@@ -5,7 +5,7 @@ pyarrow asks its pandas shim about every array it converts from or to numpy (``p
 0.14-0.4 s of a core, which a service's first batch waited for (its row ids became an Arrow
 array to take a record batch's rows, its labels became numpy). These two conversions go
 through the arrays' buffers instead; what they do not cover (nulls, booleans, nested types)
-falls back to pyarrow's own.
+falls back to pyarrow's own. And :func:`is_binary`: which Arrow types hold binary values.
 
 Example:
     >>> import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["id_array", "to_numpy"]
+__all__ = ["id_array", "is_binary", "to_numpy"]
 
 _NUMPY = {
     pa.int8(): np.int8,
@@ -37,6 +37,16 @@ _NUMPY = {
     pa.float32(): np.float32,
     pa.float64(): np.float64,
 }
+
+
+def is_binary(t: pa.DataType) -> bool:
+    """Whether ``t`` is one of Arrow's binary types: binary, large, fixed-size or a view."""
+    return bool(
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or getattr(pa.types, "is_binary_view", lambda _: False)(t)
+    )
 
 
 def id_array(rows: npt.ArrayLike) -> pa.Array:

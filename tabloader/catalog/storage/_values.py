@@ -29,6 +29,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from tabloader.catalog._arrays import is_binary
+
 if TYPE_CHECKING:
     from tabloader.catalog.storage._stores import Store
 
@@ -42,11 +44,7 @@ rows per batch: a batch read is about a value read there)."""
 def is_payload(t: pa.DataType) -> bool:
     """True for types that stay out of DuckDB: binary payloads, also inside nested types
     (``tabloader.catalog._model`` re-exports it)."""
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return True
-    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
-        return True
-    return any(is_payload(t.field(i).type) for i in range(t.num_fields))
+    return is_binary(t) or any(is_payload(t.field(i).type) for i in range(t.num_fields))
 
 
 def binary_array(column: pa.Array) -> pa.Array | None:

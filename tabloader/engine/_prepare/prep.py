@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tabloader.catalog._arrays import to_numpy
+from tabloader.catalog._arrays import is_binary, to_numpy
 from tabloader.catalog._errors import LoaderError, RowReadError
 from tabloader.engine._prepare.resample import resize_hw, resize_many_hw
 from tabloader.engine.decode._backend import (
@@ -345,25 +345,16 @@ _PREPARE: dict[DecodeKind, Callable[[Decoder, Any], tuple[Any, int]]] = {
 }
 
 
-def _is_binary(t: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-        or pa.types.is_binary_view(t)
-    )
-
-
 def holds_bytes(t: pa.DataType) -> bool:
     """Whether a column of type ``t`` holds bytes (binary, or an image struct's ``bytes``)."""
-    return _is_binary(t) or _is_hf_image(t)
+    return is_binary(t) or _is_hf_image(t)
 
 
 def _is_hf_image(t: pa.DataType) -> bool:
     if not pa.types.is_struct(t):
         return False
     idx = t.get_field_index("bytes")
-    return idx >= 0 and _is_binary(t.field(idx).type)
+    return idx >= 0 and is_binary(t.field(idx).type)
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -423,7 +414,7 @@ def decoder_for(
                 "image_columns."
             )
     else:
-        image = _is_hf_image(t) or (_is_binary(t) and field.name.lower() in IMAGE_COLUMN_NAMES)
+        image = _is_hf_image(t) or (is_binary(t) and field.name.lower() in IMAGE_COLUMN_NAMES)
     if image:  # its backend chosen once here, for the column's plan
         return Decoder(
             field.name,
@@ -432,7 +423,7 @@ def decoder_for(
             max_pixels=max_pixels,
             backend=backend_for(field),
         )
-    if _is_binary(t):
+    if is_binary(t):
         return Decoder(field.name, DecodeKind.BYTES)
     if _is_list(t):
         return Decoder(field.name, DecodeKind.ARRAY, dtype=_numpy_dtype(t))
