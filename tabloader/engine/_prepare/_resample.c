@@ -879,6 +879,24 @@ static int check_box(int64_t top, int64_t left, int64_t h, int64_t w, int64_t H,
 
 static int too_big(int64_t v) { return v > (1 << 24); }
 
+/* 0, or -1 and a ValueError when a side is over 2**24 pixels. */
+static int check_sides(int64_t a, int64_t b, int64_t c)
+{
+    if (!too_big(a) && !too_big(b) && !too_big(c))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "images wider or taller than 2**24 are not supported");
+    return -1;
+}
+
+/* 0, or -1 and a TypeError naming call (the function's signature) when nargs is not want. */
+static int check_nargs(const char *call, Py_ssize_t want, Py_ssize_t nargs)
+{
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", call, want, nargs);
+    return -1;
+}
+
 PyDoc_STRVAR(resize_doc,
              "resize(src, out, top, left, height, width, flip, /)\n--\n\n"
              "Resize the box (top, left, height, width) of src into out, mirrored when flip.\n"
@@ -903,13 +921,8 @@ PyDoc_STRVAR(resize_doc,
 static PyObject *py_resize(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError,
-                     "resize(src, out, top, left, height, width, flip) takes 7 arguments (%zd "
-                     "given)",
-                     nargs);
+    if (check_nargs("resize(src, out, top, left, height, width, flip)", 7, nargs) < 0)
         return NULL;
-    }
     int64_t box[4];
     for (int i = 0; i < 4; i++) {
         box[i] = PyLong_AsLongLong(args[2 + i]);
@@ -930,10 +943,8 @@ static PyObject *py_resize(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     int rc = 0;
     if (check_box(box[0], box[1], box[2], box[3], sb.shape[0], sb.shape[1], "") < 0)
         goto done;
-    if (too_big(ob.shape[0]) || too_big(ob.shape[1]) || too_big(sb.shape[1])) {
-        PyErr_SetString(PyExc_ValueError, "images wider or taller than 2**24 are not supported");
+    if (check_sides(ob.shape[0], ob.shape[1], sb.shape[1]) < 0)
         goto done;
-    }
     j.src = (const uint8_t *)sb.buf;
     j.sstride = sb.strides[0];
     j.top = box[0];
@@ -1017,13 +1028,8 @@ PyDoc_STRVAR(resize_batch_doc,
 static PyObject *py_resize_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError,
-                     "resize_batch(arena, offsets, shapes, boxes, flips, out) takes 6 arguments "
-                     "(%zd given)",
-                     nargs);
+    if (check_nargs("resize_batch(arena, offsets, shapes, boxes, flips, out)", 6, nargs) < 0)
         return NULL;
-    }
     Py_buffer ab, offb, shb, bxb, flb, ob;
     int have = 0;
     Job *jobs = NULL;
@@ -1065,10 +1071,8 @@ static PyObject *py_resize_batch(PyObject *mod, PyObject *const *args, Py_ssize_
         }
         goto done;
     }
-    if (too_big(ob.shape[1]) || too_big(ob.shape[2])) {
-        PyErr_SetString(PyExc_ValueError, "images wider or taller than 2**24 are not supported");
+    if (check_sides(ob.shape[1], ob.shape[2], 0) < 0)
         goto done;
-    }
     jobs = (Job *)PyMem_Malloc(sizeof(Job) * (size_t)(n > 0 ? n : 1));
     if (jobs == NULL) {
         PyErr_NoMemory();
