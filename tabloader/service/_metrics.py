@@ -44,12 +44,17 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Metric(NamedTuple):
-    """One metric family: its name, Prometheus type, labels and meaning (its HELP line)."""
+    """One metric family: its name, labels and meaning (its HELP line)."""
 
     name: str
-    type: str  # counter or gauge
     labels: tuple[str, ...]
     help: str
+
+    @property
+    def type(self) -> str:
+        """Its Prometheus type, which its name says: a counter's ends ``_total``, as the
+        format asks; every other family here is a gauge."""
+        return "counter" if self.name.endswith("_total") else "gauge"
 
 
 _JOB = ("job", "dataset")
@@ -57,81 +62,70 @@ _RANK = ("job", "dataset", "rank")
 _STAGES = ("read", "decode", "collate", "augment")
 
 METRICS: tuple[Metric, ...] = (
-    Metric("tabloader_service_up", "gauge", (), "1 while a loader service serves the catalog"),
-    Metric("tabloader_clients", "gauge", (), "Client processes connected to the service"),
-    Metric("tabloader_job_rows_total", "counter", _JOB, "Rows delivered to the job, all its ranks"),
-    Metric("tabloader_job_batches_total", "counter", _JOB, "Batches delivered to the job"),
+    Metric("tabloader_service_up", (), "1 while a loader service serves the catalog"),
+    Metric("tabloader_clients", (), "Client processes connected to the service"),
+    Metric("tabloader_job_rows_total", _JOB, "Rows delivered to the job, all its ranks"),
+    Metric("tabloader_job_batches_total", _JOB, "Batches delivered to the job"),
     Metric(
         "tabloader_job_wait_seconds_total",
-        "counter",
         _JOB,
         "Seconds the job's training loops waited for batches (the copy out included)",
     ),
     Metric(
         "tabloader_job_compute_seconds_total",
-        "counter",
         _JOB,
         "Seconds the job's training loops spent between batches (their own work)",
     ),
     Metric(
         "tabloader_job_augment_seconds_total",
-        "counter",
         _JOB,
         "Seconds the service's threads spent on the job's own augmentation",
     ),
     Metric(
         "tabloader_job_stall_fraction",
-        "gauge",
         _JOB,
         "Share of the job's loop time spent waiting for batches: wait / (wait + compute)",
     ),
-    Metric("tabloader_job_epoch", "gauge", _JOB, "The epoch the job reads now (from 0)"),
-    Metric("tabloader_job_skipped_rows_total", "counter", _JOB, "Rows left out: failed to read"),
+    Metric("tabloader_job_epoch", _JOB, "The epoch the job reads now (from 0)"),
+    Metric("tabloader_job_skipped_rows_total", _JOB, "Rows left out: failed to read"),
     Metric(
         "tabloader_job_shared_values_total",
-        "counter",
         _JOB,
         "Values another job's read or decode served (cached or in flight)",
     ),
-    Metric("tabloader_rank_rows_total", "counter", _RANK, "Rows delivered to the rank"),
-    Metric("tabloader_rank_batches_total", "counter", _RANK, "Batches delivered to the rank"),
+    Metric("tabloader_rank_rows_total", _RANK, "Rows delivered to the rank"),
+    Metric("tabloader_rank_batches_total", _RANK, "Batches delivered to the rank"),
     Metric(
         "tabloader_rank_wait_seconds_total",
-        "counter",
         _RANK,
         "Seconds the rank's training loop waited for batches",
     ),
     Metric(
         "tabloader_rank_compute_seconds_total",
-        "counter",
         _RANK,
         "Seconds the rank's training loop spent between batches",
     ),
     Metric(
         "tabloader_rank_stall_fraction",
-        "gauge",
         _RANK,
         "Share of the rank's loop time spent waiting for batches: wait / (wait + compute)",
     ),
-    Metric("tabloader_reads_total", "counter", ("dataset",), "Payload values read from storage"),
-    Metric("tabloader_decodes_total", "counter", ("dataset",), "Images decoded"),
-    Metric(
-        "tabloader_storage_read_bytes_total", "counter", ("dataset",), "Bytes read from storage"
-    ),
+    Metric("tabloader_reads_total", ("dataset",), "Payload values read from storage"),
+    Metric("tabloader_decodes_total", ("dataset",), "Images decoded"),
+    Metric("tabloader_storage_read_bytes_total", ("dataset",), "Bytes read from storage"),
     Metric(
         "tabloader_stage_seconds_total",
-        "counter",
         ("dataset", "stage"),
         "Seconds of the engine's workers by stage: read, decode, collate (the copy into the "
         "jobs' batches), augment (of collate)",
     ),
-    Metric("tabloader_cache_capacity_bytes", "gauge", (), "Bytes of the shared cache"),
-    Metric("tabloader_cache_bytes", "gauge", (), "Bytes of the cache holding values"),
-    Metric("tabloader_cache_values", "gauge", (), "Values (decoded images) in the cache"),
-    Metric("tabloader_cache_pinned_values", "gauge", (), "Values held by batches in flight"),
-    Metric("tabloader_cache_hits_total", "counter", (), "Look-ups that found their value"),
-    Metric("tabloader_cache_misses_total", "counter", (), "Look-ups that had to read it"),
-    Metric("tabloader_cache_evictions_total", "counter", (), "Values evicted from the cache"),
+    Metric("tabloader_cache_capacity_bytes", (), "Bytes of the shared cache"),
+    Metric("tabloader_cache_bytes", (), "Bytes of the cache holding values"),
+    Metric("tabloader_cache_values", (), "Values (decoded images) in the cache"),
+    Metric("tabloader_cache_pinned_values", (), "Values held by batches in flight"),
+    Metric("tabloader_cache_hits_total", (), "Look-ups that found their value"),
+    Metric("tabloader_cache_misses_total", (), "Look-ups that had to read it"),
+    Metric("tabloader_cache_evictions_total", (), "Values evicted from the cache"),
 )
 _BY_NAME = {m.name: m for m in METRICS}
 
