@@ -9,7 +9,7 @@ run, on the same data and scenario:
   ``RemoteLoader``, batches made tensors with ``to_tensors`` as ``JobDataset`` does);
 * ``dataloader``: four job processes, each with its own ``torch.utils.data.DataLoader
   (shuffle=True)`` over a map-style dataset that reads the same Arrow IPC storage and decodes and
-  resizes as tabloader does (``tabloader.engine._prepare.prep.decode_image``); ``--workers``
+  resizes as tabloader does (``tabloader.engine.decode.decode_image``); ``--workers``
   (default: every core) split between them;
 * ``threads``: the in-process mode, one ``Loader`` and four jobs on threads of one process;
 * ``independent`` (with ``--competitors``): ``threads`` with the independent sampler (ablation).
@@ -39,7 +39,7 @@ Training recipes (issue 29; not in the default ``--scenarios``, which stays the 
 
 * ``recipe``: four jobs on every row, each registered ``WITH (augment =
   'RandomResizedCrop(224), RandomHorizontalFlip()', seed = i)`` (``--recipe-size``): the service
-  shares one aspect-kept decode a row (:class:`tabloader.engine._prepare.prep.Fit`) and each client
+  shares one aspect-kept decode a row (:class:`tabloader.engine.decode.Fit`) and each client
   crops, resizes and flips its own draws in its threads. The DataLoaders decode each sample with
   Pillow as a tuned user does (``draft`` to the DCT scale that covers 224, as ``bench throughput``'s
   Pillow arm), then the same recipe: torchvision's ``transforms.v2`` where it is installed, else the

@@ -15,8 +15,6 @@ from tabloader._format import format_table
 if TYPE_CHECKING:
     from tabloader.catalog import Catalog
 
-__all__ = ["DEMO_JOBS", "run_demo"]
-
 DEMO_JOBS = {
     "resnet18": "SELECT image, label FROM imagenet WHERE label < 6",
     "vit_small": "SELECT image, label FROM imagenet WHERE label >= 3 AND path NOT LIKE '%9.jpg'",

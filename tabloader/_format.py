@@ -7,8 +7,6 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["describe_result", "format_table", "printable"]
-
 # C0 and C1 control characters but the newline and the tab: a name or value holding a terminal
 # escape ("\x1b[31m") must not drive the terminal it is printed on.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -8,8 +8,6 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_names"]
-
 
 def lazy_names(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package``: each name of ``where`` is imported from its

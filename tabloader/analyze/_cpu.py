@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cores", "machine_busy_s", "process_cpu_s", "tree_cpu_s"]
-
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

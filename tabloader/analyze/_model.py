@@ -51,8 +51,6 @@ from typing import Any
 
 from tabloader.catalog._errors import TabloaderError
 
-__all__ = ["EPOCH_BOUNDS", "Prediction", "Rates", "WhatIf", "parse_what_if", "predict"]
-
 EPOCH_BOUNDS = ("loop", "decode", "storage", "cpu", "deliver")
 """The stages an epoch can be bound by (``Prediction.bound``; of two equal, the first)."""
 

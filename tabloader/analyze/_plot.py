@@ -16,8 +16,6 @@ from tabloader.analyze._model import WhatIf, predict
 if TYPE_CHECKING:
     from tabloader.analyze._report import Analysis
 
-__all__ = ["plot_analysis"]
-
 
 def plot_analysis(analysis: Analysis, path: str | os.PathLike[str]) -> None:
     """Write the plot of ``analysis`` to ``path`` (any format matplotlib knows by suffix).

@@ -59,8 +59,6 @@ from tabloader.analyze._cpu import cores, machine_busy_s, process_cpu_s, tree_cp
 from tabloader.analyze._model import Rates
 from tabloader.catalog._errors import LoaderError
 
-__all__ = ["DEFAULT_BATCHES", "Overlap", "Profile", "Run", "profile_job", "rates_of"]
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = 20

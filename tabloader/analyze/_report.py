@@ -23,8 +23,6 @@ from tabloader.analyze._profile import (
     rates_of,
 )
 
-__all__ = ["Analysis", "analyze"]
-
 
 @dataclass(frozen=True)
 class Analysis:

@@ -19,7 +19,8 @@ from tabloader.catalog._progress import disable_progress_bars
 
 if typing.TYPE_CHECKING:
     from tabloader.catalog._augment import from_torchvision, parse_augment
-    from tabloader.catalog._catalog import Catalog, Dataset, Job, open_catalog
+    from tabloader.catalog._catalog import Catalog, open_catalog
+    from tabloader.catalog._model import Dataset, Job
     from tabloader.catalog._options import JobOptions, JobSpec
 from tabloader.catalog._errors import (
     AlreadyExistsError,
@@ -79,8 +80,8 @@ __all__ = [
 
 _LAZY = {
     "Catalog": "tabloader.catalog._catalog",
-    "Dataset": "tabloader.catalog._catalog",
-    "Job": "tabloader.catalog._catalog",
+    "Dataset": "tabloader.catalog._model",
+    "Job": "tabloader.catalog._model",
     "JobOptions": "tabloader.catalog._options",
     "JobSpec": "tabloader.catalog._options",
     "from_torchvision": "tabloader.catalog._augment",

@@ -42,17 +42,6 @@ if TYPE_CHECKING:
     from tabloader.catalog._model import Dataset, Job, JobInfo
     from tabloader.catalog.storage._verify import VerifyReport
 
-__all__ = [
-    "ARG_OF_TYPE",
-    "OPERATIONS",
-    "Arg",
-    "CatalogAPI",
-    "Operation",
-    "StatementTarget",
-    "Wire",
-    "operation",
-]
-
 P = ParamSpec("P")
 R = TypeVar("R")
 

@@ -22,8 +22,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["id_array", "is_binary", "to_numpy"]
-
 _NUMPY = {
     pa.int8(): np.int8,
     pa.int16(): np.int16,

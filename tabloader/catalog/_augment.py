@@ -86,23 +86,6 @@ from typing import Any
 
 from tabloader.catalog._errors import OptionError
 
-__all__ = [
-    "MAX_OPS",
-    "MAX_PIXELS",
-    "MAX_RATIO",
-    "MAX_SIZE",
-    "MAX_TEXT",
-    "MAX_WORK",
-    "MIN_STD",
-    "OPERATIONS",
-    "SOURCE_SIDE",
-    "AugmentSpec",
-    "Op",
-    "default_seed",
-    "from_torchvision",
-    "parse_augment",
-]
-
 MAX_TEXT = 2000
 """The longest ``augment`` text (characters): a parse is bounded."""
 

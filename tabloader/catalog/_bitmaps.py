@@ -20,15 +20,6 @@ from __future__ import annotations
 import numpy as np
 from pyroaring import BitMap
 
-__all__ = [
-    "ID_COLUMN",
-    "bitmap_from_array",
-    "bitmap_from_flags",
-    "bitmap_to_array",
-    "serialized_max",
-    "set_flags",
-]
-
 ID_COLUMN = "_id"
 """Every dataset's integer primary key: dense row ids ``0..N-1`` in storage order."""
 

@@ -15,11 +15,10 @@ import pyarrow as pa
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._database import META, Database
 from tabloader.catalog._errors import DatasetNotFoundError, did_you_mean
-from tabloader.catalog._model import Dataset, is_payload
+from tabloader.catalog._model import Dataset
 from tabloader.catalog.storage import DatasetReader, PartInfo
 from tabloader.catalog.storage._stores import storage_uri
-
-__all__ = ["DatasetCache"]
+from tabloader.catalog.storage._values import is_payload
 
 
 class DatasetCache:

@@ -53,7 +53,6 @@ from tabloader.catalog._database import (
 from tabloader.catalog._directory import (
     DATA_DIR,
     DB_FILE,
-    ENV_VAR,
     FILE_MODE,
     JOBS_DIR,
     PART_FILE_RE,
@@ -61,7 +60,6 @@ from tabloader.catalog._directory import (
     check_new_root,
     claim_root,
     collect_garbage,
-    default_root,
     make_private_dir,
     migrate,
     not_a_catalog,
@@ -87,15 +85,14 @@ from tabloader.catalog._imports import Ingest
 from tabloader.catalog._job_bitmaps import JobBitmaps
 from tabloader.catalog._job_weights import WEIGHT, JobWeights, weights_crc
 from tabloader.catalog._limits import Limits
-from tabloader.catalog._model import Dataset, Job, JobInfo, check_columns, is_payload
+from tabloader.catalog._model import Dataset, Job, JobInfo, check_columns
 from tabloader.catalog._options import check_options, default_cache_problem
 from tabloader.catalog.storage._stores import WritableStore, open_store
+from tabloader.catalog.storage._values import is_payload
 from tabloader.catalog.storage._verify import VerifyReport, verify_readers
 
 if TYPE_CHECKING:
     from sqlglot import exp
-
-__all__ = ["ENV_VAR", "Catalog", "Dataset", "Job", "default_root", "open_catalog", "resolve_root"]
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")

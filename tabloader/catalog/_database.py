@@ -35,19 +35,6 @@ from tabloader.catalog._limits import Limits
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
 
-__all__ = [
-    "DAMAGED_FIX",
-    "DUCKDB_CONFIG",
-    "META",
-    "META_DDL",
-    "READ_ONLY_ERRORS",
-    "Database",
-    "disk_full_hint",
-    "duckdb_errors",
-    "quote",
-    "translate",
-]
-
 META = "_tabloader"
 DAMAGED_FIX = (
     "The file is damaged or is not a DuckDB database: restore it from a backup, or move the "

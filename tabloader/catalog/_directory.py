@@ -41,37 +41,6 @@ from tabloader.catalog._errors import CatalogError, CatalogLockedError, StorageE
 if TYPE_CHECKING:  # a job process resolves a catalog's path without DuckDB (0.1 s to import)
     from tabloader.catalog._database import Database
 
-__all__ = [
-    "DATA_DIR",
-    "DB_FILE",
-    "DIR_MODE",
-    "ENV_VAR",
-    "FILE_MODE",
-    "JOBS_DIR",
-    "JOB_FILE_RE",
-    "NAME_RE",
-    "PART_FILE_RE",
-    "check_name",
-    "check_new_root",
-    "claim_root",
-    "collect_garbage",
-    "default_root",
-    "is_open",
-    "make_private_dir",
-    "migrate",
-    "new_token",
-    "not_a_catalog",
-    "not_writable",
-    "open_file",
-    "opened_path",
-    "read_file",
-    "release_root",
-    "remove_leftovers",
-    "resolve_root",
-    "weights_path",
-    "write_file",
-]
-
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "TABLOADER_CATALOG"  # the default catalog directory

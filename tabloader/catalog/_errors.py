@@ -33,31 +33,6 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = [
-    "AlreadyExistsError",
-    "CacheError",
-    "CatalogError",
-    "CatalogLockedError",
-    "DatasetInUseError",
-    "DatasetNotFoundError",
-    "ForbiddenExpressionError",
-    "ImportFailedError",
-    "JobNotFoundError",
-    "LoaderError",
-    "NotFoundError",
-    "OptionError",
-    "RowIdError",
-    "RowReadError",
-    "SamplingError",
-    "ServiceError",
-    "ServiceStuckError",
-    "StatementError",
-    "StorageError",
-    "TabloaderError",
-    "UnknownColumnError",
-    "did_you_mean",
-]
-
 
 class TabloaderError(Exception):
     """Base class of every error tabloader raises on purpose."""

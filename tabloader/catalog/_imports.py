@@ -32,13 +32,11 @@ from tabloader.catalog._database import META, Database, disk_full_hint, quote, t
 from tabloader.catalog._directory import DATA_DIR, make_private_dir, new_token
 from tabloader.catalog._errors import ImportFailedError, StorageError
 from tabloader.catalog._importers import Source
-from tabloader.catalog._model import is_payload
 from tabloader.catalog._progress import progress_bar
 from tabloader.catalog.storage import PartWriter, choose_rows_per_batch
 from tabloader.catalog.storage._checksums import FileIdentity
 from tabloader.catalog.storage._stores import WritableStore
-
-__all__ = ["INSERT_ROWS", "Ingest"]
+from tabloader.catalog.storage._values import is_payload
 
 INSERT_ROWS = 64 * 1024  # rows per INSERT into DuckDB during an import
 

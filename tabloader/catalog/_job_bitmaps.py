@@ -27,8 +27,6 @@ from tabloader.catalog._directory import JOBS_DIR, new_token, read_file, write_f
 from tabloader.catalog._errors import StatementError, StorageError
 from tabloader.catalog._model import Dataset
 
-__all__ = ["PREDICATE", "JobBitmaps", "JobFiles", "max_bitmap_bytes"]
-
 PREDICATE = "a job predicate"
 """What the allow-list's errors call a job's ``WHERE`` (``check_predicate``'s ``what``)."""
 

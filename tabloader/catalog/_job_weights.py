@@ -37,8 +37,6 @@ from tabloader.catalog._errors import OptionError, StatementError
 from tabloader.catalog._job_bitmaps import PREDICATE, JobFiles
 from tabloader.catalog._model import Dataset
 
-__all__ = ["SHOWN_IDS", "WEIGHT", "JobWeights", "weights_crc"]
-
 logger = logging.getLogger(__name__)
 
 SHOWN_IDS = 5

@@ -26,8 +26,6 @@ from typing import Any
 
 from tabloader.catalog._settings import format_bytes, physical_memory, setting
 
-__all__ = ["MEMORY_ENV", "TIMEOUT_ENV", "Limits"]
-
 MEMORY_ENV = "TABLOADER_MEMORY_LIMIT"
 TIMEOUT_ENV = "TABLOADER_STATEMENT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0

@@ -14,9 +14,6 @@ from pyroaring import BitMap
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._errors import UnknownColumnError, did_you_mean
 from tabloader.catalog.storage import DatasetReader
-from tabloader.catalog.storage._values import is_payload
-
-__all__ = ["Dataset", "Job", "JobInfo", "check_columns", "is_payload"]
 
 
 @dataclass(frozen=True)

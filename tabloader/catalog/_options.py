@@ -20,18 +20,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from tabloader.catalog._augment import parse_augment
 from tabloader.catalog._errors import OptionError, TabloaderError
 
-__all__ = [
-    "BATCH_BYTES_LIMIT",
-    "JOB_OPTIONS",
-    "SPEC_VERSION",
-    "JobOption",
-    "JobOptions",
-    "JobSpec",
-    "check_options",
-    "default_cache_problem",
-    "option_value",
-]
-
 BATCH_BYTES_LIMIT = 4 << 30
 """The most bytes one batch of decoded ``image_size`` images (H x W x 3 bytes each) may take."""
 

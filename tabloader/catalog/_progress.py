@@ -9,8 +9,6 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["disable_progress_bars", "enable_progress_bars", "progress_bar"]
-
 _disabled = False
 
 

@@ -19,19 +19,6 @@ from typing import Any
 
 from tabloader.catalog._errors import CatalogError, TabloaderError
 
-__all__ = [
-    "DEFAULT_IMAGE_MEGAPIXELS",
-    "SETTINGS",
-    "STORAGE_ENV",
-    "Setting",
-    "check_counts",
-    "format_bytes",
-    "parse_bytes",
-    "physical_memory",
-    "setting",
-    "shared_memory",
-]
-
 #: The environment variable naming the root that catalogs opened in this process read their
 #: parts from (unset: each catalog's own directory; see ``catalog.storage.storage_uri``). Here,
 #: not in the storage package, so that a client reads it without importing pyarrow.

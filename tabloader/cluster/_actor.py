@@ -49,21 +49,6 @@ if TYPE_CHECKING:
     from tabloader.catalog._options import JobSpec
     from tabloader.cluster._node import NodeInfo
 
-__all__ = [
-    "LEADER_DEFAULTS",
-    "Cluster",
-    "ClusterStatus",
-    "LeaderActor",
-    "checkpoint_path",
-    "cluster_status",
-    "decode_bytes",
-    "encode_bytes",
-    "serve_cluster",
-    "start_leader",
-    "state_json",
-    "with_totals",
-]
-
 logger = logging.getLogger(__name__)
 
 

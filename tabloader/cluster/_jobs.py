@@ -31,25 +31,6 @@ from tabloader.catalog._model import Job
 from tabloader.catalog._options import JobSpec
 from tabloader.service._protocol import JobWire
 
-__all__ = [
-    "Assignment",
-    "CacheCounts",
-    "ClusterJob",
-    "EpochCheckpoint",
-    "EpochPart",
-    "JobCheckpoint",
-    "JobStatus",
-    "Joining",
-    "LeaderOptions",
-    "LeaderState",
-    "LeaderStatus",
-    "NodeJobCounts",
-    "NodeStats",
-    "Pending",
-    "WorkList",
-    "dataset_key",
-]
-
 IntArray = npt.NDArray[np.int64]
 
 

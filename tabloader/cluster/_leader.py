@@ -75,8 +75,6 @@ from tabloader.sampling import DependentSampler
 from tabloader.sampling._importance import ImportanceScores
 from tabloader.service._protocol import job_from_wire, job_to_wire
 
-__all__ = ["Leader"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -30,8 +30,6 @@ import numpy.typing as npt
 from tabloader.catalog._errors import SamplingError
 from tabloader.cluster._jobs import Joining, Pending
 
-__all__ = ["Membership"]
-
 
 class Membership:
     """Jobs whose ranks are joining, ranks of running jobs that left, and jobs gone."""

@@ -13,8 +13,6 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["NAMESPACE", "get_leader", "leader_name", "loader_name", "node_key"]
-
 NAMESPACE = "tabloader"
 """The Ray namespace of the leader actors (named actors are found within a namespace)."""
 

@@ -53,16 +53,6 @@ if TYPE_CHECKING:
     from tabloader.engine._deliver.stream import ServedStream
     from tabloader.service._server import Service
 
-__all__ = [
-    "NodeFeed",
-    "NodeInfo",
-    "NodeLoader",
-    "RayNodes",
-    "ServiceOptions",
-    "SnapshotCatalog",
-    "node_stats",
-]
-
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often the feed asks the leader while a rank is hungry

@@ -33,8 +33,6 @@ import xxhash
 from tabloader.catalog.storage._tier import StorageTier
 from tabloader.cluster._names import NAMESPACE, loader_name
 
-__all__ = ["PEER_TIMEOUT_S", "PeerCache", "owner_of"]
-
 logger = logging.getLogger(__name__)
 
 PEER_TIMEOUT_S = 30.0  # a peer's answer (it may fetch from the bucket, with retries)

@@ -59,8 +59,6 @@ from tabloader.catalog._errors import SamplingError
 from tabloader.catalog._options import JobSpec
 from tabloader.engine._queue.ranks import rank_share
 
-__all__ = ["DROPPED", "JobPlacement", "PlacementState", "Placer", "node_key", "preferred_nodes"]
-
 DROPPED = -1
 """The rank of a row that no rank reads: an epoch's remainder (see the module docstring)."""
 

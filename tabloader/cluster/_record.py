@@ -32,17 +32,6 @@ from typing import Any, TypedDict
 from tabloader.catalog._directory import ENV_VAR, default_root, read_file
 from tabloader.catalog._errors import ServiceError, StorageError
 
-__all__ = [
-    "DIAL_TIMEOUT_S",
-    "LeaderRecord",
-    "check_address",
-    "dial",
-    "process_started",
-    "record_leader",
-    "record_path",
-    "recorded_leader",
-]
-
 logger = logging.getLogger(__name__)
 
 RECORD_BYTES = 4096

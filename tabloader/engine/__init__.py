@@ -48,11 +48,12 @@ from tabloader._lazy import lazy_names
 if TYPE_CHECKING:
     from tabloader.engine._arena.arena import values_that_fit
     from tabloader.engine._arena.slabs import size_class
-    from tabloader.engine._loader import JobStream, Loader, OnError, default_loader
+    from tabloader.engine._deliver.stream import JobStream
+    from tabloader.engine._loader import Loader, default_loader
     from tabloader.engine._opening import OpenArgs
     from tabloader.engine._prepare.augment import Augmenter, shared_fit
     from tabloader.engine._prepare.resample import resize_kernel, resize_kernels, use_resize_kernel
-    from tabloader.engine._queue.jobs import default_prefetch
+    from tabloader.engine._queue.jobs import OnError, default_prefetch
 
 __all__ = [
     "Augmenter",
@@ -72,9 +73,9 @@ __all__ = [
 
 _LAZY = {
     "Augmenter": "tabloader.engine._prepare.augment",
-    "JobStream": "tabloader.engine._loader",
+    "JobStream": "tabloader.engine._deliver.stream",
     "Loader": "tabloader.engine._loader",
-    "OnError": "tabloader.engine._loader",
+    "OnError": "tabloader.engine._queue.jobs",
     "OpenArgs": "tabloader.engine._opening",
     "default_loader": "tabloader.engine._loader",
     "default_prefetch": "tabloader.engine._queue.jobs",

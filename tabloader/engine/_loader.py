@@ -73,7 +73,7 @@ from tabloader.engine._prepare.decoding import DecodePool
 from tabloader.engine._prepare.fetch import Fetcher
 from tabloader.engine._prepare.planning import OpenDecode, column_plan, job_augmenter
 from tabloader.engine._prepare.pool import PriorityPool
-from tabloader.engine._prepare.prep import DecodeKind, Fit, decoder_for, holds_bytes, pixel_limit
+from tabloader.engine._prepare.prep import DecodeKind, decoder_for, holds_bytes
 from tabloader.engine._prepare.storage import CACHE_DIR, Share, StorageReads
 from tabloader.engine._prepare.work import Plan, Receiver
 from tabloader.engine._queue import jobs
@@ -83,6 +83,8 @@ from tabloader.engine._queue.queues import JobQueues
 from tabloader.engine._queue.ranks import rank_share, resolve_rank
 from tabloader.engine._queue.scheduler import DatasetScheduler
 from tabloader.engine._queue.sources import Sampled
+from tabloader.engine.decode._backend import Fit
+from tabloader.engine.decode._images import pixel_limit
 from tabloader.sampling import SAMPLERS, IndependentSampler
 
 if TYPE_CHECKING:
@@ -90,8 +92,6 @@ if TYPE_CHECKING:
 
     from tabloader.catalog import Dataset, Job, JobSpec
     from tabloader.engine._opening import OpenArgs
-
-__all__ = ["JobPlan", "JobStream", "Loader", "OnError", "default_loader"]
 
 logger = logging.getLogger(__name__)
 

@@ -51,17 +51,6 @@ if TYPE_CHECKING:
 
     from tabloader.catalog import Job
 
-__all__ = [
-    "EPOCH_MAX",
-    "OPEN_VERSION",
-    "OpenArgs",
-    "OpenRequest",
-    "Resume",
-    "check_state",
-    "state_from_wire",
-    "state_to_wire",
-]
-
 OPEN_VERSION = 1  # of the wire encoding: both ends read the same
 EPOCH_MAX = int(SETTINGS["epochs"].bounds()[1])
 """Epochs are numbered below this (the ``epochs`` setting's maximum), a resumed one too."""

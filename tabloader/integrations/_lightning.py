@@ -28,8 +28,6 @@ import sys
 import warnings
 from typing import Any, Protocol
 
-__all__ = ["Positioned", "watch"]
-
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 _CALLBACKS: dict[str, type] = {}  # per package: the callback class, made on first use
 

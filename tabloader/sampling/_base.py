@@ -25,16 +25,6 @@ if TYPE_CHECKING:
     from tabloader.sampling._importance import ImportanceScores
     from tabloader.sampling._states import Drawn
 
-__all__ = [
-    "JobStart",
-    "Sampler",
-    "Uniforms",
-    "check_ids",
-    "check_remaining",
-    "check_round",
-    "unknown_job",
-]
-
 
 class JobStart(TypedDict, total=False):
     """Where a job starts in a sampler (``Sampler.add_job``'s keywords; none: a fresh plain

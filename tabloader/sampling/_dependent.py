@@ -94,8 +94,6 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler: the Python walk
     walk = None  # type: ignore[assignment]
 
-__all__ = ["DependentSampler", "walk"]
-
 logger = logging.getLogger(__name__)
 
 _Part = list[int] | np.ndarray  # some rounds' rows of one job

@@ -53,18 +53,6 @@ from pyroaring import BitMap
 from tabloader.catalog._bitmaps import bitmap_from_array, bitmap_to_array, serialized_max
 from tabloader.catalog._errors import LoaderError, SamplingError, TabloaderError
 
-__all__ = [
-    "B0",
-    "FLATTEN",
-    "PRIOR",
-    "REPORT_ROWS_MAX",
-    "ROWS_MAX",
-    "S_MAX",
-    "ImportanceScores",
-    "floor",
-    "report_arrays",
-]
-
 REPORT_ROWS_MAX = 65_536
 """The most rows one report may carry: a minibatch's, never an epoch's (bounds the message)."""
 

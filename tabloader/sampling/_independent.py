@@ -25,8 +25,6 @@ from tabloader.sampling._shared import SamplerBase
 from tabloader.sampling._states import IndependentState, SamplerState
 from tabloader.sampling._weighted import WeightedJobs
 
-__all__ = ["IndependentSampler"]
-
 
 @dataclass
 class _Job:

@@ -44,8 +44,6 @@ import numpy as np
 
 from tabloader.sampling._states import RegionsState
 
-__all__ = ["Regions", "chunk_starts", "swap_remove"]
-
 logger = logging.getLogger(__name__)
 
 _Groups = tuple[list[list[int]], list[list[int]]]

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from tabloader.sampling._states import Drawn
     from tabloader.sampling._weighted import WeightedJobs
 
-__all__ = ["PlainJob", "SamplerBase"]
-
 
 class PlainJob(Protocol):
     """What :class:`SamplerBase` reads of a sampler's plain job."""

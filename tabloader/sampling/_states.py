@@ -13,19 +13,6 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     from typing_extensions import NotRequired
 
-__all__ = [
-    "DependentJobState",
-    "DependentState",
-    "Drawn",
-    "IndependentJobState",
-    "IndependentState",
-    "RegionsState",
-    "SamplerState",
-    "UniformsState",
-    "WeightedJobState",
-    "WeightedState",
-]
-
 
 class UniformsState(TypedDict):
     """:meth:`~tabloader.sampling._base.Uniforms.state_dict`: the generator's state, the

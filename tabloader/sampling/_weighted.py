@@ -38,16 +38,6 @@ from tabloader.sampling._states import Drawn, WeightedState
 if TYPE_CHECKING:
     from tabloader.sampling._importance import ImportanceScores
 
-__all__ = [
-    "BLOCK",
-    "K",
-    "Lead",
-    "SumTree",
-    "WeightedJob",
-    "WeightedJobs",
-    "check_weights",
-]
-
 K = 16  # residual attempts per round in the round's block of uniforms
 BLOCK = 1 + 2 * K  # uniforms per round
 KEEP_EPOCHS = 64  # past epochs' distributions kept for ``row_weights`` (a queue may span several)

@@ -68,9 +68,6 @@ class ServiceView(Protocol):
     lock: threading.RLock | threading.Lock
 
 
-__all__ = ["ARGS", "RESULTS", "CatalogOps", "ServiceCatalog", "request"]
-
-
 # -- the codecs: each kind of argument and result of tabloader.catalog._api
 # ---------------------------------
 class Spool:

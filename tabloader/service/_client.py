@@ -38,8 +38,9 @@ from tabloader.catalog._settings import STORAGE_ENV, setting
 from tabloader.engine._arena.shm import Segment
 from tabloader.engine._deliver.batchmem import BatchMemory
 from tabloader.engine._deliver.handoff import HandedBatch
-from tabloader.engine._deliver.streams import StreamBase, report_arrays
-from tabloader.engine._opening import OpenArgs, OpenRequest
+from tabloader.engine._deliver.streams import StreamBase
+from tabloader.engine._opening import OpenArgs, OpenRequest, state_from_wire
+from tabloader.sampling._importance import report_arrays
 from tabloader.service._listener import STARTER_ENV
 from tabloader.service._plugins import Locator, locator
 from tabloader.service._protocol import (
@@ -49,14 +50,11 @@ from tabloader.service._protocol import (
     report_to_wire,
     runtime_dir,
     service_pid,
-    state_from_wire,
 )
 from tabloader.service._reopen import Ahead, forget, register, settle
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-__all__ = ["SERVE", "Copies", "RemoteLoader", "RemoteStream", "dial", "service_loader"]
 
 START_TIMEOUT_S = 60.0
 START_POLL_S = 0.01  # a try is a failed connect() (the socket is not there yet): cheap

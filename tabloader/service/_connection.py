@@ -38,8 +38,6 @@ from tabloader.service._turns import LockWait, Turn
 if TYPE_CHECKING:
     from tabloader.catalog import Catalog
 
-__all__ = ["Connection", "connect"]
-
 
 def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Connection:
     """The catalog at ``path`` (default as ``catalog.open_catalog``), through its service while one

@@ -57,15 +57,6 @@ from tabloader.service._protocol import (
     send_frame,
 )
 
-__all__ = [
-    "HANDSHAKE_TIMEOUT",
-    "STARTER_ENV",
-    "Handler",
-    "Listener",
-    "ServiceRunningError",
-    "Session",
-]
-
 logger = logging.getLogger(__name__)
 
 STARTER_ENV = "TABLOADER_SERVICE_STARTER"

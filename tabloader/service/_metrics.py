@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:  # imported by MetricsServer: http.server brings ssl, 10-40 ms of every
     import http.server  # service's start, which seldom serves metrics
 
-__all__ = ["CONTENT_TYPE", "METRICS", "Metric", "MetricsServer", "render_metrics"]
-
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

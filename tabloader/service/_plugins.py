@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from tabloader.catalog._errors import ServiceError
     from tabloader.engine._deliver.stream import ServedStream
 
-__all__ = ["Feed", "Locator", "locator", "set_locator"]
-
 
 class Feed(Protocol):
     """The rows of a service's jobs, from elsewhere (the cluster's leader)."""

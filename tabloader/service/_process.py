@@ -15,8 +15,6 @@ from tabloader.service._client import RemoteLoader
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["START_TIMEOUT_S", "ServiceProcess"]
-
 START_TIMEOUT_S = 120.0  # interpreter start-up on a loaded 2-core machine
 
 

@@ -58,68 +58,12 @@ from tabloader.catalog._errors import (
     StorageError,
     TabloaderError,
 )
-from tabloader.engine._deliver.streams import REPORT_ROWS_MAX, report_arrays
-from tabloader.engine._opening import state_from_wire, state_to_wire
+from tabloader.sampling._importance import REPORT_ROWS_MAX, report_arrays
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from tabloader.catalog._model import Dataset, Job, JobInfo
-
-__all__ = [
-    "CONNECT_TIMEOUT_S",
-    "FDS",
-    "KEY_BYTES",
-    "MAX_MESSAGE",
-    "PROTOCOL_VERSION",
-    "RELEASE_MAX",
-    "BadMessage",
-    "BatchReply",
-    "Client",
-    "DatasetWire",
-    "Empty",
-    "EndReply",
-    "EpochReply",
-    "ErrorReply",
-    "HelloReply",
-    "JobFieldsWire",
-    "JobWire",
-    "Message",
-    "OpenReply",
-    "OptionsReply",
-    "ResultWire",
-    "RowsReply",
-    "SegmentReply",
-    "StateReply",
-    "StatsReply",
-    "answer_challenge",
-    "dataset_from_wire",
-    "dataset_to_wire",
-    "decode",
-    "deliver_challenge",
-    "describe",
-    "encode",
-    "error_reply",
-    "job_fields_from_wire",
-    "job_fields_to_wire",
-    "job_from_wire",
-    "job_to_wire",
-    "key_path",
-    "recv_frame",
-    "report_from_wire",
-    "report_to_wire",
-    "result_from_wire",
-    "result_to_wire",
-    "runtime_dir",
-    "send_frame",
-    "service_pid",
-    "socket_path",
-    "state_from_wire",
-    "state_to_wire",
-    "string_value",
-    "table_from_wire",
-    "table_to_wire",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -510,8 +454,9 @@ def dataset_from_wire(wire: DatasetWire) -> Dataset:
     import pyarrow as pa
 
     from tabloader.catalog._bitmaps import ID_COLUMN
-    from tabloader.catalog._model import Dataset, is_payload
+    from tabloader.catalog._model import Dataset
     from tabloader.catalog.storage import DatasetReader, PartInfo
+    from tabloader.catalog.storage._values import is_payload
 
     stored = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(wire["stored"])))
     parts = [PartInfo(**p) for p in wire["parts"]]

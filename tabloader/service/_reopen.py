@@ -24,8 +24,6 @@ from typing import Any
 from tabloader.catalog._errors import TabloaderError
 from tabloader.service._protocol import Client
 
-__all__ = ["Ahead", "forget", "register", "settle"]
-
 WAIT_S = 2.0  # for the service's answer to a dropped stream's leave
 
 Key = tuple[Any, ...]

@@ -50,7 +50,7 @@ from tabloader.engine import Loader
 from tabloader.engine._deliver.handoff import HandedBatch, Staging
 from tabloader.engine._deliver.stream import ServedStream
 from tabloader.engine._deliver.streams import no_importance
-from tabloader.engine._opening import OpenRequest
+from tabloader.engine._opening import OpenRequest, state_to_wire
 from tabloader.engine._prepare.storage import Share, node_cache_dir
 from tabloader.engine._queue.sources import Fed
 from tabloader.service._catalog_ops import CatalogOps
@@ -74,11 +74,8 @@ from tabloader.service._protocol import (
     StatsReply,
     report_from_wire,
     runtime_dir,
-    state_to_wire,
 )
 from tabloader.service._turns import open_catalog
-
-__all__ = ["ClientInfo", "JobSeat", "Service"]
 
 logger = logging.getLogger(__name__)
 

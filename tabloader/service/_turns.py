@@ -45,8 +45,6 @@ from tabloader.catalog._errors import CatalogLockedError, ServiceError
 from tabloader.catalog._settings import setting
 from tabloader.service._protocol import runtime_dir
 
-__all__ = ["LockWait", "Turn", "describe_process", "open_catalog"]
-
 logger = logging.getLogger(__name__)
 
 TURN_FILE = "turn"

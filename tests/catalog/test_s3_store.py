@@ -14,11 +14,11 @@ import pytest
 
 from tabloader import catalog
 from tabloader.catalog._errors import ImportFailedError, StorageError
+from tabloader.catalog._settings import STORAGE_ENV
 from tabloader.catalog.storage import DatasetReader
 from tabloader.catalog.storage._footer import footer_length, parse_footer
 from tabloader.catalog.storage._ranged import TAIL_FETCH_BYTES, PartFile, coalesce
 from tabloader.catalog.storage._s3 import ATTEMPTS, open_s3, s3_config
-from tabloader.catalog.storage._stores import STORAGE_ENV
 from tests.support.polling import wait_for
 from tests.support.s3proxy import Faults
 

@@ -13,7 +13,7 @@ import pytest
 from tabloader.cli import main
 from tabloader.engine import Loader
 from tabloader.engine._arena.shm import shm_available
-from tabloader.engine._prepare.prep import decode_image
+from tabloader.engine.decode import decode_image
 from tests.support.s3proxy import Faults
 
 

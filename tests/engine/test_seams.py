@@ -17,8 +17,8 @@ import pytest
 import tabloader.engine.decode._images as codec
 from tabloader import catalog
 from tabloader.catalog._errors import CatalogError, LoaderError, StorageError
+from tabloader.catalog._settings import STORAGE_ENV
 from tabloader.catalog.storage import DatasetReader, open_store, register_store, unregister_store
-from tabloader.catalog.storage._stores import STORAGE_ENV
 from tabloader.engine import Loader, decode
 from tabloader.engine._arena.shm import shm_available
 from tabloader.engine._prepare import prep

@@ -19,7 +19,7 @@ from tabloader.catalog._errors import LoaderError
 from tabloader.engine._loader import Loader
 from tabloader.engine._prepare.augment import Augmenter
 from tabloader.engine._prepare.planning import MAX_SHARED_SCALE, OpenDecode, column_plan
-from tabloader.engine._prepare.prep import Fit, decode_image
+from tabloader.engine.decode import Fit, decode_image
 
 TRAIN = "RandomResizedCrop(20), RandomHorizontalFlip()"
 

@@ -20,20 +20,6 @@ import pyarrow as pa
 
 from tabloader.catalog._errors import ImportFailedError
 
-__all__ = [
-    "FOLLOW_LINKS_FIX",
-    "IMPORTERS",
-    "MAX_FILE_BYTES",
-    "Source",
-    "check_folder",
-    "check_inside",
-    "check_regular_file",
-    "detect_format",
-    "is_inside",
-    "open_source",
-    "read_regular_file",
-]
-
 MAX_FILE_BYTES = 1 << 30
 """The largest file read whole into one value (an image): a bigger one is refused."""
 

@@ -13,8 +13,6 @@ import pyarrow as pa
 from tabloader.catalog._errors import ImportFailedError
 from tabloader.catalog._importers import Source, check_inside, check_regular_file
 
-__all__ = ["expand_paths", "open_arrow", "open_ipc"]
-
 BATCH_ROWS = 64 * 1024
 
 

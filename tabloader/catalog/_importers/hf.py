@@ -49,8 +49,6 @@ from tabloader.catalog._importers import (
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["SPLIT_COLUMN", "open_hf"]
-
 logger = logging.getLogger(__name__)
 
 SPLIT_COLUMN = "split"

@@ -37,8 +37,6 @@ import pyarrow as pa
 from tabloader.catalog._errors import ImportFailedError
 from tabloader.catalog._importers import Source, check_folder, check_inside, read_regular_file
 
-__all__ = ["DEFAULT_EXTENSIONS", "SCHEMA", "open_imagefolder"]
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")

@@ -12,8 +12,6 @@ from tabloader.catalog._errors import ImportFailedError
 from tabloader.catalog._importers import Source
 from tabloader.catalog._importers.arrow import expand_paths
 
-__all__ = ["open_parquet"]
-
 
 def _open(path: Path) -> pq.ParquetFile:
     try:

@@ -21,8 +21,6 @@ from tabloader.catalog._errors import ImportFailedError, StorageError
 from tabloader.catalog._importers import Source
 from tabloader.catalog.storage._ranged import ObjectFile
 
-__all__ = ["EXTENSIONS", "open_remote"]
-
 EXTENSIONS = {"parquet": (".parquet", ".pq"), "arrow": (".arrow", ".feather", ".ipc", ".arrows")}
 
 

@@ -31,25 +31,6 @@ from sqlglot.parsers.duckdb import DuckDBParser
 
 from tabloader.catalog._errors import StatementError
 
-__all__ = [
-    "MAX_NESTING",
-    "MAX_STATEMENT_CHARS",
-    "AppendDataset",
-    "CreateDataset",
-    "DescribeDataset",
-    "DropDataset",
-    "RegisterJob",
-    "ShowDatasets",
-    "ShowJobs",
-    "Tabloader",
-    "UnregisterJob",
-    "absolute_paths",
-    "first_token",
-    "parse",
-    "parse_predicate",
-    "split_statements",
-]
-
 FORMATS = ("imagefolder", "parquet", "arrow", "hf")
 # Bounds on statement text, checked before parsing: sqlglot's parser is recursive (50 nested
 # parentheses overflow Python's stack) and takes ~5 s per 100,000 IN-list items.

@@ -30,8 +30,6 @@ from tabloader.catalog._sql.dialect import (
 )
 from tabloader.catalog._sql.validate import check_query, position
 
-__all__ = ["HANDLERS", "StatementTarget", "execute"]
-
 
 def execute(catalog: StatementTarget, text: str) -> Any:
     """Parse ``text`` (exactly one statement) and run it; see ``Catalog.sql``."""

@@ -19,8 +19,6 @@ from tabloader.catalog._errors import StatementError
 from tabloader.catalog._limits import Limits
 from tabloader.catalog._settings import format_bytes
 
-__all__ = ["GENERATORS", "check_sizes"]
-
 
 def _number(node: exp.Expr | None) -> float | None:
     """The value of a constant numeric expression (folded by sqlglot), else None."""

@@ -34,19 +34,6 @@ from tabloader.catalog._model import Dataset
 from tabloader.catalog._sql.dialect import first_token, parse_predicate
 from tabloader.catalog._sql.sizes import check_sizes
 
-__all__ = [
-    "FORBIDDEN_FUNCTIONS",
-    "PREDICATE_FUNCTIONS",
-    "PREDICATE_FUNCTION_CALLS",
-    "PREDICATE_FUNCTION_NODES",
-    "PREDICATE_NODES",
-    "bound_cte",
-    "check_predicate",
-    "check_query",
-    "check_tables",
-    "position",
-]
-
 PREDICATE_NODES: tuple[type[exp.Expression], ...] = (
     # leaves
     exp.Column,

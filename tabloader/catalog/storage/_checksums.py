@@ -31,16 +31,6 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-__all__ = [
-    "ALGORITHM",
-    "FORMAT",
-    "FileIdentity",
-    "batch_digests",
-    "column_digest",
-    "digests_metadata",
-    "parse_digests",
-]
-
 FORMAT = "2"  # files without KEY_FORMAT are format 1: no identity, no checksums
 ALGORITHM = "xxh3_64"
 KEY_FORMAT = b"tabloader.format"

@@ -18,8 +18,6 @@ import struct
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAGIC", "TAIL_BYTES", "Footer", "footer_length", "parse_footer"]
-
 MAGIC = b"ARROW1"
 TAIL_BYTES = 10  # the footer's length and the magic at the file's end
 _BLOCK = np.dtype([("offset", "<i8"), ("meta", "<i4"), ("pad", "<i4"), ("body", "<i8")])

@@ -39,17 +39,6 @@ from tabloader.catalog.storage._tier import TAIL
 if TYPE_CHECKING:
     from tabloader.catalog.storage._tier import BatchCache
 
-__all__ = [
-    "MAX_REQUEST_BYTES",
-    "READAHEAD_BYTES",
-    "TAIL_FETCH_BYTES",
-    "WINDOW_BYTES",
-    "ObjectFile",
-    "PartFile",
-    "ReadRanges",
-    "coalesce",
-]
-
 TAIL_FETCH_BYTES = 64 << 10  # the first request of a part: its last bytes (footer and all)
 MAX_REQUEST_BYTES = 8 << 20  # adjacent batches are fetched in one request up to this size
 WINDOW_BYTES = 64 << 20  # a caller holds at most this much of one read's batches at once

@@ -41,10 +41,10 @@ import pyarrow as pa
 from tabloader.catalog._arrays import id_array
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
+from tabloader.catalog._settings import STORAGE_ENV
 from tabloader.catalog.storage._checksums import FileIdentity, column_digest, parse_digests
 from tabloader.catalog.storage._ranged import PartFile
 from tabloader.catalog.storage._stores import (
-    STORAGE_ENV,
     LocalStore,
     RangedStore,
     Store,
@@ -61,8 +61,6 @@ from tabloader.catalog.storage._writer import PartInfo
 
 if TYPE_CHECKING:
     from tabloader.catalog.storage._tier import BatchCache
-
-__all__ = ["DatasetReader"]
 
 ID_FIELD = pa.field(ID_COLUMN, pa.int64(), nullable=False)
 _INT64 = pa.int64()

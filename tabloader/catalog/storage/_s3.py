@@ -50,20 +50,6 @@ from tabloader.catalog.storage._tier import Counters
 if TYPE_CHECKING:
     from tabloader.catalog.storage._tier import BatchCache
 
-__all__ = [
-    "ATTEMPTS",
-    "BACKOFF_S",
-    "IN_FLIGHT",
-    "MAX_BACKOFF_S",
-    "S3Config",
-    "S3Store",
-    "StoreCounters",
-    "forget_stores",
-    "open_s3",
-    "s3_config",
-    "split_uri",
-]
-
 ATTEMPTS = 5  # tries of one request in all (4 retries: ~0.75 s of backoff at most on average)
 BACKOFF_S = 0.05
 MAX_BACKOFF_S = 2.0

@@ -43,21 +43,6 @@ if TYPE_CHECKING:
     from tabloader.catalog.storage._ranged import PartFile
     from tabloader.catalog.storage._tier import BatchCache
 
-__all__ = [
-    "BUILTIN_STORES",
-    "STORAGE_ENV",
-    "LocalStore",
-    "RangedStore",
-    "Store",
-    "StoreFactory",
-    "WritableStore",
-    "open_store",
-    "register_store",
-    "storage_uri",
-    "store_factory",
-    "unregister_store",
-]
-
 
 class Store(Protocol):
     """Random-access reads of part files under one root.

@@ -55,19 +55,6 @@ import xxhash
 from tabloader.catalog._directory import FILE_MODE, make_private_dir, write_file
 from tabloader.catalog._errors import StorageError
 
-__all__ = [
-    "FLUSH_S",
-    "INDEX_FILE",
-    "RERANK_S",
-    "TAIL",
-    "BatchCache",
-    "Counters",
-    "Ranker",
-    "StorageTier",
-    "TierCounters",
-    "lru_ranks",
-]
-
 logger = logging.getLogger(__name__)
 
 TAIL = -1  # the batch number of a part's tail (its footer and schema)

@@ -34,16 +34,13 @@ from tabloader.catalog._arrays import is_binary
 if TYPE_CHECKING:
     from tabloader.catalog.storage._stores import Store
 
-__all__ = ["INDEX_ROWS", "ValueIndex", "binary_array", "binary_offsets", "is_payload"]
-
 INDEX_ROWS = 8
 """Parts with at least this many rows per record batch are indexed (larger rows have few
 rows per batch: a batch read is about a value read there)."""
 
 
 def is_payload(t: pa.DataType) -> bool:
-    """True for types that stay out of DuckDB: binary payloads, also inside nested types
-    (``tabloader.catalog._model`` re-exports it)."""
+    """True for types that stay out of DuckDB: binary payloads, also inside nested types."""
     return is_binary(t) or any(is_payload(t.field(i).type) for i in range(t.num_fields))
 
 

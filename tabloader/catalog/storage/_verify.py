@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from tabloader.catalog._errors import StorageError
 from tabloader.catalog.storage._reader import DatasetReader
 
-__all__ = ["Damage", "VerifyReport", "verify_readers"]
-
 
 @dataclass(frozen=True)
 class Damage:

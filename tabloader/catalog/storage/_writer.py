@@ -25,14 +25,6 @@ import pyarrow as pa
 from tabloader.catalog._directory import FILE_MODE
 from tabloader.catalog.storage._checksums import FileIdentity, digests_metadata
 
-__all__ = [
-    "MAX_ROWS_PER_BATCH",
-    "TARGET_BATCH_BYTES",
-    "PartInfo",
-    "PartWriter",
-    "choose_rows_per_batch",
-]
-
 TARGET_BATCH_BYTES = 256 * 1024
 MAX_ROWS_PER_BATCH = 64 * 1024
 # Flush to disk every this many bytes on a background thread while writing, so the fsync that

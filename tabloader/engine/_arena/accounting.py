@@ -31,8 +31,6 @@ from tabloader.catalog.storage import _tier
 if TYPE_CHECKING:
     from tabloader.engine._prepare.work import Work
 
-__all__ = ["AccessLog", "Counters"]
-
 
 @dataclass
 class Counters(_tier.Counters[float]):

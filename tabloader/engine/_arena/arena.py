@@ -77,15 +77,6 @@ from tabloader.catalog._errors import CacheError
 from tabloader.engine._arena.eviction import ARENA_POLICY, EvictionPolicy, keys_at_most
 from tabloader.engine._arena.slabs import Slabs, SlotClass, default_slab, size_class
 
-__all__ = [
-    "Arena",
-    "ArenaStats",
-    "CacheOvershootWarning",
-    "CacheTooSmallWarning",
-    "Found",
-    "values_that_fit",
-]
-
 ScoreFn = Callable[[int, npt.NDArray[np.int64]], tuple[npt.ArrayLike, npt.ArrayLike]]
 """``score(space, rows) -> (next_use, uses)``: larger next use = later (inf: none known)."""
 

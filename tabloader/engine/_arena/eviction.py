@@ -45,15 +45,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = [
-    "ARENA_POLICY",
-    "EvictionPolicy",
-    "FarthestNextUse",
-    "FewestUses",
-    "LeastRecent",
-    "keys_at_most",
-]
-
 
 class EvictionPolicy:
     """Ranks eviction candidates by :meth:`keys`; subclasses define ``keys``."""

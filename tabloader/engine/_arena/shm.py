@@ -54,8 +54,6 @@ from pathlib import Path
 
 from tabloader.catalog._errors import CacheError
 
-__all__ = ["SHM_DIR", "Segment", "process_alive", "shm_available"]
-
 SHM_DIR = Path("/dev/shm")
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,6 @@ import numpy.typing as npt
 
 from tabloader.catalog._errors import CacheError
 
-__all__ = ["MAX_SLAB", "MIN_SLAB", "MIN_SLOT", "Slabs", "SlotClass", "default_slab", "size_class"]
-
 MIN_SLAB = 64 << 10
 MAX_SLAB = 16 << 20
 MIN_SLOT = 64

@@ -39,8 +39,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BatchMemory"]
-
 Block = npt.NDArray[np.uint8]
 
 

@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from tabloader.engine._prepare.augment import Augmenter
     from tabloader.engine._prepare.work import Work
 
-__all__ = ["Collate", "HandOver", "OwnSlots", "Pins", "batch_of", "refuse_sources", "release"]
-
 
 class Pins:
     """Lets go of what batches hold in the arena (:func:`release`), and tells the loader's

@@ -41,23 +41,6 @@ if TYPE_CHECKING:
     from tabloader.engine._deliver.batchmem import BatchMemory
     from tabloader.engine._prepare.augment import Augmenter
 
-__all__ = [
-    "LAYOUT_VERSION",
-    "WEIGHT_COLUMN",
-    "Arrow",
-    "Augment",
-    "Augmented",
-    "BatchWire",
-    "Column",
-    "ColumnWire",
-    "HandedBatch",
-    "Held",
-    "ImageList",
-    "Images",
-    "Raw",
-    "Staging",
-]
-
 LAYOUT_VERSION = 1  # of the wire encoding: both ends read the same
 WEIGHT_COLUMN = "_weight"
 """A weighted job's batch column after ``_id``: float32 ``1 / (N p_row)`` per row (a plain

@@ -9,15 +9,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tabloader.catalog._errors import LoaderError
-from tabloader.engine._deliver.streams import StreamBase, report_arrays
+from tabloader.engine._deliver.streams import StreamBase
 from tabloader.engine._queue.jobs import FedRows, JobState, RankState, Rows, Weights
 from tabloader.engine._queue.scheduler import DatasetScheduler
+from tabloader.sampling._importance import report_arrays
 
 if TYPE_CHECKING:
     from tabloader.catalog._options import JobSpec
     from tabloader.engine._prepare.augment import Augmenter
-
-__all__ = ["JobStream", "ServedStream"]
 
 
 class JobStream(StreamBase):
@@ -146,7 +145,7 @@ class JobStream(StreamBase):
         reports into the job's one set of scores.
 
         Raises:
-            LoaderError: bad arrays (``streams.report_arrays``), rows not of the job, or a job
+            LoaderError: bad arrays (``report_arrays``), rows not of the job, or a job
                 without ``importance = 'loss'``.
         """
         checked_ids, checked_losses = report_arrays(ids, losses)

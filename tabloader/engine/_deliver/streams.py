@@ -17,15 +17,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tabloader.catalog._errors import LoaderError
-from tabloader.sampling._importance import REPORT_ROWS_MAX, report_arrays
 
 if TYPE_CHECKING:
     import numpy as np
     from typing_extensions import Self
 
     from tabloader.catalog._options import JobSpec
-
-__all__ = ["REPORT_ROWS_MAX", "Stream", "StreamBase", "no_importance", "report_arrays"]
 
 
 @runtime_checkable

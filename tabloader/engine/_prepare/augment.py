@@ -1,7 +1,7 @@
 """Each job's own augmentation, on top of the shared decode: draws and pixels.
 
 The shared prefix of loading an image (read + decode, aspect kept, at the smallest DCT scale that
-serves the jobs on the column: :class:`tabloader.engine._prepare.prep.Fit`) is done once per row for
+serves the jobs on the column: :class:`tabloader.engine.decode.Fit`) is done once per row for
 all jobs and kept in the arena. What stays per job is its random draws and the crop-resize that uses
 them, declared with the job (``augment``, parsed by :mod:`tabloader.catalog._augment`):
 
@@ -52,8 +52,6 @@ from tabloader.catalog._augment import AugmentSpec, Op, parse_augment
 from tabloader.catalog._errors import RowReadError
 from tabloader.engine._prepare.resample import resize_batch, resize_into
 from tabloader.engine.decode import Fit
-
-__all__ = ["Augmenter", "RowStreams", "normalization", "padded", "resized", "shared_fit"]
 
 
 def shared_fit(spec: AugmentSpec, decode_size: int | None) -> Fit:

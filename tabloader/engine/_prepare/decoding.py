@@ -61,16 +61,6 @@ from tabloader.engine._arena.shm import Segment, process_alive
 from tabloader.engine._prepare.prep import Decoder
 from tabloader.engine.decode import pixel_limit
 
-__all__ = [
-    "FORKSERVER_PRELOAD",
-    "DecodePool",
-    "PipeSemaphore",
-    "cap_memory",
-    "data_bytes",
-    "decode_rows",
-    "reader_of",
-]
-
 Errors = dict[int, BaseException]
 Result = tuple[Errors, dict[str, float]]
 
@@ -176,7 +166,7 @@ class DecodePool:
         segment: the arena's segment (its descriptor is handed to each process as it starts).
         processes: how many.
         max_pixels: the pixel limit the processes' memory cap is sized from (module
-            docstring; None: :func:`~tabloader.engine._prepare.prep.pixel_limit`'s).
+            docstring; None: :func:`~tabloader.engine.decode.pixel_limit`'s).
 
     The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
     DuckDB connection) that has imported this module once: on first use, or ahead of it with

@@ -58,8 +58,6 @@ from tabloader.engine._prepare.readahead import ReadAhead
 from tabloader.engine._prepare.work import Work
 from tabloader.engine.decode import Fit
 
-__all__ = ["Fetcher"]
-
 logger = logging.getLogger(__name__)
 
 NO_ROWS = np.empty(0, np.int64)
@@ -403,7 +401,7 @@ class Fetcher:
         """Decode ``load`` in this thread and store the values in the arena.
 
         An aspect-kept decode (a :class:`Fit`) goes straight into its slot, reserved once its
-        decoded shape is known (:func:`tabloader.engine._prepare.prep.decode_image`'s ``into``): no
+        decoded shape is known (:func:`tabloader.engine.decode.decode_image`'s ``into``): no
         copy of 0.6 MB a 500x375 image into the arena, and no new memory per image to fault
         in and free (0.1-0.15 ms of a 1 ms decode, measured as the arena's put).
         """

@@ -24,8 +24,6 @@ from tabloader.catalog.storage import DatasetReader
 from tabloader.engine._arena.accounting import Counters
 from tabloader.engine._prepare.prep import DecodeKind, Decoder, batch_column
 
-__all__ = ["FLAT_BYTES", "Gatherer"]
-
 logger = logging.getLogger(__name__)
 
 FLAT_BYTES = 64 << 20  # fixed-width columns up to this size are read whole, once

@@ -2,8 +2,8 @@
 
 A decoder allocates what the header declares: a 4 KB JPEG whose frame header says
 65500x65500 made libjpeg-turbo allocate 12 GB, and a 493 KB PNG of 13000x13000 decodes to
-1.67 GB. So every decode path (:func:`tabloader.engine._prepare.prep.decode_image` and
-:func:`~tabloader.engine._prepare.prep.decode_images`, in threads, in decode processes, into an
+1.67 GB. So every decode path (:func:`tabloader.engine.decode.decode_image` and
+:func:`~tabloader.engine.decode.decode_images`, in threads, in decode processes, into an
 arena slot) first reads the declared width and height here and refuses the image when
 width x height is over the pixel limit (:func:`check_pixels`); then the decoder runs.
 
@@ -30,8 +30,6 @@ import struct
 from typing import Any
 
 from tabloader.catalog._errors import LoaderError
-
-__all__ = ["PIXEL_LIMIT_FIX", "check_pixels", "declared_size"]
 
 PIXEL_LIMIT_FIX = (
     "tabloader serve --max-image-megapixels N, $TABLOADER_MAX_IMAGE_MEGAPIXELS or "

@@ -3,7 +3,7 @@ aspect-kept decode and the job's own augmentation on top of it.
 
 * A job with ``augment`` (see :mod:`tabloader.engine._prepare.augment`) reads each image column from
 an
-  aspect-kept decode (:class:`~tabloader.engine._prepare.prep.Fit`) whose least shorter side serves
+  aspect-kept decode (:class:`~tabloader.engine.decode.Fit`) whose least shorter side serves
   its ``need`` (``shared_fit``), drawing its own crops and flips from it.
 * A job with only ``image_size`` (an int: the evaluation recipe) reads a shared decode of its
   rows when there is one, and gets torchvision's ``Resize(size), CenterCrop(size)`` of it (the
@@ -53,12 +53,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from tabloader.catalog._augment import default_seed
 from tabloader.catalog._options import option_value
 from tabloader.engine._prepare.augment import Augmenter, shared_fit
-from tabloader.engine._prepare.prep import Fit, ImageSize
+from tabloader.engine.decode._backend import Fit, ImageSize
 
 if TYPE_CHECKING:
     from pyroaring import BitMap
-
-__all__ = ["MAX_SHARED_SCALE", "ColumnPlan", "OpenDecode", "column_plan", "job_augmenter"]
 
 MAX_SHARED_SCALE = 2
 """A job reads a shared decode whose shorter side is at most this many times its own need

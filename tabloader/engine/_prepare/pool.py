@@ -18,8 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["PriorityPool"]
-
 
 class PriorityPool:
     """``workers`` threads running submitted calls, the lowest ``priority`` first.

@@ -73,7 +73,6 @@ import pyarrow as pa
 
 from tabloader.catalog._arrays import is_binary, to_numpy
 from tabloader.catalog._errors import LoaderError, RowReadError
-from tabloader.engine._prepare.resample import resize_hw, resize_many_hw
 from tabloader.engine.decode._backend import (
     DEFAULT_BACKEND,
     DecodeBackend,
@@ -84,35 +83,8 @@ from tabloader.engine.decode._backend import (
 )
 from tabloader.engine.decode._images import (
     DEFAULT_DECODE_BACKEND,
-    Into,
-    PillowBackend,
-    SimpleJpegBackend,
     check_size,
-    decode_image,
-    decode_images,
-    pixel_limit,
 )
-
-__all__ = [
-    "IMAGE_COLUMN_NAMES",
-    "DecodeBackend",
-    "DecodeKind",
-    "Decoder",
-    "Fit",
-    "ImageSize",
-    "Into",
-    "PillowBackend",
-    "SimpleJpegBackend",
-    "batch_column",
-    "decode_image",
-    "decode_images",
-    "decoder_for",
-    "holds_bytes",
-    "pixel_limit",
-    "resize_hw",
-    "resize_many_hw",
-]
-
 
 IMAGE_COLUMN_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp", "picture", "photo"})
 """Binary columns decoded as images by default (case-insensitive)."""

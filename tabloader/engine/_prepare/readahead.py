@@ -50,8 +50,6 @@ from tabloader.catalog._errors import StorageError
 from tabloader.catalog.storage import DatasetReader
 from tabloader.catalog.storage._tier import TAIL
 
-__all__ = ["IN_FLIGHT", "MAX_PLAN_ROWS", "ReadAhead", "queue_heads", "rank_keys"]
-
 logger = logging.getLogger(__name__)
 
 IN_FLIGHT = 16  # fetches at once per dataset (each a request, or a read of the tier)

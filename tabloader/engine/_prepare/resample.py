@@ -47,20 +47,6 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler
     kernel = None  # type: ignore[assignment]
 
-__all__ = [
-    "Resampler",
-    "optional_torch",
-    "resampler",
-    "resize_batch",
-    "resize_hw",
-    "resize_into",
-    "resize_kernel",
-    "resize_kernels",
-    "resize_many_hw",
-    "torch_resizing",
-    "use_resize_kernel",
-]
-
 logger = logging.getLogger(__name__)
 
 Box = tuple[int, int, int, int]

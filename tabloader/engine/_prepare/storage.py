@@ -32,8 +32,6 @@ from tabloader.catalog.storage import DatasetReader, open_store
 from tabloader.catalog.storage._tier import BatchCache, StorageTier
 from tabloader.engine._prepare.readahead import MAX_PLAN_ROWS, ReadAhead, queue_heads, rank_keys
 
-__all__ = ["CACHE_DIR", "Share", "StorageReads", "node_cache_dir"]
-
 logger = logging.getLogger(__name__)
 
 CACHE_DIR = Path("cache") / "storage"  # the tier's folder under the catalog directory

@@ -19,8 +19,6 @@ import numpy.typing as npt
 from tabloader.engine._prepare.augment import Augmenter
 from tabloader.engine._prepare.prep import Decoder
 
-__all__ = ["Plan", "Receiver", "Work"]
-
 _SEQ = itertools.count()
 
 

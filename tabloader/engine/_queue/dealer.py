@@ -32,8 +32,6 @@ from tabloader.engine._queue.jobqueue import NO_ROWS
 from tabloader.engine._queue.jobs import MAX_UNDELIVERED, JobState, OnError, RankState
 from tabloader.sampling._base import Sampler
 
-__all__ = ["DRAWN_MAX", "Dealer"]
-
 DRAWN_MAX = 1 << 20
 """The most rows drawn ahead that a weighted job's state carries (4 bytes each, in hex in a
 message of the service); a job that drew more ahead resumes with draws of its own (of the

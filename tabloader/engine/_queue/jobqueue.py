@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["NO_ROWS", "JobQueue", "RoundLog"]
-
 NO_ROWS = np.empty(0, np.int64)  # an empty queue (shared: queues are replaced, never written)
 NO_WEIGHTS = np.empty(0, np.float32)  # no weights queued (every job but a fed weighted one)
 

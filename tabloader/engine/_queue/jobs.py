@@ -64,24 +64,6 @@ if TYPE_CHECKING:
     from tabloader.sampling._importance import ImportanceScores
     from tabloader.sampling._states import Drawn
 
-__all__ = [
-    "MAX_UNDELIVERED",
-    "FedRows",
-    "JobState",
-    "OnError",
-    "Pace",
-    "RankState",
-    "Regime",
-    "RowSource",
-    "Rows",
-    "Seat",
-    "Weights",
-    "batch_bytes",
-    "cache_rows",
-    "default_prefetch",
-    "fit_prefetch",
-]
-
 Rows = npt.NDArray[np.int64]
 Weights = npt.NDArray[np.float32] | None  # a batch's ``_weight`` column (None: a plain job's)
 

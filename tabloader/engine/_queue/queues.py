@@ -48,14 +48,6 @@ from tabloader.engine._queue.jobs import FedRows, JobState, Rows, Weights
 from tabloader.engine._queue.uses import FutureUses
 from tabloader.sampling._base import Sampler
 
-__all__ = [
-    "LOOKAHEAD_CACHES",
-    "LOOKAHEAD_ROWS",
-    "ROUND_ROWS",
-    "JobQueues",
-    "draws_with_replacement",
-]
-
 LOOKAHEAD_CACHES = 2
 """The lookahead window, in rounds, in arena capacities (of the job's values); each job samples
 its share of it. Simulated (``bench sampling``): one capacity stays within 7% of Belady, four

@@ -68,8 +68,6 @@ import numpy as np
 from tabloader.catalog._errors import LoaderError
 from tabloader.catalog._settings import SETTINGS
 
-__all__ = ["WORLD_SIZE_MAX", "rank_share", "resolve_rank"]
-
 WORLD_SIZE_MAX = int(SETTINGS["world_size"].bounds()[1])
 """The most data-parallel ranks a job has (``tabloader.catalog._settings``' ``world_size``); a job
 has at

@@ -59,8 +59,6 @@ from tabloader.engine._queue.dealer import Dealer
 from tabloader.engine._queue.jobs import MAX_UNDELIVERED, FedRows, JobState, OnError, RankState
 from tabloader.engine._queue.queues import JobQueues
 
-__all__ = ["DatasetScheduler"]
-
 logger = logging.getLogger(__name__)
 
 ABANDONED_CHECK_S = 1.0  # how often an idle scheduler looks for streams dropped without close()

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from tabloader.engine._queue.jobs import FedRows, JobState
     from tabloader.sampling._base import Sampler
 
-__all__ = ["Fed", "Sampled"]
-
 _SAMPLED_HERE = (
     "is sampled by this loader: its rows come from its sampler, not from feed(); open it "
     "with a fed source (Loader.serve(source=Fed)) to feed it."

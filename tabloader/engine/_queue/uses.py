@@ -30,8 +30,6 @@ import numpy.typing as npt
 
 from tabloader.engine._queue.jobqueue import JobQueue
 
-__all__ = ["FutureUses"]
-
 
 class FutureUses:
     """``uses`` and ``next_round`` per arena space over ``num_rows`` rows."""

@@ -27,17 +27,6 @@ import pyarrow as pa
 
 from tabloader.catalog._errors import LoaderError
 
-__all__ = [
-    "DEFAULT_BACKEND",
-    "DecodeBackend",
-    "Fit",
-    "ImageSize",
-    "IntoAt",
-    "backend_for",
-    "register_decode_backend",
-    "unregister_decode_backend",
-]
-
 #: The name of the default backend (simplejpeg, then Pillow): its cache keys carry no suffix.
 DEFAULT_BACKEND = "simplejpeg"
 
@@ -94,7 +83,7 @@ class DecodeBackend(Protocol):
             size: the target size (None: full size); a fixed size (an int, or ``(h, w)``)
                 must give arrays of exactly that shape (``(size, size, 3)``, ``(h, w, 3)``).
             max_pixels: refuse images declaring more pixels before decoding them (None: the
-                setting's, :func:`~tabloader.engine._prepare.prep.pixel_limit`).
+                setting's, :func:`~tabloader.engine.decode.pixel_limit`).
             into: for an aspect-kept size (a :class:`Fit`) in the loader's threads, where to
                 decode value ``k`` once its shape is known; a backend may ignore it.
 

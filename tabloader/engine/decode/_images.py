@@ -29,21 +29,6 @@ from tabloader.engine._prepare.imagesize import check_pixels, declared_size
 from tabloader.engine._prepare.resample import resize_hw, resize_many_hw
 from tabloader.engine.decode._backend import DEFAULT_BACKEND, Fit, ImageSize, IntoAt
 
-__all__ = [
-    "BATCH_RESIZE_BYTES",
-    "DEFAULT_DECODE_BACKEND",
-    "Into",
-    "PillowBackend",
-    "SimpleJpegBackend",
-    "check_size",
-    "dct_least_size",
-    "decode_image",
-    "decode_images",
-    "decode_pixels",
-    "pixel_limit",
-]
-
-
 Into = Callable[[tuple[int, int, int]], "npt.NDArray[np.uint8] | None"]
 """``into(shape)``: a writable uint8 array of ``shape`` to decode into (a slot of the arena),
 or None (decode into a new array)."""
