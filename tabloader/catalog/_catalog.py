@@ -193,7 +193,10 @@ class Catalog(StatementTarget):
         """Whether the directory holds a catalog (False until the first import creates it)."""
         return self._state is not None
 
+    @property
     def _opened(self) -> _Opened:
+        """The catalog's parts (its database, dataset cache, job bitmaps and weights),
+        opened now if another process created the catalog since."""
         if self._state is None:
             if self.path.exists():  # created by another process since
                 self._open()
@@ -201,22 +204,6 @@ class Catalog(StatementTarget):
             else:
                 raise not_a_catalog(self.root)
         return self._state
-
-    @property
-    def _db(self) -> Database:
-        return self._opened().db
-
-    @property
-    def _cache(self) -> DatasetCache:
-        return self._opened().cache
-
-    @property
-    def _bitmaps(self) -> JobBitmaps:
-        return self._opened().bitmaps
-
-    @property
-    def _weights(self) -> JobWeights:
-        return self._opened().weights
 
     def _open(self) -> None:
         new = not self.path.exists()
@@ -254,7 +241,7 @@ class Catalog(StatementTarget):
             raise
 
     def _collect_garbage(self) -> None:
-        collect_garbage(self.root, self._db)
+        collect_garbage(self.root, self._opened.db)
 
     @contextmanager
     def _os_errors(self) -> Iterator[None]:
@@ -272,11 +259,11 @@ class Catalog(StatementTarget):
     def connection(self) -> duckdb.DuckDBPyConnection:
         """The catalog's read-write DuckDB connection, for inspection and repair (benchmarks,
         tests). It bypasses every check of :meth:`sql`: statements go through ``sql``."""
-        return self._db.con
+        return self._opened.db.con
 
     @connection.setter
     def connection(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._db.con = con
+        self._opened.db.con = con
 
     # -- lifecycle ---------------------------------------------------------------------------
     @_synchronized
@@ -318,7 +305,7 @@ class Catalog(StatementTarget):
         It runs in a transaction that is always rolled back, so even a query that slipped past
         validation cannot change the catalog.
         """
-        return self._db.query(sql)
+        return self._opened.db.query(sql)
 
     # -- names ---------------------------------------------------------------------------------
     def _check_name_case(self, name: str, kind: str) -> None:
@@ -326,7 +313,7 @@ class Catalog(StatementTarget):
 
         Names ignore case, as DuckDB identifiers do (``Meta`` and ``meta`` are one table).
         """
-        rows = self._db.rows(
+        rows = self._opened.db.rows(
             f"SELECT name FROM {META}.{kind}s WHERE lower(name) = lower(?) AND name <> ?",
             [name, name],
         )
@@ -340,7 +327,7 @@ class Catalog(StatementTarget):
     @_synchronized
     def dataset_names(self) -> list[str]:
         """Names of all datasets, sorted."""
-        return self._cache.names()
+        return self._opened.cache.names()
 
     @_synchronized
     def dataset(self, name: str, *, version: int | None = None) -> Dataset:
@@ -349,7 +336,7 @@ class Catalog(StatementTarget):
         Raises:
             DatasetNotFoundError: no such dataset or version.
         """
-        return self._cache.get(name, version)
+        return self._opened.cache.get(name, version)
 
     @_synchronized
     def import_source(
@@ -363,7 +350,7 @@ class Catalog(StatementTarget):
         check_name(name, "dataset")
         if self._state is None and not append:
             self._open()
-        self._db.check_writable(f"Import of '{name}'")
+        self._opened.db.check_writable(f"Import of '{name}'")
         self._check_name_case(name, "dataset")
         exists = name in self.dataset_names()
         if append and not exists:
@@ -376,7 +363,7 @@ class Catalog(StatementTarget):
             raise AlreadyExistsError(
                 f"Dataset '{name}' exists already; DROP DATASET {name} first, or append to it."
             )
-        tables = self._db.rows(
+        tables = self._opened.db.rows(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
             "AND lower(table_name) = lower(?)",
             [name],
@@ -403,7 +390,7 @@ class Catalog(StatementTarget):
             first_id, version = 0, 1
         ingest = Ingest(
             self.root,
-            self._db,
+            self._opened.db,
             name,
             source,
             first_id=first_id,
@@ -414,7 +401,7 @@ class Catalog(StatementTarget):
         try:
             ingest.run()
         finally:
-            self._cache.forget(name)
+            self._opened.cache.forget(name)
         logger.info("imported %d rows into %s (version %d)", ingest.num_rows, name, version)
         return self.dataset(name)
 
@@ -429,7 +416,7 @@ class Catalog(StatementTarget):
                 names another store than the dataset's.
         """
         if append:
-            recorded = self._cache.storage_of(name)
+            recorded = self._opened.cache.storage_of(name)
             if storage is not None and recorded != open_store(storage).uri:
                 raise ImportFailedError(
                     f"Dataset '{name}' is stored in {recorded or 'the catalog directory'}; "
@@ -506,7 +493,7 @@ class Catalog(StatementTarget):
         field = ds.schema.field(column)
         if is_payload(field.type):
             raise UnknownColumnError(f"Column '{column}' of {name} holds bytes, not in DuckDB.")
-        values = self._db.column(name, column, rows)
+        values = self._opened.db.column(name, column, rows)
         if values.type != field.type:
             values = values.cast(field.type)
         if len(values) != rows:
@@ -527,10 +514,10 @@ class Catalog(StatementTarget):
             if if_exists:
                 return
             self.dataset(name)  # raises DatasetNotFoundError with a suggestion
-        self._db.check_writable(f"DROP DATASET {name}")
+        self._opened.db.check_writable(f"DROP DATASET {name}")
         users = [
             r[0]
-            for r in self._db.rows(
+            for r in self._opened.db.rows(
                 f"SELECT name FROM {META}.jobs WHERE dataset = ? ORDER BY name", [name]
             )
         ]
@@ -540,17 +527,20 @@ class Catalog(StatementTarget):
                 f"first, or DROP DATASET {name} CASCADE."
             )
         paths = [
-            r[0] for r in self._db.rows(f"SELECT path FROM {META}.parts WHERE dataset = ?", [name])
+            r[0]
+            for r in self._opened.db.rows(
+                f"SELECT path FROM {META}.parts WHERE dataset = ?", [name]
+            )
         ]
-        storage = self._cache.storage_of(name)
-        with duckdb_errors(f"DROP DATASET {name}", root=self.root), self._db.transaction():
+        storage = self._opened.cache.storage_of(name)
+        with duckdb_errors(f"DROP DATASET {name}", root=self.root), self._opened.db.transaction():
             self.connection.execute(f"DELETE FROM {META}.jobs WHERE dataset = ?", [name])
             self.connection.execute(f"DELETE FROM {META}.parts WHERE dataset = ?", [name])
             self.connection.execute(f"DELETE FROM {META}.datasets WHERE name = ?", [name])
             self.connection.execute(f"DROP TABLE IF EXISTS {quote(name)}")
-        self._cache.forget(name)
+        self._opened.cache.forget(name)
         for job in users:
-            self._bitmaps.remove(job)
+            self._opened.bitmaps.remove(job)
         if storage is not None:
             self._delete_stored(storage, paths)
         for p in paths:
@@ -581,7 +571,7 @@ class Catalog(StatementTarget):
     @_synchronized
     def job_names(self) -> list[str]:
         """Names of all jobs, sorted."""
-        return [r[0] for r in self._db.rows(f"SELECT name FROM {META}.jobs ORDER BY name")]
+        return [r[0] for r in self._opened.db.rows(f"SELECT name FROM {META}.jobs ORDER BY name")]
 
     @_synchronized
     def job(self, name: str) -> Job:
@@ -592,9 +582,9 @@ class Catalog(StatementTarget):
             StorageError: its bitmap or weights file is bad and cannot be rebuilt, or its row
                 is damaged (a ``weight`` without the CRC-32 of its weights, or the reverse).
         """
-        rows = self._db.rows(
+        rows = self._opened.db.rows(
             f"SELECT dataset, version, columns, predicate, options, bitmap, num_ids, crc32, "
-            f"{self._db.weights_column} FROM {META}.jobs WHERE name = ?",
+            f"{self._opened.db.weights_column} FROM {META}.jobs WHERE name = ?",
             [name],
         )
         if not rows:
@@ -605,13 +595,13 @@ class Catalog(StatementTarget):
             )
         dataset, version, columns, predicate, options, path, num_ids, crc, weighted = rows[0]
         ds = self.dataset(dataset, version=version)
-        ids = self._bitmaps.read(name, ds, predicate, path, num_ids, crc)
+        ids = self._opened.bitmaps.read(name, ds, predicate, path, num_ids, crc)
         opts = json.loads(options)
         weights = None
         if (opts.get("weight") is None) != (weighted is None):
             raise _damaged_weights(name, opts.get("weight"), weights_path(path))
         if weighted is not None:
-            weights = self._weights.read(
+            weights = self._opened.weights.read(
                 name, ds, predicate, opts["weight"], ids, weights_path(path), weighted
             )
         cols = tuple(json.loads(columns))
@@ -620,7 +610,7 @@ class Catalog(StatementTarget):
     @_synchronized
     def job_infos(self) -> list[JobInfo]:
         """What is stored about every job, sorted by name, without reading any bitmap."""
-        rows = self._db.rows(
+        rows = self._opened.db.rows(
             f"SELECT name, dataset, version, columns, predicate, options, num_ids "
             f"FROM {META}.jobs ORDER BY name"
         )
@@ -643,7 +633,7 @@ class Catalog(StatementTarget):
         """Register a job: see ``CatalogAPI.register_job``. Its bitmap file is written
         first and removed if its row is not: the catalog never names a missing bitmap."""
         check_name(name, "job")
-        self._db.check_writable(f"REGISTER JOB {name}")
+        self._opened.db.check_writable(f"REGISTER JOB {name}")
         ds = self.dataset(dataset)
         from tabloader.catalog._sql.validate import (
             check_predicate,  # sqlglot: at the first REGISTER
@@ -651,18 +641,18 @@ class Catalog(StatementTarget):
 
         cols = check_columns(columns, ds)
         predicate = check_predicate(where, ds, limits=self.limits) if where is not None else None
-        bitmap = self._bitmaps.evaluate(name, ds, predicate)
+        bitmap = self._opened.bitmaps.evaluate(name, ds, predicate)
         opts = check_options(options)
         weights = None
         if opts.get("weight") is not None:
             opts["weight"] = check_predicate(opts["weight"], ds, limits=self.limits, what=WEIGHT)
-            weights = self._weights.evaluate(name, ds, predicate, opts["weight"], bitmap)
-        path = self._bitmaps.new_path(name)
+            weights = self._opened.weights.evaluate(name, ds, predicate, opts["weight"], bitmap)
+        path = self._opened.bitmaps.new_path(name)
         blob = bitmap.serialize()
         try:
-            self._bitmaps.write(path, blob)
+            self._opened.bitmaps.write(path, blob)
             if weights is not None:
-                self._weights.write(weights_path(path), weights)
+                self._opened.weights.write(weights_path(path), weights)
         except OSError as exc:
             (self.root / path).unlink(missing_ok=True)
             raise CatalogError(
@@ -701,7 +691,7 @@ class Catalog(StatementTarget):
             (self.root / path).unlink(missing_ok=True)
             (self.root / weights_path(path)).unlink(missing_ok=True)
             raise
-        self._bitmaps.remove(name, keep=path)
+        self._opened.bitmaps.remove(name, keep=path)
         problem = default_cache_problem(name, opts, len(bitmap))
         if problem is not None:  # the job is fine in-process, or with a larger cache
             warnings.warn(problem, stacklevel=3)
@@ -714,10 +704,10 @@ class Catalog(StatementTarget):
             if if_exists:
                 return
             self.job(name)  # raises JobNotFoundError with a suggestion
-        self._db.check_writable(f"UNREGISTER JOB {name}")
+        self._opened.db.check_writable(f"UNREGISTER JOB {name}")
         with duckdb_errors(f"UNREGISTER JOB {name}", root=self.root):
             self.connection.execute(f"DELETE FROM {META}.jobs WHERE name = ?", [name])
-        self._bitmaps.remove(name)
+        self._opened.bitmaps.remove(name)
 
 
 def _damaged_weights(name: str, weight: str | None, path: str) -> StorageError:
