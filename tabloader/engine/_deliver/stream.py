@@ -30,11 +30,24 @@ class JobStream(StreamBase):
 
     With ``world_size`` ranks (see ``Loader.open``) each rank's stream has its own batches,
     ``epoch`` and ``stats``; ``state_dict`` is the job's, at this rank's step.
+
+    Attributes:
+        name: the job name.
+        rank: this stream's rank (0 for a plain job).
+        world_size: the job's number of ranks (1 for a plain job).
+        batch_size: rows per batch.
+        spec: the job's options it was opened with (``REGISTER``'s, with the open's laid over).
+        epochs: the epochs the stream delivers (None: no end).
     """
 
     def __init__(self, scheduler: DatasetScheduler, rank: RankState) -> None:
         self._scheduler = scheduler
         self._rank = rank
+        self._job: JobState = rank.job
+        self.name, self.rank = self._job.name, rank.rank  # fixed by the open (see the class)
+        self.world_size, self.batch_size = self._job.world_size, self._job.batch_size
+        self.spec: JobSpec = self._job.spec
+        self.epochs: int | None = self._job.epochs
         # A stream dropped without close() (its training thread died): the scheduler closes
         # the rank. The finalizer only sets a flag: it may run inside any lock, on any thread.
         weakref.finalize(self, setattr, rank, "abandoned", True)
@@ -44,40 +57,6 @@ class JobStream(StreamBase):
         """This stream's rank: its batches, condition and counters, and its job's state
         (``rank_state.job``: queue, sampler, plan). For introspection and tests."""
         return self._rank
-
-    @property
-    def _job(self) -> JobState:
-        return self._rank.job
-
-    @property
-    def name(self) -> str:
-        """The job name."""
-        return self._job.name
-
-    @property
-    def rank(self) -> int:
-        """This stream's rank (0 for a plain job)."""
-        return self._rank.rank
-
-    @property
-    def world_size(self) -> int:
-        """The job's number of ranks (1 for a plain job)."""
-        return self._job.world_size
-
-    @property
-    def batch_size(self) -> int:
-        """Rows per batch."""
-        return self._job.batch_size
-
-    @property
-    def spec(self) -> JobSpec:
-        """The job's options it was opened with (``REGISTER``'s, with the open's laid over)."""
-        return self._job.spec
-
-    @property
-    def epochs(self) -> int | None:
-        """The epochs the stream delivers (None: no end)."""
-        return self._job.epochs
 
     @property
     def epoch(self) -> int:
@@ -119,7 +98,7 @@ class JobStream(StreamBase):
         batch: dict[str, Any] | None = self._take(None)
         if batch is None:
             raise LoaderError(
-                f"Job stream {self._rank.label()} has delivered its {self._job.epochs} "
+                f"Job stream {self._rank.label()} has delivered its {self.epochs} "
                 "epoch(s); open the job again (or with epochs=None) to read on."
             )
         return batch
