@@ -410,7 +410,7 @@ WITHOUT_TORCH = textwrap.dedent(
     from tabloader import catalog
     from tabloader.engine import Loader
     from tabloader.engine._arena import shm
-    from tabloader.engine._prepare.prep import decode_image
+    from tabloader.engine.decode import decode_image
     cat = catalog.open_catalog(sys.argv[1])
     raw = cat.dataset("imgs").take(cat.job("j").ids, ["image"]).column("image")
     expected = {i: decode_image(v.as_buffer(), size=16) for i, v in zip(cat.job("j").ids, raw)}

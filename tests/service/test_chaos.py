@@ -52,7 +52,7 @@ CLIENT += textwrap.dedent(
     from pathlib import Path
     from tabloader.catalog._errors import ServiceError
     from tabloader.service._client import RemoteLoader
-    from tabloader.service._protocol import state_from_wire, state_to_wire
+    from tabloader.engine._opening import state_from_wire, state_to_wire
 
     root, job, out, more = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     lines = out.read_text().splitlines() if out.exists() else []
