@@ -3,7 +3,9 @@
 The same generated JPEGs (``--images``, ``--size``) are served by an S3 server on loopback
 (moto's server mode, in a process of its own, each object's value kept in memory: moto would
 read a whole object for each ranged GET) behind ``tests/support/s3proxy.py``, which adds
-``--latency`` seconds to every request, and read side by side in one run, each decoding every
+``--latency`` seconds to every request and answers the GETs of an object from its own memory
+once it has fetched it whole (moto spends ~6 ms of CPU a GET, on the 2 cores the loaders have:
+it would measure moto, not the loaders), and read side by side in one run, each decoding every
 image and resizing it to ``--image-size`` square (the work a training step asks for):
 
 =========================  ===================================================================
@@ -75,9 +77,10 @@ KEYS = ("testing", "testing")  # moto's credentials
 # process it would take the GIL from the loaders): prints its endpoints, then answers each
 # "mark" line on stdin with the GETs and body bytes the proxy passed so far, per prefix.
 _SERVER = """
-import json, sys, time
+import copy, json, sys, time
 import moto.s3.models as models
-from tests.support.s3proxy import Faults, loopback_s3
+from tests.support import s3proxy
+from tests.support.s3proxy import Faults, S3Proxy, loopback_s3
 
 # moto reads an object's whole value (from a temporary file past 16 MiB) for each GET, a ranged
 # one too, and then slices it: a 150 KB range of a 40 MB part would cost moto 40 MB of reads.
@@ -92,6 +95,45 @@ def _set(key, value):
     key.__dict__.pop("_bench_value", None)
     _value.fset(key, value)
 models.FakeKey.value = property(_get, _set)
+# moto also spends ~6 ms of CPU on every GET (werkzeug, its routing and its models), on the
+# 2 cores the loaders run on: a cost S3 puts on its own servers, not on the client's. So the
+# proxy answers a GET of an object it fetched whole once from its own memory (the headers
+# moto gave, the range sliced as S3 slices it), and forwards everything else; a PUT, POST
+# or DELETE of a key forgets it. Every arm's GETs pass this same path and its latency.
+class MemoryGets(S3Proxy):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._objects = {}
+
+    def _forward(self, request):
+        path = request.path
+        if request.method != "GET" or "?" in request.target or path.count("/") < 2:
+            if request.method in ("PUT", "POST", "DELETE"):
+                self._objects.pop(path, None)
+            return super()._forward(request)
+        kept = self._objects.get(path)
+        if kept is None:
+            whole = copy.copy(request)
+            whole.headers = [h for h in request.headers if h[0].strip().lower() != "range"]
+            status, lines, body = super()._forward(whole)
+            if status != 200:
+                return super()._forward(request)
+            skip = ("content-length", "content-range", "connection", "transfer-encoding")
+            heads = [h for h in lines[1:] if h and h.split(":", 1)[0].strip().lower() not in skip]
+            kept = self._objects[path] = (heads, body)
+        heads, body = kept
+        spec = request.header("range")
+        if not spec:
+            return 200, ["HTTP/1.1 200 OK", *heads], body
+        start, _, end = spec.split("=", 1)[1].partition("-")
+        if not start:  # a suffix: the last N bytes
+            first, last = max(0, len(body) - int(end)), len(body) - 1
+        else:
+            first, last = int(start), min(int(end) if end else len(body) - 1, len(body) - 1)
+        total = f"Content-Range: bytes {first}-{last}/{len(body)}"
+        return 206, ["HTTP/1.1 206 Partial Content", *heads, total], body[first : last + 1]
+
+s3proxy.S3Proxy = MemoryGets
 with loopback_s3(Faults(latency=float(sys.argv[1]))) as s3:
     print(json.dumps({"url": s3.url, "server_url": s3.server_url}), flush=True)
     for line in sys.stdin:

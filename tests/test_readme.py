@@ -131,14 +131,22 @@ def test_the_pages_have_transcripts():
     }
 
 
+BUCKET_PAGES = {"docs/object-storage.md": "my-bucket"}
+"""Pages whose transcripts read a bucket: they run against the loopback S3 server (the ``s3``
+fixture's environment) with that bucket made."""
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if transcripts((ROOT / p).read_text())])
-def test_every_command_prints_what_the_page_shows(page, demo, after_readme):
+def test_every_command_prints_what_the_page_shows(page, demo, after_readme, request):
     readme_mismatch, after = after_readme
     if page == "README.md":
         assert readme_mismatch is None, readme_mismatch
         return
     assert readme_mismatch is None, f"the README's commands, which {page} continues, failed"
     root, _ = demo
+    if page in BUCKET_PAGES:
+        s3 = request.getfixturevalue("s3")  # (sets the AWS environment the commands inherit)
+        s3.client.create_bucket(Bucket=BUCKET_PAGES[page])
     catalog = shutil.copytree(after, root / page.replace("/", "-"))
     mismatch = first_mismatch(page, root, environment(Path(catalog)))
     assert mismatch is None, mismatch

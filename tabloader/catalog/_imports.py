@@ -182,7 +182,10 @@ class Ingest:
             avg = batch.nbytes / batch.num_rows
             identity = FileIdentity(self.name, self.version, self.final.name, self.first_id)
             self.writer = PartWriter(
-                self.tmp, schema, choose_rows_per_batch(avg), identity=identity
+                self.tmp,
+                schema,
+                choose_rows_per_batch(avg, ranged=self.store is not None),
+                identity=identity,
             )
         self.writer.write(batch)
         self._pending.append(batch.select(self.queryable))

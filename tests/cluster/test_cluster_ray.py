@@ -496,7 +496,7 @@ def test_a_bucket_is_read_once_for_three_epochs_on_two_nodes_sharing_their_tiers
     from tabloader.catalog.storage import _writer
     from tabloader.cluster._actor import Cluster
 
-    monkeypatch.setattr(_writer, "TARGET_BATCH_BYTES", 16 << 10)  # a record batch a row
+    monkeypatch.setattr(_writer, "RANGED_BATCH_BYTES", 16 << 10)  # a record batch a row
     root = str(tmp_path / "cat")
     with catalog.open_catalog(root, create=True) as cat:
         ds = cat.import_imagefolder("imgs", tier_images, storage=s3.uri)

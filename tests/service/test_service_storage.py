@@ -27,7 +27,7 @@ def stop(proc):
 def test_a_restarted_service_reads_its_next_epoch_from_its_tier(
     short_tmp, s3, tier_images, monkeypatch
 ):
-    monkeypatch.setattr(_writer, "TARGET_BATCH_BYTES", 32 << 10)  # batches of a row or two
+    monkeypatch.setattr(_writer, "RANGED_BATCH_BYTES", 32 << 10)  # batches of a row or two
     root = short_tmp / "cat"
     with catalog.open_catalog(root, create=True) as cat:
         ds = cat.import_imagefolder("imgs", tier_images, storage=s3.uri)
