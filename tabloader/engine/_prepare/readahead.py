@@ -10,8 +10,9 @@ decode asks for them:
   from the dataset are merged by round (the sampler's clock: jobs that share a round share its
   rows), rows whose values the arena holds already are left out, and the rows' record batches
   taken in that order, each once: the *plan*.
-* **Coalesced per record batch, many in flight.** Each batch is one ranged read (or a hit in
-  the storage tier, :mod:`tabloader.catalog.storage._tier`), up to ``IN_FLIGHT`` at once, each
+* **Coalesced per record batch, many in flight.** Each batch is one ranged read (adjacent
+  batches fetched in one pass: one read; or a hit in the storage tier,
+  :mod:`tabloader.catalog.storage._tier`), up to ``IN_FLIGHT`` at once, each
   held in memory (``PartFile.load``) where the decode's read finds it (a read of a batch still
   in flight waits for that fetch: one request per batch, whoever asks).
 * **Ahead by a part of the budget, kept with the rest.** Batches are fetched as far as the
@@ -246,15 +247,14 @@ class ReadAhead:
                 gone, self._held = list(self._held), {}
             total = float(sum(self._held.values()) + sum(self._flying.values()))
             victims: list[tuple[int, float]] | None = None  # held, the farthest next use last
+            at_of: set[int] | None = None  # the planned batches
             reach = 0.0
             for at, key in enumerate(planned):
                 size = self._size_of(key)
                 if reach >= self.budget / REACH or len(self._flying) >= IN_FLIGHT:
                     break
                 reach += size
-                if key in self._held or key in self._flying:
-                    continue
-                if now - self._failed.get(key, -RETRY_S) < RETRY_S:
+                if not self._idle(key, now):
                     continue
                 if total + size > self.budget:
                     if victims is None:
@@ -272,14 +272,30 @@ class ReadAhead:
                 self._flying[key] = int(size)
                 total += size
                 todo.append(key)
+                if at_of is None:
+                    at_of = set(planned)
+                for nb in (key - 1, key + 1):  # planned later, but one request with this one
+                    nb_size = self._size_of(nb) if nb in at_of else 0.0
+                    if nb_size and total + nb_size <= self.budget and self._idle(nb, now):
+                        self._flying[nb] = int(nb_size)
+                        total += nb_size
+                        todo.append(nb)
             self.peak_bytes = max(self.peak_bytes, int(total))
         self._release(gone)
-        for key in todo:
+        for run in _runs(todo):
             try:
-                self._pool.submit(self._fetch, key)
+                self._pool.submit(self._fetch, run)
             except RuntimeError:  # closing
                 with self._lock:
-                    self._flying.pop(key, None)
+                    for key in run:
+                        self._flying.pop(key, None)
+
+    def _idle(self, key: int, now: float) -> bool:
+        """(lock held) Whether batch ``key`` may be fetched now: not held, not in flight, and
+        not failed within ``RETRY_S``."""
+        if key in self._held or key in self._flying:
+            return False
+        return now - self._failed.get(key, -RETRY_S) >= RETRY_S
 
     def _victims(self, planned: list[int]) -> list[tuple[int, float]]:
         """(lock held) The held batches no batch of rows submitted needs, with their next use
@@ -317,33 +333,39 @@ class ReadAhead:
             size = self._sizes[part] = info.file_size / max(1, info.num_batches)
         return size
 
-    def _fetch(self, key: int) -> None:
-        part, batch = key >> 40, key & ((1 << 40) - 1)
+    def _fetch(self, keys: list[int]) -> None:
+        """Fetch ``keys``, adjacent batches of one part (one request: ``PartFile.load``
+        merges them), and hold them."""
+        part, batches = keys[0] >> 40, [k & ((1 << 40) - 1) for k in keys]
         try:
             file = self.reader.part_file(part)
-            file.load([batch], self.reader.tier)
+            file.load(batches, self.reader.tier)
         except Exception as exc:  # the decode's own read tries again, and reports it
             logger.debug(
-                "read-ahead of %s part %d batch %d failed: %s",
+                "read-ahead of %s part %d batches %s failed: %s",
                 self.reader.dataset,
                 part,
-                batch,
+                batches,
                 exc,
             )
             with self._lock:
-                self._flying.pop(key, None)
-                self._failed[key] = time.monotonic()
+                now = time.monotonic()
+                for key in keys:
+                    self._flying.pop(key, None)
+                    self._failed[key] = now
             return
         with self._lock:
-            self._flying.pop(key, None)
-            self._failed.pop(key, None)
-            self._held[key] = file.batch_bytes(batch)
-            self.fetched += 1
+            for key, batch in zip(keys, batches, strict=True):
+                self._flying.pop(key, None)
+                self._failed.pop(key, None)
+                self._held[key] = file.batch_bytes(batch)
+            self.fetched += len(keys)
             closed = self._closed
         if closed:
             with self._lock:
-                self._held.pop(key, None)
-            file.release([batch], self.reader.tier)
+                for key in keys:
+                    self._held.pop(key, None)
+            file.release(batches, self.reader.tier)
         self.poke()
 
     def _release(self, keys: Sequence[int]) -> None:
@@ -378,6 +400,17 @@ class ReadAhead:
         known = np.isfinite(nxt_b)
         out[known] = np.maximum(nxt_b[known], 0)
         return out
+
+
+def _runs(keys: list[int]) -> list[list[int]]:
+    """``keys`` in runs of adjacent batches of one part (each run one request)."""
+    runs: list[list[int]] = []
+    for key in sorted(keys):
+        if runs and key == runs[-1][-1] + 1 and key >> 40 == runs[-1][-1] >> 40:
+            runs[-1].append(key)
+        else:
+            runs.append([key])
+    return runs
 
 
 def rank_keys(
