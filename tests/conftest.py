@@ -53,9 +53,29 @@ LONG_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``LONG_FIRST`` files first, in their order; the others after, in theirs."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``LONG_FIRST`` files first, in their order; the others after, in theirs. Under
+    ``--dist loadgroup``, each test of an ``xdist_group`` in its group (``_join_group``)."""
     items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker's collection
+        for item in items:
+            _join_group(item)
+
+
+def _join_group(item: pytest.Item) -> None:
+    """The ``@name`` suffix of ``item``'s id that puts it in its ``xdist_group``, where
+    pytest-xdist's own did not take: xdist (3.8) writes it to ``item._nodeid``, which pytest
+    9.2 no longer reads (its ids are ``NodeId`` objects), so the groups silently ran on every
+    worker at once (pytest-dev/pytest-xdist#1386): two Ray clusters side by side, each
+    worker its own copy of a module's services and catalogs."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})  # fmt: skip
+    nodeid = item.nodeid
+    if not names or nodeid.rfind("@") > nodeid.rfind("]"):  # none, or xdist's took
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
 
 
 @pytest.fixture(autouse=True)
