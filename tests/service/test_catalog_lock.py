@@ -28,6 +28,7 @@ from tabloader import catalog, cli
 from tabloader.catalog._errors import CatalogLockedError, ServiceError
 from tabloader.service._client import RemoteLoader
 from tabloader.service._protocol import runtime_dir, service_pid
+from tests.support.polling import wait_for
 from tests.support.service import TIMEOUT, start_service
 
 PROCESSES = 16  # issue 45's case: 16 processes opening the catalog at once all succeed
@@ -141,11 +142,14 @@ def failures(results: list) -> list[str]:
 
 
 def stop_service(root: Path) -> None:
-    """The service the clients started, stopped now (not once idle)."""
+    """The service the clients started, stopped now (not once idle), and gone: it closes the
+    catalog before it lets go of its lock (a test that opens the catalog next found it still
+    held)."""
     pid = service_pid(root)
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: service_pid(root) is None, "the service to let the catalog go")
 
 
 @pytest.fixture
