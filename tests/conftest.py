@@ -34,28 +34,56 @@ from tests.support.service import TIMEOUT, start_service
 sys.dont_write_bytecode = False
 
 # The files of the longest tests outside the xdist groups (a benchmark, a script, mypy, the
-# README's commands or a service in subprocesses; a rank's timeout: 3-12 s a test), moved to
-# the front of the collection. ``--dist loadgroup`` hands out the groups first, then the other
-# tests one at a time in collection order, where these came last (tests/test_*.py) or late:
-# one of them at the end kept a worker busy for its whole length while the other had nothing
-# left to run. Short tests are left for the end, where they even out the two workers.
+# README's commands or services in subprocesses, a rank's timeout: 3-35 s a test), moved to
+# the front of the collection, longest first. ``--dist loadgroup`` hands out the groups first
+# (pytest-xdist orders its units by their number of tests: docs, ray, frameworks), then the
+# other tests one at a time in collection order, where these came late: one of them at the
+# end kept a worker busy for its whole length while the other had nothing left to run. Short
+# tests are left for the end, where they even out the two workers.
 LONG_FIRST = (
+    "tests/service/test_catalog_lock.py",  # 16 processes at once, three times
+    "tests/benchmarks/test_bench_",
+    "tests/test_examples.py",
+    "tests/service/test_service",  # test_service.py, test_service_faults.py, _storage.py
+    "tests/test_lint.py",  # mypy --strict: ~25 s in a fresh clone (no .mypy_cache)
     "tests/analyze/test_analyze.py",
-    "tests/tabloader/test_bench_",
-    "tests/service/test_catalog_lock.py",  # 16 interpreters at once, three times
     "tests/service/test_chaos.py",
     "tests/service/test_rank_timeout.py",
-    "tests/tabloader/test_service",  # test_service.py, test_service_faults.py
     "tests/test_torch.py",
-    "tests/test_examples.py",
-    "tests/test_lint.py",
-    "tests/test_readme.py",
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``LONG_FIRST`` files first, in their order; the others after, in theirs."""
-    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+def _rank(item: pytest.Item) -> int:
+    """Where ``item``'s file stands in ``LONG_FIRST`` (after all of it if it is not there)."""
+    return next(
+        (i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)),
+        len(LONG_FIRST),
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``LONG_FIRST`` files first, in its order; the others after, in theirs. Under
+    ``--dist loadgroup``, each test of an ``xdist_group`` in its group (``_join_group``)."""
+    items.sort(key=_rank)
+    if getattr(config.option, "loadgroup", False):  # an xdist worker's collection
+        for item in items:
+            _join_group(item)
+
+
+def _join_group(item: pytest.Item) -> None:
+    """The ``@name`` suffix of ``item``'s id that puts it in its ``xdist_group``, where
+    pytest-xdist's own did not take: xdist (3.8) writes it to ``item._nodeid``, which pytest
+    9.2 no longer reads (its ids are ``NodeId`` objects), so the groups silently ran on every
+    worker at once (pytest-dev/pytest-xdist#1386): two Ray clusters side by side, each
+    worker its own copy of a module's services and catalogs."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})  # fmt: skip
+    nodeid = item.nodeid
+    if not names or nodeid.rfind("@") > nodeid.rfind("]"):  # none, or xdist's took
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
 
 
 @pytest.fixture(autouse=True)
