@@ -43,10 +43,9 @@ images per second (all jobs' rows over the epoch's wall time), and the GET reque
 bytes the proxy passed, against the dataset's bytes (the image files'). The *latency-hidden
 ratio* of an S3 run is its last epoch's images per second over its local reference's. Target
 (``TARGET``): one tabloader job through the latency at >= 0.8x its local speed (tier off). The
-decoded arena of tabloader holds ``--cache`` of the decoded dataset and what its jobs pin
-(the DataLoaders and LitData keep none), and its read-ahead ``--readahead`` of the stored
-one, so that its later epochs decode and read storage again as theirs do (a dataset larger
-than the memory).
+decoded arena of tabloader holds ``--cache`` of the decoded dataset (the DataLoaders and
+LitData keep none), and its read-ahead ``--readahead`` of the stored one, so that its later
+epochs decode and read storage again as theirs do (a dataset larger than the memory).
 
 LitData (the ``bench`` extra; ``pip install litdata 'torch==X'`` with the torch you have,
 or pip upgrades it) reads S3 through obstore, which refuses ``http://`` endpoints unless told
@@ -456,7 +455,7 @@ def _litdata(root: Path, files: list[Path], client: Any, args: argparse.Namespac
 def run(args: argparse.Namespace) -> int:
     """Run every arm; print the table and the target; write JSON."""
     if args.quick:
-        args.images, args.size, args.epochs = 48, "96x72", 2
+        args.images, args.size, args.image_size, args.epochs = 48, "96x72", 64, 2
     w, h = (int(v) for v in args.size.split("x"))
     root = Path(tempfile.mkdtemp(prefix="tl-bench-storage-"))
     server = _Server(args.latency)
@@ -535,13 +534,8 @@ def _tabloader_arms(
 ) -> dict[str, Any]:
     """One job (tier off) and four (a tier of ``--tier`` times the dataset), from the bucket
     and from the local copy; the arena holds ``--cache`` of the decoded dataset."""
-    from benchmarks.e2e import bench_cache_bytes
-
-    row = args.image_size**2 * 3
-    # ``--cache`` of the decoded dataset, plus what four jobs pin (their batches in
-    # preparation): else values go out uncached (CacheOvershootWarning) and the arm measures that
-    rows = int(args.cache * args.images)
-    cache = bench_cache_bytes(rows, 4, args.workers, 64, row, service=False)
+    decoded = args.images * args.image_size**2 * 3
+    cache = max(4 << 20, int(args.cache * decoded))
     tier = int(args.tier * data_bytes * 1.1)  # (the part file: the images and their rows)
     ahead = max(1 << 20, int(args.readahead * data_bytes))
     kw = {"cache_bytes": cache, "decode": "processes", "readahead_bytes": ahead}
