@@ -245,6 +245,7 @@ class ReadAhead:
                 self._busy = now
             elif now - self._busy > IDLE_RELEASE_S:  # no job reads the dataset: let all go
                 gone, self._held = list(self._held), {}
+                self._last.clear()  # (recency of batches no longer held)
             total = float(sum(self._held.values()) + sum(self._flying.values()))
             victims: list[tuple[int, float]] | None = None  # held, the farthest next use last
             at_of: set[int] | None = None  # the planned batches
