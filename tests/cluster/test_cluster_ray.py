@@ -450,6 +450,10 @@ def test_ray_train_ranks_split_each_epoch(two_nodes, tmp_path, image_folder, mon
     # Ray Train's controller sees the workers end at its next poll, 2 s apart by default
     # (the driver's value goes to the controller): the test then waited ~1 s for nothing
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    # nor an actor that watches for node preemption, nor Ray Train's metrics (observability
+    # of a long run, nothing this test reads): ~3 s of CPU on 2 cores
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    monkeypatch.setenv("RAY_TRAIN_METRICS_ENABLED", "0")
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
