@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,8 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         if self._request.options.get("seed") is not None:
             self._seed(self._request.options["seed"])
         self._stream: Stream | None = None
+        self._closes = 0  # close() calls: an open that a close overtook gives its stream up
+        self._closing = threading.Lock()  # a close and an open's end, one at a time
         self._state: dict[str, Any] | None = None
         self._rows: int | None = None  # the job's, for len()
         self._resuming = False  # the next iter() resumes the state loaded (not a new epoch)
@@ -186,18 +189,28 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
         loaded); ``read_ahead``: for an iteration (a service's first batch is asked for with
         the open)."""
         self._here()
-        if self._stream is None:
-            request = self._request
-            if self._state is not None:
-                request = dataclasses.replace(request, state=self._state)
-            if read_ahead and isinstance(self.loader, RemoteLoader):
-                self._stream = self.loader.open(request, read_ahead=True)
-            else:
-                self._stream = self.loader.open(request)
-            self._state = None
-            if not self._seeded:  # the registered seed, known now
-                self._seed(self._stream.spec.seed)
-        return self._stream
+        stream = self._stream
+        if stream is not None:
+            return stream
+        request = self._request
+        if self._state is not None:
+            request = dataclasses.replace(request, state=self._state)
+        closes = self._closes
+        if read_ahead and isinstance(self.loader, RemoteLoader):
+            stream = self.loader.open(request, read_ahead=True)
+        else:
+            stream = self.loader.open(request)
+        with self._closing:
+            overtaken = closes != self._closes  # close() came (another thread) meanwhile
+            if not overtaken:
+                self._stream = stream
+        if overtaken:
+            stream.close()
+            raise LoaderError(f"Job stream {self.job!r} is closed; open the job again.")
+        self._state = None
+        if not self._seeded:  # the registered seed, known now
+            self._seed(stream.spec.seed)
+        return stream
 
     @property
     def generator(self) -> torch.Generator:
@@ -334,10 +347,7 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` continues that epoch exactly."""
-        self._here()
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        self.close()  # the stream open now (or being opened) goes
         self._state = state["stream"]
         self.position_loaded = True
         self._generator.set_state(state["generator"])
@@ -347,9 +357,11 @@ class JobDataset(IterableDataset):  # type: ignore[type-arg]
     def close(self) -> None:
         """Leave the loader (release this job's pins); iterating again reopens the job."""
         self._here()
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        with self._closing:
+            self._closes += 1  # an open under way in another thread gives its stream up
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
 
 
 class JobLoader(DataLoader):  # type: ignore[type-arg]

@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import threading
 import traceback
 
 import numpy as np
@@ -99,6 +100,55 @@ def test_transform_uses_the_jobs_own_generator(loader):
     assert a == b
     assert a != c
     assert batch["image"].shape[1:] == (16, 16, 3)
+
+
+class SlowOpen:
+    """A loader whose ``open`` waits for ``go`` once it has begun (``entered``)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.opened = []
+
+    def __getattr__(self, name):  # the rest is the loader's
+        return getattr(self.loader, name)
+
+    def open(self, request):
+        self.entered.set()
+        assert self.go.wait(30)
+        self.opened.append(self.loader.open(request))
+        return self.opened[-1]
+
+
+def test_a_close_during_an_open_in_another_thread_closes_what_it_opens(loader):
+    """``close()`` while another thread's iteration is opening the job: the iteration ends
+    with "closed" and the stream it opened is left, not kept open (where its take would wait
+    for ever)."""
+    slow = SlowOpen(loader)
+    data = JobDataset("j", loader=slow)
+    raised = []
+    thread = threading.Thread(target=lambda: raised.extend(_raises(lambda: list(data))))
+    thread.start()
+    assert slow.entered.wait(30)
+    data.close()
+    slow.go.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert [str(e) for e in raised] == ["Job stream 'j' is closed; open the job again."]
+    with pytest.raises(LoaderError, match="is closed"):
+        slow.opened[0].take(None)
+    slow.go.set()
+    assert len(epoch_ids(data)) == len(loader.catalog.job("j").ids)  # iterating again reopens
+    data.close()
+
+
+def _raises(work) -> list[BaseException]:
+    try:
+        work()
+    except LoaderError as exc:
+        return [exc]
+    return []
 
 
 def test_worker_processes_are_refused(loader):
