@@ -395,18 +395,30 @@ def test_serve_ray_follows_nodes_joining_and_leaving(two_nodes, tmp_path, image_
         assert "on 2 Ray node(s)" in log.read_text()
         late = two_nodes.add_node(num_cpus=1, resources={"node2": 1}, node_ip_address="127.0.0.1")
         two_nodes.wait_for_nodes()
-        a = read_until.options(**on(0)).remote(root, "a", 0, 1, epochs=3)
-        b = read_until.options(**on(2)).remote(root, "b", 0, 1, epochs=50)  # on the late node
         leader = get_leader(root)
-        while len(ray.get(leader.status.remote(), timeout=TIMEOUT)["jobs"]) < 2:
-            assert time.monotonic() < deadline, "the jobs never started"
-            time.sleep(0.2)
+
+        def wait_open(job: str) -> None:
+            deadline = time.monotonic() + TIMEOUT
+            while not any(
+                j["job"] == job for j in ray.get(leader.status.remote(), timeout=TIMEOUT)["jobs"]
+            ):
+                assert time.monotonic() < deadline, f"job {job} never started"
+                time.sleep(0.2)
+
+        # b (on the late node, whose worker can take long to start on a loaded machine) first:
+        # a, started once b reads, is still reading when b's node leaves (3 epochs started
+        # beside it could all be done before b's worker came)
+        b = read_until.options(**on(2)).remote(root, "b", 0, 1, epochs=50)
+        wait_open("b")
+        a = read_until.options(**on(0)).remote(root, "a", 0, 1, epochs=3)
+        wait_open("a")
         two_nodes.remove_node(late)
         with pytest.raises(ray.exceptions.RayError):  # b's worker went with its node
             ray.get(b, timeout=TIMEOUT)
         _, epochs, error = ray.get(a, timeout=TIMEOUT)
         assert error is None, error
         assert [sorted(rows) for rows in epochs] == [sorted(sets["a"])] * 3
+        deadline = time.monotonic() + TIMEOUT
         while "b" not in ray.get(leader.status.remote(), timeout=TIMEOUT)["gone"]:
             assert time.monotonic() < deadline, "the leader never heard the node left"
             time.sleep(0.2)
