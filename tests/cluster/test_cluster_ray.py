@@ -549,4 +549,7 @@ def test_a_bucket_is_read_once_for_three_epochs_on_two_nodes_sharing_their_tiers
     storage = [s["storage"] for s in stats]
     assert sum(s["bucket_bytes"] for s in storage) == fetched
     assert all(s["peers"]["peer_bytes"] > 0 for s in storage), storage  # each asked the other
-    assert all(s["tier"]["hit_bytes"] > 0 for s in storage), storage
+    # each tier keeps its share (what its peer then reads from it); its own hits are not
+    # asserted: the read-ahead keeps the batches it fetched while its budget (64 MiB, the
+    # dataset many times over here) has room, so a node's later epochs may never ask its tier
+    assert all(s["tier"]["admitted"] > 0 for s in storage), storage
