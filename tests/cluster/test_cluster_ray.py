@@ -281,7 +281,10 @@ def read_until(root, job, rank, world_size, *, epochs, die_after=None, kill_lead
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
     node = ray.get_runtime_context().get_node_id()
-    stream = RemoteLoader(root).open(job, epochs=epochs)
+    try:  # a loader killed while the job opens: the open's error is the rank's error
+        stream = RemoteLoader(root).open(job, epochs=epochs)
+    except Exception as exc:
+        return node, [], f"{type(exc).__name__}: {exc}"
     out: list[list[int]] = []
     n = 0
     try:
