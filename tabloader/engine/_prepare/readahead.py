@@ -72,6 +72,18 @@ _FAR = 2.0e15  # not used again this epoch (or nothing known): least recently us
 Head = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]
 """A job's queue head: its next rows, their rounds, and its arena spaces."""
 
+_PART_SHIFT = 40  # a batch's key: its part << _PART_SHIFT | its batch in the part
+
+
+def _key(part: Any, batch: Any) -> Any:
+    """The key of batch ``batch`` of part ``part`` (ints, or numpy arrays of them)."""
+    return (part << _PART_SHIFT) | batch
+
+
+def _split(key: Any) -> tuple[Any, Any]:
+    """(part, batch) of a key (an int, or a numpy array of them)."""
+    return key >> _PART_SHIFT, key & ((1 << _PART_SHIFT) - 1)
+
 
 def queue_heads(sched: Any, limit: int) -> list[Head]:
     """The queue heads (``limit`` rows at most) of the jobs of ``sched`` (a
@@ -111,7 +123,7 @@ class ReadAhead:
         self.future, self.budget = future, budget
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._held: dict[int, int] = {}  # key (part << 40 | batch) -> its bytes, held by us
+        self._held: dict[int, int] = {}  # key (_key) -> its bytes, held by us
         self._flying: dict[int, int] = {}  # key -> bytes, being fetched by us
         self._pins: dict[int, int] = {}  # key -> batches of rows submitted that need it
         self._work_keys: dict[int, npt.NDArray[np.int64]] = {}  # id(work) -> its keys
@@ -188,7 +200,7 @@ class ReadAhead:
         if rows.size == 0:
             return np.empty(0, np.int64)
         part, batch, _ = self.reader.locate(rows)
-        return np.unique((part << 40) | batch)
+        return np.unique(_key(part, batch))
 
     def _run(self) -> None:
         while not self._closed:
@@ -227,7 +239,7 @@ class ReadAhead:
             return []
         rows = rows[np.argsort(np.concatenate(rounds_all), kind="stable")]
         part, batch, _ = self.reader.locate(rows)
-        keys = (part << 40) | batch
+        keys = _key(part, batch)
         uniq, first = np.unique(keys, return_index=True)
         return uniq[np.argsort(first)].tolist()  # type: ignore[no-any-return]
 
@@ -319,15 +331,16 @@ class ReadAhead:
             return set()
         arr = np.array(keys, np.int64)
         out: set[int] = set()
-        for part in np.unique(arr >> 40).tolist():
-            mine = arr[(arr >> 40) == part]
-            ranks = self.ranks(part, mine & ((1 << 40) - 1))
-            out.update(mine[ranks < _FAR].tolist())
+        parts, batches = _split(arr)
+        for part in np.unique(parts).tolist():
+            mine = parts == part
+            ranks = self.ranks(part, batches[mine])
+            out.update(arr[mine][ranks < _FAR].tolist())
         return out
 
     def _size_of(self, key: int) -> float:
         """(lock held) A batch's bytes: exact once its part is open, else its part's mean."""
-        part = key >> 40
+        part = _split(key)[0]
         size = self._sizes.get(part)
         if size is None:
             info = self.reader.parts[part]
@@ -337,7 +350,7 @@ class ReadAhead:
     def _fetch(self, keys: list[int]) -> None:
         """Fetch ``keys``, adjacent batches of one part (one request: ``PartFile.load``
         merges them), and hold them."""
-        part, batches = keys[0] >> 40, [k & ((1 << 40) - 1) for k in keys]
+        part, batches = _split(keys[0])[0], [_split(k)[1] for k in keys]
         try:
             file = self.reader.part_file(part)
             file.load(batches, self.reader.tier)
@@ -371,7 +384,7 @@ class ReadAhead:
 
     def _release(self, keys: Sequence[int]) -> None:
         for key in keys:
-            part, batch = key >> 40, key & ((1 << 40) - 1)
+            part, batch = _split(key)
             with contextlib.suppress(StorageError, OSError):  # (open since it was fetched)
                 self.reader.part_file(part).release([batch], self.reader.tier)
 
@@ -407,7 +420,7 @@ def _runs(keys: list[int]) -> list[list[int]]:
     """``keys`` in runs of adjacent batches of one part (each run one request)."""
     runs: list[list[int]] = []
     for key in sorted(keys):
-        if runs and key == runs[-1][-1] + 1 and key >> 40 == runs[-1][-1] >> 40:
+        if runs and key == runs[-1][-1] + 1 and _split(key)[0] == _split(runs[-1][-1])[0]:
             runs[-1].append(key)
         else:
             runs.append([key])
