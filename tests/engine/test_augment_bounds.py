@@ -6,6 +6,7 @@ point refuses a bad text with the same ``OptionError``."""
 from __future__ import annotations
 
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -222,6 +223,20 @@ def test_any_chain_is_refused_as_an_option_error_or_bounded_at_full_size(data):
         scale, offset = engine.normalization(spec.ops[-1])  # what the Augmenter multiplies by
         for x in (0.0, 255.0):
             assert np.isfinite(np.float32(x) * scale - offset).all()
+
+
+def test_a_std_near_float32s_largest_normalizes_without_an_overflow():
+    """The property above drew it (under pytest-randomly's seed): 255 * std overflowed
+    float32, a RuntimeWarning that the suite, and a user's ``-W error``, make an error."""
+    spec = parse_augment(
+        "CenterCrop(1), Normalize((0.0, 0.0, 0.0), (1.0, 1.0, 1.3344406542812172e36))"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale, offset = engine.normalization(spec.ops[-1])
+        out = np.float32(255.0) * scale - offset
+    assert np.isfinite(out).all()
+    assert 0 < scale.ravel()[2] < scale.ravel()[0] == np.float32(1 / 255)
 
 
 @pytest.fixture

@@ -247,9 +247,11 @@ class Augmenter:
 def normalization(norm: Op) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """``Normalize``'s (scale, offset), each (3, 1, 1): a uint8 pixel ``x`` becomes
     ``x * scale - offset``, that is ``(x / 255 - mean) / std``."""
-    std = np.asarray(norm.arg("std"), np.float32)
-    scale = (1.0 / (255.0 * std)).reshape(3, 1, 1)
-    offset = (np.asarray(norm.arg("mean"), np.float32) / std).reshape(3, 1, 1)
+    # in float64, then float32: 255 * std overflowed float32 for a std near its largest
+    # value (a RuntimeWarning; an error where warnings are), though the scale itself is finite
+    std = np.asarray(norm.arg("std"), np.float64)
+    scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(3, 1, 1)
+    offset = (np.asarray(norm.arg("mean"), np.float64) / std).astype(np.float32).reshape(3, 1, 1)
     return scale, offset
 
 
