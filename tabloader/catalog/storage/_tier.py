@@ -81,6 +81,12 @@ def lru_ranks(keys: Sequence[Key], ages: npt.NDArray[np.float64]) -> npt.NDArray
     return ranks
 
 
+def entry_path(directory: Path, key: Key) -> Path:
+    """The file of ``key`` in the tier at ``directory``."""
+    h = hashlib.blake2b(f"{key[0]}\0{key[1]}".encode(), digest_size=11).hexdigest()
+    return Path(directory) / h[:2] / h[2:]
+
+
 class BatchCache(Protocol):
     """Where a ranged reader looks for a record batch before it fetches it, and offers it
     once read (:class:`StorageTier`; on a Ray cluster, the node's share of a partitioned
@@ -277,8 +283,7 @@ class StorageTier:
 
     # -- entries -----------------------------------------------------------------------------------
     def path_of(self, key: Key) -> Path:
-        h = hashlib.blake2b(f"{key[0]}\0{key[1]}".encode(), digest_size=11).hexdigest()
-        return self.directory / h[:2] / h[2:]
+        return entry_path(self.directory, key)
 
     @property
     def entries(self) -> int:
