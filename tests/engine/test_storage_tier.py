@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from tabloader.catalog.storage import _writer
-from tabloader.catalog.storage._s3 import open_s3
-from tabloader.catalog.storage._tier import INDEX_FILE, TAIL, entry_path
+from tabloader.catalog.storage._s3 import forget_stores, open_s3
+from tabloader.catalog.storage._tier import INDEX_FILE, TAIL, StorageTier, entry_path
 from tabloader.engine import Loader
 from tabloader.engine._prepare.storage import CACHE_DIR
 from tests.support.polling import wait_for
@@ -171,6 +171,40 @@ def test_a_damaged_tier_entry_is_dropped_and_fetched_again(cat, s3, bucket_datas
     assert stats["dropped"] == 1
     assert 0 < got(s3) - first <= len(data)  # that batch only, from the bucket
     assert damaged.read_bytes() != bytes(data)  # written again, whole
+
+
+def test_a_parts_tail_is_kept_though_it_was_opened_without_the_tier_and_checked_when_read(
+    cat, s3, bucket_dataset, tmp_path
+):
+    """A part the catalog's own reads opened first (no tier) still leaves its tail (footer)
+    in the tier once a reader with the tier asks for it; a new process (a new store) reads the
+    tail from the tier, and a damaged one is dropped and fetched again."""
+    info = cat.dataset("imgs").reader.parts[0]
+    forget_stores()  # a part not open yet in this process
+    tier = StorageTier(tmp_path / "tier", 1 << 30)
+    try:
+        open_s3(s3.uri).part(info.path, size=info.file_size, what="p")  # no tier: not kept
+        assert tier.keys() == []
+        open_s3(s3.uri).part(info.path, size=info.file_size, what="p", cache=tier)
+        assert tier.keys() == [(info.path, TAIL)]  # offered by the reader with the tier
+        damaged = entry_path(tmp_path / "tier", (info.path, TAIL))
+        data = bytearray(damaged.read_bytes())
+        data[-1] ^= 0xFF
+        damaged.write_bytes(bytes(data))
+        forget_stores()  # as in a new process
+        first = got(s3)
+        part = open_s3(s3.uri).part(info.path, size=info.file_size, what="p", cache=tier)
+        assert part.footer.batches.size == ROWS
+        assert tier.counters.snapshot()["dropped"] == 1
+        assert 0 < got(s3) - first <= 64 << 10  # the tail, from the bucket
+        assert damaged.read_bytes() != bytes(data)  # kept again, whole
+        forget_stores()
+        again = got(s3)
+        open_s3(s3.uri).part(info.path, size=info.file_size, what="p", cache=tier)
+        assert got(s3) == again  # from the tier
+        assert tier.counters.snapshot()["hits"] == 1
+    finally:
+        tier.close()
 
 
 def test_read_ahead_holds_at_most_its_budget_and_hides_latency(cat, s3, bucket_dataset):

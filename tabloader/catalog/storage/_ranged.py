@@ -100,12 +100,12 @@ class PartFile:
         self.name, self.uri = name, uri
         n = min(size, TAIL_FETCH_BYTES)
         cached = cache.get(self, TAIL) if cache is not None and name else None
-        if cached is not None and len(cached) == n:
+        self._tail_caches: list[BatchCache] = []  # the caches offered the tail
+        if cache is not None and cached is not None and len(cached) == n:
             tail = cached
+            self._tail_caches.append(cache)
         else:
             tail = memoryview(read_ranges([(size - n, n)])[0])
-            if cache is not None and name:
-                cache.offer(self, TAIL, tail)
         try:
             length = footer_length(bytes(tail[-TAIL_BYTES:]), size)
             start = size - TAIL_BYTES - length
@@ -120,6 +120,7 @@ class PartFile:
             raise StorageError(f"{what} is not a readable Arrow IPC file: {exc}.") from None
         # kept while the file is open: its tail, and its dictionaries (read at every open)
         self._pinned: list[tuple[int, memoryview]] = [(size - n, tail)]
+        self.keep_tail(cache)
         blocks = self.footer.dictionaries
         if blocks.size:
             ranges = [(int(b["offset"]), int(b["meta"] + b["body"])) for b in blocks]
@@ -131,6 +132,15 @@ class PartFile:
         self.inflight: dict[int, list[Any]] = {}
         self._starts = np.ascontiguousarray(self.footer.batches["offset"])
         self._lock = threading.Lock()
+
+    def keep_tail(self, cache: BatchCache | None) -> None:
+        """Offer the tail to ``cache`` if it was not yet: a part opened first without one
+        (by the catalog's own reads) still leaves its tail in the storage tier for the
+        next process."""
+        if cache is None or not self.name or any(c is cache for c in self._tail_caches):
+            return
+        self._tail_caches.append(cache)
+        cache.offer(self, TAIL, self.tail())
 
     def tail(self) -> memoryview:
         """The file's last ``TAIL_FETCH_BYTES`` (its tail as a cache keeps it)."""

@@ -375,6 +375,7 @@ class S3Store:
         """
         part = self._parts.get((name, size))
         if part is not None:
+            part.keep_tail(cache)
             return part
         with self._lock:  # one opening per part: readers that ask meanwhile wait for it
             opening = self._opening.setdefault((name, size), threading.Lock())
@@ -390,6 +391,7 @@ class S3Store:
                     cache=cache,
                 )
                 self._parts[(name, size)] = part
+        part.keep_tail(cache)  # (one opened meanwhile by a reader without this cache)
         return part
 
     def open_part(self, name: str, *, size: int, what: str, memory_map: bool) -> pa.NativeFile:
