@@ -487,9 +487,10 @@ def test_client_gone_during_a_request_closes_its_handler(service, how):
 def test_a_client_gone_while_another_request_waits_closes_its_handler(service):
     """Requests are watched once they have run ``WATCH_AFTER_S``: a second one that starts
     while the watcher waits on a first is watched too."""
-    first, second = Client(service.root), Client(service.root)
+    first = Client(service.root)
+    thread, _ = blocked_call(first, service)  # handlers[0]: a second client connected
+    second = Client(service.root)  # before it could be accepted first (a CI failure)
     try:
-        thread, _ = blocked_call(first, service)
         time.sleep(3 * listener.WATCH_AFTER_S)  # the first is watched; nothing else is busy
         second.send("block")
         wait_for(lambda: len(service.handlers) == 2 and service.handlers[1].blocked.is_set())
