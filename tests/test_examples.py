@@ -77,10 +77,12 @@ def test_hparam_search_example(tmp_path):
 def test_ray_tune_example_trials_share_decodes(tmp_path):
     """A Ray Tune search (local Ray on loopback) whose trials read through the node loader."""
     pytest.importorskip("ray.tune", reason="ray[tune] is not installed")
-    proc = run_example("ray_tune_search.py", tmp_path, "--trials", "3")
-    assert len(re.findall(r"trial_\d: lr [\d.]+, final loss [\d.]+", proc.stdout)) == 3
+    # two trials show the sharing as well as three: each trial's Ray worker imports torch and
+    # the job's loader (a third trial cost 7.5 CPU-s of the suite's ~700)
+    proc = run_example("ray_tune_search.py", tmp_path, "--trials", "2")
+    assert len(re.findall(r"trial_\d: lr [\d.]+, final loss [\d.]+", proc.stdout)) == 2
     served, decoded = map(
         int, re.search(r"images served to trials: (\d+); decoded: (\d+)", proc.stdout).groups()
     )
-    assert served == 3 * 2 * 120  # every trial read every image, each epoch
+    assert served == 2 * 2 * 120  # every trial read every image, each epoch
     assert 120 <= decoded <= 1.05 * 2 * 120  # at most once per image and epoch, not per trial
