@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -183,9 +184,9 @@ def image_cat_dir(tmp_path, image_catalog):
     return root
 
 
-@pytest.fixture
-def cat_dir(image_cat_dir):
-    root = image_cat_dir
+def register_jobs(root: Path) -> Path:
+    """Jobs ``a`` (16x16 images of labels 0-2), ``b`` (labels 1-3) and ``c0`` (labels 0-1, no
+    images) in the closed catalog at ``root``."""
     with catalog.open_catalog(root) as cat:
         cat.sql(
             "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
@@ -198,12 +199,42 @@ def cat_dir(image_cat_dir):
 
 
 @pytest.fixture
-def service(cat_dir):
-    proc = start_service(cat_dir)
-    yield proc
+def cat_dir(image_cat_dir):
+    return register_jobs(image_cat_dir)
+
+
+def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(TIMEOUT)
+
+
+@pytest.fixture
+def service(cat_dir):
+    proc = start_service(cat_dir)
+    yield proc
+    _stop(proc)
+
+
+@dataclass
+class Served:
+    """A module's service (``proc``) of ``cat_dir``'s jobs, in the catalog at ``root``."""
+
+    proc: subprocess.Popen
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, image_catalog):
+    """One service that a module's tests take turns on, for tests that only ask it something
+    and leave it as they found it (no job left open, no job registered): a service of a
+    test's own cost each of them most of its CPU (~1 CPU-s: the service, its decode
+    processes)."""
+    root = tmp_path_factory.mktemp("served") / "cat"
+    shutil.copytree(image_catalog, root)
+    proc = start_service(register_jobs(root))
+    yield Served(proc, root)
+    _stop(proc)
 
 
 @pytest.fixture

@@ -166,9 +166,10 @@ def test_statements_go_through_the_running_service(service, cat_dir):
         assert "d" in cat.sql("SHOW JOBS").column("name").to_pylist()
 
 
-def test_the_catalog_package_opened_beside_a_service_names_the_way_through_it(service, cat_dir):
+def test_the_catalog_package_opened_beside_a_service_names_the_way_through_it(served):
     """``catalog.open_catalog`` opens the catalog in this process only; its error says what does
     reach the service's catalog."""
+    service, cat_dir = served.proc, served.root
     with pytest.raises(
         CatalogLockedError,
         match=rf"in use by another process \(PID {service.pid}\)\. If that is its tabloader "
@@ -398,7 +399,8 @@ def test_a_killed_client_leaves_and_others_go_on(service, cat_dir, tmp_path):
         remote.close()
 
 
-def test_resume_from_a_saved_state_exactly_once(service, cat_dir):
+def test_resume_from_a_saved_state_exactly_once(served):
+    cat_dir = served.root
     remote = RemoteLoader(cat_dir, start=False)
     try:
         s = remote.open("a", batch_size=4)
@@ -412,9 +414,10 @@ def test_resume_from_a_saved_state_exactly_once(service, cat_dir):
         remote.close()
 
 
-def test_resume_from_a_state_saved_at_an_epochs_end_with_a_batch_read_ahead(service, cat_dir):
+def test_resume_from_a_state_saved_at_an_epochs_end_with_a_batch_read_ahead(served):
     """The client has read the next epoch's first batch ahead when the job saves at the end of
     an epoch: the state is that epoch, whole, and nothing is lost."""
+    cat_dir = served.root
     remote = RemoteLoader(cat_dir, start=False)
     try:
         rows = rows_of(remote, "label < 3")
@@ -433,9 +436,10 @@ def test_resume_from_a_state_saved_at_an_epochs_end_with_a_batch_read_ahead(serv
         remote.close()
 
 
-def test_stall_times_count_the_jobs_compute(service, cat_dir):
+def test_stall_times_count_the_jobs_compute(served):
     """The client times its job's stalls (it reads ahead: the service's own wait for the next
     batch overlaps the job's compute) and reports them with its requests."""
+    cat_dir = served.root
     with RemoteLoader(cat_dir, start=False) as remote, remote.open("a", batch_size=4) as s:
         s.take()
         for _ in range(4):
@@ -446,9 +450,10 @@ def test_stall_times_count_the_jobs_compute(service, cat_dir):
     assert stats["batches"] == 5
 
 
-def test_a_jobs_waits_and_compute_fit_in_its_time(service, cat_dir):
+def test_a_jobs_waits_and_compute_fit_in_its_time(served):
     """A job that never computes waits for every batch: its waits add up to about its time,
     never more (a wait for a batch read ahead is counted once)."""
+    cat_dir = served.root
     with RemoteLoader(cat_dir, start=False) as remote, remote.open("c0", batch_size=2) as s:
         t0 = time.perf_counter()
         for _ in s.iter_epoch():
@@ -663,9 +668,11 @@ def test_garbage_on_the_services_socket_is_logged_and_serving_goes_on(service, c
     assert re.search(r"^\d{4}-\d\d-\d\d .* pid \d+ INFO ", text, re.M), text
 
 
-def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_dir):
+def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(served):
     """Option values no JobDataset would send (a list for epochs...): the engine shares one
     scheduler per dataset, so one that got through would stop every job of the dataset."""
+    cat_dir = served.root
+    logged = (runtime_dir(cat_dir) / "service.log").stat().st_size  # the module's service's
 
     def spec(**options):
         return {"spec": {"v": SPEC_VERSION, "options": options}}
@@ -710,10 +717,13 @@ def test_bad_options_from_a_client_fail_its_open_and_nobody_elses(service, cat_d
         [batch] = list(stream)
         assert batch["image"].shape == (len(rows_of(remote, "label < 3")), 147, 147, 3)
     remote.close()
-    assert "failed" not in (runtime_dir(cat_dir) / "service.log").read_text()
+    with open(runtime_dir(cat_dir) / "service.log", "rb") as log:  # this test's lines
+        log.seek(logged)
+        assert b"failed" not in log.read()
 
 
-def test_a_second_service_for_the_catalog_is_refused(service, cat_dir):
+def test_a_second_service_for_the_catalog_is_refused(served):
+    cat_dir = served.root
     out = subprocess.run(
         [sys.executable, "-m", "tabloader", "--catalog", str(cat_dir), "serve"],
         capture_output=True,
@@ -1275,7 +1285,8 @@ def test_a_stopped_service_is_reported_as_not_answering(cat_dir, capsys, monkeyp
         proc.wait(TIMEOUT)
 
 
-def test_verify_beside_a_service_says_to_stop_it(service, cat_dir, capsys):
+def test_verify_beside_a_service_says_to_stop_it(served, capsys):
+    service, cat_dir = served.proc, served.root
     from tabloader.cli import main
 
     assert main(["--catalog", str(cat_dir), "verify"]) == 1
@@ -1313,10 +1324,11 @@ def test_a_failed_start_quotes_only_its_own_log_lines(cat_dir, monkeypatch):
     assert "OLD LINE" not in str(info.value)
 
 
-def test_a_job_asks_the_service_once_before_its_first_batch(service, cat_dir, monkeypatch):
+def test_a_job_asks_the_service_once_before_its_first_batch(served, monkeypatch):
     """One connection and one request before the first batch: the open (its reply maps the
     service's memory) with the first ``next`` behind it, both sent before either reply is
     read; the batch after is asked for as the job computes (it reads one ahead)."""
+    service, cat_dir = served.proc, served.root
     from tabloader.torch import JobDataset
 
     log: list[str] = []

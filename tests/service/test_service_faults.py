@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,7 +12,6 @@ import textwrap
 
 import pytest
 
-from tabloader import catalog
 from tabloader.catalog._errors import LoaderError, ServiceError
 from tabloader.engine._arena.shm import process_alive, shm_available
 from tabloader.service._client import RemoteLoader
@@ -156,24 +154,6 @@ def test_a_peer_gone_before_the_last_batch_ends_the_epoch_then_raises(service, c
         remote.close()
 
 
-@pytest.fixture(scope="module")
-def lasting(tmp_path_factory, image_catalog):
-    """One service that the module's scripts and bad requests take turns on, each checking
-    that it serves on (``cat_dir``'s jobs ``a`` and ``c0``): a service of their own cost
-    each of these tests most of its CPU."""
-    root = tmp_path_factory.mktemp("requests") / "cat"
-    shutil.copytree(image_catalog, root)
-    with catalog.open_catalog(root) as cat:
-        cat.sql(
-            "REGISTER JOB a SELECT image, label FROM imgs WHERE label < 3 WITH (image_size = 16)"
-        )
-        cat.sql("REGISTER JOB c0 SELECT label FROM imgs WHERE label < 2")
-    proc = start_service(root)
-    yield root
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(TIMEOUT)
-
-
 REBIND = textwrap.dedent(
     """
     import gc, sys
@@ -202,9 +182,9 @@ REBIND = textwrap.dedent(
     ("collect", "cycle"), [("collect", "cycle"), ("no", "no"), ("no", "cycle")]
 )
 def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
-    lasting, tmp_path, collect, cycle
+    served, tmp_path, collect, cycle
 ):
-    cat_dir = lasting
+    cat_dir = served.root
     script = tmp_path / "rebind.py"
     script.write_text(REBIND)
     run = subprocess.run(
@@ -224,10 +204,10 @@ def test_a_job_reopened_after_its_stream_was_dropped_opens_every_time(
 
 # -- what a client sends, the service's log and its temporary files -------------------------
 @pytest.mark.parametrize("tickets", ["x", {}, [1.5], ["7"], [True], [-1], list(range(257)), 0])
-def test_release_tickets_of_another_type_are_one_clean_error(lasting, tickets):
+def test_release_tickets_of_another_type_are_one_clean_error(served, tickets):
     """Each is a one-line error to that client; the service logs no traceback (it logged
     one per request) and goes on (one service takes all of them, one after another)."""
-    cat_dir = lasting
+    cat_dir = served.root
     log = runtime_dir(cat_dir) / LOG_FILE
     before = log.stat().st_size
     raw = Client(cat_dir)
