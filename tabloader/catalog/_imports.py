@@ -27,6 +27,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from tabloader.catalog._arrays import id_array
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._database import META, Database, disk_full_hint, quote, translate
 from tabloader.catalog._directory import DATA_DIR, make_private_dir, new_token
@@ -148,12 +149,13 @@ class Ingest:
             self.directory.rmdir()
 
     def _create_table(self) -> None:
-        empty = pa.schema(
+        schema = pa.schema(
             [
                 pa.field(ID_COLUMN, pa.int64()),
                 *(self.source.schema.field(n) for n in self.queryable),
             ]
-        ).empty_table()
+        )
+        empty = pa.Table.from_batches([], schema)  # schema.empty_table() wakes pandas
         self._from_chunk(empty, f"CREATE TABLE {quote(self.name)} AS SELECT * FROM _tl_chunk")
 
     def _from_chunk(self, table: pa.Table, sql: str) -> None:
@@ -198,7 +200,7 @@ class Ingest:
             return
         table = pa.Table.from_batches(self._pending)
         start = self.first_id + self.num_rows
-        ids = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
+        ids = id_array(np.arange(start, start + table.num_rows))
         table = table.add_column(0, ID_COLUMN, ids)
         self._from_chunk(table, f"INSERT INTO {quote(self.name)} SELECT * FROM _tl_chunk")
         self.num_rows += table.num_rows

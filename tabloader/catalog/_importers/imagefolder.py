@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
+from tabloader.catalog._arrays import from_values
 from tabloader.catalog._errors import ImportFailedError
 from tabloader.catalog._importers import Source, check_folder, check_inside, read_regular_file
 
@@ -218,13 +220,13 @@ def _batches(
             # Checked again as it is read: the folder may have changed since it was listed.
             real = check_inside(base / rel, base, follow_links=follow_links)
             images.append(read_regular_file(real, follow_links=follow_links))
-        labels = [label for label, _ in chunk]
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array(images, pa.binary()),
-                pa.array(labels, pa.int64()),
-                pa.array([classes[label] for label in labels], pa.string()),
-                pa.array([rel for _, rel in chunk], pa.string()),
-            ],
-            schema=SCHEMA,
-        )
+        yield image_batch(images, [label for label, _ in chunk], classes, [r for _, r in chunk])
+
+
+def image_batch(
+    images: list[bytes], labels: list[int], classes: list[str], paths: list[str]
+) -> pa.RecordBatch:
+    """A record batch of ``SCHEMA``: each image's bytes, label, its class name and path."""
+    values: list[Sequence[Any]] = [images, labels, [classes[label] for label in labels], paths]
+    columns = [from_values(v, f.type) for v, f in zip(values, SCHEMA, strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)

@@ -162,6 +162,7 @@ def _imagefolder(
         DEFAULT_EXTENSIONS,
         SCHEMA,
         _normalize_extensions,
+        image_batch,
     )
 
     exts = _normalize_extensions(DEFAULT_EXTENSIONS if extensions is None else extensions)
@@ -191,15 +192,7 @@ def _imagefolder(
                     "import? Import again."
                 ) from exc
             labels = [lab for lab, _, _ in chunk]
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array(images, pa.binary()),
-                    pa.array(labels, pa.int64()),
-                    pa.array([classes[i] for i in labels], pa.string()),
-                    pa.array([rel for _, _, rel in chunk], pa.string()),
-                ],
-                schema=SCHEMA,
-            )
+            yield image_batch(images, labels, classes, [rel for _, _, rel in chunk])
 
     return Source(
         SCHEMA, batches(), num_rows=len(files), class_names={"label": classes}, description=uri

@@ -14,6 +14,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from tabloader.catalog._api import StatementTarget
+from tabloader.catalog._arrays import from_values
 from tabloader.catalog._errors import ForbiddenExpressionError, StatementError, UnknownColumnError
 from tabloader.catalog._importers import detect_format, open_source
 from tabloader.catalog._sql.dialect import (
@@ -173,10 +174,9 @@ def _options(node: exp.Tuple | None) -> dict[str, Any]:
 
 def _listing(columns: dict[str, pa.DataType], rows: Iterable[tuple[Any, ...]]) -> pa.Table:
     """A table of ``columns`` (each name and type) holding ``rows`` (values in that order)."""
-    return pa.Table.from_pylist(
-        [dict(zip(columns, row, strict=True)) for row in rows],
-        schema=pa.schema(list(columns.items())),
-    )
+    values = list(zip(*rows, strict=True)) or [()] * len(columns)
+    arrays = [from_values(v, t) for v, t in zip(values, columns.values(), strict=True)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(list(columns.items())))
 
 
 def _show_datasets(catalog: StatementTarget, _: exp.Expression) -> pa.Table:
