@@ -7,8 +7,8 @@ array to take a record batch's rows, its labels became numpy). These two convers
 through the arrays' buffers instead; what they do not cover (nulls, booleans, nested types)
 falls back to pyarrow's own. Python values convert alike (:func:`from_values`: every
 ``pa.array`` of a list asks the shim too): ``SHOW JOBS`` in a fresh ``tabloader sql`` took
-0.72 s, 0.27 of them importing pandas. And :func:`is_binary`: which Arrow types hold binary
-values.
+0.72 s, 0.27 of them importing pandas; :func:`empty_table` is ``schema.empty_table()``
+without it. And :func:`is_binary`: which Arrow types hold binary values.
 
 Example:
     >>> import numpy as np
@@ -100,3 +100,9 @@ def from_values(values: Sequence[Any], t: pa.DataType) -> pa.Array:
             buffers = [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))]
             return pa.Array.from_buffers(t, n, [validity, *buffers])
     return pa.array(values, t)
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()`` (one empty chunk a column) through ``pa.nulls``, which asks no
+    pandas shim."""
+    return pa.table([pa.nulls(0, f.type) for f in schema], schema=schema)

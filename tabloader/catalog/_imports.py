@@ -27,7 +27,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from tabloader.catalog._arrays import id_array
+from tabloader.catalog._arrays import empty_table, id_array
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._database import META, Database, disk_full_hint, quote, translate
 from tabloader.catalog._directory import DATA_DIR, make_private_dir, new_token
@@ -149,13 +149,14 @@ class Ingest:
             self.directory.rmdir()
 
     def _create_table(self) -> None:
-        schema = pa.schema(
-            [
-                pa.field(ID_COLUMN, pa.int64()),
-                *(self.source.schema.field(n) for n in self.queryable),
-            ]
+        empty = empty_table(
+            pa.schema(
+                [
+                    pa.field(ID_COLUMN, pa.int64()),
+                    *(self.source.schema.field(n) for n in self.queryable),
+                ]
+            )
         )
-        empty = pa.Table.from_batches([], schema)  # schema.empty_table() wakes pandas
         self._from_chunk(empty, f"CREATE TABLE {quote(self.name)} AS SELECT * FROM _tl_chunk")
 
     def _from_chunk(self, table: pa.Table, sql: str) -> None:

@@ -9,7 +9,7 @@ import textwrap
 import pyarrow as pa
 import pytest
 
-from tabloader.catalog._arrays import from_values
+from tabloader.catalog._arrays import empty_table, from_values
 
 
 @pytest.mark.parametrize(
@@ -46,6 +46,16 @@ def test_values_of_another_kind_get_pyarrows_own_answer(values, t, error, messag
         return
     with pytest.raises(error, match=message):
         from_values(values, t)
+
+
+def test_empty_table_is_the_schemas_own():
+    schema = pa.schema(
+        [("_id", pa.int64()), ("image", pa.binary()), ("tags", pa.list_(pa.string()))]
+    )
+    got = empty_table(schema)
+    assert got.equals(schema.empty_table())
+    assert got.schema == schema
+    assert [c.num_chunks for c in got.columns] == [1, 1, 1]  # as pyarrow's: a chunk a column
 
 
 def test_an_import_and_listing_statements_never_wake_pyarrows_pandas_shim(tmp_path, image_folder):

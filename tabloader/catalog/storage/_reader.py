@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from tabloader.catalog._arrays import id_array
+from tabloader.catalog._arrays import empty_table, id_array
 from tabloader.catalog._bitmaps import ID_COLUMN
 from tabloader.catalog._errors import RowIdError, StorageError, UnknownColumnError, did_you_mean
 from tabloader.catalog._settings import STORAGE_ENV
@@ -491,7 +491,7 @@ class DatasetReader:
         names = self._columns(columns)
         if ids.size == 0:
             fields = [self.schema.field(n) for n in names]
-            return pa.schema([ID_FIELD, *fields]).empty_table()
+            return empty_table(pa.schema([ID_FIELD, *fields]))
         if ids.size <= self.SMALL_TAKE:
             table = self._take_small(ids.tolist())
         else:
