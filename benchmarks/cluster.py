@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         results["dataloader"] = {"wall_s": wall_dl, "got": got_dl, "stalls": _stalls(ranks_dl)}
     finally:
         ray.shutdown()
-        sim.shutdown()  # type: ignore[no-untyped-call]
+        sim.shutdown()
     return _report(args, jobs, results)
 
 

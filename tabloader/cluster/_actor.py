@@ -263,7 +263,7 @@ class Cluster:
 
         from tabloader.cluster._node import NodeLoader
 
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         for node in sorted(alive - set(self.loaders)):
             self.loaders[node] = (
                 ray.remote(NodeLoader)

@@ -70,7 +70,7 @@ class PeerCache:
             import ray
 
             try:
-                found = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call]
+                found = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
             except Exception as exc:  # (the GCS restarting): the last list stays
                 logger.warning("partitioned cache: cannot list the nodes: %s", exc)
                 found = self._nodes
