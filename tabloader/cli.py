@@ -542,7 +542,11 @@ def _run_serve(args: argparse.Namespace) -> int:
             "metrics, or tabloader status --ray."
         )
     yield_to_jobs()  # before any thread or process starts: they inherit it
-    if args.ray is not None:
+    if args.ray is None:  # the decode processes' forkserver, forked before any thread starts
+        from tabloader.engine._prepare import zygote
+
+        zygote.fork()
+    else:
         from tabloader.cluster._actor import serve_cluster
 
         root = _root(args).resolve()

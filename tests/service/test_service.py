@@ -839,14 +839,21 @@ STARTS = textwrap.dedent(
                 int(fields(t)[19]) for t in Path(f"/proc/{pid}/task").iterdir()
                 if t.name != str(pid)
             ]
-            children = {}  # the resource tracker and the forkserver: when each started
+            parents = {}  # every process's parent
             for p in Path("/proc").iterdir():
                 try:
-                    if p.name.isdigit() and int(fields(p)[1]) == pid:
-                        children[(p / "cmdline").read_text()] = int(fields(p)[19])
+                    if p.name.isdigit():
+                        parents[int(p.name)] = int(fields(p)[1])
                 except OSError:
                     continue
-    print(json.dumps({"pid": pid, "children": children, "threads": threads}))
+            cmdline = lambda p: Path(f"/proc/{p}/cmdline").read_text()
+            # the resource tracker and the forkserver, and the processes each forked
+            children = {
+                cmdline(c): [k for k, q in parents.items() if q == c]
+                for c, p in parents.items() if p == pid
+            }
+            service = cmdline(pid)
+    print(json.dumps({"pid": pid, "children": children, "threads": threads, "cmd": service}))
     """
 )
 
@@ -879,8 +886,9 @@ def test_a_started_service_starts_decode_processes_when_asked_under_sched_batch(
     ``wait_ready`` starts its decode processes (a catalog of images)."""
     started = _started(tmp_path, cat_dir, "a", "ready")
     try:
-        forkserver = [t for cmd, t in started["children"].items() if "forkserver" in cmd]
-        assert len(forkserver) == 1, started
+        # the forkserver is the service's own fork (the zygote), no interpreter of its own
+        assert not [cmd for cmd in started["children"] if "forkserver" in cmd], started
+        assert len(started["children"][started["cmd"]]) == 2, started  # two decode processes
         policies = scheduling_policies(started["pid"])  # idle: until it exits, 5 s later
         assert len(policies) > 5  # threads, the forkserver, its decode processes
         assert set(policies.values()) == {os.SCHED_BATCH}, policies
@@ -896,6 +904,7 @@ def test_a_started_service_serving_augmented_jobs_starts_no_decode_process(cat_d
     started = _started(tmp_path, cat_dir, "aug", "no")
     try:
         assert not [cmd for cmd in started["children"] if "forkserver" in cmd], started
+        assert started["children"][started["cmd"]] == [], started  # the zygote forked none
     finally:
         _stop(started["pid"])
 

@@ -58,6 +58,7 @@ from tabloader.catalog._errors import LoaderError, RowReadError, StorageError
 from tabloader.catalog.storage import DatasetReader, register_store
 from tabloader.catalog.storage._stores import store_factory
 from tabloader.engine._arena.shm import Segment, process_alive
+from tabloader.engine._prepare import zygote
 from tabloader.engine._prepare.prep import Decoder
 from tabloader.engine.decode import pixel_limit
 
@@ -170,11 +171,10 @@ class DecodePool:
 
     The processes start from a ``forkserver`` (never ``fork``: the loader has threads and a
     DuckDB connection) that has imported this module once: on first use, or ahead of it with
-    :meth:`start`. That import takes 0.25 s here (it took 1.5 s while the resizes needed
-    torch; later loaders of the process reuse the forkserver: 0.05 s), which a loader's first
-    batch would otherwise wait for. A service that a client starts launches
-    the forkserver (with ``FORKSERVER_PRELOAD``) before its own imports, which then run beside
-    it (:mod:`tabloader.service._client`).
+    :meth:`start`. In a loader of its own that is an interpreter and its imports (0.25-0.4 s
+    of a core; later loaders of the process reuse it); a service's is the fork it made as it
+    started, before its threads (:mod:`~tabloader.engine._prepare.zygote`), which has
+    everything imported already.
 
     A process that dies (killed, crashed) is a fault, not bad data: it breaks the executor and
     every task in flight with it; the executor is replaced and each of those tasks runs again
@@ -270,6 +270,7 @@ class DecodePool:
             if pool is None or pool._broken:  # a process died (killed, crashed)
                 ctx = _DecodeContext()
                 ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # (unless running)
+                zygote.adopt(list(FORKSERVER_PRELOAD))  # the service's fork, if it made one
                 # (the pool's temporary folder holds the forkserver's socket)
                 tempdir = _socket_room(multiprocessing.util.get_temp_dir())
                 args: tuple[Any, ...] = (_Inherited(self._segment.fd), self._segment.size)
