@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
 
     case = sys.argv[1]
     out = {"forked": zygote.fork(), "again": zygote.fork()}
-    out["zygote"] = zygote._zygote[0] if zygote._zygote else None
+    out["zygote"] = zygote.waiting()
     if case == "killed":  # the zygote is gone before the first pool: an interpreter instead
         os.kill(out["zygote"], signal.SIGKILL)
         time.sleep(0.2)
@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent(
         print(json.dumps(out), flush=True)
         sys.exit(0)
     out["adopted"] = zygote.adopt(["json"])
+    out["after"] = zygote.waiting()
     ctx = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(2, mp_context=ctx) as pool:
         out["parents"] = sorted({f.result() for f in [pool.submit(os.getppid) for _ in range(4)]})
@@ -63,6 +64,7 @@ def test_the_pools_processes_are_forked_by_the_zygote_which_goes_with_them():
     assert out["forked"] is True
     assert out["again"] is False  # once a process
     assert out["adopted"] is True
+    assert out["after"] is None  # adopted: no longer waiting
     assert out["parents"] == [out["zygote"]]  # no forkserver interpreter: the zygote forks them
     wait_for(lambda: _gone(out["zygote"]), "the zygote to exit with its process")
 
@@ -89,7 +91,7 @@ def test_no_zygote_is_forked_beside_a_running_thread():
         stop = threading.Event()
         t = threading.Thread(target=stop.wait)
         t.start()
-        print(zygote.fork(), zygote._zygote)
+        print(zygote.fork(), zygote.waiting())
         stop.set()
         t.join()
         """
@@ -101,5 +103,5 @@ def test_no_zygote_is_forked_beside_a_running_thread():
 
 
 def test_no_zygote_means_adopt_does_nothing():
-    assert zygote._zygote is None  # a test process never forks one
+    assert zygote.waiting() is None  # a test process never forks one
     assert zygote.adopt(["json"]) is False

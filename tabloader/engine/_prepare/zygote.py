@@ -69,6 +69,11 @@ def fork() -> bool:
     return True
 
 
+def waiting() -> int | None:
+    """The pid of the zygote this process forked, while no pool has adopted it (else None)."""
+    return None if _zygote is None else _zygote[0]
+
+
 def _wait(sock: socket.socket) -> int:
     """In the zygote: close what the service had open, wait for the forkserver's socket and
     pipe, then serve as multiprocessing's forkserver until every process that may ask is gone."""
