@@ -56,16 +56,12 @@ import numpy as np
 import numpy.typing as npt
 
 from tabloader.analyze._cpu import cores, machine_busy_s, process_cpu_s, tree_cpu_s
+from tabloader.analyze._defaults import DEFAULT_BATCHES, DEFAULT_SECONDS
 from tabloader.analyze._model import Rates
 from tabloader.catalog._errors import LoaderError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCHES = 20
-"""The fewest batches the runs read unless told (more while a run takes under ``seconds``)."""
-DEFAULT_SECONDS = 2.0
-"""The shortest the first run reads unless told (CPU is counted in 10 ms ticks): the cached
-run reads its rows again for half of it, the cached_step run for three quarters."""
 MAX_RUN_S = 20.0  # the first run reads no longer than this, past its batches
 MIN_CPU_S = 0.05  # less CPU than this (5 ticks) is not counted: the decode workers' own clocks
 MAX_SAMPLE_ROWS = 100_000  # the rows the first run may read, drawn from the job's

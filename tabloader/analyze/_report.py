@@ -14,14 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tabloader._format import format_table
+from tabloader.analyze._defaults import DEFAULT_BATCHES, DEFAULT_SECONDS
 from tabloader.analyze._model import Prediction, Rates, WhatIf, predict
-from tabloader.analyze._profile import (
-    DEFAULT_BATCHES,
-    DEFAULT_SECONDS,
-    Profile,
-    profile_job,
-    rates_of,
-)
+from tabloader.analyze._profile import Profile, profile_job, rates_of
 
 
 @dataclass(frozen=True)
