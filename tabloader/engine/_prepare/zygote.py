@@ -32,6 +32,7 @@ _MAIN_PARAMETERS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path"
 _FIELDS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
 
 _zygote: tuple[int, socket.socket] | None = None  # (pid, the service's end of its socket)
+_taking = threading.Lock()  # two pools adopting at once: one takes the zygote
 
 
 def known() -> bool:
@@ -53,10 +54,16 @@ def fork() -> bool:
         return False
     if forkserver._forkserver._forkserver_pid is not None:  # type: ignore[attr-defined]
         return False
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with warnings.catch_warnings():  # (3.12+: the libraries' own threads, as the forkserver's)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    # one message, whole or not at all (a stream could split the fds from the preload list)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        with warnings.catch_warnings():  # (3.12+: the libraries' threads, as a forkserver's)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:  # no process to spare now: multiprocessing starts an interpreter later
+        ours.close()
+        theirs.close()
+        return False
     if pid == 0:  # the zygote: it never returns, and never runs the service's exit handlers
         code = 1  # its exit status says what went wrong; it has no one to tell
         try:
@@ -99,10 +106,11 @@ def adopt(preload: list[str]) -> bool:
     """Make the zygote this process's forkserver, if it forked one and no forkserver runs yet:
     the next process a forkserver context starts is forked by it. True if it did."""
     global _zygote
-    if _zygote is None:
-        return False
-    pid, sock = _zygote
-    _zygote = None
+    with _taking:
+        if _zygote is None:
+            return False
+        pid, sock = _zygote
+        _zygote = None
     server: forkserver.ForkServer = forkserver._forkserver
     with server._lock, sock:  # type: ignore[attr-defined]
         if server._forkserver_pid is not None:  # type: ignore[attr-defined]
