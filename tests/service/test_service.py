@@ -888,7 +888,8 @@ def test_a_started_service_starts_decode_processes_when_asked_under_sched_batch(
     try:
         # the forkserver is the service's own fork (the zygote), no interpreter of its own
         assert not [cmd for cmd in started["children"] if "forkserver" in cmd], started
-        assert len(started["children"][started["cmd"]]) == 2, started  # two decode processes
+        decoders = started["children"][started["cmd"]]  # the Loader's default: a core each
+        assert len(decoders) == max(2, os.cpu_count() or 2), started
         policies = scheduling_policies(started["pid"])  # idle: until it exits, 5 s later
         assert len(policies) > 5  # threads, the forkserver, its decode processes
         assert set(policies.values()) == {os.SCHED_BATCH}, policies
