@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from tabloader.engine._arena.shm import process_alive
 from tabloader.engine._prepare import zygote
 from tests.support.polling import wait_for
 from tests.support.service import TIMEOUT
@@ -51,14 +52,6 @@ def _run(case: str) -> dict:
     return json.loads(done.stdout)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie is gone too
-    except FileNotFoundError:
-        return True
-
-
 def test_the_pools_processes_are_forked_by_the_zygote_which_goes_with_them():
     out = _run("adopted")
     assert out["forked"] is True
@@ -66,7 +59,7 @@ def test_the_pools_processes_are_forked_by_the_zygote_which_goes_with_them():
     assert out["adopted"] is True
     assert out["after"] is None  # adopted: no longer waiting
     assert out["parents"] == [out["zygote"]]  # no forkserver interpreter: the zygote forks them
-    wait_for(lambda: _gone(out["zygote"]), "the zygote to exit with its process")
+    wait_for(lambda: not process_alive(out["zygote"]), "the zygote to exit with its process")
 
 
 def test_a_zygote_killed_before_the_first_pool_leaves_multiprocessing_its_own_forkserver():
@@ -80,7 +73,7 @@ def test_a_zygote_killed_before_the_first_pool_leaves_multiprocessing_its_own_fo
 def test_a_zygote_never_used_exits_with_its_process():
     out = _run("unused")
     assert out["forked"] is True
-    wait_for(lambda: _gone(out["zygote"]), "the unused zygote to exit with its process")
+    wait_for(lambda: not process_alive(out["zygote"]), "the unused zygote to exit with its process")
 
 
 def test_no_zygote_is_forked_beside_a_running_thread_or_when_fork_fails():
