@@ -201,51 +201,6 @@ def test_connect_without_a_service_reports_the_process_that_holds_the_catalog(ca
         holder.stdout.close()
 
 
-RANK_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from tabloader.torch import JobDataset
-    ds = JobDataset("a", catalog=sys.argv[1], batch_size=4)  # RANK, WORLD_SIZE: environment
-    ids = [i for batch in ds for i in batch["_id"].tolist()]
-    print(json.dumps({"ids": ids, "rank": ds.stats()["rank"], "pid": ds.loader.service_pid}))
-    """
-)
-
-
-def test_torchrun_ranks_in_separate_processes_join_one_job(service, cat_dir, tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    remote = RemoteLoader(cat_dir, start=False)
-    try:
-        b = remote.open("b", batch_size=8, epochs=1)  # another job, open while the ranks run
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(script), str(cat_dir)],
-                stdout=subprocess.PIPE,
-                env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r)},
-            )
-            for r in range(2)
-        ]
-        outs = [json.loads(p.communicate(timeout=TIMEOUT * 2)[0]) for p in procs]
-        assert [p.returncode for p in procs] == [0, 0]
-        seen_b = [i for batch in b for i in batch["_id"].tolist()]
-        b.close()
-        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
-        decodes = remote.stats()["decodes"]
-        rows_a, rows_b = rows_of(remote, "label < 3"), rows_of(remote, "label > 0")
-    finally:
-        remote.close()
-    assert [o["rank"] for o in outs] == [0, 1]
-    assert outs[0]["pid"] == outs[1]["pid"] == service.pid  # one service, one job
-    r0, r1 = (o["ids"] for o in outs)
-    assert len(r0) == len(r1) == len(rows_a) // 8 * 4  # equal shares; the remainder dropped
-    assert not set(r0) & set(r1)  # disjoint
-    assert set(r0) | set(r1) <= set(rows_a)
-    assert len(set(rows_a) - set(r0) - set(r1)) == len(rows_a) % 8
-    assert sorted(seen_b) == rows_b  # the other job: every row once
-    assert decodes <= len(set(rows_a) | set(rows_b)) * 1.05  # the ranks share decodes with b
-
-
 DDP_SCRIPT = textwrap.dedent(
     """
     import json, os, sys
@@ -265,7 +220,7 @@ DDP_SCRIPT = textwrap.dedent(
         opt.step()
         ids += batch["_id"].tolist()
     every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, ids)
+    dist.all_gather_object(every, (ds.stats()["rank"], ids))  # the rank the job gave it
     if dist.get_rank() == 0:
         print(json.dumps({"ids": every, "pid": ds.loader.service_pid}), flush=True)
     ds.close()
@@ -279,38 +234,51 @@ DDP_SCRIPT = textwrap.dedent(
 
 
 def test_torchrun_trains_two_cpu_ranks_over_gloo_on_one_job(service, cat_dir, tmp_path):
-    """The real launcher: ``torchrun --standalone --nproc_per_node 2`` and DDP over gloo."""
+    """The real launcher: ``torchrun --standalone --nproc_per_node 2`` and DDP over gloo. Its
+    two rank processes join one job of the one service (equal, disjoint shares; the remainder
+    dropped), while another job open in this process reads every row of its own once and
+    shares their decodes."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
-    torchrun = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
-            *("--nproc_per_node", "2", str(script), str(cat_dir)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:
-        stdout, stderr = torchrun.communicate(timeout=TIMEOUT * 3)
-    finally:
-        if torchrun.poll() is None:  # a hang: its ranks (each in a session of its own) too
-            for pid in [*descendants(torchrun.pid), torchrun.pid]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            torchrun.communicate()
-    assert torchrun.returncode == 0, stderr[-3000:]
-    out = json.loads(stdout.strip().splitlines()[-1])
-    assert out["pid"] == service.pid
-    r0, r1 = out["ids"]
     remote = RemoteLoader(cat_dir, start=False)
-    rows_a = rows_of(remote, "label < 3")
-    remote.close()
+    try:
+        b = remote.open("b", batch_size=8, epochs=1)  # another job, open while the ranks run
+        torchrun = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+                *("--nproc_per_node", "2", str(script), str(cat_dir)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        try:
+            stdout, stderr = torchrun.communicate(timeout=TIMEOUT * 3)
+        finally:
+            if torchrun.poll() is None:  # a hang: its ranks (each in a session of its own) too
+                for pid in [*descendants(torchrun.pid), torchrun.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                torchrun.communicate()
+        assert torchrun.returncode == 0, stderr[-3000:]
+        seen_b = [i for batch in b for i in batch["_id"].tolist()]
+        b.close()
+        wait_for(lambda: remote.stats()["cache"]["pinned"] == 0, "the pins to be released")
+        decodes = remote.stats()["decodes"]
+        rows_a, rows_b = rows_of(remote, "label < 3"), rows_of(remote, "label > 0")
+    finally:
+        remote.close()
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["pid"] == service.pid  # one service, one job
+    assert [rank for rank, _ in out["ids"]] == [0, 1]
+    r0, r1 = (ids for _, ids in out["ids"])
     assert len(r0) == len(r1) == len(rows_a) // 8 * 4  # equal shares; the remainder dropped
     assert not set(r0) & set(r1)
     assert set(r0) | set(r1) <= set(rows_a)
     assert len(set(rows_a) - set(r0) - set(r1)) == len(rows_a) % 8
+    assert sorted(seen_b) == rows_b  # the other job: every row once
+    assert decodes <= len(set(rows_a) | set(rows_b)) * 1.05  # the ranks share decodes with b
 
 
 def test_a_small_cache_evicts_for_a_batch_larger_than_a_slab(cat_dir):
