@@ -119,23 +119,38 @@ def test_a_benchmark_child_runs_as_python_m_module_would(tmp_path, monkeypatch):
         run_one("tl_probe", {"fail": True})
 
 
-def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(tmp_path):
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory) -> tuple[dict, Path]:
+    """One quick ``bench e2e`` run of its shared-set scenarios (same, speeds, recipe,
+    recipe-eval) and of ``scale``, which the tests below read in parts: a run costs ~5 CPU-s
+    before its first job (the benchmark's interpreter, its jobs' zygote, the overhead probe)."""
+    tmp_path = tmp_path_factory.mktemp("e2e")
     data = bench(
         tmp_path,
         "e2e",
-        *("--mode", "zygote", "--scenarios", "same,speeds", "--image-size", str(SIZE)),
-        *("--step", "0"),
+        *("--mode", "zygote", "--scenarios", "same,speeds,recipe,recipe-eval,scale"),
+        *("--image-size", str(SIZE), "--recipe-size", str(SIZE), "--step", "0"),
         *("--speeds-rows", "24", "--speeds-step", "0.01"),
         *("--overhead-batch", "8", "--overhead-size", str(SIZE), "--overhead-samples", "5"),
         *("--overhead-settle", "0.01", "--repeat", "1"),  # repeats: test_e2e_repeats_report_*
+        # scale at --quick's sizes (--quick itself would resize the other scenarios too)
+        *("--scale-rows", "3000", "--scale-step", "0.002", "--scale-batch", "32"),
+        *("--scale-caches", "0.05", "--scale-data", str(tmp_path / "tiny")),
     )
+    return data, tmp_path
+
+
+@pytest.mark.xdist_group("bench_e2e")  # one worker, one run of the fixture
+def test_e2e_counts_decodes_rows_and_copies_and_cleans_up(e2e_run):
+    data, tmp_path = e2e_run
     assert "service decodes / union" in data["stdout"]
     assert "stalls (the reported runs)" in data["stdout"]
-    assert set(data["runs"]) == {"same", "speeds"}
+    assert set(data["runs"]) == {"same", "speeds", "recipe", "recipe-eval"}
     stalls = {(row["scenario"], row["competitor"]): row for row in data["stalls"]}
-    assert len(stalls) == len(data["stalls"]) == 6  # a line per scenario and competitor
+    assert len(stalls) == len(data["stalls"]) == 12  # a line per scenario and competitor
     pids = []
-    for name, run in data["runs"].items():
+    for name in ("same", "speeds"):
+        run = data["runs"][name]
         sets, union = run["sets"], run["union"]
         assert set(run["results"]) == {"service", "dataloader", "threads"}
         for competitor, result in run["results"].items():
@@ -189,21 +204,15 @@ def test_e2e_repeats_report_the_median_run_and_every_runs_wall_and_services(wall
     assert got["service_pids"] == [100 + i for i in range(len(walls))]
 
 
-def test_e2e_recipe_scenarios_count_shared_decodes_and_cached_bytes(tmp_path):
+@pytest.mark.xdist_group("bench_e2e")
+def test_e2e_recipe_scenarios_count_shared_decodes_and_cached_bytes(e2e_run):
     """``recipe`` and ``recipe-eval``: every job gets its epoch, the service and the threads
     decode each row once (the evaluation job reads the training jobs' decode), the DataLoaders
     once per job; the arena's bytes per image: the aspect-kept decode vs the center crop."""
-    data = bench(
-        tmp_path,
-        "e2e",
-        *("--mode", "zygote", "--scenarios", "recipe,recipe-eval", "--recipe-size", str(SIZE)),
-        *("--step", "0"),
-        *("--overhead-batch", "8", "--overhead-size", str(SIZE), "--overhead-samples", "2"),
-        *("--overhead-settle", "0", "--repeat", "1"),
-    )
-    assert set(data["runs"]) == {"recipe", "recipe-eval"}
+    data, tmp_path = e2e_run
     pids = []
-    for name, run in data["runs"].items():
+    for name in ("recipe", "recipe-eval"):
+        run = data["runs"][name]
         sets, union = run["sets"], run["union"]
         assert sets == [ROWS] * 4
         assert union == ROWS
@@ -251,6 +260,46 @@ def test_e2e_recipe_scenarios_count_shared_decodes_and_cached_bytes(tmp_path):
     assert rows["recipe", "service"]["cache B/img"] == per_image["shared_decode"]
     assert rows["recipe", "dataloader"]["cache B/img"] == ""
     assert_cleaned_up(tmp_path, pids)
+
+
+@pytest.mark.xdist_group("bench_e2e")
+def test_scale_counts_decodes_against_the_union_and_belady(e2e_run):
+    """``--scenarios scale`` at ``--quick``'s sizes (3,000 tiny JPEGs, 32 a batch): each cell's
+    decodes against the union, Belady's MIN of its own requests and the coupled bound."""
+    data, _ = e2e_run
+    scale = data["scale"]
+    assert [(r["cache"], r["start"]) for r in scale["table"]] == [
+        ("5%", s) for s in ("same", "late", "speeds")
+    ]
+    for r in scale["table"]:
+        run = scale["runs"][f"5% {r['start']}"]
+        assert r["union"] == 3000
+        assert run["sets"] == [3000, 1500, 1980, 3000]  # all; label < 50; label % 3 <> 0; all
+        assert [j["rows"] for j in run["jobs"].values()] == run["sets"]
+        assert r["decodes"] >= r["MIN"] >= r["union"]
+        assert r["MIN"] == run["belady"]["decodes"] >= run["belady"]["decodes_unpinned"]
+        assert r["decodes/MIN"] == round(r["decodes"] / r["MIN"], 3)
+        assert r["cache rows"] < 3000  # the cache holds less than the union: it evicts
+        assert r["service rss MiB"] >= r["service anon MiB"] > 0
+        assert r["REGISTER ms"] > 0
+        if r["start"] == "speeds":  # the jobs' steps set their paces: no bound
+            assert r["coupled/union"] == "-"
+            assert run["coupled"] is None
+        elif r["start"] == "same":  # coupled and paced, every shared row is met while cached
+            assert run["coupled"] == r["union"]
+        else:  # the late job meets the others' rows from half-way: more than the union
+            assert r["union"] < run["coupled"] < sum(run["sets"])
+        assert r["arena MiB"] > 0
+    assert [(t["scenario"], t["target"]) for t in scale["targets"]] == [
+        ("scale 5% same", "service decodes / Belady's MIN"),
+        ("scale 5% same", "service decodes / union"),
+        ("scale 5% late", "service decodes / Belady's MIN"),
+        ("scale 5% late", "service decodes / union"),
+        ("scale 5% speeds", "service decodes / Belady's MIN"),
+        ("scale REGISTER", "ms a job through the service (median of the cells)"),
+    ]
+    assert all(t["result"] in ("PASS", "FAIL") for t in scale["targets"])
+    assert "decodes/MIN" in data["stdout"]
 
 
 def test_e2e_recipe_dataloader_crops_flips_and_resizes_the_drawn_box(monkeypatch):
