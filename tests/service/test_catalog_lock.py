@@ -65,8 +65,12 @@ for pid in children:
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 
+# What opening the catalog imports (DuckDB, the catalog, the turns), imported before the fork
+# as the parser is: sixteen copies of those imports in the children were CPU, not the race.
+OPENING = "import tabloader.catalog._catalog\nimport tabloader.service._connection\n"
+
 CONNECT = {
-    "imports": "import tabloader\nimport tabloader.catalog._sql.execute",
+    "imports": OPENING + "import tabloader\nimport tabloader.catalog._sql.execute",
     "body": textwrap.dedent(
         """
         with tabloader.connect(root) as cat:
@@ -77,13 +81,13 @@ CONNECT = {
 }
 
 CLI = {
-    "imports": "import tabloader.catalog._sql.execute\nfrom tabloader import cli",
+    "imports": OPENING + "import tabloader.catalog._sql.execute\nfrom tabloader import cli",
     "body": 'sys.exit(cli.main(["--catalog", root, "sql", '
     'f"REGISTER JOB k{i} SELECT label FROM imgs WHERE label = {i % 4}"]))',
 }
 
 JOBS = {
-    "imports": "import tabloader\nfrom tabloader.torch import JobDataset",
+    "imports": OPENING + "import tabloader\nfrom tabloader.torch import JobDataset",
     "body": textwrap.dedent(
         """
         with tabloader.connect(root) as cat:  # a statement first, as a training script may
