@@ -11,6 +11,9 @@ reads one epoch in a Ray task, sleeping ``--step`` seconds per batch. Side by si
   like ``DistributedSampler(drop_last=True)``) with its own ``torch.utils.data.DataLoader``
   (one worker; same files, same decode and resize as tabloader).
 
+``--address HOST:PORT`` runs it on a running Ray cluster instead, whose nodes carry the
+custom resources ``node0`` .. ``node{N-1}`` (one each; ``--nodes N``) that place the ranks.
+
 Every rank gets ready first (imports, its connection or DataLoader worker), then all start at
 one instant (a barrier actor); wall time runs from there to the last rank's end.
 
@@ -49,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=16)
     parser.add_argument(
         "--nodes", type=positive_int, default=2, help="simulated nodes (ranks per job)"
+    )
+    parser.add_argument(
+        "--address",
+        help="a running Ray cluster (HOST:PORT) whose nodes carry the resources node0 .. "
+        "node{N-1}, instead of a simulated one",
     )
     parser.add_argument("--jobs", type=positive_int, default=4)
     parser.add_argument("--step", type=float, default=0.02, help="seconds per batch")
@@ -204,14 +212,18 @@ def run(args: argparse.Namespace) -> int:
                 replace=True,
             )
         sets = {name: sorted(cat.job(name).ids) for name in jobs}
-    head = {"num_cpus": 1, "resources": {"node0": 1}, "node_ip_address": "127.0.0.1"}
-    sim = RayCluster(initialize_head=True, head_node_args={**head, "include_dashboard": False})
-    for i in range(1, args.nodes):
-        sim.add_node(num_cpus=1, resources={f"node{i}": 1}, node_ip_address="127.0.0.1")
-    sim.wait_for_nodes()
+    sim = None
+    if args.address is None:
+        head = {"num_cpus": 1, "resources": {"node0": 1}, "node_ip_address": "127.0.0.1"}
+        sim = RayCluster(initialize_head=True, head_node_args={**head, "include_dashboard": False})
+        for i in range(1, args.nodes):
+            sim.add_node(num_cpus=1, resources={f"node{i}": 1}, node_ip_address="127.0.0.1")
+        sim.wait_for_nodes()
     results: dict[str, Any] = {}
     try:
-        ray.init(address=sim.address, include_dashboard=False, log_to_driver=False)
+        address = args.address if sim is None else sim.address
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        _check_nodes(args.nodes)
         on = [{"resources": {f"node{i}": 0.01}, "num_cpus": 0} for i in range(args.nodes)]
         ranks = len(jobs) * args.nodes
         barrier_cls: Any = ray.remote(num_cpus=0)(_Barrier)
@@ -261,8 +273,23 @@ def run(args: argparse.Namespace) -> int:
         results["dataloader"] = {"wall_s": wall_dl, "got": got_dl, "stalls": _stalls(ranks_dl)}
     finally:
         ray.shutdown()
-        sim.shutdown()
+        if sim is not None:
+            sim.shutdown()
     return _report(args, jobs, results)
+
+
+def _check_nodes(nodes: int) -> None:
+    """Every resource ``node0`` .. ``node{nodes-1}`` that places a rank is on the cluster."""
+    import ray
+
+    have = ray.cluster_resources()
+    missing = [f"node{i}" for i in range(nodes) if have.get(f"node{i}", 0) < 1]
+    if missing:
+        raise SystemExit(
+            f"The Ray cluster has no node with the resource(s) {', '.join(missing)}, which "
+            f"place the ranks of --nodes {nodes}: start each node with "
+            "--resources='{\"nodeI\": 1}' (I = 0, 1, ...), or lower --nodes."
+        )
 
 
 def _ended(out: list[dict[str, Any]]) -> tuple[list[tuple[str, list[int]]], float]:
