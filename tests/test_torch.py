@@ -193,18 +193,11 @@ def test_a_job_process_imports_neither_duckdb_nor_the_engine():
     """Through the service a job process needs the client only: DuckDB, sqlglot, the engine
     and the cluster layer cost 0.3-0.4 s of every job process's start (four at once), and
     pyarrow (through the storage package) 0.1 s of its import."""
-    import subprocess
-    import sys
+    from tests.support.imports import imported_after
 
-    code = (
-        "import sys, torch; from tabloader.torch import JobDataset; "
-        "print(' '.join(m for m in ('duckdb', 'sqlglot', 'pyarrow', 'tabloader.catalog._catalog', "
-        "'tabloader.engine._loader', 'tabloader.cluster') if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.split() == []
+    heavy = ("duckdb", "sqlglot", "pyarrow", "tabloader.catalog._catalog")
+    heavy += ("tabloader.engine._loader", "tabloader.cluster")
+    assert imported_after("import torch; from tabloader.torch import JobDataset", heavy) == []
 
 
 def _use_in_child(data, out) -> None:
